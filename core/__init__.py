@@ -1,0 +1,44 @@
+"""ragdefense: defenses for RAG pipelines against knowledge-corruption (poisoning) attacks.
+
+Every defense has one verb, ``defend(query, passages) -> DefenseResult``::
+
+    from ragdefense import RAGDefender
+    result = RAGDefender().defend("who wrote Hamlet?", ["passage one", "passage two", ...])
+    print(result)            # a per-passage table: score, decision, reason
+    context = result.kept    # what to give the generator
+"""
+
+from .embedders import (
+    CallableEmbedder,
+    Embedder,
+    EmbeddingError,
+    LangChainEmbedder,
+    LlamaIndexEmbedder,
+    SentenceTransformerEmbedder,
+    as_embedder,
+    default_embedder,
+    embed_passages,
+)
+from .ragdefender import RAGDefender
+from .types import DefenseInputError, DefenseResult, Passage, PassageLike, Verdict
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "CallableEmbedder",
+    "DefenseInputError",
+    "DefenseResult",
+    "Embedder",
+    "EmbeddingError",
+    "LangChainEmbedder",
+    "LlamaIndexEmbedder",
+    "Passage",
+    "PassageLike",
+    "RAGDefender",
+    "SentenceTransformerEmbedder",
+    "Verdict",
+    "__version__",
+    "as_embedder",
+    "default_embedder",
+    "embed_passages",
+]

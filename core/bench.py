@@ -1,0 +1,378 @@
+"""Benchmark settings and metrics (retrieval level), shared by ``ragdefense bench`` and the tests.
+
+The RAGDefender setting (``../shared/data/ragdefender``): R = gold passages + N poison passages
+(``question + ". " + text``), N = ratio x base (5 for NQ, 2 for MS MARCO and HotpotQA), ordered by
+query similarity; the defense filters R; the top k survivors by query similarity (k = 5 for NQ,
+2 otherwise) are the context.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .embedders import Embedder, as_embedder
+from .types import DefenseResult, Passage
+
+__all__ = [
+    "RAGDEFENDER_BASE",
+    "RAGDEFENDER_K",
+    "Case",
+    "DataError",
+    "data_dir",
+    "load_ragdefender",
+    "ragdefender_cases",
+    "ragdefender_table",
+    "run_ragdefender_bench",
+    "summarize",
+]
+
+RAGDEFENDER_BASE = {"nq": 5, "msmarco": 2, "hotpotqa": 2}
+RAGDEFENDER_K = {"nq": 5, "msmarco": 2, "hotpotqa": 2}
+
+
+class DataError(ValueError):
+    """A data file is missing or malformed (the message names the file, record and field)."""
+
+
+def data_dir(path: str | os.PathLike[str] | None = None) -> Path | None:
+    """The benchmark data folder: ``path``, else ``$RAGDEFENSE_DATA``; ``None`` if absent."""
+    candidate = path if path is not None else os.environ.get("RAGDEFENSE_DATA")
+    if not candidate:
+        return None
+    p = Path(candidate)
+    return p if p.is_dir() else None
+
+
+def _load_json(path: Path) -> Any:
+    if not path.is_file():
+        raise DataError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise DataError(f"{path}: not valid JSON ({exc})") from exc
+
+
+def _field(path: Path, i: int, rec: Any, name: str, kind: type | tuple[type, ...]) -> Any:
+    if not isinstance(rec, dict):
+        raise DataError(f"{path}: record {i} is not an object")
+    if name not in rec:
+        raise DataError(f"{path}: record {i} (id={rec.get('id')!r}) has no field {name!r}")
+    value = rec[name]
+    if not isinstance(value, kind):
+        raise DataError(
+            f"{path}: record {i} (id={rec.get('id')!r}) field {name!r} should be "
+            f"{kind if isinstance(kind, type) else kind}, got {type(value).__name__}"
+        )
+    return value
+
+
+@dataclass(frozen=True)
+class RAGDefenderRecord:
+    """One question of the RAGDefender bundle."""
+
+    id: str
+    question: str
+    gold: list[str]
+    poison: list[str]  # adv_texts + extra_adv_texts_gpt4, in file order
+
+
+def load_ragdefender(folder: str | os.PathLike[str], dataset: str) -> list[RAGDefenderRecord]:
+    """Load ``<folder>/ragdefender/<dataset>.json`` (or ``<folder>/<dataset>.json``)."""
+    base = Path(folder)
+    path = base / "ragdefender" / f"{dataset}.json"
+    if not path.is_file() and (base / f"{dataset}.json").is_file():
+        path = base / f"{dataset}.json"
+    raw = _load_json(path)
+    if not isinstance(raw, list):
+        raise DataError(f"{path}: expected a list of records, got {type(raw).__name__}")
+    out = []
+    for i, rec in enumerate(raw):
+        question = _field(path, i, rec, "question", str)
+        gold = _field(path, i, rec, "gold_passages", list)
+        adv = _field(path, i, rec, "adv_texts", list)
+        extra = rec.get("extra_adv_texts_gpt4", []) if isinstance(rec, dict) else []
+        out.append(
+            RAGDefenderRecord(str(rec.get("id", i)), question, list(gold), list(adv) + list(extra))
+        )
+    return out
+
+
+@dataclass
+class Case:
+    """One benchmark query: passages with ground-truth labels, ordered by query similarity."""
+
+    dataset: str
+    setting: str
+    qid: str
+    question: str
+    passages: list[Passage]
+    is_poison: list[bool]
+    is_gold: list[bool]
+    query_sim: np.ndarray
+    k: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def ragdefender_cases(
+    records: Sequence[RAGDefenderRecord],
+    dataset: str,
+    ratios: Iterable[int],
+    embedder: Embedder,
+) -> list[Case]:
+    """Build the cases of the RAGDefender setting, passages carrying their embeddings."""
+    ratios = list(ratios)
+    base = RAGDEFENDER_BASE.get(dataset, 2)
+    k = RAGDEFENDER_K.get(dataset, 2)
+    texts: list[str] = []
+    for r in records:
+        texts += r.gold + [f"{r.question}. {t}" for t in r.poison[: base * max(ratios)]]
+    embedder.embed(texts)  # one batched pass; the per-case lookups below hit the cache
+    cases = []
+    for r in records:
+        q = embedder.embed_query(r.question)
+        for ratio in ratios:
+            poison = [f"{r.question}. {t}" for t in r.poison[: base * ratio]]
+            items = r.gold + poison
+            emb = embedder.embed(items)
+            qs = _cos(emb, q)
+            order = np.argsort(-qs, kind="stable")
+            cases.append(
+                Case(
+                    dataset=dataset,
+                    setting=f"{ratio}x",
+                    qid=r.id,
+                    question=r.question,
+                    passages=[Passage(items[i], id=str(i), embedding=emb[i]) for i in order],
+                    is_poison=[i >= len(r.gold) for i in order],
+                    is_gold=[i < len(r.gold) for i in order],
+                    query_sim=qs[order],
+                    k=k,
+                )
+            )
+    return cases
+
+
+def _cos(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
+    e = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    out: np.ndarray = e @ (q / max(float(np.linalg.norm(q)), 1e-12))
+    return out
+
+
+Defense = Callable[[Case], DefenseResult | None]
+
+
+@dataclass
+class CaseOutcome:
+    """Retrieval-level metrics of one defense on one case."""
+
+    poison_share: float  # poison passages / context size (0 for an empty context)
+    any_poison: bool
+    gold_in_context: bool
+    poison_removed: float  # share of the poison passages removed by the defense
+    gold_kept: float  # share of gold passages kept by the defense
+    benign_removed: int
+    ms: float
+    n_adv: int | None = None
+    task_type: str | None = None
+
+
+def evaluate(case: Case, result: DefenseResult | None, ms: float) -> CaseOutcome:
+    """Context = the top ``case.k`` kept passages by query similarity; metrics of that context."""
+    kept = result.kept_indices if result is not None else list(range(len(case.passages)))
+    kept_set = set(kept)
+    ctx = sorted(kept_set, key=lambda i: -case.query_sim[i])[: case.k]
+    n_poison = sum(case.is_poison)
+    n_gold = sum(case.is_gold)
+    est = result.estimates if result is not None else {}
+    return CaseOutcome(
+        poison_share=sum(case.is_poison[i] for i in ctx) / len(ctx) if ctx else 0.0,
+        any_poison=any(case.is_poison[i] for i in ctx),
+        gold_in_context=any(case.is_gold[i] for i in ctx),
+        poison_removed=(
+            sum(1 for i, p in enumerate(case.is_poison) if p and i not in kept_set) / n_poison
+            if n_poison
+            else 0.0
+        ),
+        gold_kept=(
+            sum(1 for i, g in enumerate(case.is_gold) if g and i in kept_set) / n_gold
+            if n_gold
+            else 1.0
+        ),
+        benign_removed=sum(1 for i, p in enumerate(case.is_poison) if not p and i not in kept_set),
+        ms=ms,
+        n_adv=est.get("n_adv"),
+        task_type=est.get("task_type"),
+    )
+
+
+def run_defense(defense: Defense, cases: Sequence[Case]) -> list[CaseOutcome]:
+    """Run ``defense`` on every case (timed, defense only), and evaluate."""
+    out = []
+    for case in cases:
+        t0 = time.perf_counter()
+        result = defense(case)
+        ms = (time.perf_counter() - t0) * 1000
+        out.append(evaluate(case, result, ms))
+    return out
+
+
+def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float]:
+    """Mean of each metric over the cases, median latency."""
+    n = len(outcomes)
+    if n == 0:
+        return {}
+    return {
+        "poison_share": sum(o.poison_share for o in outcomes) / n,
+        "any_poison": sum(o.any_poison for o in outcomes) / n,
+        "gold_in_context": sum(o.gold_in_context for o in outcomes) / n,
+        "poison_removed": sum(o.poison_removed for o in outcomes) / n,
+        "gold_kept": sum(o.gold_kept for o in outcomes) / n,
+        "benign_removed": sum(o.benign_removed for o in outcomes) / n,
+        "ms_p50": statistics.median(o.ms for o in outcomes),
+        "ms_p95": float(np.percentile([o.ms for o in outcomes], 95)),
+    }
+
+
+def run_ragdefender_bench(
+    folder: str | os.PathLike[str],
+    defenses: dict[str, Defense],
+    datasets: Sequence[str] = ("nq", "msmarco", "hotpotqa"),
+    ratios: Sequence[int] = (1, 2, 4, 6),
+    limit: int | None = None,
+    embedder: Any = None,
+) -> list[dict[str, Any]]:
+    """Run ``defenses`` on the RAGDefender setting; one row per (dataset, ratio, defense)."""
+    emb = as_embedder(embedder)
+    rows = []
+    for ds in datasets:
+        records = load_ragdefender(folder, ds)[:limit]
+        cases = ragdefender_cases(records, ds, ratios, emb)
+        for ratio in ratios:
+            sub = [c for c in cases if c.setting == f"{ratio}x"]
+            for name, defense in defenses.items():
+                rows.append(
+                    {"dataset": ds, "setting": f"{ratio}x", "defense": name}
+                    | summarize(run_defense(defense, sub))
+                )
+    return rows
+
+
+# The authors' package (ragdefender 0.2.0) on this very setting, same embedder:
+# (poison share of the context, share of queries with a gold passage in the context).
+RAGDEFENDER_REFERENCE = {
+    "nq": {1: (0.013, 1.00), 2: (0.026, 0.99), 4: (0.081, 0.95), 6: (0.112, 0.92)},
+    "msmarco": {1: (0.040, 1.00), 2: (0.040, 0.98), 4: (0.105, 0.92), 6: (0.205, 0.85)},
+    "hotpotqa": {1: (0.030, 1.00), 2: (0.000, 1.00), 4: (0.005, 1.00), 6: (0.040, 0.99)},
+}
+
+
+def _embeddings_of(case: Case) -> np.ndarray:
+    return np.stack([np.asarray(p.embedding) for p in case.passages])
+
+
+def ragdefender_table(
+    folder: str | os.PathLike[str],
+    datasets: Sequence[str] = ("nq", "msmarco", "hotpotqa"),
+    ratios: Sequence[int] = (1, 2, 4, 6),
+    limit: int | None = None,
+    timing_queries: int = 20,
+    embedder: Any = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """The RAGDefender benchmark: our three task types against the authors' package.
+
+    Returns the rows and a Markdown report (quality table, then cold timing).
+    """
+    from .ragdefender import RAGDefender
+
+    def variant(task: Any) -> Defense:
+        d = RAGDefender(task_type=task)
+        return lambda c: d.defend_embeddings(c.question, c.passages, _embeddings_of(c))
+
+    defenses = {t: variant(t) for t in ("auto", "single_hop", "multi_hop")}
+    rows = run_ragdefender_bench(folder, defenses, datasets, ratios, limit, embedder)
+    by = {(r["dataset"], r["setting"], r["defense"]): r for r in rows}
+    lines = [
+        "| dataset | poison | authors' pkg | **ours (auto)** | ours single_hop | ours multi_hop "
+        "| poison removed | gold kept | defense ms p50 |",
+        "|---|---|---|---|---|---|---|---|---|",
+    ]
+    deltas = []
+    for ds in datasets:
+        for ratio in ratios:
+            cell = [by[(ds, f"{ratio}x", t)] for t in defenses]
+            ref = RAGDEFENDER_REFERENCE.get(ds, {}).get(ratio)
+            a = cell[0]
+            if ref:
+                deltas.append((a["poison_share"] - ref[0], a["gold_in_context"] - ref[1]))
+            lines.append(
+                f"| {ds} | {ratio}x | {f'{ref[0]:.3f} / {ref[1]:.2f}' if ref else '-'} | "
+                + " | ".join(f"{c['poison_share']:.3f} / {c['gold_in_context']:.2f}" for c in cell)
+                + f" | {a['poison_removed']:.3f} | {a['gold_kept']:.3f} | {a['ms_p50']:.2f} |"
+            )
+    if deltas:
+        mp = sum(d[0] for d in deltas) / len(deltas)
+        mg = sum(d[1] for d in deltas) / len(deltas)
+        worst_p = max(d[0] for d in deltas)
+        worst_g = min(d[1] for d in deltas)
+        lines += [
+            "",
+            f"auto vs the authors' package over {len(deltas)} cells: mean poison share "
+            f"{mp:+.3f}, mean gold-in-context {mg:+.3f}; worst cell poison share {worst_p:+.3f}, "
+            f"gold-in-context {worst_g:+.3f} (cells: poison share of the context / share of "
+            "queries with a gold passage in the context).",
+        ]
+    if timing_queries > 0:
+        lines += ["", _cold_timing(folder, datasets, max(ratios), timing_queries, embedder, rows)]
+    return rows, "\n".join(lines)
+
+
+def _cold_timing(
+    folder: str | os.PathLike[str],
+    datasets: Sequence[str],
+    ratio: int,
+    n_queries: int,
+    embedder: Any,
+    rows: list[dict[str, Any]],
+) -> str:
+    """Median ms per query: one embedding pass alone vs embedding + RAGDefender (no cache)."""
+    from .embedders import CallableEmbedder
+    from .ragdefender import RAGDefender
+
+    model = as_embedder(embedder)
+    lines = [
+        f"Cold timing, {n_queries} queries per dataset at {ratio}x (no embedding cache; median ms "
+        "per query):",
+        "",
+        "| dataset | passages | embedding pass | embedding + RAGDefender | ratio |",
+        "|---|---|---|---|---|",
+    ]
+    for ds in datasets:
+        records = load_ragdefender(folder, ds)[:n_queries]
+        base = RAGDEFENDER_BASE.get(ds, 2)
+        t_embed, t_full, sizes = [], [], []
+        for r in records:
+            items = r.gold + [f"{r.question}. {t}" for t in r.poison[: base * ratio]]
+            sizes.append(len(items))
+            # a fresh cache-less wrapper: every call really runs the model
+            fresh = CallableEmbedder(model._embed, cache_size=0)
+            t0 = time.perf_counter()
+            fresh.embed(items)
+            t_embed.append((time.perf_counter() - t0) * 1000)
+            defender = RAGDefender(embedder=CallableEmbedder(model._embed, cache_size=0))
+            t0 = time.perf_counter()
+            defender.defend(r.question, items)
+            t_full.append((time.perf_counter() - t0) * 1000)
+        e, f = statistics.median(t_embed), statistics.median(t_full)
+        lines.append(f"| {ds} | {statistics.median(sizes):.0f} | {e:.1f} | {f:.1f} | {f / e:.3f} |")
+    p50 = max(r["ms_p50"] for r in rows if r["defense"] == "auto")
+    lines += ["", f"Defense only (embeddings given): worst median over the cells {p50:.2f} ms."]
+    return "\n".join(lines)

