@@ -70,7 +70,7 @@ def _field(path: Path, i: int, rec: Any, name: str, kind: type | tuple[type, ...
     if not isinstance(value, kind):
         raise DataError(
             f"{path}: record {i} (id={rec.get('id')!r}) field {name!r} should be "
-            f"{kind if isinstance(kind, type) else kind}, got {type(value).__name__}"
+            f"{kind}, got {type(value).__name__}"
         )
     return value
 

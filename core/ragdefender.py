@@ -38,6 +38,7 @@ __all__ = [
     "choose_task_type",
     "estimate_by_clustering",
     "estimate_by_concentration",
+    "identify_adversarial",
     "pair_frequency_scores",
 ]
 
@@ -70,15 +71,11 @@ def estimate_by_clustering(
     sizes = sorted(np.bincount(labels)[1:].tolist())
     vocab, scores = summed_tfidf(tokens)
     top = [vocab[j] for j in np.argsort(-scores, kind="stable")[:m]]
-    heavy = (
-        [len(set(top).intersection(doc)) > len(top) / 2 for doc in tokens] if top else [False] * n
-    )
-    n_heavy = sum(heavy)
+    top_set = set(top)
+    n_heavy = sum(len(top_set.intersection(doc)) > len(top) / 2 for doc in tokens) if top else 0
     majority = n_heavy > n / 2
-    if len(sizes) < 2:  # no split possible (all points coincide)
-        n_adv = 0
-    else:
-        n_adv = sizes[-1] if majority else sizes[0]
+    # all points coinciding give a single cluster: no estimate
+    n_adv = 0 if len(sizes) < 2 else sizes[-1] if majority else sizes[0]
     return Stage1Estimate(
         n_adv=n_adv,
         method="clustering",
@@ -125,7 +122,23 @@ def pair_frequency_scores(
     s = sim[i, j]
     w = np.sign(s) * np.abs(s) ** p
     f = np.bincount(i, weights=w, minlength=n) + np.bincount(j, weights=w, minlength=n)
-    return f, list(zip(i.tolist(), j.tolist()))
+    return f, list(zip(i.tolist(), j.tolist(), strict=True))
+
+
+def identify_adversarial(
+    sim: np.ndarray, n_adv: int, p: float = 2.0
+) -> tuple[np.ndarray, np.ndarray, list[tuple[int, int]]]:
+    """Stage 2: rank passages by :func:`pair_frequency_scores`; the first ``n_adv`` are adversarial.
+
+    Ties are broken by total similarity to the other passages (higher first), then by input
+    position. Returns the ranking (passage indices, most suspicious first), the scores and the
+    pairs used.
+    """
+    n = sim.shape[0]
+    f, pairs = pair_frequency_scores(sim, n_adv, p)
+    centrality = sim.sum(axis=1) - np.diag(sim)
+    order = np.lexsort((np.arange(n), -centrality, -f))
+    return order, f, pairs
 
 
 def choose_task_type(clustering: Stage1Estimate) -> Literal["single_hop", "multi_hop"]:
@@ -226,14 +239,10 @@ class RAGDefender:
         sim = cosine_matrix(embeddings)
         if n < self.min_passages:
             why = f"only {n} passage(s): too few to estimate (min_passages={self.min_passages})"
-            return self._result(
-                query, items, np.zeros(n), set(), [], {"n_adv": 0, "note": why}, why
-            )
+            return self._unchanged(query, items, why)
         if np.ptp(sim[np.triu_indices(n, k=1)]) < 1e-6 and sim[0, 1] > 1 - 1e-6:
             why = "all passages are identical in embedding space: no estimate possible"
-            return self._result(
-                query, items, np.zeros(n), set(), [], {"n_adv": 0, "note": why}, why
-            )
+            return self._unchanged(query, items, why)
         est = None
         if task in ("single_hop", "auto"):
             est = estimate_by_clustering(embeddings, [tokenize(p.text) for p in items], self.m)
@@ -254,13 +263,17 @@ class RAGDefender:
             )
         if n_adv == 0:
             why = "Stage 1 estimated no adversarial passage"
-            return self._result(query, items, np.zeros(n), set(), [], estimates, why)
-        f, pairs = pair_frequency_scores(sim, n_adv, self.p)
-        centrality = sim.sum(axis=1) - 1.0
-        order = np.lexsort((np.arange(n), -centrality, -f))
+            return self._unchanged(query, items, why, estimates)
+        order, f, pairs = identify_adversarial(sim, n_adv, self.p)
         flagged = {int(i) for i in order[:n_adv]}
         estimates["n_pairs"] = len(pairs)
         return self._result(query, items, f, flagged, pairs, estimates, None, order)
+
+    def _unchanged(
+        self, query: str, items: list[Any], why: str, estimates: dict[str, Any] | None = None
+    ) -> DefenseResult:
+        est = estimates if estimates is not None else {"n_adv": 0, "note": why}
+        return self._result(query, items, np.zeros(len(items)), set(), [], est, why)
 
     def _result(
         self,

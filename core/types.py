@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Union
+from typing import Any
 
 import numpy as np
 
@@ -42,7 +42,7 @@ class Passage:
     embedding: Sequence[float] | np.ndarray | None = field(default=None, compare=False, repr=False)
 
 
-PassageLike = Union[Passage, str]
+PassageLike = Passage | str
 
 
 def to_passages(passages: Sequence[PassageLike] | None) -> list[Passage]:

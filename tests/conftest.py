@@ -1,0 +1,50 @@
+"""Shared fixtures: a tiny deterministic embedder for fast unit tests, the real MiniLM, the data."""
+
+from __future__ import annotations
+
+import os
+import re
+import zlib
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragdefense import CallableEmbedder, default_embedder
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+_WORD = re.compile(r"\w+")
+
+
+def bag_of_words(texts: list[str], dim: int = 256) -> np.ndarray:
+    """Hashed bag of words: texts sharing words are similar; deterministic across runs."""
+    out = np.zeros((len(texts), dim), dtype=np.float32)
+    for i, text in enumerate(texts):
+        for word in _WORD.findall(text.lower()):
+            out[i, zlib.crc32(word.encode()) % dim] += 1.0
+    return out
+
+
+@pytest.fixture
+def toy_embedder() -> CallableEmbedder:
+    return CallableEmbedder(bag_of_words)
+
+
+@pytest.fixture(scope="session")
+def minilm() -> object:
+    """The packaged all-MiniLM-L6-v2, loaded once for the session."""
+    emb = default_embedder()
+    emb.model  # noqa: B018 - load now, so tests time nothing but their own work
+    return emb
+
+
+@pytest.fixture(scope="session")
+def data_dir() -> Path:
+    """The shared benchmark data ($RAGDEFENSE_DATA or ../shared/data); skip when absent."""
+    candidates = [os.environ.get("RAGDEFENSE_DATA"), Path(__file__).parents[2] / "shared" / "data"]
+    for c in candidates:
+        if c and (Path(c) / "ragdefender").is_dir():
+            return Path(c)
+    pytest.skip("benchmark data not available (set RAGDEFENSE_DATA)")

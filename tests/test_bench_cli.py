@@ -1,0 +1,121 @@
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ragdefense import DefenseResult, Passage, Verdict
+from ragdefense.bench import (
+    Case,
+    DataError,
+    evaluate,
+    load_ragdefender,
+    ragdefender_table,
+    summarize,
+)
+from ragdefense.cli import main
+
+
+def _case() -> Case:
+    # passages in query-similarity order: poison, gold, poison, benign
+    return Case(
+        dataset="t",
+        setting="1x",
+        qid="0",
+        question="q",
+        passages=[Passage(t) for t in "PGPB"],
+        is_poison=[True, False, True, False],
+        is_gold=[False, True, False, False],
+        query_sim=np.array([0.9, 0.8, 0.7, 0.6]),
+        k=2,
+    )
+
+
+def _result(kept: list[int]) -> DefenseResult:
+    c = _case()
+    return DefenseResult(
+        "X",
+        "q",
+        tuple(Verdict(i, p, i in kept, 0.0, "") for i, p in enumerate(c.passages)),
+        "s",
+    )
+
+
+def test_metrics_without_defense() -> None:
+    o = evaluate(_case(), None, 1.0)  # context = top 2 = P, G
+    assert (o.poison_share, o.any_poison, o.gold_in_context) == (0.5, True, True)
+    assert (o.poison_removed, o.gold_kept, o.benign_removed) == (0.0, 1.0, 0)
+
+
+def test_metrics_with_a_defense() -> None:
+    o = evaluate(_case(), _result([1, 3]), 1.0)  # poison removed: context = G, B
+    assert (o.poison_share, o.any_poison, o.gold_in_context) == (0.0, False, True)
+    assert (o.poison_removed, o.gold_kept) == (1.0, 1.0)
+    o = evaluate(_case(), _result([0, 2]), 1.0)  # everything benign removed
+    assert (o.poison_share, o.gold_in_context, o.gold_kept, o.benign_removed) == (
+        1.0,
+        False,
+        0.0,
+        2,
+    )
+    o = evaluate(_case(), _result([]), 1.0)  # empty context counts as no poison
+    assert (o.poison_share, o.any_poison) == (0.0, False)
+    s = summarize([evaluate(_case(), None, 1.0), evaluate(_case(), _result([1, 3]), 3.0)])
+    assert s["poison_share"] == 0.25 and s["ms_p50"] == 2.0
+
+
+def test_loader_names_file_record_and_field(tmp_path: Path) -> None:
+    (tmp_path / "ragdefender").mkdir()
+    path = tmp_path / "ragdefender" / "nq.json"
+    path.write_text(
+        json.dumps(
+            [
+                {"id": "a", "question": "q", "gold_passages": [], "adv_texts": []},
+                {"id": "b", "question": "q", "adv_texts": []},
+            ]
+        )
+    )
+    with pytest.raises(
+        DataError, match=r"nq.json: record 1 \(id='b'\) has no field 'gold_passages'"
+    ):
+        load_ragdefender(tmp_path, "nq")
+    path.write_text("{not json")
+    with pytest.raises(DataError, match=r"nq\.json: not valid JSON"):
+        load_ragdefender(tmp_path, "nq")
+    with pytest.raises(DataError, match=r"msmarco\.json: file not found"):
+        load_ragdefender(tmp_path, "msmarco")
+
+
+def test_cli_bench_without_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    assert main(["bench", "ragdefender", "--data", str(tmp_path / "absent")]) == 2
+    assert "no benchmark data" in capsys.readouterr().err
+
+
+def test_cli_bench_malformed_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
+    (tmp_path / "ragdefender").mkdir()
+    (tmp_path / "ragdefender" / "nq.json").write_text(json.dumps({"not": "a list"}))
+    assert main(["bench", "ragdefender", "--data", str(tmp_path), "--datasets", "nq"]) == 2
+    assert "expected a list of records" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_demo(capsys: pytest.CaptureFixture[str], minilm: object) -> None:
+    assert main(["demo", "-k", "8"]) == 0
+    out = capsys.readouterr().out
+    assert "Totals" in out and "RAGDefender" in out and "benign passages lost" in out
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_ragdefender_benchmark_smoke(data_dir: Path, minilm: object) -> None:
+    rows, table = ragdefender_table(
+        data_dir, datasets=["nq"], ratios=[1, 4], limit=8, timing_queries=1
+    )
+    by = {(r["setting"], r["defense"]): r for r in rows}
+    assert len(rows) == 6
+    # the defense works on real data: little poison left, gold kept
+    assert by[("4x", "auto")]["poison_share"] <= 0.3
+    assert by[("4x", "auto")]["gold_in_context"] >= 0.75
+    assert "authors' pkg" in table and "Cold timing" in table

@@ -1,0 +1,167 @@
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ragdefense import (
+    CallableEmbedder,
+    DefenseInputError,
+    Embedder,
+    EmbeddingError,
+    LangChainEmbedder,
+    LlamaIndexEmbedder,
+    Passage,
+    SentenceTransformerEmbedder,
+    as_embedder,
+    default_embedder,
+    embed_passages,
+)
+
+from .conftest import bag_of_words
+
+
+class Counting:
+    def __init__(self) -> None:
+        self.seen: list[list[str]] = []
+
+    def __call__(self, texts: list[str]) -> np.ndarray:
+        self.seen.append(list(texts))
+        return bag_of_words(texts)
+
+
+def test_each_text_embedded_once_per_call_and_cached_across_calls() -> None:
+    fn = Counting()
+    emb = CallableEmbedder(fn)
+    out = emb.embed(["a b", "c d", "a b"])
+    assert out.shape == (3, 256)
+    assert fn.seen == [["a b", "c d"]]
+    np.testing.assert_array_equal(out[0], out[2])
+    emb.embed(["c d", "e f"])
+    assert fn.seen[-1] == ["e f"]  # "c d" came from the cache
+
+
+def test_cache_is_bounded() -> None:
+    fn = Counting()
+    emb = CallableEmbedder(fn, cache_size=2)
+    emb.embed(["a", "b", "c"])
+    emb.embed(["a"])  # evicted: embedded again
+    assert fn.seen[-1] == ["a"]
+    emb.embed(["c"])  # still cached
+    assert len(fn.seen) == 2
+
+
+def test_carried_embeddings_are_used_as_is() -> None:
+    fn = Counting()
+    vec = np.arange(256, dtype=np.float32)
+    ps = [Passage("x", embedding=vec), Passage("y")]
+    out = embed_passages(ps, CallableEmbedder(fn))
+    np.testing.assert_array_equal(out[0], vec)
+    assert fn.seen == [["y"]]
+
+
+def test_all_carried_never_resolves_the_embedder() -> None:
+    ps = [Passage("x", embedding=[1.0, 0.0]), Passage("y", embedding=[0.0, 1.0])]
+    out = embed_passages(ps, embedder="not an embedder at all")
+    assert out.shape == (2, 2)
+
+
+@pytest.mark.parametrize(
+    ("embeddings", "message"),
+    [
+        ([[1.0, 0.0], [1.0, 0.0, 0.0]], "different sizes"),
+        ([[1.0, float("nan")], [1.0, 0.0]], "passage 0: embedding contains NaN"),
+        ([[[1.0]], [1.0]], "passage 0: embedding must be a 1-D vector"),
+    ],
+)
+def test_bad_carried_embeddings(embeddings: list[object], message: str) -> None:
+    ps = [Passage(str(i), embedding=e) for i, e in enumerate(embeddings)]  # type: ignore[arg-type]
+    with pytest.raises(DefenseInputError, match=message):
+        embed_passages(ps)
+
+
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda texts: np.full((len(texts), 3), np.nan), "NaN"),
+        (lambda texts: np.zeros((len(texts) + 1, 3)), "shape"),
+        (lambda texts: [[1.0], [1.0, 2.0], [1.0, 2.0]], "ragged|shape"),
+    ],
+)
+def test_bad_model_output_is_a_clear_error(fn: object, message: str) -> None:
+    with pytest.raises(EmbeddingError, match=message):
+        CallableEmbedder(fn).embed(["a", "b"])  # type: ignore[arg-type]
+
+
+def test_model_failure_is_wrapped() -> None:
+    def boom(texts: list[str]) -> np.ndarray:
+        raise ConnectionError("endpoint down")
+
+    with pytest.raises(EmbeddingError, match="endpoint down"):
+        CallableEmbedder(boom).embed(["a"])
+
+
+def test_langchain_embeddings_adapter() -> None:
+    from langchain_core.embeddings import Embeddings
+
+    class LCEmb(Embeddings):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return bag_of_words(texts).tolist()
+
+        def embed_query(self, text: str) -> list[float]:
+            return [1.0] * 256  # asymmetric on purpose
+
+    emb = as_embedder(LCEmb())
+    assert isinstance(emb, LangChainEmbedder)
+    np.testing.assert_array_equal(emb.embed(["a b"])[0], bag_of_words(["a b"])[0])
+    assert emb.embed_query("q").tolist() == [1.0] * 256
+
+
+def test_llamaindex_embedding_adapter() -> None:
+    from llama_index.core.embeddings import BaseEmbedding
+
+    class LIEmb(BaseEmbedding):
+        def _get_text_embedding(self, text: str) -> list[float]:
+            return bag_of_words([text])[0].tolist()
+
+        def _get_query_embedding(self, query: str) -> list[float]:
+            return [2.0] * 256
+
+        async def _aget_query_embedding(self, query: str) -> list[float]:
+            return self._get_query_embedding(query)
+
+    emb = as_embedder(LIEmb(model_name="bow"))
+    assert isinstance(emb, LlamaIndexEmbedder)
+    np.testing.assert_array_equal(emb.embed(["x y"])[0], bag_of_words(["x y"])[0])
+    assert emb.embed_query("q").tolist() == [2.0] * 256
+
+
+def test_as_embedder_dispatch_and_errors() -> None:
+    e = CallableEmbedder(bag_of_words)
+    assert as_embedder(e) is e
+    assert isinstance(as_embedder(bag_of_words), CallableEmbedder)
+    assert as_embedder(None) is default_embedder()
+    with pytest.raises(TypeError, match="cannot use int as an embedder"):
+        as_embedder(3)
+
+
+def test_default_embedder_is_lazy_and_shared() -> None:
+    fresh = SentenceTransformerEmbedder()
+    assert fresh._model is None  # nothing loaded at construction
+    assert default_embedder() is default_embedder()
+
+
+@pytest.mark.slow
+def test_packaged_minilm_offline(minilm: Embedder) -> None:
+    out = minilm.embed(
+        [
+            "Paris is the capital of France.",
+            "The capital of France is Paris.",
+            "Bananas are yellow.",
+        ]
+    )
+    assert out.shape == (3, 384)
+    sim = out @ out.T
+    assert sim[0, 1] > 0.8 > sim[0, 2]
+    wrapped = as_embedder(minilm.model)  # type: ignore[attr-defined]
+    assert isinstance(wrapped, SentenceTransformerEmbedder)
+    np.testing.assert_allclose(wrapped.embed(["Bananas are yellow."])[0], out[2], atol=1e-5)

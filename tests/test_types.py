@@ -1,0 +1,62 @@
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ragdefense import DefenseInputError, DefenseResult, Passage, Verdict
+from ragdefense.types import to_passages
+
+
+def test_to_passages_accepts_strings_and_passages() -> None:
+    p = Passage("b", id="x", score=0.5, metadata={"k": 1})
+    out = to_passages(["a", p])
+    assert out[0] == Passage("a")
+    assert out[1] is p
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (None, "got None"),
+        ("a string", "got str"),
+        (["ok", 3], "passage 1: expected Passage or str, got int"),
+        ([Passage(text=None)], "passage 0: text must be str"),  # type: ignore[arg-type]
+    ],
+)
+def test_to_passages_rejects_bad_input(bad: object, message: str) -> None:
+    with pytest.raises(DefenseInputError, match=message):
+        to_passages(bad)  # type: ignore[arg-type]
+
+
+def _result() -> DefenseResult:
+    ps = [Passage(f"passage {i}") for i in range(3)]
+    return DefenseResult(
+        defense="X",
+        query="q",
+        verdicts=(
+            Verdict(0, ps[0], True, 0.1, "kept: fine", rank=1),
+            Verdict(1, ps[1], False, 0.9, "removed: bad"),
+            Verdict(2, ps[2], True, 0.2, "kept: fine", rank=0),
+        ),
+        score_name="s",
+        estimates={"n_adv": 1},
+    )
+
+
+def test_result_views_follow_ranks() -> None:
+    r = _result()
+    assert [p.text for p in r.kept] == ["passage 2", "passage 0"]
+    assert r.kept_indices == [2, 0]
+    assert r.removed_indices == [1]
+    assert [p.text for p in r.removed] == ["passage 1"]
+
+
+def test_result_table_and_dict() -> None:
+    r = _result()
+    table = str(r)
+    assert "kept 2 of 3" in table and "REMOVED" in table and "removed: bad" in table
+    assert "n_adv=1" in table
+    d = json.loads(json.dumps(r.to_dict()))
+    assert d["verdicts"][1]["kept"] is False
+    assert d["estimates"] == {"n_adv": 1}
