@@ -19,12 +19,14 @@ from .embedders import (
     default_embedder,
     embed_passages,
 )
+from .grada import GRADA
 from .ragdefender import RAGDefender
 from .types import DefenseInputError, DefenseResult, Passage, PassageLike, Verdict
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "GRADA",
     "CallableEmbedder",
     "DefenseInputError",
     "DefenseResult",

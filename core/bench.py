@@ -28,7 +28,9 @@ __all__ = [
     "Case",
     "DataError",
     "data_dir",
+    "grada_table",
     "load_ragdefender",
+    "load_realtimeqa",
     "ragdefender_cases",
     "ragdefender_table",
     "run_ragdefender_bench",
@@ -376,3 +378,180 @@ def _cold_timing(
     p50 = max(r["ms_p50"] for r in rows if r["defense"] == "auto")
     lines += ["", f"Defense only (embeddings given): worst median over the cells {p50:.2f} ms."]
     return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class RealtimeQARecord:
+    """One question of RealtimeQA (RobustRAG's release)."""
+
+    id: str
+    question: str
+    answers: list[str]  # correct answer + expanded answer
+    incorrect_answer: str
+    poison: list[str]  # incorrect_context
+    web: list[str]  # the web results' texts, in search-rank order
+    choices: list[str]
+    choices_answer: str
+
+
+def load_realtimeqa(folder: str | os.PathLike[str]) -> list[RealtimeQARecord]:
+    """Load ``<folder>/realtimeqa/realtimeqa.json`` (or ``<folder>/realtimeqa.json``)."""
+    base = Path(folder)
+    path = base / "realtimeqa" / "realtimeqa.json"
+    if not path.is_file() and (base / "realtimeqa.json").is_file():
+        path = base / "realtimeqa.json"
+    raw = _load_json(path)
+    if not isinstance(raw, list):
+        raise DataError(f"{path}: expected a list of records, got {type(raw).__name__}")
+    out = []
+    for i, rec in enumerate(raw):
+        question = _field(path, i, rec, "question", str)
+        correct = _field(path, i, rec, "correct answer", list)
+        expanded = rec.get("expanded answer", []) or []
+        context = _field(path, i, rec, "context", list)
+        web = []
+        for j, c in enumerate(context):
+            if not isinstance(c, dict):
+                raise DataError(
+                    f"{path}: record {i} (id={rec.get('id')!r}) context[{j}] is not an object"
+                )
+            if isinstance(c.get("text"), str) and c["text"].strip():
+                web.append(c["text"])  # a few web results carry only a title: skipped
+        out.append(
+            RealtimeQARecord(
+                id=str(rec.get("id", i)),
+                question=question,
+                answers=[str(a) for a in list(correct) + list(expanded)],
+                incorrect_answer=str(_field(path, i, rec, "incorrect answer", (str, int, float))),
+                poison=list(_field(path, i, rec, "incorrect_context", list)),
+                web=web,
+                choices=[str(c) for c in rec.get("choices", [])],
+                choices_answer=str(rec.get("choices answer", "")),
+            )
+        )
+    return out
+
+
+def contains_answer(text: str, answers: Sequence[str]) -> bool:
+    """Case-insensitive substring match of any answer string (as in the papers)."""
+    low = text.lower()
+    return any(a.strip() and a.strip().lower() in low for a in answers)
+
+
+def realtimeqa_cases(
+    records: Sequence[RealtimeQARecord],
+    n_poison: Iterable[int],
+    embedder: Embedder,
+    m: int = 10,
+    n: int = 5,
+) -> list[Case]:
+    """The GRADA / RobustRAG setting: web results + ``p`` poison passages
+    (``question + ". " + text``), ranked by query similarity, top ``m`` retrieved; the context is
+    ``n`` passages. ``is_gold`` marks passages containing a correct answer string."""
+    n_poison = list(n_poison)
+    texts: list[str] = []
+    for r in records:
+        texts += r.web + [f"{r.question}. {t}" for t in r.poison[: max(n_poison, default=0)]]
+    embedder.embed(texts)
+    cases = []
+    for r in records:
+        q = embedder.embed_query(r.question)
+        for p in n_poison:
+            items = r.web + [f"{r.question}. {t}" for t in r.poison[:p]]
+            emb = embedder.embed(items)
+            qs = _cos(emb, q)
+            top = np.argsort(-qs, kind="stable")[:m]
+            cases.append(
+                Case(
+                    dataset="realtimeqa",
+                    setting=f"{p}p",
+                    qid=r.id,
+                    question=r.question,
+                    passages=[Passage(items[i], id=str(i), embedding=emb[i]) for i in top],
+                    is_poison=[i >= len(r.web) for i in top],
+                    is_gold=[contains_answer(items[i], r.answers) for i in top],
+                    query_sim=qs[top],
+                    k=n,
+                    extra={"query_embedding": q, "record": r},
+                )
+            )
+    return cases
+
+
+# A reference implementation of the GRADA paper on this setting (poison share of the context /
+# share of queries whose context holds a correct answer string), from the GRADA issue.
+GRADA_REFERENCE = {
+    "none": {1: (0.186, 0.62), 3: (0.544, 0.55), 5: (0.854, 0.17)},
+    "ebd": {1: (0.056, 0.63), 3: (0.402, 0.62)},
+    "bm25": {1: (0.108, 0.66), 3: (0.464, 0.61)},
+    "hrsim": {1: (0.014, 0.63), 3: (0.338, 0.61), 5: (0.784, 0.28)},
+}
+
+
+def grada_variants() -> dict[str, Defense]:
+    """The GRADA variants benchmarked (embeddings given, as a vector store would)."""
+    from .bm25 import BM25
+    from .grada import GRADA
+
+    def run(g: GRADA) -> Defense:
+        return lambda c: g.defend_embeddings(
+            c.question, c.passages, _embeddings_of(c), c.extra.get("query_embedding")
+        )
+
+    return {
+        "none": lambda c: None,
+        "ebd": run(GRADA(similarity="ebd")),
+        "bm25": run(GRADA(similarity="bm25")),
+        "hrsim": run(GRADA()),
+        "hrsim (authors' BM25 collection)": run(GRADA(bm25=BM25(corpus="pair"))),
+        "hrsim/ebd": run(GRADA(hrsim_base="ebd")),
+    }
+
+
+def grada_table(
+    folder: str | os.PathLike[str],
+    n_poison: Sequence[int] = (0, 1, 3, 5),
+    limit: int | None = None,
+    embedder: Any = None,
+    defenses: dict[str, Defense] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """The GRADA benchmark on RealtimeQA: top M=10 retrieved, context n=5."""
+    emb = as_embedder(embedder)
+    records = load_realtimeqa(folder)[:limit]
+    cases = realtimeqa_cases(records, n_poison, emb)
+    defenses = defenses or grada_variants()
+    rows: list[dict[str, Any]] = []
+    for p in n_poison:
+        sub = [c for c in cases if c.setting == f"{p}p"]
+        for name, defense in defenses.items():
+            rows.append({"poison": p, "defense": name} | summarize(run_defense(defense, sub)))
+    by = {(r["poison"], r["defense"]): r for r in rows}
+    names = list(defenses)
+    lines = [
+        "| poison in top-10 | " + " | ".join(names) + " |",
+        "|---|" + "---|" * len(names),
+    ]
+    for p in n_poison:
+        cells = []
+        for name in names:
+            r = by[(p, name)]
+            cell = f"{r['poison_share']:.3f} / {r['gold_in_context']:.2f}"
+            ref = GRADA_REFERENCE.get(name, {}).get(p)
+            cells.append(cell + (f" (ref {ref[0]:.3f} / {ref[1]:.2f})" if ref else ""))
+        lines.append(f"| {p} | " + " | ".join(cells) + " |")
+    lines += [
+        "",
+        "Cells: poison share of the context / share of queries whose context holds a correct "
+        "answer string; (ref ...) = the reference implementation's number from the GRADA issue.",
+        "",
+        "| defense | queries with any poison (1 / 3 / 5 poison) | median ms per query | p95 ms |",
+        "|---|---|---|---|",
+    ]
+    for name in names:
+        anyp = " / ".join(
+            f"{by[(p, name)]['any_poison']:.2f}" for p in n_poison if p and (p, name) in by
+        )
+        ms = [float(by[(p, name)]["ms_p50"]) for p in n_poison]
+        p95 = [float(by[(p, name)]["ms_p95"]) for p in n_poison]
+        lines.append(f"| {name} | {anyp} | {statistics.median(ms):.2f} | {max(p95):.2f} |")
+    return rows, "\n".join(lines)
