@@ -389,7 +389,7 @@ class RealtimeQARecord:
     answers: list[str]  # correct answer + expanded answer
     incorrect_answer: str
     poison: list[str]  # incorrect_context
-    web: list[str]  # the web results' texts, in search-rank order
+    web: list[str]  # the web results as "title\ntext", in search-rank order
     choices: list[str]
     choices_answer: str
 
@@ -416,7 +416,9 @@ def load_realtimeqa(folder: str | os.PathLike[str]) -> list[RealtimeQARecord]:
                     f"{path}: record {i} (id={rec.get('id')!r}) context[{j}] is not an object"
                 )
             if isinstance(c.get("text"), str) and c["text"].strip():
-                web.append(c["text"])  # a few web results carry only a title: skipped
+                title = c.get("title") if isinstance(c.get("title"), str) else ""
+                web.append(f"{title}\n{c['text']}" if title else c["text"])
+            # a few web results carry only a title: skipped
         out.append(
             RealtimeQARecord(
                 id=str(rec.get("id", i)),

@@ -1,4 +1,4 @@
-"""The ``ragdefense`` command: ``ragdefense demo``, ``ragdefense bench ragdefender``."""
+"""The ``ragdefense`` command: ``ragdefense demo``, ``ragdefense bench {ragdefender,grada}``."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import DataError, data_dir, ragdefender_table
+    from .bench import DataError, data_dir, grada_table, ragdefender_table
 
     folder = data_dir(args.data)
     if folder is None:
@@ -41,13 +41,18 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         )
         return 2
     try:
-        rows, table = ragdefender_table(
-            folder,
-            datasets=args.datasets.split(","),
-            ratios=[int(r) for r in args.ratios.split(",")],
-            limit=args.limit,
-            timing_queries=args.timing_queries,
-        )
+        if args.setting == "ragdefender":
+            rows, table = ragdefender_table(
+                folder,
+                datasets=args.datasets.split(","),
+                ratios=[int(r) for r in args.ratios.split(",")],
+                limit=args.limit,
+                timing_queries=args.timing_queries,
+            )
+        else:
+            rows, table = grada_table(
+                folder, n_poison=[int(p) for p in args.poison.split(",")], limit=args.limit
+            )
     except DataError as exc:
         print(f"data error: {exc}", file=sys.stderr)
         return 2
@@ -55,9 +60,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.out:
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
-        (out / "ragdefender.md").write_text(table + "\n", encoding="utf-8")
-        (out / "ragdefender.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
-        print(f"\nwritten: {out / 'ragdefender.md'}, {out / 'ragdefender.json'}")
+        (out / f"{args.setting}.md").write_text(table + "\n", encoding="utf-8")
+        (out / f"{args.setting}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        print(f"\nwritten: {out / args.setting}.md, {out / args.setting}.json")
     return 0
 
 
@@ -73,10 +78,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
-    bench.add_argument("setting", choices=["ragdefender"], help="benchmark setting")
+    bench.add_argument(
+        "setting",
+        choices=["ragdefender", "grada"],
+        help="ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
+        "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5",
+    )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument("--datasets", default="nq,msmarco,hotpotqa")
-    bench.add_argument("--ratios", default="1,2,4,6")
+    bench.add_argument("--ratios", default="1,2,4,6", help="ragdefender: poison ratios")
+    bench.add_argument("--poison", default="0,1,3,5", help="grada: poison passages injected")
     bench.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
     bench.add_argument(
         "--timing-queries",

