@@ -557,3 +557,112 @@ def grada_table(
         p95 = [float(by[(p, name)]["ms_p95"]) for p in n_poison]
         lines.append(f"| {name} | {anyp} | {statistics.median(ms):.2f} | {max(p95):.2f} |")
     return rows, "\n".join(lines)
+
+
+def robustrag_table(
+    folder: str | os.PathLike[str],
+    limit: int | None = 20,
+    llm: Any = None,
+    embedder: Any = None,
+    k_prime: int = 1,
+    progress: bool = True,
+) -> tuple[list[dict[str, Any]], str]:
+    """RobustRAG on RealtimeQA (top-10 retrieved, 0 and 1 poison) with an LLM (default: the
+    packaged SmolLM2): vanilla RAG against keyword aggregation and majority vote; accuracy,
+    attack success rate, certified accuracy at ``k_prime`` (clean retrieval, injection), and
+    wall time per query."""
+    import sys
+
+    from .llm import as_llm
+    from .robustrag import ISOLATED_PROMPT, RobustRAG, _contains
+
+    model = as_llm(llm)
+    keyword = RobustRAG(llm=model)
+    vote = RobustRAG(llm=model, aggregation="majority", max_new_tokens=8)
+    records = load_realtimeqa(folder)[:limit]
+    cases = realtimeqa_cases(records, [0, 1], as_embedder(embedder))
+    by_id = {r.id: r for r in records}
+    acc: dict[tuple[str, str], list[float]] = {}
+
+    def add(setting: str, name: str, value: float) -> None:
+        acc.setdefault((setting, name), []).append(value)
+
+    for i, case in enumerate(cases):
+        rec = by_id[case.qid]
+        texts = [p.text for p in case.passages]
+        gold_letter = (
+            chr(ord("A") + int(rec.choices_answer)) if rec.choices_answer.isdigit() else ""
+        )
+        s = case.setting
+        t0 = time.perf_counter()
+        [vanilla] = model.generate(
+            [ISOLATED_PROMPT.format(context="\n\n".join(texts), query=case.question)]
+        )
+        add(s, "vanilla ms", (time.perf_counter() - t0) * 1000)
+        v_text = vanilla.text or ""
+        add(s, "vanilla acc", _contains(v_text, rec.answers))
+        add(s, "vanilla asr", _contains(v_text, [rec.incorrect_answer]))
+        t0 = time.perf_counter()
+        kw = keyword.answer(case.question, texts)
+        add(s, "keyword ms", (time.perf_counter() - t0) * 1000)
+        add(s, "keyword acc", _contains(kw.answer, rec.answers))
+        add(s, "keyword asr", _contains(kw.answer, [rec.incorrect_answer]))
+        if rec.choices:
+            t0 = time.perf_counter()
+            mv = vote.answer(case.question, texts, choices=rec.choices)
+            add(s, "majority ms", (time.perf_counter() - t0) * 1000)
+            add(s, "majority acc", mv.choice == gold_letter)
+        if s == "0p":  # certified accuracy: the clean retrieval, k' injected passages
+            t0 = time.perf_counter()
+            cert = keyword.certify(kw, k_prime, gold=rec.answers).certificate
+            add(s, "keyword certify ms", (time.perf_counter() - t0) * 1000)
+            add(s, "keyword certified", bool(cert and cert.certified))
+            if rec.choices:
+                mcert = vote.certify(mv, k_prime, gold=gold_letter).certificate
+                add(s, "majority certified", bool(mcert and mcert.certified))
+        if progress:
+            print(f"\r  {i + 1}/{len(cases)} queries", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+
+    def mean(setting: str, name: str) -> float:
+        vals = acc.get((setting, name), [])
+        return sum(vals) / len(vals) if vals else float("nan")
+
+    def med(setting: str, name: str) -> float:
+        vals = acc.get((setting, name), [])
+        return statistics.median(vals) if vals else float("nan")
+
+    rows = [
+        {"setting": s, "metric": name, "mean": mean(s, name), "median": med(s, name)}
+        for (s, name) in sorted(acc)
+    ]
+    n = len(records)
+    lines = [
+        f"RealtimeQA, first {n} questions, top-10 retrieved; LLM: {type(model).__name__}",
+        "",
+        "| | accuracy (clean) | accuracy (1 poison) | ASR (1 poison) "
+        f"| certified accuracy k'={k_prime} | median s per query |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, label in [
+        ("vanilla", "vanilla RAG"),
+        ("keyword", "RobustRAG keyword"),
+        ("majority", "RobustRAG majority vote (choices)"),
+    ]:
+        asr = mean("1p", f"{name} asr")
+        rate = mean("0p", f"{name} certified")
+        lines.append(
+            f"| {label} | {mean('0p', f'{name} acc'):.2f} | {mean('1p', f'{name} acc'):.2f} | "
+            f"{'-' if asr != asr else f'{asr:.2f}'} | {'-' if rate != rate else f'{rate:.2f}'} | "
+            f"{med('0p', f'{name} ms') / 1000:.2f} |"
+        )
+    ratio = med("0p", "keyword ms") / med("0p", "vanilla ms")
+    certify_s = med("0p", "keyword certify ms") / 1000
+    lines += [
+        "",
+        f"RobustRAG keyword wall time / one vanilla RAG call (median, clean): {ratio:.2f}x; "
+        f"certification at k'={k_prime} adds a median {certify_s:.2f} s.",
+        "Majority vote: the attacker's answer is never one of the choices in this data, so no ASR.",
+    ]
+    return rows, "\n".join(lines)

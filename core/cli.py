@@ -30,7 +30,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import DataError, data_dir, grada_table, ragdefender_table
+    from .bench import DataError, data_dir, grada_table, ragdefender_table, robustrag_table
 
     folder = data_dir(args.data)
     if folder is None:
@@ -49,10 +49,12 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 limit=args.limit,
                 timing_queries=args.timing_queries,
             )
-        else:
+        elif args.setting == "grada":
             rows, table = grada_table(
                 folder, n_poison=[int(p) for p in args.poison.split(",")], limit=args.limit
             )
+        else:
+            rows, table = robustrag_table(folder, limit=args.limit or 20)
     except DataError as exc:
         print(f"data error: {exc}", file=sys.stderr)
         return 2
@@ -80,9 +82,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["ragdefender", "grada"],
+        choices=["ragdefender", "grada", "robustrag"],
         help="ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
-        "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5",
+        "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
+        "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20)",
     )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument("--datasets", default="nq,msmarco,hotpotqa")

@@ -290,28 +290,89 @@ class TransformersLLM(LLM):
         return prompt
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        import torch
-
-        model, tok = self._load()
         out: list[Generation] = []
         for start in range(0, len(prompts), self.batch_size):
-            batch = [self.format(p) for p in prompts[start : start + self.batch_size]]
+            batch = list(prompts[start : start + self.batch_size])
             try:
-                enc = tok(batch, return_tensors="pt", padding=True).to(self.device)
-                with torch.no_grad():
-                    ids = model.generate(
-                        **enc,
-                        max_new_tokens=max_new_tokens,
-                        do_sample=False,
-                        pad_token_id=tok.pad_token_id,
-                    )
-                texts = tok.batch_decode(
-                    ids[:, enc["input_ids"].shape[1] :], skip_special_tokens=True
-                )
+                texts = self._greedy([self.format(p) for p in batch], max_new_tokens)
                 out += [Generation(_first_line(t) if self.first_line else t.strip()) for t in texts]
             except Exception as exc:  # a batch that fails is reported on each of its prompts
                 out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
         return out
+
+    def _greedy(self, texts: list[str], max_new_tokens: int) -> list[str]:
+        """Batched greedy decoding with a KV cache.
+
+        The prompts' common token prefix (instruction, chat header) is computed once and shared
+        by the batch; each row stops at EOS (or at a newline when ``first_line``) and leaves the
+        batch, so short answers do not wait for long ones.
+        """
+        import torch
+
+        model, tok = self._load()
+        ids = [tok(t, add_special_tokens=not self.chat)["input_ids"] for t in texts]
+        n = len(ids)
+        shared = 0
+        if n > 1:
+            limit = min(len(x) for x in ids) - 1  # every row keeps at least one own token
+            while shared < limit and all(x[shared] == ids[0][shared] for x in ids):
+                shared += 1
+        if shared < 8:
+            shared = 0
+        eos = tok.eos_token_id
+        stop = {eos} if isinstance(eos, int) else set(eos or [])
+        dev = self.device
+        gen: list[list[int]] = [[] for _ in range(n)]
+        with torch.no_grad():
+            cache = None
+            if shared:
+                prefix = torch.tensor([ids[0][:shared]], device=dev)
+                cache = model(input_ids=prefix, use_cache=True).past_key_values
+                cache.batch_repeat_interleave(n)
+            tails = [x[shared:] for x in ids]
+            width = max(len(t) for t in tails)
+            inp = torch.full((n, width), tok.pad_token_id, dtype=torch.long, device=dev)
+            mask = torch.zeros((n, shared + width), dtype=torch.long, device=dev)
+            mask[:, :shared] = 1
+            for i, t in enumerate(tails):  # right-aligned: the last column is every prompt's end
+                inp[i, width - len(t) :] = torch.tensor(t, device=dev)
+                mask[i, shared + width - len(t) :] = 1
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
+            res = model(
+                input_ids=inp,
+                attention_mask=mask,
+                position_ids=pos,
+                past_key_values=cache,
+                use_cache=True,
+            )
+            alive = list(range(n))
+            for step in range(max_new_tokens):
+                nxt = res.logits[:, -1].argmax(-1)
+                keep = []
+                for row, i in enumerate(alive):
+                    token = int(nxt[row])
+                    if token in stop:
+                        continue
+                    gen[i].append(token)
+                    if not (self.first_line and "\n" in tok.decode([token])):
+                        keep.append(row)
+                if not keep or step == max_new_tokens - 1:
+                    break
+                cache = res.past_key_values
+                if len(keep) < len(alive):
+                    index = torch.tensor(keep, device=dev)
+                    cache.batch_select_indices(index)
+                    mask, nxt = mask[index], nxt[index]
+                    alive = [alive[r] for r in keep]
+                mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
+                res = model(
+                    input_ids=nxt[:, None],
+                    attention_mask=mask,
+                    position_ids=mask.sum(-1, keepdim=True) - 1,
+                    past_key_values=cache,
+                    use_cache=True,
+                )
+        return [tok.decode(g, skip_special_tokens=True) for g in gen]
 
 
 @lru_cache(maxsize=1)

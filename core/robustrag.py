@@ -62,12 +62,21 @@ IDK = "I don't know"
 Attack = Literal["injection", "modification"]
 NO_INFO = "E"
 
-_ABSTAIN = re.compile(r"\bi\s+(?:don['\u2019]?t|do\s+not)\s+know\b", re.IGNORECASE)
+_ABSTAIN = re.compile(
+    r"\bi\s+(?:don['\u2019]?t|do\s+not)\s+know\b"
+    r"|\bnot\s+sure\b"
+    r"|\bno\s+(?:relevant\s+)?information\b"
+    r"|\b(?:cannot|can['\u2019]?t|unable\s+to)\s+(?:answer|determine|find)\b"
+    r"|\b(?:does\s+not|doesn['\u2019]?t)\s+(?:contain|mention|provide)\b",
+    re.IGNORECASE,
+)
 _CHOICE = re.compile(r"^\W*([A-Z])(?:[\.\):\s]|$)")
 
 
 def is_abstention(text: str | None) -> bool:
-    """Whether an isolated answer abstains: empty, failed, or saying "I don't know"."""
+    """Whether an isolated answer abstains: empty, failed, saying "I don't know", or one of the
+    usual paraphrases of small models ("I'm not sure", "no information", "cannot answer",
+    "the context does not contain ...")."""
     return text is None or not text.strip() or bool(_ABSTAIN.search(text))
 
 
@@ -278,13 +287,37 @@ class RobustRAG:
             [final] = self.llm.generate([final_prompt], self.max_new_tokens)
             result = self._with_final(result, final)
         if certify is not None:
-            plan = self._plan(result, certify, attack)
-            prompts = self._plan_prompts(query, plan)
-            gens = self.llm.generate(prompts, self.max_new_tokens) if prompts else []
-            result = self._certified(
-                result, certify, attack, plan, self._plan_answers(plan, gens), gold
-            )
+            result = self.certify(result, certify, attack=attack, gold=gold)
         return result
+
+    def certify(
+        self,
+        result: RobustAnswer,
+        k_prime: int,
+        *,
+        attack: Attack = "injection",
+        gold: Sequence[str] | str | None = None,
+    ) -> RobustAnswer:
+        """Certify an answer already computed (its isolated responses are reused): a copy of
+        ``result`` with its :class:`Certificate` for ``k_prime`` injected / modified passages."""
+        plan = self._plan(result, k_prime, attack)
+        prompts = self._plan_prompts(result.query, plan)
+        gens = self.llm.generate(prompts, self.max_new_tokens) if prompts else []
+        return self._certified(result, k_prime, attack, plan, self._plan_answers(plan, gens), gold)
+
+    async def acertify(
+        self,
+        result: RobustAnswer,
+        k_prime: int,
+        *,
+        attack: Attack = "injection",
+        gold: Sequence[str] | str | None = None,
+    ) -> RobustAnswer:
+        """Async :meth:`certify`."""
+        plan = self._plan(result, k_prime, attack)
+        prompts = self._plan_prompts(result.query, plan)
+        gens = await self.llm.agenerate(prompts, self.max_new_tokens) if prompts else []
+        return self._certified(result, k_prime, attack, plan, self._plan_answers(plan, gens), gold)
 
     async def aanswer(
         self,
@@ -307,12 +340,7 @@ class RobustRAG:
             [final] = await self.llm.agenerate([final_prompt], self.max_new_tokens)
             result = self._with_final(result, final)
         if certify is not None:
-            plan = self._plan(result, certify, attack)
-            prompts = self._plan_prompts(query, plan)
-            gens = await self.llm.agenerate(prompts, self.max_new_tokens) if prompts else []
-            result = self._certified(
-                result, certify, attack, plan, self._plan_answers(plan, gens), gold
-            )
+            result = await self.acertify(result, certify, attack=attack, gold=gold)
         return result
 
     def _empty(self, query: str) -> RobustAnswer:
