@@ -21,13 +21,15 @@ from .embedders import (
 )
 from .grada import GRADA
 from .ragdefender import RAGDefender
-from .types import DefenseInputError, DefenseResult, Passage, PassageLike, Verdict
+from .robustrag import RobustAnswer, RobustRAG
+from .types import DefenseFailed, DefenseInputError, DefenseResult, Passage, PassageLike, Verdict
 
 __version__ = "0.1.0"
 
 __all__ = [
     "GRADA",
     "CallableEmbedder",
+    "DefenseFailed",
     "DefenseInputError",
     "DefenseResult",
     "Embedder",
@@ -37,6 +39,8 @@ __all__ = [
     "Passage",
     "PassageLike",
     "RAGDefender",
+    "RobustAnswer",
+    "RobustRAG",
     "SentenceTransformerEmbedder",
     "Verdict",
     "__version__",

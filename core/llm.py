@@ -115,10 +115,20 @@ def _threaded(
 class LangChainLLM(LLM):
     """A LangChain chat model or LLM (any ``Runnable`` taking a string)."""
 
-    def __init__(self, model: Any, max_concurrency: int = 8, timeout: float | None = None) -> None:
+    def __init__(
+        self,
+        model: Any,
+        max_concurrency: int = 8,
+        timeout: float | None = None,
+        config: dict[str, Any] | None = None,
+    ) -> None:
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout = timeout
+        self.config = dict(config or {})  # e.g. callbacks of the calling chain
+
+    def _config(self) -> dict[str, Any]:
+        return {**self.config, "max_concurrency": self.max_concurrency}
 
     @staticmethod
     def _text(result: Any) -> Generation:
@@ -130,14 +140,12 @@ class LangChainLLM(LLM):
         return Generation(str(content))
 
     def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        results = self.model.batch(
-            list(prompts), config={"max_concurrency": self.max_concurrency}, return_exceptions=True
-        )
+        results = self.model.batch(list(prompts), config=self._config(), return_exceptions=True)
         return [self._text(r) for r in results]
 
     async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
         results = await self.model.abatch(
-            list(prompts), config={"max_concurrency": self.max_concurrency}, return_exceptions=True
+            list(prompts), config=self._config(), return_exceptions=True
         )
         return [self._text(r) for r in results]
 

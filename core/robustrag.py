@@ -177,6 +177,9 @@ class RobustRAG:
         max_new_tokens: Answer length cap.
         max_undecided: Certification enumerates the subsets of at most this many undecided
             keywords (paper: 15); beyond it the answer is reported as not certifiable.
+        max_certify_calls: Certification asks the LLM once per possible keyword set; above this
+            many it stops and reports the answer as not certifiable (2^15 calls is hours on a
+            CPU).
         isolated_prompt, keyword_prompt, choice_prompt: Prompt templates (``{context}``,
             ``{query}``, ``{keywords}``, ``{choices}``, ``{letters}``).
     """
@@ -192,6 +195,7 @@ class RobustRAG:
         nlp: Any = None,
         max_new_tokens: int = 20,
         max_undecided: int = 15,
+        max_certify_calls: int = 256,
         isolated_prompt: str = ISOLATED_PROMPT,
         keyword_prompt: str = KEYWORD_PROMPT,
         choice_prompt: str = MULTIPLE_CHOICE_PROMPT,
@@ -207,6 +211,7 @@ class RobustRAG:
         self._nlp = nlp
         self.max_new_tokens = max_new_tokens
         self.max_undecided = max_undecided
+        self.max_certify_calls = max_certify_calls
         self.isolated_prompt = isolated_prompt
         self.keyword_prompt = keyword_prompt
         self.choice_prompt = choice_prompt
@@ -470,6 +475,14 @@ class RobustRAG:
             for size in range(len(w_c) + 1):
                 for extra in combinations(w_c, size):
                     sets.add(tuple(sorted(w_a | set(extra))))
+        if len(sets) > self.max_certify_calls:
+            return _KeywordPlan(
+                [],
+                undecided=tuple(sorted(undecided)),
+                verdict=f"{len(sets)} possible keyword "
+                f"sets would need as many LLM calls (budget max_certify_calls="
+                f"{self.max_certify_calls})",
+            )
         return _KeywordPlan(sorted(sets), tuple(sorted(always or ())), tuple(sorted(undecided)))
 
     def _plan_prompts(self, query: str, plan: _KeywordPlan) -> list[str]:

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "DefenseFailed",
     "DefenseInputError",
     "DefenseResult",
     "Passage",
@@ -21,6 +22,10 @@ __all__ = [
 
 class DefenseInputError(ValueError):
     """Raised when a defense is given input it cannot work on (the message says which item)."""
+
+
+class DefenseFailed(RuntimeError):
+    """Raised by the framework adapters when a defense fails and they are set to fail closed."""
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,27 @@
+"""LangChain integration of ragdefense: one line in an existing pipeline.
+
+```python
+retriever = ContextualCompressionRetriever(
+    base_compressor=RAGDefenderCompressor(), base_retriever=retriever
+)
+retriever = defend(retriever)                      # RAGDefender by default
+chain = RobustRAGChain.from_llm(llm, retriever)    # isolate-then-aggregate answers
+```
+
+The adapters only convert types; every algorithm lives in :mod:`ragdefense`.
+"""
+
+from .chain import RobustRAGChain
+from .compressors import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
+from .embeddings import RagdefenseEmbeddings
+from .retrievers import DefendedRetriever, defend
+
+__all__ = [
+    "DefendedRetriever",
+    "DefenseCompressor",
+    "GRADACompressor",
+    "RAGDefenderCompressor",
+    "RagdefenseEmbeddings",
+    "RobustRAGChain",
+    "defend",
+]

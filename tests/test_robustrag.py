@@ -184,6 +184,15 @@ def test_power_set_cap_is_reported(nlp) -> None:  # type: ignore[no-untyped-def]
     assert c is not None and not c.certified and "enumeration cap 0" in c.reason
 
 
+def test_llm_call_budget_is_reported(nlp) -> None:  # type: ignore[no-untyped-def]
+    answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
+    iso = {f"p{i}!": a for i, a in enumerate(answers)}
+    rr = RobustRAG(llm=scripted(iso), nlp=nlp, max_certify_calls=1)
+    c = rr.answer(Q, list(iso), certify=1).certificate
+    # undecided {Sydney, sydney}: 4 keyword sets > budget 1
+    assert c is not None and not c.certified and "max_certify_calls=1" in c.reason
+
+
 def test_refuses_k_prime_of_half(nlp) -> None:  # type: ignore[no-untyped-def]
     llm = scripted({"p0": "Canberra", "p1": "Canberra"})
     c = RobustRAG(llm=llm, nlp=nlp).answer(Q, ["p0", "p1"], certify=1).certificate

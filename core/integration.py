@@ -1,0 +1,103 @@
+"""What the framework adapters share: building a defense by name, running it under a
+fail-open / fail-closed policy, and the namespaced metadata written on returned copies."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from .types import DefenseFailed, DefenseResult, Passage, Verdict
+
+__all__ = ["METADATA_KEY", "Defense", "make_defense", "run_defense", "verdict_metadata"]
+
+#: the metadata key under which adapters record the defense's verdict on each returned copy
+METADATA_KEY = "ragdefense"
+
+logger = logging.getLogger("ragdefense")
+
+
+@runtime_checkable
+class Defense(Protocol):
+    """Anything with the defenses' verb."""
+
+    def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult: ...
+
+
+def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: Any) -> Defense:
+    """A core defense from a name (``"ragdefender"``, ``"grada"``) or an object with ``defend``.
+
+    ``embedder`` and ``params`` go to the defense's constructor when it is built by name.
+    """
+    if isinstance(defense, str):
+        name = defense.lower().replace("-", "").replace("_", "")
+        if name == "ragdefender":
+            from .ragdefender import RAGDefender
+
+            return RAGDefender(embedder=embedder, **params)
+        if name == "grada":
+            from .grada import GRADA
+
+            return GRADA(embedder=embedder, **params)
+        raise ValueError(f"unknown defense {defense!r}: use 'ragdefender', 'grada' or an object")
+    if isinstance(defense, Defense):
+        if params:
+            raise TypeError("parameters can only be given with a defense name")
+        return defense
+    raise TypeError(
+        f"{type(defense).__name__} is not a defense (it has no defend(query, passages))"
+    )
+
+
+def run_defense(
+    defense: Defense, query: str, passages: Sequence[Passage], fail_open: bool = False
+) -> DefenseResult | None:
+    """Run ``defense``; on failure raise :class:`DefenseFailed` (fail closed, the default) or,
+    with ``fail_open``, warn and return ``None`` (the caller passes the passages through)."""
+    if not passages:
+        return None
+    try:
+        return defense.defend(query, passages)
+    except Exception as exc:
+        name = getattr(defense, "name", type(defense).__name__)
+        message = f"{name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"
+        if not fail_open:
+            raise DefenseFailed(message + " (fail_open=True passes documents through)") from exc
+        warnings.warn(message + "; passing the documents through unchecked", stacklevel=3)
+        logger.warning("%s; passing the documents through unchecked", message)
+        return None
+
+
+def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
+    """The per-document record written under :data:`METADATA_KEY`."""
+    return {
+        "defense": result.defense,
+        "kept": verdict.kept,
+        "score": verdict.score,
+        "score_name": result.score_name,
+        "rank": verdict.rank,
+        "reason": verdict.reason,
+        **{k: v for k, v in verdict.details.items()},
+    }
+
+
+def removed_report(result: DefenseResult) -> dict[str, Any]:
+    """A compact, JSON-friendly report of what was removed and why (for tracing events)."""
+    return {
+        "defense": result.defense,
+        "query": result.query,
+        "kept": len(result.kept),
+        "removed": [
+            {
+                "index": v.index,
+                "id": v.passage.id,
+                "text": v.passage.text[:200],
+                "score": v.score,
+                "reason": v.reason,
+            }
+            for v in result.verdicts
+            if not v.kept
+        ],
+        "estimates": result.to_dict()["estimates"],
+    }

@@ -1,0 +1,109 @@
+"""RobustRAG as a LangChain Runnable: retrieve, one isolated LLM call per document (fanned out
+with ``batch`` / ``abatch`` and ``max_concurrency``), secure aggregation in the core."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any, Literal
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
+from langchain_core.runnables.config import patch_config
+from pydantic import ConfigDict, PrivateAttr
+
+from ragdefense import RobustAnswer, RobustRAG
+from ragdefense.llm import LangChainLLM
+
+__all__ = ["RobustRAGChain"]
+
+
+class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
+    """Isolate-then-aggregate question answering (RobustRAG) over a retriever.
+
+    Input: a question string, or a dict with ``"question"`` (or ``"query"`` / ``"input"``) and,
+    for multiple choice, ``"choices"``. Output: ``{"query", "answer", "context", "report"}`` where
+    ``report`` is the core :class:`ragdefense.RobustAnswer` (isolated answers, keyword counts,
+    threshold, certificate).
+
+    Build it with :meth:`from_llm`.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    llm: Runnable[Any, Any]
+    retriever: BaseRetriever
+    aggregation: Literal["keyword", "majority"] = "keyword"
+    max_concurrency: int = 8
+    certify: int | None = None
+    alpha: float = 0.3
+    beta: float = 3
+    _robust: RobustRAG | None = PrivateAttr(default=None)
+
+    @classmethod
+    def from_llm(
+        cls, llm: Runnable[Any, Any], retriever: BaseRetriever, **kwargs: Any
+    ) -> RobustRAGChain:
+        """``RobustRAGChain.from_llm(chat_model, retriever, max_concurrency=8, certify=1)``."""
+        return cls(llm=llm, retriever=retriever, **kwargs)
+
+    def _core(self, config: RunnableConfig) -> RobustRAG:
+        if self._robust is None:
+            self._robust = RobustRAG(aggregation=self.aggregation, alpha=self.alpha, beta=self.beta)
+        robust = copy.copy(self._robust)  # shares the spaCy pipeline; LLM bound to this run
+        robust._llm = LangChainLLM(self.llm, self.max_concurrency, config=dict(config))
+        return robust
+
+    @staticmethod
+    def _parse(value: Any) -> tuple[str, list[str] | None]:
+        if isinstance(value, str):
+            return value, None
+        if isinstance(value, dict):
+            for key in ("question", "query", "input"):
+                if isinstance(value.get(key), str):
+                    return value[key], value.get("choices")
+        raise TypeError("input must be a question string or a dict with a 'question' key")
+
+    @staticmethod
+    def _output(query: str, docs: list[Document], report: RobustAnswer) -> dict[str, Any]:
+        return {"query": query, "answer": report.answer, "context": docs, "report": report}
+
+    def _invoke(
+        self, value: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> dict[str, Any]:
+        query, choices = self._parse(value)
+        child = patch_config(config, callbacks=run_manager.get_child())
+        docs = self.retriever.invoke(query, child)
+        report = self._core(child).answer(
+            query, [d.page_content for d in docs], choices=choices, certify=self.certify
+        )
+        return self._output(query, docs, report)
+
+    async def _ainvoke(
+        self, value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> dict[str, Any]:
+        query, choices = self._parse(value)
+        child = patch_config(config, callbacks=run_manager.get_child())
+        docs = await self.retriever.ainvoke(query, child)
+        report = await self._core(child).aanswer(
+            query, [d.page_content for d in docs], choices=choices, certify=self.certify
+        )
+        return self._output(query, docs, report)
+
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Answer a question."""
+        return self._call_with_config(self._invoke, input, config, run_type="chain", **kwargs)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        """Answer a question (async; the isolated calls go out through ``abatch``)."""
+        return await self._acall_with_config(
+            self._ainvoke, input, config, run_type="chain", **kwargs
+        )

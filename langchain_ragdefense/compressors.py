@@ -1,0 +1,144 @@
+"""``BaseDocumentCompressor`` per core defense, for ``ContextualCompressionRetriever``."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
+from pydantic import ConfigDict, Field, PrivateAttr
+
+from ragdefense import DefenseResult, LangChainEmbedder, Passage
+from ragdefense.integration import (
+    METADATA_KEY,
+    Defense,
+    make_defense,
+    removed_report,
+    run_defense,
+    verdict_metadata,
+)
+
+__all__ = ["EVENT_NAME", "DefenseCompressor", "GRADACompressor", "RAGDefenderCompressor"]
+
+#: name of the custom callback event that reports removed documents
+EVENT_NAME = "ragdefense_removed"
+
+
+def _tag(doc: Document, record: dict[str, Any]) -> Document:
+    """A copy of ``doc`` with ``record`` under the namespaced metadata key."""
+    return doc.model_copy(update={"metadata": {**doc.metadata, METADATA_KEY: record}})
+
+
+class DefenseCompressor(BaseDocumentCompressor):
+    """Applies a core defense to retrieved documents; returns copies with the verdict in
+    ``metadata["ragdefense"]`` (score, decision, reason). Removed documents are reported through
+    the callback system as the custom event ``"ragdefense_removed"``.
+
+    Args:
+        defense: ``"ragdefender"``, ``"grada"``, or a core defense object.
+        embeddings: The LangChain ``Embeddings`` to use (e.g. the vector store's); ``None``
+            for the packaged all-MiniLM-L6-v2.
+        fail_open: On a defense error, pass the documents through with a warning instead of
+            raising :class:`ragdefense.DefenseFailed`.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    defense: Any = "ragdefender"
+    embeddings: Embeddings | None = None
+    fail_open: bool = False
+    _core: Defense | None = PrivateAttr(default=None)
+
+    def _params(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def core(self) -> Defense:
+        """The core defense (built on first use; keeps its embedding cache across queries)."""
+        if self._core is None:
+            embedder = LangChainEmbedder(self.embeddings) if self.embeddings is not None else None
+            if isinstance(self.defense, str):
+                self._core = make_defense(self.defense, embedder, **self._params())
+            else:
+                self._core = make_defense(self.defense)
+        return self._core
+
+    def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
+        passages = [Passage(d.page_content, id=d.id, metadata=d.metadata) for d in documents]
+        return run_defense(self.core, query, passages, self.fail_open)
+
+    @staticmethod
+    def _output(documents: Sequence[Document], result: DefenseResult | None) -> list[Document]:
+        if result is None:  # nothing to check, or failed open
+            note = {"checked": False} if documents else {}
+            return [_tag(d, note) for d in documents]
+        return [
+            _tag(documents[i], verdict_metadata(result, result.verdicts[i]))
+            for i in result.kept_indices
+        ]
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        """Filter or rerank ``documents`` for ``query`` with the core defense."""
+        result = self._run(documents, query)
+        if callbacks and result is not None and result.removed:
+            with contextlib.suppress(RuntimeError):  # no parent run to attach the event to
+                dispatch_custom_event(
+                    EVENT_NAME, removed_report(result), config={"callbacks": callbacks}
+                )
+        return self._output(documents, result)
+
+    async def acompress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
+    ) -> Sequence[Document]:
+        """Async :meth:`compress_documents` (the CPU-bound defense runs in a worker thread)."""
+        result = await asyncio.to_thread(self._run, documents, query)
+        if callbacks and result is not None and result.removed:
+            with contextlib.suppress(RuntimeError):
+                await adispatch_custom_event(
+                    EVENT_NAME, removed_report(result), config={"callbacks": callbacks}
+                )
+        return self._output(documents, result)
+
+
+class RAGDefenderCompressor(DefenseCompressor):
+    """RAGDefender as a document compressor (see :class:`ragdefense.RAGDefender`)."""
+
+    defense: Any = Field(default="ragdefender", frozen=True)
+    task_type: Literal["single_hop", "multi_hop", "auto"] = "auto"
+    p: float = 2.0
+    m: int = 5
+    min_passages: int = 3
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "task_type": self.task_type,
+            "p": self.p,
+            "m": self.m,
+            "min_passages": self.min_passages,
+        }
+
+
+class GRADACompressor(DefenseCompressor):
+    """GRADA as a document compressor: keeps the top ``n`` after graph reranking
+    (``None``: half of the documents given, the paper's M = 2n)."""
+
+    defense: Any = Field(default="grada", frozen=True)
+    similarity: Literal["hrsim", "bm25", "ebd"] = "hrsim"
+    hrsim_base: Literal["bm25", "ebd"] = "bm25"
+    alpha: float = 0.4
+    n: int | None = None
+
+    def _params(self) -> dict[str, Any]:
+        return {
+            "similarity": self.similarity,
+            "hrsim_base": self.hrsim_base,
+            "alpha": self.alpha,
+            "n": self.n,
+        }

@@ -1,0 +1,31 @@
+"""The packaged all-MiniLM-L6-v2 (or any ragdefense embedder) as a LangChain ``Embeddings``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.embeddings import Embeddings
+
+from ragdefense import as_embedder
+
+__all__ = ["RagdefenseEmbeddings"]
+
+
+class RagdefenseEmbeddings(Embeddings):
+    """Offline embeddings for LangChain vector stores, backed by a ragdefense embedder.
+
+    Args:
+        embedder: Anything :func:`ragdefense.as_embedder` accepts; ``None`` for the packaged
+            all-MiniLM-L6-v2 (no model hub access needed).
+    """
+
+    def __init__(self, embedder: Any = None) -> None:
+        self.embedder = as_embedder(embedder)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        """Embed documents."""
+        return [[float(x) for x in row] for row in self.embedder.embed(texts)]
+
+    def embed_query(self, text: str) -> list[float]:
+        """Embed a query."""
+        return [float(x) for x in self.embedder.embed_query(text)]

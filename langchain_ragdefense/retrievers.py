@@ -1,0 +1,111 @@
+"""A ``BaseRetriever`` that applies any defense to any retriever, and ``defend(...)``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+)
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.retrievers import BaseRetriever
+from pydantic import ConfigDict
+
+from .compressors import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
+
+__all__ = ["DefendedRetriever", "defend"]
+
+
+class DefendedRetriever(BaseRetriever):
+    """Retrieves with ``base_retriever``, then applies ``compressor`` (a defense).
+
+    Args:
+        base_retriever: The retriever to protect.
+        compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
+        k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
+        fetch_k: Documents first asked of the base retriever (passed as ``k``); by default twice
+            the ``k`` asked for, as GRADA's M = 2n. When the defense leaves fewer than ``k``, the
+            fetch doubles (up to ``max_rounds`` rounds) while the base retriever has more.
+    """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    base_retriever: BaseRetriever
+    compressor: BaseDocumentCompressor
+    k: int | None = None
+    fetch_k: int | None = None
+
+    max_rounds: int = 3
+
+    def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
+        k = kwargs.pop("k", self.k)
+        return k, self.fetch_k or (2 * k if k else None), kwargs
+
+    def _done(self, k: int | None, fetch: int | None, docs: list[Document], kept: int) -> bool:
+        # enough kept, or the base retriever has nothing more to give
+        return not k or not fetch or kept >= k or len(docs) < fetch
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        k, fetch, extra = self._plan(kwargs)
+        child = run_manager.get_child()
+        for _ in range(self.max_rounds):
+            args = ({"k": fetch} if fetch else {}) | extra
+            docs = self.base_retriever.invoke(query, config={"callbacks": child}, **args)
+            kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
+            if self._done(k, fetch, docs, len(kept)):
+                break
+            fetch = 2 * fetch if fetch else None
+        return kept[:k] if k else kept
+
+    async def _aget_relevant_documents(
+        self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
+    ) -> list[Document]:
+        k, fetch, extra = self._plan(kwargs)
+        child = run_manager.get_child()
+        for _ in range(self.max_rounds):
+            args = ({"k": fetch} if fetch else {}) | extra
+            docs = await self.base_retriever.ainvoke(query, config={"callbacks": child}, **args)
+            kept = list(await self.compressor.acompress_documents(docs, query, callbacks=child))
+            if self._done(k, fetch, docs, len(kept)):
+                break
+            fetch = 2 * fetch if fetch else None
+        return kept[:k] if k else kept
+
+
+def defend(
+    retriever: BaseRetriever,
+    defense: Any = "ragdefender",
+    *,
+    k: int | None = None,
+    fetch_k: int | None = None,
+    embeddings: Embeddings | None = None,
+    fail_open: bool = False,
+    **params: Any,
+) -> DefendedRetriever:
+    """Wrap ``retriever`` with a defense, in one line: ``retriever = defend(retriever)``.
+
+    Args:
+        defense: ``"ragdefender"`` (default), ``"grada"``, a core defense object, or a
+            ``BaseDocumentCompressor``.
+        embeddings: Embeddings for the defense; by default the vector store's own when the
+            retriever has one (no second model), else the packaged all-MiniLM-L6-v2.
+        params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``).
+    """
+    if embeddings is None:
+        embeddings = getattr(getattr(retriever, "vectorstore", None), "embeddings", None)
+    compressor: BaseDocumentCompressor
+    if isinstance(defense, BaseDocumentCompressor):
+        compressor = defense
+    elif isinstance(defense, str) and defense.lower() == "ragdefender":
+        compressor = RAGDefenderCompressor(embeddings=embeddings, fail_open=fail_open, **params)
+    elif isinstance(defense, str) and defense.lower() == "grada":
+        compressor = GRADACompressor(embeddings=embeddings, fail_open=fail_open, **params)
+    elif isinstance(defense, str):
+        raise ValueError(f"unknown defense {defense!r}: use 'ragdefender', 'grada' or an object")
+    else:
+        compressor = DefenseCompressor(defense=defense, embeddings=embeddings, fail_open=fail_open)
+    return DefendedRetriever(base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k)

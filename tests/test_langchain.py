@@ -1,0 +1,212 @@
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import FakeListChatModel
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+
+from langchain_ragdefense import (
+    DefendedRetriever,
+    GRADACompressor,
+    RAGDefenderCompressor,
+    RagdefenseEmbeddings,
+    RobustRAGChain,
+    defend,
+)
+from ragdefense import DefenseFailed
+from ragdefense.demo import load_demo_kb
+
+KB = load_demo_kb()
+QUESTION = KB[1]  # capital of Australia
+
+
+@pytest.fixture(scope="module")
+def embeddings(minilm: Any) -> RagdefenseEmbeddings:
+    return RagdefenseEmbeddings(minilm)
+
+
+@pytest.fixture(scope="module")
+def store(embeddings: RagdefenseEmbeddings) -> InMemoryVectorStore:
+    docs = []
+    for q in KB:
+        docs += [Document(t, metadata={"q": q.id, "poison": False}) for t in q.benign]
+        docs += [Document(t, metadata={"q": q.id, "poison": True}) for t in q.poison]
+    return InMemoryVectorStore.from_documents(docs, embeddings)
+
+
+@pytest.fixture
+def retriever(store: InMemoryVectorStore) -> BaseRetriever:
+    return store.as_retriever(search_kwargs={"k": 8})
+
+
+def poison(docs: list[Document]) -> int:
+    return sum(d.metadata["poison"] for d in docs)
+
+
+class Events(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any]] = []
+
+    def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.events.append((name, data))
+
+
+@pytest.mark.slow
+def test_contextual_compression_retriever_removes_poison(
+    retriever: BaseRetriever, embeddings: Embeddings
+) -> None:
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    plain = retriever.invoke(QUESTION.question)
+    assert poison(plain) == 5  # the attack works without defense
+    defended = ContextualCompressionRetriever(
+        base_compressor=RAGDefenderCompressor(embeddings=embeddings), base_retriever=retriever
+    )
+    handler = Events()
+    docs = defended.invoke(QUESTION.question, config={"callbacks": [handler]})
+    assert poison(docs) == 0 and len(docs) >= 1
+    meta = docs[0].metadata["ragdefense"]
+    assert meta["defense"] == "RAGDefender" and meta["kept"] is True and "reason" in meta
+    assert docs[0].metadata["q"] == QUESTION.id  # the caller's metadata is kept
+    [(name, data)] = handler.events
+    assert name == "ragdefense_removed" and len(data["removed"]) == 8 - len(docs)
+    assert data["estimates"]["n_adv"] >= 5
+
+
+@pytest.mark.slow
+def test_defend_one_line_sync_and_async(retriever: BaseRetriever) -> None:
+    defended = defend(retriever)
+    # the vector store's own embeddings are used: no second model
+    assert defended.compressor.embeddings is retriever.vectorstore.embeddings  # type: ignore[attr-defined]
+    for q in KB[:4]:
+        docs = defended.invoke(q.question)
+        assert poison(docs) == 0 and docs, q.question
+    docs = asyncio.run(defended.ainvoke(KB[0].question))
+    assert poison(docs) == 0 and docs
+
+
+@pytest.mark.slow
+def test_grada_compressor_and_k(retriever: BaseRetriever, embeddings: Embeddings) -> None:
+    defended = defend(retriever, "grada", k=4)
+    docs = defended.invoke(QUESTION.question)
+    assert len(docs) == 4
+    assert all(d.metadata["ragdefense"]["defense"] == "GRADA" for d in docs)
+    assert [d.metadata["ragdefense"]["rank"] for d in docs] == [0, 1, 2, 3]
+    docs2 = defended.invoke(QUESTION.question, k=2)
+    assert len(docs2) == 2
+    assert GRADACompressor(n=3).n == 3
+
+
+def test_documents_are_never_mutated(toy_embedder: Any) -> None:
+    from langchain_ragdefense import DefenseCompressor
+    from ragdefense import RAGDefender
+
+    docs = [Document(f"capital of France {w}", metadata={"i": i}) for i, w in enumerate("abcde")]
+    docs.append(Document("bananas are yellow", metadata={"i": 5}))
+    out = DefenseCompressor(defense=RAGDefender(embedder=toy_embedder)).compress_documents(
+        docs, "q"
+    )
+    assert all(d.metadata.keys() == {"i"} for d in docs)
+    assert all("ragdefense" in d.metadata for d in out)
+    assert all(o is not d for o in out for d in docs)
+
+
+class Failing(Embeddings):
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        raise ConnectionError("embedding service down")
+
+    def embed_query(self, text: str) -> list[float]:
+        raise ConnectionError("embedding service down")
+
+
+def test_bad_input_and_failures() -> None:
+    closed = RAGDefenderCompressor(embeddings=Failing())
+    assert closed.compress_documents([], "q") == []
+    docs = [Document("a"), Document(""), Document("c"), Document("d")]
+    with pytest.raises(DefenseFailed, match="embedding service down"):
+        closed.compress_documents(docs, "q")
+    opened = RAGDefenderCompressor(embeddings=Failing(), fail_open=True)
+    with pytest.warns(UserWarning, match="passing the documents through"):
+        out = opened.compress_documents(docs, "q")
+    assert [d.page_content for d in out] == ["a", "", "c", "d"]
+    assert all(d.metadata["ragdefense"] == {"checked": False} for d in out)
+    with pytest.raises(ValueError, match="unknown defense"):
+        defend(DefendedRetriever.model_construct(), "shield")  # type: ignore[call-arg]
+
+
+def test_async_compressor_with_empty_content(toy_embedder: Any) -> None:
+    from langchain_ragdefense import DefenseCompressor
+    from ragdefense import RAGDefender
+
+    docs = [Document(t) for t in ["", "  ", "capital city", "capital town"]]
+    comp = DefenseCompressor(defense=RAGDefender(embedder=toy_embedder))
+    out = asyncio.run(comp.acompress_documents(docs, "capital"))
+    assert 1 <= len(out) <= 4
+
+
+# ---------------------------------------------------------------- standard retriever suite
+
+
+@pytest.mark.slow
+class TestDefendedRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[DefendedRetriever]:
+        return DefendedRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        from ragdefense import default_embedder
+
+        emb = RagdefenseEmbeddings(default_embedder())
+        texts = [t for q in KB for t in q.benign + q.poison]
+        store = InMemoryVectorStore.from_texts(texts, emb)
+        return {
+            "base_retriever": store.as_retriever(),
+            "compressor": RAGDefenderCompressor(embeddings=emb),
+        }
+
+    @property
+    def retriever_query_example(self) -> str:
+        return QUESTION.question
+
+
+# ---------------------------------------------------------------- RobustRAG chain
+
+
+def test_robustrag_chain_scripted_sync_and_async(store: InMemoryVectorStore) -> None:
+    retriever = store.as_retriever(search_kwargs={"k": 6})
+    llm = FakeListChatModel(responses=["Canberra"])  # every call answers "Canberra"
+    chain = RobustRAGChain.from_llm(llm, retriever, max_concurrency=3, certify=1)
+    out = chain.invoke({"question": QUESTION.question})
+    assert out["answer"] == "Canberra" and len(out["context"]) == 6
+    report = out["report"]
+    assert len(report.responses) == 6 and report.kept_keywords
+    assert report.certificate is not None and report.certificate.certified
+    out2 = asyncio.run(chain.ainvoke(QUESTION.question))
+    assert out2["answer"] == "Canberra"
+    with pytest.raises(TypeError, match="question"):
+        chain.invoke(3)
+
+
+@pytest.mark.slow
+def test_robustrag_chain_with_the_real_llm(embeddings: RagdefenseEmbeddings) -> None:
+    from langchain_core.runnables import RunnableLambda
+
+    from ragdefense.llm import default_llm
+
+    # RobustRAG's regime: k' = 1 poison passage among k = 4 retrieved
+    small = InMemoryVectorStore.from_texts(QUESTION.benign + QUESTION.poison[:1], embeddings)
+    smol = default_llm()
+    llm = RunnableLambda(lambda prompt: smol.generate([str(prompt)])[0].text or "")
+    chain = RobustRAGChain.from_llm(llm, small.as_retriever(search_kwargs={"k": 4}))
+    out = chain.invoke(QUESTION.question)
+    assert len(out["report"].responses) == 4
+    assert "Canberra" in out["answer"]
