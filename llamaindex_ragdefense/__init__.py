@@ -1,0 +1,31 @@
+"""LlamaIndex integration of ragdefense.
+
+```python
+engine = index.as_query_engine(llm=llm, node_postprocessors=[RAGDefenderPostprocessor()])
+engine = index.as_query_engine(llm=llm, response_synthesizer=RobustRAGSynthesizer(llm=llm))
+engine = RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)
+```
+
+Pass ``llm=`` (and ``embed_model=`` when building the index) explicitly: LlamaIndex's
+``Settings`` default to OpenAI, and nothing here touches them. The adapters only convert types;
+every algorithm lives in :mod:`ragdefense`.
+"""
+
+from .embeddings import RagdefenseEmbedding
+from .postprocessors import (
+    DefensePostprocessor,
+    DefenseRemovedEvent,
+    GRADAPostprocessor,
+    RAGDefenderPostprocessor,
+)
+from .synthesizer import RobustRAGQueryEngine, RobustRAGSynthesizer
+
+__all__ = [
+    "DefensePostprocessor",
+    "DefenseRemovedEvent",
+    "GRADAPostprocessor",
+    "RAGDefenderPostprocessor",
+    "RagdefenseEmbedding",
+    "RobustRAGQueryEngine",
+    "RobustRAGSynthesizer",
+]

@@ -1,0 +1,129 @@
+"""RobustRAG as a LlamaIndex response synthesizer (one isolated LLM call per node, secure
+aggregation in the core) and as a query engine."""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.base.response.schema import RESPONSE_TYPE
+from llama_index.core.llms import LLM
+from llama_index.core.prompts.mixin import PromptDictType
+from llama_index.core.query_engine import CustomQueryEngine
+from llama_index.core.response_synthesizers import BaseSynthesizer
+from llama_index.core.schema import NodeWithScore
+from pydantic import Field
+
+from ragdefense import RobustAnswer, RobustRAG
+from ragdefense.llm import LlamaIndexLLM
+
+__all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
+
+_report: contextvars.ContextVar[RobustAnswer | None] = contextvars.ContextVar(
+    "ragdefense_report", default=None
+)
+
+
+class RobustRAGSynthesizer(BaseSynthesizer):
+    """RobustRAG response synthesizer: ``index.as_query_engine(llm=llm,
+    response_synthesizer=RobustRAGSynthesizer(llm=llm))``.
+
+    The response's ``metadata["ragdefense"]`` holds the core :class:`ragdefense.RobustAnswer`
+    (isolated answers, abstentions, keyword counts, threshold, certificate).
+
+    Args:
+        llm: The LlamaIndex LLM (required: nothing falls back to ``Settings``).
+        aggregation: ``"keyword"`` or ``"majority"`` (pass ``choices=`` to ``get_response``).
+        max_concurrency: Isolated calls in flight at once.
+        certify: k' to certify against (``None``: no certificate).
+    """
+
+    def __init__(
+        self,
+        llm: LLM,
+        aggregation: Literal["keyword", "majority"] = "keyword",
+        max_concurrency: int = 8,
+        certify: int | None = None,
+        **robust_kwargs: Any,
+    ) -> None:
+        if llm is None:
+            raise ValueError("RobustRAGSynthesizer needs llm= (it never falls back to Settings)")
+        super().__init__(llm=llm)
+        self._robust = RobustRAG(
+            llm=LlamaIndexLLM(llm, max_concurrency), aggregation=aggregation, **robust_kwargs
+        )
+        self._certify = certify
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RobustRAGSynthesizer"
+
+    @property
+    def robust(self) -> RobustRAG:
+        """The core defense."""
+        return self._robust
+
+    def _get_prompts(self) -> PromptDictType:
+        return {}
+
+    def _update_prompts(self, prompts: PromptDictType) -> None:
+        """Prompts are the core's templates (``RobustRAG(isolated_prompt=...)``)."""
+
+    def get_response(
+        self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
+    ) -> str:
+        """Answer ``query_str`` from ``text_chunks`` (one isolated call per chunk)."""
+        report = self._robust.answer(
+            query_str,
+            list(text_chunks),
+            choices=response_kwargs.get("choices"),
+            certify=self._certify,
+        )
+        _report.set(report)
+        return report.answer
+
+    async def aget_response(
+        self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
+    ) -> str:
+        """Async :meth:`get_response` (the isolated calls go out concurrently)."""
+        report = await self._robust.aanswer(
+            query_str,
+            list(text_chunks),
+            choices=response_kwargs.get("choices"),
+            certify=self._certify,
+        )
+        _report.set(report)
+        return report.answer
+
+    def _prepare_response_output(
+        self, response_str: Any, source_nodes: list[NodeWithScore]
+    ) -> RESPONSE_TYPE:
+        response = super()._prepare_response_output(response_str, source_nodes)
+        report = _report.get()
+        if report is not None:
+            response.metadata = {**(response.metadata or {}), "ragdefense": report}
+        return response
+
+
+class RobustRAGQueryEngine(CustomQueryEngine):
+    """Retrieve, then answer with :class:`RobustRAGSynthesizer`; never touches ``Settings``."""
+
+    retriever: BaseRetriever = Field(description="the retriever")
+    synthesizer: RobustRAGSynthesizer = Field(description="the RobustRAG synthesizer")
+
+    @classmethod
+    def from_args(
+        cls, retriever: BaseRetriever, llm: LLM, **synthesizer_kwargs: Any
+    ) -> RobustRAGQueryEngine:
+        """``RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)``."""
+        return cls(retriever=retriever, synthesizer=RobustRAGSynthesizer(llm, **synthesizer_kwargs))
+
+    def custom_query(self, query_str: str) -> RESPONSE_TYPE:
+        nodes = self.retriever.retrieve(query_str)
+        return self.synthesizer.synthesize(query_str, nodes)
+
+    async def acustom_query(self, query_str: str) -> RESPONSE_TYPE:
+        nodes = await self.retriever.aretrieve(query_str)
+        return await self.synthesizer.asynthesize(query_str, nodes)

@@ -1,0 +1,211 @@
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+from llama_index.core import VectorStoreIndex
+from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+from pydantic import Field
+
+from llamaindex_ragdefense import (
+    DefenseRemovedEvent,
+    GRADAPostprocessor,
+    RAGDefenderPostprocessor,
+    RagdefenseEmbedding,
+    RobustRAGQueryEngine,
+    RobustRAGSynthesizer,
+)
+from ragdefense import DefenseFailed
+from ragdefense.demo import load_demo_kb
+
+KB = load_demo_kb()
+QUESTION = KB[1]  # capital of Australia
+
+
+class ScriptedLLM(CustomLLM):
+    """Answers by a rule on the prompt; records the prompts it saw."""
+
+    rule: Callable[[str], str]
+    prompts: list[str] = Field(default_factory=list)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="scripted")
+
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.prompts.append(prompt)
+        return CompletionResponse(text=self.rule(prompt))
+
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        yield self.complete(prompt)
+
+
+def by_context(prompt: str) -> str:
+    """Isolated prompts: answer what the passage says; keyword prompts: the first keyword."""
+    if prompt.startswith("Word suggestion"):
+        return (
+            "Sydney"
+            if "Sydney" in prompt.split("---")[1] and "Canberra" not in prompt
+            else "Canberra"
+        )
+    context = prompt.split("---------------------")[1] if "-----" in prompt else prompt
+    if "Sydney is" in context or "capital of Australia is Sydney" in context:
+        return "Sydney"
+    if "Canberra" in context:
+        return "Canberra"
+    return "I don't know"
+
+
+@pytest.fixture(scope="module")
+def embed(minilm: Any) -> RagdefenseEmbedding:
+    return RagdefenseEmbedding(minilm)
+
+
+@pytest.fixture(scope="module")
+def index(embed: RagdefenseEmbedding) -> VectorStoreIndex:
+    nodes = []
+    for q in KB:
+        nodes += [TextNode(text=t, metadata={"q": q.id, "poison": False}) for t in q.benign]
+        nodes += [TextNode(text=t, metadata={"q": q.id, "poison": True}) for t in q.poison]
+    return VectorStoreIndex(nodes, embed_model=embed)
+
+
+def poison(nodes: list[NodeWithScore]) -> int:
+    return sum(n.node.metadata["poison"] for n in nodes)
+
+
+class Collect(BaseEventHandler):
+    events: list[Any] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Collect"
+
+    def handle(self, event: Any, **kwargs: Any) -> None:
+        if isinstance(event, DefenseRemovedEvent):
+            self.events.append(event)
+
+
+@pytest.mark.slow
+def test_query_engine_with_and_without_the_postprocessor(
+    index: VectorStoreIndex, embed: RagdefenseEmbedding
+) -> None:
+    llm = ScriptedLLM(rule=lambda p: "ok")
+    plain = index.as_query_engine(llm=llm, similarity_top_k=8).query(QUESTION.question)
+    assert poison(plain.source_nodes) == 5
+    handler = Collect()
+    get_dispatcher().add_event_handler(handler)
+    engine = index.as_query_engine(
+        llm=llm,
+        similarity_top_k=8,
+        node_postprocessors=[RAGDefenderPostprocessor(embed_model=embed)],
+    )
+    response = engine.query(QUESTION.question)
+    assert poison(response.source_nodes) == 0 and response.source_nodes
+    meta = response.source_nodes[0].node.metadata["ragdefense"]
+    assert meta["kept"] and meta["defense"] == "RAGDefender"
+    # the verdict never reaches the LLM prompt
+    assert "ragdefense" not in llm.prompts[-1] and "pair_score" not in llm.prompts[-1]
+    assert any(e.defense == "RAGDefender" and len(e.removed) >= 5 for e in handler.events)
+    async_response = asyncio.run(engine.aquery(KB[0].question))
+    assert poison(async_response.source_nodes) == 0
+    from llama_index.core import Settings
+
+    assert Settings._llm is None and Settings._embed_model is None  # never touched implicitly
+
+
+def test_node_embeddings_are_reused_and_nodes_not_mutated(toy_embedder: Any) -> None:
+    from .conftest import bag_of_words
+
+    texts = [f"capital of France {w}" for w in "abcde"] + ["bananas are yellow", "apples are red"]
+    vecs = bag_of_words(texts)
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, embedding=v.tolist(), metadata={"i": i}), score=0.5)
+        for i, (t, v) in enumerate(zip(texts, vecs, strict=True))
+    ]
+
+    class Broken(RagdefenseEmbedding):
+        def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            raise AssertionError("node embeddings should have been reused")
+
+    post = RAGDefenderPostprocessor(embed_model=Broken(toy_embedder))
+    out = post.postprocess_nodes(nodes, query_str="capital of France")
+    assert len(out) < len(nodes)
+    assert all(n.node.metadata == {"i": i} for i, n in enumerate(nodes))
+    assert all("ragdefense" in n.node.metadata for n in out)
+    assert all("ragdefense" in n.node.excluded_llm_metadata_keys for n in out)
+
+
+def test_grada_postprocessor_rescoring(toy_embedder: Any) -> None:
+    texts = [f"what is the capital of australia. sydney is the capital {w}" for w in "abc"]
+    texts += ["canberra parliament federal", "canberra federal territory", "parliament canberra"]
+    nodes = [NodeWithScore(node=TextNode(text=t), score=1.0 - i / 10) for i, t in enumerate(texts)]
+    out = GRADAPostprocessor(n=3).postprocess_nodes(
+        nodes, query_str="what is the capital of australia"
+    )
+    assert len(out) == 3
+    assert [n.node.metadata["ragdefense"]["rank"] for n in out] == [0, 1, 2]
+    scores = [n.score for n in out]
+    assert scores == sorted(scores, reverse=True) and all(s is not None and s < 1 for s in scores)
+
+
+def test_bad_input() -> None:
+    post = RAGDefenderPostprocessor()
+    assert post.postprocess_nodes([], query_str="q") == []
+    nodes = [NodeWithScore(node=TextNode(text=t)) for t in ["a", "", "c", "d"]]
+    with pytest.raises(ValueError, match="needs the query"):
+        post.postprocess_nodes(nodes)
+
+    class Down(RagdefenseEmbedding):
+        def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            raise ConnectionError("embedding service down")
+
+    with pytest.raises(DefenseFailed, match="embedding service down"):
+        RAGDefenderPostprocessor(embed_model=Down()).postprocess_nodes(nodes, query_str="q")
+    with pytest.warns(UserWarning, match="passing the documents through"):
+        out = RAGDefenderPostprocessor(embed_model=Down(), fail_open=True).postprocess_nodes(
+            nodes, query_str="q"
+        )
+    assert len(out) == 4 and all(n.node.metadata["ragdefense"] == {"checked": False} for n in out)
+    assert asyncio.run(post.apostprocess_nodes([], QueryBundle("q"))) == []
+
+
+@pytest.mark.slow
+def test_robustrag_synthesizer_with_and_without_poison(index: VectorStoreIndex) -> None:
+    llm = ScriptedLLM(rule=by_context)
+    synth = RobustRAGSynthesizer(llm=llm, certify=1)
+    engine = index.as_query_engine(llm=llm, response_synthesizer=synth, similarity_top_k=6)
+    response = engine.query(QUESTION.question)  # 5 poison + 1 benign: the attacker wins
+    report = response.metadata["ragdefense"]
+    assert len(report.responses) == 6
+    assert report.certificate is not None and not report.certificate.certified
+    # RobustRAG's regime: one poison among benign passages
+    nodes = [NodeWithScore(node=TextNode(text=t)) for t in QUESTION.benign + QUESTION.poison[:1]]
+    clean = synth.synthesize(QUESTION.question, nodes)
+    assert str(clean) == "Canberra"
+    assert clean.metadata["ragdefense"].keyword_counts["Sydney"] == 1
+    aclean = asyncio.run(synth.asynthesize(QUESTION.question, nodes))
+    assert str(aclean) == "Canberra"
+    with pytest.raises(ValueError, match="needs llm"):
+        RobustRAGSynthesizer(llm=None)  # type: ignore[arg-type]
+
+
+@pytest.mark.slow
+def test_robustrag_query_engine_with_the_real_llm(embed: RagdefenseEmbedding) -> None:
+    from ragdefense.llm import default_llm
+
+    smol = default_llm()
+    llm = ScriptedLLM(rule=lambda p: smol.generate([p])[0].text or "")
+    nodes = [TextNode(text=t) for t in QUESTION.benign + QUESTION.poison[:1]]
+    small = VectorStoreIndex(nodes, embed_model=embed)
+    engine = RobustRAGQueryEngine.from_args(small.as_retriever(similarity_top_k=4), llm=llm)
+    response = engine.query(QUESTION.question)
+    assert "Canberra" in str(response)
+    assert len(response.source_nodes) == 4
