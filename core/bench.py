@@ -63,6 +63,20 @@ def _load_json(path: Path) -> Any:
         raise DataError(f"{path}: not valid JSON ({exc})") from exc
 
 
+def _load_records(
+    folder: str | os.PathLike[str], subfolder: str, name: str
+) -> tuple[Path, list[Any]]:
+    """The list of records in ``<folder>/<subfolder>/<name>`` (or ``<folder>/<name>``)."""
+    base = Path(folder)
+    path = base / subfolder / name
+    if not path.is_file() and (base / name).is_file():
+        path = base / name
+    raw = _load_json(path)
+    if not isinstance(raw, list):
+        raise DataError(f"{path}: expected a list of records, got {type(raw).__name__}")
+    return path, raw
+
+
 def _field(path: Path, i: int, rec: Any, name: str, kind: type | tuple[type, ...]) -> Any:
     if not isinstance(rec, dict):
         raise DataError(f"{path}: record {i} is not an object")
@@ -89,13 +103,7 @@ class RAGDefenderRecord:
 
 def load_ragdefender(folder: str | os.PathLike[str], dataset: str) -> list[RAGDefenderRecord]:
     """Load ``<folder>/ragdefender/<dataset>.json`` (or ``<folder>/<dataset>.json``)."""
-    base = Path(folder)
-    path = base / "ragdefender" / f"{dataset}.json"
-    if not path.is_file() and (base / f"{dataset}.json").is_file():
-        path = base / f"{dataset}.json"
-    raw = _load_json(path)
-    if not isinstance(raw, list):
-        raise DataError(f"{path}: expected a list of records, got {type(raw).__name__}")
+    path, raw = _load_records(folder, "ragdefender", f"{dataset}.json")
     out = []
     for i, rec in enumerate(raw):
         question = _field(path, i, rec, "question", str)
@@ -396,13 +404,7 @@ class RealtimeQARecord:
 
 def load_realtimeqa(folder: str | os.PathLike[str]) -> list[RealtimeQARecord]:
     """Load ``<folder>/realtimeqa/realtimeqa.json`` (or ``<folder>/realtimeqa.json``)."""
-    base = Path(folder)
-    path = base / "realtimeqa" / "realtimeqa.json"
-    if not path.is_file() and (base / "realtimeqa.json").is_file():
-        path = base / "realtimeqa.json"
-    raw = _load_json(path)
-    if not isinstance(raw, list):
-        raise DataError(f"{path}: expected a list of records, got {type(raw).__name__}")
+    path, raw = _load_records(folder, "realtimeqa", "realtimeqa.json")
     out = []
     for i, rec in enumerate(raw):
         question = _field(path, i, rec, "question", str)

@@ -41,7 +41,7 @@ def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: A
 
             return GRADA(embedder=embedder, **params)
         raise ValueError(f"unknown defense {defense!r}: use 'ragdefender', 'grada' or an object")
-    if isinstance(defense, Defense):
+    if isinstance(defense, Defense):  # an object comes configured: embedder is not applied
         if params:
             raise TypeError("parameters can only be given with a defense name")
         return defense

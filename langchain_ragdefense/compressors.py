@@ -62,10 +62,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         """The core defense (built on first use; keeps its embedding cache across queries)."""
         if self._core is None:
             embedder = LangChainEmbedder(self.embeddings) if self.embeddings is not None else None
-            if isinstance(self.defense, str):
-                self._core = make_defense(self.defense, embedder, **self._params())
-            else:
-                self._core = make_defense(self.defense)
+            self._core = make_defense(self.defense, embedder, **self._params())
         return self._core
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:

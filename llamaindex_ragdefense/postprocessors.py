@@ -81,10 +81,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         """The core defense (built on first use)."""
         if self._core is None:
             embedder = LlamaIndexEmbedder(self.embed_model) if self.embed_model else None
-            if isinstance(self.defense, str):
-                self._core = make_defense(self.defense, embedder, **self._params())
-            else:
-                self._core = make_defense(self.defense)
+            self._core = make_defense(self.defense, embedder, **self._params())
         return self._core
 
     def _run(self, nodes: list[NodeWithScore], query: str) -> DefenseResult | None:
