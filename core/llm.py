@@ -73,6 +73,14 @@ class LLM(ABC):
         """Async :meth:`generate`; defaults to running it in a worker thread."""
         return await asyncio.to_thread(self.generate, prompts, max_new_tokens)
 
+    def next_token_probs(self, prompts: Sequence[str]) -> Any:
+        """Next-token probability distributions, one row per prompt: a float array of shape
+        (len(prompts), vocabulary size). Only backends with ``supports_token_probs``."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not expose next-token probabilities: use "
+            "aggregation='keyword' (text only), or a transformers model (TransformersLLM)"
+        )
+
 
 def _first_line(text: str) -> str:
     text = text.strip()
@@ -307,6 +315,29 @@ class TransformersLLM(LLM):
             except Exception as exc:  # a batch that fails is reported on each of its prompts
                 out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
         return out
+
+    def next_token_probs(self, prompts: Sequence[str]) -> Any:
+        """Next-token probabilities after each (formatted) prompt, one batched forward pass:
+        a float32 numpy array of shape (len(prompts), vocabulary size)."""
+        import torch
+
+        model, tok = self._load()
+        rows = []
+        for start in range(0, len(prompts), self.batch_size):
+            batch = [self.format(p) for p in prompts[start : start + self.batch_size]]
+            enc = tok(batch, return_tensors="pt", padding=True, add_special_tokens=not self.chat)
+            mask = enc["attention_mask"].to(self.device)
+            pos = (mask.cumsum(-1) - 1).clamp(min=0)
+            with torch.no_grad():
+                logits = model(
+                    input_ids=enc["input_ids"].to(self.device),
+                    attention_mask=mask,
+                    position_ids=pos,
+                ).logits[:, -1]
+            rows.append(torch.softmax(logits.float(), dim=-1).cpu().numpy())
+        import numpy as np
+
+        return np.concatenate(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
     def _greedy(self, texts: list[str], max_new_tokens: int) -> list[str]:
         """Batched greedy decoding with a KV cache.

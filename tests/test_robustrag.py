@@ -287,6 +287,29 @@ def test_bad_arguments() -> None:
         as_llm(3)
 
 
+def test_token_probabilities_need_a_capable_backend() -> None:
+    with pytest.raises(NotImplementedError, match="aggregation='keyword'"):
+        CallableLLM(lambda p: p).next_token_probs(["x"])
+
+
+@pytest.mark.slow
+def test_real_next_token_probabilities_match_greedy_decoding() -> None:
+    import numpy as np
+
+    from ragdefense.llm import default_llm
+
+    llm = default_llm()
+    prompts = ["What is the capital of France? Answer in one word.", "Say hello."]
+    probs = llm.next_token_probs(prompts)
+    assert probs.shape[0] == 2 and np.allclose(probs.sum(axis=1), 1, atol=1e-4)
+    # left padding must not change the distribution: the short prompt alone gives the same row
+    alone = llm.next_token_probs(prompts[1:])
+    np.testing.assert_allclose(probs[1], alone[0], atol=1e-4)
+    # and the argmax is the first token greedy decoding produces
+    first = llm.tokenizer.decode([int(probs[0].argmax())])
+    assert (llm.generate(prompts[:1], max_new_tokens=3)[0].text or "").startswith(first.strip())
+
+
 @pytest.mark.slow
 def test_real_smollm2_and_spacy() -> None:
     from ragdefense.demo import load_demo_kb
