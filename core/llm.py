@@ -38,6 +38,7 @@ __all__ = [
     "Generation",
     "LangChainLLM",
     "LlamaIndexLLM",
+    "TokenSession",
     "TransformersLLM",
     "as_llm",
     "default_llm",
@@ -339,13 +340,11 @@ class TransformersLLM(LLM):
 
         return np.concatenate(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
-    def _greedy(self, texts: list[str], max_new_tokens: int) -> list[str]:
-        """Batched greedy decoding with a KV cache.
-
-        The prompts' common token prefix (instruction, chat header) is computed once and shared
-        by the batch; each row stops at EOS (or at a newline when ``first_line``) and leaves the
-        batch, so short answers do not wait for long ones.
-        """
+    def _prefill(self, texts: list[str]) -> tuple[Any, Any, Any]:
+        """One batched forward pass over ``texts`` (chat-formatted already): returns the model
+        output (logits, cache) and the attention mask. The prompts' common token prefix is
+        computed once and shared by the batch; prompts are right-aligned, so the last column is
+        every prompt's end."""
         import torch
 
         model, tok = self._load()
@@ -358,10 +357,7 @@ class TransformersLLM(LLM):
                 shared += 1
         if shared < 8:
             shared = 0
-        eos = tok.eos_token_id
-        stop = {eos} if isinstance(eos, int) else set(eos or [])
         dev = self.device
-        gen: list[list[int]] = [[] for _ in range(n)]
         with torch.no_grad():
             cache = None
             if shared:
@@ -373,7 +369,7 @@ class TransformersLLM(LLM):
             inp = torch.full((n, width), tok.pad_token_id, dtype=torch.long, device=dev)
             mask = torch.zeros((n, shared + width), dtype=torch.long, device=dev)
             mask[:, :shared] = 1
-            for i, t in enumerate(tails):  # right-aligned: the last column is every prompt's end
+            for i, t in enumerate(tails):
                 inp[i, width - len(t) :] = torch.tensor(t, device=dev)
                 mask[i, shared + width - len(t) :] = 1
             pos = (mask.cumsum(-1) - 1).clamp(min=0)[:, shared:]
@@ -384,34 +380,104 @@ class TransformersLLM(LLM):
                 past_key_values=cache,
                 use_cache=True,
             )
-            alive = list(range(n))
-            for step in range(max_new_tokens):
-                nxt = res.logits[:, -1].argmax(-1)
-                keep = []
-                for row, i in enumerate(alive):
-                    token = int(nxt[row])
-                    if token in stop:
-                        continue
-                    gen[i].append(token)
-                    if not (self.first_line and "\n" in tok.decode([token])):
-                        keep.append(row)
-                if not keep or step == max_new_tokens - 1:
-                    break
-                cache = res.past_key_values
-                if len(keep) < len(alive):
-                    index = torch.tensor(keep, device=dev)
-                    cache.batch_select_indices(index)
-                    mask, nxt = mask[index], nxt[index]
-                    alive = [alive[r] for r in keep]
-                mask = torch.cat([mask, mask.new_ones((len(alive), 1))], dim=1)
-                res = model(
-                    input_ids=nxt[:, None],
-                    attention_mask=mask,
-                    position_ids=mask.sum(-1, keepdim=True) - 1,
-                    past_key_values=cache,
-                    use_cache=True,
-                )
+        return res, res.past_key_values, mask
+
+    def _step(self, tokens: Any, cache: Any, mask: Any) -> tuple[Any, Any, Any]:
+        """Append one token per row (``tokens``: a (rows,) tensor) and run the model."""
+        import torch
+
+        mask = torch.cat([mask, mask.new_ones((mask.shape[0], 1))], dim=1)
+        with torch.no_grad():
+            res = self.model(
+                input_ids=tokens[:, None],
+                attention_mask=mask,
+                position_ids=mask.sum(-1, keepdim=True) - 1,
+                past_key_values=cache,
+                use_cache=True,
+            )
+        return res, res.past_key_values, mask
+
+    @property
+    def stop_ids(self) -> set[int]:
+        """Token ids that end an answer (EOS)."""
+        eos = self.tokenizer.eos_token_id
+        return {eos} if isinstance(eos, int) else set(eos or [])
+
+    def _greedy(self, texts: list[str], max_new_tokens: int) -> list[str]:
+        """Batched greedy decoding with a KV cache: shared prompt prefix computed once; each row
+        stops at EOS (or at a newline when ``first_line``) and leaves the batch, so short answers
+        do not wait for long ones."""
+        import torch
+
+        tok, stop = self.tokenizer, self.stop_ids
+        res, cache, mask = self._prefill(texts)
+        gen: list[list[int]] = [[] for _ in texts]
+        alive = list(range(len(texts)))
+        for step in range(max_new_tokens):
+            nxt = res.logits[:, -1].argmax(-1)
+            keep = []
+            for row, i in enumerate(alive):
+                token = int(nxt[row])
+                if token in stop:
+                    continue
+                gen[i].append(token)
+                if not (self.first_line and "\n" in tok.decode([token])):
+                    keep.append(row)
+            if not keep or step == max_new_tokens - 1:
+                break
+            if len(keep) < len(alive):
+                index = torch.tensor(keep, device=self.device)
+                cache.batch_select_indices(index)
+                mask, nxt = mask[index], nxt[index]
+                alive = [alive[r] for r in keep]
+            res, cache, mask = self._step(nxt, cache, mask)
         return [tok.decode(g, skip_special_tokens=True) for g in gen]
+
+    def session(self, prompts: Sequence[str]) -> TokenSession:
+        """A :class:`TokenSession` over ``prompts`` (formatted with the chat template)."""
+        return TokenSession(self, [self.format(p) for p in prompts])
+
+
+class TokenSession:
+    """Next-token distributions of several contexts that are extended by the *same* tokens
+    (RobustRAG's secure decoding): one batched KV cache; rows can be dropped and the session
+    cloned (to branch)."""
+
+    def __init__(self, llm: TransformersLLM, texts: list[str]) -> None:
+        import torch
+
+        self.llm = llm
+        res, self._cache, self._mask = llm._prefill(texts)
+        self.probs = torch.softmax(res.logits[:, -1].float(), dim=-1).cpu().numpy()
+
+    def advance(self, token: int) -> Any:
+        """Append ``token`` to every row; returns (and stores) the new distributions."""
+        import torch
+
+        tokens = torch.full((self._mask.shape[0],), token, dtype=torch.long, device=self.llm.device)
+        res, self._cache, self._mask = self.llm._step(tokens, self._cache, self._mask)
+        self.probs = torch.softmax(res.logits[:, -1].float(), dim=-1).cpu().numpy()
+        return self.probs
+
+    def keep_rows(self, rows: Sequence[int]) -> None:
+        """Drop every row not in ``rows`` (in place)."""
+        import torch
+
+        index = torch.tensor(list(rows), dtype=torch.long, device=self.llm.device)
+        self._cache.batch_select_indices(index)
+        self._mask = self._mask[index]
+        self.probs = self.probs[list(rows)]
+
+    def clone(self) -> TokenSession:
+        """An independent copy (for branching)."""
+        import copy
+
+        other = object.__new__(TokenSession)
+        other.llm = self.llm
+        other._cache = copy.deepcopy(self._cache)
+        other._mask = self._mask.clone()
+        other.probs = self.probs.copy()
+        return other
 
 
 @lru_cache(maxsize=1)

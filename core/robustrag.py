@@ -16,6 +16,7 @@ retrieval rank order: an injection attack pushes out the *bottom* k' passages.
 
 from __future__ import annotations
 
+import asyncio
 import re
 import string
 from collections import Counter
@@ -32,7 +33,9 @@ __all__ = [
     "ISOLATED_PROMPT",
     "KEYWORD_PROMPT",
     "MULTIPLE_CHOICE_PROMPT",
+    "NO_RETRIEVAL_PROMPT",
     "Certificate",
+    "DecodingStep",
     "IsolatedResponse",
     "RobustAnswer",
     "RobustRAG",
@@ -57,6 +60,10 @@ MULTIPLE_CHOICE_PROMPT = (
     "candidate.\nQuery: {query}\nCandidates:\n{choices}\nE. No information found\n"
     "Output an answer from {letters} only when there is clear evidence. Otherwise, output "
     "'E. No information found' as the answer.\nAnswer:"
+)
+NO_RETRIEVAL_PROMPT = (
+    "Answer the query with no more than ten words. If you do not know the answer confidently, "
+    'just say "I don\'t know".\nQuery: {query}\nAnswer:'
 )
 IDK = "I don't know"
 Attack = Literal["injection", "modification"]
@@ -101,6 +108,24 @@ class IsolatedResponse:
     error: str | None = None
     keywords: frozenset[str] = frozenset()
     choice: str | None = None  # majority vote: the chosen letter ("E" = no information)
+    p_idk: float | None = None  # decoding: probability that the answer is "I don't know"
+
+
+@dataclass(frozen=True)
+class DecodingStep:
+    """One token of secure decoding: the averaged top-2, their gap, and which token was used."""
+
+    token: str
+    source: Literal["retrieval", "no-retrieval"]
+    top1: str
+    p1: float
+    top2: str
+    p2: float
+
+    @property
+    def gap(self) -> float:
+        """Averaged top-1 minus top-2 probability."""
+        return self.p1 - self.p2
 
 
 @dataclass(frozen=True)
@@ -122,7 +147,7 @@ class RobustAnswer:
 
     query: str
     answer: str
-    aggregation: Literal["keyword", "majority"]
+    aggregation: Literal["keyword", "majority", "decoding"]
     responses: tuple[IsolatedResponse, ...]
     reason: str
     keyword_counts: dict[str, int] = field(default_factory=dict)
@@ -130,6 +155,7 @@ class RobustAnswer:
     kept_keywords: tuple[str, ...] = ()
     votes: dict[str, int] = field(default_factory=dict)
     choice: str | None = None  # majority vote: the winning letter
+    steps: tuple[DecodingStep, ...] = ()  # decoding aggregation: one per generated token
     certificate: Certificate | None = None
 
     @property
@@ -142,6 +168,11 @@ class RobustAnswer:
         for r in self.responses:
             tag = "abstained" if r.abstained else (f"chose {r.choice}" if r.choice else "answered")
             text = r.error or r.text or ""
+            if r.p_idk is not None:
+                tag, text = (
+                    ("dropped" if r.abstained else "kept"),
+                    f"P(I don't know) = {r.p_idk:.3f}",
+                )
             lines.append(f"  [{r.index}] {tag:10} {text[:70]}")
         if self.keyword_counts:
             top = sorted(self.keyword_counts.items(), key=lambda kv: (-kv[1], kv[0]))[:12]
@@ -149,6 +180,11 @@ class RobustAnswer:
             lines.append(f"  threshold mu = {self.threshold:g}; kept: {list(self.kept_keywords)}")
         if self.votes:
             lines.append(f"  votes: {dict(self.votes)}")
+        for st in self.steps:
+            lines.append(
+                f"  token {st.token!r:12} from {st.source:12} top-2 {st.top1!r} {st.p1:.3f} / "
+                f"{st.top2!r} {st.p2:.3f} (gap {st.gap:.3f})"
+            )
         if self.certificate is not None:
             c = self.certificate
             verdict = "CERTIFIED" if c.certified else "not certified"
@@ -180,6 +216,11 @@ class RobustRAG:
         max_certify_calls: Certification asks the LLM once per possible keyword set; above this
             many it stops and reports the answer as not certifiable (2^15 calls is hours on a
             CPU).
+        gamma: Decoding: contexts whose probability of answering "I don't know" is >= gamma
+            are dropped (paper: 0.99).
+        eta: Decoding: the averaged top-1 is used when it leads the top-2 by more than eta,
+            else the no-retrieval token (paper: 0 for short QA).
+        max_certify_responses: Decoding certification explores at most this many responses.
         isolated_prompt, keyword_prompt, choice_prompt: Prompt templates (``{context}``,
             ``{query}``, ``{keywords}``, ``{choices}``, ``{letters}``).
     """
@@ -189,29 +230,39 @@ class RobustRAG:
     def __init__(
         self,
         llm: Any = None,
-        aggregation: Literal["keyword", "majority"] = "keyword",
+        aggregation: Literal["keyword", "majority", "decoding"] = "keyword",
         alpha: float = 0.3,
         beta: float = 3,
         nlp: Any = None,
         max_new_tokens: int = 20,
         max_undecided: int = 15,
         max_certify_calls: int = 256,
+        gamma: float = 0.99,
+        eta: float = 0.0,
+        max_certify_responses: int = 64,
         isolated_prompt: str = ISOLATED_PROMPT,
+        no_retrieval_prompt: str = NO_RETRIEVAL_PROMPT,
         keyword_prompt: str = KEYWORD_PROMPT,
         choice_prompt: str = MULTIPLE_CHOICE_PROMPT,
     ) -> None:
-        if aggregation not in ("keyword", "majority"):
-            raise ValueError(f"aggregation must be 'keyword' or 'majority', got {aggregation!r}")
+        if aggregation not in ("keyword", "majority", "decoding"):
+            raise ValueError(
+                f"aggregation must be 'keyword', 'majority' or 'decoding', got {aggregation!r}"
+            )
         if not 0 <= alpha <= 1 or beta <= 0:
             raise ValueError(f"need 0 <= alpha <= 1 and beta > 0, got {alpha}, {beta}")
         self._llm = llm
-        self.aggregation: Literal["keyword", "majority"] = aggregation
+        self.aggregation: Literal["keyword", "majority", "decoding"] = aggregation
         self.alpha = alpha
         self.beta = beta
         self._nlp = nlp
         self.max_new_tokens = max_new_tokens
         self.max_undecided = max_undecided
         self.max_certify_calls = max_certify_calls
+        self.gamma = gamma
+        self.eta = eta
+        self.max_certify_responses = max_certify_responses
+        self.no_retrieval_prompt = no_retrieval_prompt
         self.isolated_prompt = isolated_prompt
         self.keyword_prompt = keyword_prompt
         self.choice_prompt = choice_prompt
@@ -285,6 +336,11 @@ class RobustRAG:
         query, items = check_query(query), to_passages(passages)
         if not items:
             return self._empty(query)
+        if self.aggregation == "decoding":
+            result = self._decode(query, items)
+            if certify is not None:
+                result = self.certify(result, certify, attack=attack, gold=gold)
+            return result
         gens = self.llm.generate(self.isolated_prompts(query, items, choices), self.max_new_tokens)
         responses = self._responses(items, gens)
         result, final_prompt = self._aggregate(query, responses, choices)
@@ -305,6 +361,14 @@ class RobustRAG:
     ) -> RobustAnswer:
         """Certify an answer already computed (its isolated responses are reused): a copy of
         ``result`` with its :class:`Certificate` for ``k_prime`` injected / modified passages."""
+        if self.aggregation == "decoding":
+            refusal = self._plan(result, k_prime, attack).verdict
+            if refusal is not None:
+                cert = Certificate(k_prime, attack, False, refusal)
+                return _replace(result, certificate=cert)
+            return _replace(
+                result, certificate=self._decoding_certificate(result, k_prime, attack, gold)
+            )
         plan = self._plan(result, k_prime, attack)
         prompts = self._plan_prompts(result.query, plan)
         gens = self.llm.generate(prompts, self.max_new_tokens) if prompts else []
@@ -338,6 +402,10 @@ class RobustRAG:
         query, items = check_query(query), to_passages(passages)
         if not items:
             return self._empty(query)
+        if self.aggregation == "decoding":  # local CPU/GPU work: run it off the event loop
+            return await asyncio.to_thread(
+                self.answer, query, items, certify=certify, attack=attack, gold=gold
+            )
         prompts = self.isolated_prompts(query, items, choices)
         responses = self._responses(items, await self.llm.agenerate(prompts, self.max_new_tokens))
         result, final_prompt = self._aggregate(query, responses, choices)
@@ -433,8 +501,8 @@ class RobustRAG:
                 verdict=f"k'={k_prime} >= k/2 (k={k}): an attacker controlling half of the "
                 "passages can decide the answer; no certificate is possible",
             )
-        if self.aggregation == "majority":
-            return _KeywordPlan([])  # decided from the votes, no LLM call
+        if self.aggregation != "keyword":
+            return _KeywordPlan([])  # decided from the votes / by decoding, not keyword sets
         return self._keyword_plan(result.responses, k_prime, attack)
 
     def _keyword_plan(
@@ -559,6 +627,182 @@ class RobustRAG:
         elif ok and winner != result.choice:
             ok, why = False, why + f", but it differs from the answer {result.answer}"
         return Certificate(k_prime, attack, ok, why, (winner,) if a - b > need else None)
+
+    # ------------------------------------------------------------------ secure decoding
+
+    def _token_llm(self) -> Any:
+        llm = self.llm
+        if not getattr(llm, "supports_token_probs", False) or not hasattr(llm, "session"):
+            raise NotImplementedError(
+                f"aggregation='decoding' needs next-token probabilities, which "
+                f"{type(llm).__name__} does not expose: use aggregation='keyword' (any LLM), or "
+                "a transformers model (TransformersLLM, the default)"
+            )
+        return llm
+
+    def _sessions(self, query: str, passages: Sequence[Passage]) -> tuple[Any, list[float]]:
+        """A session over the isolated contexts plus the no-retrieval context (last row), and
+        each isolated context's probability of answering "I don't know" (teacher-forced)."""
+        llm = self._token_llm()
+        prompts = [self.isolated_prompt.format(context=p.text, query=query) for p in passages]
+        session = llm.session([*prompts, self.no_retrieval_prompt.format(query=query)])
+        probe = session.clone()
+        p_idk = [1.0] * len(passages)
+        for token in llm.tokenizer(IDK, add_special_tokens=False)["input_ids"]:
+            p_idk = [p * float(probe.probs[j, token]) for j, p in enumerate(p_idk)]
+            probe.advance(token)
+        return session, p_idk
+
+    def _is_end(self, token: int) -> bool:
+        llm = self._token_llm()
+        return token in llm.stop_ids or "\n" in llm.tokenizer.decode([token])
+
+    def _decode(self, query: str, items: Sequence[Passage]) -> RobustAnswer:
+        """Algorithm 2: average the kept contexts' next-token distributions at every step."""
+        llm = self._token_llm()
+        tok = llm.tokenizer
+        session, p_idk = self._sessions(query, items)
+        kept = [j for j, p in enumerate(p_idk) if p < self.gamma]
+        responses = tuple(
+            IsolatedResponse(j, p, None, p_idk[j] >= self.gamma, p_idk=p_idk[j])
+            for j, p in enumerate(items)
+        )
+        session.keep_rows([*kept, len(items)])
+        tokens: list[int] = []
+        steps: list[DecodingStep] = []
+        for _ in range(self.max_new_tokens):
+            probs = session.probs
+            nor = int(probs[-1].argmax())
+            if kept:
+                avg = probs[:-1].mean(axis=0)
+                a, b = (int(i) for i in avg.argsort()[-1:-3:-1])
+                use_a = float(avg[a] - avg[b]) > self.eta
+                token = a if use_a else nor
+                step = DecodingStep(
+                    tok.decode([token]),
+                    "retrieval" if use_a else "no-retrieval",
+                    tok.decode([a]),
+                    float(avg[a]),
+                    tok.decode([b]),
+                    float(avg[b]),
+                )
+            else:
+                token = nor
+                step = DecodingStep(tok.decode([nor]), "no-retrieval", "", 0.0, "", 0.0)
+            if token in llm.stop_ids:
+                break
+            tokens.append(token)
+            steps.append(step)
+            if "\n" in tok.decode([token]):
+                break
+            session.advance(token)
+        text = _first_line(tok.decode(tokens, skip_special_tokens=True))
+        answer = text if text and not is_abstention(text) else IDK
+        n = len(kept)
+        reason = (
+            f"{n} of {len(items)} contexts kept (P(I don't know) < {self.gamma:g}); "
+            f"{sum(st.source == 'retrieval' for st in steps)} of {len(steps)} tokens from "
+            f"their averaged distribution (gap > eta = {self.eta:g}), the rest without retrieval"
+        )
+        return RobustAnswer(query, answer, "decoding", responses, reason, steps=tuple(steps))
+
+    def _decoding_certificate(
+        self, result: RobustAnswer, k_prime: int, attack: Attack, gold: Sequence[str] | str | None
+    ) -> Certificate:
+        """Algorithm 4 (and its modification variant), for the averaged inference rule.
+
+        With benign probability sums S over the m benign contexts kept, top-1 a (sum A) and
+        runner-up (sum B), an attacker shifting any token's sum by at most d = k' (injection) or
+        2k' (modification) with n in [n_lo, n_hi] contexts averaged: if A - B > d + eta * n_hi
+        the next token is always a; if A - B >= d - eta * n_lo it is a or the no-retrieval
+        token; otherwise the attacker can choose it, and the answer is not certifiable.
+        """
+        llm = self._token_llm()
+        tok = llm.tokenizer
+        k = len(result.responses)
+        benign = [r for r in result.responses[: k - k_prime if attack == "injection" else k]]
+        rows = [r for r in benign if not r.abstained]
+        m = len(rows)
+        if m == 0:
+            return Certificate(
+                k_prime,
+                attack,
+                False,
+                "no benign context passes the abstention filter: the "
+                "attacker's passages decide every token",
+            )
+        d = k_prime if attack == "injection" else 2 * k_prime
+        n_hi, n_lo = m + k_prime, (m if attack == "injection" else max(1, m - k_prime))
+        root, _ = self._sessions(result.query, [r.passage for r in rows])
+        stack: list[tuple[Any, list[int]]] = [(root, [])]
+        finished: list[list[int]] = []
+        while stack:
+            session, tokens = stack.pop()
+            while True:
+                if len(tokens) >= self.max_new_tokens:
+                    finished.append(tokens)
+                    break
+                probs = session.probs
+                total = probs[:-1].sum(axis=0)
+                a, b = (int(i) for i in total.argsort()[-1:-3:-1])
+                gap = float(total[a] - total[b])
+                nor = int(probs[-1].argmax())
+                if gap > d + self.eta * n_hi:
+                    choices = [a]
+                elif gap >= d - self.eta * n_lo:
+                    choices = [a] if a == nor else [a, nor]
+                else:
+                    return Certificate(
+                        k_prime,
+                        attack,
+                        False,
+                        f"at token {len(tokens) + 1} the benign top-2 "
+                        f"gap {gap:.3f} (sums over {m} contexts) is within the attacker's reach "
+                        f"({d}): it can choose the next token",
+                    )
+                if len(finished) + len(stack) + len(choices) > self.max_certify_responses:
+                    return Certificate(
+                        k_prime,
+                        attack,
+                        False,
+                        f"more than {self.max_certify_responses} possible "
+                        "responses (max_certify_responses)",
+                    )
+                for extra in choices[1:]:  # branch: the no-retrieval token
+                    if self._is_end(extra):
+                        finished.append(tokens + ([] if extra in llm.stop_ids else [extra]))
+                    else:
+                        other = session.clone()
+                        other.advance(extra)
+                        stack.append((other, [*tokens, extra]))
+                token = choices[0]
+                if self._is_end(token):
+                    finished.append(tokens + ([] if token in llm.stop_ids else [token]))
+                    break
+                tokens = [*tokens, token]
+                session.advance(token)
+        possible = tuple(
+            dict.fromkeys(
+                (_first_line(tok.decode(t, skip_special_tokens=True)) or IDK) for t in finished
+            )
+        )
+        golds = [gold] if isinstance(gold, str) else list(gold or [])
+        if golds:
+            ok = all(_contains(a, golds) for a in possible)
+            why = f"{len(possible)} possible answer(s); " + (
+                "all contain the gold answer" if ok else "some miss the gold answer"
+            )
+        else:
+            ok = all(_norm(a) == _norm(result.answer) for a in possible)
+            why = f"{len(possible)} possible answer(s); " + (
+                "all equal the answer" if ok else "the attacker can change the answer"
+            )
+        return Certificate(k_prime, attack, ok, why, possible)
+
+
+def _first_line(text: str) -> str:
+    text = text.strip()
+    return text.split("\n", 1)[0].strip() if text else text
 
 
 def _replace(result: RobustAnswer, **changes: Any) -> RobustAnswer:
