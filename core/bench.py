@@ -581,6 +581,7 @@ def robustrag_table(
     model = as_llm(llm)
     keyword = RobustRAG(llm=model)
     vote = RobustRAG(llm=model, aggregation="majority", max_new_tokens=8)
+    decoding = RobustRAG(llm=model, aggregation="decoding") if model.supports_token_probs else None
     records = load_realtimeqa(folder)[:limit]
     cases = realtimeqa_cases(records, [0, 1], as_embedder(embedder))
     by_id = {r.id: r for r in records}
@@ -609,6 +610,15 @@ def robustrag_table(
         add(s, "keyword ms", (time.perf_counter() - t0) * 1000)
         add(s, "keyword acc", _contains(kw.answer, rec.answers))
         add(s, "keyword asr", _contains(kw.answer, [rec.incorrect_answer]))
+        if decoding is not None:
+            t0 = time.perf_counter()
+            dec = decoding.answer(case.question, texts)
+            add(s, "decoding ms", (time.perf_counter() - t0) * 1000)
+            add(s, "decoding acc", _contains(dec.answer, rec.answers))
+            add(s, "decoding asr", _contains(dec.answer, [rec.incorrect_answer]))
+            if s == "0p":
+                dcert = decoding.certify(dec, k_prime, gold=rec.answers).certificate
+                add(s, "decoding certified", bool(dcert and dcert.certified))
         if rec.choices:
             t0 = time.perf_counter()
             mv = vote.answer(case.question, texts, choices=rec.choices)
@@ -650,6 +660,7 @@ def robustrag_table(
     for name, label in [
         ("vanilla", "vanilla RAG"),
         ("keyword", "RobustRAG keyword"),
+        ("decoding", "RobustRAG decoding"),
         ("majority", "RobustRAG majority vote (choices)"),
     ]:
         asr = mean("1p", f"{name} asr")
@@ -660,11 +671,13 @@ def robustrag_table(
             f"{med('0p', f'{name} ms') / 1000:.2f} |"
         )
     ratio = med("0p", "keyword ms") / med("0p", "vanilla ms")
+    ratio_dec = med("0p", "decoding ms") / med("0p", "vanilla ms")
     certify_s = med("0p", "keyword certify ms") / 1000
     lines += [
         "",
-        f"RobustRAG keyword wall time / one vanilla RAG call (median, clean): {ratio:.2f}x; "
-        f"certification at k'={k_prime} adds a median {certify_s:.2f} s.",
+        f"Wall time / one vanilla RAG call (median, clean): keyword {ratio:.2f}x, decoding "
+        f"{ratio_dec:.2f}x (T_max = 20); keyword certification at k'={k_prime} adds a median "
+        f"{certify_s:.2f} s.",
         "Majority vote: the attacker's answer is never one of the choices in this data, so no ASR.",
     ]
     return rows, "\n".join(lines)
