@@ -26,7 +26,7 @@ from itertools import combinations
 from typing import Any, Literal
 
 from .keywords import extract_keywords, load_spacy
-from .llm import LLM, Generation, as_llm
+from .llm import LLM, Generation, _first_line, as_llm
 from .types import Passage, PassageLike, check_query, to_passages
 
 __all__ = [
@@ -798,11 +798,6 @@ class RobustRAG:
                 "all equal the answer" if ok else "the attacker can change the answer"
             )
         return Certificate(k_prime, attack, ok, why, possible)
-
-
-def _first_line(text: str) -> str:
-    text = text.strip()
-    return text.split("\n", 1)[0].strip() if text else text
 
 
 def _replace(result: RobustAnswer, **changes: Any) -> RobustAnswer:
