@@ -28,6 +28,7 @@ __all__ = [
     "Case",
     "DataError",
     "data_dir",
+    "demo_table",
     "grada_table",
     "load_ragdefender",
     "load_realtimeqa",
@@ -680,4 +681,71 @@ def robustrag_table(
         f"{certify_s:.2f} s.",
         "Majority vote: the attacker's answer is never one of the choices in this data, so no ASR.",
     ]
+    return rows, "\n".join(lines)
+
+
+def demo_cases(embedder: Any = None, k: int = 8) -> list[Case]:
+    """The built-in poisoned knowledge base as benchmark cases: each question retrieves its top
+    ``k`` from the whole knowledge base (by MiniLM similarity); ``is_gold`` marks benign passages
+    that contain the correct answer."""
+    from .demo import load_demo_kb
+
+    emb = as_embedder(embedder)
+    kb = load_demo_kb()
+    corpus = [(t, q, False) for q in kb for t in q.benign] + [
+        (t, q, True) for q in kb for t in q.poison
+    ]
+    vecs = emb.embed([t for t, _, _ in corpus])
+    cases = []
+    for q in kb:
+        qv = emb.embed_query(q.question)
+        sims = _cos(vecs, qv)
+        top = np.argsort(-sims, kind="stable")[:k]
+        cases.append(
+            Case(
+                dataset="demo",
+                setting=f"top-{k}",
+                qid=q.id,
+                question=q.question,
+                passages=[Passage(corpus[i][0], id=str(i), embedding=vecs[i]) for i in top],
+                is_poison=[corpus[i][2] for i in top],
+                is_gold=[
+                    not corpus[i][2] and contains_answer(corpus[i][0], [q.correct_answer])
+                    for i in top
+                ],
+                query_sim=sims[top],
+                k=k,
+                extra={"query_embedding": qv},
+            )
+        )
+    return cases
+
+
+def demo_table(embedder: Any = None, k: int = 8) -> tuple[list[dict[str, Any]], str]:
+    """Every retrieval-level defense on the built-in poisoned knowledge base (no data needed)."""
+    from .ragdefender import RAGDefender
+
+    cases = demo_cases(embedder, k)
+    defender = RAGDefender()
+    defenses: dict[str, Defense] = {
+        "RAGDefender": lambda c: defender.defend_embeddings(
+            c.question, c.passages, _embeddings_of(c)
+        ),
+        **{f"GRADA-{n}": d for n, d in grada_variants().items() if n != "none"},
+    }
+    rows = [{"defense": "none"} | summarize(run_defense(lambda c: None, cases))]
+    rows += [{"defense": n} | summarize(run_defense(d, cases)) for n, d in defenses.items()]
+    lines = [
+        f"Built-in poisoned knowledge base: {len(cases)} questions, top {k} retrieved "
+        "(5 poison passages per question in the store)",
+        "",
+        "| defense | poison share of the context | queries with any poison | answer passage kept "
+        "| benign removed per query | median ms |",
+        "|---|---|---|---|---|---|",
+    ]
+    for r in rows:
+        lines.append(
+            f"| {r['defense']} | {r['poison_share']:.3f} | {r['any_poison']:.2f} | "
+            f"{r['gold_kept']:.2f} | {r['benign_removed']:.2f} | {r['ms_p50']:.2f} |"
+        )
     return rows, "\n".join(lines)

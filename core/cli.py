@@ -30,8 +30,19 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(args: argparse.Namespace) -> int:
-    from .bench import DataError, data_dir, grada_table, ragdefender_table, robustrag_table
+    from .bench import (
+        DataError,
+        data_dir,
+        demo_table,
+        grada_table,
+        ragdefender_table,
+        robustrag_table,
+    )
 
+    if args.setting == "demo":
+        rows, table = demo_table()
+        print(table)
+        return 0
     folder = data_dir(args.data)
     if folder is None:
         print(
@@ -82,8 +93,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["ragdefender", "grada", "robustrag"],
-        help="ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
+        choices=["demo", "ragdefender", "grada", "robustrag"],
+        help="demo: the built-in poisoned knowledge base (no data needed); "
+        "ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
         "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20)",
     )

@@ -119,3 +119,15 @@ def test_ragdefender_benchmark_smoke(data_dir: Path, minilm: object) -> None:
     assert by[("4x", "auto")]["poison_share"] <= 0.3
     assert by[("4x", "auto")]["gold_in_context"] >= 0.75
     assert "authors' pkg" in table and "Cold timing" in table
+
+
+@pytest.mark.slow
+def test_demo_benchmark_table(minilm: object) -> None:
+    from ragdefense.bench import demo_table
+
+    rows, table = demo_table(minilm)
+    by = {r["defense"]: r for r in rows}
+    assert by["none"]["poison_share"] >= 0.5  # the built-in attack works
+    assert by["RAGDefender"]["poison_share"] <= 0.05
+    assert {"GRADA-hrsim", "GRADA-bm25", "GRADA-ebd"} <= set(by)
+    assert "Built-in poisoned knowledge base" in table
