@@ -19,6 +19,7 @@ from typing import Any
 
 import numpy as np
 
+from .attacks import poisonedrag
 from .embedders import Embedder, as_embedder
 from .types import DefenseResult, Passage
 
@@ -30,6 +31,7 @@ __all__ = [
     "data_dir",
     "demo_table",
     "grada_table",
+    "load_poisonedrag",
     "load_ragdefender",
     "load_realtimeqa",
     "ragdefender_cases",
@@ -65,16 +67,17 @@ def _load_json(path: Path) -> Any:
 
 
 def _load_records(
-    folder: str | os.PathLike[str], subfolder: str, name: str
-) -> tuple[Path, list[Any]]:
-    """The list of records in ``<folder>/<subfolder>/<name>`` (or ``<folder>/<name>``)."""
+    folder: str | os.PathLike[str], subfolder: str, name: str, kind: type = list
+) -> tuple[Path, Any]:
+    """The records in ``<folder>/<subfolder>/<name>`` (or ``<folder>/<name>``): a ``kind``."""
     base = Path(folder)
     path = base / subfolder / name
     if not path.is_file() and (base / name).is_file():
         path = base / name
     raw = _load_json(path)
-    if not isinstance(raw, list):
-        raise DataError(f"{path}: expected a list of records, got {type(raw).__name__}")
+    if not isinstance(raw, kind):
+        expected = "a list of records" if kind is list else "an object id -> record"
+        raise DataError(f"{path}: expected {expected}, got {type(raw).__name__}")
     return path, raw
 
 
@@ -117,6 +120,34 @@ def load_ragdefender(folder: str | os.PathLike[str], dataset: str) -> list[RAGDe
     return out
 
 
+@dataclass(frozen=True)
+class PoisonedRAGRecord:
+    """One target question of PoisonedRAG's release."""
+
+    id: str
+    question: str
+    correct_answer: str
+    incorrect_answer: str
+    adv_texts: list[str]
+
+
+def load_poisonedrag(folder: str | os.PathLike[str], dataset: str) -> list[PoisonedRAGRecord]:
+    """Load ``<folder>/poisonedrag/<dataset>.json`` (a dict id -> record)."""
+    path, raw = _load_records(folder, "poisonedrag", f"{dataset}.json", kind=dict)
+    out = []
+    for i, (key, rec) in enumerate(raw.items()):
+        out.append(
+            PoisonedRAGRecord(
+                id=str(key),
+                question=_field(path, i, rec, "question", str),
+                correct_answer=str(_field(path, i, rec, "correct answer", (str, int, float))),
+                incorrect_answer=str(_field(path, i, rec, "incorrect answer", (str, int, float))),
+                adv_texts=[str(t) for t in _field(path, i, rec, "adv_texts", list)],
+            )
+        )
+    return out
+
+
 @dataclass
 class Case:
     """One benchmark query: passages with ground-truth labels, ordered by query similarity."""
@@ -145,13 +176,13 @@ def ragdefender_cases(
     k = RAGDEFENDER_K.get(dataset, 2)
     texts: list[str] = []
     for r in records:
-        texts += r.gold + [f"{r.question}. {t}" for t in r.poison[: base * max(ratios)]]
+        texts += r.gold + poisonedrag(r.question, r.poison[: base * max(ratios)])
     embedder.embed(texts)  # one batched pass; the per-case lookups below hit the cache
     cases = []
     for r in records:
         q = embedder.embed_query(r.question)
         for ratio in ratios:
-            poison = [f"{r.question}. {t}" for t in r.poison[: base * ratio]]
+            poison = poisonedrag(r.question, r.poison[: base * ratio])
             items = r.gold + poison
             emb = embedder.embed(items)
             qs = _cos(emb, q)
@@ -371,7 +402,7 @@ def _cold_timing(
         base = RAGDEFENDER_BASE.get(ds, 2)
         t_embed, t_full, sizes = [], [], []
         for r in records:
-            items = r.gold + [f"{r.question}. {t}" for t in r.poison[: base * ratio]]
+            items = r.gold + poisonedrag(r.question, r.poison[: base * ratio])
             sizes.append(len(items))
             # a fresh cache-less wrapper: every call really runs the model
             fresh = CallableEmbedder(model._embed, cache_size=0)
@@ -456,13 +487,13 @@ def realtimeqa_cases(
     n_poison = list(n_poison)
     texts: list[str] = []
     for r in records:
-        texts += r.web + [f"{r.question}. {t}" for t in r.poison[: max(n_poison, default=0)]]
+        texts += r.web + poisonedrag(r.question, r.poison[: max(n_poison, default=0)])
     embedder.embed(texts)
     cases = []
     for r in records:
         q = embedder.embed_query(r.question)
         for p in n_poison:
-            items = r.web + [f"{r.question}. {t}" for t in r.poison[:p]]
+            items = r.web + poisonedrag(r.question, r.poison[:p])
             emb = embedder.embed(items)
             qs = _cos(emb, q)
             top = np.argsort(-qs, kind="stable")[:m]
