@@ -8,11 +8,7 @@ from dataclasses import dataclass
 from importlib import resources
 from typing import Any, TextIO
 
-import numpy as np
-
-from .embedders import as_embedder
 from .ragdefender import RAGDefender
-from .types import Passage
 
 __all__ = ["DemoQuestion", "load_demo_kb", "run_demo"]
 
@@ -58,17 +54,15 @@ def run_demo(k: int = 8, embedder: Any = None, out: TextIO | None = None) -> dic
     def say(line: str = "") -> None:
         print(line, file=out, flush=True)
 
+    from .bench import demo_cases  # the same retrieval as `ragdefense bench demo`
+
     t0 = time.perf_counter()
     kb = load_demo_kb()
-    emb = as_embedder(embedder)
-    corpus: list[tuple[str, str, bool]] = []  # (text, question id, is_poison)
-    for q in kb:
-        corpus += [(t, q.id, False) for t in q.benign] + [(t, q.id, True) for t in q.poison]
-    vectors = emb.embed([t for t, _, _ in corpus])
-    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    n_benign = sum(len(q.benign) for q in kb)
+    n_poison = sum(len(q.poison) for q in kb)
     say(
-        f"Knowledge base: {len(corpus)} passages for {len(kb)} questions "
-        f"({sum(p for *_, p in corpus)} of them poison). Retrieving the top {k} per question.\n"
+        f"Knowledge base: {n_benign + n_poison} passages for {len(kb)} questions "
+        f"({n_poison} of them poison). Retrieving the top {k} per question.\n"
     )
     defender = RAGDefender()
     totals = {
@@ -79,11 +73,9 @@ def run_demo(k: int = 8, embedder: Any = None, out: TextIO | None = None) -> dic
         "hijacked_before": 0,
         "hijacked_after": 0,
     }
-    for q in kb:
-        qv = emb.embed_query(q.question)
-        top = np.argsort(-(unit @ (qv / np.linalg.norm(qv))), kind="stable")[:k]
-        retrieved = [Passage(corpus[i][0], id=str(i), embedding=vectors[i]) for i in top]
-        poison = {p.id for p in retrieved if corpus[int(p.id or 0)][2]}
+    for q, case in zip(kb, demo_cases(embedder, k), strict=True):
+        retrieved = case.passages
+        poison = {p.id for p, bad in zip(retrieved, case.is_poison, strict=True) if bad}
         result = defender.defend(q.question, retrieved)
         kept_ids = {p.id for p in result.kept}
         left = poison & kept_ids

@@ -8,7 +8,7 @@ import warnings
 from collections.abc import Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from .types import DefenseFailed, DefenseResult, Passage, Verdict
+from .types import DefenseFailed, DefenseResult, Passage, Verdict, _jsonable
 
 __all__ = ["METADATA_KEY", "Defense", "make_defense", "run_defense", "verdict_metadata"]
 
@@ -99,5 +99,5 @@ def removed_report(result: DefenseResult) -> dict[str, Any]:
             for v in result.verdicts
             if not v.kept
         ],
-        "estimates": result.to_dict()["estimates"],
+        "estimates": {k: _jsonable(v) for k, v in result.estimates.items()},
     }

@@ -320,24 +320,12 @@ class TransformersLLM(LLM):
     def next_token_probs(self, prompts: Sequence[str]) -> Any:
         """Next-token probabilities after each (formatted) prompt, one batched forward pass:
         a float32 numpy array of shape (len(prompts), vocabulary size)."""
-        import torch
-
-        model, tok = self._load()
-        rows = []
-        for start in range(0, len(prompts), self.batch_size):
-            batch = [self.format(p) for p in prompts[start : start + self.batch_size]]
-            enc = tok(batch, return_tensors="pt", padding=True, add_special_tokens=not self.chat)
-            mask = enc["attention_mask"].to(self.device)
-            pos = (mask.cumsum(-1) - 1).clamp(min=0)
-            with torch.no_grad():
-                logits = model(
-                    input_ids=enc["input_ids"].to(self.device),
-                    attention_mask=mask,
-                    position_ids=pos,
-                ).logits[:, -1]
-            rows.append(torch.softmax(logits.float(), dim=-1).cpu().numpy())
         import numpy as np
 
+        rows = [
+            self.session(prompts[start : start + self.batch_size]).probs
+            for start in range(0, len(prompts), self.batch_size)
+        ]
         return np.concatenate(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
     def _prefill(self, texts: list[str]) -> tuple[Any, Any, Any]:

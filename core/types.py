@@ -129,9 +129,7 @@ class DefenseResult:
     @property
     def kept(self) -> list[Passage]:
         """The passages passed on, in the defense's output order."""
-        kept = [v for v in self.verdicts if v.kept]
-        kept.sort(key=lambda v: v.index if v.rank is None else v.rank)
-        return [v.passage for v in kept]
+        return [self.verdicts[i].passage for i in self.kept_indices]
 
     @property
     def removed(self) -> list[Passage]:
