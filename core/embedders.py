@@ -71,8 +71,9 @@ class Embedder(ABC):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed passages: a float32 array of shape (len(texts), d)."""
         texts = list(texts)
-        with self._lock:
-            missing = list(dict.fromkeys(t for t in texts if t not in self._cache))
+        with self._lock:  # looked up first: remembering new ones below may evict them
+            cached = {t: self._lookup(t) for t in dict.fromkeys(texts) if t in self._cache}
+        missing = [t for t in dict.fromkeys(texts) if t not in cached]
         fresh: dict[str, np.ndarray] = {}
         if missing:
             try:
@@ -86,7 +87,7 @@ class Embedder(ABC):
         with self._lock:
             for t, v in fresh.items():
                 self._remember(t, v)
-            rows = [fresh[t] if t in fresh else self._lookup(t) for t in texts]
+        rows = [fresh[t] if t in fresh else cached[t] for t in texts]
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
         return np.stack(rows)

@@ -50,6 +50,15 @@ def test_cache_is_bounded() -> None:
     assert len(fn.seen) == 2
 
 
+def test_cached_texts_evicted_by_the_same_call_are_still_returned() -> None:
+    fn = Counting()
+    emb = CallableEmbedder(fn, cache_size=2)
+    emb.embed(["a", "b"])
+    out = emb.embed(["a", "b", "c", "d"])  # c and d evict a and b while they are being returned
+    assert fn.seen[-1] == ["c", "d"]
+    np.testing.assert_array_equal(out, bag_of_words(["a", "b", "c", "d"]))
+
+
 def test_carried_embeddings_are_used_as_is() -> None:
     fn = Counting()
     vec = np.arange(256, dtype=np.float32)
