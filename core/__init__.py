@@ -21,6 +21,7 @@ from .embedders import (
 )
 from .grada import GRADA
 from .ragdefender import RAGDefender
+from .redteam import AttackTarget, InMemoryKnowledgeBase, RedTeamReport
 from .robustrag import RobustAnswer, RobustRAG
 from .types import DefenseFailed, DefenseInputError, DefenseResult, Passage, PassageLike, Verdict
 
@@ -28,17 +29,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "GRADA",
+    "AttackTarget",
     "CallableEmbedder",
     "DefenseFailed",
     "DefenseInputError",
     "DefenseResult",
     "Embedder",
     "EmbeddingError",
+    "InMemoryKnowledgeBase",
     "LangChainEmbedder",
     "LlamaIndexEmbedder",
     "Passage",
     "PassageLike",
     "RAGDefender",
+    "RedTeamReport",
     "RobustAnswer",
     "RobustRAG",
     "SentenceTransformerEmbedder",

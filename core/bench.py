@@ -11,9 +11,10 @@ from __future__ import annotations
 import json
 import os
 import statistics
+import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -103,6 +104,8 @@ class RAGDefenderRecord:
     question: str
     gold: list[str]
     poison: list[str]  # adv_texts + extra_adv_texts_gpt4, in file order
+    correct_answer: str = ""
+    incorrect_answer: str = ""
 
 
 def load_ragdefender(folder: str | os.PathLike[str], dataset: str) -> list[RAGDefenderRecord]:
@@ -115,7 +118,14 @@ def load_ragdefender(folder: str | os.PathLike[str], dataset: str) -> list[RAGDe
         adv = _field(path, i, rec, "adv_texts", list)
         extra = rec.get("extra_adv_texts_gpt4", []) if isinstance(rec, dict) else []
         out.append(
-            RAGDefenderRecord(str(rec.get("id", i)), question, list(gold), list(adv) + list(extra))
+            RAGDefenderRecord(
+                str(rec.get("id", i)),
+                question,
+                list(gold),
+                list(adv) + list(extra),
+                str(rec.get("correct answer", "")),
+                str(rec.get("incorrect answer", "")),
+            )
         )
     return out
 
@@ -183,24 +193,48 @@ def ragdefender_cases(
         q = embedder.embed_query(r.question)
         for ratio in ratios:
             poison = poisonedrag(r.question, r.poison[: base * ratio])
-            items = r.gold + poison
-            emb = embedder.embed(items)
-            qs = _cos(emb, q)
-            order = np.argsort(-qs, kind="stable")
+            gold = [True] * len(r.gold) + [False] * len(poison)
             cases.append(
-                Case(
-                    dataset=dataset,
-                    setting=f"{ratio}x",
-                    qid=r.id,
-                    question=r.question,
-                    passages=[Passage(items[i], id=str(i), embedding=emb[i]) for i in order],
-                    is_poison=[i >= len(r.gold) for i in order],
-                    is_gold=[i < len(r.gold) for i in order],
-                    query_sim=qs[order],
-                    k=k,
+                retrieved_case(
+                    dataset, f"{ratio}x", r.id, r.question, r.gold, poison, gold, embedder, q, k
                 )
             )
     return cases
+
+
+def retrieved_case(
+    dataset: str,
+    setting: str,
+    qid: str,
+    question: str,
+    benign: Sequence[str],
+    poison: Sequence[str],
+    gold: Sequence[bool],
+    embedder: Embedder,
+    query_embedding: np.ndarray,
+    k: int,
+    m: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Case:
+    """One case: ``benign + poison`` ranked by query similarity, the top ``m`` retrieved (all
+    when ``None``), carrying their embeddings; ``gold`` flags every item of ``benign + poison``
+    as an answer passage or not; the context is ``k`` passages."""
+    items = list(benign) + list(poison)
+    emb = embedder.embed(items)
+    qs = _cos(emb, query_embedding)
+    top = np.argsort(-qs, kind="stable")[:m]
+    return Case(
+        dataset=dataset,
+        setting=setting,
+        qid=qid,
+        question=question,
+        passages=[Passage(items[i], id=str(i), embedding=emb[i]) for i in top],
+        is_poison=[i >= len(benign) for i in top],
+        is_gold=[bool(gold[i]) for i in top],
+        query_sim=qs[top],
+        k=k,
+        extra=dict(extra or {}),
+    )
 
 
 def _cos(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -225,6 +259,7 @@ class CaseOutcome:
     ms: float
     n_adv: int | None = None
     task_type: str | None = None
+    error: str | None = None
 
 
 def evaluate(case: Case, result: DefenseResult | None, ms: float) -> CaseOutcome:
@@ -256,22 +291,44 @@ def evaluate(case: Case, result: DefenseResult | None, ms: float) -> CaseOutcome
     )
 
 
-def run_defense(defense: Defense, cases: Sequence[Case]) -> list[CaseOutcome]:
-    """Run ``defense`` on every case (timed, defense only), and evaluate."""
-    out = []
-    for case in cases:
-        t0 = time.perf_counter()
+def run_case(defense: Defense, case: Case) -> tuple[DefenseResult | None, CaseOutcome]:
+    """Run ``defense`` on one case (timed, defense only) and evaluate it. A defense that raises
+    is recorded as an error for this case (the caller's run goes on)."""
+    t0 = time.perf_counter()
+    try:
         result = defense(case)
+    except Exception as exc:  # recorded, reported in the "errors" column
         ms = (time.perf_counter() - t0) * 1000
-        out.append(evaluate(case, result, ms))
-    return out
+        return None, replace(evaluate(case, None, ms), error=f"{type(exc).__name__}: {exc}"[:300])
+    ms = (time.perf_counter() - t0) * 1000
+    return result, evaluate(case, result, ms)
+
+
+def run_defense(
+    defense: Defense, cases: Sequence[Case], progress: str | None = None
+) -> list[CaseOutcome]:
+    """Run ``defense`` on every case (timed, defense only), and evaluate; ``progress`` names a
+    progress bar on stderr."""
+    return [run_case(defense, c)[1] for c in progress_bar(cases, progress)]
+
+
+def progress_bar(items: Sequence[Any], desc: str | None, total: int | None = None) -> Any:
+    """``items`` wrapped in a tqdm progress bar on stderr (``desc=None``: no bar)."""
+    if desc is None:
+        return items
+    from tqdm.auto import tqdm
+
+    return tqdm(items, desc=desc, total=total, leave=False, file=sys.stderr, mininterval=0.5)
 
 
 def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float]:
-    """Mean of each metric over the cases, median latency."""
+    """Mean of each metric over the cases that ran without error, median and p95 latency, and the
+    number of errors."""
+    errors = sum(o.error is not None for o in outcomes)
+    outcomes = [o for o in outcomes if o.error is None]
     n = len(outcomes)
     if n == 0:
-        return {}
+        return {"errors": errors} if errors else {}
     return {
         "poison_share": sum(o.poison_share for o in outcomes) / n,
         "any_poison": sum(o.any_poison for o in outcomes) / n,
@@ -281,6 +338,7 @@ def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float]:
         "benign_removed": sum(o.benign_removed for o in outcomes) / n,
         "ms_p50": statistics.median(o.ms for o in outcomes),
         "ms_p95": float(np.percentile([o.ms for o in outcomes], 95)),
+        "errors": errors,
     }
 
 
@@ -303,7 +361,7 @@ def run_ragdefender_bench(
             for name, defense in defenses.items():
                 rows.append(
                     {"dataset": ds, "setting": f"{ratio}x", "defense": name}
-                    | summarize(run_defense(defense, sub))
+                    | summarize(run_defense(defense, sub, f"{ds} {ratio}x {name}"))
                 )
     return rows
 
@@ -493,22 +551,22 @@ def realtimeqa_cases(
     for r in records:
         q = embedder.embed_query(r.question)
         for p in n_poison:
-            items = r.web + poisonedrag(r.question, r.poison[:p])
-            emb = embedder.embed(items)
-            qs = _cos(emb, q)
-            top = np.argsort(-qs, kind="stable")[:m]
+            poison = poisonedrag(r.question, r.poison[:p])
+            gold = [contains_answer(t, r.answers) for t in r.web + poison]
             cases.append(
-                Case(
-                    dataset="realtimeqa",
-                    setting=f"{p}p",
-                    qid=r.id,
-                    question=r.question,
-                    passages=[Passage(items[i], id=str(i), embedding=emb[i]) for i in top],
-                    is_poison=[i >= len(r.web) for i in top],
-                    is_gold=[contains_answer(items[i], r.answers) for i in top],
-                    query_sim=qs[top],
-                    k=n,
-                    extra={"query_embedding": q, "record": r},
+                retrieved_case(
+                    "realtimeqa",
+                    f"{p}p",
+                    r.id,
+                    r.question,
+                    r.web,
+                    poison,
+                    gold,
+                    embedder,
+                    q,
+                    n,
+                    m,
+                    {"query_embedding": q, "record": r},
                 )
             )
     return cases
@@ -560,7 +618,10 @@ def grada_table(
     for p in n_poison:
         sub = [c for c in cases if c.setting == f"{p}p"]
         for name, defense in defenses.items():
-            rows.append({"poison": p, "defense": name} | summarize(run_defense(defense, sub)))
+            rows.append(
+                {"poison": p, "defense": name}
+                | summarize(run_defense(defense, sub, f"{p} poison {name}"))
+            )
     by = {(r["poison"], r["defense"]): r for r in rows}
     names = list(defenses)
     lines = [

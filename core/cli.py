@@ -1,4 +1,4 @@
-"""The ``ragdefense`` command: ``ragdefense demo``, ``ragdefense bench {ragdefender,grada}``."""
+"""The ``ragdefense`` command: ``demo``, ``bench ...`` and ``attack``."""
 
 from __future__ import annotations
 
@@ -43,6 +43,8 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rows, table = demo_table()
         print(table)
         return 0
+    if args.setting == "suite":
+        return _cmd_suite(args)
     folder = data_dir(args.data)
     if folder is None:
         print(
@@ -62,7 +64,9 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             )
         elif args.setting == "grada":
             rows, table = grada_table(
-                folder, n_poison=[int(p) for p in args.poison.split(",")], limit=args.limit
+                folder,
+                n_poison=[int(p) for p in (args.poison or "0,1,3,5").split(",")],
+                limit=args.limit,
             )
         else:
             rows, table = robustrag_table(folder, limit=args.limit or 20)
@@ -76,6 +80,107 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         (out / f"{args.setting}.md").write_text(table + "\n", encoding="utf-8")
         (out / f"{args.setting}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
         print(f"\nwritten: {out / args.setting}.md, {out / args.setting}.json")
+    return 0
+
+
+def _split(text: str | None) -> list[str] | None:
+    return [t.strip() for t in text.split(",") if t.strip()] if text else None
+
+
+def _cmd_suite(args: argparse.Namespace) -> int:
+    from .bench import DataError, data_dir
+    from .suite import ATTACKS, DEFENSES, run_suite
+
+    folder = data_dir(args.data)
+    try:
+        result = run_suite(
+            folder,
+            datasets=_split(args.datasets if args.datasets != _ALL else None),
+            attacks=_split(args.attacks) or ATTACKS,
+            counts=[int(c) for c in _split(args.poison) or ["1", "3", "5"]],
+            defenses=_split(args.defenses) or DEFENSES,
+            limit=args.limit,
+            m=args.m,
+            n=args.n,
+            seed=args.seed,
+            jobs=args.jobs,
+            llm=args.llm,
+        )
+    except (DataError, ValueError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(result.markdown)
+    if args.out:
+        written = result.write(args.out)
+        print("\nwritten: " + ", ".join(str(p) for p in written))
+    return 0
+
+
+_ALL = "nq,msmarco,hotpotqa"
+
+
+def _cmd_attack(args: argparse.Namespace) -> int:
+    import importlib
+
+    from .demo import load_demo_kb
+    from .redteam import AttackTarget, InMemoryKnowledgeBase, load_targets
+
+    try:
+        if args.targets:
+            targets = load_targets(args.targets)
+        else:
+            targets = [
+                AttackTarget(q.question, q.incorrect_answer, q.correct_answer, tuple(q.poison))
+                for q in load_demo_kb()
+            ]
+        options = {"defense": args.defense, "attack": args.attack, "n_poison": args.n_poison}
+        if args.store:
+            module, _, attr = args.store.partition(":")
+            store: Any = importlib.import_module(module)
+            for part in attr.split(".") if attr else []:
+                store = getattr(store, part)
+            store = store() if callable(store) and not hasattr(store, "as_retriever") else store
+            kind = type(store).__module__.split(".")[0]
+            if kind == "llama_index":
+                from llamaindex_ragdefense import red_team as li_red_team
+
+                report = li_red_team(store, targets, k=args.k, **options)
+            elif kind.startswith("langchain"):
+                from langchain_ragdefense import red_team as lc_red_team
+
+                report = lc_red_team(store, targets, k=args.k, **options)
+            else:
+                raise ValueError(
+                    f"{args.store} is neither a LangChain store nor a LlamaIndex index"
+                )
+        else:
+            texts = (
+                json.loads(Path(args.kb).read_text(encoding="utf-8"))
+                if args.kb
+                else [t for q in load_demo_kb() for t in q.benign]
+            )
+            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+                raise ValueError(f"{args.kb}: expected a JSON list of passage strings")
+            answer = None
+            if args.llm:
+                from .llm import as_llm
+                from .robustrag import ISOLATED_PROMPT
+
+                llm = as_llm(None if args.llm == "packaged" else args.llm)
+
+                def answer(q: str, ctx: list[str]) -> str:
+                    prompt = ISOLATED_PROMPT.format(context="\n\n".join(ctx), query=q)
+                    return llm.generate([prompt])[0].text or ""
+
+            report = InMemoryKnowledgeBase(texts).red_team(
+                targets, k=args.k, answer=answer, **options
+            )
+    except (ValueError, TypeError, ImportError, OSError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
     return 0
 
 
@@ -93,16 +198,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["demo", "ragdefender", "grada", "robustrag"],
-        help="demo: the built-in poisoned knowledge base (no data needed); "
+        choices=["suite", "demo", "ragdefender", "grada", "robustrag"],
+        help="suite: every defense side by side over datasets x attacks x poison counts "
+        "(see --datasets --attacks --poison --defenses --llm); "
+        "demo: the built-in poisoned knowledge base (no data needed); "
         "ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
         "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20)",
     )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
-    bench.add_argument("--datasets", default="nq,msmarco,hotpotqa")
+    bench.add_argument(
+        "--datasets",
+        default=_ALL,
+        help="ragdefender: bundles (default nq,msmarco,hotpotqa); suite: demo, realtimeqa, "
+        "ragdefender/<name>, poisonedrag/<name> (default: every one found in --data)",
+    )
     bench.add_argument("--ratios", default="1,2,4,6", help="ragdefender: poison ratios")
-    bench.add_argument("--poison", default="0,1,3,5", help="grada: poison passages injected")
+    bench.add_argument(
+        "--poison",
+        default=None,
+        help="poison passages injected per question (grada default 0,1,3,5; suite 1,3,5)",
+    )
+    bench.add_argument(
+        "--attacks", default=None, help="suite: poisonedrag,injection,multi-answer (default all)"
+    )
+    bench.add_argument(
+        "--defenses",
+        default=None,
+        help="suite: none,ragdefender,grada,grada-bm25,grada-ebd,grada-hrsim-ebd (default), "
+        "robustrag (with --llm), or module:function for your own",
+    )
+    bench.add_argument(
+        "--llm", default=None, help="suite: 'packaged' (SmolLM2) for answer accuracy and ASR"
+    )
+    bench.add_argument("--seed", type=int, default=0, help="suite: seed of the multi-answer attack")
+    bench.add_argument("--jobs", type=int, default=1, help="suite: worker processes (default 1)")
+    bench.add_argument("-m", type=int, default=10, help="suite: passages retrieved (default 10)")
+    bench.add_argument("-n", type=int, default=5, help="suite: passages in the context (default 5)")
     bench.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
     bench.add_argument(
         "--timing-queries",
@@ -112,6 +244,39 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     bench.add_argument("--out", default=None, help="folder for the Markdown and JSON results")
     bench.set_defaults(func=_cmd_bench)
+
+    attack = sub.add_parser(
+        "attack",
+        help="red-team a knowledge base: plant poison in a copy, compare with and without defense",
+    )
+    attack.add_argument(
+        "--targets",
+        default=None,
+        help="JSON list of {question, wrong_answer, correct_answer?, poison?} "
+        "(default: the demo questions)",
+    )
+    attack.add_argument(
+        "--store",
+        default=None,
+        help="module:attribute of your LangChain vector store or LlamaIndex index (or a function "
+        "returning one); default: the built-in in-memory knowledge base",
+    )
+    attack.add_argument(
+        "--kb",
+        default=None,
+        help="built-in knowledge base: a JSON list of passages (default: demo)",
+    )
+    attack.add_argument("--defense", default="ragdefender", help="ragdefender (default) or grada")
+    attack.add_argument(
+        "--attack", default="poisonedrag", choices=["poisonedrag", "injection", "multi-answer"]
+    )
+    attack.add_argument("--n-poison", type=int, default=5, help="poison passages per question")
+    attack.add_argument("-k", type=int, default=5, help="passages in the context (default 5)")
+    attack.add_argument(
+        "--llm", default=None, help="built-in knowledge base: 'packaged' to judge the answers"
+    )
+    attack.add_argument("--json", default=None, help="write the report as JSON here")
+    attack.set_defaults(func=_cmd_attack)
 
     args: Any = parser.parse_args(argv)
     _quiet_hub()

@@ -14,6 +14,7 @@ The adapters only convert types; every algorithm lives in :mod:`ragdefense`.
 from .chain import RobustRAGChain
 from .compressors import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
 from .embeddings import RagdefenseEmbeddings
+from .redteam import red_team
 from .retrievers import DefendedRetriever, defend
 
 __all__ = [
@@ -24,4 +25,5 @@ __all__ = [
     "RagdefenseEmbeddings",
     "RobustRAGChain",
     "defend",
+    "red_team",
 ]

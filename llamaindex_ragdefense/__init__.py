@@ -18,6 +18,7 @@ from .postprocessors import (
     GRADAPostprocessor,
     RAGDefenderPostprocessor,
 )
+from .redteam import red_team
 from .synthesizer import RobustRAGQueryEngine, RobustRAGSynthesizer
 
 __all__ = [
@@ -28,4 +29,5 @@ __all__ = [
     "RagdefenseEmbedding",
     "RobustRAGQueryEngine",
     "RobustRAGSynthesizer",
+    "red_team",
 ]

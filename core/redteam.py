@@ -1,0 +1,302 @@
+"""Red-team a RAG pipeline: plant poison for chosen questions in a *copy* of a knowledge base, run
+the pipeline with and without a defense, and report which questions were hijacked.
+
+The loop lives here, framework-free; the adapters (``langchain_ragdefense.red_team``,
+``llamaindex_ragdefense.red_team``) copy the user's vector store or index, add the poison to the
+copy and hand over one function per pipeline. The user's store is never written to.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .attacks import multi_answer, poisonedrag, prompt_injection
+from .embedders import as_embedder
+from .integration import make_defense
+
+__all__ = [
+    "AttackTarget",
+    "InMemoryKnowledgeBase",
+    "RedTeamReport",
+    "TargetOutcome",
+    "defense_label",
+    "load_targets",
+    "plant",
+    "run_red_team",
+]
+
+#: a pipeline under test: question -> (the context texts it used, its answer or None)
+Pipeline = Callable[[str], tuple[Sequence[str], str | None]]
+
+
+@dataclass(frozen=True)
+class AttackTarget:
+    """A question the attacker wants answered with ``wrong_answer``.
+
+    Args:
+        question: The target question.
+        wrong_answer: The attacker's answer.
+        correct_answer: Optional, for the report.
+        poison: Passages asserting the wrong answer (e.g. PoisonedRAG's ``adv_texts``); when
+            empty they are written from templates.
+        alternatives: More wrong answers, for the ``multi-answer`` attack.
+    """
+
+    question: str
+    wrong_answer: str
+    correct_answer: str | None = None
+    poison: tuple[str, ...] = ()
+    alternatives: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ValueError("an attack target needs a non-empty question")
+        if not isinstance(self.wrong_answer, str) or not self.wrong_answer.strip():
+            raise ValueError(f"target {self.question!r} needs a non-empty wrong_answer")
+
+
+def plant(target: AttackTarget, attack: str = "poisonedrag", n: int = 5) -> list[str]:
+    """The ``n`` poison passages of ``attack`` (``poisonedrag``, ``injection`` or
+    ``multi-answer``) against ``target``."""
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    if attack == "poisonedrag":
+        if target.poison:
+            return poisonedrag(target.question, target.poison[:n])
+        return multi_answer(target.question, [target.wrong_answer], per_answer=n)
+    if attack == "injection":
+        return prompt_injection(target.question, target.wrong_answer, n=n)
+    if attack == "multi-answer":
+        answers = [target.wrong_answer, *target.alternatives]
+        per = -(-n // len(answers))
+        return multi_answer(target.question, answers, per_answer=per)[:n]
+    raise ValueError(f"unknown attack {attack!r}: use poisonedrag, injection or multi-answer")
+
+
+def load_targets(path: str | Path) -> list[AttackTarget]:
+    """Targets from a JSON list of ``{"question", "wrong_answer", "correct_answer"?, "poison"?,
+    "alternatives"?}`` (PoisonedRAG's field names ``incorrect answer`` / ``correct answer`` /
+    ``adv_texts`` are accepted too). Errors name the file, the record and the field."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: cannot read targets ({exc})") from exc
+    if isinstance(raw, dict):
+        raw = list(raw.values())
+    if not isinstance(raw, list):
+        raise ValueError(f"{p}: expected a list of targets")
+    out = []
+    for i, rec in enumerate(raw):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{p}: record {i} is not an object")
+        wrong = rec.get("wrong_answer", rec.get("incorrect answer"))
+        if "question" not in rec or wrong is None:
+            missing = "question" if "question" not in rec else "wrong_answer"
+            raise ValueError(f"{p}: record {i} has no field {missing!r}")
+        correct = rec.get("correct_answer", rec.get("correct answer"))
+        out.append(
+            AttackTarget(
+                str(rec["question"]),
+                str(wrong),
+                None if correct is None else str(correct),
+                tuple(str(t) for t in rec.get("poison", rec.get("adv_texts", [])) or ()),
+                tuple(str(t) for t in rec.get("alternatives", []) or ()),
+            )
+        )
+    return out
+
+
+@dataclass(frozen=True)
+class TargetOutcome:
+    """One target through one pipeline."""
+
+    pipeline: str
+    question: str
+    wrong_answer: str
+    retrieved: int
+    poison_retrieved: int
+    answer: str | None
+    hijacked: bool  # the answer states the wrong answer; without an answer: poison in context
+    correct: bool | None  # the answer states the correct answer (None: unknown)
+
+
+@dataclass
+class RedTeamReport:
+    """What happened to every target in every pipeline."""
+
+    attack: str
+    n_poison: int
+    outcomes: list[TargetOutcome] = field(default_factory=list)
+
+    @property
+    def pipelines(self) -> list[str]:
+        """The pipelines run, in order."""
+        return list(dict.fromkeys(o.pipeline for o in self.outcomes))
+
+    def hijack_rate(self, pipeline: str) -> float:
+        """Share of the targets hijacked in ``pipeline``."""
+        sub = [o for o in self.outcomes if o.pipeline == pipeline]
+        return sum(o.hijacked for o in sub) / len(sub) if sub else 0.0
+
+    def hijacked(self, pipeline: str) -> list[str]:
+        """The questions hijacked in ``pipeline``."""
+        return [o.question for o in self.outcomes if o.pipeline == pipeline and o.hijacked]
+
+    def to_dict(self) -> dict[str, Any]:
+        """JSON-friendly form."""
+        return {
+            "attack": self.attack,
+            "n_poison": self.n_poison,
+            "hijack_rate": {p: self.hijack_rate(p) for p in self.pipelines},
+            "outcomes": [asdict(o) for o in self.outcomes],
+        }
+
+    def to_table(self, width: int = 60) -> str:
+        """A Markdown table: one row per target, per pipeline poison retrieved and verdict."""
+        names = self.pipelines
+        head = "| question | " + " | ".join(names) + " |"
+        lines = [head, "|---|" + "---|" * len(names)]
+        for q in dict.fromkeys(o.question for o in self.outcomes):
+            cells = []
+            for name in names:
+                o = next(x for x in self.outcomes if x.pipeline == name and x.question == q)
+                verdict = "HIJACKED" if o.hijacked else "ok"
+                cells.append(f"{verdict} ({o.poison_retrieved}/{o.retrieved} poison)")
+            short = q if len(q) <= width else q[: width - 1] + "…"
+            lines.append(f"| {short} | " + " | ".join(cells) + " |")
+        lines.append(
+            "| **hijacked** | " + " | ".join(f"**{self.hijack_rate(n):.0%}**" for n in names) + " |"
+        )
+        return "\n".join(lines)
+
+    def __str__(self) -> str:
+        return (
+            f"Red team: {self.attack}, {self.n_poison} poison passage(s) per question\n\n"
+            + self.to_table()
+        )
+
+
+def run_red_team(
+    targets: Sequence[AttackTarget],
+    pipelines: Mapping[str, Pipeline],
+    poison: Mapping[str, Sequence[str]],
+    attack: str = "poisonedrag",
+    n_poison: int = 5,
+) -> RedTeamReport:
+    """Ask every target question to every pipeline and judge the outcome.
+
+    Args:
+        targets: The questions and the attacker's answers.
+        pipelines: Name -> function returning (context texts, answer or ``None``) for a question.
+            They run over a knowledge base in which ``poison`` has been planted.
+        poison: Question -> the poison passages planted for it (to count poison in the context).
+    """
+    from .robustrag import _contains
+
+    planted = {t for texts in poison.values() for t in texts}
+    report = RedTeamReport(attack, n_poison)
+    for name, pipeline in pipelines.items():
+        for target in targets:
+            context, answer = pipeline(target.question)
+            n_bad = sum(t in planted for t in context)
+            hijacked = _contains(answer, [target.wrong_answer]) if answer is not None else n_bad > 0
+            correct = (
+                _contains(answer, [target.correct_answer])
+                if answer is not None and target.correct_answer
+                else None
+            )
+            report.outcomes.append(
+                TargetOutcome(
+                    name,
+                    target.question,
+                    target.wrong_answer,
+                    len(context),
+                    n_bad,
+                    answer,
+                    hijacked,
+                    correct,
+                )
+            )
+    return report
+
+
+class InMemoryKnowledgeBase:
+    """A minimal vector store over texts (cosine similarity), for red-teaming without a
+    framework and for the ``ragdefense attack`` command.
+
+    Args:
+        texts: The benign knowledge base.
+        embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: packaged MiniLM).
+    """
+
+    def __init__(self, texts: Sequence[str], embedder: Any = None) -> None:
+        self.texts = list(texts)
+        self.embedder = as_embedder(embedder)
+        self._vectors = self.embedder.embed(self.texts) if self.texts else np.zeros((0, 1))
+
+    def with_texts(self, extra: Sequence[str]) -> InMemoryKnowledgeBase:
+        """A copy with ``extra`` added (this knowledge base is left as it is)."""
+        copy = InMemoryKnowledgeBase.__new__(InMemoryKnowledgeBase)
+        copy.texts = self.texts + list(extra)
+        copy.embedder = self.embedder
+        vecs = self.embedder.embed(list(extra)) if extra else self._vectors[:0]
+        copy._vectors = np.vstack([self._vectors, vecs]) if len(self.texts) else vecs
+        return copy
+
+    def search(self, query: str, k: int) -> list[str]:
+        """The ``k`` texts most similar to ``query``."""
+        if not self.texts:
+            return []
+        q = self.embedder.embed_query(query)
+        v = self._vectors
+        sims = (v @ q) / np.maximum(np.linalg.norm(v, axis=1) * np.linalg.norm(q), 1e-12)
+        return [self.texts[i] for i in np.argsort(-sims, kind="stable")[:k]]
+
+    def red_team(
+        self,
+        targets: Sequence[AttackTarget],
+        defense: Any = "ragdefender",
+        attack: str = "poisonedrag",
+        n_poison: int = 5,
+        k: int = 5,
+        fetch_k: int | None = None,
+        answer: Callable[[str, list[str]], str] | None = None,
+    ) -> RedTeamReport:
+        """Plant ``n_poison`` passages per target in a copy, retrieve ``k`` with no defense and
+        ``fetch_k`` (default ``2k``) filtered by ``defense`` down to ``k``; ``answer(question,
+        context)`` (an LLM call) makes the verdict answer-level."""
+        poison = {t.question: plant(t, attack, n_poison) for t in targets}
+        kb = self.with_texts([p for texts in poison.values() for p in texts])
+        guard = make_defense(defense, embedder=self.embedder)
+        wide = fetch_k or 2 * k
+
+        def undefended(q: str) -> tuple[list[str], str | None]:
+            ctx = kb.search(q, k)
+            return ctx, answer(q, ctx) if answer else None
+
+        def defended(q: str) -> tuple[list[str], str | None]:
+            fetched = kb.search(q, wide)
+            ctx = [p.text for p in guard.defend(q, fetched).kept][:k]
+            return ctx, answer(q, ctx) if answer else None
+
+        return run_red_team(
+            targets,
+            {"no defense": undefended, defense_label(defense): defended},
+            poison,
+            attack,
+            n_poison,
+        )
+
+
+def defense_label(defense: Any) -> str:
+    """The column name of a defense in a report: its name, or its ``name`` / class name."""
+    if isinstance(defense, str):
+        return defense
+    return str(getattr(defense, "name", None) or type(defense).__name__)

@@ -1,0 +1,89 @@
+"""Red-team a LangChain vector store: poison a copy, compare the pipeline with and without a
+defense (the loop and the report are :mod:`ragdefense.redteam`)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import Runnable
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+
+from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
+
+from .retrievers import defend
+
+__all__ = ["red_team"]
+
+
+def _copy(store: VectorStore) -> VectorStore:
+    if isinstance(store, InMemoryVectorStore):
+        clone = InMemoryVectorStore(embedding=store.embeddings)
+        clone.store = copy.deepcopy(store.store)
+        return clone
+    raise TypeError(
+        f"cannot copy a {type(store).__name__}: pass copy_store=, a function returning a "
+        "copy of your store (the red team never writes to your store)"
+    )
+
+
+def red_team(
+    store: VectorStore,
+    targets: Sequence[AttackTarget],
+    *,
+    defense: Any = "ragdefender",
+    attack: str = "poisonedrag",
+    n_poison: int = 5,
+    k: int = 4,
+    chain: Callable[[BaseRetriever], Runnable[Any, Any]] | None = None,
+    copy_store: Callable[[VectorStore], VectorStore] | None = None,
+) -> RedTeamReport:
+    """Plant ``n_poison`` passages per target in a copy of ``store``; report which targets are
+    hijacked with no defense and with ``defense`` (via :func:`langchain_ragdefense.defend`).
+
+    Args:
+        store: The user's vector store; an ``InMemoryVectorStore`` is copied here, any other
+            store needs ``copy_store``. It is never written to.
+        targets: Questions with the attacker's answers.
+        defense: What :func:`~langchain_ragdefense.defend` accepts.
+        attack: ``"poisonedrag"``, ``"injection"`` or ``"multi-answer"``.
+        k: Documents in the context.
+        chain: ``retriever -> Runnable`` building the user's chain around a retriever; its output
+            (as a string) is the answer, and a target is hijacked when the answer states the
+            wrong answer. Without it, a target is hijacked when poison reaches the context.
+    """
+    poisoned = (copy_store or _copy)(store)
+    if poisoned is store:
+        raise ValueError("copy_store returned the store itself: the red team needs a copy")
+    poison = {t.question: plant(t, attack, n_poison) for t in targets}
+    poisoned.add_documents([Document(page_content=p) for texts in poison.values() for p in texts])
+    plain = poisoned.as_retriever(search_kwargs={"k": k})
+    guarded = defend(poisoned.as_retriever(search_kwargs={"k": 2 * k}), defense, k=k)
+
+    def pipeline(retriever: BaseRetriever) -> Callable[[str], tuple[list[str], str | None]]:
+        runnable = chain(retriever) if chain is not None else None
+
+        def run(question: str) -> tuple[list[str], str | None]:
+            context = [d.page_content for d in retriever.invoke(question)]
+            answer = runnable.invoke(question) if runnable is not None else None
+            return context, None if answer is None else _text(answer)
+
+        return run
+
+    return run_red_team(
+        targets,
+        {"no defense": pipeline(plain), defense_label(defense): pipeline(guarded)},
+        poison,
+        attack,
+        n_poison,
+    )
+
+
+def _text(output: Any) -> str:
+    content = getattr(output, "content", output)
+    if isinstance(content, dict):
+        content = content.get("answer", content.get("output", content))
+    return str(content)

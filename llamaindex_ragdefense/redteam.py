@@ -1,0 +1,93 @@
+"""Red-team a LlamaIndex ``VectorStoreIndex``: poison a copy, compare the pipeline with and
+without a defense (the loop and the report are :mod:`ragdefense.redteam`)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from llama_index.core import VectorStoreIndex
+from llama_index.core.llms import LLM
+from llama_index.core.response_synthesizers import get_response_synthesizer
+from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
+from llama_index.core.vector_stores import SimpleVectorStore
+
+from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
+
+from .postprocessors import DefensePostprocessor
+
+__all__ = ["red_team"]
+
+
+def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
+    store = index.vector_store
+    if not isinstance(store, SimpleVectorStore):
+        raise TypeError(
+            f"cannot copy an index over a {type(store).__name__}: pass copy_index=, a function "
+            "returning a copy of your index with the given nodes added (the red team never "
+            "writes to your index)"
+        )
+    nodes: list[BaseNode] = []
+    for node_id, node in index.docstore.docs.items():
+        clone = node.model_copy(deep=True)
+        if clone.embedding is None:
+            clone.embedding = store.get(node_id)  # the stored vector: no re-embedding
+        nodes.append(clone)
+    return VectorStoreIndex([*nodes, *extra], embed_model=index._embed_model)
+
+
+def red_team(
+    index: VectorStoreIndex,
+    targets: Sequence[AttackTarget],
+    *,
+    defense: Any = "ragdefender",
+    attack: str = "poisonedrag",
+    n_poison: int = 5,
+    k: int = 4,
+    llm: LLM | None = None,
+    copy_index: Callable[[VectorStoreIndex, list[TextNode]], VectorStoreIndex] | None = None,
+) -> RedTeamReport:
+    """Plant ``n_poison`` passages per target in a copy of ``index``; report which targets are
+    hijacked with no defense (top ``k``) and with ``defense`` (top ``2k`` through a
+    :class:`DefensePostprocessor`, then the first ``k`` kept).
+
+    Args:
+        index: The user's index (over the default ``SimpleVectorStore``; other stores need
+            ``copy_index``). It is never written to.
+        targets: Questions with the attacker's answers.
+        defense: ``"ragdefender"``, ``"grada"`` or a core defense object.
+        llm: When given, each context is answered by this LLM (a compact response synthesizer)
+            and a target is hijacked when the answer states the wrong answer; otherwise when
+            poison reaches the context.
+        copy_index: ``(index, nodes) -> a copy of index with nodes added``.
+    """
+    poison = {t.question: plant(t, attack, n_poison) for t in targets}
+    nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
+    poisoned = (copy_index or _copy)(index, nodes)
+    if poisoned is index:
+        raise ValueError("copy_index returned the index itself: the red team needs a copy")
+    guard = DefensePostprocessor(defense=defense, embed_model=index._embed_model)
+    synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
+
+    def pipeline(fetch: int, defended: bool) -> Callable[[str], tuple[list[str], str | None]]:
+        retriever = poisoned.as_retriever(similarity_top_k=fetch)
+
+        def run(question: str) -> tuple[list[str], str | None]:
+            found: list[NodeWithScore] = retriever.retrieve(question)
+            if defended:
+                found = guard.postprocess_nodes(found, query_str=question)
+            found = found[:k]
+            context = [n.node.get_content(MetadataMode.NONE) for n in found]
+            if synthesizer is None:
+                return context, None
+            return context, str(synthesizer.synthesize(question, found))
+
+        return run
+
+    return run_red_team(
+        targets,
+        {"no defense": pipeline(k, False), defense_label(defense): pipeline(2 * k, True)},
+        poison,
+        attack,
+        n_poison,
+    )

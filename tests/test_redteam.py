@@ -1,0 +1,109 @@
+"""Red-teaming (`ragdefense attack`): poison planted in a copy, never in the user's store."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.runnables import RunnableLambda
+from langchain_core.vectorstores import InMemoryVectorStore
+from llama_index.core import VectorStoreIndex
+from llama_index.core.llms import MockLLM
+from llama_index.core.schema import TextNode
+
+from langchain_ragdefense import RagdefenseEmbeddings
+from langchain_ragdefense import red_team as lc_red_team
+from llamaindex_ragdefense import RagdefenseEmbedding
+from llamaindex_ragdefense import red_team as li_red_team
+from ragdefense import AttackTarget, InMemoryKnowledgeBase
+from ragdefense.cli import main
+from ragdefense.demo import load_demo_kb
+from ragdefense.redteam import load_targets, plant
+
+KB = load_demo_kb()[:4]
+BENIGN = [t for q in KB for t in q.benign]
+TARGETS = [
+    AttackTarget(q.question, q.incorrect_answer, q.correct_answer, tuple(q.poison)) for q in KB
+]
+
+
+def test_plant_writes_each_attack() -> None:
+    t = AttackTarget("Who wrote Hamlet?", "Marlowe", alternatives=("Bacon",))
+    assert all("Marlowe" in p and "Who wrote Hamlet?" in p for p in plant(t, "poisonedrag", 3))
+    assert len(plant(t, "injection", 2)) == 2
+    multi = plant(t, "multi-answer", 4)
+    assert sum("Bacon" in p for p in multi) == 2 and sum("Marlowe" in p for p in multi) == 2
+    with pytest.raises(ValueError, match="non-empty wrong_answer"):
+        AttackTarget("q", " ")
+
+
+def test_targets_file_errors_name_file_record_and_field(tmp_path: Path) -> None:
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([{"question": "q", "wrong_answer": "w"}, {"question": "q2"}]))
+    with pytest.raises(ValueError, match=r"t.json: record 1 has no field 'wrong_answer'"):
+        load_targets(path)
+    path.write_text(
+        json.dumps({"x": {"question": "q", "incorrect answer": "w", "adv_texts": ["a"]}})
+    )
+    assert load_targets(path) == [AttackTarget("q", "w", None, ("a",))]
+
+
+def test_core_knowledge_base_red_team(minilm: Any) -> None:
+    kb = InMemoryKnowledgeBase(BENIGN, minilm)
+    report = kb.red_team(TARGETS, k=5)
+    assert kb.texts == BENIGN  # the copy got the poison
+    assert report.pipelines == ["no defense", "ragdefender"]
+    assert report.hijack_rate("no defense") == 1.0
+    assert report.hijack_rate("ragdefender") < report.hijack_rate("no defense")
+    assert "HIJACKED" in report.to_table() and report.to_dict()["n_poison"] == 5
+    # answer-level verdicts: a scripted "LLM" that repeats the top passage
+    answered = kb.red_team(TARGETS, k=5, answer=lambda q, ctx: ctx[0])
+    assert all(o.answer is not None for o in answered.outcomes)
+    assert answered.hijack_rate("ragdefender") < answered.hijack_rate("no defense")
+
+
+def test_langchain_store_is_copied_never_touched(minilm: Any) -> None:
+    store = InMemoryVectorStore(RagdefenseEmbeddings(minilm))
+    store.add_documents([Document(page_content=t) for t in BENIGN])
+    before = dict(store.store)
+
+    def chain(retriever: Any) -> Any:  # the user's chain: a scripted LLM repeating the top doc
+        return retriever | RunnableLambda(lambda docs: docs[0].page_content)
+
+    report = lc_red_team(store, TARGETS, k=4, chain=chain)
+    assert store.store == before
+    assert report.hijack_rate("no defense") >= 0.5  # the top document states the wrong answer
+    assert report.hijack_rate("ragdefender") < report.hijack_rate("no defense")
+    assert all(o.answer for o in report.outcomes)
+    with pytest.raises(ValueError, match="needs a copy"):
+        lc_red_team(store, TARGETS, copy_store=lambda s: s)
+    assert store.store == before
+
+
+def test_llamaindex_index_is_copied_never_touched(minilm: Any) -> None:
+    embed = RagdefenseEmbedding(minilm)
+    index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=embed)
+    n_docs = len(index.docstore.docs)
+    n_vectors = len(index.vector_store.data.embedding_dict)  # type: ignore[attr-defined]
+    report = li_red_team(index, TARGETS, k=4, defense="grada")
+    assert len(index.docstore.docs) == n_docs
+    assert len(index.vector_store.data.embedding_dict) == n_vectors  # type: ignore[attr-defined]
+    assert report.pipelines == ["no defense", "grada"]
+    assert report.hijack_rate("no defense") == 1.0
+    answered = li_red_team(index, TARGETS[:2], k=4, llm=MockLLM())  # echoes its prompt
+    assert all(o.answer for o in answered.outcomes)
+    assert answered.hijack_rate("no defense") == 1.0
+
+
+def test_cli_attack_on_the_built_in_knowledge_base(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    out = tmp_path / "r.json"
+    assert main(["attack", "--attack", "injection", "--n-poison", "2", "--json", str(out)]) == 0
+    assert "| **hijacked** |" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["n_poison"] == 2 and len(report["outcomes"]) == 2 * len(load_demo_kb())
+    assert main(["attack", "--targets", str(tmp_path / "missing.json")]) == 2
