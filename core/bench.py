@@ -313,10 +313,13 @@ def run_defense(
 
 
 def progress_bar(items: Sequence[Any], desc: str | None, total: int | None = None) -> Any:
-    """``items`` wrapped in a tqdm progress bar on stderr (``desc=None``: no bar)."""
+    """``items`` wrapped in a tqdm progress bar on stderr (``desc=None`` or no tqdm: no bar)."""
     if desc is None:
         return items
-    from tqdm.auto import tqdm
+    try:
+        from tqdm.auto import tqdm
+    except ImportError:  # tqdm comes with the embeddings extra; the core runs without it
+        return items
 
     return tqdm(items, desc=desc, total=total, leave=False, file=sys.stderr, mininterval=0.5)
 
@@ -666,7 +669,6 @@ def robustrag_table(
     packaged SmolLM2): vanilla RAG against keyword aggregation and majority vote; accuracy,
     attack success rate, certified accuracy at ``k_prime`` (clean retrieval, injection), and
     wall time per query."""
-    import sys
 
     from .llm import as_llm
     from .robustrag import ISOLATED_PROMPT, RobustRAG, _contains
@@ -683,7 +685,7 @@ def robustrag_table(
     def add(setting: str, name: str, value: float) -> None:
         acc.setdefault((setting, name), []).append(value)
 
-    for i, case in enumerate(cases):
+    for case in progress_bar(cases, "robustrag" if progress else None):
         rec = by_id[case.qid]
         texts = [p.text for p in case.passages]
         gold_letter = (
@@ -725,10 +727,6 @@ def robustrag_table(
             if rec.choices:
                 mcert = vote.certify(mv, k_prime, gold=gold_letter).certificate
                 add(s, "majority certified", bool(mcert and mcert.certified))
-        if progress:
-            print(f"\r  {i + 1}/{len(cases)} queries", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
 
     def mean(setting: str, name: str) -> float:
         vals = acc.get((setting, name), [])

@@ -546,7 +546,8 @@ def suite_markdown(rows: Sequence[dict[str, Any]], m: int = 10, n: int = 5, seed
     llm = any("accuracy" in r for r in rows)
     lines = [
         f"Top {m} retrieved, context of {n}; cells: poison share of the context / share of "
-        "queries whose context holds an answer passage"
+        "queries whose context holds a benign answer passage (a gold passage, or one stating a "
+        "correct answer)"
         + ("; then accuracy / ASR of the LLM's answer" if llm else "")
         + f". Seed {seed}.",
     ]
