@@ -57,7 +57,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         if args.setting == "ragdefender":
             rows, table = ragdefender_table(
                 folder,
-                datasets=args.datasets.split(","),
+                datasets=(args.datasets or "nq,msmarco,hotpotqa").split(","),
                 ratios=[int(r) for r in args.ratios.split(",")],
                 limit=args.limit,
                 timing_queries=args.timing_queries,
@@ -95,7 +95,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
     try:
         result = run_suite(
             folder,
-            datasets=_split(args.datasets if args.datasets != _ALL else None),
+            datasets=_split(args.datasets),
             attacks=_split(args.attacks) or ATTACKS,
             counts=[int(c) for c in _split(args.poison) or ["1", "3", "5"]],
             defenses=_split(args.defenses) or DEFENSES,
@@ -114,9 +114,6 @@ def _cmd_suite(args: argparse.Namespace) -> int:
         written = result.write(args.out)
         print("\nwritten: " + ", ".join(str(p) for p in written))
     return 0
-
-
-_ALL = "nq,msmarco,hotpotqa"
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
@@ -209,7 +206,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument(
         "--datasets",
-        default=_ALL,
+        default=None,
         help="ragdefender: bundles (default nq,msmarco,hotpotqa); suite: demo, realtimeqa, "
         "ragdefender/<name>, poisonedrag/<name> (default: every one found in --data)",
     )
