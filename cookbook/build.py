@@ -104,6 +104,30 @@ for q in kb:
     gr = sum(d.metadata["poison"] for d in grada.invoke(q.question))
     print(f"{q.question[:58]:58} {plain:>6} {rd:>18} {gr:>12}")
 """),
+    md("""
+## Red-team your own pipeline before an attacker does
+
+`red_team(store, targets, chain=...)` plants poison for each target question in a **copy** of
+the store (here: the clean knowledge base, poison written from templates), runs your chain with
+and without the defense, and reports which questions were hijacked. Your store is not touched.
+"""),
+    code("""
+from langchain_ragdefense import red_team
+from ragdefense import AttackTarget
+
+clean = InMemoryVectorStore.from_documents(
+    [d for d in docs if not d.metadata["poison"]], RagdefenseEmbeddings()
+)
+targets = [AttackTarget(q.question, q.incorrect_answer, q.correct_answer) for q in kb[:4]]
+
+def my_chain(retriever):  # your chain, built around whatever retriever it is given
+    return RunnableLambda(lambda question: rag(question, retriever)[0])
+
+size = len(clean.store)
+report = red_team(clean, targets, n_poison=5, k=8, chain=my_chain)
+print(report)
+print("store untouched:", len(clean.store) == size)
+"""),
 ]
 
 LLAMAINDEX = [
