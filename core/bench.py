@@ -262,11 +262,17 @@ class CaseOutcome:
     error: str | None = None
 
 
+def context_indices(case: Case, result: DefenseResult | None) -> list[int]:
+    """The context: the top ``case.k`` passages the defense kept (all without one), by query
+    similarity."""
+    kept = result.kept_indices if result is not None else range(len(case.passages))
+    return sorted(kept, key=lambda i: -case.query_sim[i])[: case.k]
+
+
 def evaluate(case: Case, result: DefenseResult | None, ms: float) -> CaseOutcome:
-    """Context = the top ``case.k`` kept passages by query similarity; metrics of that context."""
-    kept = result.kept_indices if result is not None else list(range(len(case.passages)))
-    kept_set = set(kept)
-    ctx = sorted(kept_set, key=lambda i: -case.query_sim[i])[: case.k]
+    """Metrics of the context (:func:`context_indices`) and of what the defense removed."""
+    kept_set = set(result.kept_indices if result is not None else range(len(case.passages)))
+    ctx = context_indices(case, result)
     n_poison = sum(case.is_poison)
     n_gold = sum(case.is_gold)
     est = result.estimates if result is not None else {}

@@ -16,7 +16,8 @@ top ``n`` survivors by query similarity are the context (the GRADA setting: M = 
   ``grada-hrsim-ebd``, ``robustrag`` (with an LLM only) and any ``module:function`` callable.
 * Metrics: poison share of the context, queries with any poison, answer passage in the context,
   poison removed, benign passages removed (false removals), p50 / p95 latency, errors; with an LLM,
-  accuracy and attack success rate of the answer (substring match, as in the papers).
+  accuracy and attack success rate of the answer (substring match, as in the papers). Latency is
+  the defense's alone, except for ``robustrag``, whose answer (all its LLM calls) is timed.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from .bench import (
     DataError,
     Defense,
     contains_answer,
+    context_indices,
     load_poisonedrag,
     load_ragdefender,
     load_realtimeqa,
@@ -328,8 +330,7 @@ def resolve_defense(spec: Any) -> Defense:
 
 
 def _context(case: Case, result: DefenseResult | None) -> list[str]:
-    kept = result.kept_indices if result is not None else range(len(case.passages))
-    return [case.passages[i].text for i in sorted(kept, key=lambda i: -case.query_sim[i])[: case.k]]
+    return [case.passages[i].text for i in context_indices(case, result)]
 
 
 def _answer_metrics(text: str, case: Case) -> dict[str, float]:
