@@ -5,13 +5,25 @@
 * :func:`prompt_injection` — the RobustRAG paper's injected instruction, repeated in one passage.
 * :func:`multi_answer` — poison spread over several distinct wrong answers (from templates over
   the question), the "multi-clustering" attack RAGDefender's authors test against.
+* :func:`make_poison` — any of the three by name, as the benchmark suite and the red team use them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from itertools import zip_longest
 
-__all__ = ["ANSWER_TEMPLATES", "multi_answer", "poisonedrag", "prompt_injection"]
+__all__ = [
+    "ANSWER_TEMPLATES",
+    "ATTACKS",
+    "make_poison",
+    "multi_answer",
+    "poisonedrag",
+    "prompt_injection",
+]
+
+#: the attacks :func:`make_poison` writes
+ATTACKS = ("poisonedrag", "injection", "multi-answer")
 
 #: templates for assertive poison passages; ``{q}`` is the question, ``{a}`` the wrong answer
 ANSWER_TEMPLATES = (
@@ -58,3 +70,39 @@ def multi_answer(
             template = templates[(i * per_answer + j) % len(templates)]
             out.append(template.format(q=question.strip(), a=str(answer).strip()))
     return out
+
+
+def make_poison(
+    attack: str,
+    question: str,
+    wrong_answer: str,
+    n: int,
+    texts: Sequence[str] = (),
+    alternatives: Sequence[str] = (),
+) -> list[str]:
+    """``n`` poison passages of ``attack`` against ``question``, the one generator the benchmark
+    suite and the red team share.
+
+    * ``poisonedrag``: :func:`poisonedrag` over ``texts[:n]`` (fewer when fewer texts are given);
+      without texts, ``n`` templated passages asserting ``wrong_answer``.
+    * ``injection``: :func:`prompt_injection` with ``wrong_answer`` as the target.
+    * ``multi-answer``: ``wrong_answer`` and up to two ``alternatives``, in turn (a passage per
+      answer before any answer gets a second one).
+    """
+    if n < 0:
+        raise ValueError(f"the number of poison passages must be >= 0, got {n}")
+    if n == 0:
+        return []
+    if attack == "poisonedrag":
+        if texts:
+            return poisonedrag(question, texts[:n])
+        return multi_answer(question, [wrong_answer], per_answer=n)
+    if attack == "injection":
+        return prompt_injection(question, wrong_answer, n=n)
+    if attack == "multi-answer":
+        answers = [wrong_answer, *alternatives][: min(3, n)]
+        per = -(-n // len(answers))
+        written = multi_answer(question, answers, per_answer=per)
+        by_answer = [written[i * per : (i + 1) * per] for i in range(len(answers))]
+        return [t for group in zip_longest(*by_answer) for t in group if t is not None][:n]
+    raise ValueError(f"unknown attack {attack!r}: use one of {ATTACKS}")

@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from .attacks import multi_answer, poisonedrag, prompt_injection
+from .attacks import make_poison
 from .embedders import as_embedder
 from .integration import make_defense
 
@@ -63,20 +63,12 @@ class AttackTarget:
 
 def plant(target: AttackTarget, attack: str = "poisonedrag", n: int = 5) -> list[str]:
     """The ``n`` poison passages of ``attack`` (``poisonedrag``, ``injection`` or
-    ``multi-answer``) against ``target``."""
+    ``multi-answer``) against ``target`` (:func:`ragdefense.attacks.make_poison`)."""
     if n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
-    if attack == "poisonedrag":
-        if target.poison:
-            return poisonedrag(target.question, target.poison[:n])
-        return multi_answer(target.question, [target.wrong_answer], per_answer=n)
-    if attack == "injection":
-        return prompt_injection(target.question, target.wrong_answer, n=n)
-    if attack == "multi-answer":
-        answers = [target.wrong_answer, *target.alternatives]
-        per = -(-n // len(answers))
-        return multi_answer(target.question, answers, per_answer=per)[:n]
-    raise ValueError(f"unknown attack {attack!r}: use poisonedrag, injection or multi-answer")
+    return make_poison(
+        attack, target.question, target.wrong_answer, n, target.poison, target.alternatives
+    )
 
 
 def load_targets(path: str | Path) -> list[AttackTarget]:

@@ -32,14 +32,13 @@ import time
 from collections.abc import Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
-from itertools import zip_longest
 from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .attacks import multi_answer, poisonedrag, prompt_injection
+from .attacks import ATTACKS, make_poison
 from .bench import (
     Case,
     CaseOutcome,
@@ -70,7 +69,6 @@ __all__ = [
     "suite_cases",
 ]
 
-ATTACKS = ("poisonedrag", "injection", "multi-answer")
 DEFENSES = ("none", "ragdefender", "grada", "grada-bm25", "grada-ebd", "grada-hrsim-ebd")
 BUNDLES = ("nq", "msmarco", "hotpotqa")
 
@@ -200,30 +198,19 @@ def attack_passages(
     others: Sequence[str] = (),
     seed: int = 0,
 ) -> list[str]:
-    """``count`` poison passages of ``attack`` against ``record`` (fewer for ``poisonedrag`` when
-    the data has fewer poison texts). ``others``: wrong answers of other questions, from which
-    ``multi-answer`` draws (seeded) when the record has no alternatives of its own."""
-    if count < 0:
-        raise ValueError(f"poison count must be >= 0, got {count}")
-    if count == 0:
-        return []
-    if attack == "poisonedrag":
-        return poisonedrag(record.question, record.poison_texts[:count])
-    if attack == "injection":
-        return prompt_injection(record.question, record.wrong_answer, n=count)
-    if attack == "multi-answer":
-        alternatives = list(record.wrong_alternatives)
-        if len(alternatives) < 2:
-            correct = {a.lower() for a in record.answers} | {record.wrong_answer.lower()}
-            pool = sorted({o for o in others if o and o.lower() not in correct})
-            random.Random(f"{seed}:{record.dataset}:{record.id}").shuffle(pool)
-            alternatives += pool
-        answers = [record.wrong_answer, *alternatives][: min(3, count)]
-        per = -(-count // len(answers))
-        texts = multi_answer(record.question, answers, per_answer=per)
-        by_answer = [texts[i * per : (i + 1) * per] for i in range(len(answers))]
-        return [t for group in zip_longest(*by_answer) for t in group if t is not None][:count]
-    raise ValueError(f"unknown attack {attack!r}: use one of {ATTACKS}")
+    """``count`` poison passages of ``attack`` against ``record`` (:func:`ragdefense.attacks.
+    make_poison`; fewer for ``poisonedrag`` when the data has fewer poison texts). ``others``:
+    wrong answers of other questions, from which ``multi-answer`` draws (seeded) when the record
+    has fewer than two alternatives of its own."""
+    alternatives = list(record.wrong_alternatives)
+    if attack == "multi-answer" and len(alternatives) < 2:
+        correct = {a.lower() for a in record.answers} | {record.wrong_answer.lower()}
+        pool = sorted({o for o in others if o and o.lower() not in correct})
+        random.Random(f"{seed}:{record.dataset}:{record.id}").shuffle(pool)
+        alternatives += pool
+    return make_poison(
+        attack, record.question, record.wrong_answer, count, record.poison_texts, alternatives
+    )
 
 
 def suite_cases(
