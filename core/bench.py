@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from .attacks import poisonedrag
-from .embedders import Embedder, as_embedder
+from .embedders import Embedder, as_embedder, cosine_to
 from .types import DefenseResult, Passage
 
 __all__ = [
@@ -221,7 +221,7 @@ def retrieved_case(
     as an answer passage or not; the context is ``k`` passages."""
     items = list(benign) + list(poison)
     emb = embedder.embed(items)
-    qs = _cos(emb, query_embedding)
+    qs = cosine_to(emb, query_embedding)
     top = np.argsort(-qs, kind="stable")[:m]
     return Case(
         dataset=dataset,
@@ -235,12 +235,6 @@ def retrieved_case(
         k=k,
         extra=dict(extra or {}),
     )
-
-
-def _cos(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
-    e = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    out: np.ndarray = e @ (q / max(float(np.linalg.norm(q)), 1e-12))
-    return out
 
 
 Defense = Callable[[Case], DefenseResult | None]
@@ -400,13 +394,7 @@ def ragdefender_table(
 
     Returns the rows and a Markdown report (quality table, then cold timing).
     """
-    from .ragdefender import RAGDefender
-
-    def variant(task: Any) -> Defense:
-        d = RAGDefender(task_type=task)
-        return lambda c: d.defend_embeddings(c.question, c.passages, _embeddings_of(c))
-
-    defenses = {t: variant(t) for t in ("auto", "single_hop", "multi_hop")}
+    defenses = {t: ragdefender_defense(t) for t in ("auto", "single_hop", "multi_hop")}
     rows = run_ragdefender_bench(folder, defenses, datasets, ratios, limit, embedder)
     by = {(r["dataset"], r["setting"], r["defense"]): r for r in rows}
     lines = [
@@ -589,6 +577,14 @@ GRADA_REFERENCE = {
     "bm25": {1: (0.108, 0.66), 3: (0.464, 0.61)},
     "hrsim": {1: (0.014, 0.63), 3: (0.338, 0.61), 5: (0.784, 0.28)},
 }
+
+
+def ragdefender_defense(task_type: Any = "auto") -> Defense:
+    """RAGDefender on a case, with the embeddings the case's passages carry."""
+    from .ragdefender import RAGDefender
+
+    defender = RAGDefender(task_type=task_type)
+    return lambda c: defender.defend_embeddings(c.question, c.passages, _embeddings_of(c))
 
 
 def grada_variants() -> dict[str, Defense]:
@@ -795,7 +791,7 @@ def demo_cases(embedder: Any = None, k: int = 8) -> list[Case]:
     cases = []
     for q in kb:
         qv = emb.embed_query(q.question)
-        sims = _cos(vecs, qv)
+        sims = cosine_to(vecs, qv)
         top = np.argsort(-sims, kind="stable")[:k]
         cases.append(
             Case(
@@ -819,14 +815,9 @@ def demo_cases(embedder: Any = None, k: int = 8) -> list[Case]:
 
 def demo_table(embedder: Any = None, k: int = 8) -> tuple[list[dict[str, Any]], str]:
     """Every retrieval-level defense on the built-in poisoned knowledge base (no data needed)."""
-    from .ragdefender import RAGDefender
-
     cases = demo_cases(embedder, k)
-    defender = RAGDefender()
     defenses: dict[str, Defense] = {
-        "RAGDefender": lambda c: defender.defend_embeddings(
-            c.question, c.passages, _embeddings_of(c)
-        ),
+        "RAGDefender": ragdefender_defense(),
         **{f"GRADA-{n}": d for n, d in grada_variants().items() if n != "none"},
     }
     rows = [{"defense": "none"} | summarize(run_defense(lambda c: None, cases))]

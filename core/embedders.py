@@ -324,6 +324,13 @@ def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
     return arr
 
 
+def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of ``emb`` to the vector ``q``."""
+    e = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    out: np.ndarray = e @ (q / max(float(np.linalg.norm(q)), 1e-12))
+    return out
+
+
 def cosine_matrix(emb: np.ndarray) -> np.ndarray:
     """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0)."""
     norms = np.linalg.norm(emb, axis=1, keepdims=True)

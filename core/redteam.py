@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 
 from .attacks import make_poison
-from .embedders import as_embedder
+from .embedders import as_embedder, cosine_to
 from .integration import make_defense
 
 __all__ = [
@@ -246,9 +246,7 @@ class InMemoryKnowledgeBase:
         """The ``k`` texts most similar to ``query``."""
         if not self.texts:
             return []
-        q = self.embedder.embed_query(query)
-        v = self._vectors
-        sims = (v @ q) / np.maximum(np.linalg.norm(v, axis=1) * np.linalg.norm(q), 1e-12)
+        sims = cosine_to(self._vectors, self.embedder.embed_query(query))
         return [self.texts[i] for i in np.argsort(-sims, kind="stable")[:k]]
 
     def red_team(

@@ -293,13 +293,10 @@ def resolve_defense(spec: Any) -> Defense:
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"cannot import defense {spec!r}: {exc}") from exc
         return _user_defense(obj() if isinstance(obj, type) else obj)
-    from .bench import _embeddings_of, grada_variants
+    from .bench import grada_variants, ragdefender_defense
 
     if spec == "ragdefender":
-        from .ragdefender import RAGDefender
-
-        defender = RAGDefender()
-        return lambda c: defender.defend_embeddings(c.question, c.passages, _embeddings_of(c))
+        return ragdefender_defense()
     variants = grada_variants()
     grada = {
         "none": "none",
