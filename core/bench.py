@@ -604,6 +604,7 @@ def grada_variants() -> dict[str, Defense]:
         "hrsim": run(GRADA()),
         "hrsim (authors' BM25 collection)": run(GRADA(bm25=BM25(corpus="pair"))),
         "hrsim/ebd": run(GRADA(hrsim_base="ebd")),
+        "hrsim+peel": run(GRADA(peel=True)),
     }
 
 

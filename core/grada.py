@@ -9,20 +9,30 @@ those edges, so the poison loses the mass its mutual similarity would otherwise 
 Departures from the authors' code: ties are broken by retrieval rank (theirs: by passage text);
 the BM25 collection defaults to the retrieved set (theirs: one-document indices), see
 :mod:`ragdefense.bm25`; PageRank is a vectorised power iteration equal to ``networkx.pagerank``.
+
+Beyond the paper, ``peel=True`` first removes *coordinated groups* (:func:`coordinated_groups`):
+passages nearly identical to each other that the retriever also ranks above the rest. GRADA
+assumes the poison is a minority of the graph; three or more poison passages in the top 10 are
+enough to make it central. Peeling them before the graph keeps GRADA's behaviour where it
+works (one poison passage, clean retrieval) and fixes it where it does not (RealtimeQA top-10,
+3 poison: poison share of the context 0.30 -> 0.02; 5 poison: 0.56 -> 0.06; see the README).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
+from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.spatial.distance import squareform
 
 from .bm25 import BM25
-from .embedders import as_embedder, check_embeddings, cosine_matrix, embed_passages
+from .embedders import as_embedder, check_embeddings, cosine_matrix, cosine_to, embed_passages
 from .types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 
-__all__ = ["GRADA", "pagerank"]
+__all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
 Similarity = Literal["hrsim", "bm25", "ebd"]
 
@@ -51,6 +61,61 @@ def pagerank(
     return x, max_iter, False
 
 
+@dataclass(frozen=True)
+class CoordinatedGroup:
+    """A group removed by :func:`coordinated_groups`: its passage indices, the mean cosine
+    similarity within it, and how much its mean query similarity exceeds the other passages'."""
+
+    indices: tuple[int, ...]
+    cohesion: float
+    query_margin: float
+
+
+def coordinated_groups(
+    sim: np.ndarray, query_sim: np.ndarray, tightness: float = 0.9, margin: float = 0.02
+) -> list[CoordinatedGroup]:
+    """Peel coordinated groups off a retrieved set, most query-elevated first.
+
+    Repeatedly: cluster the passages still in (average linkage on cosine similarity, merged
+    while the average similarity is >= ``tightness``); among the clusters of two or more
+    passages that are not all of them, take the one whose mean query similarity exceeds the
+    others' by the most; stop when that is below ``margin`` or fewer than three passages are
+    left. Near-duplicate *benign* passages (syndicated news) form tight groups too, but the
+    retriever does not rank them above their neighbours; passages written for the query do.
+
+    Args:
+        sim: (M, M) cosine similarities between the passages.
+        query_sim: (M,) cosine similarity of each passage to the query.
+    """
+    m = len(query_sim)
+    alive = np.ones(m, dtype=bool)
+    groups: list[CoordinatedGroup] = []
+    while alive.sum() >= 3:
+        idx = np.flatnonzero(alive)
+        dist = np.clip(1.0 - sim[np.ix_(idx, idx)], 0.0, None)
+        np.fill_diagonal(dist, 0.0)
+        labels = fcluster(
+            linkage(squareform(dist, checks=False), method="average"),
+            t=1.0 - tightness,
+            criterion="distance",
+        )
+        best: tuple[float, np.ndarray] | None = None
+        for label in np.unique(labels):
+            member = labels == label
+            if member.sum() < 2 or member.all():
+                continue
+            lift = float(query_sim[idx[member]].mean() - query_sim[idx[~member]].mean())
+            if best is None or lift > best[0]:
+                best = (lift, idx[member])
+        if best is None or best[0] < margin:
+            break
+        lift, members = best
+        inner = sim[np.ix_(members, members)][np.triu_indices(len(members), 1)]
+        groups.append(CoordinatedGroup(tuple(int(i) for i in members), float(inner.mean()), lift))
+        alive[members] = False
+    return groups
+
+
 class GRADA:
     """GRADA graph reranker.
 
@@ -64,8 +129,12 @@ class GRADA:
         n: Passages kept; ``None`` keeps ``M // 2`` (the paper retrieves M = 2n).
         damping, tol, max_iter: PageRank parameters (``networkx`` defaults).
         bm25: The :class:`~ragdefense.bm25.BM25` scorer (k1, b, collection).
-        embedder: Used only by the embedding variants; anything :func:`ragdefense.as_embedder`
-            accepts (``None``: the packaged all-MiniLM-L6-v2).
+        embedder: Used only by the embedding variants and the peel; anything
+            :func:`ragdefense.as_embedder` accepts (``None``: the packaged all-MiniLM-L6-v2).
+        peel: Remove coordinated groups (:func:`coordinated_groups`, on embedding cosine)
+            before building the graph; the top ``n`` are then taken from the rest. Off by
+            default: GRADA as published.
+        peel_tightness, peel_margin: The peel's ``tightness`` and ``margin``.
     """
 
     name = "GRADA"
@@ -81,6 +150,9 @@ class GRADA:
         max_iter: int = 100,
         bm25: BM25 | None = None,
         embedder: Any = None,
+        peel: bool = False,
+        peel_tightness: float = 0.9,
+        peel_margin: float = 0.02,
     ) -> None:
         if similarity not in ("hrsim", "bm25", "ebd"):
             raise ValueError(f"similarity must be 'hrsim', 'bm25' or 'ebd', got {similarity!r}")
@@ -92,6 +164,8 @@ class GRADA:
             raise ValueError(f"damping must be in (0, 1), got {damping}")
         if alpha < 0:
             raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if not -1 <= peel_tightness <= 1:
+            raise ValueError(f"peel_tightness must be in [-1, 1], got {peel_tightness}")
         self.similarity: Similarity = similarity
         self.hrsim_base = hrsim_base
         self.alpha = alpha
@@ -101,10 +175,17 @@ class GRADA:
         self.max_iter = max_iter
         self.bm25 = bm25 or BM25()
         self.embedder = embedder
+        self.peel = peel
+        self.peel_tightness = peel_tightness
+        self.peel_margin = peel_margin
 
     @property
     def uses_embeddings(self) -> bool:
         """Whether this configuration needs passage (and query) embeddings."""
+        return self.peel or self._graph_on_embeddings
+
+    @property
+    def _graph_on_embeddings(self) -> bool:
         return self.similarity == "ebd" or (self.similarity == "hrsim" and self.hrsim_base == "ebd")
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
@@ -145,34 +226,76 @@ class GRADA:
                 keep,
                 {"note": "fewer than 2 passages: nothing to rerank"},
             )
-        weights, q_sim = self._weights(query, items, embeddings, query_embedding)
-        scores, iterations, converged = pagerank(weights, self.damping, self.tol, self.max_iter)
+        peeled: dict[int, str] = {}
+        if self.peel:
+            emb, q_emb = self._embeddings(query, items, embeddings, query_embedding)
+            for g, group in enumerate(
+                coordinated_groups(
+                    cosine_matrix(emb),
+                    cosine_to(emb, q_emb[0]),
+                    self.peel_tightness,
+                    self.peel_margin,
+                ),
+                start=1,
+            ):
+                for i in group.indices:
+                    peeled[i] = (
+                        f"coordinated group {g} of {len(group.indices)} passages, peeled before "
+                        f"the graph (mean cosine {group.cohesion:.3f} within it; query "
+                        f"similarity {group.query_margin:+.3f} above the rest)"
+                    )
+            embeddings, query_embedding = emb, q_emb[0]
+        rest = [i for i in range(m) if i not in peeled]
+        sub_emb = None
+        if self._graph_on_embeddings and embeddings is not None:
+            sub_emb = check_embeddings(embeddings, m)[rest]
+        weights = np.zeros((m, m))
+        q_sim = np.zeros(m)
+        scores = np.zeros(m)
+        iterations, converged = 0, True
+        if len(rest) > 1:
+            w, q = self._weights(query, [items[i] for i in rest], sub_emb, query_embedding)
+            s, iterations, converged = pagerank(w, self.damping, self.tol, self.max_iter)
+            weights[np.ix_(rest, rest)], q_sim[rest], scores[rest] = w, q, s
+        else:
+            scores[rest] = 1.0
         estimates: dict[str, Any] = {
             "similarity": self.similarity
             + (f"/{self.hrsim_base}" if self.similarity == "hrsim" else ""),
             "M": m,
-            "n": keep,
+            "n": min(keep, len(rest)),
             "edges": int(np.count_nonzero(np.triu(weights, 1))),
             "iterations": iterations,
             "converged": converged,
         }
-        if not (weights > 0).any():
+        if self.peel:
+            estimates["peeled"] = sorted(peeled)
+        if len(rest) > 1 and not (weights > 0).any():
             estimates["note"] = "no positive edge: uniform scores, retrieval order kept"
-        return self._result(query, items, scores, q_sim, weights, keep, estimates)
+        return self._result(
+            query, items, scores, q_sim, weights, min(keep, len(rest)), estimates, peeled
+        )
+
+    def _embeddings(
+        self, query: str, items: list[Any], embeddings: Any, query_embedding: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        m = len(items)
+        if embeddings is None:
+            embeddings = embed_passages(items, self.embedder)
+        emb = check_embeddings(embeddings, m)
+        if query_embedding is None:
+            query_embedding = as_embedder(self.embedder).embed_query(query)
+        q = check_embeddings(np.asarray(query_embedding, dtype=float)[None, :], 1)
+        if q.shape[1] != emb.shape[1]:
+            raise ValueError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
+        return emb, q
 
     def _weights(
         self, query: str, items: list[Any], embeddings: Any, query_embedding: Any
     ) -> tuple[np.ndarray, np.ndarray]:
         m = len(items)
-        if self.uses_embeddings:
-            if embeddings is None:
-                embeddings = embed_passages(items, self.embedder)
-            emb = check_embeddings(embeddings, m)
-            if query_embedding is None:
-                query_embedding = as_embedder(self.embedder).embed_query(query)
-            q = check_embeddings(np.asarray(query_embedding, dtype=float)[None, :], 1)
-            if q.shape[1] != emb.shape[1]:
-                raise ValueError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
+        if self._graph_on_embeddings:
+            emb, q = self._embeddings(query, items, embeddings, query_embedding)
             sim = cosine_matrix(np.vstack([emb, q]))
             base, q_sim = sim[:m, :m], sim[:m, m]
         else:
@@ -194,8 +317,10 @@ class GRADA:
         weights: np.ndarray,
         keep: int,
         estimates: dict[str, Any],
+        peeled: dict[int, str] | None = None,
     ) -> DefenseResult:
         m = len(items)
+        peeled = peeled or {}
         # higher score first; equal scores (to 1e-12) keep retrieval order
         order = np.lexsort((np.arange(m), -np.round(scores, 12)))
         rank = np.empty(m, dtype=int)
@@ -205,9 +330,11 @@ class GRADA:
         uniform = "note" in estimates
         verdicts = []
         for i, passage in enumerate(items):
-            kept = bool(rank[i] < keep)
+            kept = bool(rank[i] < keep) and i not in peeled
             where = f"rank {rank[i] + 1} of {m} (was {i + 1})"
-            if uniform:
+            if i in peeled:
+                why = peeled[i]
+            elif uniform:
                 why = f"{estimates['note']}; {where}"
             else:
                 why = (
@@ -220,7 +347,14 @@ class GRADA:
                     passage=passage,
                     kept=kept,
                     score=float(scores[i]),
-                    reason=("kept: " if kept else f"removed: below the top {keep}; ") + why,
+                    reason=(
+                        "kept: "
+                        if kept
+                        else "removed: "
+                        if i in peeled
+                        else f"removed: below the top {keep}; "
+                    )
+                    + why,
                     rank=int(rank[i]) if kept else None,
                     details={
                         "query_sim": float(q_sim[i]),

@@ -13,7 +13,8 @@ top ``n`` survivors by query similarity are the context (the GRADA setting: M = 
   RobustRAG paper's repeated instruction to output the wrong answer), ``multi-answer`` (templated
   passages spread over up to three distinct wrong answers).
 * Defenses: ``none``, ``ragdefender``, ``grada`` (HRSIM), ``grada-bm25``, ``grada-ebd``,
-  ``grada-hrsim-ebd``, ``robustrag`` (with an LLM only) and any ``module:function`` callable.
+  ``grada-hrsim-ebd``, ``grada-peel`` (HRSIM after peeling coordinated groups), ``robustrag``
+  (with an LLM only) and any ``module:function`` callable.
 * Metrics: poison share of the context, queries with any poison, answer passage in the context,
   poison removed, benign passages removed (false removals), p50 / p95 latency, errors; with an LLM,
   accuracy and attack success rate of the answer (substring match, as in the papers). Latency is
@@ -69,7 +70,15 @@ __all__ = [
     "suite_cases",
 ]
 
-DEFENSES = ("none", "ragdefender", "grada", "grada-bm25", "grada-ebd", "grada-hrsim-ebd")
+DEFENSES = (
+    "none",
+    "ragdefender",
+    "grada",
+    "grada-bm25",
+    "grada-ebd",
+    "grada-hrsim-ebd",
+    "grada-peel",
+)
 BUNDLES = ("nq", "msmarco", "hotpotqa")
 
 
@@ -304,6 +313,7 @@ def resolve_defense(spec: Any) -> Defense:
         "grada-bm25": "bm25",
         "grada-ebd": "ebd",
         "grada-hrsim-ebd": "hrsim/ebd",
+        "grada-peel": "hrsim+peel",
     }
     if spec in grada:
         return variants[grada[spec]]

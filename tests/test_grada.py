@@ -9,7 +9,7 @@ import pytest
 
 from ragdefense import GRADA, DefenseInputError, Embedder, Passage
 from ragdefense.bm25 import BM25
-from ragdefense.grada import pagerank
+from ragdefense.grada import coordinated_groups, pagerank
 
 from .conftest import bag_of_words
 
@@ -165,11 +165,62 @@ def test_embedding_variants(toy_embedder: Embedder) -> None:
         GRADA(similarity="ebd").defend_embeddings(Q, texts, emb * np.nan, q)
 
 
+# ---------------------------------------------------------------- peel (beyond the paper)
+
+
+def test_coordinated_groups_by_hand() -> None:
+    sim = np.full((5, 5), 0.3)
+    sim[0, 1] = sim[1, 0] = 0.95  # a tight pair the retriever ranks first
+    sim[3, 4] = sim[4, 3] = 0.97  # a tight pair ranked like the rest (syndicated news)
+    np.fill_diagonal(sim, 1.0)
+    q = np.array([0.9, 0.88, 0.5, 0.52, 0.5])
+    (group,) = coordinated_groups(sim, q)
+    assert group.indices == (0, 1)
+    assert group.cohesion == pytest.approx(0.95)
+    assert group.query_margin == pytest.approx(0.89 - np.mean([0.5, 0.52, 0.5]))
+    assert coordinated_groups(sim, np.full(5, 0.5)) == []  # nothing elevated: nothing peeled
+    assert coordinated_groups(sim, q, tightness=0.99) == []  # no group that tight
+    assert coordinated_groups(sim[:2, :2], q[:2]) == []  # fewer than 3 passages
+
+
+def test_peel_removes_coordinated_poison_before_the_graph(toy_embedder: Embedder) -> None:
+    dup = "kangaroos graze near canberra every evening"
+    texts = POISON + BENIGN + [dup, dup]  # a benign near-duplicate pair, not query-like
+    r = GRADA(peel=True, n=4, embedder=toy_embedder).defend(Q, texts)
+    assert r.estimates["peeled"] == [0, 1, 2]
+    assert not set(r.kept_indices) & {0, 1, 2} and len(r.kept) == 4
+    for i in (0, 1, 2):
+        reason = r.verdicts[i].reason
+        assert reason.startswith("removed: coordinated group 1 of 3") and r.verdicts[i].score == 0
+    assert all("PageRank" in r.verdicts[i].reason for i in range(3, len(texts)))
+    assert sum(v.score for v in r.verdicts) == pytest.approx(1.0)
+    # the same configuration without the peel keeps some of the poison
+    plain = GRADA(similarity="bm25", n=4, embedder=toy_embedder).defend(Q, texts)
+    peeled = GRADA(similarity="bm25", peel=True, n=4, embedder=toy_embedder).defend(Q, texts)
+    assert set(plain.kept_indices) & {0, 1, 2} and not set(peeled.kept_indices) & {0, 1, 2}
+
+
+def test_peel_keeps_at_most_what_is_left(toy_embedder: Embedder) -> None:
+    texts = [*POISON, BENIGN[0]]
+    r = GRADA(peel=True, n=3, embedder=toy_embedder).defend(Q, texts)
+    assert r.kept_indices == [3] and r.estimates["n"] == 1
+    assert "no positive edge" not in r.verdicts[3].reason
+
+
+@pytest.mark.slow
+def test_peel_with_the_real_model(minilm: Embedder) -> None:
+    r = GRADA(peel=True, n=4, embedder=minilm).defend(Q, POISON + BENIGN)
+    assert r.estimates["peeled"] == [0, 1, 2]
+    assert r.kept_indices and not set(r.kept_indices) & {0, 1, 2}
+
+
 def test_bad_arguments() -> None:
     with pytest.raises(ValueError, match="similarity"):
         GRADA(similarity="cosine")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="damping"):
         GRADA(damping=1.0)
+    with pytest.raises(ValueError, match="peel_tightness"):
+        GRADA(peel=True, peel_tightness=1.5)
     with pytest.raises(DefenseInputError, match="query must be str"):
         GRADA().defend(b"q", ["a"])  # type: ignore[arg-type]
 
@@ -184,4 +235,5 @@ def test_grada_benchmark_smoke(data_dir: Path, minilm: Embedder) -> None:
     rows, table = grada_table(data_dir, n_poison=[3], limit=10)
     by = {r["defense"]: r for r in rows}
     assert by["hrsim"]["poison_share"] < by["none"]["poison_share"]
+    assert by["hrsim+peel"]["poison_share"] < by["hrsim"]["poison_share"]
     assert "GRADA" in table
