@@ -10,6 +10,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from .attacks import ATTACKS, DEFAULT_ATTACKS
+
 __all__ = ["main"]
 
 
@@ -89,14 +91,14 @@ def _split(text: str | None) -> list[str] | None:
 
 def _cmd_suite(args: argparse.Namespace) -> int:
     from .bench import DataError, data_dir
-    from .suite import ATTACKS, DEFENSES, run_suite
+    from .suite import DEFENSES, run_suite
 
     folder = data_dir(args.data)
     try:
         result = run_suite(
             folder,
             datasets=_split(args.datasets),
-            attacks=_split(args.attacks) or ATTACKS,
+            attacks=_split(args.attacks) or DEFAULT_ATTACKS,
             counts=[int(c) for c in _split(args.poison) or ["1", "3", "5"]],
             defenses=_split(args.defenses) or DEFENSES,
             limit=args.limit,
@@ -217,7 +219,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="poison passages injected per question (grada default 0,1,3,5; suite 1,3,5)",
     )
     bench.add_argument(
-        "--attacks", default=None, help="suite: poisonedrag,injection,multi-answer (default all)"
+        "--attacks",
+        default=None,
+        help="suite: poisonedrag,injection,multi-answer (the default) and the variants "
+        "no-prefix,synonym,paraphrase",
     )
     bench.add_argument(
         "--defenses",
@@ -264,9 +269,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="built-in knowledge base: a JSON list of passages (default: demo)",
     )
     attack.add_argument("--defense", default="ragdefender", help="ragdefender (default) or grada")
-    attack.add_argument(
-        "--attack", default="poisonedrag", choices=["poisonedrag", "injection", "multi-answer"]
-    )
+    attack.add_argument("--attack", default="poisonedrag", choices=list(ATTACKS))
     attack.add_argument("--n-poison", type=int, default=5, help="poison passages per question")
     attack.add_argument("-k", type=int, default=5, help="passages in the context (default 5)")
     attack.add_argument(

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from .attacks import ATTACKS, make_poison
+from .attacks import ATTACKS, DEFAULT_ATTACKS, make_poison
 from .bench import (
     Case,
     CaseOutcome,
@@ -427,7 +427,7 @@ class SuiteResult:
 def run_suite(
     folder: str | Path | None = None,
     datasets: Sequence[str] | None = None,
-    attacks: Sequence[str] = ATTACKS,
+    attacks: Sequence[str] = DEFAULT_ATTACKS,
     counts: Sequence[int] = (1, 3, 5),
     defenses: Sequence[Any] = DEFENSES,
     limit: int | None = None,

@@ -59,3 +59,25 @@ def test_poisonedrag_shared_data(data_dir: Path) -> None:
     for ds in ("nq", "msmarco", "hotpotqa"):
         records = load_poisonedrag(data_dir, ds)
         assert len(records) == 100 and all(len(r.adv_texts) == 5 for r in records)
+
+
+def test_variants_for_robustness() -> None:
+    from ragdefense.attacks import ATTACKS, DEFAULT_ATTACKS, make_poison, paraphrase, substitute
+
+    q = "Who founded the company?"
+    texts = ["Bob founded the company in 1990. It is widely known. It began small."]
+    assert make_poison("no-prefix", q, "Bob", 1, texts) == texts
+    (syn,) = make_poison("synonym", q, "Bob", 1, texts)
+    assert (
+        syn == f"{q}. Bob established the firm in 1990. It is broadly recognised. It started small."
+    )
+    (par,) = make_poison("paraphrase", q, "Bob", 1, texts)
+    assert par == paraphrase(q, texts[0])
+    assert par.startswith("It started small. It is broadly recognised.") and par.endswith(q)
+    assert substitute("Famous, famous!") == "Renowned, renowned!"
+    # without poison texts: claims asserting the wrong answer, never the question
+    for attack in ("no-prefix", "synonym", "paraphrase"):
+        out = make_poison(attack, q, "Bob", 3)
+        assert len(out) == 3 and all("Bob" in t for t in out)
+    assert all("Who" not in t for t in make_poison("no-prefix", q, "Bob", 3))
+    assert set(DEFAULT_ATTACKS) < set(ATTACKS)
