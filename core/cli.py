@@ -91,7 +91,7 @@ def _split(text: str | None) -> list[str] | None:
 
 def _cmd_suite(args: argparse.Namespace) -> int:
     from .bench import DataError, data_dir
-    from .suite import DEFENSES, run_suite
+    from .suite import DEFAULT_DEFENSES, run_suite
 
     folder = data_dir(args.data)
     try:
@@ -100,7 +100,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
             datasets=_split(args.datasets),
             attacks=_split(args.attacks) or DEFAULT_ATTACKS,
             counts=[int(c) for c in _split(args.poison) or ["1", "3", "5"]],
-            defenses=_split(args.defenses) or DEFENSES,
+            defenses=_split(args.defenses) or DEFAULT_DEFENSES,
             limit=args.limit,
             m=args.m,
             n=args.n,
@@ -228,7 +228,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--defenses",
         default=None,
         help="suite: none,ragdefender,grada,grada-bm25,grada-ebd,grada-hrsim-ebd (default), "
-        "robustrag (with --llm), or module:function for your own",
+        "grada-peel, robustrag (with --llm), or module:function for your own",
     )
     bench.add_argument(
         "--llm", default=None, help="suite: 'packaged' (SmolLM2) for answer accuracy and ASR"

@@ -60,6 +60,7 @@ from .types import DefenseResult, Passage, Verdict
 
 __all__ = [
     "ATTACKS",
+    "DEFAULT_DEFENSES",
     "DEFENSES",
     "QARecord",
     "SuiteResult",
@@ -79,6 +80,8 @@ DEFENSES = (
     "grada-hrsim-ebd",
     "grada-peel",
 )
+#: the defenses the suite runs unless told otherwise
+DEFAULT_DEFENSES = DEFENSES[:6]
 BUNDLES = ("nq", "msmarco", "hotpotqa")
 
 
@@ -429,7 +432,7 @@ def run_suite(
     datasets: Sequence[str] | None = None,
     attacks: Sequence[str] = DEFAULT_ATTACKS,
     counts: Sequence[int] = (1, 3, 5),
-    defenses: Sequence[Any] = DEFENSES,
+    defenses: Sequence[Any] = DEFAULT_DEFENSES,
     limit: int | None = None,
     m: int = 10,
     n: int = 5,
