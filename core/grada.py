@@ -226,35 +226,31 @@ class GRADA:
                 keep,
                 {"note": "fewer than 2 passages: nothing to rerank"},
             )
+        emb = q_emb = None
+        if self.uses_embeddings:  # resolved once, for the peel and the graph
+            emb, q = self._embeddings(query, items, embeddings, query_embedding)
+            q_emb = q[0]
         peeled: dict[int, str] = {}
         if self.peel:
-            emb, q_emb = self._embeddings(query, items, embeddings, query_embedding)
-            for g, group in enumerate(
-                coordinated_groups(
-                    cosine_matrix(emb),
-                    cosine_to(emb, q_emb[0]),
-                    self.peel_tightness,
-                    self.peel_margin,
-                ),
-                start=1,
-            ):
+            assert emb is not None and q_emb is not None
+            groups = coordinated_groups(
+                cosine_matrix(emb), cosine_to(emb, q_emb), self.peel_tightness, self.peel_margin
+            )
+            for g, group in enumerate(groups, start=1):
                 for i in group.indices:
                     peeled[i] = (
                         f"coordinated group {g} of {len(group.indices)} passages, peeled before "
                         f"the graph (mean cosine {group.cohesion:.3f} within it; query "
                         f"similarity {group.query_margin:+.3f} above the rest)"
                     )
-            embeddings, query_embedding = emb, q_emb[0]
         rest = [i for i in range(m) if i not in peeled]
-        sub_emb = None
-        if self._graph_on_embeddings and embeddings is not None:
-            sub_emb = check_embeddings(embeddings, m)[rest]
         weights = np.zeros((m, m))
         q_sim = np.zeros(m)
         scores = np.zeros(m)
         iterations, converged = 0, True
         if len(rest) > 1:
-            w, q = self._weights(query, [items[i] for i in rest], sub_emb, query_embedding)
+            sub_emb = None if emb is None else emb[rest]
+            w, q = self._weights(query, [items[i] for i in rest], sub_emb, q_emb)
             s, iterations, converged = pagerank(w, self.damping, self.tol, self.max_iter)
             weights[np.ix_(rest, rest)], q_sim[rest], scores[rest] = w, q, s
         else:
