@@ -131,6 +131,8 @@ class GRADACompressor(DefenseCompressor):
     hrsim_base: Literal["bm25", "ebd"] = "bm25"
     alpha: float = 0.4
     n: int | None = None
+    peel: bool = False
+    """Remove coordinated groups before the graph (:class:`ragdefense.GRADA` ``peel``)."""
 
     def _params(self) -> dict[str, Any]:
         return {
@@ -138,4 +140,5 @@ class GRADACompressor(DefenseCompressor):
             "hrsim_base": self.hrsim_base,
             "alpha": self.alpha,
             "n": self.n,
+            "peel": self.peel,
         }

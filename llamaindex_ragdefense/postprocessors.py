@@ -167,10 +167,13 @@ class GRADAPostprocessor(DefensePostprocessor):
     similarity: Literal["hrsim", "bm25", "ebd"] = Field(default="hrsim")
     alpha: float = Field(default=0.4)
     n: int | None = Field(default=None)
+    peel: bool = Field(
+        default=False, description="Remove coordinated groups before the graph (GRADA peel)."
+    )
 
     @classmethod
     def class_name(cls) -> str:
         return "GRADAPostprocessor"
 
     def _params(self) -> dict[str, Any]:
-        return {"similarity": self.similarity, "alpha": self.alpha, "n": self.n}
+        return {"similarity": self.similarity, "alpha": self.alpha, "n": self.n, "peel": self.peel}

@@ -105,6 +105,23 @@ def test_grada_compressor_and_k(retriever: BaseRetriever, embeddings: Embeddings
     assert GRADACompressor(n=3).n == 3
 
 
+@pytest.mark.slow
+def test_grada_peel_in_a_real_pipeline(embeddings: RagdefenseEmbeddings) -> None:
+    from .test_grada import BENIGN, POISON, Q
+
+    docs = [Document(t, metadata={"poison": t in POISON}) for t in POISON + BENIGN]
+    store = InMemoryVectorStore.from_documents(docs, embeddings)
+    retriever = store.as_retriever(search_kwargs={"k": 8})
+    events = Events()
+    out = defend(retriever, "grada", k=4, peel=True).invoke(Q, config={"callbacks": [events]})
+    assert len(out) == 4 and poison(out) == 0
+    removed = [
+        r for name, data in events.events if name == "ragdefense_removed" for r in data["removed"]
+    ]
+    assert sum(r["reason"].startswith("removed: coordinated group") for r in removed) == 3
+    assert GRADACompressor(peel=True)._params()["peel"] is True
+
+
 def test_documents_are_never_mutated(toy_embedder: Any) -> None:
     from langchain_ragdefense import DefenseCompressor
     from ragdefense import RAGDefender

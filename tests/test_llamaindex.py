@@ -154,6 +154,9 @@ def test_grada_postprocessor_rescoring(toy_embedder: Any) -> None:
     assert [n.node.metadata["ragdefense"]["rank"] for n in out] == [0, 1, 2]
     scores = [n.score for n in out]
     assert scores == sorted(scores, reverse=True) and all(s is not None and s < 1 for s in scores)
+    peel = GRADAPostprocessor(n=3, peel=True, embed_model=RagdefenseEmbedding(toy_embedder))
+    kept = peel.postprocess_nodes(nodes, query_str="what is the capital of australia")
+    assert kept and not any("sydney" in n.node.get_content() for n in kept)
 
 
 def test_bad_input() -> None:
