@@ -32,6 +32,7 @@ __all__ = [
     "cosine_matrix",
     "default_embedder",
     "embed_passages",
+    "passage_and_query_embeddings",
 ]
 
 
@@ -322,6 +323,27 @@ def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
         bad = sorted({int(i) for i in np.argwhere(~np.isfinite(arr))[:, 0]})
         raise DefenseInputError(f"embeddings of passage(s) {bad} contain NaN or infinite values")
     return arr
+
+
+def passage_and_query_embeddings(
+    query: str,
+    passages: Sequence[Passage],
+    embedder: Any = None,
+    embeddings: Any = None,
+    query_embedding: Any = None,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The passages' (M, d) and the query's (d,) embeddings: the given ones checked, the
+    missing ones computed with ``embedder`` (see :func:`embed_passages`)."""
+    m = len(passages)
+    if embeddings is None:
+        embeddings = embed_passages(passages, embedder)
+    emb = check_embeddings(embeddings, m)
+    if query_embedding is None:
+        query_embedding = as_embedder(embedder).embed_query(query)
+    q = check_embeddings(np.asarray(query_embedding, dtype=float)[None, :], 1)
+    if q.shape[1] != emb.shape[1]:
+        raise DefenseInputError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
+    return emb, q[0]
 
 
 def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:

@@ -20,16 +20,23 @@ works (one poison passage, clean retrieval) and fixes it where it does not (Real
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.cluster.hierarchy import linkage
 from scipy.spatial.distance import squareform
 
+from ._cluster import cut
 from .bm25 import BM25
-from .embedders import as_embedder, check_embeddings, cosine_matrix, cosine_to, embed_passages
+from .embedders import (
+    as_embedder,
+    cosine_matrix,
+    cosine_to,
+    embed_passages,
+    passage_and_query_embeddings,
+)
 from .types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
@@ -94,10 +101,8 @@ def coordinated_groups(
         idx = np.flatnonzero(alive)
         dist = np.clip(1.0 - sim[np.ix_(idx, idx)], 0.0, None)
         np.fill_diagonal(dist, 0.0)
-        labels = fcluster(
-            linkage(squareform(dist, checks=False), method="average"),
-            t=1.0 - tightness,
-            criterion="distance",
+        labels = cut(
+            linkage(squareform(dist, checks=False), method="average"), height=1 - tightness
         )
         best: tuple[float, np.ndarray] | None = None
         for label in np.unique(labels):
@@ -209,11 +214,20 @@ class GRADA:
         passages: Sequence[PassageLike],
         embeddings: Any = None,
         query_embedding: Any = None,
+        exclude: Mapping[int, str] | None = None,
     ) -> DefenseResult:
-        """Like :meth:`defend`, with the embeddings given (needed by the embedding variants)."""
+        """Like :meth:`defend`, with the embeddings given (needed by the embedding variants).
+
+        ``exclude`` maps passage indices to a reason: those passages are removed before the
+        graph is built, as the peel's groups are (how :class:`~ragdefense.AutoDefense` hands
+        over the groups it found).
+        """
         query = check_query(query)
         items = to_passages(passages)
         m = len(items)
+        peeled = dict(exclude or {})
+        if any(not 0 <= i < m for i in peeled):
+            raise ValueError(f"exclude has indices outside 0..{m - 1}: {sorted(peeled)}")
         keep = m // 2 if self.n is None else self.n
         keep = min(max(keep, 1), m)
         if m < 2:
@@ -228,16 +242,20 @@ class GRADA:
             )
         emb = q_emb = None
         if self.uses_embeddings:  # resolved once, for the peel and the graph
-            emb, q = self._embeddings(query, items, embeddings, query_embedding)
-            q_emb = q[0]
-        peeled: dict[int, str] = {}
+            emb, q_emb = passage_and_query_embeddings(
+                query, items, self.embedder, embeddings, query_embedding
+            )
         if self.peel:
             assert emb is not None and q_emb is not None
+            rest = [i for i in range(m) if i not in peeled]
             groups = coordinated_groups(
-                cosine_matrix(emb), cosine_to(emb, q_emb), self.peel_tightness, self.peel_margin
+                cosine_matrix(emb[rest]),
+                cosine_to(emb[rest], q_emb),
+                self.peel_tightness,
+                self.peel_margin,
             )
             for g, group in enumerate(groups, start=1):
-                for i in group.indices:
+                for i in (rest[j] for j in group.indices):
                     peeled[i] = (
                         f"coordinated group {g} of {len(group.indices)} passages, peeled before "
                         f"the graph (mean cosine {group.cohesion:.3f} within it; query "
@@ -264,7 +282,7 @@ class GRADA:
             "iterations": iterations,
             "converged": converged,
         }
-        if self.peel:
+        if self.peel or peeled:
             estimates["peeled"] = sorted(peeled)
         if len(rest) > 1 and not (weights > 0).any():
             estimates["note"] = "no positive edge: uniform scores, retrieval order kept"
@@ -272,26 +290,14 @@ class GRADA:
             query, items, scores, q_sim, weights, min(keep, len(rest)), estimates, peeled
         )
 
-    def _embeddings(
-        self, query: str, items: list[Any], embeddings: Any, query_embedding: Any
-    ) -> tuple[np.ndarray, np.ndarray]:
-        m = len(items)
-        if embeddings is None:
-            embeddings = embed_passages(items, self.embedder)
-        emb = check_embeddings(embeddings, m)
-        if query_embedding is None:
-            query_embedding = as_embedder(self.embedder).embed_query(query)
-        q = check_embeddings(np.asarray(query_embedding, dtype=float)[None, :], 1)
-        if q.shape[1] != emb.shape[1]:
-            raise ValueError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
-        return emb, q
-
     def _weights(
         self, query: str, items: list[Any], embeddings: Any, query_embedding: Any
     ) -> tuple[np.ndarray, np.ndarray]:
         m = len(items)
         if self._graph_on_embeddings:
-            emb, q = self._embeddings(query, items, embeddings, query_embedding)
+            emb, q = passage_and_query_embeddings(
+                query, items, self.embedder, embeddings, query_embedding
+            )
             sim = cosine_matrix(np.vstack([emb, q]))
             base, q_sim = sim[:m, :m], sim[:m, m]
         else:

@@ -26,8 +26,9 @@ from math import comb
 from typing import Any, Literal
 
 import numpy as np
-from scipy.cluster.hierarchy import fcluster, linkage
+from scipy.cluster.hierarchy import linkage
 
+from ._cluster import cut
 from ._text import summed_tfidf, tokenize
 from .embedders import check_embeddings, cosine_matrix, embed_passages
 from .types import DefenseResult, PassageLike, Verdict, check_query, to_passages
@@ -67,8 +68,8 @@ def estimate_by_clustering(
     """
     n = len(tokens)
     unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
-    labels = fcluster(linkage(unit, method="ward"), t=2, criterion="maxclust")
-    sizes = sorted(np.bincount(labels)[1:].tolist())
+    labels = cut(linkage(unit, method="ward"), clusters=2)
+    sizes = sorted(np.bincount(labels).tolist())
     vocab, scores = summed_tfidf(tokens)
     top = [vocab[j] for j in np.argsort(-scores, kind="stable")[:m]]
     top_set = set(top)
