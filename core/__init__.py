@@ -8,6 +8,7 @@ Every defense has one verb, ``defend(query, passages) -> DefenseResult``::
     context = result.kept    # what to give the generator
 """
 
+from .auto import AutoDefense
 from .embedders import (
     CallableEmbedder,
     Embedder,
@@ -30,6 +31,7 @@ __version__ = "0.1.0"
 __all__ = [
     "GRADA",
     "AttackTarget",
+    "AutoDefense",
     "CallableEmbedder",
     "DefenseFailed",
     "DefenseInputError",

@@ -233,7 +233,7 @@ def retrieved_case(
         is_gold=[bool(gold[i]) for i in top],
         query_sim=qs[top],
         k=k,
-        extra=dict(extra or {}),
+        extra={"query_embedding": query_embedding} | dict(extra or {}),
     )
 
 
@@ -587,6 +587,112 @@ def ragdefender_defense(task_type: Any = "auto") -> Defense:
     return lambda c: defender.defend_embeddings(c.question, c.passages, _embeddings_of(c))
 
 
+def auto_defense(**params: Any) -> Defense:
+    """:class:`~ragdefense.AutoDefense` (with ``params``) on a case (embeddings given, as a
+    vector store would)."""
+    from .auto import AutoDefense
+
+    defender = AutoDefense(**params)
+    return lambda c: defender.defend_embeddings(
+        c.question, c.passages, _embeddings_of(c), c.extra.get("query_embedding")
+    )
+
+
+def auto_variants() -> dict[str, Defense]:
+    """AutoDefense beside the filters it chooses between, and with each signal alone."""
+    return {
+        "none": lambda c: None,
+        "ragdefender": ragdefender_defense(),
+        "grada": grada_variants()["hrsim"],
+        "groups only (grada-peel)": auto_defense(absorb=None, majority_tightness=None),
+        "tight majority only": auto_defense(peel=False),
+        "groups + absorb": auto_defense(majority_tightness=None),
+        "groups + tight majority": auto_defense(absorb=None),
+        "**auto**": auto_defense(),
+    }
+
+
+def auto_table(
+    folder: str | os.PathLike[str],
+    datasets: Sequence[str] = ("nq", "msmarco", "hotpotqa"),
+    ratios: Sequence[int] = (1, 2, 4, 6),
+    n_poison: Sequence[int] = (0, 1, 3, 5),
+    limit: int | None = None,
+    embedder: Any = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """AutoDefense in both regimes: the GRADA setting (RealtimeQA top 10 with 0-5 poison) and
+    the RAGDefender setting (gold + poison at 1x-6x), with the ablation of its signals and the
+    cells that miss the regime-robust targets (RealtimeQA poison share <= 0.02 / 0.05 / 0.05 at
+    1 / 3 / 5 poison, answer >= no defense at 0-1 poison (0.02 slack at 0) and >= 0.60 at 3-5;
+    RAGDefender setting within 0.02 of RAGDefender)."""
+    defenses = auto_variants()
+    names = list(defenses)
+    rt = run_realtimeqa_bench(folder, defenses, n_poison, limit, embedder)
+    rd = run_ragdefender_bench(folder, defenses, datasets, ratios, limit, embedder)
+    for r in rt:
+        r["dataset"], r["setting"] = "realtimeqa", f"{r.pop('poison')}p"
+    rows = rt + rd
+    by = {(r["dataset"], r["setting"], r["defense"]): r for r in rows}
+    settings = list(dict.fromkeys((r["dataset"], r["setting"]) for r in rows))
+    lines = [
+        "| dataset | poison | " + " | ".join(names) + " |",
+        "|---|---|" + "---|" * len(names),
+    ]
+    misses = []
+    for ds, st in settings:
+        cells = [by[(ds, st, name)] for name in names]
+        lines.append(
+            f"| {ds} | {st} | "
+            + " | ".join(f"{c['poison_share']:.3f} / {c['gold_in_context']:.2f}" for c in cells)
+            + " |"
+        )
+        auto, none, rdef = (
+            by[(ds, st, "**auto**")],
+            by[(ds, st, "none")],
+            by[(ds, st, "ragdefender")],
+        )
+        if ds == "realtimeqa":
+            p = int(st[:-1])
+            cap = {0: 0.0, 1: 0.02}.get(p, 0.05)
+            floor = none["gold_in_context"] - (0.02 if p == 0 else 0) if p < 3 else 0.60
+            if auto["poison_share"] > cap + 1e-9 or auto["gold_in_context"] < floor - 1e-9:
+                misses.append(f"{ds} {st} (target <= {cap:.2f} / >= {floor:.2f})")
+        elif (
+            auto["poison_share"] > rdef["poison_share"] + 0.02 + 1e-9
+            or auto["gold_in_context"] < rdef["gold_in_context"] - 0.02 - 1e-9
+        ):
+            misses.append(
+                f"{ds} {st} (RAGDefender {rdef['poison_share']:.3f} / "
+                f"{rdef['gold_in_context']:.2f})"
+            )
+    clean = [by[(ds, st, n)] for ds, st in settings if st == "0p" for n in ("none", "**auto**")]
+    timing = {
+        f"{ds} {st}": by[(ds, st, "**auto**")]
+        for ds, st in settings
+        if st in ("1p", f"{max(ratios)}x")
+    }
+    lines += [
+        "",
+        "Cells: poison share of the context / share of queries whose context holds an answer "
+        "(RealtimeQA: a benign passage with the answer; RAGDefender setting: a gold passage).",
+        "",
+        "auto misses: " + ("; ".join(misses) if misses else "none"),
+    ]
+    if len(clean) == 2:
+        lines.append(
+            f"clean retrieval: benign passages removed per query {clean[1]['benign_removed']:.2f}"
+            f" of 10 (answer {clean[1]['gold_in_context']:.2f} vs "
+            f"{clean[0]['gold_in_context']:.2f} undefended)"
+        )
+    lines.append(
+        "auto, defense only (embeddings given): "
+        + "; ".join(
+            f"{k} median {r['ms_p50']:.2f} ms, p95 {r['ms_p95']:.2f}" for k, r in timing.items()
+        )
+    )
+    return rows, "\n".join(lines)
+
+
 def grada_variants() -> dict[str, Defense]:
     """The GRADA variants benchmarked (embeddings given, as a vector store would)."""
     from .bm25 import BM25
@@ -608,18 +714,16 @@ def grada_variants() -> dict[str, Defense]:
     }
 
 
-def grada_table(
+def run_realtimeqa_bench(
     folder: str | os.PathLike[str],
+    defenses: dict[str, Defense],
     n_poison: Sequence[int] = (0, 1, 3, 5),
     limit: int | None = None,
     embedder: Any = None,
-    defenses: dict[str, Defense] | None = None,
-) -> tuple[list[dict[str, Any]], str]:
-    """The GRADA benchmark on RealtimeQA: top M=10 retrieved, context n=5."""
-    emb = as_embedder(embedder)
-    records = load_realtimeqa(folder)[:limit]
-    cases = realtimeqa_cases(records, n_poison, emb)
-    defenses = defenses or grada_variants()
+) -> list[dict[str, Any]]:
+    """Run ``defenses`` on the GRADA setting (RealtimeQA top 10, context 5); one row per
+    (poison count, defense)."""
+    cases = realtimeqa_cases(load_realtimeqa(folder)[:limit], n_poison, as_embedder(embedder))
     rows: list[dict[str, Any]] = []
     for p in n_poison:
         sub = [c for c in cases if c.setting == f"{p}p"]
@@ -628,6 +732,19 @@ def grada_table(
                 {"poison": p, "defense": name}
                 | summarize(run_defense(defense, sub, f"{p} poison {name}"))
             )
+    return rows
+
+
+def grada_table(
+    folder: str | os.PathLike[str],
+    n_poison: Sequence[int] = (0, 1, 3, 5),
+    limit: int | None = None,
+    embedder: Any = None,
+    defenses: dict[str, Defense] | None = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """The GRADA benchmark on RealtimeQA: top M=10 retrieved, context n=5."""
+    defenses = defenses or grada_variants()
+    rows = run_realtimeqa_bench(folder, defenses, n_poison, limit, embedder)
     by = {(r["poison"], r["defense"]): r for r in rows}
     names = list(defenses)
     lines = [

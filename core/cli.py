@@ -34,6 +34,7 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import (
         DataError,
+        auto_table,
         data_dir,
         demo_table,
         grada_table,
@@ -63,6 +64,14 @@ def _cmd_bench(args: argparse.Namespace) -> int:
                 ratios=[int(r) for r in args.ratios.split(",")],
                 limit=args.limit,
                 timing_queries=args.timing_queries,
+            )
+        elif args.setting == "auto":
+            rows, table = auto_table(
+                folder,
+                datasets=(args.datasets or "nq,msmarco,hotpotqa").split(","),
+                ratios=[int(r) for r in args.ratios.split(",")],
+                n_poison=[int(p) for p in (args.poison or "0,1,3,5").split(",")],
+                limit=args.limit,
             )
         elif args.setting == "grada":
             rows, table = grada_table(
@@ -197,19 +206,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["suite", "demo", "ragdefender", "grada", "robustrag"],
+        choices=["suite", "demo", "ragdefender", "grada", "auto", "robustrag"],
         help="suite: every defense side by side over datasets x attacks x poison counts "
         "(see --datasets --attacks --poison --defenses --llm); "
         "demo: the built-in poisoned knowledge base (no data needed); "
         "ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
         "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
+        "auto: AutoDefense in both of those settings, with the ablation of its signals; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20)",
     )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument(
         "--datasets",
         default=None,
-        help="ragdefender: bundles (default nq,msmarco,hotpotqa); suite: demo, realtimeqa, "
+        help="ragdefender, auto: bundles (default nq,msmarco,hotpotqa); suite: demo, realtimeqa, "
         "ragdefender/<name>, poisonedrag/<name> (default: every one found in --data)",
     )
     bench.add_argument("--ratios", default="1,2,4,6", help="ragdefender: poison ratios")

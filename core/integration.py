@@ -26,7 +26,8 @@ class Defense(Protocol):
 
 
 def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: Any) -> Defense:
-    """A core defense from a name (``"ragdefender"``, ``"grada"``) or an object with ``defend``.
+    """A core defense from a name (``"ragdefender"``, ``"grada"``, ``"auto"``) or an object with
+    ``defend``.
 
     ``embedder`` and ``params`` go to the defense's constructor when it is built by name.
     """
@@ -40,7 +41,13 @@ def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: A
             from .grada import GRADA
 
             return GRADA(embedder=embedder, **params)
-        raise ValueError(f"unknown defense {defense!r}: use 'ragdefender', 'grada' or an object")
+        if name == "auto":
+            from .auto import AutoDefense
+
+            return AutoDefense(embedder=embedder, **params)
+        raise ValueError(
+            f"unknown defense {defense!r}: use 'ragdefender', 'grada', 'auto' or an object"
+        )
     if isinstance(defense, Defense):  # an object comes configured: embedder is not applied
         if params:
             raise TypeError("parameters can only be given with a defense name")

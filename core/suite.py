@@ -13,7 +13,8 @@ top ``n`` survivors by query similarity are the context (the GRADA setting: M = 
   RobustRAG paper's repeated instruction to output the wrong answer), ``multi-answer`` (templated
   passages spread over up to three distinct wrong answers).
 * Defenses: ``none``, ``ragdefender``, ``grada`` (HRSIM), ``grada-bm25``, ``grada-ebd``,
-  ``grada-hrsim-ebd``, ``grada-peel`` (HRSIM after peeling coordinated groups), ``robustrag``
+  ``grada-hrsim-ebd``, ``grada-peel`` (HRSIM after peeling coordinated groups), ``auto``
+  (:class:`~ragdefense.AutoDefense`), ``robustrag``
   (with an LLM only) and any ``module:function`` callable.
 * Metrics: poison share of the context, queries with any poison, answer passage in the context,
   poison removed, benign passages removed (false removals), p50 / p95 latency, errors; with an LLM,
@@ -79,6 +80,7 @@ DEFENSES = (
     "grada-ebd",
     "grada-hrsim-ebd",
     "grada-peel",
+    "auto",
 )
 #: the defenses the suite runs unless told otherwise
 DEFAULT_DEFENSES = DEFENSES[:6]
@@ -305,10 +307,12 @@ def resolve_defense(spec: Any) -> Defense:
         except (ImportError, AttributeError) as exc:
             raise ValueError(f"cannot import defense {spec!r}: {exc}") from exc
         return _user_defense(obj() if isinstance(obj, type) else obj)
-    from .bench import grada_variants, ragdefender_defense
+    from .bench import auto_defense, grada_variants, ragdefender_defense
 
     if spec == "ragdefender":
         return ragdefender_defense()
+    if spec == "auto":
+        return auto_defense()
     variants = grada_variants()
     grada = {
         "none": "none",

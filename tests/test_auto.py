@@ -1,0 +1,151 @@
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ragdefense import AutoDefense, DefenseInputError, DefenseResult, Embedder, Verdict
+from ragdefense.integration import make_defense
+from ragdefense.suite import resolve_defense
+from ragdefense.types import to_passages
+
+from .test_grada import BENIGN, POISON, Q
+
+
+class Flags:
+    """A scripted stand-in for RAGDefender: flags the given indices (unit tests of the regime
+    decision; the real RAGDefender runs in the other tests)."""
+
+    name = "RAGDefender"
+
+    def __init__(self, flagged: set[int]) -> None:
+        self.flagged = flagged
+
+    def defend_embeddings(self, query: str, passages: Sequence[Any], emb: Any) -> DefenseResult:
+        verdicts = tuple(
+            Verdict(i, p, i not in self.flagged, float(i in self.flagged), "scripted")
+            for i, p in enumerate(to_passages(passages))
+        )
+        return DefenseResult("RAGDefender", query, verdicts, "pair_score", {"n_adv": 0})
+
+
+def unit(*rows: Sequence[float]) -> np.ndarray:
+    a = np.asarray(rows, dtype=float)
+    return a / np.linalg.norm(a, axis=1, keepdims=True)
+
+
+def axis(i: int, dim: int = 12) -> np.ndarray:
+    v = np.zeros(dim)
+    v[i] = 1.0
+    return v
+
+
+QV = axis(0)  # the query
+
+
+def mix(q: float, other: np.ndarray) -> np.ndarray:
+    """A passage with query cosine ``q`` whose remaining direction is ``other``."""
+    return q * QV + np.sqrt(1 - q * q) * other
+
+
+# three near-identical passages ranked above five unrelated ones
+GROUP = [mix(0.8, axis(1) + 0.01 * axis(2 + j)) for j in range(3)]
+SPREAD = [mix(0.5, axis(5 + j)) for j in range(5)]
+TEXTS = [f"passage {i}" for i in range(8)]
+
+
+def run(emb: list[np.ndarray], flagged: set[int], **params: Any) -> DefenseResult:
+    auto = AutoDefense(**params)
+    auto.ragdefender = Flags(flagged)  # type: ignore[assignment]
+    return auto.defend_embeddings(Q, [f"passage {i}" for i in range(len(emb))], unit(*emb), QV)
+
+
+def test_coordinated_group_above_the_rest_is_removed_before_grada() -> None:
+    r = run(GROUP + SPREAD, flagged=set())
+    assert r.estimates["regime"] == "coordinated groups"
+    assert r.estimates["decided_by"] == "GRADA" and r.estimates["evidence"]["groups"] == [[0, 1, 2]]
+    assert not set(r.kept_indices) & {0, 1, 2} and len(r.kept) == 4  # GRADA keeps M // 2
+    assert all(
+        r.verdicts[i].reason.startswith("removed: coordinated group 1 of 3") for i in (0, 1, 2)
+    )
+    assert r.defense == "AutoDefense" and r.score_name == "GRADA: pagerank"
+
+
+def test_flagged_passages_close_to_the_group_go_with_it() -> None:
+    near = mix(0.7, (axis(1) + axis(4)) / np.sqrt(2))  # cosine ~0.86 with the group: not in it
+    emb = [*GROUP, near, *SPREAD]
+    alone = run(emb, flagged=set())  # not flagged: left to GRADA
+    assert alone.estimates["evidence"]["groups"] == [[0, 1, 2]]
+    assert "PageRank" in alone.verdicts[3].reason
+    r = run(emb, flagged={3})
+    assert not r.verdicts[3].kept
+    assert r.verdicts[3].reason.startswith("removed: flagged by RAGDefender and close to")
+    # ... unless a passage left over ranks above the group: then the flags are not trusted
+    top = mix(0.95, axis(11))
+    r = run([*emb, top], flagged={3})
+    assert r.verdicts[3].kept and r.estimates["evidence"]["not_absorbed"] == [3]
+    assert run(emb, flagged={3}, absorb=None).verdicts[3].kept
+
+
+def test_tight_flagged_majority_not_ranked_above_is_trusted() -> None:
+    majority = [mix(0.5, axis(1) + 0.02 * axis(2 + j)) for j in range(5)]  # as relevant as the rest
+    emb = majority + SPREAD[:2]
+    r = run(emb, flagged={0, 1, 2, 3, 4})
+    assert r.estimates["regime"] == "poisoned majority" and r.kept_indices == [5, 6]
+    assert r.estimates["evidence"]["flagged_least_cosine"] > 0.99
+    assert r.score_name == "RAGDefender: pair_score"
+    # flags on passages that are not alike: a minority at most, GRADA decides
+    loose = run(SPREAD + majority[:2], flagged={0, 1, 2, 3})
+    assert loose.estimates["regime"] == "minority" and loose.estimates["decided_by"] == "GRADA"
+    assert "not tight" in loose.estimates["why"]
+    # the switches of the ablation
+    assert run(emb, {0, 1, 2, 3, 4}, majority_tightness=None).estimates["regime"] == "minority"
+    assert run(GROUP + SPREAD, set(), peel=False).estimates["regime"] == "minority"
+
+
+def test_few_passages_bad_input_and_names() -> None:
+    r = AutoDefense().defend(Q, ["only one"])
+    assert r.estimates["regime"] == "too few passages" and r.kept_indices == [0]
+    with pytest.raises(DefenseInputError, match="shape"):
+        AutoDefense().defend_embeddings(Q, TEXTS, np.ones((3, 4)), QV)
+    with pytest.raises(DefenseInputError, match="query embedding has size"):
+        AutoDefense().defend_embeddings(Q, TEXTS, unit(*GROUP, *SPREAD), np.ones(3))
+    with pytest.raises(ValueError, match="absorb"):
+        AutoDefense(absorb=2.0)
+    assert isinstance(make_defense("auto", majority_tightness=0.9), AutoDefense)
+    assert callable(resolve_defense("auto"))
+
+
+@pytest.mark.slow
+def test_with_the_real_model_and_ragdefender(minilm: Embedder) -> None:
+    passages = POISON + BENIGN
+    before = list(passages)
+    r = AutoDefense(embedder=minilm).defend(Q, passages)
+    assert passages == before
+    assert r.estimates["regime"] == "coordinated groups"
+    assert r.kept_indices and not set(r.kept_indices) & {0, 1, 2}
+    assert "ragdefender_flagged" in r.estimates["evidence"]
+    assert "regime=coordinated groups" in str(r)
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_auto_benchmark_smoke(data_dir: Path, minilm: Embedder) -> None:
+    from ragdefense.bench import auto_table
+
+    if not (data_dir / "realtimeqa").is_dir():
+        pytest.skip("no realtimeqa data")
+    rows, table = auto_table(data_dir, datasets=["nq"], ratios=[1], n_poison=[3], limit=20)
+    by = {(r["dataset"], r["defense"]): r for r in rows}
+    auto = "**auto**"
+    # the minority regime: as good as the peel, far better than RAGDefender and GRADA
+    assert by[("realtimeqa", auto)]["poison_share"] < by[("realtimeqa", "grada")]["poison_share"]
+    assert (
+        by[("realtimeqa", auto)]["poison_share"] < by[("realtimeqa", "ragdefender")]["poison_share"]
+    )
+    # the poisoned majority: far better than GRADA, with or without the peel
+    assert by[("nq", auto)]["poison_share"] < by[("nq", "groups only (grada-peel)")]["poison_share"]
+    assert "auto misses" in table and "tight majority only" in table
