@@ -40,7 +40,7 @@ class DefenseCompressor(BaseDocumentCompressor):
     the callback system as the custom event ``"ragdefense_removed"``.
 
     Args:
-        defense: ``"ragdefender"``, ``"grada"``, or a core defense object.
+        defense: ``"ragdefender"``, ``"grada"``, ``"auto"``, or a core defense object.
         embeddings: The LangChain ``Embeddings`` to use (e.g. the vector store's); ``None``
             for the packaged all-MiniLM-L6-v2.
         fail_open: On a defense error, pass the documents through with a warning instead of

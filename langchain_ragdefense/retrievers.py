@@ -13,6 +13,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict
 
+from ragdefense.embedders import LangChainEmbedder
+from ragdefense.integration import make_defense
+
 from .compressors import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
 
 __all__ = ["DefendedRetriever", "defend"]
@@ -89,7 +92,8 @@ def defend(
     """Wrap ``retriever`` with a defense, in one line: ``retriever = defend(retriever)``.
 
     Args:
-        defense: ``"ragdefender"`` (default), ``"grada"``, a core defense object, or a
+        defense: ``"ragdefender"`` (default), ``"grada"``, ``"auto"``
+            (:class:`ragdefense.AutoDefense`), a core defense object, or a
             ``BaseDocumentCompressor``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2.
@@ -104,8 +108,14 @@ def defend(
         compressor = RAGDefenderCompressor(embeddings=embeddings, fail_open=fail_open, **params)
     elif isinstance(defense, str) and defense.lower() == "grada":
         compressor = GRADACompressor(embeddings=embeddings, fail_open=fail_open, **params)
+    elif isinstance(defense, str) and defense.lower() == "auto":
+        embedder = LangChainEmbedder(embeddings) if embeddings is not None else None
+        core = make_defense("auto", embedder, **params)
+        compressor = DefenseCompressor(defense=core, embeddings=embeddings, fail_open=fail_open)
     elif isinstance(defense, str):
-        raise ValueError(f"unknown defense {defense!r}: use 'ragdefender', 'grada' or an object")
+        raise ValueError(
+            f"unknown defense {defense!r}: use 'ragdefender', 'grada', 'auto' or an object"
+        )
     else:
         compressor = DefenseCompressor(defense=defense, embeddings=embeddings, fail_open=fail_open)
     return DefendedRetriever(base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k)

@@ -64,7 +64,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
     A :class:`DefenseRemovedEvent` reports what was removed.
     """
 
-    defense: Any = Field(default="ragdefender", description="'ragdefender', 'grada' or an object")
+    defense: Any = Field(
+        default="ragdefender", description="'ragdefender', 'grada', 'auto' or an object"
+    )
     embed_model: BaseEmbedding | None = Field(default=None, description="embeddings to use")
     fail_open: bool = Field(default=False, description="pass nodes through if the defense fails")
     _core: Defense | None = PrivateAttr(default=None)

@@ -122,6 +122,22 @@ def test_grada_peel_in_a_real_pipeline(embeddings: RagdefenseEmbeddings) -> None
     assert GRADACompressor(peel=True)._params()["peel"] is True
 
 
+@pytest.mark.slow
+def test_auto_in_a_real_pipeline(embeddings: RagdefenseEmbeddings) -> None:
+    from .test_grada import BENIGN, POISON, Q
+
+    docs = [Document(t, metadata={"poison": t in POISON}) for t in POISON + BENIGN]
+    store = InMemoryVectorStore.from_documents(docs, embeddings)
+    out = defend(store.as_retriever(search_kwargs={"k": 8}), "auto", k=4).invoke(Q)
+    assert len(out) == 4 and poison(out) == 0
+    assert all(d.metadata["ragdefense"]["defense"] == "AutoDefense" for d in out)
+    assert all(not d.metadata["poison"] for d in out) and all(
+        d.metadata is not docs[0].metadata for d in out
+    )
+    with pytest.raises(TypeError):
+        defend(store.as_retriever(), "auto", no_such_parameter=1)
+
+
 def test_documents_are_never_mutated(toy_embedder: Any) -> None:
     from langchain_ragdefense import DefenseCompressor
     from ragdefense import RAGDefender

@@ -13,6 +13,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field
 
 from llamaindex_ragdefense import (
+    DefensePostprocessor,
     DefenseRemovedEvent,
     GRADAPostprocessor,
     RAGDefenderPostprocessor,
@@ -157,6 +158,18 @@ def test_grada_postprocessor_rescoring(toy_embedder: Any) -> None:
     peel = GRADAPostprocessor(n=3, peel=True, embed_model=RagdefenseEmbedding(toy_embedder))
     kept = peel.postprocess_nodes(nodes, query_str="what is the capital of australia")
     assert kept and not any("sydney" in n.node.get_content() for n in kept)
+
+
+def test_auto_postprocessor(toy_embedder: Any) -> None:
+    texts = [f"what is the capital of australia. sydney is the capital {w}" for w in "abc"]
+    texts += ["canberra parliament federal", "canberra federal territory", "parliament canberra"]
+    nodes = [NodeWithScore(node=TextNode(text=t), score=1.0 - i / 10) for i, t in enumerate(texts)]
+    post = DefensePostprocessor(defense="auto", embed_model=RagdefenseEmbedding(toy_embedder))
+    kept = post.postprocess_nodes(nodes, query_str="what is the capital of australia")
+    assert kept and not any("sydney" in n.node.get_content() for n in kept)
+    records = [n.node.metadata["ragdefense"] for n in kept]
+    assert all(r["defense"] == "AutoDefense" for r in records)
+    assert all("ragdefense" not in n.node.metadata for n in nodes)
 
 
 def test_bad_input() -> None:
