@@ -182,14 +182,16 @@ class AutoDefense:
             )
             return _relabel(flagged_by_rd, "poisoned majority", why, evidence)
         result = self.grada.defend_embeddings(query, items, emb, q_emb)
-        why = (
-            "no coordinated group above the rest and RAGDefender's flagged set is not tight "
-            + (
-                f"(least cosine {tightness:.3f} < {self.majority_tightness})"
-                if tightness is not None and self.majority_tightness is not None
-                else ""
+        if tightness is None:
+            flags = f"RAGDefender flags {len(flagged)} passage(s)"
+        elif self.majority_tightness is None:
+            flags = "the poisoned-majority switch is off"
+        else:
+            flags = (
+                f"RAGDefender's flagged set is not tight (least cosine {tightness:.3f} < "
+                f"{self.majority_tightness})"
             )
-        ).strip() + ": a minority of poison at most; GRADA reranks"
+        why = f"no coordinated group above the rest; {flags}: a minority at most, GRADA reranks"
         return _relabel(result, "minority", why, evidence)
 
 
