@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from .embedders import cosine_matrix, cosine_to, embed_passages, passage_and_query_embeddings
+from .embedders import cosine_matrix, cosine_to, passage_and_query_embeddings
 from .grada import GRADA, coordinated_groups
 from .ragdefender import RAGDefender
 from .types import DefenseResult, PassageLike, check_query, to_passages
@@ -95,11 +95,7 @@ class AutoDefense:
             A :class:`DefenseResult` whose ``estimates`` name the regime found and why, with
             the deciding defense's per-passage verdicts.
         """
-        query = check_query(query)
-        items = to_passages(passages)
-        if len(items) < 3:  # nothing to read a regime from: no embedding needed
-            return self.defend_embeddings(query, items)
-        return self.defend_embeddings(query, items, embed_passages(items, self.embedder))
+        return self.defend_embeddings(query, passages)  # embeds what it needs, once
 
     def defend_embeddings(
         self,

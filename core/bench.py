@@ -563,7 +563,7 @@ def realtimeqa_cases(
                     q,
                     n,
                     m,
-                    {"query_embedding": q, "record": r},
+                    {"record": r},
                 )
             )
     return cases

@@ -222,11 +222,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="ragdefender, auto: bundles (default nq,msmarco,hotpotqa); suite: demo, realtimeqa, "
         "ragdefender/<name>, poisonedrag/<name> (default: every one found in --data)",
     )
-    bench.add_argument("--ratios", default="1,2,4,6", help="ragdefender: poison ratios")
+    bench.add_argument("--ratios", default="1,2,4,6", help="ragdefender, auto: poison ratios")
     bench.add_argument(
         "--poison",
         default=None,
-        help="poison passages injected per question (grada default 0,1,3,5; suite 1,3,5)",
+        help="poison passages injected per question (grada, auto default 0,1,3,5; suite 1,3,5)",
     )
     bench.add_argument(
         "--attacks",
@@ -238,7 +238,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--defenses",
         default=None,
         help="suite: none,ragdefender,grada,grada-bm25,grada-ebd,grada-hrsim-ebd (default), "
-        "grada-peel, robustrag (with --llm), or module:function for your own",
+        "grada-peel, auto, robustrag (with --llm), or module:function for your own",
     )
     bench.add_argument(
         "--llm", default=None, help="suite: 'packaged' (SmolLM2) for answer accuracy and ASR"

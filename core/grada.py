@@ -31,10 +31,8 @@ from scipy.spatial.distance import squareform
 from ._cluster import cut
 from .bm25 import BM25
 from .embedders import (
-    as_embedder,
     cosine_matrix,
     cosine_to,
-    embed_passages,
     passage_and_query_embeddings,
 )
 from .types import DefenseResult, PassageLike, Verdict, check_query, to_passages
@@ -200,13 +198,7 @@ class GRADA:
             A :class:`DefenseResult`: kept passages in reranked order, each passage's PageRank
             score, query similarity and graph degree, and the reason for its decision.
         """
-        query = check_query(query)
-        items = to_passages(passages)
-        if self.uses_embeddings and len(items) > 1:
-            emb = embed_passages(items, self.embedder)
-            q_emb = as_embedder(self.embedder).embed_query(query)
-            return self.defend_embeddings(query, items, emb, q_emb)
-        return self.defend_embeddings(query, items)
+        return self.defend_embeddings(query, passages)  # embeds what it needs, once
 
     def defend_embeddings(
         self,

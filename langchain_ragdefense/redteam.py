@@ -49,7 +49,8 @@ def red_team(
             store needs ``copy_store``. It is never written to.
         targets: Questions with the attacker's answers.
         defense: What :func:`~langchain_ragdefense.defend` accepts.
-        attack: ``"poisonedrag"``, ``"injection"`` or ``"multi-answer"``.
+        attack: One of :data:`ragdefense.attacks.ATTACKS` (``"poisonedrag"``,
+            ``"injection"``, ``"multi-answer"`` or a variant).
         k: Documents in the context.
         chain: ``retriever -> Runnable`` building the user's chain around a retriever; its output
             (as a string) is the answer, and a target is hijacked when the answer states the
