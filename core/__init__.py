@@ -6,51 +6,81 @@ Every defense has one verb, ``defend(query, passages) -> DefenseResult``::
     result = RAGDefender().defend("who wrote Hamlet?", ["passage one", "passage two", ...])
     print(result)            # a per-passage table: score, decision, reason
     context = result.kept    # what to give the generator
+
+``import ragdefense`` loads nothing heavy: each name below is imported on first use.
 """
 
-from .auto import AutoDefense
-from .embedders import (
-    CallableEmbedder,
-    Embedder,
-    EmbeddingError,
-    LangChainEmbedder,
-    LlamaIndexEmbedder,
-    SentenceTransformerEmbedder,
-    as_embedder,
-    default_embedder,
-    embed_passages,
-)
-from .grada import GRADA
-from .ragdefender import RAGDefender
-from .redteam import AttackTarget, InMemoryKnowledgeBase, RedTeamReport
-from .robustrag import RobustAnswer, RobustRAG
-from .types import DefenseFailed, DefenseInputError, DefenseResult, Passage, PassageLike, Verdict
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
-__all__ = [
-    "GRADA",
-    "AttackTarget",
-    "AutoDefense",
-    "CallableEmbedder",
-    "DefenseFailed",
-    "DefenseInputError",
-    "DefenseResult",
-    "Embedder",
-    "EmbeddingError",
-    "InMemoryKnowledgeBase",
-    "LangChainEmbedder",
-    "LlamaIndexEmbedder",
-    "Passage",
-    "PassageLike",
-    "RAGDefender",
-    "RedTeamReport",
-    "RobustAnswer",
-    "RobustRAG",
-    "SentenceTransformerEmbedder",
-    "Verdict",
-    "__version__",
-    "as_embedder",
-    "default_embedder",
-    "embed_passages",
-]
+# public name -> the module that defines it
+_EXPORTS = {
+    "AutoDefense": "defenses.auto",
+    "GRADA": "defenses.grada",
+    "RAGDefender": "defenses.ragdefender",
+    "CallableEmbedder": "embedders",
+    "Embedder": "embedders",
+    "EmbeddingError": "embedders",
+    "LangChainEmbedder": "embedders",
+    "LlamaIndexEmbedder": "embedders",
+    "SentenceTransformerEmbedder": "embedders",
+    "as_embedder": "embedders",
+    "default_embedder": "embedders",
+    "embed_passages": "embedders",
+    "AttackTarget": "redteam",
+    "InMemoryKnowledgeBase": "redteam",
+    "RedTeamReport": "redteam",
+    "RobustAnswer": "robustrag.types",
+    "RobustRAG": "robustrag.engine",
+    "DefenseFailed": "types",
+    "DefenseInputError": "types",
+    "DefenseResult": "types",
+    "Passage": "types",
+    "PassageLike": "types",
+    "Verdict": "types",
+}
+
+__all__ = sorted([*_EXPORTS, "__version__"])
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'ragdefense' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later look-ups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])
+
+
+if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
+    from .defenses.auto import AutoDefense as AutoDefense
+    from .defenses.grada import GRADA as GRADA
+    from .defenses.ragdefender import RAGDefender as RAGDefender
+    from .embedders import CallableEmbedder as CallableEmbedder
+    from .embedders import Embedder as Embedder
+    from .embedders import EmbeddingError as EmbeddingError
+    from .embedders import LangChainEmbedder as LangChainEmbedder
+    from .embedders import LlamaIndexEmbedder as LlamaIndexEmbedder
+    from .embedders import SentenceTransformerEmbedder as SentenceTransformerEmbedder
+    from .embedders import as_embedder as as_embedder
+    from .embedders import default_embedder as default_embedder
+    from .embedders import embed_passages as embed_passages
+    from .redteam import AttackTarget as AttackTarget
+    from .redteam import InMemoryKnowledgeBase as InMemoryKnowledgeBase
+    from .redteam import RedTeamReport as RedTeamReport
+    from .robustrag.engine import RobustRAG as RobustRAG
+    from .robustrag.types import RobustAnswer as RobustAnswer
+    from .types import DefenseFailed as DefenseFailed
+    from .types import DefenseInputError as DefenseInputError
+    from .types import DefenseResult as DefenseResult
+    from .types import Passage as Passage
+    from .types import PassageLike as PassageLike
+    from .types import Verdict as Verdict

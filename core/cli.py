@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 from .attacks import ATTACKS, DEFAULT_ATTACKS
+from .bench.suite import DEFAULT_DEFENSES, DEFENSES
+from .defenses.registry import names
 
 __all__ = ["main"]
 
@@ -45,6 +47,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
     if args.setting == "demo":
         rows, table = demo_table()
         print(table)
+        return 0
+    if args.setting == "import":
+        from .bench.settings.imports import import_table
+
+        print(import_table()[1])
         return 0
     if args.setting == "suite":
         return _cmd_suite(args)
@@ -99,8 +106,8 @@ def _split(text: str | None) -> list[str] | None:
 
 
 def _cmd_suite(args: argparse.Namespace) -> int:
-    from .bench import DataError, data_dir
-    from .suite import DEFAULT_DEFENSES, run_suite
+    from .bench.datasets import DataError, data_dir
+    from .bench.suite import run_suite
 
     folder = data_dir(args.data)
     try:
@@ -130,7 +137,7 @@ def _cmd_suite(args: argparse.Namespace) -> int:
 def _cmd_attack(args: argparse.Namespace) -> int:
     import importlib
 
-    from .demo import load_demo_kb
+    from .data import load_demo_kb
     from .redteam import AttackTarget, InMemoryKnowledgeBase, load_targets
 
     try:
@@ -206,14 +213,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["suite", "demo", "ragdefender", "grada", "auto", "robustrag"],
+        choices=["suite", "demo", "ragdefender", "grada", "auto", "robustrag", "import"],
         help="suite: every defense side by side over datasets x attacks x poison counts "
         "(see --datasets --attacks --poison --defenses --llm); "
         "demo: the built-in poisoned knowledge base (no data needed); "
         "ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
         "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
         "auto: AutoDefense in both of those settings, with the ablation of its signals; "
-        "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20)",
+        "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20); "
+        "import: time of importing the core and the adapters",
     )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument(
@@ -237,8 +245,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench.add_argument(
         "--defenses",
         default=None,
-        help="suite: none,ragdefender,grada,grada-bm25,grada-ebd,grada-hrsim-ebd (default), "
-        "grada-peel, auto, robustrag (with --llm), or module:function for your own",
+        help=f"suite: {','.join(DEFAULT_DEFENSES)} (default), "
+        f"{', '.join(d for d in DEFENSES if d not in DEFAULT_DEFENSES)}, robustrag (with --llm), "
+        "or module:function for your own",
     )
     bench.add_argument(
         "--llm", default=None, help="suite: 'packaged' (SmolLM2) for answer accuracy and ASR"
@@ -278,7 +287,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=None,
         help="built-in knowledge base: a JSON list of passages (default: demo)",
     )
-    attack.add_argument("--defense", default="ragdefender", help="ragdefender (default) or grada")
+    attack.add_argument(
+        "--defense", default="ragdefender", help=f"{', '.join(names())} (default ragdefender)"
+    )
     attack.add_argument("--attack", default="poisonedrag", choices=list(ATTACKS))
     attack.add_argument("--n-poison", type=int, default=5, help="poison passages per question")
     attack.add_argument("-k", type=int, default=5, help="passages in the context (default 5)")

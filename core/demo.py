@@ -2,43 +2,17 @@
 
 from __future__ import annotations
 
-import json
 import time
-from dataclasses import dataclass
-from importlib import resources
 from typing import Any, TextIO
 
-from .ragdefender import RAGDefender
+from .bench.cases import demo_cases
+from .data import QARecord, load_demo_kb
+from .defenses.ragdefender import RAGDefender
 
 __all__ = ["DemoQuestion", "load_demo_kb", "run_demo"]
 
-
-@dataclass(frozen=True)
-class DemoQuestion:
-    """One question of the built-in poisoned knowledge base."""
-
-    id: str
-    question: str
-    correct_answer: str
-    incorrect_answer: str
-    benign: list[str]
-    poison: list[str]
-
-
-def load_demo_kb() -> list[DemoQuestion]:
-    """The small poisoned knowledge base that ships with the package (written by us, CC0)."""
-    raw = json.loads(resources.files("ragdefense").joinpath("data/demo_kb.json").read_text("utf-8"))
-    return [
-        DemoQuestion(
-            q["id"],
-            q["question"],
-            q["correct_answer"],
-            q["incorrect_answer"],
-            q["benign"],
-            q["poison"],
-        )
-        for q in raw["questions"]
-    ]
+#: the demo's questions are :class:`~ragdefense.data.QARecord` (earlier name)
+DemoQuestion = QARecord
 
 
 def _short(text: str, width: int = 90) -> str:
@@ -54,8 +28,7 @@ def run_demo(k: int = 8, embedder: Any = None, out: TextIO | None = None) -> dic
     def say(line: str = "") -> None:
         print(line, file=out, flush=True)
 
-    from .bench import demo_cases  # the same retrieval as `ragdefense bench demo`
-
+    # the same retrieval as `ragdefense bench demo`
     t0 = time.perf_counter()
     kb = load_demo_kb()
     n_benign = sum(len(q.benign) for q in kb)

@@ -8,6 +8,7 @@ a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, or a plain callable
 
 from __future__ import annotations
 
+import copy
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
@@ -18,6 +19,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .similarity import cosine_matrix, cosine_to
 from .types import DefenseInputError, Passage
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "as_embedder",
     "check_embeddings",
     "cosine_matrix",
+    "cosine_to",
     "default_embedder",
     "embed_passages",
     "passage_and_query_embeddings",
@@ -102,6 +105,13 @@ class Embedder(ABC):
         vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
         return vec
 
+    def with_cache(self, cache_size: int) -> Embedder:
+        """A copy using the same model, with an empty cache of its own of ``cache_size`` texts
+        (this embedder's cache and counters are left alone)."""
+        other = copy.copy(self)
+        Embedder.__init__(other, cache_size)
+        return other
+
     def clear_cache(self) -> None:
         """Forget all cached embeddings."""
         with self._lock:
@@ -166,14 +176,15 @@ class SentenceTransformerEmbedder(Embedder):
         model: A ``SentenceTransformer``, a local path, or ``None`` for the packaged
             all-MiniLM-L6-v2.
         batch_size: Encoding batch size.
-        device: Torch device used when loading from a path.
+        device: Torch device used when loading from a path; ``None`` picks a GPU when one is
+            present (as sentence-transformers does), else the CPU.
     """
 
     def __init__(
         self,
         model: Any = None,
         batch_size: int = 64,
-        device: str = "cpu",
+        device: str | None = None,
         cache_size: int = 4096,
     ) -> None:
         super().__init__(cache_size)
@@ -198,7 +209,7 @@ class SentenceTransformerEmbedder(Embedder):
         )
 
 
-def _load_sentence_transformer(path: str | None, device: str) -> Any:
+def _load_sentence_transformer(path: str | None, device: str | None) -> Any:
     try:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:  # pragma: no cover - depends on the install
@@ -344,19 +355,3 @@ def passage_and_query_embeddings(
     if q.shape[1] != emb.shape[1]:
         raise DefenseInputError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
     return emb, q[0]
-
-
-def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row of ``emb`` to the vector ``q``."""
-    e = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    out: np.ndarray = e @ (q / max(float(np.linalg.norm(q)), 1e-12))
-    return out
-
-
-def cosine_matrix(emb: np.ndarray) -> np.ndarray:
-    """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0)."""
-    norms = np.linalg.norm(emb, axis=1, keepdims=True)
-    unit = np.divide(emb, norms, out=np.zeros_like(emb, dtype=np.float64), where=norms > 0)
-    sim: np.ndarray = unit @ unit.T
-    clipped: np.ndarray = np.clip(sim, -1.0, 1.0)
-    return clipped

@@ -1,16 +1,29 @@
-"""What the framework adapters share: building a defense by name, running it under a
-fail-open / fail-closed policy, and the namespaced metadata written on returned copies."""
+"""The adapter contract: what the framework adapters (LangChain, LlamaIndex) use of the core.
+Building a defense by name, running it under a fail-open / fail-closed policy, the namespaced
+metadata written on returned copies, and the report of what was removed. Adapters use only this
+module and the public names of :mod:`ragdefense`."""
 
 from __future__ import annotations
 
 import logging
 import warnings
 from collections.abc import Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 from .types import DefenseFailed, DefenseResult, Passage, Verdict, _jsonable
 
-__all__ = ["METADATA_KEY", "Defense", "make_defense", "run_defense", "verdict_metadata"]
+if TYPE_CHECKING:
+    from .defenses.registry import Parameter
+
+__all__ = [
+    "METADATA_KEY",
+    "Defense",
+    "defense_fields",
+    "make_defense",
+    "removed_report",
+    "run_defense",
+    "verdict_metadata",
+]
 
 #: the metadata key under which adapters record the defense's verdict on each returned copy
 METADATA_KEY = "ragdefense"
@@ -26,28 +39,17 @@ class Defense(Protocol):
 
 
 def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: Any) -> Defense:
-    """A core defense from a name (``"ragdefender"``, ``"grada"``, ``"auto"``) or an object with
-    ``defend``.
+    """A core defense from a name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``,
+    ``"grada"``, ``"grada-peel"``, ``"auto"``, ...) or an object with ``defend``.
 
-    ``embedder`` and ``params`` go to the defense's constructor when it is built by name.
+    ``embedder`` and ``params`` go to the defense's constructor when it is built by name; bad
+    names, parameters and values raise here, before any query.
     """
     if isinstance(defense, str):
-        name = defense.lower().replace("-", "").replace("_", "")
-        if name == "ragdefender":
-            from .ragdefender import RAGDefender
+        from .defenses.registry import build
 
-            return RAGDefender(embedder=embedder, **params)
-        if name == "grada":
-            from .grada import GRADA
-
-            return GRADA(embedder=embedder, **params)
-        if name == "auto":
-            from .auto import AutoDefense
-
-            return AutoDefense(embedder=embedder, **params)
-        raise ValueError(
-            f"unknown defense {defense!r}: use 'ragdefender', 'grada', 'auto' or an object"
-        )
+        built: Defense = build(defense, embedder, **params)
+        return built
     if isinstance(defense, Defense):  # an object comes configured: embedder is not applied
         if params:
             raise TypeError("parameters can only be given with a defense name")
@@ -55,6 +57,15 @@ def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: A
     raise TypeError(
         f"{type(defense).__name__} is not a defense (it has no defend(query, passages))"
     )
+
+
+def defense_fields(defense: str) -> list[Parameter]:
+    """The parameters of the named defense that an adapter exposes as fields (plain values:
+    numbers, strings, literals, ``None``), with the preset's defaults and the core's
+    descriptions. Adapters derive their fields from this, never from a hand copy."""
+    from .defenses.registry import parameters
+
+    return parameters(defense)
 
 
 def run_defense(

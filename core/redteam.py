@@ -17,8 +17,10 @@ from typing import Any
 import numpy as np
 
 from .attacks import make_poison
-from .embedders import as_embedder, cosine_to
+from .embedders import as_embedder
 from .integration import make_defense
+from .similarity import cosine_to
+from .text import contains_answer
 
 __all__ = [
     "AttackTarget",
@@ -190,17 +192,17 @@ def run_red_team(
             They run over a knowledge base in which ``poison`` has been planted.
         poison: Question -> the poison passages planted for it (to count poison in the context).
     """
-    from .robustrag import _contains
-
     planted = {t for texts in poison.values() for t in texts}
     report = RedTeamReport(attack, n_poison)
     for name, pipeline in pipelines.items():
         for target in targets:
             context, answer = pipeline(target.question)
             n_bad = sum(t in planted for t in context)
-            hijacked = _contains(answer, [target.wrong_answer]) if answer is not None else n_bad > 0
+            hijacked = (
+                contains_answer(answer, [target.wrong_answer]) if answer is not None else n_bad > 0
+            )
             correct = (
-                _contains(answer, [target.correct_answer])
+                contains_answer(answer, [target.correct_answer])
                 if answer is not None and target.correct_answer
                 else None
             )

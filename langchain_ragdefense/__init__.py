@@ -12,12 +12,18 @@ The adapters only convert types; every algorithm lives in :mod:`ragdefense`.
 """
 
 from .chain import RobustRAGChain
-from .compressors import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
+from .compressors import (
+    AutoDefenseCompressor,
+    DefenseCompressor,
+    GRADACompressor,
+    RAGDefenderCompressor,
+)
 from .embeddings import RagdefenseEmbeddings
 from .redteam import red_team
 from .retrievers import DefendedRetriever, defend
 
 __all__ = [
+    "AutoDefenseCompressor",
     "DefendedRetriever",
     "DefenseCompressor",
     "GRADACompressor",

@@ -3,7 +3,6 @@ with ``batch`` / ``abatch`` and ``max_concurrency``), secure aggregation in the 
 
 from __future__ import annotations
 
-import copy
 from typing import Any, Literal
 
 from langchain_core.callbacks import (
@@ -54,9 +53,10 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     def _core(self, config: RunnableConfig) -> RobustRAG:
         if self._robust is None:
             self._robust = RobustRAG(aggregation=self.aggregation, alpha=self.alpha, beta=self.beta)
-        robust = copy.copy(self._robust)  # shares the spaCy pipeline; LLM bound to this run
-        robust._llm = LangChainLLM(self.llm, self.max_concurrency, config=dict(config))
-        return robust
+        # shares the spaCy pipeline; the LLM is bound to this run's config
+        return self._robust.with_llm(
+            LangChainLLM(self.llm, self.max_concurrency, config=dict(config))
+        )
 
     @staticmethod
     def _parse(value: Any) -> tuple[str, list[str] | None]:

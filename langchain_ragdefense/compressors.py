@@ -5,25 +5,32 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, create_model
 
 from ragdefense import DefenseResult, LangChainEmbedder, Passage
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
+    defense_fields,
     make_defense,
     removed_report,
     run_defense,
     verdict_metadata,
 )
 
-__all__ = ["EVENT_NAME", "DefenseCompressor", "GRADACompressor", "RAGDefenderCompressor"]
+__all__ = [
+    "EVENT_NAME",
+    "AutoDefenseCompressor",
+    "DefenseCompressor",
+    "GRADACompressor",
+    "RAGDefenderCompressor",
+]
 
 #: name of the custom callback event that reports removed documents
 EVENT_NAME = "ragdefense_removed"
@@ -40,7 +47,8 @@ class DefenseCompressor(BaseDocumentCompressor):
     the callback system as the custom event ``"ragdefense_removed"``.
 
     Args:
-        defense: ``"ragdefender"``, ``"grada"``, ``"auto"``, or a core defense object.
+        defense: A name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``, ``"grada"``,
+            ``"grada-peel"``, ``"auto"``, ...) or a core defense object.
         embeddings: The LangChain ``Embeddings`` to use (e.g. the vector store's); ``None``
             for the packaged all-MiniLM-L6-v2.
         fail_open: On a defense error, pass the documents through with a warning instead of
@@ -54,15 +62,21 @@ class DefenseCompressor(BaseDocumentCompressor):
     fail_open: bool = False
     _core: Defense | None = PrivateAttr(default=None)
 
+    def model_post_init(self, context: Any, /) -> None:
+        """Build the core defense now, so that bad parameters fail at construction."""
+        super().model_post_init(context)
+        embedder = LangChainEmbedder(self.embeddings) if self.embeddings is not None else None
+        self._core = make_defense(self.defense, embedder, **self._params())
+
     def _params(self) -> dict[str, Any]:
-        return {}
+        """The defense parameters a subclass declares as fields."""
+        own = DefenseCompressor.model_fields
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in own}
 
     @property
     def core(self) -> Defense:
-        """The core defense (built on first use; keeps its embedding cache across queries)."""
-        if self._core is None:
-            embedder = LangChainEmbedder(self.embeddings) if self.embeddings is not None else None
-            self._core = make_defense(self.defense, embedder, **self._params())
+        """The core defense (keeps its embedding cache across queries)."""
+        assert self._core is not None  # built by model_post_init
         return self._core
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
@@ -104,41 +118,31 @@ class DefenseCompressor(BaseDocumentCompressor):
         return self._output(documents, result)
 
 
-class RAGDefenderCompressor(DefenseCompressor):
-    """RAGDefender as a document compressor (see :class:`ragdefense.RAGDefender`)."""
-
-    defense: Any = Field(default="ragdefender", frozen=True)
-    task_type: Literal["single_hop", "multi_hop", "auto"] = "auto"
-    p: float = 2.0
-    m: int = 5
-    min_passages: int = 3
-
-    def _params(self) -> dict[str, Any]:
-        return {
-            "task_type": self.task_type,
-            "p": self.p,
-            "m": self.m,
-            "min_passages": self.min_passages,
-        }
+def _with_fields(defense: str) -> type[DefenseCompressor]:
+    """A :class:`DefenseCompressor` base with one field per parameter of ``defense``, derived
+    from the core's description (:func:`ragdefense.integration.defense_fields`)."""
+    fields: dict[str, Any] = {
+        p.name: (p.annotation, Field(default=p.default, description=p.description))
+        for p in defense_fields(defense)
+    }
+    return create_model(
+        f"_{defense}_fields",
+        __base__=DefenseCompressor,
+        defense=(Any, Field(default=defense, frozen=True, description="the core defense")),
+        **fields,
+    )
 
 
-class GRADACompressor(DefenseCompressor):
-    """GRADA as a document compressor: keeps the top ``n`` after graph reranking
-    (``None``: half of the documents given, the paper's M = 2n)."""
+class RAGDefenderCompressor(_with_fields("ragdefender")):  # type: ignore[misc]
+    """RAGDefender as a document compressor (see :class:`ragdefense.RAGDefender`); its fields
+    are the core's parameters."""
 
-    defense: Any = Field(default="grada", frozen=True)
-    similarity: Literal["hrsim", "bm25", "ebd"] = "hrsim"
-    hrsim_base: Literal["bm25", "ebd"] = "bm25"
-    alpha: float = 0.4
-    n: int | None = None
-    peel: bool = False
-    """Remove coordinated groups before the graph (:class:`ragdefense.GRADA` ``peel``)."""
 
-    def _params(self) -> dict[str, Any]:
-        return {
-            "similarity": self.similarity,
-            "hrsim_base": self.hrsim_base,
-            "alpha": self.alpha,
-            "n": self.n,
-            "peel": self.peel,
-        }
+class GRADACompressor(_with_fields("grada")):  # type: ignore[misc]
+    """GRADA as a document compressor: keeps the top ``n`` after graph reranking (``None``: half
+    of the documents given, the paper's M = 2n); its fields are the core's parameters."""
+
+
+class AutoDefenseCompressor(_with_fields("auto")):  # type: ignore[misc]
+    """:class:`ragdefense.AutoDefense` as a document compressor; its fields are the core's
+    parameters."""

@@ -16,7 +16,7 @@ from pydantic import ConfigDict
 from ragdefense.embedders import LangChainEmbedder
 from ragdefense.integration import make_defense
 
-from .compressors import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
+from .compressors import DefenseCompressor
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -92,8 +92,8 @@ def defend(
     """Wrap ``retriever`` with a defense, in one line: ``retriever = defend(retriever)``.
 
     Args:
-        defense: ``"ragdefender"`` (default), ``"grada"``, ``"auto"``
-            (:class:`ragdefense.AutoDefense`), a core defense object, or a
+        defense: A name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``, the default;
+            ``"grada"``, ``"grada-peel"``, ``"auto"``, ...), a core defense object, or a
             ``BaseDocumentCompressor``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2.
@@ -104,18 +104,11 @@ def defend(
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
         compressor = defense
-    elif isinstance(defense, str) and defense.lower() == "ragdefender":
-        compressor = RAGDefenderCompressor(embeddings=embeddings, fail_open=fail_open, **params)
-    elif isinstance(defense, str) and defense.lower() == "grada":
-        compressor = GRADACompressor(embeddings=embeddings, fail_open=fail_open, **params)
-    elif isinstance(defense, str) and defense.lower() == "auto":
-        embedder = LangChainEmbedder(embeddings) if embeddings is not None else None
-        core = make_defense("auto", embedder, **params)
-        compressor = DefenseCompressor(defense=core, embeddings=embeddings, fail_open=fail_open)
-    elif isinstance(defense, str):
-        raise ValueError(
-            f"unknown defense {defense!r}: use 'ragdefender', 'grada', 'auto' or an object"
+    elif isinstance(defense, str):  # a name of the registry, with its parameters
+        core = make_defense(
+            defense, LangChainEmbedder(embeddings) if embeddings else None, **params
         )
+        compressor = DefenseCompressor(defense=core, embeddings=embeddings, fail_open=fail_open)
     else:
         compressor = DefenseCompressor(defense=defense, embeddings=embeddings, fail_open=fail_open)
     return DefendedRetriever(base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k)

@@ -13,6 +13,7 @@ every algorithm lives in :mod:`ragdefense`.
 
 from .embeddings import RagdefenseEmbedding
 from .postprocessors import (
+    AutoDefensePostprocessor,
     DefensePostprocessor,
     DefenseRemovedEvent,
     GRADAPostprocessor,
@@ -22,6 +23,7 @@ from .redteam import red_team
 from .synthesizer import RobustRAGQueryEngine, RobustRAGSynthesizer
 
 __all__ = [
+    "AutoDefensePostprocessor",
     "DefensePostprocessor",
     "DefenseRemovedEvent",
     "GRADAPostprocessor",

@@ -5,12 +5,14 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any, Literal
+from typing import Any
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model
+from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.events import BaseEvent
+from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
@@ -18,6 +20,7 @@ from ragdefense import DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
+    defense_fields,
     make_defense,
     removed_report,
     run_defense,
@@ -25,6 +28,7 @@ from ragdefense.integration import (
 )
 
 __all__ = [
+    "AutoDefensePostprocessor",
     "DefensePostprocessor",
     "DefenseRemovedEvent",
     "GRADAPostprocessor",
@@ -61,11 +65,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
     """Applies a core defense to retrieved nodes; returns copies with the verdict in
     ``metadata["ragdefense"]`` (excluded from what the LLM sees). Embeddings already on the
     nodes are reused; otherwise ``embed_model`` (e.g. the index's), else the packaged MiniLM.
-    A :class:`DefenseRemovedEvent` reports what was removed.
+    Emits the standard rerank start / end instrumentation events (and the callback manager's
+    ``RERANKING`` event), and a :class:`DefenseRemovedEvent` for what was removed.
     """
 
     defense: Any = Field(
-        default="ragdefender", description="'ragdefender', 'grada', 'auto' or an object"
+        default="ragdefender",
+        description="a name of ragdefense.defenses.registry ('ragdefender', 'grada', "
+        "'grada-peel', 'auto', ...) or a core defense object",
     )
     embed_model: BaseEmbedding | None = Field(default=None, description="embeddings to use")
     fail_open: bool = Field(default=False, description="pass nodes through if the defense fails")
@@ -73,17 +80,23 @@ class DefensePostprocessor(BaseNodePostprocessor):
 
     @classmethod
     def class_name(cls) -> str:
-        return "DefensePostprocessor"
+        return cls.__name__
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Build the core defense now, so that bad parameters fail at construction."""
+        super().model_post_init(context)
+        embedder = LlamaIndexEmbedder(self.embed_model) if self.embed_model else None
+        self._core = make_defense(self.defense, embedder, **self._params())
 
     def _params(self) -> dict[str, Any]:
-        return {}
+        """The defense parameters a subclass declares as fields."""
+        own = DefensePostprocessor.model_fields
+        return {k: getattr(self, k) for k in type(self).model_fields if k not in own}
 
     @property
     def core(self) -> Defense:
-        """The core defense (built on first use)."""
-        if self._core is None:
-            embedder = LlamaIndexEmbedder(self.embed_model) if self.embed_model else None
-            self._core = make_defense(self.defense, embedder, **self._params())
+        """The core defense (keeps its embedding cache across queries)."""
+        assert self._core is not None  # built by model_post_init
         return self._core
 
     def _run(self, nodes: list[NodeWithScore], query: str) -> DefenseResult | None:
@@ -129,53 +142,64 @@ class DefensePostprocessor(BaseNodePostprocessor):
             raise ValueError("a defense needs the query: call with query_bundle / query_str")
         return query_bundle.query_str
 
+    def _name(self) -> str:
+        return str(getattr(self.core, "name", type(self.core).__name__))
+
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
         if not nodes:
             return []
-        return self._output(nodes, self._run(nodes, self._query(query_bundle)))
+        query = self._query(query_bundle)
+        dispatcher.event(
+            ReRankStartEvent(
+                query=query_bundle, nodes=nodes, top_n=len(nodes), model_name=self._name()
+            )
+        )
+        payload: dict[str, Any] = {
+            EventPayload.NODES: nodes,
+            EventPayload.MODEL_NAME: self._name(),
+            EventPayload.QUERY_STR: query,
+            EventPayload.TOP_K: len(nodes),
+        }
+        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
+            out = self._output(nodes, self._run(nodes, query))
+            event.on_end(payload={EventPayload.NODES: out})
+        dispatcher.event(ReRankEndEvent(nodes=out))
+        return out
 
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
-        if not nodes:
-            return []
-        result = await asyncio.to_thread(self._run, nodes, self._query(query_bundle))
-        return self._output(nodes, result)
+        # the CPU-bound defense runs in a worker thread, with the same events
+        return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
 
 
-class RAGDefenderPostprocessor(DefensePostprocessor):
-    """RAGDefender as a node postprocessor (see :class:`ragdefense.RAGDefender`)."""
-
-    defense: Any = Field(default="ragdefender", frozen=True)
-    task_type: Literal["single_hop", "multi_hop", "auto"] = Field(default="auto")
-    p: float = Field(default=2.0)
-    m: int = Field(default=5)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "RAGDefenderPostprocessor"
-
-    def _params(self) -> dict[str, Any]:
-        return {"task_type": self.task_type, "p": self.p, "m": self.m}
-
-
-class GRADAPostprocessor(DefensePostprocessor):
-    """GRADA as a node postprocessor: reranks and keeps the top ``n`` (``None``: half), the
-    node score becoming its PageRank score."""
-
-    defense: Any = Field(default="grada", frozen=True)
-    similarity: Literal["hrsim", "bm25", "ebd"] = Field(default="hrsim")
-    alpha: float = Field(default=0.4)
-    n: int | None = Field(default=None)
-    peel: bool = Field(
-        default=False, description="Remove coordinated groups before the graph (GRADA peel)."
+def _with_fields(defense: str) -> type[DefensePostprocessor]:
+    """A :class:`DefensePostprocessor` base with one field per parameter of ``defense``, derived
+    from the core's description (:func:`ragdefense.integration.defense_fields`)."""
+    fields: dict[str, Any] = {
+        p.name: (p.annotation, Field(default=p.default, description=p.description))
+        for p in defense_fields(defense)
+    }
+    return create_model(
+        f"_{defense}_fields",
+        __base__=DefensePostprocessor,
+        defense=(Any, Field(default=defense, frozen=True, description="the core defense")),
+        **fields,
     )
 
-    @classmethod
-    def class_name(cls) -> str:
-        return "GRADAPostprocessor"
 
-    def _params(self) -> dict[str, Any]:
-        return {"similarity": self.similarity, "alpha": self.alpha, "n": self.n, "peel": self.peel}
+class RAGDefenderPostprocessor(_with_fields("ragdefender")):  # type: ignore[misc]
+    """RAGDefender as a node postprocessor (see :class:`ragdefense.RAGDefender`); its fields are
+    the core's parameters."""
+
+
+class GRADAPostprocessor(_with_fields("grada")):  # type: ignore[misc]
+    """GRADA as a node postprocessor: reranks and keeps the top ``n`` (``None``: half), the
+    node score becoming its PageRank score; its fields are the core's parameters."""
+
+
+class AutoDefensePostprocessor(_with_fields("auto")):  # type: ignore[misc]
+    """:class:`ragdefense.AutoDefense` as a node postprocessor; its fields are the core's
+    parameters."""

@@ -7,6 +7,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from llama_index.core import VectorStoreIndex
+from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
@@ -17,6 +18,12 @@ from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant
 from .postprocessors import DefensePostprocessor
 
 __all__ = ["red_team"]
+
+
+def _embed_model(index: VectorStoreIndex) -> BaseEmbedding:
+    # VectorStoreIndex has no public accessor for the model it embeds with: read it here, once
+    model: BaseEmbedding = index._embed_model
+    return model
 
 
 def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
@@ -33,7 +40,7 @@ def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
         if clone.embedding is None:
             clone.embedding = store.get(node_id)  # the stored vector: no re-embedding
         nodes.append(clone)
-    return VectorStoreIndex([*nodes, *extra], embed_model=index._embed_model)
+    return VectorStoreIndex([*nodes, *extra], embed_model=_embed_model(index))
 
 
 def red_team(
@@ -45,6 +52,7 @@ def red_team(
     n_poison: int = 5,
     k: int = 4,
     llm: LLM | None = None,
+    embed_model: BaseEmbedding | None = None,
     copy_index: Callable[[VectorStoreIndex, list[TextNode]], VectorStoreIndex] | None = None,
 ) -> RedTeamReport:
     """Plant ``n_poison`` passages per target in a copy of ``index``; report which targets are
@@ -59,6 +67,7 @@ def red_team(
         llm: When given, each context is answered by this LLM (a compact response synthesizer)
             and a target is hijacked when the answer states the wrong answer; otherwise when
             poison reaches the context.
+        embed_model: The defense's embeddings (default: the index's own).
         copy_index: ``(index, nodes) -> a copy of index with nodes added``.
     """
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
@@ -66,7 +75,7 @@ def red_team(
     poisoned = (copy_index or _copy)(index, nodes)
     if poisoned is index:
         raise ValueError("copy_index returned the index itself: the red team needs a copy")
-    guard = DefensePostprocessor(defense=defense, embed_model=index._embed_model)
+    guard = DefensePostprocessor(defense=defense, embed_model=embed_model or _embed_model(index))
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 
     def pipeline(fetch: int, defended: bool) -> Callable[[str], tuple[list[str], str | None]]:

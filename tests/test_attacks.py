@@ -43,7 +43,7 @@ def test_poisonedrag_loader(tmp_path: Path) -> None:
     rec = {"question": "q", "correct answer": "a", "incorrect answer": "b", "adv_texts": ["x"]}
     path.write_text(json.dumps({"t1": rec}))
     [r] = load_poisonedrag(tmp_path, "nq")
-    assert (r.id, r.incorrect_answer, r.adv_texts) == ("t1", "b", ["x"])
+    assert (r.id, r.incorrect_answer, r.poison) == ("t1", "b", ("x",))
     path.write_text(json.dumps({"t1": {k: v for k, v in rec.items() if k != "adv_texts"}}))
     with pytest.raises(DataError, match=r"record 0 .* has no field 'adv_texts'"):
         load_poisonedrag(tmp_path, "nq")
@@ -58,7 +58,7 @@ def test_poisonedrag_shared_data(data_dir: Path) -> None:
         pytest.skip("no poisonedrag data")
     for ds in ("nq", "msmarco", "hotpotqa"):
         records = load_poisonedrag(data_dir, ds)
-        assert len(records) == 100 and all(len(r.adv_texts) == 5 for r in records)
+        assert len(records) == 100 and all(len(r.poison) == 5 for r in records)
 
 
 def test_variants_for_robustness() -> None:

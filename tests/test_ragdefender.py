@@ -7,7 +7,7 @@ import pytest
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from ragdefense import CallableEmbedder, DefenseInputError, Embedder, Passage, RAGDefender
-from ragdefense._text import summed_tfidf, tokenize
+from ragdefense.text import summed_tfidf, tokenize
 from ragdefense.embedders import cosine_matrix
 from ragdefense.ragdefender import (
     Stage1Estimate,

@@ -37,7 +37,7 @@ REC = QARecord(
 
 def test_poisonedrag_attack_prefixes_the_question_and_caps_at_the_texts() -> None:
     out = attack_passages(REC, "poisonedrag", 5)
-    assert out == [f"Who wrote Hamlet?. {t}" for t in REC.poison_texts]
+    assert out == [f"Who wrote Hamlet?. {t}" for t in REC.poison]
     assert attack_passages(REC, "poisonedrag", 0) == []
 
 

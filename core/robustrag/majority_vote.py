@@ -1,0 +1,109 @@
+"""Majority vote over isolated multiple-choice answers, and its certificate: the benign leader
+survives k' injected (k' rewritten) passages when it leads the runner-up by more than k' (2k')."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from ..llm import Generation
+from ..types import Passage
+from .flow import Flow, failures_note
+from .types import IDK, NO_INFO, Attack, Certificate, IsolatedResponse, RobustAnswer
+
+if TYPE_CHECKING:
+    from .engine import RobustRAG
+
+__all__ = ["MajorityVote", "check_choices"]
+
+_CHOICE = re.compile(r"^\W*([A-Z])(?:[\.\):\s]|$)")
+
+
+def check_choices(choices: Sequence[str] | None) -> list[str]:
+    """The choices as strings, or ``ValueError`` unless there are 2 to 4."""
+    if not choices or isinstance(choices, str) or not 2 <= len(choices) <= 4:
+        raise ValueError("majority vote needs 2 to 4 choices (letters A-D; E = no information)")
+    return [str(c) for c in choices]
+
+
+class MajorityVote:
+    """Majority vote with the prompts of ``rr``."""
+
+    local = False
+
+    def __init__(self, rr: RobustRAG) -> None:
+        self.rr = rr
+
+    def prompts(
+        self, query: str, passages: Sequence[Passage], choices: Sequence[str] | None
+    ) -> list[str]:
+        """One multiple-choice prompt per passage."""
+        choices = check_choices(choices)
+        letters = [chr(ord("A") + i) for i in range(len(choices))]
+        listing = "\n".join(f"{letter}. {c}" for letter, c in zip(letters, choices, strict=True))
+        said = ", ".join(letters[:-1]) + f", or {letters[-1]}"
+        return [
+            self.rr.choice_prompt.format(context=p.text, query=query, choices=listing, letters=said)
+            for p in passages
+        ]
+
+    def answer(
+        self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
+    ) -> Flow[RobustAnswer]:
+        gens = yield self.prompts(query, items, choices)
+        responses = self.responses(items, gens)
+        note = failures_note(responses)
+        votes = Counter(r.choice for r in responses if r.choice and r.choice != NO_INFO)
+        if not votes:
+            why = "every isolated answer abstained (no information found)" + note
+            return RobustAnswer(query, IDK, "majority", responses, why)
+        ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
+        winner, count = ranked[0]
+        runner = ranked[1][1] if len(ranked) > 1 else 0
+        why = f"{winner} has {count} of {sum(votes.values())} votes (runner-up {runner})" + note
+        idx = ord(winner) - ord("A")
+        text = f"{winner}. {choices[idx]}" if choices and idx < len(choices) else winner
+        return RobustAnswer(
+            query, text, "majority", responses, why, votes=dict(votes), choice=winner
+        )
+
+    @staticmethod
+    def responses(
+        items: Sequence[Passage], gens: Sequence[Generation]
+    ) -> tuple[IsolatedResponse, ...]:
+        out = []
+        for i, (p, g) in enumerate(zip(items, gens, strict=True)):
+            if not g.ok:
+                out.append(IsolatedResponse(i, p, None, True, error=g.error))
+                continue
+            m = _CHOICE.match(g.text or "")
+            letter = m.group(1) if m else NO_INFO
+            out.append(IsolatedResponse(i, p, g.text, letter == NO_INFO, choice=letter))
+        return tuple(out)
+
+    def certificate(
+        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+    ) -> Flow[Certificate]:
+        yield from ()
+        k = len(result.responses)
+        benign = result.responses[: k - k_prime] if attack == "injection" else result.responses
+        votes = Counter(r.choice for r in benign if r.choice and r.choice != NO_INFO)
+        ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
+        if not ranked:
+            return Certificate(k_prime, attack, False, "no benign vote: the attacker decides")
+        winner, a = ranked[0]
+        b = ranked[1][1] if len(ranked) > 1 else 0
+        need = k_prime if attack == "injection" else 2 * k_prime
+        ok = a - b > need
+        why = f"{winner} leads {a} to {b} among the benign votes; the attacker can move {need}"
+        if ok and golds and winner not in golds:
+            ok, why = False, why + f", but the certified winner {winner} is not the gold answer"
+        elif ok and winner != result.choice:
+            ok, why = False, why + f", but it differs from the answer {result.answer}"
+        return Certificate(k_prime, attack, ok, why, (winner,) if a - b > need else None)
+
+    def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int:
+        """Certifying a vote asks the LLM nothing."""
+        return 0

@@ -1,0 +1,216 @@
+"""Secure decoding (RobustRAG Algorithm 2) and its certificate (Algorithm 4).
+
+At every step the next-token distributions of the isolated contexts that do not answer
+"I don't know" (probability < gamma) are averaged; the averaged top-1 is used when it leads the
+top-2 by more than eta, else the no-retrieval token. Needs next-token probabilities
+(:class:`ragdefense.llm.TransformersLLM`); runs locally, so the flows yield no prompt batch.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..llm import first_line_of
+from ..text import contains_answer, normalize
+from ..types import Passage
+from .flow import Flow
+from .types import (
+    IDK,
+    Attack,
+    Certificate,
+    DecodingStep,
+    IsolatedResponse,
+    RobustAnswer,
+    is_abstention,
+)
+
+if TYPE_CHECKING:
+    from .engine import RobustRAG
+
+__all__ = ["SecureDecoding"]
+
+
+class SecureDecoding:
+    """Secure decoding with the settings of ``rr`` (gamma, eta, prompts, token budget)."""
+
+    local = True  # CPU/GPU work in this process: async callers run it in a thread
+
+    def __init__(self, rr: RobustRAG) -> None:
+        self.rr = rr
+
+    def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int:
+        """Certification runs the model locally; no generation call is made."""
+        return 0
+
+    def _token_llm(self) -> Any:
+        llm = self.rr.llm
+        if not getattr(llm, "supports_token_probs", False) or not hasattr(llm, "session"):
+            raise NotImplementedError(
+                f"aggregation='decoding' needs next-token probabilities, which "
+                f"{type(llm).__name__} does not expose: use aggregation='keyword' (any LLM), or "
+                "a transformers model (TransformersLLM, the default)"
+            )
+        return llm
+
+    def _sessions(self, query: str, passages: Sequence[Passage]) -> tuple[Any, list[float]]:
+        """A session over the isolated contexts plus the no-retrieval context (last row), and
+        each isolated context's probability of answering "I don't know" (teacher-forced)."""
+        llm = self._token_llm()
+        prompts = [self.rr.isolated_prompt.format(context=p.text, query=query) for p in passages]
+        session = llm.session([*prompts, self.rr.no_retrieval_prompt.format(query=query)])
+        probe = session.clone()
+        p_idk = [1.0] * len(passages)
+        for token in llm.tokenizer(IDK, add_special_tokens=False)["input_ids"]:
+            p_idk = [p * float(probe.probs[j, token]) for j, p in enumerate(p_idk)]
+            probe.advance(token)
+        return session, p_idk
+
+    def _is_end(self, token: int) -> bool:
+        llm = self._token_llm()
+        return token in llm.stop_ids or "\n" in llm.tokenizer.decode([token])
+
+    def answer(
+        self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
+    ) -> Flow[RobustAnswer]:
+        yield from ()  # local work: no prompt batch for the caller's LLM
+        """Algorithm 2: average the kept contexts' next-token distributions at every step."""
+        llm = self._token_llm()
+        tok = llm.tokenizer
+        session, p_idk = self._sessions(query, items)
+        kept = [j for j, p in enumerate(p_idk) if p < self.rr.gamma]
+        responses = tuple(
+            IsolatedResponse(j, p, None, p_idk[j] >= self.rr.gamma, p_idk=p_idk[j])
+            for j, p in enumerate(items)
+        )
+        session.keep_rows([*kept, len(items)])
+        tokens: list[int] = []
+        steps: list[DecodingStep] = []
+        for _ in range(self.rr.max_new_tokens):
+            probs = session.probs
+            nor = int(probs[-1].argmax())
+            if kept:
+                avg = probs[:-1].mean(axis=0)
+                a, b = (int(i) for i in avg.argsort()[-1:-3:-1])
+                use_a = float(avg[a] - avg[b]) > self.rr.eta
+                token = a if use_a else nor
+                step = DecodingStep(
+                    tok.decode([token]),
+                    "retrieval" if use_a else "no-retrieval",
+                    tok.decode([a]),
+                    float(avg[a]),
+                    tok.decode([b]),
+                    float(avg[b]),
+                )
+            else:
+                token = nor
+                step = DecodingStep(tok.decode([nor]), "no-retrieval", "", 0.0, "", 0.0)
+            if token in llm.stop_ids:
+                break
+            tokens.append(token)
+            steps.append(step)
+            if "\n" in tok.decode([token]):
+                break
+            session.advance(token)
+        text = first_line_of(tok.decode(tokens, skip_special_tokens=True))
+        answer = text if text and not is_abstention(text) else IDK
+        n = len(kept)
+        reason = (
+            f"{n} of {len(items)} contexts kept (P(I don't know) < {self.rr.gamma:g}); "
+            f"{sum(st.source == 'retrieval' for st in steps)} of {len(steps)} tokens from "
+            f"their averaged distribution (gap > eta = {self.rr.eta:g}), the rest without retrieval"
+        )
+        return RobustAnswer(query, answer, "decoding", responses, reason, steps=tuple(steps))
+
+    def certificate(
+        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+    ) -> Flow[Certificate]:
+        """Algorithm 4 (and its modification variant), for the averaged inference rule.
+
+        With benign probability sums S over the m benign contexts kept, top-1 a (sum A) and
+        runner-up (sum B), an attacker shifting any token's sum by at most d = k' (injection) or
+        2k' (modification) with n in [n_lo, n_hi] contexts averaged: if A - B > d + eta * n_hi
+        the next token is always a; if A - B >= d - eta * n_lo it is a or the no-retrieval
+        token; otherwise the attacker can choose it, and the answer is not certifiable.
+        """
+        yield from ()  # local work
+        llm = self._token_llm()
+        tok = llm.tokenizer
+        k = len(result.responses)
+        benign = [r for r in result.responses[: k - k_prime if attack == "injection" else k]]
+        rows = [r for r in benign if not r.abstained]
+        m = len(rows)
+        if m == 0:
+            return Certificate(
+                k_prime,
+                attack,
+                False,
+                "no benign context passes the abstention filter: the "
+                "attacker's passages decide every token",
+            )
+        d = k_prime if attack == "injection" else 2 * k_prime
+        n_hi, n_lo = m + k_prime, (m if attack == "injection" else max(1, m - k_prime))
+        root, _ = self._sessions(result.query, [r.passage for r in rows])
+        stack: list[tuple[Any, list[int]]] = [(root, [])]
+        finished: list[list[int]] = []
+        while stack:
+            session, tokens = stack.pop()
+            while True:
+                if len(tokens) >= self.rr.max_new_tokens:
+                    finished.append(tokens)
+                    break
+                probs = session.probs
+                total = probs[:-1].sum(axis=0)
+                a, b = (int(i) for i in total.argsort()[-1:-3:-1])
+                gap = float(total[a] - total[b])
+                nor = int(probs[-1].argmax())
+                if gap > d + self.rr.eta * n_hi:
+                    choices = [a]
+                elif gap >= d - self.rr.eta * n_lo:
+                    choices = [a] if a == nor else [a, nor]
+                else:
+                    return Certificate(
+                        k_prime,
+                        attack,
+                        False,
+                        f"at token {len(tokens) + 1} the benign top-2 "
+                        f"gap {gap:.3f} (sums over {m} contexts) is within the attacker's reach "
+                        f"({d}): it can choose the next token",
+                    )
+                if len(finished) + len(stack) + len(choices) > self.rr.max_certify_responses:
+                    return Certificate(
+                        k_prime,
+                        attack,
+                        False,
+                        f"more than {self.rr.max_certify_responses} possible "
+                        "responses (max_certify_responses)",
+                    )
+                for extra in choices[1:]:  # branch: the no-retrieval token
+                    if self._is_end(extra):
+                        finished.append(tokens + ([] if extra in llm.stop_ids else [extra]))
+                    else:
+                        other = session.clone()
+                        other.advance(extra)
+                        stack.append((other, [*tokens, extra]))
+                token = choices[0]
+                if self._is_end(token):
+                    finished.append(tokens + ([] if token in llm.stop_ids else [token]))
+                    break
+                tokens = [*tokens, token]
+                session.advance(token)
+        possible = tuple(
+            dict.fromkeys(
+                (first_line_of(tok.decode(t, skip_special_tokens=True)) or IDK) for t in finished
+            )
+        )
+        if golds:
+            ok = all(contains_answer(a, golds) for a in possible)
+            why = f"{len(possible)} possible answer(s); " + (
+                "all contain the gold answer" if ok else "some miss the gold answer"
+            )
+        else:
+            ok = all(normalize(a) == normalize(result.answer) for a in possible)
+            why = f"{len(possible)} possible answer(s); " + (
+                "all equal the answer" if ok else "the attacker can change the answer"
+            )
+        return Certificate(k_prime, attack, ok, why, possible)

@@ -1,0 +1,163 @@
+"""Similarities between passages, and what is computed from them: cosine, BM25 (pairwise and
+to the query), weighted PageRank, and cutting a hierarchical clustering into flat clusters.
+
+Small and vectorised for the 3-40 passages a defense sees; each equals its library counterpart
+(tests compare them: ``networkx.pagerank``, ``scipy``'s ``fcluster``, ``bm25s``).
+
+BM25 ``(a -> b)`` scores text ``a`` as the query against text ``b`` as the document: with the
+standard formula (Robertson & Zaragoza 2009), summed over the distinct terms of ``a``::
+
+    idf(t) * tf(t, b) * (k1 + 1) / (tf(t, b) + k1 * (1 - b_ + b_ * len(b) / avgdl))
+
+Two choices of the collection that ``idf`` and ``avgdl`` come from:
+
+* ``corpus="retrieved"`` (default): the retrieved passages themselves;
+  ``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))``. Terms every passage shares weigh little.
+* ``corpus="pair"``: each document alone (what the GRADA authors' code does with a one-document
+  ``bm25s`` index): ``idf = ln(4/3)`` for every term and no length normalisation.
+
+Tokens: lower-cased words of two or more characters, English stop words removed
+(:func:`ragdefense.text.tokenize`). With ``corpus="retrieved"`` the scores equal
+``bm25s``' ``method="lucene"`` scores times ``(k1 + 1)`` (a constant factor; tested).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from math import log
+from typing import Literal
+
+import numpy as np
+
+from .text import tokenize
+
+__all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank"]
+
+
+def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
+    """Cosine similarity of each row of ``emb`` to the vector ``q``."""
+    e = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
+    out: np.ndarray = e @ (q / max(float(np.linalg.norm(q)), 1e-12))
+    return out
+
+
+def cosine_matrix(emb: np.ndarray) -> np.ndarray:
+    """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0)."""
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    unit = np.divide(emb, norms, out=np.zeros_like(emb, dtype=np.float64), where=norms > 0)
+    sim: np.ndarray = unit @ unit.T
+    clipped: np.ndarray = np.clip(sim, -1.0, 1.0)
+    return clipped
+
+
+def pagerank(
+    weights: np.ndarray, damping: float = 0.85, tol: float = 1e-6, max_iter: int = 100
+) -> tuple[np.ndarray, int, bool]:
+    """Weighted PageRank by power iteration, as ``networkx.pagerank`` (uniform start and
+    teleport, dangling nodes spread uniformly, stop when the L1 change < n * tol).
+
+    Returns the scores (summing to 1), the iterations run and whether it converged.
+    """
+    n = weights.shape[0]
+    if n == 0:
+        return np.zeros(0), 0, True
+    w = np.where(np.eye(n, dtype=bool), 0.0, np.maximum(weights, 0.0))
+    out = w.sum(axis=1)
+    dangling = out == 0
+    p = np.divide(w, out[:, None], out=np.zeros_like(w), where=~dangling[:, None])
+    x = np.full(n, 1.0 / n)
+    for it in range(1, max_iter + 1):
+        prev = x
+        x = damping * (prev @ p + prev[dangling].sum() / n) + (1.0 - damping) / n
+        if np.abs(x - prev).sum() < n * tol:
+            return x, it, True
+    return x, max_iter, False
+
+
+def cut(
+    tree: np.ndarray, *, height: float | None = None, clusters: int | None = None
+) -> np.ndarray:
+    """Cluster labels (0..k-1) of the leaves of the monotone linkage ``tree`` (average, ward),
+    cut at ``height`` (merges at distance <= height applied, as ``fcluster(criterion=
+    "distance")``) or into ``clusters`` groups (as ``criterion="maxclust"``)."""
+    n = len(tree) + 1
+    if height is not None:
+        merges = int(np.count_nonzero(tree[:, 2] <= height))
+    elif clusters is not None:  # the lowest cut leaving at most that many (ties merge together)
+        merges = n - min(max(clusters, 1), n)
+        if merges:
+            merges = int(np.count_nonzero(tree[:, 2] <= tree[merges - 1, 2]))
+    else:
+        raise ValueError("give height or clusters")
+    members: dict[int, list[int]] = {i: [i] for i in range(n)}
+    for j in range(merges):
+        members[n + j] = members.pop(int(tree[j, 0])) + members.pop(int(tree[j, 1]))
+    labels = np.empty(n, dtype=int)
+    for label, idx in enumerate(sorted(members.values())):
+        labels[idx] = label
+    return labels
+
+
+@dataclass(frozen=True)
+class BM25:
+    """BM25 scorer for small collections (a retrieved set).
+
+    Args:
+        k1: Term-frequency saturation (default 1.5, as ``bm25s``).
+        b: Length normalisation (default 0.75).
+        corpus: Where idf and the average length come from: ``"retrieved"`` or ``"pair"``.
+    """
+
+    k1: float = 1.5
+    b: float = 0.75
+    corpus: Literal["retrieved", "pair"] = "retrieved"
+
+    def __post_init__(self) -> None:
+        if self.k1 < 0 or not 0 <= self.b <= 1:
+            raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+        if self.corpus not in ("retrieved", "pair"):
+            raise ValueError(f"corpus must be 'retrieved' or 'pair', got {self.corpus!r}")
+
+    def matrices(
+        self, texts: Sequence[str], query: str | None = None
+    ) -> tuple[np.ndarray, np.ndarray | None]:
+        """Directed scores ``S[i, j] = BM25(text_i -> text_j)`` (zero diagonal), and, if a query
+        is given, ``q[i] = BM25(query -> text_i)``."""
+        docs = [Counter(tokenize(t)) for t in texts]
+        q_terms = set(tokenize(query)) if query is not None else set()
+        vocab = sorted(set().union(*docs, q_terms)) if docs else []
+        n = len(docs)
+        if not vocab:
+            return np.zeros((n, n)), (np.zeros(n) if query is not None else None)
+        col = {t: j for j, t in enumerate(vocab)}
+        tf = np.zeros((n, len(vocab)))
+        for i, c in enumerate(docs):
+            for t, k in c.items():
+                tf[i, col[t]] = k
+        present = tf > 0
+        length = tf.sum(axis=1, keepdims=True)
+        if self.corpus == "retrieved":
+            df = present.sum(axis=0)
+            idf = np.log1p((n - df + 0.5) / (df + 0.5))
+            avgdl = max(float(length.mean()), 1e-12)
+            norm = self.k1 * (1 - self.b + self.b * length / avgdl)
+        else:
+            idf = np.full(len(vocab), log(4 / 3))
+            norm = np.full((n, 1), self.k1)
+        weight = idf * tf * (self.k1 + 1) / (tf + norm)  # W[j, t]: term t's score in doc j
+        scores = present.astype(float) @ weight.T  # S[i, j] = sum over distinct terms of i
+        np.fill_diagonal(scores, 0.0)
+        q_scores = None
+        if query is not None:
+            q_vec = np.zeros(len(vocab))
+            q_vec[[col[t] for t in q_terms]] = 1.0
+            q_scores = weight @ q_vec
+        return scores, q_scores
+
+    def pairwise(self, texts: Sequence[str]) -> np.ndarray:
+        """Symmetrised scores ``0.5 * (BM25(i -> j) + BM25(j -> i))``, zero diagonal."""
+        s, _ = self.matrices(texts)
+        sym: np.ndarray = 0.5 * (s + s.T)
+        return sym

@@ -1,0 +1,89 @@
+"""Text utilities shared by the defenses and the benchmarks: one tokenizer, one stop-word list,
+summed TF-IDF, and the one answer matcher (gold labels and answer accuracy use the same)."""
+
+from __future__ import annotations
+
+import re
+import string
+from collections import Counter
+from collections.abc import Sequence
+
+import numpy as np
+
+__all__ = ["ENGLISH_STOP_WORDS", "contains_answer", "normalize", "summed_tfidf", "tokenize"]
+
+#: scikit-learn's English stop words (the same 318 words, tested), without importing scikit-learn
+ENGLISH_STOP_WORDS = frozenset(
+    """
+    a about above across after afterwards again against all almost alone along already also
+    although always am among amongst amoungst amount an and another any anyhow anyone anything
+    anyway anywhere are around as at back be became because become becomes becoming been before
+    beforehand behind being below beside besides between beyond bill both bottom but by call can
+    cannot cant co con could couldnt cry de describe detail do done down due during each eg eight
+    either eleven else elsewhere empty enough etc even ever every everyone everything everywhere
+    except few fifteen fifty fill find fire first five for former formerly forty found four from
+    front full further get give go had has hasnt have he hence her here hereafter hereby herein
+    hereupon hers herself him himself his how however hundred i ie if in inc indeed interest into
+    is it its itself keep last latter latterly least less ltd made many may me meanwhile might mill
+    mine more moreover most mostly move much must my myself name namely neither never nevertheless
+    next nine no nobody none noone nor not nothing now nowhere of off often on once one only onto
+    or other others otherwise our ours ourselves out over own part per perhaps please put rather re
+    same see seem seemed seeming seems serious several she should show side since sincere six sixty
+    so some somehow someone something sometime sometimes somewhere still such system take ten than
+    that the their them themselves then thence there thereafter thereby therefore therein thereupon
+    these they thick thin third this those though three through throughout thru thus to together
+    too top toward towards twelve twenty two un under until up upon us very via was we well were
+    what whatever when whence whenever where whereafter whereas whereby wherein whereupon wherever
+    whether which while whither who whoever whole whom whose why will with within without would yet
+    you your yours yourself yourselves
+    """.split()  # noqa: SIM905
+)
+
+# scikit-learn's default token pattern: words of two or more word characters (Unicode-aware).
+_TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+def tokenize(text: str, stop_words: frozenset[str] = ENGLISH_STOP_WORDS) -> list[str]:
+    """Lower-cased tokens of ``text`` without stop words (scikit-learn's tokenization)."""
+    return [t for t in _TOKEN.findall(text.lower()) if t not in stop_words]
+
+
+def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
+    """Vocabulary (sorted) and the TF-IDF of each term summed over the documents.
+
+    Same numbers as ``TfidfVectorizer(stop_words="english").fit_transform(texts).sum(axis=0)``
+    with its defaults (raw counts, smoothed idf ``ln((1+n)/(1+df)) + 1``, l2-normalised rows),
+    without its per-call overhead.
+    """
+    counts = [Counter(d) for d in docs]
+    vocab = sorted(set().union(*counts)) if counts else []
+    if not vocab:
+        return [], np.zeros(0)
+    col = {t: j for j, t in enumerate(vocab)}
+    tf = np.zeros((len(docs), len(vocab)))
+    for i, c in enumerate(counts):
+        for t, k in c.items():
+            tf[i, col[t]] = k
+    df = (tf > 0).sum(axis=0)
+    idf = np.log((1 + len(docs)) / (1 + df)) + 1.0
+    w = tf * idf
+    norms = np.linalg.norm(w, axis=1, keepdims=True)
+    w = np.divide(w, norms, out=np.zeros_like(w), where=norms > 0)
+    return vocab, w.sum(axis=0)
+
+
+_PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def normalize(text: str) -> str:
+    """Lower case, ASCII punctuation removed, whitespace collapsed."""
+    return " ".join(text.lower().translate(_PUNCTUATION).split())
+
+
+def contains_answer(text: str | None, answers: Sequence[str]) -> bool:
+    """Whether ``text`` contains any of ``answers``, compared after :func:`normalize` (the
+    papers' substring match, insensitive to case, punctuation and spacing)."""
+    if not text:
+        return False
+    low = normalize(text)
+    return any((a := normalize(str(answer))) and a in low for answer in answers)

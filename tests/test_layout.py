@@ -1,0 +1,123 @@
+"""The core's layout: no import cycle (function-local imports included), no module over the size
+limit, a docstring on every module, the import paths of earlier releases still working, and a
+light ``import ragdefense``."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+CORE = Path(__file__).resolve().parents[1] / "core"
+MAX_LINES = 400
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in sorted(CORE.rglob("*.py")):
+        parts = path.relative_to(CORE).with_suffix("").parts
+        name = ".".join(("ragdefense", *parts))
+        out[name.removesuffix(".__init__")] = path
+    return out
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    return isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING"
+
+
+def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The core modules ``name`` imports at run time (anywhere in the file)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    skip = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If) and _is_type_checking(node)
+            for n in ast.walk(node)}  # fmt: skip
+    for node in ast.walk(tree):
+        if id(node) in skip:
+            continue
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            for alias in node.names:  # `from . import x` may name a submodule
+                sub = f"{target}.{alias.name}"
+                found.add(sub if sub in modules else target)
+        elif isinstance(node, ast.Import):
+            found.update(a.name for a in node.names)
+    return {m for m in found if m in modules and m != name}
+
+
+def test_no_import_cycle() -> None:
+    modules = _modules()
+    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+    state: dict[str, int] = {}  # 1: on the current path, 2: done
+
+    def visit(node: str, path: list[str]) -> None:
+        state[node] = 1
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycle = [*path[path.index(nxt) :], nxt] if nxt in path else [node, nxt]
+                pytest.fail("import cycle: " + " -> ".join(cycle))
+            if nxt not in state:
+                visit(nxt, [*path, nxt])
+        state[node] = 2
+
+    for name in graph:
+        if name not in state:
+            visit(name, [name])
+    assert graph["ragdefense.bench.cases"] >= {"ragdefense.data"}  # the walk sees local imports
+
+
+def test_modules_are_small_and_say_their_job() -> None:
+    for name, path in _modules().items():
+        text = path.read_text(encoding="utf-8")
+        assert len(text.splitlines()) <= MAX_LINES, f"{name} is over {MAX_LINES} lines"
+        assert ast.get_docstring(ast.parse(text)), f"{name} has no module docstring"
+
+
+OLD_PATHS = {
+    "ragdefense.ragdefender": ("RAGDefender", "ragdefense.defenses.ragdefender"),
+    "ragdefense.grada": ("GRADA", "ragdefense.defenses.grada"),
+    "ragdefense.auto": ("AutoDefense", "ragdefense.defenses.auto"),
+    "ragdefense.bm25": ("BM25", "ragdefense.similarity"),
+    "ragdefense.keywords": ("extract_keywords", "ragdefense.robustrag.keywords"),
+    "ragdefense.suite": ("run_suite", "ragdefense.bench.suite"),
+    "ragdefense.robustrag": ("RobustRAG", "ragdefense.robustrag.engine"),
+    "ragdefense.bench": ("ragdefender_table", "ragdefense.bench.settings.ragdefender"),
+    "ragdefense.demo": ("load_demo_kb", "ragdefense.data"),
+    "ragdefense.embedders": ("cosine_matrix", "ragdefense.similarity"),
+}
+
+
+@pytest.mark.parametrize("old", sorted(OLD_PATHS))
+def test_import_paths_of_earlier_releases_give_the_same_objects(old: str) -> None:
+    name, new = OLD_PATHS[old]
+    assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+
+
+def test_every_public_name_resolves() -> None:
+    import ragdefense
+    import ragdefense.bench
+
+    for module in (ragdefense, ragdefense.bench):
+        for name in module.__all__:
+            assert getattr(module, name) is not None, name
+    with pytest.raises(AttributeError):
+        _ = ragdefense.NoSuchName  # type: ignore[attr-defined]
+
+
+def test_import_ragdefense_loads_nothing_heavy() -> None:
+    probe = (
+        "import sys, ragdefense; "
+        "print(sorted(m for m in ('numpy', 'scipy', 'sklearn', 'torch', 'networkx') "
+        "if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
