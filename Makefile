@@ -24,11 +24,12 @@ demo: $(STAMP)
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/ragdefense demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check core langchain_ragdefense llamaindex_ragdefense tests cookbook/build.py
-	$(VENV)/bin/ruff format --check core langchain_ragdefense llamaindex_ragdefense tests cookbook/build.py
+	$(VENV)/bin/ruff check core langchain_ragdefense llamaindex_ragdefense tests cookbook
+	$(VENV)/bin/ruff format --check core langchain_ragdefense llamaindex_ragdefense tests cookbook
 	# core/ is imported as `ragdefense`: give mypy that name through a link in an ignored folder.
 	mkdir -p .typecheck && ln -sfn ../core .typecheck/ragdefense
 	MYPYPATH=.typecheck $(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llamaindex_ragdefense
+	MYPYPATH=.typecheck $(VENV)/bin/mypy cookbook/*.py
 
 test: $(STAMP) lint
 	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest -q

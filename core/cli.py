@@ -13,17 +13,9 @@ from typing import Any
 from .attacks import ATTACKS, DEFAULT_ATTACKS
 from .bench.suite import DEFAULT_DEFENSES, DEFENSES
 from .defenses.registry import names
+from .offline import offline
 
 __all__ = ["main"]
-
-
-def _quiet_hub() -> None:
-    # Everything we load is local: no hub calls, no download progress bars.
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
-    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -300,7 +292,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     attack.set_defaults(func=_cmd_attack)
 
     args: Any = parser.parse_args(argv)
-    _quiet_hub()
+    offline()
     return int(args.func(args))
 
 

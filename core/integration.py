@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from .types import DefenseFailed, DefenseResult, Passage, Verdict, _jsonable
 
@@ -23,6 +23,7 @@ __all__ = [
     "removed_report",
     "run_defense",
     "verdict_metadata",
+    "with_defense_fields",
 ]
 
 #: the metadata key under which adapters record the defense's verdict on each returned copy
@@ -66,6 +67,26 @@ def defense_fields(defense: str) -> list[Parameter]:
     from .defenses.registry import parameters
 
     return parameters(defense)
+
+
+B = TypeVar("B")
+
+
+def with_defense_fields(base: type[B], defense: str) -> type[B]:
+    """A subclass of the pydantic model ``base`` (an adapter's compressor or postprocessor) with
+    one field per parameter of ``defense`` (:func:`defense_fields`: type, default, description)
+    and ``defense`` fixed to that name. Both adapters build their per-defense classes on it."""
+    from pydantic import Field, create_model
+
+    fields: dict[str, Any] = {
+        p.name: (p.annotation, Field(default=p.default, description=p.description))
+        for p in defense_fields(defense)
+    }
+    fixed = Field(default=defense, frozen=True, description="the core defense")
+    model: type[B] = create_model(  # type: ignore[type-var]
+        f"_{defense}_fields", __base__=base, defense=(Any, fixed), **fields
+    )
+    return model
 
 
 def run_defense(

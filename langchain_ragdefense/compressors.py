@@ -11,17 +11,17 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
-from pydantic import ConfigDict, Field, PrivateAttr, create_model
+from pydantic import ConfigDict, PrivateAttr
 
 from ragdefense import DefenseResult, LangChainEmbedder, Passage
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
-    defense_fields,
     make_defense,
     removed_report,
     run_defense,
     verdict_metadata,
+    with_defense_fields,
 )
 
 __all__ = [
@@ -118,31 +118,16 @@ class DefenseCompressor(BaseDocumentCompressor):
         return self._output(documents, result)
 
 
-def _with_fields(defense: str) -> type[DefenseCompressor]:
-    """A :class:`DefenseCompressor` base with one field per parameter of ``defense``, derived
-    from the core's description (:func:`ragdefense.integration.defense_fields`)."""
-    fields: dict[str, Any] = {
-        p.name: (p.annotation, Field(default=p.default, description=p.description))
-        for p in defense_fields(defense)
-    }
-    return create_model(
-        f"_{defense}_fields",
-        __base__=DefenseCompressor,
-        defense=(Any, Field(default=defense, frozen=True, description="the core defense")),
-        **fields,
-    )
-
-
-class RAGDefenderCompressor(_with_fields("ragdefender")):  # type: ignore[misc]
+class RAGDefenderCompressor(with_defense_fields(DefenseCompressor, "ragdefender")):  # type: ignore[misc]
     """RAGDefender as a document compressor (see :class:`ragdefense.RAGDefender`); its fields
     are the core's parameters."""
 
 
-class GRADACompressor(_with_fields("grada")):  # type: ignore[misc]
+class GRADACompressor(with_defense_fields(DefenseCompressor, "grada")):  # type: ignore[misc]
     """GRADA as a document compressor: keeps the top ``n`` after graph reranking (``None``: half
     of the documents given, the paper's M = 2n); its fields are the core's parameters."""
 
 
-class AutoDefenseCompressor(_with_fields("auto")):  # type: ignore[misc]
+class AutoDefenseCompressor(with_defense_fields(DefenseCompressor, "auto")):  # type: ignore[misc]
     """:class:`ragdefense.AutoDefense` as a document compressor; its fields are the core's
     parameters."""

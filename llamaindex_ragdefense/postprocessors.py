@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, create_model
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
@@ -20,11 +20,11 @@ from ragdefense import DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
-    defense_fields,
     make_defense,
     removed_report,
     run_defense,
     verdict_metadata,
+    with_defense_fields,
 )
 
 __all__ = [
@@ -175,31 +175,16 @@ class DefensePostprocessor(BaseNodePostprocessor):
         return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
 
 
-def _with_fields(defense: str) -> type[DefensePostprocessor]:
-    """A :class:`DefensePostprocessor` base with one field per parameter of ``defense``, derived
-    from the core's description (:func:`ragdefense.integration.defense_fields`)."""
-    fields: dict[str, Any] = {
-        p.name: (p.annotation, Field(default=p.default, description=p.description))
-        for p in defense_fields(defense)
-    }
-    return create_model(
-        f"_{defense}_fields",
-        __base__=DefensePostprocessor,
-        defense=(Any, Field(default=defense, frozen=True, description="the core defense")),
-        **fields,
-    )
-
-
-class RAGDefenderPostprocessor(_with_fields("ragdefender")):  # type: ignore[misc]
+class RAGDefenderPostprocessor(with_defense_fields(DefensePostprocessor, "ragdefender")):  # type: ignore[misc]
     """RAGDefender as a node postprocessor (see :class:`ragdefense.RAGDefender`); its fields are
     the core's parameters."""
 
 
-class GRADAPostprocessor(_with_fields("grada")):  # type: ignore[misc]
+class GRADAPostprocessor(with_defense_fields(DefensePostprocessor, "grada")):  # type: ignore[misc]
     """GRADA as a node postprocessor: reranks and keeps the top ``n`` (``None``: half), the
     node score becoming its PageRank score; its fields are the core's parameters."""
 
 
-class AutoDefensePostprocessor(_with_fields("auto")):  # type: ignore[misc]
+class AutoDefensePostprocessor(with_defense_fields(DefensePostprocessor, "auto")):  # type: ignore[misc]
     """:class:`ragdefense.AutoDefense` as a node postprocessor; its fields are the core's
     parameters."""

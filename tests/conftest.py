@@ -48,3 +48,11 @@ def data_dir() -> Path:
         if c and (Path(c) / "ragdefender").is_dir():
             return Path(c)
     pytest.skip("benchmark data not available (set RAGDEFENSE_DATA)")
+
+
+@pytest.fixture(scope="session")
+def nlp() -> object:
+    """The spaCy pipeline of keyword aggregation (the user's en_core_web_sm or the packaged one)."""
+    from ragdefense.robustrag.keywords import load_spacy
+
+    return load_spacy()

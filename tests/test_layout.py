@@ -99,7 +99,8 @@ OLD_PATHS = {
 @pytest.mark.parametrize("old", sorted(OLD_PATHS))
 def test_import_paths_of_earlier_releases_give_the_same_objects(old: str) -> None:
     name, new = OLD_PATHS[old]
-    assert getattr(importlib.import_module(old), name) is getattr(importlib.import_module(new), name)
+    moved = getattr(importlib.import_module(new), name)
+    assert getattr(importlib.import_module(old), name) is moved
 
 
 def test_every_public_name_resolves() -> None:
@@ -121,3 +122,14 @@ def test_import_ragdefense_loads_nothing_heavy() -> None:
     )
     out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+def test_every_core_package_is_in_the_wheel() -> None:
+    tomllib = pytest.importorskip("tomllib")
+    config = tomllib.loads((CORE.parent / "pyproject.toml").read_text(encoding="utf-8"))
+    listed = set(config["tool"]["setuptools"]["packages"])
+    folders = {
+        ".".join(("ragdefense", *p.parent.relative_to(CORE).parts))
+        for p in CORE.rglob("__init__.py")
+    }
+    assert folders <= listed, sorted(folders - listed)

@@ -225,3 +225,39 @@ def test_robustrag_query_engine_with_the_real_llm(embed: RagdefenseEmbedding) ->
     response = engine.query(QUESTION.question)
     assert "Canberra" in str(response)
     assert len(response.source_nodes) == 4
+
+
+def test_rerank_instrumentation_events_frame_the_defense() -> None:
+    from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
+
+    from .conftest import bag_of_words
+
+    class Rerank(BaseEventHandler):
+        events: list[Any] = Field(default_factory=list)
+
+        @classmethod
+        def class_name(cls) -> str:
+            return "Rerank"
+
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            if isinstance(event, (ReRankStartEvent, ReRankEndEvent)):
+                self.events.append(event)
+
+    texts = [f"capital of France is Lyon {w}" for w in "abcd"] + ["Paris is the capital."] * 2
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, embedding=v.tolist()), score=0.5)
+        for t, v in zip(texts, bag_of_words(texts), strict=True)
+    ]
+    handler = Rerank()
+    root = get_dispatcher()
+    root.add_event_handler(handler)
+    try:
+        out = GRADAPostprocessor(n=3).postprocess_nodes(nodes, query_str="capital of France?")
+    finally:
+        root.event_handlers.remove(handler)
+    start, end = handler.events
+    assert isinstance(start, ReRankStartEvent) and start.model_name == "GRADA"
+    assert len(start.nodes) == 6 and start.query is not None
+    assert isinstance(end, ReRankEndEvent) and [n.node.node_id for n in end.nodes] == [
+        n.node.node_id for n in out
+    ]

@@ -7,7 +7,6 @@ import pytest
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from ragdefense import CallableEmbedder, DefenseInputError, Embedder, Passage, RAGDefender
-from ragdefense.text import summed_tfidf, tokenize
 from ragdefense.embedders import cosine_matrix
 from ragdefense.ragdefender import (
     Stage1Estimate,
@@ -17,6 +16,7 @@ from ragdefense.ragdefender import (
     identify_adversarial,
     pair_frequency_scores,
 )
+from ragdefense.text import summed_tfidf, tokenize
 
 from .conftest import bag_of_words
 

@@ -5,7 +5,7 @@ import time
 
 import pytest
 
-from ragdefense.keywords import extract_keywords, load_spacy
+from ragdefense.keywords import extract_keywords
 from ragdefense.llm import CallableLLM, Generation, LangChainLLM, as_llm
 from ragdefense.robustrag import RobustRAG, is_abstention
 
@@ -26,11 +26,6 @@ def scripted(isolated: dict[str, str], keyword_rule=None):  # type: ignore[no-un
         return "I don't know"
 
     return CallableLLM(fn)
-
-
-@pytest.fixture(scope="module")
-def nlp():  # type: ignore[no-untyped-def]
-    return load_spacy()
 
 
 # ---------------------------------------------------------------- keywords

@@ -24,7 +24,7 @@ def test_stop_words_equal_scikit_learn() -> None:
     assert sklearn_text.ENGLISH_STOP_WORDS == ENGLISH_STOP_WORDS
 
 
-@pytest.mark.parametrize("query", TEXTS[:3] + ["capital city of France"])
+@pytest.mark.parametrize("query", [*TEXTS[:3], "capital city of France"])
 def test_bm25_equals_bm25s_lucene_times_k1_plus_1(query: str) -> None:
     bm25s = pytest.importorskip("bm25s")
     scorer = BM25(k1=1.5, b=0.75)

@@ -14,7 +14,7 @@ import numpy as np
 from ..attacks import make_poison, poisonedrag
 from ..embedders import Embedder, as_embedder
 from ..similarity import cosine_to
-from ..text import contains_answer
+from ..text import contains_answer, normalize
 from ..types import Passage
 from .datasets import QARecord
 
@@ -207,8 +207,8 @@ def attack_passages(
     has fewer than two alternatives of its own."""
     alternatives = list(record.wrong_alternatives)
     if attack == "multi-answer" and len(alternatives) < 2:
-        correct = {a.lower() for a in record.answers} | {record.wrong_answer.lower()}
-        pool = sorted({o for o in others if o and o.lower() not in correct})
+        taken = {normalize(a) for a in record.answers} | {normalize(record.wrong_answer)}
+        pool = sorted({o for o in others if o and normalize(o) not in taken})
         random.Random(f"{seed}:{record.dataset}:{record.id}").shuffle(pool)
         alternatives += pool
     return make_poison(

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..data import QARecord
-from ..text import contains_answer
+from ..text import contains_answer, normalize
 
 __all__ = [
     "BUNDLES",
@@ -145,7 +145,7 @@ def load_realtimeqa(folder: str | os.PathLike[str]) -> list[QARecord]:
         answers = tuple(str(a) for a in list(correct) + list(expanded))
         wrong = str(_field(path, i, rec, "incorrect answer", (str, int, float)))
         choices = tuple(str(c) for c in rec.get("choices", []))
-        low = {a.strip().lower() for a in answers} | {wrong.strip().lower()}
+        taken = {normalize(a) for a in answers} | {normalize(wrong)}
         out.append(
             QARecord(
                 "realtimeqa",
@@ -156,7 +156,7 @@ def load_realtimeqa(folder: str | os.PathLike[str]) -> list[QARecord]:
                 tuple(web),
                 tuple(contains_answer(t, answers) for t in web),
                 tuple(str(t) for t in _field(path, i, rec, "incorrect_context", list)),
-                tuple(c for c in choices if c.strip().lower() not in low),
+                tuple(c for c in choices if normalize(c) not in taken),
                 choices,
                 str(rec.get("choices answer", "")),
             )

@@ -1,0 +1,27 @@
+"""Offline and quiet: every model ragdefense loads ships in a pip package, so the Hugging Face
+libraries are told not to reach the hub and not to draw download progress bars. Called by the
+command line; call :func:`offline` yourself in a notebook or script (it changes this process's
+environment, which is why the library never does it on its own)."""
+
+from __future__ import annotations
+
+import os
+import warnings
+
+__all__ = ["offline"]
+
+SETTINGS = {
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",
+    "TRANSFORMERS_VERBOSITY": "error",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+def offline() -> None:
+    """Set :data:`SETTINGS` where the environment does not set them already, and silence the
+    notebook-only "IProgress not found" warning of progress bars."""
+    for key, value in SETTINGS.items():
+        os.environ.setdefault(key, value)
+    warnings.filterwarnings("ignore", message="IProgress not found")

@@ -1,0 +1,102 @@
+"""RobustRAG's sync and async APIs drive one flow: every aggregation x certify x attack gives the
+same result both ways; the certification cost is known before it is paid; with_llm is the public
+way to swap the model."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from ragdefense.llm import CallableLLM
+from ragdefense.robustrag import RobustAnswer, RobustRAG
+
+from .test_decoding import NOR, FakeTokenLLM, dist
+from .test_robustrag import CHOICES, Q, mc_llm, scripted
+
+PASSAGES = [f"p{i}" for i in range(5)]
+
+
+def _view(r: RobustAnswer) -> tuple[Any, ...]:
+    c = r.certificate
+    cert = None if c is None else (c.certified, c.reason, c.possible_answers, c.undecided)
+    return (r.answer, r.reason, tuple(x.abstained for x in r.responses), cert)
+
+
+def _keyword(nlp: Any) -> RobustRAG:
+    answers = {"p0": "Canberra", "p1": "Canberra", "p2": "Canberra", "p3": "Sydney"}
+    return RobustRAG(llm=scripted(answers), nlp=nlp)
+
+
+def _majority(nlp: Any) -> RobustRAG:
+    letters = ["B. Canberra", "B", "B", "A. Sydney", "E. No info"]
+    return RobustRAG(llm=mc_llm(letters), aggregation="majority")
+
+
+def _decoding(nlp: Any) -> RobustRAG:
+    tables = {f"p{i}": [dist(can=0.7, syd=0.3)] for i in range(4)} | {"p4": [dist(syd=1.0)]}
+    return RobustRAG(llm=FakeTokenLLM(tables | NOR), aggregation="decoding")
+
+
+@pytest.mark.parametrize("make", [_keyword, _majority, _decoding])
+@pytest.mark.parametrize("certify", [None, 1, 2])
+@pytest.mark.parametrize("attack", ["injection", "modification"])
+def test_sync_and_async_give_the_same_answer_and_certificate(
+    nlp: Any, make: Any, certify: int | None, attack: Any
+) -> None:
+    rr = make(nlp)
+    passages = [f"passage {i}" for i in range(5)] if rr.aggregation == "majority" else PASSAGES
+    choices = CHOICES if rr.aggregation == "majority" else None
+    kw = {"choices": choices, "certify": certify, "attack": attack, "gold": None}
+    sync = rr.answer(Q, passages, **kw)
+    asyn = asyncio.run(rr.aanswer(Q, passages, **kw))
+    assert _view(sync) == _view(asyn)
+    assert (sync.certificate is None) is (certify is None)
+    if certify is not None:  # certify / acertify on the computed answer agree too
+        plain = rr.answer(Q, passages, choices=choices)
+        again = rr.certify(plain, certify, attack=attack)
+        aagain = asyncio.run(rr.acertify(plain, certify, attack=attack))
+        assert _view(again) == _view(aagain) == _view(sync)
+
+
+def test_async_decoding_certificate_checks_the_gaps() -> None:
+    # the gap 0.6 is within the attacker's reach: not certified, sync and async alike
+    tables = {
+        "c0": [dist(can=0.9, syd=0.1)],
+        "c1": [dist(can=0.8, syd=0.2)],
+        "c2": [dist(syd=0.9, can=0.1)],
+        "c3": [dist(can=1.0)],
+        **NOR,
+    }
+    rr = RobustRAG(llm=FakeTokenLLM(tables), aggregation="decoding")
+    plain = rr.answer(Q, ["c0", "c1", "c2", "c3"])
+    cert = asyncio.run(rr.acertify(plain, 1)).certificate
+    assert cert is not None and not cert.certified and "within the attacker's reach" in cert.reason
+
+
+def test_certify_calls_is_what_certify_spends(nlp: Any) -> None:
+    calls: list[str] = []
+    answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
+    iso = {f"p{i}!": a for i, a in enumerate(answers)}
+    base = scripted(iso, lambda kws: "Sydney" if "Sydney" in kws else "Canberra")
+
+    def counting(prompt: str) -> str:
+        calls.append(prompt)
+        return base.fn(prompt)
+
+    rr = RobustRAG(llm=CallableLLM(counting), nlp=nlp)
+    result = rr.answer(Q, list(iso))
+    expected = rr.certify_calls(result, 1)
+    calls.clear()
+    rr.certify(result, 1)
+    assert expected == len(calls) > 0
+    assert rr.certify_calls(result, 5) == 0  # refused without asking: k' >= k / 2
+
+
+def test_with_llm_returns_a_copy_on_another_model(nlp: Any) -> None:
+    rr = RobustRAG(llm=scripted({"p": "Canberra"}), nlp=nlp)
+    other = rr.with_llm(scripted({"p": "Sydney"}))
+    assert other is not rr and other.nlp is rr.nlp
+    assert rr.answer(Q, ["p"]).answer == "Canberra"
+    assert other.answer(Q, ["p"]).answer == "Sydney"
