@@ -1,17 +1,35 @@
 """The LLM interface (:class:`LLM`, :class:`Generation`) and the backends that wrap a framework's
-model or a function: :class:`LangChainLLM`, :class:`LlamaIndexLLM`, :class:`CallableLLM`."""
+model or a function: :class:`LangChainLLM`, :class:`LlamaIndexLLM`, :class:`CallableLLM`.
+
+Every backend honours the same contract: one :class:`Generation` per prompt, in order; a failed,
+timed-out or non-text answer is a failed generation (``error`` set), never an exception for the
+batch; ``timeout`` is a deadline for the whole batch (prompts still unanswered then are reported
+as timed out, and no new call is started); answers are cut to ``max_new_tokens`` words where the
+backend cannot bound its own length.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import threading
+import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LLM", "CallableLLM", "Generation", "LangChainLLM", "LlamaIndexLLM", "first_line_of"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "LLM",
+    "CallableLLM",
+    "Generation",
+    "LangChainLLM",
+    "LlamaIndexLLM",
+    "first_line_of",
+]
+
+#: seconds a batch may take when neither the call nor the backend says otherwise
+DEFAULT_TIMEOUT = 120.0
 
 
 @dataclass(frozen=True)
@@ -26,20 +44,61 @@ class Generation:
         """Whether the call succeeded."""
         return self.error is None and self.text is not None
 
+    @property
+    def timed_out(self) -> bool:
+        """Whether the call failed by running past the deadline."""
+        return self.error is not None and self.error.startswith(TIMED_OUT)
+
+
+TIMED_OUT = "timed out"
+
+
+def timed_out(timeout: float) -> Generation:
+    return Generation(None, f"{TIMED_OUT}: no answer within the batch's {timeout:g} s deadline")
+
+
+def as_generation(value: Any, max_new_tokens: int | None = None) -> Generation:
+    """A backend's raw answer as a :class:`Generation`: text (cut to ``max_new_tokens`` words),
+    or a failure for anything that is not text (``None``, numbers, dicts, bytes, exceptions)."""
+    if isinstance(value, BaseException):
+        kind = "raised TimeoutError" if isinstance(value, TimeoutError) else type(value).__name__
+        return Generation(None, f"{kind}: {value}")
+    if not isinstance(value, str):
+        return Generation(None, f"the model returned {type(value).__name__}, expected str")
+    if max_new_tokens is not None:
+        words = value.split(" ")
+        if len(words) > max_new_tokens:
+            value = " ".join(words[:max_new_tokens])
+    return Generation(value)
+
 
 class LLM(ABC):
-    """A text generator for batches of prompts (user messages; chat formatting is the backend's)."""
+    """A text generator for batches of prompts (user messages; chat formatting is the backend's).
+
+    ``timeout`` on a call is the deadline of that batch in seconds; the backend's own ``timeout``
+    (default :data:`DEFAULT_TIMEOUT`) applies too, the tighter one winning.
+    """
 
     #: whether :meth:`next_token_probs` is available
     supports_token_probs = False
+    timeout: float | None = DEFAULT_TIMEOUT
 
     @abstractmethod
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
         """Generate one answer per prompt; failures are reported per prompt."""
 
-    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
         """Async :meth:`generate`; defaults to running it in a worker thread."""
-        return await asyncio.to_thread(self.generate, prompts, max_new_tokens)
+        return await asyncio.to_thread(self.generate, prompts, max_new_tokens, timeout)
+
+    def _deadline(self, timeout: float | None) -> float:
+        """The batch's time budget in seconds: the tighter of the call's and the backend's."""
+        limits = [float(t) for t in (timeout, self.timeout) if t is not None]
+        return max(0.0, min(limits)) if limits else float("inf")
 
     def next_token_probs(self, prompts: Sequence[str]) -> Any:
         """Next-token probability distributions, one row per prompt: a float array of shape
@@ -51,105 +110,198 @@ class LLM(ABC):
 
 
 def first_line_of(text: str) -> str:
+    """The first non-empty line of ``text``, stripped."""
     text = text.strip()
     return text.split("\n", 1)[0].strip() if text else text
 
 
+def run_threads(
+    call: Callable[[str], Any],
+    prompts: Sequence[str],
+    workers: int,
+    budget: float,
+    max_new_tokens: int | None,
+) -> list[Generation]:
+    """``call`` on every prompt from ``workers`` daemon threads, all within ``budget`` seconds.
+
+    Prompts not answered by then are timed out and no further call starts; a call already
+    running cannot be interrupted, but it runs in a daemon thread and its answer is dropped, so
+    neither the caller nor the interpreter's exit waits for it.
+    """
+    if budget <= 0:  # nothing left of the deadline: start nothing
+        return [timed_out(budget) for _ in prompts]
+    results: list[Generation | None] = [None] * len(prompts)
+    pending = list(range(len(prompts)))[::-1]
+    lock = threading.Lock()
+    finished = threading.Condition(lock)
+    stop = False
+    left = len(prompts)
+
+    def work() -> None:
+        nonlocal left
+        while True:
+            with lock:
+                if stop or not pending:
+                    return
+                i = pending.pop()
+            try:
+                value: Any = call(prompts[i])
+            except Exception as exc:  # reported on this prompt
+                value = exc
+            with lock:
+                if not stop:
+                    results[i] = as_generation(value, max_new_tokens)
+                left -= 1
+                finished.notify_all()
+
+    for _ in range(max(1, min(workers, len(prompts)))):
+        threading.Thread(target=work, daemon=True).start()
+    end = time.monotonic() + budget
+    with lock:
+        while left and time.monotonic() < end:
+            finished.wait(min(end - time.monotonic(), 3600.0))
+        stop = True
+        return [r if r is not None else timed_out(budget) for r in results]
+
+
+async def gather_within(
+    call: Callable[[str], Awaitable[Any]],
+    prompts: Sequence[str],
+    workers: int,
+    budget: float,
+    max_new_tokens: int | None,
+) -> list[Generation]:
+    """``call`` on every prompt, ``workers`` at a time, within ``budget`` seconds; calls still
+    running then are cancelled and reported as timed out."""
+    if budget <= 0:  # nothing left of the deadline: start nothing
+        return [timed_out(budget) for _ in prompts]
+    sem = asyncio.Semaphore(max(1, workers))
+
+    async def one(p: str) -> Generation:
+        async with sem:
+            try:
+                return as_generation(await call(p), max_new_tokens)
+            except Exception as exc:  # reported on this prompt
+                return as_generation(exc)
+
+    tasks = [asyncio.ensure_future(one(p)) for p in prompts]
+    if not tasks:
+        return []
+    done, pending = await asyncio.wait(tasks, timeout=None if budget == float("inf") else budget)
+    for task in pending:
+        task.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return [t.result() if t in done else timed_out(budget) for t in tasks]
+
+
 class CallableLLM(LLM):
-    """A plain function ``prompt -> answer``; ``timeout`` (s) turns slow calls into failures."""
+    """A plain function ``prompt -> answer``, called from ``max_concurrency`` threads.
+
+    Args:
+        fn: The function; an answer that is not a ``str`` is a failed call.
+        max_concurrency: Calls in flight at once.
+        timeout: Default deadline of a batch in seconds (``None``: none).
+    """
 
     def __init__(
-        self, fn: Callable[[str], str], max_concurrency: int = 4, timeout: float | None = None
+        self,
+        fn: Callable[[str], str],
+        max_concurrency: int = 4,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self.fn = fn
         self.max_concurrency = max_concurrency
         self.timeout = timeout
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        return _threaded(self.fn, prompts, self.max_concurrency, self.timeout)
+    def generate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        budget = self._deadline(timeout)
+        return run_threads(self.fn, prompts, self.max_concurrency, budget, max_new_tokens)
 
 
-def _threaded(
-    fn: Callable[[str], Any], prompts: Sequence[str], workers: int, timeout: float | None
-) -> list[Generation]:
-    out: list[Generation] = []
-    pool = ThreadPoolExecutor(max_workers=max(1, workers))
-    try:
-        futures = [pool.submit(fn, p) for p in prompts]
-        for f in futures:
-            try:
-                out.append(Generation(str(f.result(timeout=timeout))))
-            except FutureTimeout:
-                out.append(Generation(None, f"timed out after {timeout} s"))
-            except Exception as exc:
-                out.append(Generation(None, f"{type(exc).__name__}: {exc}"))
-    finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return out
+def _message_text(result: Any) -> Any:
+    """The text of a LangChain result: a message's content (blocks joined), or the value."""
+    content = getattr(result, "content", result)
+    if isinstance(content, list):  # content blocks
+        content = "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content)
+    return content
 
 
 class LangChainLLM(LLM):
-    """A LangChain chat model or LLM (any ``Runnable`` taking a string)."""
+    """A LangChain chat model or LLM (any ``Runnable`` taking a string), called concurrently.
+
+    Args:
+        model: The runnable.
+        max_concurrency: Calls in flight at once.
+        timeout: Default deadline of a batch in seconds (``None``: none).
+        config: A ``RunnableConfig`` passed on each call (e.g. the calling chain's callbacks).
+    """
 
     def __init__(
         self,
         model: Any,
         max_concurrency: int = 8,
-        timeout: float | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
         config: dict[str, Any] | None = None,
     ) -> None:
         self.model = model
         self.max_concurrency = max_concurrency
         self.timeout = timeout
-        self.config = dict(config or {})  # e.g. callbacks of the calling chain
+        self.config = dict(config or {})
 
-    def _config(self) -> dict[str, Any]:
-        return {**self.config, "max_concurrency": self.max_concurrency}
+    def generate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        def call(p: str) -> Any:
+            return _message_text(self.model.invoke(p, config=self.config))
 
-    @staticmethod
-    def _text(result: Any) -> Generation:
-        if isinstance(result, Exception):
-            return Generation(None, f"{type(result).__name__}: {result}")
-        content = getattr(result, "content", result)
-        if isinstance(content, list):  # content blocks
-            content = "".join(b if isinstance(b, str) else str(b.get("text", "")) for b in content)
-        return Generation(str(content))
+        budget = self._deadline(timeout)
+        return run_threads(call, prompts, self.max_concurrency, budget, max_new_tokens)
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        results = self.model.batch(list(prompts), config=self._config(), return_exceptions=True)
-        return [self._text(r) for r in results]
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        async def call(p: str) -> Any:
+            return _message_text(await self.model.ainvoke(p, config=self.config))
 
-    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        results = await self.model.abatch(
-            list(prompts), config=self._config(), return_exceptions=True
-        )
-        return [self._text(r) for r in results]
+        budget = self._deadline(timeout)
+        return await gather_within(call, prompts, self.max_concurrency, budget, max_new_tokens)
 
 
 class LlamaIndexLLM(LLM):
-    """A LlamaIndex LLM (``complete`` / ``acomplete``), called concurrently."""
+    """A LlamaIndex LLM (``complete`` / ``acomplete``), called concurrently.
 
-    def __init__(self, llm: Any, max_concurrency: int = 8, timeout: float | None = None) -> None:
+    Args:
+        llm: The LlamaIndex LLM.
+        max_concurrency: Calls in flight at once.
+        timeout: Default deadline of a batch in seconds (``None``: none).
+    """
+
+    def __init__(
+        self, llm: Any, max_concurrency: int = 8, timeout: float | None = DEFAULT_TIMEOUT
+    ) -> None:
         self.llm = llm
         self.max_concurrency = max_concurrency
         self.timeout = timeout
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        return _threaded(
-            lambda p: self.llm.complete(p).text, prompts, self.max_concurrency, self.timeout
+    def generate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        budget = self._deadline(timeout)
+        return run_threads(
+            lambda p: self.llm.complete(p).text,
+            prompts,
+            self.max_concurrency,
+            budget,
+            max_new_tokens,
         )
 
-    async def agenerate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
-        sem = asyncio.Semaphore(self.max_concurrency)
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        async def call(p: str) -> Any:
+            return (await self.llm.acomplete(p)).text
 
-        async def one(p: str) -> Generation:
-            async with sem:
-                try:
-                    r = await asyncio.wait_for(self.llm.acomplete(p), self.timeout)
-                    return Generation(str(r.text))
-                except asyncio.TimeoutError:
-                    return Generation(None, f"timed out after {self.timeout} s")
-                except Exception as exc:
-                    return Generation(None, f"{type(exc).__name__}: {exc}")
-
-        return list(await asyncio.gather(*(one(p) for p in prompts)))
+        budget = self._deadline(timeout)
+        return await gather_within(call, prompts, self.max_concurrency, budget, max_new_tokens)

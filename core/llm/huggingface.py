@@ -10,12 +10,13 @@ import os
 import shutil
 import tempfile
 import threading
+import time
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import LLM, Generation, first_line_of
+from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, timed_out
 
 __all__ = ["SMOLLM2_GGUF", "TokenSession", "TransformersLLM", "default_llm", "packaged_smollm2_dir"]
 
@@ -78,6 +79,8 @@ class TransformersLLM(LLM):
         device: Torch device; ``None`` uses the given model's device, else a GPU when one is
             present, else the CPU.
         first_line: Keep only the first line of each answer (short-answer QA).
+        cache_dir: Where the packaged model is converted to (default: ``$RAGDEFENSE_CACHE``).
+        timeout: Default deadline of a batch in seconds (``None``: none).
     """
 
     supports_token_probs = True
@@ -91,6 +94,7 @@ class TransformersLLM(LLM):
         device: str | None = None,
         first_line: bool = True,
         cache_dir: str | None = None,
+        timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
         self._model = None if model is None or isinstance(model, (str, Path)) else model
         self._path = str(model) if isinstance(model, (str, Path)) else None
@@ -100,6 +104,7 @@ class TransformersLLM(LLM):
         self._device = device
         self.first_line = first_line
         self.cache_dir = cache_dir
+        self.timeout = timeout
         self._lock = threading.Lock()
 
     @property
@@ -157,14 +162,26 @@ class TransformersLLM(LLM):
             )
         return prompt
 
-    def generate(self, prompts: Sequence[str], max_new_tokens: int = 20) -> list[Generation]:
+    def generate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        """Batched greedy answers; the deadline is checked before every decoding step, and the
+        prompts unfinished when it passes are reported as timed out."""
+        budget = self._deadline(timeout)
+        end = time.monotonic() + budget
         out: list[Generation] = []
         for start in range(0, len(prompts), self.batch_size):
             batch = list(prompts[start : start + self.batch_size])
+            if time.monotonic() >= end:
+                out += [timed_out(budget)] * len(batch)
+                continue
             try:
-                texts = self._greedy([self.format(p) for p in batch], max_new_tokens)
+                texts = self._greedy([self.format(p) for p in batch], max_new_tokens, end)
                 out += [
-                    Generation(first_line_of(t) if self.first_line else t.strip()) for t in texts
+                    timed_out(budget)
+                    if t is None
+                    else Generation(first_line_of(t) if self.first_line else t.strip())
+                    for t in texts
                 ]
             except Exception as exc:  # a batch that fails is reported on each of its prompts
                 out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
@@ -244,10 +261,12 @@ class TransformersLLM(LLM):
         eos = self.tokenizer.eos_token_id
         return {eos} if isinstance(eos, int) else set(eos or [])
 
-    def _greedy(self, texts: list[str], max_new_tokens: int) -> list[str]:
+    def _greedy(
+        self, texts: list[str], max_new_tokens: int, end: float = float("inf")
+    ) -> list[str | None]:
         """Batched greedy decoding with a KV cache: shared prompt prefix computed once; each row
         stops at EOS (or at a newline when ``first_line``) and leaves the batch, so short answers
-        do not wait for long ones."""
+        do not wait for long ones. Rows still decoding at ``end`` (monotonic time) are ``None``."""
         import torch
 
         tok, stop = self.tokenizer, self.stop_ids
@@ -255,6 +274,10 @@ class TransformersLLM(LLM):
         gen: list[list[int]] = [[] for _ in texts]
         alive = list(range(len(texts)))
         for step in range(max_new_tokens):
+            if time.monotonic() >= end:
+                unfinished = set(alive)
+                return [None if i in unfinished else tok.decode(g, skip_special_tokens=True)
+                        for i, g in enumerate(gen)]  # fmt: skip
             nxt = res.logits[:, -1].argmax(-1)
             keep = []
             for row, i in enumerate(alive):

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import logging
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
-from .flow import Flow, adrive, drive, local
+from .flow import Flow, Progress, adrive, drive, local
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
 from .majority_vote import MajorityVote
@@ -38,6 +40,8 @@ from .types import (
 
 __all__ = ["RobustRAG"]
 
+logger = logging.getLogger("ragdefense")
+
 
 class Aggregation(Protocol):
     """What an aggregation module provides: the answer and certificate flows, and the cost."""
@@ -49,7 +53,12 @@ class Aggregation(Protocol):
     ) -> Flow[RobustAnswer]: ...
 
     def certificate(
-        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+        self,
+        result: RobustAnswer,
+        k_prime: int,
+        attack: Attack,
+        golds: list[str],
+        progress: Progress | None,
     ) -> Flow[Certificate]: ...
 
     def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int: ...
@@ -81,6 +90,11 @@ class RobustRAG:
         eta: Decoding: the averaged top-1 is used when it leads the top-2 by more than eta,
             else the no-retrieval token (paper: 0 for short QA).
         max_certify_responses: Decoding certification explores at most this many responses.
+        timeout: Seconds one call of :meth:`answer` / :meth:`certify` may spend waiting for the
+            LLM, all its batches together (``None``: no limit). Isolated calls still unanswered
+            then are abstentions (reported as timed out); a certification cut short is reported
+            as not certified, with the answer. Secure decoding runs locally and is bounded by
+            ``max_new_tokens`` and ``max_certify_responses`` instead.
         isolated_prompt, keyword_prompt, choice_prompt: Prompt templates (``{context}``,
             ``{query}``, ``{keywords}``, ``{choices}``, ``{letters}``).
     """
@@ -100,6 +114,7 @@ class RobustRAG:
         gamma: float = 0.99,
         eta: float = 0.0,
         max_certify_responses: int = 64,
+        timeout: float | None = 300.0,
         isolated_prompt: str = ISOLATED_PROMPT,
         no_retrieval_prompt: str = NO_RETRIEVAL_PROMPT,
         keyword_prompt: str = KEYWORD_PROMPT,
@@ -111,6 +126,12 @@ class RobustRAG:
             )
         if not 0 <= alpha <= 1 or beta <= 0:
             raise ValueError(f"need 0 <= alpha <= 1 and beta > 0, got {alpha}, {beta}")
+        if max_new_tokens < 1 or max_certify_calls < 0 or max_undecided < 0:
+            raise ValueError(
+                "max_new_tokens must be >= 1, max_certify_calls and max_undecided >= 0"
+            )
+        if timeout is not None and not timeout > 0:
+            raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
         self._llm = llm
         self.aggregation: Literal["keyword", "majority", "decoding"] = aggregation
         self.alpha = alpha
@@ -122,6 +143,7 @@ class RobustRAG:
         self.gamma = gamma
         self.eta = eta
         self.max_certify_responses = max_certify_responses
+        self.timeout = timeout
         self.no_retrieval_prompt = no_retrieval_prompt
         self.isolated_prompt = isolated_prompt
         self.keyword_prompt = keyword_prompt
@@ -179,6 +201,7 @@ class RobustRAG:
         certify: int | None = None,
         attack: Attack = "injection",
         gold: Sequence[str] | str | None = None,
+        progress: Progress | None = None,
     ) -> RobustAnswer:
         """Answer ``query`` from ``passages`` (in retrieval rank order).
 
@@ -188,8 +211,11 @@ class RobustRAG:
             attack: ``"injection"`` (k' passages pushed in, the bottom k' pushed out) or
                 ``"modification"`` (any k' passages rewritten).
             gold: Correct answer string(s): certify correctness instead of stability.
+            progress: Called as ``progress(done, total)`` while certification asks the LLM
+                (``total`` is :meth:`certify_calls`).
         """
-        return drive(self._answer_flow(query, passages, choices, certify, attack, gold), self._gen)
+        flow = self._answer_flow(query, passages, choices, certify, attack, gold, progress)
+        return self._run(flow)
 
     async def aanswer(
         self,
@@ -200,9 +226,10 @@ class RobustRAG:
         certify: int | None = None,
         attack: Attack = "injection",
         gold: Sequence[str] | str | None = None,
+        progress: Progress | None = None,
     ) -> RobustAnswer:
         """Async :meth:`answer` (the LLM calls go through the backend's async path)."""
-        flow = self._answer_flow(query, passages, choices, certify, attack, gold)
+        flow = self._answer_flow(query, passages, choices, certify, attack, gold, progress)
         return await self._arun(flow)
 
     def certify(
@@ -212,10 +239,13 @@ class RobustRAG:
         *,
         attack: Attack = "injection",
         gold: Sequence[str] | str | None = None,
+        progress: Progress | None = None,
     ) -> RobustAnswer:
         """Certify an answer already computed (its isolated responses are reused): a copy of
-        ``result`` with its :class:`Certificate` for ``k_prime`` injected / modified passages."""
-        return drive(self._certify_flow(result, k_prime, attack, gold), self._gen)
+        ``result`` with its :class:`Certificate` for ``k_prime`` injected / modified passages.
+        :meth:`certify_calls` says beforehand how many LLM calls it takes; ``progress(done,
+        total)`` is called as they complete."""
+        return self._run(self._certify_flow(result, k_prime, attack, gold, progress))
 
     async def acertify(
         self,
@@ -224,9 +254,10 @@ class RobustRAG:
         *,
         attack: Attack = "injection",
         gold: Sequence[str] | str | None = None,
+        progress: Progress | None = None,
     ) -> RobustAnswer:
         """Async :meth:`certify`."""
-        return await self._arun(self._certify_flow(result, k_prime, attack, gold))
+        return await self._arun(self._certify_flow(result, k_prime, attack, gold, progress))
 
     def certify_calls(
         self, result: RobustAnswer, k_prime: int, *, attack: Attack = "injection"
@@ -240,15 +271,25 @@ class RobustRAG:
 
     # ------------------------------------------------------------------ the shared flow
 
-    def _gen(self, prompts: list[str]) -> Any:
-        return self.llm.generate(prompts, self.max_new_tokens)
+    def _end(self) -> float:
+        """This call's deadline (monotonic time)."""
+        return time.monotonic() + (float("inf") if self.timeout is None else self.timeout)
+
+    def _run(self, flow: Flow[RobustAnswer]) -> RobustAnswer:
+        end = self._end()
+
+        def gen(prompts: list[str]) -> Any:
+            return self.llm.generate(prompts, self.max_new_tokens, _left(end))
+
+        return drive(flow, gen)
 
     async def _arun(self, flow: Flow[RobustAnswer]) -> RobustAnswer:
         if self._strategy.local:  # local CPU/GPU work: run it off the event loop
-            return await asyncio.to_thread(drive, flow, self._gen)
+            return await asyncio.to_thread(self._run, flow)
+        end = self._end()
 
         async def agen(prompts: list[str]) -> Any:
-            return await self.llm.agenerate(prompts, self.max_new_tokens)
+            return await self.llm.agenerate(prompts, self.max_new_tokens, _left(end))
 
         return await adrive(flow, agen)
 
@@ -260,6 +301,7 @@ class RobustRAG:
         certify: int | None,
         attack: Attack,
         gold: Sequence[str] | str | None,
+        progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         query, items = check_query(query), to_passages(passages)
         if not items:
@@ -267,7 +309,7 @@ class RobustRAG:
             return (yield from local(empty))
         result: RobustAnswer = yield from self._strategy.answer(query, items, choices)
         if certify is not None:
-            result = yield from self._certify_flow(result, certify, attack, gold)
+            result = yield from self._certify_flow(result, certify, attack, gold, progress)
         return result
 
     def _certify_flow(
@@ -276,6 +318,7 @@ class RobustRAG:
         k_prime: int,
         attack: Attack,
         gold: Sequence[str] | str | None,
+        progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         _check_attack(attack)
         golds = [gold] if isinstance(gold, str) else list(gold or [])
@@ -283,8 +326,15 @@ class RobustRAG:
         if refusal is not None:
             cert = yield from local(Certificate(k_prime, attack, False, refusal))
         else:
-            cert = yield from self._strategy.certificate(result, k_prime, attack, golds)
+            total = self._strategy.calls_needed(result, k_prime, attack)
+            if total:
+                logger.info("certifying at k'=%d: %d LLM call(s)", k_prime, total)
+            cert = yield from self._strategy.certificate(result, k_prime, attack, golds, progress)
         return replace(result, certificate=cert)
+
+
+def _left(end: float) -> float:
+    return max(0.0, end - time.monotonic())
 
 
 def _check_attack(attack: str) -> None:

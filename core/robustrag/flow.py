@@ -7,14 +7,16 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from typing import TypeVar
 
-from ..llm import Generation
+from ..llm.base import TIMED_OUT, Generation
 
-__all__ = ["Flow", "adrive", "drive", "failures_note", "local"]
+__all__ = ["Flow", "Progress", "adrive", "drive", "failures_note", "local"]
 
 T = TypeVar("T")
 
 #: yields prompt batches, is sent their generations (same order), returns its result
 Flow = Generator[list[str], list[Generation], T]
+#: ``progress(done, total)``: LLM calls answered so far out of those planned
+Progress = Callable[[int, int], None]
 
 
 def local(value: T) -> Flow[T]:
@@ -48,6 +50,11 @@ async def adrive(
 
 
 def failures_note(responses: Sequence[object]) -> str:
-    """`` (n LLM call(s) failed, ...)`` when some isolated calls failed, else ``""``."""
-    failed = sum(getattr(r, "error", None) is not None for r in responses)
-    return f" ({failed} LLM call(s) failed, counted as abstentions)" if failed else ""
+    """`` (n LLM call(s) failed, m of them timed out, ...)`` when some isolated calls failed,
+    else ``""``."""
+    errors = [e for r in responses if (e := getattr(r, "error", None)) is not None]
+    if not errors:
+        return ""
+    late = sum(e.startswith(TIMED_OUT) for e in errors)
+    timed = f", {late} of them timed out" if late else ""
+    return f" ({len(errors)} LLM call(s) failed{timed}, counted as abstentions)"

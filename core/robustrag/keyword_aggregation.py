@@ -13,17 +13,20 @@ from dataclasses import dataclass, replace
 from itertools import combinations
 from typing import TYPE_CHECKING
 
-from ..llm import Generation
+from ..llm.base import Generation
 from ..text import contains_answer, normalize
 from ..types import Passage
-from .flow import Flow, failures_note
+from .flow import Flow, Progress, failures_note
 from .keywords import extract_keywords
 from .types import IDK, Attack, Certificate, IsolatedResponse, RobustAnswer, is_abstention
 
 if TYPE_CHECKING:
     from .engine import RobustRAG
 
-__all__ = ["KeywordAggregation"]
+__all__ = ["CERTIFY_BATCH", "KeywordAggregation"]
+
+#: certification prompts sent per batch (progress is reported after each)
+CERTIFY_BATCH = 16
 
 
 @dataclass
@@ -91,7 +94,12 @@ class KeywordAggregation:
     # ------------------------------------------------------------------ certificate
 
     def certificate(
-        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+        self,
+        result: RobustAnswer,
+        k_prime: int,
+        attack: Attack,
+        golds: list[str],
+        progress: Progress | None = None,
     ) -> Flow[Certificate]:
         plan = self.plan(result.responses, k_prime, attack)
         if plan.verdict is not None:
@@ -99,7 +107,19 @@ class KeywordAggregation:
         prompts = [
             self.rr.keyword_prompt_for(result.query, kws) for kws in plan.keyword_sets if kws
         ]
-        gens = (yield prompts) if prompts else []
+        gens: list[Generation] = []
+        for start in range(0, len(prompts), CERTIFY_BATCH):  # in batches, to report progress
+            gens += yield prompts[start : start + CERTIFY_BATCH]
+            if progress is not None:
+                progress(len(gens), len(prompts))
+            if any(g.timed_out for g in gens):
+                why = (
+                    f"certification abandoned: the deadline (timeout={self.rr.timeout} s) "
+                    f"passed after {sum(g.ok for g in gens)} of {len(prompts)} LLM calls"
+                )
+                return Certificate(
+                    k_prime, attack, False, why, None, plan.always_kept, plan.undecided
+                )
         it = iter(gens)
         answers = []
         for kws in plan.keyword_sets:

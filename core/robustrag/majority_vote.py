@@ -8,9 +8,9 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from ..llm import Generation
+from ..llm.base import Generation
 from ..types import Passage
-from .flow import Flow, failures_note
+from .flow import Flow, Progress, failures_note
 from .types import IDK, NO_INFO, Attack, Certificate, IsolatedResponse, RobustAnswer
 
 if TYPE_CHECKING:
@@ -84,7 +84,12 @@ class MajorityVote:
         return tuple(out)
 
     def certificate(
-        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+        self,
+        result: RobustAnswer,
+        k_prime: int,
+        attack: Attack,
+        golds: list[str],
+        progress: Progress | None = None,
     ) -> Flow[Certificate]:
         yield from ()
         k = len(result.responses)

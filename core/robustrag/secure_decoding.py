@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 from ..llm import first_line_of
 from ..text import contains_answer, normalize
 from ..types import Passage
-from .flow import Flow
+from .flow import Flow, Progress
 from .types import (
     IDK,
     Attack,
@@ -123,7 +123,12 @@ class SecureDecoding:
         return RobustAnswer(query, answer, "decoding", responses, reason, steps=tuple(steps))
 
     def certificate(
-        self, result: RobustAnswer, k_prime: int, attack: Attack, golds: list[str]
+        self,
+        result: RobustAnswer,
+        k_prime: int,
+        attack: Attack,
+        golds: list[str],
+        progress: Progress | None = None,
     ) -> Flow[Certificate]:
         """Algorithm 4 (and its modification variant), for the averaged inference rule.
 
