@@ -18,6 +18,71 @@ from .offline import offline
 __all__ = ["main"]
 
 
+class UsageError(ValueError):
+    """A bad argument: reported as one line naming the fix, exit code 2, before any work."""
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def _non_negative(text: str) -> int:
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def _counts(text: str) -> list[int]:
+    """A comma-separated list of counts (0 or more)."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,3,5, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected counts of 0 or more like 1,3,5, got {text!r}")
+    return values
+
+
+def _resolve(spec: str, what: str) -> Any:
+    """The object named by ``module:attribute`` (a dotted attribute path)."""
+    import importlib
+
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise UsageError(f"{what} {spec!r}: expected module:attribute")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise UsageError(f"{what} {spec!r}: cannot import it ({exc})") from None
+    return obj
+
+
+def _llm(spec: str | None) -> Any:
+    """``--llm``: ``None``, ``"packaged"`` (kept as the name) or a resolved ``module:attr``."""
+    if spec is None or spec == "packaged":
+        return spec
+    return _resolve(spec, "--llm (use 'packaged' or module:attribute)")
+
+
+def _out_folder(path: str | None) -> None:
+    if path is not None and Path(path).exists() and not Path(path).is_dir():
+        raise UsageError(f"--out {path}: a file is there; name a folder (it is created)")
+
+
+def _out_file(path: str | None) -> None:
+    if path is None:
+        return
+    target = Path(path)
+    if target.is_dir() or not target.parent.is_dir():
+        raise UsageError(f"--json {path}: name a file in an existing folder")
+
+
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -36,6 +101,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         robustrag_table,
     )
 
+    _out_folder(args.out)
     if args.setting == "demo":
         rows, table = demo_table()
         print(table)
@@ -60,7 +126,7 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             rows, table = ragdefender_table(
                 folder,
                 datasets=(args.datasets or "nq,msmarco,hotpotqa").split(","),
-                ratios=[int(r) for r in args.ratios.split(",")],
+                ratios=args.ratios,
                 limit=args.limit,
                 timing_queries=args.timing_queries,
             )
@@ -68,15 +134,13 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             rows, table = auto_table(
                 folder,
                 datasets=(args.datasets or "nq,msmarco,hotpotqa").split(","),
-                ratios=[int(r) for r in args.ratios.split(",")],
-                n_poison=[int(p) for p in (args.poison or "0,1,3,5").split(",")],
+                ratios=args.ratios,
+                n_poison=args.poison or [0, 1, 3, 5],
                 limit=args.limit,
             )
         elif args.setting == "grada":
             rows, table = grada_table(
-                folder,
-                n_poison=[int(p) for p in (args.poison or "0,1,3,5").split(",")],
-                limit=args.limit,
+                folder, n_poison=args.poison or [0, 1, 3, 5], limit=args.limit
             )
         else:
             rows, table = robustrag_table(folder, limit=args.limit or 20)
@@ -102,19 +166,23 @@ def _cmd_suite(args: argparse.Namespace) -> int:
     from .bench.suite import run_suite
 
     folder = data_dir(args.data)
+    defenses = _split(args.defenses) or list(DEFAULT_DEFENSES)
+    llm = _llm(args.llm)
+    if "robustrag" in defenses and llm is None:
+        raise UsageError("the robustrag defense answers with an LLM: add --llm packaged")
     try:
         result = run_suite(
             folder,
             datasets=_split(args.datasets),
             attacks=_split(args.attacks) or DEFAULT_ATTACKS,
-            counts=[int(c) for c in _split(args.poison) or ["1", "3", "5"]],
-            defenses=_split(args.defenses) or DEFAULT_DEFENSES,
+            counts=args.poison or [1, 3, 5],
+            defenses=defenses,
             limit=args.limit,
             m=args.m,
             n=args.n,
             seed=args.seed,
             jobs=args.jobs,
-            llm=args.llm,
+            llm=llm,
         )
     except (DataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -127,11 +195,17 @@ def _cmd_suite(args: argparse.Namespace) -> int:
 
 
 def _cmd_attack(args: argparse.Namespace) -> int:
-    import importlib
-
     from .data import load_demo_kb
+    from .defenses.registry import preset
     from .redteam import AttackTarget, InMemoryKnowledgeBase, load_targets
 
+    _out_file(args.json)
+    try:
+        preset(args.defense)  # a bad name fails here, before any work
+    except ValueError as exc:
+        raise UsageError(f"--defense: {exc}") from None
+    llm = _llm(args.llm)
+    store: Any = _resolve(args.store, "--store") if args.store else None
     try:
         if args.targets:
             targets = load_targets(args.targets)
@@ -141,11 +215,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
                 for q in load_demo_kb()
             ]
         options = {"defense": args.defense, "attack": args.attack, "n_poison": args.n_poison}
-        if args.store:
-            module, _, attr = args.store.partition(":")
-            store: Any = importlib.import_module(module)
-            for part in attr.split(".") if attr else []:
-                store = getattr(store, part)
+        if store is not None:
             store = store() if callable(store) and not hasattr(store, "as_retriever") else store
             kind = type(store).__module__.split(".")[0]
             if kind == "llama_index":
@@ -169,15 +239,15 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
                 raise ValueError(f"{args.kb}: expected a JSON list of passage strings")
             answer = None
-            if args.llm:
+            if llm is not None:
                 from .llm import as_llm
                 from .robustrag import ISOLATED_PROMPT
 
-                llm = as_llm(None if args.llm == "packaged" else args.llm)
+                model = as_llm(None if llm == "packaged" else llm)
 
                 def answer(q: str, ctx: list[str]) -> str:
                     prompt = ISOLATED_PROMPT.format(context="\n\n".join(ctx), query=q)
-                    return llm.generate([prompt])[0].text or ""
+                    return model.generate([prompt])[0].text or ""
 
             report = InMemoryKnowledgeBase(texts).red_team(
                 targets, k=args.k, answer=answer, **options
@@ -199,7 +269,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     demo = sub.add_parser(
         "demo", help="poisoned knowledge base, retrieval with and without defense"
     )
-    demo.add_argument("-k", type=int, default=8, help="passages retrieved per question (default 8)")
+    demo.add_argument(
+        "-k", type=_positive, default=8, help="passages retrieved per question (default 8)"
+    )
     demo.set_defaults(func=_cmd_demo)
 
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
@@ -222,9 +294,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="ragdefender, auto: bundles (default nq,msmarco,hotpotqa); suite: demo, realtimeqa, "
         "ragdefender/<name>, poisonedrag/<name> (default: every one found in --data)",
     )
-    bench.add_argument("--ratios", default="1,2,4,6", help="ragdefender, auto: poison ratios")
+    bench.add_argument(
+        "--ratios", type=_counts, default=[1, 2, 4, 6], help="ragdefender, auto: poison ratios"
+    )
     bench.add_argument(
         "--poison",
+        type=_counts,
         default=None,
         help="poison passages injected per question (grada, auto default 0,1,3,5; suite 1,3,5)",
     )
@@ -245,13 +320,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--llm", default=None, help="suite: 'packaged' (SmolLM2) for answer accuracy and ASR"
     )
     bench.add_argument("--seed", type=int, default=0, help="suite: seed of the multi-answer attack")
-    bench.add_argument("--jobs", type=int, default=1, help="suite: worker processes (default 1)")
-    bench.add_argument("-m", type=int, default=10, help="suite: passages retrieved (default 10)")
-    bench.add_argument("-n", type=int, default=5, help="suite: passages in the context (default 5)")
-    bench.add_argument("--limit", type=int, default=None, help="first N questions per dataset")
+    bench.add_argument(
+        "--jobs", type=_positive, default=1, help="suite: worker processes (default 1)"
+    )
+    bench.add_argument(
+        "-m", type=_positive, default=10, help="suite: passages retrieved (default 10)"
+    )
+    bench.add_argument(
+        "-n", type=_positive, default=5, help="suite: passages in the context (default 5)"
+    )
+    bench.add_argument(
+        "--limit", type=_positive, default=None, help="first N questions per dataset"
+    )
     bench.add_argument(
         "--timing-queries",
-        type=int,
+        type=_non_negative,
         default=20,
         help="queries per dataset timed cold (embedding included; default 20)",
     )
@@ -283,8 +366,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--defense", default="ragdefender", help=f"{', '.join(names())} (default ragdefender)"
     )
     attack.add_argument("--attack", default="poisonedrag", choices=list(ATTACKS))
-    attack.add_argument("--n-poison", type=int, default=5, help="poison passages per question")
-    attack.add_argument("-k", type=int, default=5, help="passages in the context (default 5)")
+    attack.add_argument(
+        "--n-poison", type=_positive, default=5, help="poison passages per question"
+    )
+    attack.add_argument("-k", type=_positive, default=5, help="passages in the context (default 5)")
     attack.add_argument(
         "--llm", default=None, help="built-in knowledge base: 'packaged' to judge the answers"
     )
@@ -293,7 +378,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
     args: Any = parser.parse_args(argv)
     offline()
-    return int(args.func(args))
+    try:
+        return int(args.func(args))
+    except UsageError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":  # pragma: no cover

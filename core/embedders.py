@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import threading
+import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -263,11 +264,39 @@ def default_embedder() -> SentenceTransformerEmbedder:
 
 
 def as_embedder(obj: Any = None) -> Embedder:
-    """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default)."""
+    """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default).
+
+    The same model object gets the same wrapper on every call (while the model lives), so its
+    embedding cache serves repeated calls such as two ``defend()`` with the same ``embedder=``.
+    """
     if obj is None:
         return default_embedder()
     if isinstance(obj, Embedder):
         return obj
+    with _WRAPPERS_LOCK:
+        known = _WRAPPERS.get(id(obj))
+        if known is not None and known[0]() is obj:
+            _WRAPPERS.move_to_end(id(obj))
+            return known[1]
+    wrapper = _wrap(obj)
+    try:
+        ref = weakref.ref(obj)
+    except TypeError:  # not weak-referenceable: no reuse, nothing kept alive
+        return wrapper
+    with _WRAPPERS_LOCK:
+        _WRAPPERS[id(obj)] = (ref, wrapper)
+        while len(_WRAPPERS) > _MAX_WRAPPERS:
+            _WRAPPERS.popitem(last=False)
+    return wrapper
+
+
+# model id -> (weak reference to the model, its wrapper), most recently used last
+_WRAPPERS: OrderedDict[int, tuple[weakref.ref[Any], Embedder]] = OrderedDict()
+_WRAPPERS_LOCK = threading.Lock()
+_MAX_WRAPPERS = 32
+
+
+def _wrap(obj: Any) -> Embedder:
     if hasattr(obj, "embed_documents") and hasattr(obj, "embed_query"):
         return LangChainEmbedder(obj)
     if hasattr(obj, "get_text_embedding_batch"):

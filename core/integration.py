@@ -5,12 +5,13 @@ module and the public names of :mod:`ragdefense`."""
 
 from __future__ import annotations
 
+import copy
 import logging
 import warnings
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
-from .types import DefenseFailed, DefenseResult, Passage, Verdict, _jsonable
+from .types import DefenseFailed, DefenseInputError, DefenseResult, Passage, Verdict, _jsonable
 
 if TYPE_CHECKING:
     from .defenses.registry import Parameter
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
 __all__ = [
     "METADATA_KEY",
     "Defense",
+    "check_items",
     "defense_fields",
     "make_defense",
     "removed_report",
     "run_defense",
+    "tagged_metadata",
     "verdict_metadata",
     "with_defense_fields",
 ]
@@ -106,6 +109,30 @@ def run_defense(
         warnings.warn(message + "; passing the documents through unchecked", stacklevel=3)
         logger.warning("%s; passing the documents through unchecked", message)
         return None
+
+
+def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a document's ``metadata`` with ``record`` under :data:`METADATA_KEY`. A
+    value already there (a user's own, or an earlier defense's) is kept, as
+    ``record["previous"]``: nothing is overwritten, and nothing returned shares state with the
+    caller's document."""
+    out = copy.deepcopy(dict(metadata))
+    mine = dict(record)
+    if METADATA_KEY in out:
+        mine["previous"] = out[METADATA_KEY]
+    out[METADATA_KEY] = mine
+    return out
+
+
+def check_items(items: Any, kind: type, what: str) -> list[Any]:
+    """``items`` as a list when it is a sequence of ``kind``; otherwise a clear
+    :class:`~ragdefense.DefenseInputError` naming ``what`` was expected."""
+    if items is None or isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise DefenseInputError(f"expected a list of {what}, got {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise DefenseInputError(f"item {i}: expected {what}, got {type(item).__name__}")
+    return list(items)
 
 
 def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:

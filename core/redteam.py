@@ -76,35 +76,60 @@ def plant(target: AttackTarget, attack: str = "poisonedrag", n: int = 5) -> list
 def load_targets(path: str | Path) -> list[AttackTarget]:
     """Targets from a JSON list of ``{"question", "wrong_answer", "correct_answer"?, "poison"?,
     "alternatives"?}`` (PoisonedRAG's field names ``incorrect answer`` / ``correct answer`` /
-    ``adv_texts`` are accepted too). Errors name the file, the record and the field."""
+    ``adv_texts`` are accepted too, and its id -> record object). Every field is checked against
+    that schema; errors name the file, the record and the field."""
     p = Path(path)
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{p}: cannot read targets ({exc})") from exc
+    except RecursionError:
+        raise ValueError(f"{p}: JSON nested too deeply to be a targets file") from None
     if isinstance(raw, dict):
         raw = list(raw.values())
     if not isinstance(raw, list):
-        raise ValueError(f"{p}: expected a list of targets")
+        raise ValueError(f"{p}: expected a list of targets, got {type(raw).__name__}")
     out = []
     for i, rec in enumerate(raw):
         if not isinstance(rec, dict):
             raise ValueError(f"{p}: record {i} is not an object")
-        wrong = rec.get("wrong_answer", rec.get("incorrect answer"))
-        if "question" not in rec or wrong is None:
-            missing = "question" if "question" not in rec else "wrong_answer"
-            raise ValueError(f"{p}: record {i} has no field {missing!r}")
-        correct = rec.get("correct_answer", rec.get("correct answer"))
-        out.append(
-            AttackTarget(
-                str(rec["question"]),
-                str(wrong),
-                None if correct is None else str(correct),
-                tuple(str(t) for t in rec.get("poison", rec.get("adv_texts", [])) or ()),
-                tuple(str(t) for t in rec.get("alternatives", []) or ()),
+
+        where = f"{p}: record {i}"
+        try:
+            target = AttackTarget(
+                _field(where, rec, "question", required=True),
+                _field(where, rec, "wrong_answer", "incorrect answer", required=True),
+                _field(where, rec, "correct_answer", "correct answer"),
+                _field(where, rec, "poison", "adv_texts", many=True),
+                _field(where, rec, "alternatives", many=True),
             )
-        )
+        except ValueError as exc:  # the target's own checks (empty question, ...)
+            if str(exc).startswith(where):
+                raise
+            raise ValueError(f"{where}: {exc}") from None
+        out.append(target)
     return out
+
+
+def _field(
+    where: str, rec: dict[str, Any], *names: str, required: bool = False, many: bool = False
+) -> Any:
+    """A targets-file field (the first of ``names`` present): a string, or with ``many`` a list
+    of strings; ``ValueError`` naming ``where`` and the field otherwise."""
+    name = next((n for n in names if n in rec), names[0])
+    value = rec.get(name)
+    if value is None:
+        if required:
+            raise ValueError(f"{where} has no field {names[0]!r}")
+        return () if many else None
+    if many:
+        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+            kind = type(value).__name__
+            raise ValueError(f"{where} field {name!r} must be a list of strings, got {kind}")
+        return tuple(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{where} field {name!r} must be a string, got {type(value).__name__}")
+    return str(value)
 
 
 @dataclass(frozen=True)

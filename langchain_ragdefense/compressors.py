@@ -15,11 +15,12 @@ from pydantic import ConfigDict, PrivateAttr
 
 from ragdefense import DefenseResult, LangChainEmbedder, Passage
 from ragdefense.integration import (
-    METADATA_KEY,
     Defense,
+    check_items,
     make_defense,
     removed_report,
     run_defense,
+    tagged_metadata,
     verdict_metadata,
     with_defense_fields,
 )
@@ -38,7 +39,7 @@ EVENT_NAME = "ragdefense_removed"
 
 def _tag(doc: Document, record: dict[str, Any]) -> Document:
     """A copy of ``doc`` with ``record`` under the namespaced metadata key."""
-    return doc.model_copy(update={"metadata": {**doc.metadata, METADATA_KEY: record}})
+    return doc.model_copy(update={"metadata": tagged_metadata(doc.metadata, record)})
 
 
 class DefenseCompressor(BaseDocumentCompressor):
@@ -80,6 +81,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         return self._core
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
+        documents = check_items(documents, Document, "LangChain Document")
         passages = [Passage(d.page_content, id=d.id, metadata=d.metadata) for d in documents]
         return run_defense(self.core, query, passages, self.fail_open)
 

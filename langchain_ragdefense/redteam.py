@@ -3,7 +3,9 @@ defense (the loop and the report are :mod:`ragdefense.redteam`)."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -28,6 +30,33 @@ def _copy(store: VectorStore) -> VectorStore:
         f"cannot copy a {type(store).__name__}: pass copy_store=, a function returning a "
         "copy of your store (the red team never writes to your store)"
     )
+
+
+def _holds(store: VectorStore, doc_id: str, text: str) -> bool:
+    """Whether ``store`` holds the document ``doc_id`` (by id where the store can tell, else by
+    searching its text)."""
+    try:
+        return any(d.id == doc_id for d in store.get_by_ids([doc_id]))
+    except NotImplementedError:
+        return any(d.page_content == text for d in store.similarity_search(text, k=1))
+
+
+def _check_independent(store: VectorStore, copied: VectorStore) -> None:
+    """Write a probe document to the copy and make sure the user's store did not get it (a
+    shallow copy shares its storage); the probe is removed again either way."""
+    probe_id = f"ragdefense-probe-{uuid.uuid4().hex}"
+    text = f"ragdefense red-team probe {probe_id}"
+    copied.add_documents([Document(page_content=text, id=probe_id)], ids=[probe_id])
+    leaked = _holds(store, probe_id, text)
+    copied.delete([probe_id])
+    if leaked:
+        with contextlib.suppress(Exception):  # leave the user's store as it was
+            store.delete([probe_id])
+        raise ValueError(
+            "copy_store returned a store that shares storage with yours (a document written to "
+            "the copy appeared in your store): return an independent copy, e.g. a deep copy or "
+            "a new collection; the red team never writes to your store"
+        )
 
 
 def red_team(
@@ -59,6 +88,7 @@ def red_team(
     poisoned = (copy_store or _copy)(store)
     if poisoned is store:
         raise ValueError("copy_store returned the store itself: the red team needs a copy")
+    _check_independent(store, poisoned)
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     poisoned.add_documents([Document(page_content=p) for texts in poison.values() for p in texts])
     plain = poisoned.as_retriever(search_kwargs={"k": k})

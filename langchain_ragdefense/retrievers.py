@@ -11,7 +11,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict
+from pydantic import ConfigDict, Field
 
 from ragdefense.embedders import LangChainEmbedder
 from ragdefense.integration import make_defense
@@ -37,13 +37,14 @@ class DefendedRetriever(BaseRetriever):
 
     base_retriever: BaseRetriever
     compressor: BaseDocumentCompressor
-    k: int | None = None
-    fetch_k: int | None = None
-
-    max_rounds: int = 3
+    k: int | None = Field(default=None, ge=1)
+    fetch_k: int | None = Field(default=None, ge=1)
+    max_rounds: int = Field(default=3, ge=1)
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
         k = kwargs.pop("k", self.k)
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
         return k, self.fetch_k or (2 * k if k else None), kwargs
 
     def _done(self, k: int | None, fetch: int | None, docs: list[Document], kept: int) -> bool:

@@ -20,9 +20,11 @@ from ragdefense import DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
+    check_items,
     make_defense,
     removed_report,
     run_defense,
+    tagged_metadata,
     verdict_metadata,
     with_defense_fields,
 )
@@ -54,7 +56,7 @@ class DefenseRemovedEvent(BaseEvent):
 def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> NodeWithScore:
     """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder."""
     node = nws.node
-    update: dict[str, Any] = {"metadata": {**node.metadata, METADATA_KEY: record}}
+    update: dict[str, Any] = {"metadata": tagged_metadata(node.metadata, record)}
     for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
         keys = list(getattr(node, attr, []) or [])
         update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
@@ -148,6 +150,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
+        nodes = check_items(nodes, NodeWithScore, "LlamaIndex NodeWithScore")
         if not nodes:
             return []
         query = self._query(query_bundle)

@@ -3,6 +3,8 @@ without a defense (the loop and the report are :mod:`ragdefense.redteam`)."""
 
 from __future__ import annotations
 
+import contextlib
+import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +45,25 @@ def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
     return VectorStoreIndex([*nodes, *extra], embed_model=_embed_model(index))
 
 
+def _check_independent(index: VectorStoreIndex, copied: VectorStoreIndex) -> None:
+    """Write a probe node to the copy and make sure the user's index did not get it (a shallow
+    copy shares its stores); the probe is removed again either way."""
+    probe_id = f"ragdefense-probe-{uuid.uuid4().hex}"
+    text = f"ragdefense red-team probe {probe_id}"
+    copied.insert_nodes([TextNode(text=text, id_=probe_id)])
+    found = index.as_retriever(similarity_top_k=1).retrieve(text)
+    leaked = probe_id in index.docstore.docs or any(n.node.node_id == probe_id for n in found)
+    copied.delete_nodes([probe_id], delete_from_docstore=True)
+    if leaked:
+        with contextlib.suppress(Exception):  # leave the user's index as it was
+            index.delete_nodes([probe_id], delete_from_docstore=True)
+        raise ValueError(
+            "copy_index returned an index that shares its stores with yours (a node written to "
+            "the copy appeared in your index): return an independent copy; the red team never "
+            "writes to your index"
+        )
+
+
 def red_team(
     index: VectorStoreIndex,
     targets: Sequence[AttackTarget],
@@ -72,9 +93,11 @@ def red_team(
     """
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
-    poisoned = (copy_index or _copy)(index, nodes)
+    poisoned = (copy_index or _copy)(index, [])
     if poisoned is index:
         raise ValueError("copy_index returned the index itself: the red team needs a copy")
+    _check_independent(index, poisoned)  # before any poison is written
+    poisoned.insert_nodes(nodes)
     guard = DefensePostprocessor(defense=defense, embed_model=embed_model or _embed_model(index))
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 

@@ -118,7 +118,7 @@ def test_ragdefender_benchmark_smoke(data_dir: Path, minilm: object) -> None:
     # the defense works on real data: little poison left, gold kept
     assert by[("4x", "auto")]["poison_share"] <= 0.3
     assert by[("4x", "auto")]["gold_in_context"] >= 0.75
-    assert "authors' pkg" in table and "Cold timing" in table
+    assert "authors' pkg (all questions)" in table and "Cold timing" in table  # a sample
 
 
 @pytest.mark.slow

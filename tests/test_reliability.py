@@ -165,3 +165,245 @@ def test_threads_left_behind_are_daemons() -> None:
     before = set(threading.enumerate())
     CallableLLM(lambda p: time.sleep(1) or "x", timeout=0.05).generate(["a", "b"])
     assert all(t.daemon for t in set(threading.enumerate()) - before)
+
+
+# ---------------------------------------------------------------- 6. the user's store
+
+
+def test_langchain_red_team_refuses_a_copy_that_shares_the_store(toy_embedder: Any) -> None:
+    import copy
+
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings, red_team
+    from ragdefense import AttackTarget
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_documents([Document(page_content=f"benign passage {i}") for i in range(6)])
+    before = dict(store.store)
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    with pytest.raises(ValueError, match="shares storage with yours"):
+        red_team(store, [target], copy_store=copy.copy)
+    assert store.store == before  # the probe did not stay, nothing was planted
+    red_team(store, [target], k=2, defense="grada")  # the built-in copy is independent
+    assert store.store == before
+
+
+def test_llamaindex_red_team_refuses_a_copy_that_shares_the_index(toy_embedder: Any) -> None:
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_ragdefense import RagdefenseEmbedding, red_team
+    from ragdefense import AttackTarget
+
+    embed = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex(
+        [TextNode(text=f"benign passage {i}") for i in range(6)], embed_model=embed
+    )
+    n_docs = len(index.docstore.docs)
+
+    def shared(idx: Any, nodes: list[Any]) -> Any:  # a new index over the same stores
+        out = VectorStoreIndex([], storage_context=idx.storage_context, embed_model=embed)
+        out.insert_nodes(nodes)
+        return out
+
+    with pytest.raises(ValueError, match="shares its stores with yours"):
+        red_team(index, [AttackTarget("Who wrote Hamlet?", "Marlowe")], copy_index=shared)
+    assert len(index.docstore.docs) == n_docs  # no probe left, no poison planted
+
+
+# ---------------------------------------------------------------- 7. targets files
+
+
+@pytest.mark.parametrize(
+    ("record", "message"),
+    [
+        ({"question": "q", "wrong_answer": "w", "poison": "a string"}, "'poison' must be a list"),
+        ({"question": "q", "wrong_answer": ["w"]}, "'wrong_answer' must be a string"),
+        ({"question": {"x": 1}, "wrong_answer": "w"}, "'question' must be a string"),
+        ({"question": "q", "wrong_answer": "w", "alternatives": [1]}, "list of strings"),
+        ({"question": " ", "wrong_answer": "w"}, "record 0: an attack target needs"),
+    ],
+)
+def test_targets_are_checked_against_the_schema(tmp_path: Any, record: Any, message: str) -> None:
+    import json
+
+    from ragdefense.redteam import load_targets
+
+    path = tmp_path / "t.json"
+    path.write_text(json.dumps([record]))
+    with pytest.raises(ValueError, match=message):
+        load_targets(path)
+
+
+def test_deeply_nested_targets_are_a_clear_error(tmp_path: Any) -> None:
+    from ragdefense.redteam import load_targets
+
+    path = tmp_path / "t.json"
+    path.write_text("[" * 100_000 + "]" * 100_000)
+    with pytest.raises(ValueError, match="nested too deeply"):
+        load_targets(path)
+
+
+# ---------------------------------------------------------------- 8. adapters' input
+
+
+def test_langchain_compressor_rejects_what_is_not_documents() -> None:
+    from langchain_ragdefense import RAGDefenderCompressor
+    from ragdefense import DefenseInputError
+
+    compressor = RAGDefenderCompressor(fail_open=True)
+    with pytest.raises(DefenseInputError, match="list of LangChain Document, got NoneType"):
+        compressor.compress_documents(None, "q")  # type: ignore[arg-type]
+    with pytest.raises(DefenseInputError, match="item 0: expected LangChain Document, got str"):
+        compressor.compress_documents(["a", "b"], "q")  # type: ignore[list-item]
+
+
+def test_llamaindex_postprocessor_rejects_what_is_not_nodes() -> None:
+    from llamaindex_ragdefense import RAGDefenderPostprocessor
+    from ragdefense import DefenseInputError
+
+    with pytest.raises(DefenseInputError, match="expected LlamaIndex NodeWithScore, got str"):
+        RAGDefenderPostprocessor().postprocess_nodes(["a"], query_str="q")  # type: ignore[list-item]
+
+
+def test_defended_retriever_checks_k() -> None:
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_ragdefense import DefendedRetriever, RAGDefenderCompressor
+
+    class Empty(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Any]:
+            return []
+
+    retriever = DefendedRetriever(base_retriever=Empty(), compressor=RAGDefenderCompressor())
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        retriever.invoke("q", k=-1)
+    with pytest.raises(ValueError):
+        DefendedRetriever(base_retriever=Empty(), compressor=RAGDefenderCompressor(), k=0)
+
+
+# ---------------------------------------------------------------- 9. copies, all the way down
+
+
+def test_returned_documents_share_nothing_with_the_callers(toy_embedder: Any) -> None:
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_ragdefense import RAGDefenderCompressor
+
+    from .conftest import bag_of_words
+
+    class Toy(Embeddings):  # LangChain Embeddings over the toy embedder
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return bag_of_words(texts).tolist()
+
+        def embed_query(self, text: str) -> list[float]:
+            return bag_of_words([text])[0].tolist()
+
+    docs = [
+        Document(
+            page_content=f"Paris is the capital of France {i}",
+            metadata={"tags": ["geo"], "ragdefense": {"mine": i}},
+        )
+        for i in range(4)
+    ]
+    out = RAGDefenderCompressor(embeddings=Toy()).compress_documents(docs, "capital of France?")
+    assert out
+    out[0].metadata["tags"].append("changed")
+    assert all(d.metadata["tags"] == ["geo"] for d in docs)
+    record = out[0].metadata["ragdefense"]
+    assert record["previous"]["mine"] in range(4) and "kept" in record  # the user's value kept
+    assert all(d.metadata["ragdefense"] == {"mine": i} for i, d in enumerate(docs))
+
+
+# ---------------------------------------------------------------- 10. the cache of a raw model
+
+
+def test_the_same_raw_model_gets_the_same_wrapper_and_its_cache() -> None:
+    from ragdefense import RAGDefender, as_embedder
+
+    from .conftest import bag_of_words
+
+    calls: list[int] = []
+
+    def model(texts: list[str]) -> Any:
+        calls.append(len(texts))
+        return bag_of_words(texts)
+
+    assert as_embedder(model) is as_embedder(model)
+    passages = [f"passage number {i} about Paris" for i in range(5)]
+    RAGDefender(embedder=model).defend("q", passages)
+    RAGDefender(embedder=model).defend("q", passages)
+    assert calls == [5]  # the second call is served by the cache
+
+
+# ---------------------------------------------------------------- 11. the command line
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["demo", "-k", "-2"],
+        ["demo", "-k", "0"],
+        ["attack", "-k", "-3"],
+        ["attack", "--n-poison", "0"],
+        ["bench", "suite", "-m", "0"],
+        ["bench", "suite", "--jobs", "0"],
+        ["bench", "suite", "--limit", "-1"],
+        ["bench", "grada", "--poison", "1,-3"],
+        ["bench", "ragdefender", "--ratios", "one"],
+    ],
+)
+def test_cli_rejects_bad_sizes_before_any_work(argv: list[str]) -> None:
+    from ragdefense.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["bench", "suite", "--defenses", "none,robustrag"], "add --llm packaged"),
+        (["bench", "suite", "--llm", "bogus"], "--llm (use 'packaged' or module:attribute)"),
+        (["bench", "suite", "--llm", "json:no_such_thing"], "cannot import it"),
+        (["attack", "--store", "json:missing"], "--store 'json:missing': cannot import it"),
+        (["attack", "--store", "no_such_module_x:store"], "cannot import it"),
+        (["attack", "--defense", "nope"], "--defense: unknown defense 'nope'"),
+    ],
+)
+def test_cli_errors_are_one_line_exit_2_before_any_work(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragdefense.cli import main
+
+    t0 = time.monotonic()
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+    assert time.monotonic() - t0 < 5  # nothing was loaded or run
+
+
+def test_cli_checks_output_paths_first(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
+    from ragdefense.cli import main
+
+    taken = tmp_path / "results"
+    taken.write_text("a file")
+    assert main(["bench", "demo", "--out", str(taken)]) == 2
+    assert "a file is there" in capsys.readouterr().err
+    assert main(["attack", "--json", str(tmp_path / "missing" / "r.json")]) == 2
+    assert "existing folder" in capsys.readouterr().err
+
+
+def test_suite_errors_column_counts_each_defense_alone() -> None:
+    from ragdefense.bench.suite import suite_markdown
+
+    rows = [
+        {"dataset": "d", "attack": "a", "poison": 1, "defense": "x", "queries": 2, "errors": 2},
+        {"dataset": "d", "attack": "a", "poison": 1, "defense": "y", "queries": 2, "errors": 0},
+    ]
+    table = suite_markdown(rows)
+    assert "| x | - | - | - | - | 2 |" in table and "| y | - | - | - | - | 0 |" in table
