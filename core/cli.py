@@ -15,7 +15,7 @@ from .bench.suite import DEFAULT_DEFENSES, DEFENSES
 from .defenses.registry import names
 from .offline import offline
 
-__all__ = ["main"]
+__all__ = ["UsageError", "build_parser", "main"]
 
 
 class UsageError(ValueError):
@@ -261,8 +261,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``ragdefense`` console script."""
+def build_parser() -> argparse.ArgumentParser:
+    """The command line's parser (sizes and counts are checked as they are parsed)."""
     parser = argparse.ArgumentParser(prog="ragdefense", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -376,7 +376,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     attack.add_argument("--json", default=None, help="write the report as JSON here")
     attack.set_defaults(func=_cmd_attack)
 
-    args: Any = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``ragdefense`` console script."""
+    args: Any = build_parser().parse_args(argv)
     offline()
     try:
         return int(args.func(args))

@@ -1,0 +1,251 @@
+"""Property-based fuzzing of every public entry point (Hypothesis, bounded example counts).
+
+Whatever the input, each entry point either answers or raises one of its documented exception
+types; it never changes its inputs, never returns a passage it was not given, and RobustRAG keeps
+its deadline whatever the LLM does (raise, hang, return the wrong type or a huge answer).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import time
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from ragdefense import (
+    GRADA,
+    AutoDefense,
+    CallableEmbedder,
+    DefenseInputError,
+    Passage,
+    RAGDefender,
+    RobustRAG,
+)
+from ragdefense.llm import CallableLLM
+
+from .conftest import bag_of_words
+
+FUZZ = settings(
+    max_examples=30, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+EMBEDDER = CallableEmbedder(bag_of_words)
+TEXT = st.text(max_size=80) | st.sampled_from(
+    ["", " ", "Paris is the capital of France.", "The capital of France is Lyon.", "日本の首都"]
+)
+
+
+def _defenses() -> list[Any]:
+    return [
+        RAGDefender(embedder=EMBEDDER),
+        GRADA(embedder=EMBEDDER),
+        GRADA(similarity="ebd", peel=True, embedder=EMBEDDER),
+        AutoDefense(embedder=EMBEDDER),
+    ]
+
+
+DEFENSES = _defenses()
+
+
+def _check_result(result: Any, given_passages: list[Passage]) -> None:
+    assert len(result.verdicts) == len(given_passages)
+    ids = {id(p) for p in given_passages}
+    assert all(id(p) in ids for p in result.kept)  # nothing that was not an input
+    assert sorted(result.kept_indices + result.removed_indices) == list(range(len(given_passages)))
+
+
+@FUZZ
+@given(query=TEXT, texts=st.lists(TEXT, max_size=12), which=st.integers(0, len(DEFENSES) - 1))
+def test_defend_on_any_texts(query: str, texts: list[str], which: int) -> None:
+    passages = [Passage(t, id=str(i)) for i, t in enumerate(texts)]
+    before = copy.deepcopy(passages)
+    result = DEFENSES[which].defend(query, passages)
+    assert passages == before
+    _check_result(result, passages)
+
+
+EMBEDDINGS = st.sampled_from(["random", "nan", "zero", "wrong-dim", "ragged", "inf", "none"])
+
+
+@FUZZ
+@given(
+    n=st.integers(0, 10),
+    kind=EMBEDDINGS,
+    which=st.integers(0, len(DEFENSES) - 1),
+    seed=st.integers(0, 2**16),
+)
+def test_defend_embeddings_on_any_embeddings(n: int, kind: str, which: int, seed: int) -> None:
+    rng = np.random.default_rng(seed)
+    passages = [Passage(f"passage {i} about topic {i % 3}") for i in range(n)]
+    emb: Any = rng.normal(size=(n, 8))
+    if kind == "nan" and n:
+        emb[rng.integers(n), 0] = np.nan
+    elif kind == "inf" and n:
+        emb[0, 0] = np.inf
+    elif kind == "zero":
+        emb = np.zeros((n, 8))
+    elif kind == "wrong-dim":
+        emb = rng.normal(size=(n + 1, 8))
+    elif kind == "ragged" and n:
+        emb = [list(r) for r in emb]
+        emb[0] = emb[0][:3]
+    elif kind == "none":
+        emb = None
+    given_emb = copy.deepcopy(emb)
+    defense = DEFENSES[which]
+    try:
+        if isinstance(defense, RAGDefender):
+            if emb is None:
+                return
+            result = defense.defend_embeddings("topic?", passages, emb)
+        else:
+            q = rng.normal(size=8) if emb is not None else None
+            result = defense.defend_embeddings("topic?", passages, emb, q)
+    except DefenseInputError:
+        assert kind in ("nan", "inf", "wrong-dim", "ragged")
+        return
+    if isinstance(emb, np.ndarray):
+        np.testing.assert_array_equal(emb, given_emb)
+    _check_result(result, passages)
+
+
+# ---------------------------------------------------------------- RobustRAG with a fuzzed LLM
+
+BEHAVIOURS = st.sampled_from(["answer", "idk", "raise", "hang", "none", "dict", "bytes", "huge"])
+TIMEOUT = 0.3
+
+
+def _llm(behaviours: list[str]) -> CallableLLM:
+    def fn(prompt: str) -> Any:
+        kind = behaviours[len(prompt) % len(behaviours)]
+        if kind == "raise":
+            raise RuntimeError("boom")
+        if kind == "hang":
+            time.sleep(5)
+        return {
+            "answer": "Canberra",
+            "idk": "I don't know",
+            "none": None,
+            "dict": {"text": "Canberra"},
+            "bytes": b"Canberra",
+            "huge": "Canberra " * 50_000,
+        }.get(kind, "Canberra")
+
+    return CallableLLM(fn, max_concurrency=8)
+
+
+@settings(
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    behaviours=st.lists(BEHAVIOURS, min_size=1, max_size=4),
+    texts=st.lists(TEXT, max_size=6),
+    certify=st.sampled_from([None, 1, 2]),
+    use_async=st.booleans(),
+)
+def test_robustrag_keeps_its_deadline_whatever_the_llm_does(
+    nlp: Any, behaviours: list[str], texts: list[str], certify: int | None, use_async: bool
+) -> None:
+    rr = RobustRAG(llm=_llm(behaviours), nlp=nlp, timeout=TIMEOUT, max_certify_calls=16)
+    passages = list(texts)
+    t0 = time.monotonic()
+    if use_async:
+        r = asyncio.run(rr.aanswer("capital of Australia?", passages, certify=certify))
+    else:
+        r = rr.answer("capital of Australia?", passages, certify=certify)
+    # answer + certification each get the deadline; scheduling slack on a loaded machine
+    assert time.monotonic() - t0 < 2 * TIMEOUT + 2.0
+    assert passages == texts and len(r.responses) == len(texts)
+    assert isinstance(r.answer, str) and len(r.answer.split()) <= rr.max_new_tokens
+    assert all(x.passage.text == t for x, t in zip(r.responses, texts, strict=True))
+    if certify is not None and texts:
+        assert r.certificate is not None
+
+
+# ---------------------------------------------------------------- the adapters
+
+DOC_TEXTS = st.lists(TEXT, max_size=8)
+
+
+@FUZZ
+@given(texts=DOC_TEXTS, query=TEXT, fail_open=st.booleans())
+def test_langchain_compressor(texts: list[str], query: str, fail_open: bool) -> None:
+    from langchain_core.documents import Document
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_ragdefense import DefenseCompressor
+
+    class Toy(Embeddings):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return bag_of_words(texts).tolist()
+
+        def embed_query(self, text: str) -> list[float]:
+            return bag_of_words([text])[0].tolist()
+
+    docs = [Document(page_content=t, metadata={"i": i, "nested": [i]}) for i, t in enumerate(texts)]
+    before = [d.model_copy(deep=True) for d in docs]
+    for name in ("ragdefender", "grada", "auto"):
+        out = DefenseCompressor(defense=name, embeddings=Toy(), fail_open=fail_open)
+        kept = out.compress_documents(docs, query)
+        assert docs == before
+        assert {d.page_content for d in kept} <= set(texts)
+        assert all("ragdefense" in d.metadata for d in kept)
+
+
+@FUZZ
+@given(texts=DOC_TEXTS, query=TEXT)
+def test_llamaindex_postprocessor(texts: list[str], query: str) -> None:
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from llamaindex_ragdefense import DefensePostprocessor
+
+    vecs = bag_of_words(texts) if texts else np.zeros((0, 1))
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, embedding=v.tolist()), score=0.5)
+        for t, v in zip(texts, vecs, strict=True)
+    ]
+    before = [n.model_copy(deep=True) for n in nodes]
+    for name in ("ragdefender", "grada"):
+        out = DefensePostprocessor(defense=name).postprocess_nodes(nodes, query_str=query)
+        assert [n.node.text for n in nodes] == [n.node.text for n in before]
+        assert all(n.node.metadata == {} for n in nodes)
+        assert {n.node.node_id for n in out} <= {n.node.node_id for n in nodes}
+
+
+# ---------------------------------------------------------------- the command line
+
+TOKENS = st.sampled_from(
+    ["demo", "bench", "attack", "suite", "grada", "ragdefender", "-k", "-m", "-n", "--limit",
+     "--jobs", "--poison", "--ratios", "--n-poison", "--llm", "--defense", "0", "-1", "3",
+     "1,3", "x", "", "--data", "--out", "nope"]
+)  # fmt: skip
+
+
+@settings(max_examples=200, deadline=None)
+@given(argv=st.lists(TOKENS, max_size=6))
+def test_cli_parser_accepts_or_exits_2(argv: list[str]) -> None:
+    from ragdefense.cli import build_parser
+
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:
+        assert exc.code == 2
+        return
+    for name in ("k", "m", "n", "limit", "jobs", "n_poison"):
+        value = getattr(args, name, None)
+        assert value is None or value >= 1, (name, value)
+    for name in ("poison", "ratios"):
+        value = getattr(args, name, None)
+        assert value is None or all(v >= 0 for v in value)
+
+
+@pytest.mark.parametrize("spec", ["", "x", ":", "json:", ":loads", "json:loads.nope"])
+def test_cli_resolve_never_raises_raw(spec: str) -> None:
+    from ragdefense.cli import UsageError, _resolve
+
+    with pytest.raises(UsageError):
+        _resolve(spec, "--store")
