@@ -49,18 +49,12 @@ def _counts(text: str) -> list[int]:
 
 def _resolve(spec: str, what: str) -> Any:
     """The object named by ``module:attribute`` (a dotted attribute path)."""
-    import importlib
+    from .integration import import_object
 
-    module, sep, attr = spec.partition(":")
-    if not sep or not module or not attr:
-        raise UsageError(f"{what} {spec!r}: expected module:attribute")
     try:
-        obj: Any = importlib.import_module(module)
-        for part in attr.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError) as exc:
-        raise UsageError(f"{what} {spec!r}: cannot import it ({exc})") from None
-    return obj
+        return import_object(spec)
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from None
 
 
 def _llm(spec: str | None) -> Any:

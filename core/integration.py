@@ -6,6 +6,7 @@ module and the public names of :mod:`ragdefense`."""
 from __future__ import annotations
 
 import copy
+import importlib
 import logging
 import warnings
 from collections.abc import Mapping, Sequence
@@ -19,8 +20,10 @@ if TYPE_CHECKING:
 __all__ = [
     "METADATA_KEY",
     "Defense",
+    "adapter_defense",
     "check_items",
     "defense_fields",
+    "import_object",
     "make_defense",
     "removed_report",
     "run_defense",
@@ -61,6 +64,30 @@ def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: A
     raise TypeError(
         f"{type(defense).__name__} is not a defense (it has no defend(query, passages))"
     )
+
+
+def import_object(spec: str) -> Any:
+    """The object named by ``"module:attribute"`` (the attribute may be dotted); ``ValueError``
+    saying why when it cannot be imported."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{spec!r}: expected module:attribute")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{spec!r}: cannot import it ({exc})") from None
+    return obj
+
+
+def adapter_defense(model: Any, base: type, embedder: Any) -> Defense:
+    """The core defense of an adapter's pydantic ``model``: its ``defense`` built with
+    ``embedder`` and the parameters its class declares beyond ``base``'s fields (the ones
+    :func:`with_defense_fields` added). Bad parameters raise here, at construction."""
+    own = base.model_fields  # type: ignore[attr-defined]
+    params = {k: getattr(model, k) for k in type(model).model_fields if k not in own}
+    return make_defense(model.defense, embedder, **params)
 
 
 def defense_fields(defense: str) -> list[Parameter]:

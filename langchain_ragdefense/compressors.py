@@ -16,8 +16,8 @@ from pydantic import ConfigDict, PrivateAttr
 from ragdefense import DefenseResult, LangChainEmbedder, Passage
 from ragdefense.integration import (
     Defense,
+    adapter_defense,
     check_items,
-    make_defense,
     removed_report,
     run_defense,
     tagged_metadata,
@@ -67,12 +67,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         """Build the core defense now, so that bad parameters fail at construction."""
         super().model_post_init(context)
         embedder = LangChainEmbedder(self.embeddings) if self.embeddings is not None else None
-        self._core = make_defense(self.defense, embedder, **self._params())
-
-    def _params(self) -> dict[str, Any]:
-        """The defense parameters a subclass declares as fields."""
-        own = DefenseCompressor.model_fields
-        return {k: getattr(self, k) for k in type(self).model_fields if k not in own}
+        self._core = adapter_defense(self, DefenseCompressor, embedder)
 
     @property
     def core(self) -> Defense:

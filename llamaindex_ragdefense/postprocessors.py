@@ -20,8 +20,8 @@ from ragdefense import DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
+    adapter_defense,
     check_items,
-    make_defense,
     removed_report,
     run_defense,
     tagged_metadata,
@@ -88,12 +88,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         """Build the core defense now, so that bad parameters fail at construction."""
         super().model_post_init(context)
         embedder = LlamaIndexEmbedder(self.embed_model) if self.embed_model else None
-        self._core = make_defense(self.defense, embedder, **self._params())
-
-    def _params(self) -> dict[str, Any]:
-        """The defense parameters a subclass declares as fields."""
-        own = DefensePostprocessor.model_fields
-        return {k: getattr(self, k) for k in type(self).model_fields if k not in own}
+        self._core = adapter_defense(self, DefensePostprocessor, embedder)
 
     @property
     def core(self) -> Defense:

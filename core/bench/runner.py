@@ -4,7 +4,6 @@ of its context, and their summary over many cases. A benchmark defense is any ca
 
 from __future__ import annotations
 
-import importlib
 import statistics
 import sys
 import time
@@ -15,6 +14,7 @@ from typing import Any
 import numpy as np
 
 from ..defenses.registry import build, names
+from ..integration import import_object
 from ..types import DefenseResult, Passage, Verdict
 from .cases import Case
 
@@ -194,13 +194,10 @@ def resolve_defense(spec: Any) -> CaseDefense:
     if not isinstance(spec, str):
         return _user_defense(spec)
     if ":" in spec:
-        module, _, attr = spec.partition(":")
         try:
-            obj: Any = importlib.import_module(module)
-            for part in attr.split("."):
-                obj = getattr(obj, part)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot import defense {spec!r}: {exc}") from exc
+            obj = import_object(spec)
+        except ValueError as exc:
+            raise ValueError(f"cannot import defense {exc}") from None
         return _user_defense(obj() if isinstance(obj, type) else obj)
     if spec == "none":
         return no_defense
