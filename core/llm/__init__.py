@@ -19,12 +19,21 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import LLM, CallableLLM, Generation, LangChainLLM, LlamaIndexLLM, first_line_of
+from .base import (
+    LLM,
+    CallableLLM,
+    ConcurrentLLM,
+    Generation,
+    LangChainLLM,
+    LlamaIndexLLM,
+    first_line_of,
+)
 from .huggingface import TokenSession, TransformersLLM, default_llm, packaged_smollm2_dir
 
 __all__ = [
     "LLM",
     "CallableLLM",
+    "ConcurrentLLM",
     "Generation",
     "LangChainLLM",
     "LlamaIndexLLM",

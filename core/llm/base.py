@@ -22,6 +22,7 @@ __all__ = [
     "DEFAULT_TIMEOUT",
     "LLM",
     "CallableLLM",
+    "ConcurrentLLM",
     "Generation",
     "LangChainLLM",
     "LlamaIndexLLM",
@@ -194,7 +195,41 @@ async def gather_within(
     return [t.result() if t in done else timed_out(budget) for t in tasks]
 
 
-class CallableLLM(LLM):
+class ConcurrentLLM(LLM):
+    """A backend that answers one prompt per call, ``max_concurrency`` calls at a time, within
+    the batch's deadline. Subclasses implement :meth:`call` (and :meth:`acall` when the model
+    has a native async path; by default async runs the sync calls in worker threads)."""
+
+    def __init__(self, max_concurrency: int, timeout: float | None) -> None:
+        self.max_concurrency = max_concurrency
+        self.timeout = timeout
+
+    @abstractmethod
+    def call(self, prompt: str) -> Any:
+        """The model's raw answer to one prompt (text, or anything else: a failed call)."""
+
+    async def acall(self, prompt: str) -> Any:
+        """Async :meth:`call`."""
+        raise NotImplementedError
+
+    def generate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        budget = self._deadline(timeout)
+        return run_threads(self.call, prompts, self.max_concurrency, budget, max_new_tokens)
+
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        if type(self).acall is ConcurrentLLM.acall:  # no native async path
+            return await super().agenerate(prompts, max_new_tokens, timeout)
+        budget = self._deadline(timeout)
+        return await gather_within(
+            self.acall, prompts, self.max_concurrency, budget, max_new_tokens
+        )
+
+
+class CallableLLM(ConcurrentLLM):
     """A plain function ``prompt -> answer``, called from ``max_concurrency`` threads.
 
     Args:
@@ -209,15 +244,11 @@ class CallableLLM(LLM):
         max_concurrency: int = 4,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
+        super().__init__(max_concurrency, timeout)
         self.fn = fn
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
 
-    def generate(
-        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
-    ) -> list[Generation]:
-        budget = self._deadline(timeout)
-        return run_threads(self.fn, prompts, self.max_concurrency, budget, max_new_tokens)
+    def call(self, prompt: str) -> Any:
+        return self.fn(prompt)
 
 
 def _message_text(result: Any) -> Any:
@@ -228,7 +259,7 @@ def _message_text(result: Any) -> Any:
     return content
 
 
-class LangChainLLM(LLM):
+class LangChainLLM(ConcurrentLLM):
     """A LangChain chat model or LLM (any ``Runnable`` taking a string), called concurrently.
 
     Args:
@@ -245,31 +276,18 @@ class LangChainLLM(LLM):
         timeout: float | None = DEFAULT_TIMEOUT,
         config: dict[str, Any] | None = None,
     ) -> None:
+        super().__init__(max_concurrency, timeout)
         self.model = model
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
         self.config = dict(config or {})
 
-    def generate(
-        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
-    ) -> list[Generation]:
-        def call(p: str) -> Any:
-            return _message_text(self.model.invoke(p, config=self.config))
+    def call(self, prompt: str) -> Any:
+        return _message_text(self.model.invoke(prompt, config=self.config))
 
-        budget = self._deadline(timeout)
-        return run_threads(call, prompts, self.max_concurrency, budget, max_new_tokens)
-
-    async def agenerate(
-        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
-    ) -> list[Generation]:
-        async def call(p: str) -> Any:
-            return _message_text(await self.model.ainvoke(p, config=self.config))
-
-        budget = self._deadline(timeout)
-        return await gather_within(call, prompts, self.max_concurrency, budget, max_new_tokens)
+    async def acall(self, prompt: str) -> Any:
+        return _message_text(await self.model.ainvoke(prompt, config=self.config))
 
 
-class LlamaIndexLLM(LLM):
+class LlamaIndexLLM(ConcurrentLLM):
     """A LlamaIndex LLM (``complete`` / ``acomplete``), called concurrently.
 
     Args:
@@ -281,27 +299,11 @@ class LlamaIndexLLM(LLM):
     def __init__(
         self, llm: Any, max_concurrency: int = 8, timeout: float | None = DEFAULT_TIMEOUT
     ) -> None:
+        super().__init__(max_concurrency, timeout)
         self.llm = llm
-        self.max_concurrency = max_concurrency
-        self.timeout = timeout
 
-    def generate(
-        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
-    ) -> list[Generation]:
-        budget = self._deadline(timeout)
-        return run_threads(
-            lambda p: self.llm.complete(p).text,
-            prompts,
-            self.max_concurrency,
-            budget,
-            max_new_tokens,
-        )
+    def call(self, prompt: str) -> Any:
+        return self.llm.complete(prompt).text
 
-    async def agenerate(
-        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
-    ) -> list[Generation]:
-        async def call(p: str) -> Any:
-            return (await self.llm.acomplete(p)).text
-
-        budget = self._deadline(timeout)
-        return await gather_within(call, prompts, self.max_concurrency, budget, max_new_tokens)
+    async def acall(self, prompt: str) -> Any:
+        return (await self.llm.acomplete(prompt)).text
