@@ -100,10 +100,11 @@ def _cmd_bench(args: argparse.Namespace) -> int:
         rows, table = demo_table()
         print(table)
         return 0
-    if args.setting == "import":
+    if args.setting in ("import", "stores"):
         from .bench.settings.imports import import_table
+        from .bench.settings.stores import stores_table
 
-        print(import_table()[1])
+        print((import_table if args.setting == "import" else stores_table)()[1])
         return 0
     if args.setting == "suite":
         return _cmd_suite(args)
@@ -271,7 +272,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["suite", "demo", "ragdefender", "grada", "auto", "robustrag", "import"],
+        choices=["suite", "demo", "ragdefender", "grada", "auto", "robustrag", "import", "stores"],
         help="suite: every defense side by side over datasets x attacks x poison counts "
         "(see --datasets --attacks --poison --defenses --llm); "
         "demo: the built-in poisoned knowledge base (no data needed); "
@@ -279,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
         "auto: AutoDefense in both of those settings, with the ablation of its signals; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20); "
-        "import: time of importing the core and the adapters",
+        "import: time of importing the core and the adapters; "
+        "stores: latency the one-line defense adds per vector store",
     )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument(

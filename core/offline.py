@@ -16,6 +16,7 @@ SETTINGS = {
     "HF_HUB_DISABLE_PROGRESS_BARS": "1",
     "TRANSFORMERS_VERBOSITY": "error",
     "TOKENIZERS_PARALLELISM": "false",
+    "ANONYMIZED_TELEMETRY": "False",  # Chroma, when a store is used
 }
 
 

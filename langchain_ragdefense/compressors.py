@@ -11,6 +11,7 @@ from langchain_core.callbacks import Callbacks
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, PrivateAttr
 
 from ragdefense import DefenseResult, LangChainEmbedder, Passage
@@ -24,6 +25,8 @@ from ragdefense.integration import (
     verdict_metadata,
     with_defense_fields,
 )
+
+from .vectors import stored_vectors
 
 __all__ = [
     "EVENT_NAME",
@@ -54,6 +57,9 @@ class DefenseCompressor(BaseDocumentCompressor):
             for the packaged all-MiniLM-L6-v2.
         fail_open: On a defense error, pass the documents through with a warning instead of
             raising :class:`ragdefense.DefenseFailed`.
+        vectorstore: The store the documents come from: the vectors it holds for them are
+            used instead of embedding them again (:func:`langchain_ragdefense.vectors.
+            stored_vectors`); ``defend(retriever)`` sets it.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -61,6 +67,7 @@ class DefenseCompressor(BaseDocumentCompressor):
     defense: Any = "ragdefender"
     embeddings: Embeddings | None = None
     fail_open: bool = False
+    vectorstore: VectorStore | None = None
     _core: Defense | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
@@ -77,7 +84,15 @@ class DefenseCompressor(BaseDocumentCompressor):
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")
-        passages = [Passage(d.page_content, id=d.id, metadata=d.metadata) for d in documents]
+        vectors = (
+            stored_vectors(self.vectorstore, documents)
+            if self.vectorstore is not None and documents
+            else [None] * len(documents)
+        )
+        passages = [
+            Passage(d.page_content, id=d.id, metadata=d.metadata, embedding=v)
+            for d, v in zip(documents, vectors, strict=True)
+        ]
         return run_defense(self.core, query, passages, self.fail_open)
 
     @staticmethod

@@ -97,11 +97,13 @@ def defend(
             ``"grada"``, ``"grada-peel"``, ``"auto"``, ...), a core defense object, or a
             ``BaseDocumentCompressor``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
-            retriever has one (no second model), else the packaged all-MiniLM-L6-v2.
+            retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
+            the store already holds for the retrieved documents are used as they are.
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``).
     """
+    store = getattr(retriever, "vectorstore", None)
     if embeddings is None:
-        embeddings = getattr(getattr(retriever, "vectorstore", None), "embeddings", None)
+        embeddings = getattr(store, "embeddings", None)
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
         compressor = defense
@@ -109,7 +111,11 @@ def defend(
         core = make_defense(
             defense, LangChainEmbedder(embeddings) if embeddings else None, **params
         )
-        compressor = DefenseCompressor(defense=core, embeddings=embeddings, fail_open=fail_open)
+        compressor = DefenseCompressor(
+            defense=core, embeddings=embeddings, fail_open=fail_open, vectorstore=store
+        )
     else:
-        compressor = DefenseCompressor(defense=defense, embeddings=embeddings, fail_open=fail_open)
+        compressor = DefenseCompressor(
+            defense=defense, embeddings=embeddings, fail_open=fail_open, vectorstore=store
+        )
     return DefendedRetriever(base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k)

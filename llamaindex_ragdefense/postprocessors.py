@@ -29,6 +29,8 @@ from ragdefense.integration import (
     with_defense_fields,
 )
 
+from .vectors import stored_vectors
+
 __all__ = [
     "AutoDefensePostprocessor",
     "DefensePostprocessor",
@@ -78,6 +80,11 @@ class DefensePostprocessor(BaseNodePostprocessor):
     )
     embed_model: BaseEmbedding | None = Field(default=None, description="embeddings to use")
     fail_open: bool = Field(default=False, description="pass nodes through if the defense fails")
+    vector_store: Any = Field(
+        default=None,
+        description="the store the nodes come from (e.g. index.vector_store): the vectors it "
+        "holds are used for nodes that arrive without an embedding, instead of embedding them",
+    )
     _core: Defense | None = PrivateAttr(default=None)
 
     @classmethod
@@ -97,15 +104,21 @@ class DefensePostprocessor(BaseNodePostprocessor):
         return self._core
 
     def _run(self, nodes: list[NodeWithScore], query: str) -> DefenseResult | None:
+        vectors: list[Any] = [n.node.embedding for n in nodes]
+        missing = [i for i, v in enumerate(vectors) if v is None]
+        if missing and self.vector_store is not None:
+            found = stored_vectors(self.vector_store, [nodes[i].node.node_id for i in missing])
+            for i, v in zip(missing, found, strict=True):
+                vectors[i] = v
         passages = [
             Passage(
                 n.node.get_content(metadata_mode=MetadataMode.NONE),
                 id=n.node.node_id,
                 score=n.score,
                 metadata=n.node.metadata,
-                embedding=n.node.embedding,
+                embedding=v,
             )
-            for n in nodes
+            for n, v in zip(nodes, vectors, strict=True)
         ]
         return run_defense(self.core, query, passages, self.fail_open)
 

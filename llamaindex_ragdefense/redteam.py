@@ -98,7 +98,11 @@ def red_team(
         raise ValueError("copy_index returned the index itself: the red team needs a copy")
     _check_independent(index, poisoned)  # before any poison is written
     poisoned.insert_nodes(nodes)
-    guard = DefensePostprocessor(defense=defense, embed_model=embed_model or _embed_model(index))
+    guard = DefensePostprocessor(
+        defense=defense,
+        embed_model=embed_model or _embed_model(index),
+        vector_store=poisoned.vector_store,
+    )
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 
     def pipeline(fetch: int, defended: bool) -> Callable[[str], tuple[list[str], str | None]]:

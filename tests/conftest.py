@@ -14,6 +14,7 @@ from ragdefense import CallableEmbedder, default_embedder
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+os.environ.setdefault("ANONYMIZED_TELEMETRY", "False")  # Chroma: no telemetry calls
 
 _WORD = re.compile(r"\w+")
 

@@ -119,7 +119,7 @@ def test_grada_peel_in_a_real_pipeline(embeddings: RagdefenseEmbeddings) -> None
         r for name, data in events.events if name == "ragdefense_removed" for r in data["removed"]
     ]
     assert sum(r["reason"].startswith("removed: coordinated group") for r in removed) == 3
-    assert GRADACompressor(peel=True)._params()["peel"] is True
+    assert GRADACompressor(peel=True).core.peel is True  # type: ignore[attr-defined]
 
 
 @pytest.mark.slow

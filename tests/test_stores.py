@@ -1,0 +1,116 @@
+"""The one-line defense on real vector stores, started the way users start them (embedded,
+offline): LangChain InMemory, Chroma (persistent client in a temporary folder) and FAISS;
+LlamaIndex's default store and Chroma. The vectors each store holds are reused: the defense
+embeds nothing but the query."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from ragdefense.data import load_demo_kb
+
+KB = load_demo_kb()
+QUESTION = KB[0]
+TEXTS = [t for q in KB for t in q.benign] + [t for q in KB for t in q.poison]
+POISON = {t for q in KB for t in q.poison}
+
+pytestmark = pytest.mark.slow
+
+
+class Counting:
+    """Wraps an embeddings object and counts the passages it embeds."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.passages = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.passages += len(texts)
+        return self.inner.embed_documents(texts)  # type: ignore[no-any-return]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.inner.embed_query(text)  # type: ignore[no-any-return]
+
+
+def _lc_store(kind: str, embeddings: Any, folder: Path) -> Any:
+    from langchain_core.documents import Document
+
+    docs = [Document(page_content=t) for t in TEXTS]
+    if kind == "inmemory":
+        from langchain_core.vectorstores import InMemoryVectorStore
+
+        return InMemoryVectorStore.from_documents(docs, embeddings)
+    if kind == "chroma":
+        import chromadb
+        from langchain_chroma import Chroma
+
+        client = chromadb.PersistentClient(path=str(folder))
+        return Chroma.from_documents(docs, embeddings, client=client, collection_name="knowledge")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.vectorstores import FAISS
+    return FAISS.from_documents(docs, embeddings)
+
+
+@pytest.mark.parametrize("kind", ["inmemory", "chroma", "faiss"])
+def test_langchain_one_line_defense_reuses_the_stored_vectors(
+    kind: str, minilm: Any, tmp_path: Path
+) -> None:
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_ragdefense import RagdefenseEmbeddings, defend
+
+    counting = Counting(RagdefenseEmbeddings(minilm))
+    Embeddings.register(Counting)
+    store = _lc_store(kind, counting, tmp_path)
+    retriever = store.as_retriever(search_kwargs={"k": 8})
+    plain = retriever.invoke(QUESTION.question)
+    assert sum(d.page_content in POISON for d in plain) == 5  # the attack works
+
+    before = counting.passages
+    docs = defend(retriever).invoke(QUESTION.question)
+    assert counting.passages == before  # no retrieved document was embedded again
+    assert docs and not any(d.page_content in POISON for d in docs)
+
+
+@pytest.mark.parametrize("kind", ["simple", "chroma"])
+def test_llamaindex_postprocessor_reuses_the_stored_vectors(
+    kind: str, minilm: Any, tmp_path: Path
+) -> None:
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from llamaindex_ragdefense import RAGDefenderPostprocessor, RagdefenseEmbedding
+
+    embed = RagdefenseEmbedding(minilm)
+    nodes = [TextNode(text=t) for t in TEXTS]
+    if kind == "chroma":
+        import chromadb
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        collection = chromadb.PersistentClient(path=str(tmp_path)).get_or_create_collection(
+            "knowledge"
+        )
+        storage = StorageContext.from_defaults(vector_store=ChromaVectorStore(collection))
+        index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed)
+    else:
+        index = VectorStoreIndex(nodes, embed_model=embed)
+    found = index.as_retriever(similarity_top_k=8).retrieve(QUESTION.question)
+    assert all(n.node.embedding is None for n in found)  # the retriever does not carry them
+    calls: list[int] = []
+    embed_model = RagdefenseEmbedding(minilm)
+    original = embed_model._get_text_embeddings  # count what the defense would embed
+    object.__setattr__(
+        embed_model,
+        "_get_text_embeddings",
+        lambda texts: calls.append(len(texts)) or original(texts),
+    )
+    guard = RAGDefenderPostprocessor(embed_model=embed_model, vector_store=index.vector_store)
+    kept = guard.postprocess_nodes(found, query_str=QUESTION.question)
+    assert calls == []
+    assert kept and not any(n.node.get_content() in POISON for n in kept)
+    assert sum(n.node.get_content() in POISON for n in found) == 5
