@@ -9,7 +9,7 @@ import copy
 import importlib
 import logging
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
 from .types import DefenseFailed, DefenseInputError, DefenseResult, Passage, Verdict, _jsonable
@@ -27,6 +27,7 @@ __all__ = [
     "make_defense",
     "removed_report",
     "run_defense",
+    "stored_vectors",
     "tagged_metadata",
     "verdict_metadata",
     "with_defense_fields",
@@ -160,6 +161,33 @@ def check_items(items: Any, kind: type, what: str) -> list[Any]:
         if not isinstance(item, kind):
             raise DefenseInputError(f"item {i}: expected {what}, got {type(item).__name__}")
     return list(items)
+
+
+_SAID: set[str] = set()
+
+
+def stored_vectors(
+    store: Any,
+    ids: Sequence[str | None],
+    lookup: Callable[[Any, list[str]], Mapping[str, Any] | None],
+) -> list[Any | None]:
+    """One stored vector per id (``None`` for a missing id or vector): ``lookup(store, ids)``
+    is the adapter's reader for the stores it knows, returning ``None`` for a store it does not.
+    Where no vector can be read the defense embeds the passages itself, and a warning says so
+    once per store type."""
+    wanted = [i for i in ids if i]
+    try:
+        found = lookup(store, wanted)
+        why = "it is not one whose vectors ragdefense can read"
+    except Exception as exc:  # a store that cannot answer: embed instead
+        found, why = None, f"reading its vectors failed ({type(exc).__name__}: {exc})"
+    if found is None:
+        name = type(store).__name__
+        if name not in _SAID:
+            _SAID.add(name)
+            logger.warning("%s: the defense embeds the retrieved passages itself: %s", name, why)
+        return [None] * len(ids)
+    return [found.get(i) if i else None for i in ids]
 
 
 def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:

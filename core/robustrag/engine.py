@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 import copy
-import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -39,8 +38,6 @@ from .types import (
 )
 
 __all__ = ["RobustRAG"]
-
-logger = logging.getLogger("ragdefense")
 
 
 class Aggregation(Protocol):
@@ -326,9 +323,6 @@ class RobustRAG:
         if refusal is not None:
             cert = yield from local(Certificate(k_prime, attack, False, refusal))
         else:
-            total = self._strategy.calls_needed(result, k_prime, attack)
-            if total:
-                logger.info("certifying at k'=%d: %d LLM call(s)", k_prime, total)
             cert = yield from self._strategy.certificate(result, k_prime, attack, golds, progress)
         return replace(result, certificate=cert)
 

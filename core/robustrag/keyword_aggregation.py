@@ -7,6 +7,7 @@ every keyword set that k' injected (or rewritten) answers can cause is enumerate
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
@@ -24,6 +25,8 @@ if TYPE_CHECKING:
     from .engine import RobustRAG
 
 __all__ = ["CERTIFY_BATCH", "KeywordAggregation"]
+
+logger = logging.getLogger("ragdefense")
 
 #: certification prompts sent per batch (progress is reported after each)
 CERTIFY_BATCH = 16
@@ -107,6 +110,8 @@ class KeywordAggregation:
         prompts = [
             self.rr.keyword_prompt_for(result.query, kws) for kws in plan.keyword_sets if kws
         ]
+        if prompts:
+            logger.info("certifying at k'=%d: %d LLM call(s)", k_prime, len(prompts))
         gens: list[Generation] = []
         for start in range(0, len(prompts), CERTIFY_BATCH):  # in batches, to report progress
             gens += yield prompts[start : start + CERTIFY_BATCH]
