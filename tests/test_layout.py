@@ -12,7 +12,12 @@ from pathlib import Path
 
 import pytest
 
-CORE = Path(__file__).resolve().parents[1] / "core"
+ROOT = Path(__file__).resolve().parents[1]
+CORE = ROOT / "core" / "ragdefense"
+ADAPTERS = (
+    ROOT / "langchain_ragdefense" / "langchain_ragdefense",
+    ROOT / "llamaindex_ragdefense" / "llama_index" / "postprocessor" / "ragdefense",
+)
 MAX_LINES = 400
 
 
@@ -124,12 +129,26 @@ def test_import_ragdefense_loads_nothing_heavy() -> None:
     assert out.stdout.strip() == "[]"
 
 
-def test_every_core_package_is_in_the_wheel() -> None:
-    tomllib = pytest.importorskip("tomllib")
-    config = tomllib.loads((CORE.parent / "pyproject.toml").read_text(encoding="utf-8"))
-    listed = set(config["tool"]["setuptools"]["packages"])
-    folders = {
-        ".".join(("ragdefense", *p.parent.relative_to(CORE).parts))
-        for p in CORE.rglob("__init__.py")
-    }
-    assert folders <= listed, sorted(folders - listed)
+def _core_imports(path: Path) -> list[tuple[str, str]]:
+    """(core module, name) for every ``from ragdefense... import name`` in ``path``."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "ragdefense":
+            out += [(node.module or "", alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            assert not any(a.name.startswith("ragdefense.") for a in node.names), path
+    return out
+
+
+@pytest.mark.parametrize("folder", ADAPTERS, ids=lambda p: p.parts[-1])
+def test_adapters_use_only_the_cores_public_api(folder: Path) -> None:
+    """An adapter imports from the core only names its modules export (``__all__``), never a
+    private module or name: ``ragdefense.integration`` is the documented contract."""
+    found = [(m, n, p.name) for p in folder.rglob("*.py") for m, n in _core_imports(p)]
+    assert found
+    for module, name, file in found:
+        assert not any(part.startswith("_") for part in module.split(".")), (file, module)
+        imported = importlib.import_module(module)
+        exported = getattr(imported, "__all__", ())
+        is_module = hasattr(imported, "__path__") and f"{module}.{name}" in sys.modules
+        assert name in exported or is_module, f"{file}: {name} is not in {module}.__all__"

@@ -2,8 +2,8 @@
 the pipeline with and without a defense, and report which questions were hijacked.
 
 The loop lives here, framework-free; the adapters (``langchain_ragdefense.red_team``,
-``llamaindex_ragdefense.red_team``) copy the user's vector store or index, add the poison to the
-copy and hand over one function per pipeline. The user's store is never written to.
+``llama_index.postprocessor.ragdefense.red_team``) copy the user's vector store or index, add the
+poison to the copy and hand over one function per pipeline. The user's store is never written to.
 """
 
 from __future__ import annotations

@@ -11,6 +11,7 @@ chain = RobustRAGChain.from_llm(llm, retriever)    # isolate-then-aggregate answ
 The adapters only convert types; every algorithm lives in :mod:`ragdefense`.
 """
 
+from ._version import __version__
 from .chain import RobustRAGChain
 from .compressors import (
     AutoDefenseCompressor,
@@ -30,6 +31,7 @@ __all__ = [
     "RAGDefenderCompressor",
     "RagdefenseEmbeddings",
     "RobustRAGChain",
+    "__version__",
     "defend",
     "red_team",
 ]

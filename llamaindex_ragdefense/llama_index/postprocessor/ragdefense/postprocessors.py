@@ -45,10 +45,12 @@ dispatcher = get_dispatcher(__name__)
 class DefenseRemovedEvent(BaseEvent):
     """Instrumentation event: what a defense removed from the retrieved nodes, and why."""
 
-    defense: str
-    query: str
-    removed: list[dict[str, Any]]
-    estimates: dict[str, Any]
+    defense: str = Field(description="the defense's name, e.g. 'RAGDefender'")
+    query: str = Field(description="the query the nodes were retrieved for")
+    removed: list[dict[str, Any]] = Field(
+        description="one record per removed node: id, text, score, rank and the reason"
+    )
+    estimates: dict[str, Any] = Field(description="the defense's estimates for this query")
 
     @classmethod
     def class_name(cls) -> str:

@@ -11,6 +11,7 @@ Pass ``llm=`` (and ``embed_model=`` when building the index) explicitly: LlamaIn
 every algorithm lives in :mod:`ragdefense`.
 """
 
+from ._version import __version__
 from .embeddings import RagdefenseEmbedding
 from .postprocessors import (
     AutoDefensePostprocessor,
@@ -31,5 +32,6 @@ __all__ = [
     "RagdefenseEmbedding",
     "RobustRAGQueryEngine",
     "RobustRAGSynthesizer",
+    "__version__",
     "red_team",
 ]

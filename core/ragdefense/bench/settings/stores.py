@@ -64,7 +64,7 @@ def _llamaindex(kind: str, folder: str) -> tuple[Callable[[str], Any], Callable[
     from llama_index.core import StorageContext, VectorStoreIndex
     from llama_index.core.schema import TextNode
 
-    from llamaindex_ragdefense import RAGDefenderPostprocessor, RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import RAGDefenderPostprocessor, RagdefenseEmbedding
 
     embed = RagdefenseEmbedding()
     nodes = [TextNode(text=t) for q in load_demo_kb() for t in (*q.benign, *q.poison)]

@@ -214,7 +214,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             store = store() if callable(store) and not hasattr(store, "as_retriever") else store
             kind = type(store).__module__.split(".")[0]
             if kind == "llama_index":
-                from llamaindex_ragdefense import red_team as li_red_team
+                from llama_index.postprocessor.ragdefense import red_team as li_red_team
 
                 report = li_red_team(store, targets, k=args.k, **options)
             elif kind.startswith("langchain"):

@@ -114,6 +114,10 @@ class RobustRAGQueryEngine(CustomQueryEngine):
     synthesizer: RobustRAGSynthesizer = Field(description="the RobustRAG synthesizer")
 
     @classmethod
+    def class_name(cls) -> str:
+        return "RobustRAGQueryEngine"
+
+    @classmethod
     def from_args(
         cls, retriever: BaseRetriever, llm: LLM, **synthesizer_kwargs: Any
     ) -> RobustRAGQueryEngine:

@@ -19,7 +19,7 @@ MODULES = (
     "ragdefense.defenses",
     "ragdefense.robustrag",
     "langchain_ragdefense",
-    "llamaindex_ragdefense",
+    "llama_index.postprocessor.ragdefense",
 )
 
 _PROBE = "import time; t = time.perf_counter(); import {module}; print(time.perf_counter() - t)"
