@@ -1,9 +1,9 @@
 # %% [markdown]
 # # LangChain quickstart: a hijacked RAG pipeline, and the one-line fix
 #
-# An ordinary LangChain pipeline (in-memory vector store, the packaged all-MiniLM-L6-v2, the
-# packaged SmolLM2-135M-Instruct as the model) over a knowledge base into which an attacker has
-# planted five PoisonedRAG-style passages per question. Everything runs offline.
+# An ordinary LangChain pipeline (a Chroma vector store on disk, the packaged all-MiniLM-L6-v2,
+# the packaged SmolLM2-135M-Instruct as the model) over a knowledge base into which an attacker
+# has planted five PoisonedRAG-style passages per question. Everything runs offline.
 
 # %%
 # offline and quiet: every model is loaded from a pip package
@@ -12,10 +12,13 @@ from ragdefense.offline import offline
 offline()
 
 # %%
+import tempfile
+
+import chromadb
+from langchain_chroma import Chroma
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda
-from langchain_core.vectorstores import InMemoryVectorStore
 
 from langchain_ragdefense import RagdefenseEmbeddings, defend
 from ragdefense.data import load_demo_kb
@@ -24,7 +27,10 @@ from ragdefense.llm import default_llm
 kb = load_demo_kb()
 docs = [Document(t, metadata={"poison": False}) for q in kb for t in q.benign]
 docs += [Document(t, metadata={"poison": True}) for q in kb for t in q.poison]
-store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings())
+# Chroma as users start it: a persistent client in a folder (a temporary one here)
+client = chromadb.PersistentClient(path=tempfile.mkdtemp(prefix="cookbook-chroma-"))
+embeddings = RagdefenseEmbeddings()
+store = Chroma.from_documents(docs, embeddings, client=client, collection_name="knowledge")
 retriever = store.as_retriever(search_kwargs={"k": 8})
 
 smol = default_llm()  # SmolLM2-135M-Instruct, converted once from the packaged GGUF
@@ -66,7 +72,10 @@ print("hijacked:", question.incorrect_answer in answer)
 print(sum(d.metadata["poison"] for d in context), "of", len(context), "passages are poison")
 
 # %% [markdown]
-# ## The one-line fix: `retriever = defend(retriever)` (RAGDefender, the store's own embeddings)
+# ## The one-line fix: `retriever = defend(retriever)`
+#
+# RAGDefender by default; it reads the vectors Chroma already holds for the retrieved documents
+# (nothing is embedded again) and keeps its verdict in `metadata["ragdefense"]`.
 
 # %%
 defended = defend(retriever)
@@ -96,16 +105,16 @@ for q in kb:
 # ## Red-team your own pipeline before an attacker does
 #
 # `red_team(store, targets, chain=...)` plants poison for each target question in a **copy** of
-# the store (here: the clean knowledge base, poison written from templates), runs your chain with
-# and without the defense, and reports which questions were hijacked. Your store is not touched.
+# the store (here: a Chroma collection holding the clean knowledge base; the copy is an in-memory
+# collection with the same vectors, poison written from templates), runs your chain with and
+# without the defense, and reports which questions were hijacked. Your collection is not touched.
 
 # %%
 from langchain_ragdefense import red_team
 from ragdefense import AttackTarget
 
-clean = InMemoryVectorStore.from_documents(
-    [d for d in docs if not d.metadata["poison"]], RagdefenseEmbeddings()
-)
+benign = [d for d in docs if not d.metadata["poison"]]
+clean = Chroma.from_documents(benign, embeddings, client=client, collection_name="clean")
 targets = [AttackTarget(q.question, q.incorrect_answer, q.correct_answer) for q in kb[:4]]
 
 
@@ -118,7 +127,7 @@ def my_chain(retriever: BaseRetriever) -> RunnableLambda[str, str]:
     return RunnableLambda(answer)
 
 
-size = len(clean.store)
+size = clean._collection.count()
 report = red_team(clean, targets, n_poison=5, k=8, chain=my_chain)
 print(report)
-print("store untouched:", len(clean.store) == size)
+print("collection untouched:", clean._collection.count() == size, f"({size} documents)")

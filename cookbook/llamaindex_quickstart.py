@@ -1,8 +1,9 @@
 # %% [markdown]
 # # LlamaIndex quickstart: `node_postprocessors=[...]` and the RobustRAG synthesizer
 #
-# The same poisoned knowledge base in a `VectorStoreIndex`. `llm=` and `embed_model=` are always
-# passed explicitly: LlamaIndex's `Settings` default to OpenAI, and nothing here touches them.
+# The same poisoned knowledge base in a `VectorStoreIndex` over Chroma (a persistent client in a
+# folder, as users start it). `llm=` and `embed_model=` are always passed explicitly: LlamaIndex's
+# `Settings` default to OpenAI, and nothing here touches them.
 
 # %%
 # offline and quiet: every model is loaded from a pip package
@@ -11,9 +12,11 @@ from ragdefense.offline import offline
 offline()
 
 # %%
+import tempfile
 from typing import Any
 
-from llama_index.core import VectorStoreIndex
+import chromadb
+from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.llms import (
     CompletionResponse,
     CompletionResponseGen,
@@ -21,8 +24,9 @@ from llama_index.core.llms import (
     LLMMetadata,
 )
 from llama_index.core.schema import TextNode
+from llama_index.vector_stores.chroma import ChromaVectorStore
 
-from llamaindex_ragdefense import (
+from llama_index.postprocessor.ragdefense import (
     RAGDefenderPostprocessor,
     RagdefenseEmbedding,
     RobustRAGSynthesizer,
@@ -53,9 +57,19 @@ kb = load_demo_kb()
 nodes = [TextNode(text=t, metadata={"poison": False}) for q in kb for t in q.benign]
 nodes += [TextNode(text=t, metadata={"poison": True}) for q in kb for t in q.poison]
 embed = RagdefenseEmbedding()
-index = VectorStoreIndex(nodes, embed_model=embed)
+client = chromadb.PersistentClient(path=tempfile.mkdtemp(prefix="cookbook-chroma-"))
+chroma = ChromaVectorStore(chroma_collection=client.get_or_create_collection("knowledge"))
+storage = StorageContext.from_defaults(vector_store=chroma)
+index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed)
 llm = SmolLM2()
 question = kb[0]
+
+# %% [markdown]
+# ## Without and with `RAGDefenderPostprocessor`
+#
+# A postprocessor cannot widen retrieval, so ask for enough nodes (`similarity_top_k=8`; the
+# LlamaIndex default is 2). `vector_store=index.vector_store` lets the defense read the vectors
+# Chroma holds instead of embedding the retrieved nodes again.
 
 # %%
 plain = index.as_query_engine(llm=llm, similarity_top_k=8).query(question.question)
@@ -68,7 +82,11 @@ print(
     len(plain.source_nodes),
 )
 engine = index.as_query_engine(
-    llm=llm, similarity_top_k=8, node_postprocessors=[RAGDefenderPostprocessor(embed_model=embed)]
+    llm=llm,
+    similarity_top_k=8,
+    node_postprocessors=[
+        RAGDefenderPostprocessor(embed_model=embed, vector_store=index.vector_store)
+    ],
 )
 defended = engine.query(question.question)
 print(
@@ -94,3 +112,26 @@ engine = small.as_query_engine(
 )
 response = engine.query(rq.question)
 print((response.metadata or {})["ragdefense"])
+
+# %% [markdown]
+# ## Red-team the index before an attacker does
+#
+# `red_team(index, targets)` plants poison for each target in a **copy** of the index (for Chroma:
+# a new in-memory collection holding the same vectors) and reports which questions are hijacked
+# with and without the defense. The user's collection is not touched.
+
+# %%
+from llama_index.postprocessor.ragdefense import red_team
+from ragdefense import AttackTarget
+
+collection = client.get_or_create_collection("clean")
+clean = VectorStoreIndex(
+    [TextNode(text=t) for q in kb for t in q.benign],
+    storage_context=StorageContext.from_defaults(vector_store=ChromaVectorStore(collection)),
+    embed_model=embed,
+)
+targets = [AttackTarget(q.question, q.incorrect_answer, q.correct_answer) for q in kb[:4]]
+size = collection.count()
+report = red_team(clean, targets, n_poison=5, k=4)
+print(report)
+print("collection untouched:", collection.count() == size, f"({size} nodes)")

@@ -36,10 +36,10 @@ class Counting:
         return self.inner.embed_query(text)  # type: ignore[no-any-return]
 
 
-def _lc_store(kind: str, embeddings: Any, folder: Path) -> Any:
+def _lc_store(kind: str, embeddings: Any, folder: Path, texts: list[str] = TEXTS) -> Any:
     from langchain_core.documents import Document
 
-    docs = [Document(page_content=t) for t in TEXTS]
+    docs = [Document(page_content=t) for t in texts]
     if kind == "inmemory":
         from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -114,3 +114,92 @@ def test_llamaindex_postprocessor_reuses_the_stored_vectors(
     assert calls == []
     assert kept and not any(n.node.get_content() in POISON for n in kept)
     assert sum(n.node.get_content() in POISON for n in found) == 5
+
+
+def _targets() -> list[Any]:
+    from ragdefense import AttackTarget
+
+    return [
+        AttackTarget(q.question, q.incorrect_answer, q.correct_answer, tuple(q.poison))
+        for q in KB[:3]
+    ]
+
+
+def _lc_count(store: Any, kind: str) -> int:
+    if kind == "chroma":
+        return int(store._collection.count())
+    if kind == "faiss":
+        return int(store.index.ntotal)
+    return len(store.store)
+
+
+@pytest.mark.parametrize("kind", ["inmemory", "chroma", "faiss"])
+def test_langchain_red_team_on_a_copy_of_each_store(kind: str, minilm: Any, tmp_path: Path) -> None:
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_ragdefense import RagdefenseEmbeddings, red_team
+
+    counting = Counting(RagdefenseEmbeddings(minilm))
+    Embeddings.register(Counting)
+    store = _lc_store(kind, counting, tmp_path, [t for q in KB for t in q.benign])
+    count, embedded = _lc_count(store, kind), counting.passages
+    report = red_team(store, _targets(), k=4)
+    assert _lc_count(store, kind) == count  # the user's collection: not one document more
+    # the copy reused the stored vectors: only the planted poison (and queries) were embedded
+    assert counting.passages - embedded <= 5 * 3 + 1
+    assert report.hijack_rate("no defense") == 1.0  # the poison was planted in the copy
+    assert report.hijack_rate("ragdefender") < 1.0
+    if kind == "chroma":  # and the database on disk was not given a collection
+        import chromadb
+
+        assert [
+            c.name for c in chromadb.PersistentClient(path=str(tmp_path)).list_collections()
+        ] == ["knowledge"]
+
+
+@pytest.mark.parametrize("kind", ["simple", "chroma"])
+def test_llamaindex_red_team_on_a_copy_of_each_store(
+    kind: str, minilm: Any, tmp_path: Path
+) -> None:
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding, red_team
+
+    embed = RagdefenseEmbedding(minilm)
+    nodes = [TextNode(text=t) for q in KB for t in q.benign]
+    collection = None
+    if kind == "chroma":
+        import chromadb
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        client = chromadb.PersistentClient(path=str(tmp_path))
+        collection = client.get_or_create_collection("knowledge")
+        storage = StorageContext.from_defaults(vector_store=ChromaVectorStore(collection))
+        index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed)
+    else:
+        index = VectorStoreIndex(nodes, embed_model=embed)
+
+    def count() -> int:
+        if collection is not None:
+            return int(collection.count())
+        return len(index.vector_store.data.embedding_dict)  # type: ignore[attr-defined]
+
+    before = count()
+    report = red_team(index, _targets(), k=4)
+    assert count() == before == len(nodes)
+    assert report.hijack_rate("no defense") == 1.0
+    assert report.hijack_rate("ragdefender") < 1.0
+
+
+def test_a_store_that_cannot_be_copied_safely_is_refused(minilm: Any, tmp_path: Path) -> None:
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings, red_team
+
+    class Remote(InMemoryVectorStore):  # stands for a store ragdefense does not know
+        pass
+
+    store = Remote(RagdefenseEmbeddings(minilm))
+    with pytest.raises(TypeError, match="cannot copy a Remote safely: pass copy_store="):
+        red_team(store, _targets())

@@ -22,14 +22,68 @@ __all__ = ["red_team"]
 
 
 def _copy(store: VectorStore) -> VectorStore:
-    if isinstance(store, InMemoryVectorStore):
+    """An independent in-memory copy of ``store`` holding the same documents and vectors."""
+    kind = f"{type(store).__module__}.{type(store).__name__}"
+    if type(store) is InMemoryVectorStore:  # a subclass may keep its data elsewhere
         clone = InMemoryVectorStore(embedding=store.embeddings)
         clone.store = copy.deepcopy(store.store)
         return clone
+    if kind.startswith("langchain_chroma."):
+        return _copy_chroma(store)
+    if kind.startswith("langchain_community.vectorstores.faiss"):
+        return _copy_faiss(store)
     raise TypeError(
-        f"cannot copy a {type(store).__name__}: pass copy_store=, a function returning a "
-        "copy of your store (the red team never writes to your store)"
+        f"ragdefense cannot copy a {type(store).__name__} safely: pass copy_store=, a function "
+        "returning an independent copy of your store (e.g. a new collection or index filled from "
+        "yours); the red team never writes to your store"
     )
+
+
+def _copy_chroma(store: Any) -> VectorStore:
+    """A new collection in an in-memory Chroma client, filled in batches with the stored ids,
+    texts, metadata and vectors (nothing re-embedded; the user's database is not touched)."""
+    import chromadb
+    from langchain_chroma import Chroma
+
+    source = store._collection  # langchain-chroma keeps its Chroma collection here
+    client = chromadb.EphemeralClient()
+    name = f"ragdefense-redteam-{uuid.uuid4().hex}"
+    target = client.create_collection(name, metadata=source.metadata)
+    ids = source.get(include=[])["ids"]
+    batch = min(1000, client.get_max_batch_size())
+    for start in range(0, len(ids), batch):
+        got = source.get(
+            ids=ids[start : start + batch], include=["embeddings", "documents", "metadatas"]
+        )
+        target.add(
+            ids=got["ids"],
+            embeddings=got["embeddings"],
+            documents=got["documents"],
+            metadatas=got["metadatas"],
+        )
+    return Chroma(client=client, collection_name=name, embedding_function=store.embeddings)
+
+
+def _copy_faiss(store: Any) -> VectorStore:
+    """A FAISS store over a clone of the index and a deep copy of its document store."""
+    import faiss
+    from langchain_community.docstore.in_memory import InMemoryDocstore
+
+    if not isinstance(store.docstore, InMemoryDocstore):
+        raise TypeError(
+            f"ragdefense cannot copy a FAISS store over a {type(store.docstore).__name__} "
+            "safely: pass copy_store=, a function returning an independent copy"
+        )
+    clone: VectorStore = type(store)(
+        embedding_function=store.embedding_function,
+        index=faiss.clone_index(store.index),
+        docstore=InMemoryDocstore(copy.deepcopy(store.docstore._dict)),
+        index_to_docstore_id=dict(store.index_to_docstore_id),
+        relevance_score_fn=store.override_relevance_score_fn,
+        normalize_L2=store._normalize_L2,
+        distance_strategy=store.distance_strategy,
+    )
+    return clone
 
 
 def _holds(store: VectorStore, doc_id: str, text: str) -> bool:
@@ -74,8 +128,9 @@ def red_team(
     hijacked with no defense and with ``defense`` (via :func:`langchain_ragdefense.defend`).
 
     Args:
-        store: The user's vector store; an ``InMemoryVectorStore`` is copied here, any other
-            store needs ``copy_store``. It is never written to.
+        store: The user's vector store; ``InMemoryVectorStore``, Chroma and FAISS are copied
+            here (with their stored vectors, into memory), any other store needs
+            ``copy_store``. It is never written to.
         targets: Questions with the attacker's answers.
         defense: What :func:`~langchain_ragdefense.defend` accepts.
         attack: One of :data:`ragdefense.attacks.ATTACKS` (``"poisonedrag"``,

@@ -8,7 +8,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from llama_index.core import VectorStoreIndex
+from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
@@ -18,6 +18,7 @@ from llama_index.core.vector_stores import SimpleVectorStore
 from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
 
 from .postprocessors import DefensePostprocessor
+from .vectors import stored_vectors
 
 __all__ = ["red_team"]
 
@@ -29,20 +30,41 @@ def _embed_model(index: VectorStoreIndex) -> BaseEmbedding:
 
 
 def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
+    """An independent in-memory copy of ``index`` with its stored vectors (nothing re-embedded),
+    plus ``extra``: over the default store, or a new collection of an in-memory Chroma client."""
     store = index.vector_store
-    if not isinstance(store, SimpleVectorStore):
-        raise TypeError(
-            f"cannot copy an index over a {type(store).__name__}: pass copy_index=, a function "
-            "returning a copy of your index with the given nodes added (the red team never "
-            "writes to your index)"
+    if isinstance(store, SimpleVectorStore):
+        nodes: list[BaseNode] = [n.model_copy(deep=True) for n in index.docstore.docs.values()]
+        return _rebuilt(index, nodes, extra, None)
+    if type(store).__name__ == "ChromaVectorStore":
+        import chromadb
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        source = store.client  # ChromaVectorStore.client is its Chroma collection
+        target = chromadb.EphemeralClient().create_collection(
+            f"ragdefense-redteam-{uuid.uuid4().hex}", metadata=source.metadata
         )
-    nodes: list[BaseNode] = []
-    for node_id, node in index.docstore.docs.items():
-        clone = node.model_copy(deep=True)
-        if clone.embedding is None:
-            clone.embedding = store.get(node_id)  # the stored vector: no re-embedding
-        nodes.append(clone)
-    return VectorStoreIndex([*nodes, *extra], embed_model=_embed_model(index))
+        return _rebuilt(index, store.get_nodes(None), extra, ChromaVectorStore(target))
+    raise TypeError(
+        f"ragdefense cannot copy an index over a {type(store).__name__} safely: pass "
+        "copy_index=, a function returning an independent copy of your index with the given "
+        "nodes added; the red team never writes to your index"
+    )
+
+
+def _rebuilt(
+    index: VectorStoreIndex, nodes: list[BaseNode], extra: list[TextNode], store: Any
+) -> VectorStoreIndex:
+    """A new index over ``store`` (default: a new ``SimpleVectorStore``) holding ``nodes`` with
+    the vectors ``index`` stores for them, and ``extra``."""
+    found = stored_vectors(index.vector_store, [n.node_id for n in nodes])
+    for node, vector in zip(nodes, found, strict=True):
+        if node.embedding is None and vector is not None:
+            node.embedding = [float(x) for x in vector]
+    storage = StorageContext.from_defaults(vector_store=store) if store is not None else None
+    return VectorStoreIndex(
+        [*nodes, *extra], storage_context=storage, embed_model=_embed_model(index)
+    )
 
 
 def _check_independent(index: VectorStoreIndex, copied: VectorStoreIndex) -> None:
@@ -81,8 +103,9 @@ def red_team(
     :class:`DefensePostprocessor`, then the first ``k`` kept).
 
     Args:
-        index: The user's index (over the default ``SimpleVectorStore``; other stores need
-            ``copy_index``). It is never written to.
+        index: The user's index; over the default ``SimpleVectorStore`` or Chroma it is copied
+            here (with its stored vectors, into memory), other stores need ``copy_index``. It
+            is never written to.
         targets: Questions with the attacker's answers.
         defense: ``"ragdefender"``, ``"grada"`` or a core defense object.
         llm: When given, each context is answered by this LLM (a compact response synthesizer)
