@@ -19,6 +19,8 @@ from ._version import __version__ as __version__
 
 # public name -> the module that defines it
 _EXPORTS = {
+    "AuditReport": "auditing",
+    "audit": "auditing",
     "AutoDefense": "defenses.auto",
     "GRADA": "defenses.grada",
     "RAGDefender": "defenses.ragdefender",
@@ -61,6 +63,8 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
+    from .auditing import AuditReport as AuditReport
+    from .auditing import audit as audit
     from .defenses.auto import AutoDefense as AutoDefense
     from .defenses.grada import GRADA as GRADA
     from .defenses.ragdefender import RAGDefender as RAGDefender

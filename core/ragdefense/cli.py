@@ -1,4 +1,4 @@
-"""The ``ragdefense`` command: ``demo``, ``bench ...`` and ``attack``."""
+"""The ``ragdefense`` command: ``demo``, ``bench ...``, ``attack`` and ``audit``."""
 
 from __future__ import annotations
 
@@ -12,49 +12,19 @@ from typing import Any
 
 from .attacks import ATTACKS, DEFAULT_ATTACKS
 from .bench.suite import DEFAULT_DEFENSES, DEFENSES
+from .cliargs import UsageError
+from .cliargs import counts as _counts
+from .cliargs import non_negative as _non_negative
+from .cliargs import positive as _positive
+from .cliargs import resolve as _resolve
 from .defenses.registry import names
 from .offline import offline
 
 __all__ = ["UsageError", "build_parser", "main"]
 
 
-class UsageError(ValueError):
-    """A bad argument: reported as one line naming the fix, exit code 2, before any work."""
-
-
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
-    return value
-
-
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
-    return value
-
-
-def _counts(text: str) -> list[int]:
-    """A comma-separated list of counts (0 or more)."""
-    try:
-        values = [int(t) for t in text.split(",") if t.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected integers like 1,3,5, got {text!r}") from None
-    if not values or min(values) < 0:
-        raise argparse.ArgumentTypeError(f"expected counts of 0 or more like 1,3,5, got {text!r}")
-    return values
-
-
-def _resolve(spec: str, what: str) -> Any:
-    """The object named by ``module:attribute`` (a dotted attribute path)."""
-    from .integration import import_object
-
-    try:
-        return import_object(spec)
-    except ValueError as exc:
-        raise UsageError(f"{what} {exc}") from None
+SETTINGS = ("suite", "demo", "ragdefender", "grada", "auto", "robustrag", "import", "stores",
+            "audit", "audit-scale")  # fmt: skip
 
 
 def _llm(spec: str | None) -> Any:
@@ -70,10 +40,7 @@ def _out_folder(path: str | None) -> None:
 
 
 def _out_file(path: str | None) -> None:
-    if path is None:
-        return
-    target = Path(path)
-    if target.is_dir() or not target.parent.is_dir():
+    if path is not None and (Path(path).is_dir() or not Path(path).parent.is_dir()):
         raise UsageError(f"--json {path}: name a file in an existing folder")
 
 
@@ -137,6 +104,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             rows, table = grada_table(
                 folder, n_poison=args.poison or [0, 1, 3, 5], limit=args.limit
             )
+        elif args.setting.startswith("audit"):
+            from .bench.settings.audit import audit_table
+
+            rows, table = audit_table(folder, args.setting == "audit-scale", args.out)
         else:
             rows, table = robustrag_table(folder, limit=args.limit or 20)
     except DataError as exc:
@@ -272,7 +243,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(
         "setting",
-        choices=["suite", "demo", "ragdefender", "grada", "auto", "robustrag", "import", "stores"],
+        choices=SETTINGS,
         help="suite: every defense side by side over datasets x attacks x poison counts "
         "(see --datasets --attacks --poison --defenses --llm); "
         "demo: the built-in poisoned knowledge base (no data needed); "
@@ -281,7 +252,8 @@ def build_parser() -> argparse.ArgumentParser:
         "auto: AutoDefense in both of those settings, with the ablation of its signals; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20); "
         "import: time of importing the core and the adapters; "
-        "stores: latency the one-line defense adds per vector store",
+        "stores: latency the one-line defense adds per vector store; audit / audit-scale: "
+        "quality / speed of `ragdefense audit` on the shared data with planted poison",
     )
     bench.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     bench.add_argument(
@@ -371,6 +343,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     attack.add_argument("--json", default=None, help="write the report as JSON here")
     attack.set_defaults(func=_cmd_attack)
+    from .auditing.cli import add_audit_parser
+
+    add_audit_parser(sub)
 
     return parser
 

@@ -106,6 +106,17 @@ class Embedder(ABC):
         vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
         return vec
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its lock and cache (e.g. to send it to Ray workers)."""
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        state["_cache"] = OrderedDict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._lock = threading.Lock()
+
     def with_cache(self, cache_size: int) -> Embedder:
         """A copy using the same model, with an empty cache of its own of ``cache_size`` texts
         (this embedder's cache and counters are left alone)."""

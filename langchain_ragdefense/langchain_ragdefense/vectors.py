@@ -1,20 +1,24 @@
 """The vectors a LangChain vector store already holds for the documents it returned, so a defense
 does not embed them again: ``InMemoryVectorStore``, Chroma (``langchain-chroma``) and FAISS
 (``langchain-community``) by document id; other stores give none (the defense then embeds the
-documents, and says so once per store type: :func:`ragdefense.integration.stored_vectors`)."""
+documents, and says so once per store type: :func:`ragdefense.integration.stored_vectors`).
+
+:func:`store_corpus` reads a whole store of those kinds, in batches, for ``ragdefense.audit``."""
 
 from __future__ import annotations
 
 import weakref
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from ragdefense import integration
+from ragdefense.auditing import Batch
 
-__all__ = ["stored_vectors"]
+__all__ = ["StoreCorpus", "store_corpus", "stored_vectors"]
 
 # FAISS store -> (entries when built, docstore id -> index position): rebuilt only when it grows
 _FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]] = (
@@ -48,3 +52,70 @@ def _faiss_positions(store: Any) -> dict[str, int]:
         known = (len(entries), {doc_id: pos for pos, doc_id in entries.items()})
         _FAISS_POSITIONS[store] = known
     return known[1]
+
+
+class StoreCorpus:
+    """Every document of a LangChain vector store with its stored vector, in batches (read only;
+    :class:`ragdefense.auditing.Corpus`). A ``title`` in a document's metadata is kept."""
+
+    def __init__(self, store: VectorStore) -> None:
+        self.store = store
+
+    def fingerprint(self) -> str:
+        """The store's type, and its size where it tells."""
+        store: Any = self.store
+        for size in ("store", "_collection", "index_to_docstore_id"):
+            held = getattr(store, size, None)
+            if held is not None:
+                n = held.count() if hasattr(held, "count") and size == "_collection" else len(held)
+                return f"{type(store).__name__} {n}"
+        return type(store).__name__
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        store: Any = self.store
+        kind = f"{type(store).__module__}.{type(store).__name__}"
+        if isinstance(store, InMemoryVectorStore):
+            items = list(store.store.values())
+            for start in range(0, len(items), size):
+                rows = items[start : start + size]
+                yield _batch(
+                    [r["id"] for r in rows],
+                    [r["text"] for r in rows],
+                    [r.get("metadata") for r in rows],
+                    [r["vector"] for r in rows],
+                )
+        elif kind.startswith("langchain_chroma."):
+            offset = 0
+            while True:
+                include = ["documents", "metadatas", "embeddings"]
+                got = store.get(limit=size, offset=offset, include=include)
+                if not got["ids"]:
+                    return
+                yield _batch(got["ids"], got["documents"], got["metadatas"], got["embeddings"])
+                offset += len(got["ids"])
+        elif kind.startswith("langchain_community.vectorstores.faiss"):
+            ids = store.index_to_docstore_id
+            for start in range(0, len(ids), size):
+                positions = range(start, min(start + size, len(ids)))
+                docs = [store.docstore.search(ids[p]) for p in positions]
+                yield _batch(
+                    [ids[p] for p in positions],
+                    [d.page_content for d in docs],
+                    [d.metadata for d in docs],
+                    store.index.reconstruct_n(start, len(positions)),
+                )
+        else:
+            raise TypeError(
+                f"ragdefense cannot read every document of a {type(store).__name__}: export it as "
+                "a JSONL file of {id, text, embedding?} and audit that"
+            )
+
+
+def _batch(ids: Any, texts: Any, metadatas: Any, vectors: Any) -> Batch:
+    titles = [str((m or {}).get("title") or "") for m in metadatas]
+    return Batch([str(i) for i in ids], list(texts), titles, np.asarray(vectors, dtype=np.float32))
+
+
+def store_corpus(store: VectorStore) -> StoreCorpus:
+    """``store`` as a corpus for :func:`ragdefense.audit`."""
+    return StoreCorpus(store)

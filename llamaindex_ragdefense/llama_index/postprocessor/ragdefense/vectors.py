@@ -2,18 +2,24 @@
 does not embed them again: the default ``SimpleVectorStore`` and ``ChromaVectorStore``
 (``llama-index-vector-stores-chroma``) by node id; other stores give none (the defense
 then embeds the nodes, and says so once per store type:
-:func:`ragdefense.integration.stored_vectors`)."""
+:func:`ragdefense.integration.stored_vectors`).
+
+:func:`index_corpus` reads a whole index over those stores, in batches, for ``ragdefense.audit``."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from typing import Any
 
+import numpy as np
+from llama_index.core import VectorStoreIndex
+from llama_index.core.schema import MetadataMode
 from llama_index.core.vector_stores import SimpleVectorStore
 
 from ragdefense import integration
+from ragdefense.auditing import Batch
 
-__all__ = ["stored_vectors"]
+__all__ = ["IndexCorpus", "index_corpus", "stored_vectors"]
 
 
 def stored_vectors(store: Any, node_ids: Sequence[str]) -> list[Any | None]:
@@ -29,3 +35,44 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
         got = store.client.get(ids=ids, include=["embeddings"])
         return dict(zip(got["ids"], got["embeddings"], strict=True))
     return None
+
+
+class IndexCorpus:
+    """Every node of a ``VectorStoreIndex`` (default store or Chroma) with its stored vector, in
+    batches (read only; :class:`ragdefense.auditing.Corpus`). A ``title`` in a node's metadata is
+    kept."""
+
+    def __init__(self, index: VectorStoreIndex) -> None:
+        self.index = index
+
+    def fingerprint(self) -> str:
+        """The store's type and the number of nodes in the docstore."""
+        store = self.index.vector_store
+        return f"{type(store).__name__} {len(self.index.docstore.docs)}"
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        store: Any = self.index.vector_store
+        if isinstance(store, SimpleVectorStore):
+            nodes = list(self.index.docstore.docs.values())
+        elif type(store).__name__ == "ChromaVectorStore":
+            nodes = store.get_nodes(None)
+        else:
+            raise TypeError(
+                f"ragdefense cannot read every node of an index over a {type(store).__name__}: "
+                "export it as a JSONL file of {id, text, embedding?} and audit that"
+            )
+        for start in range(0, len(nodes), size):
+            part = nodes[start : start + size]
+            ids = [n.node_id for n in part]
+            vectors = stored_vectors(store, ids)
+            yield Batch(
+                ids,
+                [n.get_content(metadata_mode=MetadataMode.NONE) for n in part],
+                [str(n.metadata.get("title") or "") for n in part],
+                None if any(v is None for v in vectors) else np.asarray(vectors, dtype=np.float32),
+            )
+
+
+def index_corpus(index: VectorStoreIndex) -> IndexCorpus:
+    """``index`` as a corpus for :func:`ragdefense.audit`."""
+    return IndexCorpus(index)

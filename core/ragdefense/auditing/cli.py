@@ -1,0 +1,113 @@
+"""``ragdefense audit``: the command line of :func:`ragdefense.audit`."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..cliargs import positive
+
+__all__ = ["add_audit_parser"]
+
+FORMATS = ("md", "json", "csv", "parquet", "png")
+
+
+def _formats(text: str) -> list[str]:
+    found = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = sorted(set(found) - set(FORMATS))
+    if not found or unknown:
+        raise argparse.ArgumentTypeError(f"formats are {','.join(FORMATS)}, got {text!r}")
+    return found
+
+
+def _has(module: str) -> bool:
+    from importlib.util import find_spec
+
+    return find_spec(module) is not None
+
+
+def _cmd_audit(args: argparse.Namespace) -> int:
+    from ..cliargs import UsageError, resolve
+    from .pipeline import audit
+
+    source: Any = args.knowledge_base
+    if not Path(source).exists():
+        if ":" not in source:
+            raise UsageError(
+                f"no file {source!r}: give a .jsonl / .parquet file of {{id, text}}, or "
+                "module:attribute of a LangChain vector store or LlamaIndex index"
+            )
+        source = resolve(source, "knowledge base")
+        source = source() if callable(source) else source
+    try:
+        report = audit(
+            source,
+            queries=args.queries,
+            defenses=args.defense or ["ragdefender"],
+            top_m=args.top_m,
+            max_probes=args.max_probes,
+            workdir=args.workdir,
+            fresh=args.fresh,
+            engine=args.engine,
+            address=args.address,
+            workers=args.workers,
+            progress=not args.quiet,
+        )
+    except (ValueError, FileNotFoundError, TypeError) as exc:
+        raise UsageError(str(exc)) from None
+    written = report.write(args.workdir, args.format)
+    print(report.to_markdown(top=args.show))
+    print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)
+    return 0
+
+
+def add_audit_parser(sub: Any) -> None:
+    """Add ``audit`` to the ``ragdefense`` command's subparsers."""
+    parser = sub.add_parser(
+        "audit",
+        help="audit a whole knowledge base for planted poison (ranked report of suspicious chunks)",
+    )
+    parser.add_argument(
+        "knowledge_base",
+        help="a .jsonl / .parquet file of {id, text, title?, embedding?}, or module:attribute of "
+        "a LangChain vector store or LlamaIndex index (or a function returning one)",
+    )
+    parser.add_argument(
+        "--queries",
+        default=None,
+        help="the users' query log (.txt one per line, .jsonl / .json with question or query); "
+        "default: probes derived from the corpus (titles, first sentences)",
+    )
+    parser.add_argument(
+        "--defense",
+        action="append",
+        default=None,
+        help="defense run on each probe's top M (repeatable; default ragdefender)",
+    )
+    parser.add_argument("--top-m", type=positive, default=10, help="chunks per probe (default 10)")
+    parser.add_argument(
+        "--max-probes", type=positive, default=None, help="at most this many derived probes"
+    )
+    parser.add_argument(
+        "--workdir",
+        default="ragdefense-audit",
+        help="working folder: resumable; the reports are written here (default ragdefense-audit)",
+    )
+    parser.add_argument("--fresh", action="store_true", help="clear the working folder first")
+    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument(
+        "--address", default=None, help="ray: a running cluster (default $RAY_ADDRESS, else local)"
+    )
+    parser.add_argument("--workers", type=positive, default=None, help="ray: actors per step")
+    parser.add_argument(
+        "--format",
+        type=_formats,
+        default=["md", "json", "csv", *(["png"] if _has("matplotlib") else [])],
+        help=f"report formats among {','.join(FORMATS)} (default md,json,csv and png where "
+        "matplotlib is installed)",
+    )
+    parser.add_argument("--show", type=positive, default=20, help="rows printed (default 20)")
+    parser.add_argument("--quiet", action="store_true", help="no progress bars")
+    parser.set_defaults(func=_cmd_audit)

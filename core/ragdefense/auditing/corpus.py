@@ -1,0 +1,219 @@
+"""What an audit reads: a knowledge base as batches of chunks ``(ids, texts, titles, vectors)``,
+from files (JSONL / Parquet), memory, or a framework's store (read by the adapters), and the
+probe questions of a query log.
+
+Everything here streams: a batch at a time, so memory stays bounded by the batch size.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+
+__all__ = [
+    "Batch",
+    "Corpus",
+    "FileCorpus",
+    "ListCorpus",
+    "as_corpus",
+    "fingerprint",
+    "read_queries",
+]
+
+
+@dataclass(frozen=True)
+class Batch:
+    """Consecutive chunks of a knowledge base.
+
+    Attributes:
+        ids: The chunks' ids, as the store knows them.
+        texts: Their texts.
+        titles: A title per chunk (``""`` when the source has none): probes are derived from it.
+        vectors: The stored vectors (``n x d``), or ``None`` when the audit must embed the texts.
+    """
+
+    ids: list[str]
+    texts: list[str]
+    titles: list[str]
+    vectors: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        n = len(self.ids)
+        if len(self.texts) != n or len(self.titles) != n:
+            raise ValueError(f"a batch needs as many texts and titles as ids ({n})")
+        if self.vectors is not None and len(self.vectors) != n:
+            raise ValueError(f"a batch has {n} ids but {len(self.vectors)} vectors")
+
+
+@runtime_checkable
+class Corpus(Protocol):
+    """A knowledge base an audit can read: batches of chunks, always in the same order."""
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        """The chunks, ``size`` at a time (the last batch may be smaller)."""
+        ...
+
+
+def fingerprint(corpus: Corpus) -> str:
+    """What a resumed audit checks it is reading the same knowledge base: the corpus's own
+    ``fingerprint()`` where it has one, else its type."""
+    own = getattr(corpus, "fingerprint", None)
+    return str(own()) if callable(own) else type(corpus).__name__
+
+
+def _vectors(rows: Sequence[Any]) -> np.ndarray | None:
+    if not rows or any(r is None for r in rows):
+        return None
+    return np.asarray([np.asarray(r, dtype=np.float32) for r in rows], dtype=np.float32)
+
+
+class ListCorpus:
+    """A knowledge base held in memory: texts, with optional ids, titles and vectors."""
+
+    def __init__(
+        self,
+        texts: Sequence[str],
+        ids: Sequence[str] | None = None,
+        titles: Sequence[str] | None = None,
+        vectors: Any = None,
+    ) -> None:
+        self.texts = [str(t) for t in texts]
+        self.ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(len(texts))]
+        self.titles = [str(t or "") for t in titles] if titles is not None else [""] * len(texts)
+        self.vectors = None if vectors is None else np.asarray(vectors, dtype=np.float32)
+        if len(set(self.ids)) != len(self.ids):
+            raise ValueError("chunk ids must be unique")
+        Batch(self.ids, self.texts, self.titles, self.vectors)  # checks the lengths
+
+    def fingerprint(self) -> str:
+        """Size and a hash of the ids and texts."""
+        digest = hashlib.sha256("\0".join([*self.ids, *self.texts]).encode()).hexdigest()
+        return f"{len(self.texts)} chunks {digest[:16]}"
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        for start in range(0, len(self.texts), size):
+            end = start + size
+            vectors = None if self.vectors is None else self.vectors[start:end]
+            yield Batch(self.ids[start:end], self.texts[start:end], self.titles[start:end], vectors)
+
+
+class FileCorpus:
+    """Chunks from a JSONL or Parquet file: one record per chunk with ``id`` and ``text``,
+    optionally ``title`` and ``embedding`` (a list of floats: used instead of embedding).
+
+    Parquet is read a row group at a time (needs ``pyarrow``); JSONL a line at a time.
+    """
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        if not self.path.is_file():
+            raise FileNotFoundError(f"no knowledge base file at {self.path}")
+        if self.path.suffix not in (".jsonl", ".parquet"):
+            raise ValueError(f"{self.path}: expected a .jsonl or .parquet file of {{id, text}}")
+
+    def fingerprint(self) -> str:
+        """Path, size and modification time of the file."""
+        stat = self.path.stat()
+        return f"{self.path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+
+    def _records(self) -> Iterator[dict[str, Any]]:
+        if self.path.suffix == ".parquet":
+            try:
+                import pyarrow.parquet as pq
+            except ImportError:
+                raise ImportError("reading Parquet needs pyarrow: pip install pyarrow") from None
+            for record_batch in pq.ParquetFile(self.path).iter_batches(batch_size=4096):
+                yield from record_batch.to_pylist()
+            return
+        with self.path.open(encoding="utf-8") as f:
+            for line_no, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    record = json.loads(line)
+                except json.JSONDecodeError as exc:
+                    raise ValueError(f"{self.path}:{line_no}: not JSON ({exc.msg})") from None
+                if not isinstance(record, dict):
+                    raise ValueError(f"{self.path}:{line_no}: expected an object with id and text")
+                yield record
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        rows: list[dict[str, Any]] = []
+        for n, record in enumerate(self._records()):
+            if "text" not in record or not isinstance(record["text"], str):
+                raise ValueError(f"{self.path}: record {n + 1} has no text string")
+            rows.append({**record, "id": str(record.get("id") or f"row-{n}")})
+            if len(rows) == size:
+                yield self._batch(rows)
+                rows = []
+        if rows:
+            yield self._batch(rows)
+
+    @staticmethod
+    def _batch(rows: list[dict[str, Any]]) -> Batch:
+        return Batch(
+            ids=[r["id"] for r in rows],
+            texts=[r["text"] for r in rows],
+            titles=[str(r.get("title") or "") for r in rows],
+            vectors=_vectors([r.get("embedding") for r in rows]),
+        )
+
+
+def as_corpus(knowledge_base: Any) -> Corpus:
+    """Whatever an audit is given, as a :class:`Corpus`: a file path, a corpus, a list of
+    texts, a LangChain vector store or a LlamaIndex index (read by the adapters)."""
+    if isinstance(knowledge_base, Corpus):
+        return knowledge_base
+    if isinstance(knowledge_base, (str, Path)):
+        return FileCorpus(knowledge_base)
+    module = type(knowledge_base).__module__
+    if module.startswith(("langchain", "langchain_core", "langchain_community")):
+        from langchain_ragdefense.vectors import store_corpus
+
+        corpus: Corpus = store_corpus(knowledge_base)
+        return corpus
+    if module.startswith("llama_index"):
+        from llama_index.postprocessor.ragdefense.vectors import index_corpus
+
+        found: Corpus = index_corpus(knowledge_base)
+        return found
+    if isinstance(knowledge_base, Sequence) and all(isinstance(t, str) for t in knowledge_base):
+        return ListCorpus(knowledge_base)
+    raise TypeError(
+        f"cannot audit a {type(knowledge_base).__name__}: pass a .jsonl / .parquet file of "
+        "{id, text}, a list of texts, a LangChain vector store or a LlamaIndex index"
+    )
+
+
+def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
+    """A query log: a list of strings, or a file (``.txt`` one query per line; ``.jsonl`` with a
+    ``question`` or ``query`` field per line; ``.json`` a list of strings or such objects)."""
+    if isinstance(queries, (str, Path)) and Path(queries).is_file():
+        path = Path(queries)
+        text = path.read_text(encoding="utf-8")
+        if path.suffix == ".txt":
+            items: list[Any] = text.splitlines()
+        elif path.suffix == ".jsonl":
+            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+        else:
+            items = json.loads(text)
+            items = list(items.values()) if isinstance(items, dict) else items
+    elif isinstance(queries, (str, Path)):
+        raise FileNotFoundError(f"no query log at {queries}")
+    else:
+        items = list(queries)
+    out = []
+    for item in items:
+        if isinstance(item, dict):
+            item = item.get("question", item.get("query", ""))
+        if isinstance(item, str) and item.strip():
+            out.append(item.strip())
+    if not out:
+        raise ValueError("the query log holds no query")
+    return out

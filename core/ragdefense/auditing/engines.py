@@ -1,0 +1,119 @@
+"""Where the audit's steps run. Both engines run the same step objects on the same parts and
+write the same files; only the placement differs.
+
+* :class:`LocalEngine`: in this process, one part after another (nothing to start).
+* :class:`RayEngine`: Ray Data's ``map_batches`` over the pending parts, one part per batch, a
+  pool of ``workers`` actors each loading its models and index shard once; ``ray.init()`` on this
+  machine, or an existing cluster through ``address`` / ``RAY_ADDRESS``. On a cluster of several
+  machines the working folder must be on storage every machine can read and write.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+__all__ = ["Engine", "LocalEngine", "RayEngine", "make_engine"]
+
+logger = logging.getLogger("ragdefense")
+
+Step = Callable[[int], int]
+
+
+class Engine(Protocol):
+    """Runs a step on parts."""
+
+    workers: int
+
+    def map(self, step: Step, parts: Sequence[int], desc: str, progress: bool) -> int:
+        """Run ``step`` on every part; the total it returned (items processed)."""
+        ...
+
+
+class LocalEngine:
+    """In this process, part after part."""
+
+    workers = 1
+
+    def map(self, step: Step, parts: Sequence[int], desc: str, progress: bool) -> int:
+        from ..bench.runner import progress_bar
+
+        return sum(step(p) for p in progress_bar(list(parts), desc if progress else None))
+
+
+class _RayStep:
+    """A Ray Data actor around a step: built once per actor, one part per batch."""
+
+    def __init__(self, step: Step) -> None:
+        self.step = step
+
+    def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
+        import numpy as np
+
+        done = [self.step(int(p)) for p in batch["part"]]
+        return {"part": batch["part"], "items": np.asarray(done)}
+
+
+class RayEngine:
+    """Ray Data ``map_batches`` over the parts with ``workers`` actors.
+
+    Args:
+        address: A running cluster (``ray://...`` or ``auto``); default ``RAY_ADDRESS``, else a
+            local Ray started here.
+        workers: Actors per step (default: the CPUs Ray sees).
+    """
+
+    def __init__(self, address: str | None = None, workers: int | None = None) -> None:
+        try:
+            import ray
+        except ImportError:
+            raise ImportError(
+                "the Ray engine needs Ray Data: pip install 'ray[data]' (or 'ragdefense[ray]')"
+            ) from None
+        if not ray.is_initialized():
+            address = address or os.environ.get("RAY_ADDRESS")
+            os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # quiet core-worker logs
+            ray.init(
+                address=address,
+                include_dashboard=False,
+                log_to_driver=False,
+                logging_level=logging.ERROR,
+            )
+        logging.getLogger("ray.data").setLevel(logging.ERROR)
+        ray.data.DataContext.get_current().enable_progress_bars = False
+        cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
+        self.workers = workers or max(1, int(cpus))
+
+    def map(self, step: Step, parts: Sequence[int], desc: str, progress: bool) -> int:
+        import ray
+
+        from ..bench.runner import progress_bar
+
+        if not parts:
+            return 0
+        dataset = ray.data.from_items([{"part": int(p)} for p in parts])
+        results = dataset.map_batches(
+            _RayStep,
+            fn_constructor_args=(step,),
+            batch_size=1,
+            concurrency=min(self.workers, len(parts)),
+            num_cpus=1,
+        )
+        total = 0
+        rows: Any = results.iter_rows()
+        for row in progress_bar(rows, desc if progress else None, total=len(parts)):
+            total += int(row["items"])
+        return total
+
+
+def make_engine(engine: str | Engine, address: str | None, workers: int | None) -> Engine:
+    """``"local"``, ``"ray"`` or an engine object."""
+    if not isinstance(engine, str):
+        return engine
+    if engine == "local":
+        return LocalEngine()
+    if engine == "ray":
+        return RayEngine(address, workers)
+    raise ValueError(f"unknown engine {engine!r}: use 'local' or 'ray'")

@@ -1,0 +1,182 @@
+"""From the steps' files to per-chunk evidence: how often each chunk was retrieved and flagged by
+each defense (and on which probes), the tight near-duplicate groups of the corpus, and the score
+that ranks them. Streams over the part files; memory grows with the number of chunks only
+(a few numbers each)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from .steps import merged_hits
+from .workdir import Workdir
+
+__all__ = ["Evidence", "Scoring", "collect", "find_groups", "isolation", "reasons", "score"]
+
+
+@dataclass(frozen=True)
+class Scoring:
+    """How evidence becomes a score (chosen on the tuning part of ``ragdefense bench audit``;
+    README "Audit a knowledge base").
+
+    The score is the *isolation* of the tightest small group around a chunk, read off its
+    nearest-neighbour similarities ``s_1 >= ... >= s_K``: the largest
+    ``mean(s_1..s_j) - mean(s_j+1..s_K)`` for ``min_group - 1 <= j <= K - 2``. Planted passages
+    come in small sets written for one question: very close to each other, far from the rest;
+    benign near-duplicates sit in graded topical neighbourhoods. ``probe_weight`` mixes in the
+    share of probes on which the first defense removed the chunk (measured: it adds nothing at a
+    1% false-positive budget, so it is off by default; the report still shows it).
+
+    Attributes:
+        min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
+        probe_weight: Weight of the probe evidence (0-1).
+        threshold: Score from which a chunk is reported suspicious.
+        group_similarity: Near-duplicates shown together in the report (cosine similarity).
+        max_group: Larger near-duplicate components are topics, not groups (not shown).
+    """
+
+    min_group: int = 3
+    probe_weight: float = 0.0
+    threshold: float = 0.3
+    group_similarity: float = 0.8
+    max_group: int = 30
+
+
+@dataclass
+class Evidence:
+    """Per chunk position: retrieved count, flags per defense, a few flagging probes."""
+
+    retrieved: np.ndarray
+    flagged: dict[str, np.ndarray]
+    examples: dict[int, list[dict[str, str]]]
+
+
+def collect(
+    wd: Workdir, n_chunks: int, probe_parts: int, defenses: list[str], examples_for: Any = None
+) -> Evidence:
+    """Sum the probe parts' records; keep up to three flagging probes (with the reason) for the
+    positions in ``examples_for`` (none when ``None``: a second pass fetches them for the
+    chunks that make the report, so memory stays a few numbers per chunk)."""
+    retrieved = np.zeros(n_chunks, dtype=np.int64)
+    flagged = {d: np.zeros(n_chunks, dtype=np.int64) for d in defenses}
+    examples: dict[int, list[dict[str, str]]] = {}
+    for part in range(probe_parts):
+        probes = wd.read_json(f"probes/{part:05d}.json")
+        texts = dict(zip(probes["ids"], probes["texts"], strict=True))
+        for record in wd.read_json(f"probed/{part:05d}.json"):
+            np.add.at(retrieved, np.asarray(record["hits"], dtype=np.int64), 1)
+            for defense, removed in record["flags"].items():
+                for position, reason in removed.items():
+                    i = int(position)
+                    flagged[defense][i] += 1
+                    if examples_for is None or i not in examples_for:
+                        continue
+                    seen = examples.setdefault(i, [])
+                    if len(seen) < 3:
+                        probe = texts.get(record["probe"], record["probe"])
+                        seen.append({"probe": probe, "defense": defense, "reason": reason})
+    return Evidence(retrieved, flagged, examples)
+
+
+def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
+    """Per row of neighbour similarities (best first, self excluded): the largest
+    ``mean(s_1..s_j) - mean(s_j+1..s_K)`` for ``min_group - 1 <= j <= K - 2`` (0 when K is too
+    small)."""
+    n, k = sims.shape
+    best = np.zeros(n)
+    if n == 0:
+        return best
+    total = np.cumsum(sims, axis=1)
+    for j in range(max(1, min_group - 1), k - 1):
+        head = total[:, j - 1] / j
+        tail = (total[:, -1] - total[:, j - 1]) / (k - j)
+        best = np.maximum(best, head - tail)
+    return best
+
+
+def find_groups(
+    wd: Workdir, chunk_parts: int, n_shards: int, k: int, scoring: Scoring
+) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray]:
+    """Connected components of the near-duplicate graph (each chunk's ``k`` nearest neighbours
+    with similarity >= ``scoring.group_similarity``), of size 2 to ``scoring.max_group``, and
+    each chunk's :func:`isolation`: ``(group index per position or -1, [{id, size,
+    similarity}] per group, isolation per position)``."""
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    rows, cols, sims, isolated = [], [], [], []
+    start = 0
+    for part in range(chunk_parts):
+        s, p = merged_hits(wd, "chunks", part, n_shards, k + 1)
+        me = np.arange(start, start + len(p))[:, None]
+        others = (p >= 0) & (p != me)
+        order = np.argsort(~others, axis=1, kind="stable")[:, :k]  # self dropped, order kept
+        neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
+        isolated.append(isolation(neighbour_sims, scoring.min_group))
+        keep = others & (s >= scoring.group_similarity)
+        rows.append(np.broadcast_to(me, p.shape)[keep])
+        cols.append(p[keep])
+        sims.append(s[keep])
+        start += len(p)
+    n = start
+    r, c, w = (np.concatenate(x) if x else np.zeros(0) for x in (rows, cols, sims))
+    graph = coo_matrix((np.ones(len(r)), (r.astype(np.int64), c.astype(np.int64))), shape=(n, n))
+    _, labels = connected_components(graph, directed=False)
+    sizes = np.bincount(labels, minlength=labels.max() + 1 if n else 0)
+    kept = (sizes >= 2) & (sizes <= scoring.max_group)
+    number = np.cumsum(kept) - 1  # component label -> group number (where kept)
+    group_of = np.where(kept[labels], number[labels], -1).astype(np.int64)
+    edge_group = group_of[r.astype(np.int64)] if len(r) else np.zeros(0, dtype=np.int64)
+    on_edge = edge_group >= 0
+    n_groups = int(kept.sum())
+    edge_sum = np.bincount(edge_group[on_edge], weights=w[on_edge], minlength=n_groups)
+    edge_count = np.bincount(edge_group[on_edge], minlength=n_groups)
+    info = [
+        {
+            "id": f"g{g}",
+            "size": int(size),
+            "similarity": float(edge_sum[g] / edge_count[g]) if edge_count[g] else 0.0,
+        }
+        for g, size in enumerate(sizes[kept])
+    ]
+    return group_of, info, np.concatenate(isolated) if isolated else np.zeros(0)
+
+
+def score(evidence: Evidence, isolated: np.ndarray, primary: str, scoring: Scoring) -> np.ndarray:
+    """Per position: ``(1 - w) x isolation + w x flag rate`` (the share of the probes that
+    retrieved the chunk on which ``primary`` removed it), ``w = scoring.probe_weight``."""
+    flags = evidence.flagged[primary]
+    retrieved = evidence.retrieved
+    rate = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
+    w = scoring.probe_weight
+    out: np.ndarray = (1 - w) * isolated + w * rate
+    return out
+
+
+def reasons(
+    i: int, evidence: Evidence, isolated: float, group: dict[str, Any] | None, primary: str
+) -> list[str]:
+    """The evidence on chunk position ``i``, in words."""
+    flags, retrieved = int(evidence.flagged[primary][i]), int(evidence.retrieved[i])
+    why = [f"isolation {isolated:.2f}: its nearest neighbours are {_closeness(isolated)}"]
+    if group is not None:
+        why.append(
+            f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"
+        )
+    if flags:
+        why.append(f"{primary} removed it on {flags} of the {retrieved} probes that retrieved it")
+    elif retrieved:
+        why.append(f"kept by {primary} on all {retrieved} probes that retrieved it")
+    else:
+        why.append("no probe retrieved it")
+    return why
+
+
+def _closeness(isolated: float) -> str:
+    if isolated >= 0.3:
+        return "a small set far closer to it than the rest of its neighbourhood"
+    if isolated >= 0.15:
+        return "somewhat closer to it than the rest of its neighbourhood"
+    return "no closer than the rest of its neighbourhood"

@@ -1,0 +1,49 @@
+"""Probe questions derived from the knowledge base itself, with no LLM: each chunk's title, else
+its first sentence (what a user asking about that chunk's topic would roughly type). Planted
+poison is written to be retrieved for a question, so the questions a knowledge base is about
+are where it shows."""
+
+from __future__ import annotations
+
+import random
+import re
+from collections.abc import Iterable
+
+__all__ = ["derive_probes", "probe_text"]
+
+_SENTENCE_END = re.compile(r"(?<=[.!?])\s+")
+_WORD = re.compile(r"\S+")
+MAX_WORDS = 32
+MIN_WORDS = 3
+
+
+def probe_text(text: str, title: str = "") -> str | None:
+    """The probe for one chunk: its title, else its first sentence (at most 32 words); ``None``
+    when that leaves fewer than 3 words."""
+    source = title.strip() or _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
+    words = _WORD.findall(source)
+    if len(words) < MIN_WORDS:
+        return None
+    return " ".join(words[:MAX_WORDS])
+
+
+def derive_probes(
+    chunks: Iterable[tuple[str, str, str]], max_probes: int | None = None, seed: int = 0
+) -> list[tuple[str, str]]:
+    """``(probe, chunk id)`` for ``(id, text, title)`` chunks: one probe per distinct
+    title / first sentence (case and spacing ignored), in corpus order; at most ``max_probes``,
+    a seeded sample when there are more."""
+    seen: set[str] = set()
+    out: list[tuple[str, str]] = []
+    for chunk_id, text, title in chunks:
+        probe = probe_text(text, title)
+        if probe is None:
+            continue
+        key = probe.casefold()
+        if key not in seen:
+            seen.add(key)
+            out.append((probe, chunk_id))
+    if max_probes is not None and len(out) > max_probes:
+        keep = sorted(random.Random(seed).sample(range(len(out)), max_probes))
+        out = [out[i] for i in keep]
+    return out

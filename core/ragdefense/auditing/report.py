@@ -1,0 +1,159 @@
+"""The audit's result: every chunk with its evidence, ranked, and the writers (Markdown, JSON,
+CSV, Parquet, a plot)."""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AuditReport", "Finding"]
+
+
+@dataclass
+class Finding:
+    """One chunk's evidence.
+
+    Attributes:
+        id: The chunk's id in the knowledge base.
+        text: Its text.
+        score: How suspicious (0-1; the report is sorted by it).
+        suspicious: The verdict: ``score >= threshold``.
+        reasons: The evidence in words.
+        retrieved: Probes whose top M held the chunk.
+        flagged: Per defense, the probes on which it removed the chunk.
+        probes: A few probes that flagged it, with the defense's reason.
+        group: The tight near-duplicate group it belongs to (id, size, similarity, flagged share),
+            or ``None``.
+    """
+
+    id: str
+    text: str
+    score: float
+    suspicious: bool
+    reasons: list[str]
+    retrieved: int
+    flagged: dict[str, int]
+    probes: list[dict[str, str]] = field(default_factory=list)
+    group: dict[str, Any] | None = None
+
+    def row(self) -> dict[str, Any]:
+        """A flat record (for CSV / Parquet)."""
+        group = self.group or {}
+        return {
+            "id": self.id,
+            "score": round(self.score, 4),
+            "suspicious": self.suspicious,
+            "retrieved": self.retrieved,
+            **{f"flagged_{k}": v for k, v in self.flagged.items()},
+            "group": group.get("id", ""),
+            "group_size": group.get("size", 0),
+            "group_similarity": group.get("similarity", 0.0),
+            "reasons": "; ".join(self.reasons),
+            "probes": " | ".join(p["probe"] for p in self.probes),
+            "text": self.text,
+        }
+
+
+@dataclass
+class AuditReport:
+    """Every audited chunk, most suspicious first, and how the audit ran."""
+
+    findings: list[Finding]
+    threshold: float
+    stats: dict[str, Any]
+
+    @property
+    def suspicious(self) -> list[Finding]:
+        """The chunks the audit flags, most suspicious first."""
+        return [f for f in self.findings if f.suspicious]
+
+    def top(self, n: int = 20) -> list[Finding]:
+        """The ``n`` most suspicious chunks."""
+        return self.findings[:n]
+
+    def to_dict(self) -> dict[str, Any]:
+        """Everything, JSON-friendly."""
+        return {
+            "threshold": self.threshold,
+            "stats": self.stats,
+            "findings": [asdict(f) for f in self.findings],
+        }
+
+    def to_markdown(self, top: int = 30, width: int = 90) -> str:
+        """A summary and the ``top`` most suspicious chunks with their evidence."""
+        s = self.stats
+        lines = [
+            "# Knowledge-base audit",
+            "",
+            f"{s.get('chunks', 0)} chunks, {s.get('probes', 0)} probes ({s.get('probe_source')}), "
+            f"top {s.get('top_m')} per probe, defenses: {', '.join(s.get('defenses', []))}. "
+            f"**{len(self.suspicious)} suspicious** (score >= {self.threshold}).",
+            "",
+            "| rank | id | score | retrieved | flagged | group | reasons | text |",
+            "|---|---|---|---|---|---|---|---|",
+        ]
+        for rank, f in enumerate(self.findings[:top], 1):
+            text = f.text if len(f.text) <= width else f.text[: width - 1] + "…"
+            flagged = ", ".join(f"{k} {v}" for k, v in f.flagged.items())
+            group = f"{f.group['id']} ({f.group['size']})" if f.group else ""
+            mark = "**" if f.suspicious else ""
+            cells = [str(rank), f"{mark}{f.id}{mark}", f"{f.score:.2f}", str(f.retrieved)]
+            cells += [flagged, group, "; ".join(f.reasons), text.replace("|", "\\|")]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines) + "\n"
+
+    def __str__(self) -> str:
+        return self.to_markdown(top=10)
+
+    def write(
+        self, folder: str | Path, formats: Sequence[str] = ("md", "json", "csv")
+    ) -> list[Path]:
+        """Write ``report.<format>`` for each of ``md``, ``json``, ``csv``, ``parquet``
+        (needs pyarrow) and ``png`` (the plot; needs matplotlib) into ``folder``."""
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        written = []
+        for fmt in formats:
+            path = folder / f"report.{fmt}"
+            if fmt == "md":
+                path.write_text(self.to_markdown(), encoding="utf-8")
+            elif fmt == "json":
+                path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+            elif fmt == "csv":
+                rows = [f.row() for f in self.findings]
+                with path.open("w", newline="", encoding="utf-8") as out:
+                    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["id"])
+                    writer.writeheader()
+                    writer.writerows(rows)
+            elif fmt == "parquet":
+                import pyarrow as pa
+                import pyarrow.parquet as pq
+
+                pq.write_table(pa.Table.from_pylist([f.row() for f in self.findings]), path)
+            elif fmt == "png":
+                self.plot(path)
+            else:
+                raise ValueError(f"unknown report format {fmt!r}: md, json, csv, parquet, png")
+            written.append(path)
+        return written
+
+    def plot(self, path: str | Path) -> None:
+        """Scores of every chunk, ranked, with the threshold (a PNG; needs matplotlib)."""
+        from matplotlib.figure import Figure
+
+        fig = Figure(figsize=(7, 3.5))
+        ax = fig.subplots()
+        scores = [f.score for f in self.findings]
+        ax.plot(range(1, len(scores) + 1), scores, lw=1.5)
+        ax.axhline(self.threshold, color="tab:red", ls="--", lw=1, label="threshold")
+        ax.set_xscale("symlog")
+        ax.set_xlabel("chunk rank")
+        ax.set_ylabel("suspicion score")
+        ax.set_title(f"{len(self.suspicious)} of {len(scores)} chunks suspicious")
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(path, dpi=120)

@@ -1,0 +1,234 @@
+"""The audit's steps. Each one processes one *part* (a few hundred chunks or probes) and writes
+its result to the working folder; the engines (:mod:`ragdefense.auditing.engines`) only decide
+where the parts run: in this process, or in Ray Data's ``map_batches``. A step is a small
+picklable object that loads its models and index once per process.
+
+1. :class:`EmbedStep`: embed a part of chunks (or of probes) and store unit vectors.
+2. :class:`SearchStep`: search a part's vectors in one shard of the index (FAISS when installed,
+   else exact numpy) and store the shard's top hits.
+3. :class:`DefendStep`: merge a probe part's hits over all shards into its top M, run each
+   defense on them with the stored vectors, store who was flagged and why.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..embedders import Embedder
+from .workdir import Workdir, part_texts
+
+__all__ = [
+    "DefendStep",
+    "EmbedStep",
+    "SearchStep",
+    "merged_hits",
+    "part_name",
+    "shard_parts",
+    "unit",
+]
+
+_CACHE: dict[tuple[Any, ...], Any] = {}  # per process: models, shard indexes
+
+
+def part_name(kind: str, part: int) -> str:
+    """``chunks/00003`` / ``probes/00003``: where a part of ``kind`` lives (without suffix)."""
+    return f"{kind}/{part:05d}"
+
+
+def unit(vectors: np.ndarray) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero), float32."""
+    v = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(v, axis=1, keepdims=True)
+    out: np.ndarray = np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
+    return out
+
+
+def shard_parts(n_parts: int, n_shards: int, shard: int) -> range:
+    """The chunk parts in ``shard`` (contiguous ranges, sizes differing by at most one)."""
+    base, extra = divmod(n_parts, n_shards)
+    start = shard * base + min(shard, extra)
+    return range(start, start + base + (shard < extra))
+
+
+def _embedder(spec: Any) -> Any:
+    from ..embedders import as_embedder
+
+    key = ("embedder", id(spec) if not isinstance(spec, (str, type(None))) else spec)
+    if key not in _CACHE:
+        _CACHE[key] = as_embedder(spec)
+    return _CACHE[key]
+
+
+@dataclass
+class EmbedStep:
+    """Embed part ``part`` of ``kind`` (``chunks`` or ``probes``) into ``<part>.npy``."""
+
+    workdir: str
+    kind: str
+    embedder: Any = None
+
+    def __call__(self, part: int) -> int:
+        wd = Workdir(self.workdir)
+        name = part_name(self.kind, part)
+        data = wd.read_json(f"{name}.json")
+        texts = data["texts"]
+        model = _embedder(self.embedder)
+        if self.kind == "probes" and type(model)._embed_query is not Embedder._embed_query:
+            vectors = np.stack([model.embed_query(t) for t in texts])  # asymmetric models
+        else:
+            vectors = model.embed(texts)
+        wd.write_array(f"{name}.npy", unit(np.asarray(vectors)))
+        return len(texts)
+
+
+class _Shard:
+    """The vectors of some chunk parts, searchable: FAISS (flat inner product, or HNSW for
+    large shards) when installed, else exact numpy blocks."""
+
+    def __init__(self, wd: Workdir, parts: range, sizes: list[int], index: str) -> None:
+        self.offset = sum(sizes[: parts.start])
+        blocks = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")) for p in parts]
+        dim = wd.noted("dim")
+        self.vectors = np.concatenate(blocks) if blocks else np.zeros((0, dim), np.float32)
+        self.faiss: Any = None
+        try:
+            import faiss
+        except ImportError:
+            return
+        if index == "hnsw":
+            self.faiss = faiss.IndexHNSWFlat(self.vectors.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+            self.faiss.hnsw.efSearch = 128
+        else:
+            self.faiss = faiss.IndexFlatIP(self.vectors.shape[1])
+        self.faiss.add(self.vectors)
+
+    def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``k`` (similarities, global positions) per query; position -1 pads."""
+        k = min(k, len(self.vectors))
+        if k == 0:
+            empty = np.zeros((len(queries), 0))
+            return empty.astype(np.float32), empty.astype(np.int64)
+        if self.faiss is not None:
+            sims, idx = self.faiss.search(np.ascontiguousarray(queries, dtype=np.float32), k)
+        else:
+            scores = queries @ self.vectors.T
+            idx = np.argsort(-scores, axis=1, kind="stable")[:, :k]
+            sims = np.take_along_axis(scores, idx, axis=1)
+        positions = np.where(idx >= 0, idx + self.offset, -1)
+        return sims.astype(np.float32), positions.astype(np.int64)
+
+
+@dataclass
+class SearchStep:
+    """Search part ``part`` of ``kind`` in shard ``shard`` of ``n_shards``; keep the top ``k``."""
+
+    workdir: str
+    kind: str
+    shard: int
+    n_shards: int
+    k: int
+    index: str = "flat"
+
+    def output(self, part: int) -> str:
+        """The file this step writes for ``part``."""
+        return _search_file(self.shard, self.n_shards, self.kind, part)
+
+    def __call__(self, part: int) -> int:
+        wd = Workdir(self.workdir)
+        key = ("shard", self.workdir, self.shard, self.n_shards, self.index)
+        if key not in _CACHE:
+            sizes = wd.noted("part_sizes")
+            parts = shard_parts(len(sizes), self.n_shards, self.shard)
+            _CACHE[key] = _Shard(wd, parts, sizes, self.index)
+        queries = np.asarray(wd.read_array(f"{part_name(self.kind, part)}.npy"))
+        sims, positions = _CACHE[key].search(queries, self.k)
+        wd.write_arrays(self.output(part), sims=sims, positions=positions)
+        return len(queries)
+
+
+def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
+    """Where a shard's hits for a part are kept (a resumed audit with another number of
+    shards writes new files instead of mixing)."""
+    return f"search/{shard}-of-{n_shards}/{kind}-{part:05d}.npz"
+
+
+def merged_hits(wd: Workdir, kind: str, part: int, n_shards: int, k: int) -> tuple[Any, Any]:
+    """A part's top ``k`` over every shard: (similarities, global positions), best first."""
+    found = [wd.read_arrays(_search_file(s, n_shards, kind, part)) for s in range(n_shards)]
+    sims = np.concatenate([f["sims"] for f in found], axis=1)
+    positions = np.concatenate([f["positions"] for f in found], axis=1)
+    sims = np.where(positions >= 0, sims, -np.inf)
+    order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(sims, order, axis=1), np.take_along_axis(positions, order, axis=1)
+
+
+@dataclass
+class DefendStep:
+    """Run ``defenses`` on the top ``top_m`` chunks of every probe of part ``part``."""
+
+    workdir: str
+    defenses: list[Any]
+    n_shards: int
+    top_m: int
+    embedder: Any = None
+
+    def output(self, part: int) -> str:
+        """The file this step writes for ``part``."""
+        return f"probed/{part:05d}.json"
+
+    def _defenses(self) -> list[tuple[str, Any]]:
+        from ..defenses.registry import build
+
+        key = ("defenses", self.workdir, tuple(map(str, self.defenses)))
+        if key not in _CACHE:
+            made = []
+            for d in self.defenses:
+                obj = build(d, embedder=_embedder(self.embedder)) if isinstance(d, str) else d
+                made.append((d if isinstance(d, str) else type(d).__name__, obj))
+            _CACHE[key] = made
+        return list(_CACHE[key])
+
+    def __call__(self, part: int) -> int:
+        from ..types import Passage
+
+        wd = Workdir(self.workdir)
+        probes = wd.read_json(f"{part_name('probes', part)}.json")
+        queries = np.asarray(wd.read_array(f"{part_name('probes', part)}.npy"))
+        _, positions = merged_hits(wd, "probes", part, self.n_shards, self.top_m)
+        chunks = _chunks(wd, {int(p) for p in positions.ravel() if p >= 0})
+        records = []
+        for row, question in enumerate(probes["texts"]):
+            hits = [int(p) for p in positions[row] if p >= 0]
+            passages = [Passage(chunks[p][0], id=str(p)) for p in hits]
+            vectors = np.stack([chunks[p][1] for p in hits]) if hits else None
+            record: dict[str, Any] = {"probe": probes["ids"][row], "hits": hits, "flags": {}}
+            for name, defense in self._defenses():
+                if len(passages) < 2:
+                    break
+                result = defense.defend_embeddings(question, passages, vectors, queries[row])
+                record["flags"][name] = {
+                    str(hits[v.index]): v.reason for v in result.verdicts if not v.kept
+                }
+            records.append(record)
+        wd.write_json(self.output(part), records)
+        return len(records)
+
+
+def _chunks(wd: Workdir, positions: set[int]) -> dict[int, tuple[str, np.ndarray]]:
+    """Text and vector of each chunk position, reading each part that holds one once."""
+    sizes = wd.noted("part_sizes")
+    starts = [0, *np.cumsum(sizes).tolist()]
+    by_part: dict[int, list[int]] = {}
+    for p in positions:
+        by_part.setdefault(bisect_right(starts, p) - 1, []).append(p)
+    out = {}
+    for c, members in sorted(by_part.items()):
+        texts = part_texts(wd, c)["texts"]
+        vectors = wd.read_array(f"{part_name('chunks', c)}.npy")
+        for p in members:
+            out[p] = (texts[p - starts[c]], np.asarray(vectors[p - starts[c]]))
+    return out

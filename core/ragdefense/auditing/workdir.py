@@ -1,0 +1,121 @@
+"""The audit's working folder: every intermediate result is a file written once, atomically, so a
+killed audit restarts where it stopped and recomputes nothing it had written.
+
+```
+manifest.json                  the parameters the files were made with (a restart must match)
+chunks/00000.json              ids, texts, titles of one part of the knowledge base
+chunks/00000.npy               their vectors (unit length, float32)
+probes/00000.json, .npy        a part of the probe questions and their vectors
+search/<s>-of-<n>/<kind>-00000.npz  the top hits of a part's vectors in index shard s of n
+probed/00000.json              what each defense decided on each probe's retrieved chunks
+```
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+__all__ = ["Workdir", "part_texts"]
+
+
+class Workdir:
+    """One audit's folder (created when missing)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+        self.path.mkdir(parents=True, exist_ok=True)
+
+    # ---- writing, atomically ---------------------------------------------------------------
+
+    def _atomic(self, path: Path, write: Any) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write(f)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+    def write_json(self, name: str, value: Any) -> None:
+        """Write ``value`` as JSON to ``name`` (relative to the folder)."""
+        data = json.dumps(value, ensure_ascii=False).encode("utf-8")
+        self._atomic(self.path / name, lambda f: f.write(data))
+
+    def write_array(self, name: str, array: np.ndarray) -> None:
+        """Write one array (``.npy``)."""
+        self._atomic(self.path / name, lambda f: np.save(f, array, allow_pickle=False))
+
+    def write_arrays(self, name: str, **arrays: np.ndarray) -> None:
+        """Write named arrays (``.npz``)."""
+        self._atomic(self.path / name, lambda f: np.savez(f, allow_pickle=False, **arrays))
+
+    # ---- reading -------------------------------------------------------------------------
+
+    def has(self, name: str) -> bool:
+        """Whether ``name`` was written."""
+        return (self.path / name).is_file()
+
+    def read_json(self, name: str) -> Any:
+        """The JSON value stored under ``name``."""
+        return json.loads((self.path / name).read_text(encoding="utf-8"))
+
+    def read_array(self, name: str) -> np.ndarray:
+        """An array, memory-mapped (read only)."""
+        array: np.ndarray = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+        return array
+
+    def read_arrays(self, name: str) -> dict[str, np.ndarray]:
+        """Named arrays (``.npz``)."""
+        with np.load(self.path / name, allow_pickle=False) as data:
+            return {k: data[k] for k in data.files}
+
+    # ---- the manifest ----------------------------------------------------------------------
+
+    def start(self, params: dict[str, Any], fresh: bool = False) -> None:
+        """Record ``params``; on a restart they must equal the recorded ones (a changed
+        parameter would mix results of two audits), unless ``fresh`` clears the folder."""
+        if fresh:
+            for child in sorted(self.path.rglob("*"), reverse=True):
+                child.unlink() if child.is_file() else child.rmdir()
+        if self.has("manifest.json"):
+            known = self.read_json("manifest.json")["params"]
+            changed = sorted(k for k in {*known, *params} if known.get(k) != params.get(k))
+            if changed:
+                raise ValueError(
+                    f"{self.path} holds an audit made with other parameters "
+                    f"({', '.join(changed)}): use another folder, or fresh=True (--fresh) to "
+                    "start over"
+                )
+            return
+        self.write_json("manifest.json", {"params": params})
+
+    def note(self, key: str, value: Any) -> None:
+        """Add a result of a finished stage to the manifest (e.g. the part sizes)."""
+        manifest = self.read_json("manifest.json")
+        manifest[key] = value
+        self.write_json("manifest.json", manifest)
+
+    def noted(self, key: str) -> Any:
+        """A value added by :meth:`note` (``None`` when that stage has not finished)."""
+        return self.read_json("manifest.json").get(key)
+
+
+@lru_cache(maxsize=8)
+def _part_texts(path: str) -> dict[str, list[str]]:
+    """A part's ids / texts / titles (a few parts cached per process)."""
+    data: dict[str, list[str]] = json.loads(Path(path).read_text(encoding="utf-8"))
+    return data
+
+
+def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
+    """The ids, texts and titles of chunk part ``part``."""
+    return _part_texts(str(workdir.path / f"chunks/{part:05d}.json"))

@@ -1,0 +1,284 @@
+"""``ragdefense bench audit``: how well and how fast :func:`ragdefense.audit` finds planted poison
+in a whole knowledge base.
+
+Corpus: every benign passage of the shared data (RealtimeQA's web results, the RAGDefender
+bundles' gold passages; duplicates dropped), with poison planted for 100 target questions (25
+from each of RealtimeQA, NQ, MS MARCO, HotpotQA), the suite's six attack families in turn and 1, 3
+or 5 passages per target. Probes are derived from the corpus (not the target questions); a second
+run gives the target questions as the query log.
+
+What was looked at while choosing the scoring (:class:`~ragdefense.auditing.evidence.Scoring`):
+the *tuning* part only: targets from RealtimeQA and NQ attacked by ``poisonedrag``,
+``injection`` or ``multi-answer``. Everything else is reported as held out: the other two
+datasets, and the families ``no-prefix``, ``synonym``, ``paraphrase``.
+"""
+
+from __future__ import annotations
+
+import random
+import resource
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...attacks import ATTACKS, make_poison
+from ...auditing import ListCorpus, audit
+from ..datasets import load_qa
+from ..report import markdown_table
+
+__all__ = ["AuditCorpus", "audit_corpus", "audit_quality", "audit_scale", "audit_table"]
+
+DATASETS = ("realtimeqa", "ragdefender/nq", "ragdefender/msmarco", "ragdefender/hotpotqa")
+TUNING_DATASETS = ("realtimeqa", "ragdefender/nq")
+TUNING_FAMILIES = ("poisonedrag", "injection", "multi-answer")
+COUNTS = (1, 3, 5)
+#: the stages timed in the scale table (``stats["stage_seconds"]`` of an audit)
+STAGES = ("read", "probes", "search", "defend", "report")
+
+
+@dataclass
+class AuditCorpus:
+    """The benchmark corpus: chunks, and for each planted one its target's dataset, family and
+    count (benign chunks are absent from ``planted``)."""
+
+    ids: list[str]
+    texts: list[str]
+    titles: list[str]
+    planted: dict[str, tuple[str, str, int]]
+    questions: list[str]
+    sources: dict[str, str]
+
+    def corpus(self, vectors: Any = None) -> ListCorpus:
+        """As an audit input (with the vectors a store would hold, when given)."""
+        return ListCorpus(self.texts, self.ids, self.titles, vectors)
+
+    def tuning(self, chunk_id: str) -> bool:
+        """Whether a chunk is in the tuning part (planted, or benign from a tuning dataset)."""
+        if chunk_id in self.planted:
+            return _split(*self.planted[chunk_id][:2]) == "tuning"
+        return self.sources[chunk_id] in TUNING_DATASETS
+
+
+def _title(text: str) -> tuple[str, str]:
+    head, sep, _ = text.partition("\n")
+    return (head, text) if sep else ("", text)
+
+
+def audit_corpus(folder: str | Path, n_targets: int = 100, seed: int = 0) -> AuditCorpus:
+    """Build the corpus (deterministic for a given ``seed``)."""
+    records = {d: load_qa(folder, d) for d in DATASETS}
+    ids: list[str] = []
+    texts: list[str] = []
+    titles: list[str] = []
+    seen: set[str] = set()
+    sources: dict[str, str] = {}
+    for dataset in DATASETS:
+        for record in records[dataset]:
+            for passage in record.benign:
+                if passage.strip() and passage not in seen:
+                    seen.add(passage)
+                    title, text = _title(passage)
+                    sources[f"b{len(ids)}"] = dataset
+                    ids.append(f"b{len(ids)}")
+                    texts.append(text)
+                    titles.append(title)
+    rng = random.Random(seed)
+    per = n_targets // len(DATASETS)
+    chosen = [(d, r) for d in DATASETS for r in rng.sample(records[d], per)]
+    planted: dict[str, tuple[str, str, int]] = {}
+    questions = []
+    for t, (dataset, record) in enumerate(chosen):
+        family = ATTACKS[t % len(ATTACKS)]
+        count = COUNTS[(t // len(ATTACKS)) % len(COUNTS)]
+        poison = make_poison(
+            family,
+            record.question,
+            record.wrong_answer,
+            count,
+            texts=record.poison,
+            alternatives=record.wrong_alternatives,
+        )
+        questions.append(record.question)
+        for j, passage in enumerate(poison):
+            chunk_id = f"t{t}-p{j}"
+            ids.append(chunk_id)
+            texts.append(passage)
+            titles.append("")
+            planted[chunk_id] = (dataset, family, count)
+    order = rng.sample(range(len(ids)), len(ids))  # planted chunks are not all at the end
+    return AuditCorpus(
+        [ids[i] for i in order],
+        [texts[i] for i in order],
+        [titles[i] for i in order],
+        planted,
+        questions,
+        sources,
+    )
+
+
+def _split(dataset: str, family: str) -> str:
+    if dataset in TUNING_DATASETS and family in TUNING_FAMILIES:
+        return "tuning"
+    return "held out: family" if family not in TUNING_FAMILIES else "held out: dataset"
+
+
+def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> dict[str, Any]:
+    """One table row: recall per split, benign flagged, precision."""
+    parts: dict[str, list[str]] = {}
+    for chunk, (dataset, family, count) in kb.planted.items():
+        parts.setdefault(_split(dataset, family), []).append(chunk)
+        parts.setdefault(f"{count} per target", []).append(chunk)
+        parts.setdefault(family, []).append(chunk)
+    benign = len(kb.ids) - len(kb.planted)
+    false = len(flagged - set(kb.planted))
+    row: dict[str, Any] = {
+        "run": run,
+        "scoring": variant,
+        "recall": len(flagged & set(kb.planted)) / len(kb.planted),
+    }
+    for name in ("tuning", "held out: family", "held out: dataset", *ATTACKS, *[
+        f"{c} per target" for c in COUNTS
+    ]):  # fmt: skip
+        chunks = parts.get(name, [])
+        row[name] = sum(c in flagged for c in chunks) / len(chunks) if chunks else ""
+    row["benign flagged"] = f"{false} ({false / benign:.2%})"
+    row["precision"] = (len(flagged) - false) / len(flagged) if flagged else 0.0
+    return row
+
+
+def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
+    """Scores of every chunk under the ablation's variants, from an audit's working folder:
+    isolation only (the default), probe evidence only (flag rate), and both mixed 0.7 / 0.3."""
+    from ...auditing.evidence import Scoring, collect, find_groups, score
+    from ...auditing.workdir import Workdir, part_texts
+
+    wd = Workdir(workdir)
+    sizes = wd.noted("part_sizes")
+    ids = [i for p in range(len(sizes)) for i in part_texts(wd, p)["ids"]]
+    evidence = collect(wd, len(ids), wd.noted("probe_parts"), ["ragdefender"])
+    _, _, isolated = find_groups(wd, len(sizes), 1, 10, Scoring())
+    out = {}
+    for name, weight in (("isolation", 0.0), ("probe flags", 1.0), ("mixed 0.3", 0.3)):
+        values = score(evidence, isolated, "ragdefender", Scoring(probe_weight=weight))
+        out[name] = dict(zip(ids, values.tolist(), strict=True))
+    return out
+
+
+def audit_quality(
+    folder: str | Path, workdir: str | Path, engine: str = "local", progress: bool = True
+) -> tuple[str, list[dict[str, Any]]]:
+    """Audit the benchmark corpus twice (derived probes; the target questions as query log),
+    over vectors embedded once as a store holds them; the ablation of the score's evidence,
+    each variant's threshold set at 1% of the tuning part's benign chunks."""
+    from ...auditing.evidence import Scoring
+    from ...embedders import default_embedder
+
+    kb = audit_corpus(folder)
+    t0 = time.perf_counter()
+    vectors = default_embedder().embed(kb.texts)
+    embed_seconds = time.perf_counter() - t0
+    rows = []
+    for run, queries in (("derived probes", None), ("query log", kb.questions)):
+        work = Path(workdir) / run.replace(" ", "-")
+        report = audit(kb.corpus(vectors), queries=queries, workdir=work, engine=engine,
+                       progress=progress)  # fmt: skip
+        row = _recall_rows(kb, {f.id for f in report.suspicious}, run, "shipped default")
+        rows.append({**row, "seconds": report.stats["seconds"]})
+        for variant, scores in _variants(kb, work).items():
+            tuning_benign = [v for i, v in scores.items() if i not in kb.planted and kb.tuning(i)]
+            threshold = float(np.quantile(tuning_benign, 0.99))
+            flagged = {i for i, v in scores.items() if v >= threshold}
+            rows.append({**_recall_rows(kb, flagged, run, variant), "threshold": threshold})
+    columns = ["run", "scoring", "threshold", "recall", "tuning", "held out: family"]
+    columns += ["held out: dataset", *ATTACKS, *[f"{c} per target" for c in COUNTS]]
+    columns += ["benign flagged", "precision", "seconds"]
+    head = (
+        f"{len(kb.ids)} chunks ({len(kb.planted)} planted for {len(kb.questions)} targets); "
+        f"embedded once in {embed_seconds:.1f} s ({len(kb.ids) / embed_seconds:.0f} chunks/s, "
+        f"packaged MiniLM); shipped threshold {Scoring().threshold}\n\n"
+    )
+    return head + _table(columns, rows), rows
+
+
+def _scale_run(
+    folder: str, workdir: str, n: int, engine: str, workers: int, max_probes: int
+) -> dict[str, Any]:
+    """One timed audit of a synthetic corpus of ``n`` chunks (run in a fresh process, so that
+    its peak memory is its own)."""
+    kb = audit_corpus(folder)
+    base = np.load(Path(workdir) / "base.npy")
+    rng = np.random.default_rng(0)
+    reps = -(-n // len(kb.texts))
+    noisy = [base + rng.normal(0, 0.02, base.shape).astype(np.float32) for _ in range(reps)]
+    vectors = np.concatenate(noisy)[:n]
+    texts = [kb.texts[i % len(kb.texts)] for i in range(n)]
+    titles = [kb.titles[i % len(kb.titles)] for i in range(n)]
+    corpus = ListCorpus(texts, [str(i) for i in range(n)], titles, vectors)
+    del noisy, base
+    t0 = time.perf_counter()
+    report = audit(corpus, max_probes=max_probes, workdir=Path(workdir) / f"{n}-{engine}-{workers}",
+                   fresh=True, engine=engine, workers=workers)  # fmt: skip
+    seconds = time.perf_counter() - t0
+    stages = report.stats["stage_seconds"]
+    return {
+        "chunks": n,
+        "engine": f"{engine} x{workers}" if engine == "ray" else engine,
+        "probes": int(report.stats["probes"]),
+        "total s": round(seconds, 1),
+        **{f"{stage} s": round(stages[stage], 1) for stage in STAGES},
+        "chunks/s": round(n / seconds),
+        "peak MB (driver)": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
+    }
+
+
+def audit_scale(
+    folder: str | Path,
+    workdir: str | Path,
+    sizes: Sequence[int] = (10_000, 50_000, 100_000),
+    engines: Sequence[tuple[str, int]] = (("local", 1), ("ray", 1), ("ray", 2)),
+    max_probes: int = 5_000,
+) -> tuple[str, list[dict[str, Any]]]:
+    """Time the audit on synthetic corpora of ``sizes`` chunks: the benchmark corpus's vectors
+    repeated with small noise, handed over as a store would (no embedding; the embedding rate
+    is in ``bench audit``), ``max_probes`` derived probes; each run in a fresh process."""
+    from concurrent.futures import ProcessPoolExecutor
+    from multiprocessing import get_context
+
+    from ...embedders import default_embedder
+
+    Path(workdir).mkdir(parents=True, exist_ok=True)
+    kb = audit_corpus(folder)
+    np.save(Path(workdir) / "base.npy", default_embedder().embed(kb.texts).astype(np.float32))
+    rows = []
+    for n in sizes:
+        for engine, workers in engines:
+            with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
+                args = (str(folder), str(workdir), n, engine, workers, max_probes)
+                rows.append(pool.submit(_scale_run, *args).result())
+    columns = ["chunks", "engine", "probes", "total s", *[f"{s} s" for s in STAGES]]
+    columns += ["chunks/s", "peak MB (driver)"]
+    return _table(columns, rows), rows
+
+
+def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
+    def show(v: Any) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else str(v)
+
+    return "\n".join(markdown_table(columns, [[show(r.get(c, "")) for c in columns] for r in rows]))
+
+
+def audit_table(
+    folder: str | Path, scale: bool, out: str | None = None
+) -> tuple[list[dict[str, Any]], str]:
+    """``ragdefense bench audit`` (quality) or ``audit-scale`` (speed); the working folders go
+    under ``out`` (default: a temporary folder)."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ragdefense-bench-audit-") as tmp:
+        work = Path(out or tmp) / "audit-work"
+        table, rows = audit_scale(folder, work) if scale else audit_quality(folder, work)
+    return rows, table

@@ -1,0 +1,49 @@
+"""Argument types and the usage error shared by the ``ragdefense`` command's modules."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+__all__ = ["UsageError", "counts", "non_negative", "positive", "resolve"]
+
+
+class UsageError(ValueError):
+    """A bad argument: reported as one line naming the fix, exit code 2, before any work."""
+
+
+def positive(text: str) -> int:
+    """An integer >= 1."""
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def non_negative(text: str) -> int:
+    """An integer >= 0."""
+    value = int(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {text}")
+    return value
+
+
+def counts(text: str) -> list[int]:
+    """A comma-separated list of counts (0 or more)."""
+    try:
+        values = [int(t) for t in text.split(",") if t.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected integers like 1,3,5, got {text!r}") from None
+    if not values or min(values) < 0:
+        raise argparse.ArgumentTypeError(f"expected counts of 0 or more like 1,3,5, got {text!r}")
+    return values
+
+
+def resolve(spec: str, what: str) -> Any:
+    """The object named by ``module:attribute`` (a dotted attribute path)."""
+    from .integration import import_object
+
+    try:
+        return import_object(spec)
+    except ValueError as exc:
+        raise UsageError(f"{what} {exc}") from None

@@ -1,0 +1,325 @@
+"""``ragdefense.audit``: a whole knowledge base audited for planted poison, in process and on a
+local Ray instance, resumable, read from files and from real stores, never written to."""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ragdefense
+from ragdefense import CallableEmbedder
+from ragdefense.auditing import FileCorpus, ListCorpus, Scoring, audit, derive_probes, read_queries
+from ragdefense.auditing.evidence import isolation
+from ragdefense.auditing.steps import EmbedStep
+from ragdefense.cli import main
+from ragdefense.data import load_demo_kb
+from tests.conftest import bag_of_words
+
+TOPICS = [
+    "volcano lava eruption magma crater",
+    "football match goal stadium league",
+    "piano concert orchestra symphony violin",
+    "rainforest jungle canopy species parrot",
+    "satellite orbit rocket launch station",
+    "bakery bread flour oven yeast",
+    "glacier ice melting arctic snow",
+    "election ballot vote candidate parliament",
+]
+WORDS = [
+    "alpha", "beta", "gamma", "delta", "river", "stone",
+    "market", "garden", "window", "paper", "story", "light",
+]  # fmt: skip
+
+
+def toy_corpus(seed: int = 0) -> tuple[list[str], list[str], set[str]]:
+    """Benign chunks spread over topics (graded neighbourhoods) and two planted groups of five
+    near-duplicates written for one question each."""
+    rng = random.Random(seed)
+    texts, ids = [], []
+    for t, topic in enumerate(TOPICS):
+        for i in range(12):
+            words = topic.split()
+            text = " ".join(rng.sample(words, 3) + rng.sample(WORDS, 6) + rng.sample(words, 2))
+            texts.append(f"Topic {t} note {i}. {text}")
+            ids.append(f"b{t}-{i}")
+    planted = set()
+    for g, claim in enumerate(["zorblax invented the quantum toaster", "the moon is made of qux"]):
+        for j in range(5):
+            filler = " ".join(rng.sample(WORDS, 2))
+            texts.append(f"Who made the quantum toaster question {g}? {claim} {filler}.")
+            ids.append(f"p{g}-{j}")
+            planted.add(f"p{g}-{j}")
+    return texts, ids, planted
+
+
+@pytest.fixture
+def toy() -> CallableEmbedder:
+    return CallableEmbedder(bag_of_words)
+
+
+def test_isolation_of_a_tight_small_group() -> None:
+    flat = np.full((1, 10), 0.5)
+    group = np.array([[0.95, 0.94, 0.93, 0.93, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])
+    pair = np.array([[0.99, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])
+    assert isolation(flat, 3)[0] == pytest.approx(0.0)
+    assert isolation(group, 3)[0] == pytest.approx(np.mean([0.95, 0.94, 0.93, 0.93]) - 0.3)
+    assert isolation(pair, 3)[0] < isolation(pair, 2)[0]  # a pair is no group of three
+
+
+def test_probes_from_titles_and_first_sentences() -> None:
+    chunks = [
+        ("1", "Paris is the capital of France. It is large.", ""),
+        ("2", "ignored text", "Eiffel Tower history"),
+        ("3", "Too short. x", ""),
+        ("4", "paris is the capital of FRANCE. Again.", ""),
+    ]
+    probes = derive_probes(chunks)
+    assert probes == [("Paris is the capital of France.", "1"), ("Eiffel Tower history", "2")]
+    assert len(derive_probes(chunks * 3, max_probes=1)) == 1
+
+
+def test_audit_ranks_the_planted_groups_first_and_explains(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, planted = toy_corpus()
+    given = list(texts)
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w")
+    assert texts == given  # the caller's data untouched
+    top = {f.id for f in report.top(len(planted))}
+    assert top == planted
+    assert {f.id for f in report.suspicious} >= planted
+    first = report.findings[0]
+    assert first.reasons[0].startswith("isolation") and first.group and first.group["size"] == 5
+    assert first.retrieved > 0 and "ragdefender" in first.flagged
+    assert report.stats["chunks"] == len(texts) and report.stats["probes"] > 0
+    written = report.write(tmp_path / "out", ["md", "json", "csv", "parquet", "png"])
+    assert [p.name for p in written] == [
+        "report.md", "report.json", "report.csv", "report.parquet", "report.png"
+    ]  # fmt: skip
+    data = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert data["findings"][0]["id"] == first.id
+    assert "| 1 |" in (tmp_path / "out" / "report.md").read_text()
+
+
+def test_hnsw_index_and_numpy_fallback_agree_on_the_top(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    import builtins
+
+    texts, ids, planted = toy_corpus()
+    hnsw = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "h", index="hnsw")
+    real_import = builtins.__import__
+
+    def no_faiss(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "faiss":
+            raise ImportError("no faiss here")
+        return real_import(name, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builtins, "__import__", no_faiss)
+        exact = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "n")
+    assert hnsw.stats["index"] == "hnsw"
+    for report in (hnsw, exact):
+        assert {f.id for f in report.top(len(planted))} == planted
+
+
+def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_path: Path) -> None:
+    texts, ids, _ = toy_corpus()
+    calls = {"n": 0}
+
+    def counting(batch: list[str]) -> np.ndarray:
+        calls["n"] += len(batch)
+        return bag_of_words(batch)
+
+    embedder = CallableEmbedder(counting)
+    original = EmbedStep.__call__
+
+    def dies_on_probes(self: EmbedStep, part: int) -> int:
+        if self.kind == "probes":
+            raise KeyboardInterrupt  # killed after the chunks were embedded
+        return original(self, part)
+
+    work = tmp_path / "w"
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(EmbedStep, "__call__", dies_on_probes)
+        with pytest.raises(KeyboardInterrupt):
+            audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
+    assert calls["n"] == len(texts)
+    resumed = audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
+    assert calls["n"] - len(texts) == resumed.stats["probes"]  # only the probes, not the chunks
+    again = audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
+    assert calls["n"] - len(texts) == resumed.stats["probes"]  # nothing at all
+    clean = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "c", part_size=32)
+    assert [(f.id, round(f.score, 6)) for f in again.findings] == [
+        (f.id, round(f.score, 6)) for f in clean.findings
+    ]
+    with pytest.raises(ValueError, match=r"other parameters \(top_m\).*fresh"):
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, top_m=5)
+    fresh = audit(
+        ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, top_m=5, fresh=True
+    )
+    assert fresh.stats["top_m"] == 5
+
+
+def test_files_jsonl_and_parquet_with_stored_vectors(toy: CallableEmbedder, tmp_path: Path) -> None:
+    texts, ids, planted = toy_corpus()
+    vectors = bag_of_words(texts)
+    jsonl = tmp_path / "kb.jsonl"
+    with jsonl.open("w") as f:
+        for i, t, v in zip(ids, texts, vectors, strict=True):
+            f.write(json.dumps({"id": i, "text": t, "embedding": v.tolist()}) + "\n")
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    parquet = tmp_path / "kb.parquet"
+    pq.write_table(pa.table({"id": ids, "text": texts}), parquet)
+    from_jsonl = audit(jsonl, embedder=toy, workdir=tmp_path / "a")
+    from_parquet = audit(parquet, embedder=toy, workdir=tmp_path / "b")
+    for report in (from_jsonl, from_parquet):
+        assert {f.id for f in report.top(len(planted))} == planted
+    batch = next(FileCorpus(jsonl).batches(4))
+    assert batch.vectors is not None and batch.vectors.shape == (4, vectors.shape[1])
+
+
+def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
+    bad = tmp_path / "kb.jsonl"
+    bad.write_text('{"id": 1, "text": "fine"}\nnot json\n')
+    with pytest.raises(ValueError, match=r"kb\.jsonl:2: not JSON"):
+        audit(bad, embedder=toy, workdir=tmp_path / "w")
+    with pytest.raises(FileNotFoundError):
+        audit(tmp_path / "missing.jsonl")
+    with pytest.raises(TypeError, match="cannot audit a int"):
+        audit(42)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="top_m"):
+        audit(["a b c"], top_m=1)
+    with pytest.raises(ValueError, match="dimensions"):
+        audit(ListCorpus(["one two three"] * 3, vectors=np.ones((3, 5))), embedder=toy)
+    assert read_queries(["  who?  ", ""]) == ["who?"]
+    log = tmp_path / "log.jsonl"
+    log.write_text('{"question": "a b c?"}\n{"query": "d e f?"}\n')
+    assert read_queries(log) == ["a b c?", "d e f?"]
+
+
+def test_query_log_probes(toy: CallableEmbedder, tmp_path: Path) -> None:
+    texts, ids, planted = toy_corpus()
+    report = audit(
+        ListCorpus(texts, ids),
+        queries=["Who made the quantum toaster question 0?", "volcano lava eruption"],
+        embedder=toy,
+        workdir=tmp_path / "w",
+    )
+    assert report.stats["probes"] == 2 and report.stats["probe_source"] == "query log"
+    flagged = {f.id for f in report.findings if f.flagged["ragdefender"]}
+    assert flagged & planted
+
+
+def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    kb = tmp_path / "kb.jsonl"
+    with kb.open("w") as f:
+        for q in load_demo_kb():
+            for t in q.benign + q.poison:
+                f.write(json.dumps({"id": f"{q.id}-{len(t)}", "text": t}) + "\n")
+    assert (
+        main(["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--format", "md,csv"])
+        == 0
+    )
+    assert (tmp_path / "w" / "report.md").is_file() and (tmp_path / "w" / "report.csv").is_file()
+    assert "Knowledge-base audit" in capsys.readouterr().out
+    assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
+    assert "no file" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main(["audit", str(kb), "--format", "docx"])
+
+
+@pytest.mark.slow
+def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path: Path) -> None:
+    import chromadb
+    from langchain_chroma import Chroma
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+
+    kb = load_demo_kb()
+    texts = [t for q in kb for t in q.benign + q.poison]
+    poison = {t for q in kb for t in q.poison}
+    client = chromadb.PersistentClient(path=str(tmp_path / "chroma"))
+    lc = RagdefenseEmbeddings(minilm)
+    stores: list[Any] = [
+        InMemoryVectorStore.from_texts(texts, lc),
+        Chroma.from_texts(texts, lc, client=client, collection_name="lc-kb"),
+        VectorStoreIndex(
+            [TextNode(text=t) for t in texts], embed_model=RagdefenseEmbedding(minilm)
+        ),
+        VectorStoreIndex(
+            [TextNode(text=t) for t in texts],
+            storage_context=StorageContext.from_defaults(
+                vector_store=ChromaVectorStore(client.get_or_create_collection("li-kb"))
+            ),
+            embed_model=RagdefenseEmbedding(minilm),
+        ),
+    ]
+    collections = {c.name: c.count() for c in client.list_collections()}
+    for store in stores:
+        before = minilm.texts_embedded
+        report = audit(store, workdir=tmp_path / f"w{id(store)}")
+        embedded = minilm.texts_embedded - before
+        assert embedded <= report.stats["probes"]  # the probes only: stored vectors reused
+        top = report.top(len(poison))
+        assert sum(f.text in poison for f in top) >= 0.8 * len(poison)
+    assert {c.name: c.count() for c in client.list_collections()} == collections
+
+
+@pytest.mark.slow
+def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
+    pytest.importorskip("ray")
+    import ray
+
+    texts, ids, planted = toy_corpus()
+    toy = CallableEmbedder(bag_of_words)  # Ray workers import it from tests.conftest
+    local = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "l", part_size=16)
+    root = str(Path(__file__).resolve().parents[1])
+    try:
+        ray.init(
+            num_cpus=2,
+            include_dashboard=False,
+            log_to_driver=False,
+            runtime_env={"env_vars": {"PYTHONPATH": root}},
+        )
+        on_ray = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "r",
+                       part_size=16, engine="ray", workers=2)  # fmt: skip
+    finally:
+        ray.shutdown()
+    assert on_ray.stats["shards"] == 2 and on_ray.stats["engine"] == "ray"
+    assert [(f.id, round(f.score, 5)) for f in on_ray.findings] == [
+        (f.id, round(f.score, 5)) for f in local.findings
+    ]
+    assert {f.id for f in on_ray.top(len(planted))} == planted
+
+
+def test_audit_is_exported_lazily() -> None:
+    assert ragdefense.audit is audit
+    assert Scoring().threshold > 0
+
+
+@pytest.mark.data
+def test_benchmark_corpus_is_deterministic_and_split(data_dir: Path) -> None:
+    from ragdefense.bench.settings.audit import TUNING_FAMILIES, audit_corpus
+
+    kb = audit_corpus(data_dir)
+    again = audit_corpus(data_dir)
+    assert kb.ids == again.ids and kb.texts == again.texts
+    assert len(kb.questions) == 100 and len(set(kb.ids)) == len(kb.ids)
+    assert sum(1 for i in kb.ids if i not in kb.planted) > 4000  # every benign passage, once
+    families = {family for _, family, _ in kb.planted.values()}
+    assert families > set(TUNING_FAMILIES)  # held-out families are planted too
+    tuning = [i for i in kb.planted if kb.tuning(i)]
+    assert 0 < len(tuning) < len(kb.planted) / 2
