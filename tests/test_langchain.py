@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from typing import Any
 from uuid import UUID
 
@@ -243,3 +244,25 @@ def test_robustrag_chain_with_the_real_llm(embeddings: RagdefenseEmbeddings) -> 
     out = chain.invoke(QUESTION.question)
     assert len(out["report"].responses) == 4
     assert "Canberra" in out["answer"]
+
+
+def test_too_few_documents_warn_once_naming_the_fix(toy_embedder: Any) -> None:
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    from langchain_ragdefense import DefenseCompressor
+    from ragdefense import RAGDefender
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_texts([f"capital of France is {w}" for w in ("Paris", "Lyon", "Nice", "Lille")])
+    compressor = DefenseCompressor(defense=RAGDefender(embedder=toy_embedder))
+    retriever = ContextualCompressionRetriever(
+        base_compressor=compressor, base_retriever=store.as_retriever(search_kwargs={"k": 2})
+    )
+    with pytest.warns(UserWarning, match=r"2 passage\(s\).*search_kwargs=\{'k': 10\}"):
+        assert len(retriever.invoke("capital of France?")) == 2  # passed through unchecked
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per compressor, not per query
+        retriever.invoke("capital of France?")
+        defend(store.as_retriever(search_kwargs={"k": 4}), k=2).invoke("capital of France?")
+        # k=1 fetches what RAGDefender needs to compare (3), not just 2k = 2
+        assert len(defend(store.as_retriever(), k=1).invoke("capital of France?")) == 1

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import asyncio
+import warnings
 from collections.abc import Callable
 from typing import Any
 
@@ -261,3 +262,18 @@ def test_rerank_instrumentation_events_frame_the_defense() -> None:
     assert isinstance(end, ReRankEndEvent) and [n.node.node_id for n in end.nodes] == [
         n.node.node_id for n in out
     ]
+
+
+def test_too_few_nodes_warn_once_naming_the_fix(toy_embedder: Any) -> None:
+    embed = RagdefenseEmbedding(toy_embedder)
+    texts = [f"capital of France is {w}" for w in ("Paris", "Lyon", "Nice", "Lille")]
+    index = VectorStoreIndex([TextNode(text=t) for t in texts], embed_model=embed)
+    engine = index.as_query_engine(  # LlamaIndex's default: 2 nodes
+        llm=ScriptedLLM(rule=lambda p: "ok"),
+        node_postprocessors=[RAGDefenderPostprocessor(embed_model=embed)],
+    )
+    with pytest.warns(UserWarning, match=r"2 passage\(s\).*similarity_top_k=10"):
+        assert len(engine.query("capital of France?").source_nodes) == 2
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # once per postprocessor, not per query
+        engine.query("capital of France?")

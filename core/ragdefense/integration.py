@@ -9,6 +9,7 @@ import copy
 import importlib
 import logging
 import warnings
+import weakref
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
 
@@ -121,12 +122,21 @@ def with_defense_fields(base: type[B], defense: str) -> type[B]:
 
 
 def run_defense(
-    defense: Defense, query: str, passages: Sequence[Passage], fail_open: bool = False
+    defense: Defense,
+    query: str,
+    passages: Sequence[Passage],
+    fail_open: bool = False,
+    too_few: str = "",
 ) -> DefenseResult | None:
     """Run ``defense``; on failure raise :class:`DefenseFailed` (fail closed, the default) or,
-    with ``fail_open``, warn and return ``None`` (the caller passes the passages through)."""
+    with ``fail_open``, warn and return ``None`` (the caller passes the passages through).
+
+    Handed fewer passages than a defense with a ``min_passages`` can compare (RAGDefender passes
+    them through unchecked), it warns once per defense object, adding ``too_few``: how to
+    retrieve more in the caller's framework (a postprocessor cannot widen retrieval itself)."""
     if not passages:
         return None
+    _warn_small_pool(defense, len(passages), too_few)
     try:
         return defense.defend(query, passages)
     except Exception as exc:
@@ -137,6 +147,28 @@ def run_defense(
         warnings.warn(message + "; passing the documents through unchecked", stacklevel=3)
         logger.warning("%s; passing the documents through unchecked", message)
         return None
+
+
+_WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def _warn_small_pool(defense: Defense, n: int, fix: str) -> None:
+    need = getattr(defense, "min_passages", None)
+    if need is None or n >= need:
+        return
+    try:
+        if defense in _WARNED:
+            return
+        _WARNED.add(defense)
+    except TypeError:  # an object that cannot be weakly referenced: warn each time
+        pass
+    name = getattr(defense, "name", type(defense).__name__)
+    message = (
+        f"{name} was given {n} passage(s), fewer than the {need} it needs to compare: they "
+        f"pass unchecked, poison included. {fix}"
+    ).strip()
+    warnings.warn(message, stacklevel=4)
+    logger.warning("%s", message)
 
 
 def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:

@@ -93,7 +93,7 @@ class DefenseCompressor(BaseDocumentCompressor):
             Passage(d.page_content, id=d.id, metadata=d.metadata, embedding=v)
             for d, v in zip(documents, vectors, strict=True)
         ]
-        return run_defense(self.core, query, passages, self.fail_open)
+        return run_defense(self.core, query, passages, self.fail_open, TOO_FEW)
 
     @staticmethod
     def _output(documents: Sequence[Document], result: DefenseResult | None) -> list[Document]:
@@ -128,6 +128,13 @@ class DefenseCompressor(BaseDocumentCompressor):
                     EVENT_NAME, removed_report(result), config={"callbacks": callbacks}
                 )
         return self._output(documents, result)
+
+
+#: how to give a compressor enough documents (in the small-pool warning)
+TOO_FEW = (
+    "Ask the base retriever for more, e.g. vector_store.as_retriever(search_kwargs={'k': 10}), "
+    "or use defend(retriever), which fetches 2k and returns k."
+)
 
 
 class RAGDefenderCompressor(with_defense_fields(DefenseCompressor, "ragdefender")):  # type: ignore[misc]

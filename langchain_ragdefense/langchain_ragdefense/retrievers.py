@@ -29,7 +29,8 @@ class DefendedRetriever(BaseRetriever):
         compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
         k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
         fetch_k: Documents first asked of the base retriever (passed as ``k``); by default twice
-            the ``k`` asked for, as GRADA's M = 2n. When the defense leaves fewer than ``k``, the
+            the ``k`` asked for, as GRADA's M = 2n, and at least what the defense needs to compare
+            (RAGDefender's ``min_passages``). When the defense leaves fewer than ``k``, the
             fetch doubles (up to ``max_rounds`` rounds) while the base retriever has more.
     """
 
@@ -45,7 +46,8 @@ class DefendedRetriever(BaseRetriever):
         k = kwargs.pop("k", self.k)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
-        return k, self.fetch_k or (2 * k if k else None), kwargs
+        need = int(getattr(getattr(self.compressor, "core", None), "min_passages", 1))
+        return k, self.fetch_k or (max(2 * k, need) if k else None), kwargs
 
     def _done(self, k: int | None, fetch: int | None, docs: list[Document], kept: int) -> bool:
         # enough kept, or the base retriever has nothing more to give

@@ -41,6 +41,12 @@ __all__ = [
 
 dispatcher = get_dispatcher(__name__)
 
+#: how to give a postprocessor enough nodes (in the small-pool warning; LlamaIndex retrieves 2)
+TOO_FEW = (
+    "A postprocessor cannot widen retrieval: retrieve more nodes, e.g. "
+    "index.as_query_engine(similarity_top_k=10, node_postprocessors=[...])."
+)
+
 
 class DefenseRemovedEvent(BaseEvent):
     """Instrumentation event: what a defense removed from the retrieved nodes, and why."""
@@ -122,7 +128,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
             )
             for n, v in zip(nodes, vectors, strict=True)
         ]
-        return run_defense(self.core, query, passages, self.fail_open)
+        return run_defense(self.core, query, passages, self.fail_open, TOO_FEW)
 
     def _output(
         self, nodes: list[NodeWithScore], result: DefenseResult | None
