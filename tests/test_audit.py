@@ -164,6 +164,13 @@ def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_p
         ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, top_m=5, fresh=True
     )
     assert fresh.stats["top_m"] == 5
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "notes.txt").write_text("keep me")
+    for clear in (False, True):  # a folder of the user's is never cleared, nor written to
+        with pytest.raises(ValueError, match="not empty and holds no audit"):
+            audit(ListCorpus(texts, ids), embedder=toy, workdir=mine, fresh=clear)
+    assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
 def test_files_jsonl_and_parquet_with_stored_vectors(toy: CallableEmbedder, tmp_path: Path) -> None:

@@ -82,7 +82,13 @@ class Workdir:
 
     def start(self, params: dict[str, Any], fresh: bool = False) -> None:
         """Record ``params``; on a restart they must equal the recorded ones (a changed
-        parameter would mix results of two audits), unless ``fresh`` clears the folder."""
+        parameter would mix results of two audits), unless ``fresh`` clears the folder. A
+        folder that holds other files but no audit is refused, never cleared."""
+        if not self.has("manifest.json") and any(self.path.iterdir()):
+            raise ValueError(
+                f"{self.path} is not empty and holds no audit: give a new or empty folder as the "
+                "working folder (nothing in it was touched)"
+            )
         if fresh:
             for child in sorted(self.path.rglob("*"), reverse=True):
                 child.unlink() if child.is_file() else child.rmdir()
