@@ -33,7 +33,7 @@ import numpy as np
 
 from .text import tokenize
 
-__all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank"]
+__all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "unit_rows"]
 
 
 def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -43,10 +43,17 @@ def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
     return out
 
 
+def unit_rows(emb: np.ndarray, dtype: type = np.float64) -> np.ndarray:
+    """The rows of ``emb`` scaled to unit length, as ``dtype`` (zero rows stay zero)."""
+    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    zeros: np.ndarray = np.zeros(np.shape(emb), dtype=dtype)
+    out: np.ndarray = np.divide(emb, norms, out=zeros, where=norms > 0)
+    return out
+
+
 def cosine_matrix(emb: np.ndarray) -> np.ndarray:
     """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0)."""
-    norms = np.linalg.norm(emb, axis=1, keepdims=True)
-    unit = np.divide(emb, norms, out=np.zeros_like(emb, dtype=np.float64), where=norms > 0)
+    unit = unit_rows(emb)
     sim: np.ndarray = unit @ unit.T
     clipped: np.ndarray = np.clip(sim, -1.0, 1.0)
     return clipped

@@ -17,20 +17,21 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
 
 from .retrievers import defend
+from .vectors import store_kind
 
 __all__ = ["red_team"]
 
 
 def _copy(store: VectorStore) -> VectorStore:
     """An independent in-memory copy of ``store`` holding the same documents and vectors."""
-    kind = f"{type(store).__module__}.{type(store).__name__}"
+    kind = store_kind(store)
     if type(store) is InMemoryVectorStore:  # a subclass may keep its data elsewhere
         clone = InMemoryVectorStore(embedding=store.embeddings)
         clone.store = copy.deepcopy(store.store)
         return clone
-    if kind.startswith("langchain_chroma."):
+    if kind == "chroma":
         return _copy_chroma(store)
-    if kind.startswith("langchain_community.vectorstores.faiss"):
+    if kind == "faiss":
         return _copy_faiss(store)
     raise TypeError(
         f"ragdefense cannot copy a {type(store).__name__} safely: pass copy_store=, a function "

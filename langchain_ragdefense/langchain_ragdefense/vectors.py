@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from langchain_core.documents import Document
@@ -18,7 +18,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from ragdefense import integration
 from ragdefense.auditing import Batch
 
-__all__ = ["StoreCorpus", "store_corpus", "stored_vectors"]
+__all__ = ["StoreCorpus", "store_corpus", "store_kind", "stored_vectors"]
 
 # FAISS store -> (entries when built, docstore id -> index position): rebuilt only when it grows
 _FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]] = (
@@ -31,14 +31,26 @@ def stored_vectors(store: VectorStore, documents: Sequence[Document]) -> list[An
     return integration.stored_vectors(store, [d.id for d in documents], _lookup)
 
 
-def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
+def store_kind(store: Any) -> Literal["inmemory", "chroma", "faiss"] | None:
+    """Which of the stores whose vectors ragdefense can read ``store`` is (``None``: another)."""
     if isinstance(store, InMemoryVectorStore):
+        return "inmemory"
+    where = f"{type(store).__module__}.{type(store).__name__}"
+    if where.startswith("langchain_chroma.") and hasattr(store, "get"):
+        return "chroma"
+    if where.startswith("langchain_community.vectorstores.faiss"):
+        return "faiss"
+    return None
+
+
+def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
+    kind = store_kind(store)
+    if kind == "inmemory":
         return {i: store.store[i]["vector"] for i in ids if i in store.store}
-    kind = f"{type(store).__module__}.{type(store).__name__}"
-    if kind.startswith("langchain_chroma.") and hasattr(store, "get"):
+    if kind == "chroma":
         got = store.get(ids=ids, include=["embeddings"])
         return dict(zip(got["ids"], got["embeddings"], strict=True))
-    if kind.startswith("langchain_community.vectorstores.faiss"):
+    if kind == "faiss":
         position = _faiss_positions(store)  # its index and id map are public attributes
         return {i: store.index.reconstruct(position[i]) for i in ids if i in position}
     return None
@@ -62,19 +74,21 @@ class StoreCorpus:
         self.store = store
 
     def fingerprint(self) -> str:
-        """The store's type, and its size where it tells."""
+        """The store's type and size."""
         store: Any = self.store
-        for size in ("store", "_collection", "index_to_docstore_id"):
-            held = getattr(store, size, None)
-            if held is not None:
-                n = held.count() if hasattr(held, "count") and size == "_collection" else len(held)
-                return f"{type(store).__name__} {n}"
-        return type(store).__name__
+        kind = store_kind(store)
+        if kind is None:
+            return type(store).__name__
+        if kind == "chroma":
+            n = store._collection.count()  # langchain-chroma keeps its Chroma collection here
+        else:
+            n = len(store.store if kind == "inmemory" else store.index_to_docstore_id)
+        return f"{type(store).__name__} {n}"
 
     def batches(self, size: int) -> Iterator[Batch]:
         store: Any = self.store
-        kind = f"{type(store).__module__}.{type(store).__name__}"
-        if isinstance(store, InMemoryVectorStore):
+        kind = store_kind(store)
+        if kind == "inmemory":
             items = list(store.store.values())
             for start in range(0, len(items), size):
                 rows = items[start : start + size]
@@ -84,7 +98,7 @@ class StoreCorpus:
                     [r.get("metadata") for r in rows],
                     [r["vector"] for r in rows],
                 )
-        elif kind.startswith("langchain_chroma."):
+        elif kind == "chroma":
             offset = 0
             while True:
                 include = ["documents", "metadatas", "embeddings"]
@@ -93,7 +107,7 @@ class StoreCorpus:
                     return
                 yield _batch(got["ids"], got["documents"], got["metadatas"], got["embeddings"])
                 offset += len(got["ids"])
-        elif kind.startswith("langchain_community.vectorstores.faiss"):
+        elif kind == "faiss":
             ids = store.index_to_docstore_id
             for start in range(0, len(ids), size):
                 positions = range(start, min(start + size, len(ids)))

@@ -70,7 +70,7 @@ def fingerprint(corpus: Corpus) -> str:
 def _vectors(rows: Sequence[Any]) -> np.ndarray | None:
     if not rows or any(r is None for r in rows):
         return None
-    return np.asarray([np.asarray(r, dtype=np.float32) for r in rows], dtype=np.float32)
+    return np.asarray(rows, dtype=np.float32)
 
 
 class ListCorpus:
@@ -173,7 +173,7 @@ def as_corpus(knowledge_base: Any) -> Corpus:
     if isinstance(knowledge_base, (str, Path)):
         return FileCorpus(knowledge_base)
     module = type(knowledge_base).__module__
-    if module.startswith(("langchain", "langchain_core", "langchain_community")):
+    if module.startswith("langchain"):
         from langchain_ragdefense.vectors import store_corpus
 
         corpus: Corpus = store_corpus(knowledge_base)

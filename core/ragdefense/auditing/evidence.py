@@ -5,15 +5,25 @@ that ranks them. Streams over the part files; memory grows with the number of ch
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from .steps import merged_hits
-from .workdir import Workdir
+from .workdir import Workdir, part_name
 
-__all__ = ["Evidence", "Scoring", "collect", "find_groups", "isolation", "reasons", "score"]
+__all__ = [
+    "Evidence",
+    "Scoring",
+    "assess",
+    "find_groups",
+    "flag_examples",
+    "isolation",
+    "reasons",
+    "score",
+]
 
 
 @dataclass(frozen=True)
@@ -46,38 +56,70 @@ class Scoring:
 
 @dataclass
 class Evidence:
-    """Per chunk position: retrieved count, flags per defense, a few flagging probes."""
+    """Per chunk position: retrieved count and flags per defense (from the probes), isolation
+    and near-duplicate group (from the neighbours)."""
 
     retrieved: np.ndarray
     flagged: dict[str, np.ndarray]
-    examples: dict[int, list[dict[str, str]]]
+    isolated: np.ndarray
+    group_of: np.ndarray
+    groups: list[dict[str, Any]]
+
+    def group(self, i: int) -> dict[str, Any] | None:
+        """The near-duplicate group of position ``i`` (``None`` when it has none)."""
+        return self.groups[self.group_of[i]] if self.group_of[i] >= 0 else None
 
 
-def collect(
-    wd: Workdir, n_chunks: int, probe_parts: int, defenses: list[str], examples_for: Any = None
-) -> Evidence:
-    """Sum the probe parts' records; keep up to three flagging probes (with the reason) for the
-    positions in ``examples_for`` (none when ``None``: a second pass fetches them for the
-    chunks that make the report, so memory stays a few numbers per chunk)."""
+def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
+    """All the evidence in a finished audit's folder (its sizes, shards and neighbours as the
+    manifest records them)."""
+    sizes = wd.noted("part_sizes")
+    retrieved, flagged = _counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
+    neighbours = wd.read_json("manifest.json")["params"]["neighbours"]
+    group_of, groups, isolated = find_groups(
+        wd, len(sizes), wd.noted("shards"), neighbours, scoring
+    )
+    return Evidence(retrieved, flagged, isolated, group_of, groups)
+
+
+def _records(wd: Workdir, probe_parts: int) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+    """Each probe's record, with the probe texts of its part by id."""
+    for part in range(probe_parts):
+        probes = wd.read_json(f"{part_name('probes', part)}.json")
+        texts = dict(zip(probes["ids"], probes["texts"], strict=True))
+        for record in wd.read_json(f"{part_name('probed', part)}.json"):
+            yield record, texts
+
+
+def _counts(
+    wd: Workdir, n_chunks: int, probe_parts: int, defenses: list[str]
+) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    """How often each chunk was retrieved, and removed by each defense."""
     retrieved = np.zeros(n_chunks, dtype=np.int64)
     flagged = {d: np.zeros(n_chunks, dtype=np.int64) for d in defenses}
+    for record, _ in _records(wd, probe_parts):
+        np.add.at(retrieved, np.asarray(record["hits"], dtype=np.int64), 1)
+        for defense, removed in record["flags"].items():
+            for position in removed:
+                flagged[defense][int(position)] += 1
+    return retrieved, flagged
+
+
+def flag_examples(
+    wd: Workdir, probe_parts: int, positions: set[int], most: int = 3
+) -> dict[int, list[dict[str, str]]]:
+    """Up to ``most`` probes that flagged each of ``positions``, with the defense's reason (a
+    second pass over the records, for the chunks a report lists: memory stays a few numbers per
+    chunk)."""
     examples: dict[int, list[dict[str, str]]] = {}
-    for part in range(probe_parts):
-        probes = wd.read_json(f"probes/{part:05d}.json")
-        texts = dict(zip(probes["ids"], probes["texts"], strict=True))
-        for record in wd.read_json(f"probed/{part:05d}.json"):
-            np.add.at(retrieved, np.asarray(record["hits"], dtype=np.int64), 1)
-            for defense, removed in record["flags"].items():
-                for position, reason in removed.items():
-                    i = int(position)
-                    flagged[defense][i] += 1
-                    if examples_for is None or i not in examples_for:
-                        continue
-                    seen = examples.setdefault(i, [])
-                    if len(seen) < 3:
-                        probe = texts.get(record["probe"], record["probe"])
-                        seen.append({"probe": probe, "defense": defense, "reason": reason})
-    return Evidence(retrieved, flagged, examples)
+    for record, texts in _records(wd, probe_parts):
+        for defense, removed in record["flags"].items():
+            for position, reason in removed.items():
+                i = int(position)
+                if i in positions and len(examples.setdefault(i, [])) < most:
+                    probe = texts.get(record["probe"], record["probe"])
+                    examples[i].append({"probe": probe, "defense": defense, "reason": reason})
+    return examples
 
 
 def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
@@ -144,23 +186,23 @@ def find_groups(
     return group_of, info, np.concatenate(isolated) if isolated else np.zeros(0)
 
 
-def score(evidence: Evidence, isolated: np.ndarray, primary: str, scoring: Scoring) -> np.ndarray:
+def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     """Per position: ``(1 - w) x isolation + w x flag rate`` (the share of the probes that
     retrieved the chunk on which ``primary`` removed it), ``w = scoring.probe_weight``."""
     flags = evidence.flagged[primary]
     retrieved = evidence.retrieved
     rate = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
     w = scoring.probe_weight
-    out: np.ndarray = (1 - w) * isolated + w * rate
+    out: np.ndarray = (1 - w) * evidence.isolated + w * rate
     return out
 
 
-def reasons(
-    i: int, evidence: Evidence, isolated: float, group: dict[str, Any] | None, primary: str
-) -> list[str]:
+def reasons(i: int, evidence: Evidence, primary: str, scoring: Scoring) -> list[str]:
     """The evidence on chunk position ``i``, in words."""
     flags, retrieved = int(evidence.flagged[primary][i]), int(evidence.retrieved[i])
-    why = [f"isolation {isolated:.2f}: its nearest neighbours are {_closeness(isolated)}"]
+    isolated, group = float(evidence.isolated[i]), evidence.group(i)
+    closeness = _closeness(isolated, scoring.threshold)
+    why = [f"isolation {isolated:.2f}: its nearest neighbours are {closeness}"]
     if group is not None:
         why.append(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"
@@ -174,9 +216,9 @@ def reasons(
     return why
 
 
-def _closeness(isolated: float) -> str:
-    if isolated >= 0.3:
+def _closeness(isolated: float, threshold: float) -> str:
+    if isolated >= threshold:
         return "a small set far closer to it than the rest of its neighbourhood"
-    if isolated >= 0.15:
+    if isolated >= threshold / 2:
         return "somewhat closer to it than the rest of its neighbourhood"
     return "no closer than the rest of its neighbourhood"

@@ -16,7 +16,6 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
-from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -26,11 +25,11 @@ import numpy as np
 
 from .corpus import as_corpus, fingerprint, read_queries
 from .engines import Engine, make_engine
-from .evidence import Scoring, collect, find_groups, reasons, score
+from .evidence import Scoring, assess, flag_examples, reasons, score
 from .probes import derive_probes
 from .report import AuditReport, Finding
-from .steps import DefendStep, EmbedStep, SearchStep, part_name, unit
-from .workdir import Workdir, part_texts
+from .steps import DefendStep, EmbedStep, SearchStep, unit
+from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
 __all__ = ["audit"]
 
@@ -143,6 +142,7 @@ def audit(
             f"{probe_dim}: pass embedder=, the model the knowledge base was embedded with"
         )
     n_shards = max(1, min(runner.workers, len(sizes)))
+    wd.note("shards", n_shards)
     kind = index if index != "auto" else ("flat" if sum(sizes) / n_shards <= 200_000 else "hnsw")
     for shard in range(n_shards):
         for what, parts, k in (
@@ -159,7 +159,7 @@ def audit(
     runner.map(defend, todo, "defend", progress)
     lap("defend")
 
-    report = _report(wd, sizes, n_probe_parts, n_shards, names, neighbours, scoring, report_top)
+    report = _report(wd, sizes, names, scoring, report_top)
     lap("report")
     report.stats.update(
         top_m=top_m,
@@ -232,58 +232,41 @@ def _probes(
 
 
 def _report(
-    wd: Workdir,
-    sizes: list[int],
-    probe_parts: int,
-    n_shards: int,
-    names: list[str],
-    neighbours: int,
-    scoring: Scoring,
-    report_top: int,
+    wd: Workdir, sizes: list[int], names: list[str], scoring: Scoring, report_top: int
 ) -> AuditReport:
-    n = sum(sizes)
-    evidence = collect(wd, n, probe_parts, names)
-    group_of, groups, isolated = find_groups(wd, len(sizes), n_shards, neighbours, scoring)
-    scores = score(evidence, isolated, names[0], scoring)
+    evidence = assess(wd, names, scoring)
+    scores = score(evidence, names[0], scoring)
+    suspicious = int((scores >= scoring.threshold).sum())
     # the report lists every suspicious chunk and at least the `report_top` highest scores
-    listed = max(report_top, int((scores >= scoring.threshold).sum()))
-    chosen = np.argsort(-scores, kind="stable")[:listed]
-    examples = collect(wd, n, probe_parts, names, examples_for=set(chosen.tolist())).examples
-    starts = [0, *np.cumsum(sizes).tolist()]
+    chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
+    examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
+    starts = part_starts(sizes)
     findings = []
-    for i in sorted(chosen.tolist()):  # part by part
-        part = bisect_right(starts, i) - 1
+    for i in sorted(chosen):  # part by part
+        part, offset = locate(starts, i)
         data = part_texts(wd, part)
-        offset = i - starts[part]
-        group = _group(groups, group_of[i])
         findings.append(
             Finding(
                 id=data["ids"][offset],
                 text=data["texts"][offset],
                 score=float(scores[i]),
                 suspicious=bool(scores[i] >= scoring.threshold),
-                reasons=reasons(
-                    i, evidence, float(isolated[i]), _group(groups, group_of[i]), names[0]
-                ),
+                reasons=reasons(i, evidence, names[0], scoring),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
-                group=group,
+                group=evidence.group(i),
             )
         )
     findings.sort(key=lambda f: (-f.score, f.id))
     stats = {
-        "chunks": n,
+        "chunks": sum(sizes),
         "probes": wd.noted("probes"),
-        "suspicious": int((scores >= scoring.threshold).sum()),
+        "suspicious": suspicious,
         "listed": len(findings),
         "retrieved_at_least_once": int((evidence.retrieved > 0).sum()),
         "flagged_at_least_once": int((evidence.flagged[names[0]] > 0).sum()),
-        "groups": len(groups),
+        "groups": len(evidence.groups),
         "scoring": asdict(scoring),
     }
     return AuditReport(findings, scoring.threshold, stats)
-
-
-def _group(groups: list[dict[str, Any]], index: int) -> dict[str, Any] | None:
-    return groups[index] if index >= 0 else None

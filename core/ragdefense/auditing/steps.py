@@ -12,39 +12,23 @@ picklable object that loads its models and index once per process.
 
 from __future__ import annotations
 
-from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
 
 from ..embedders import Embedder
-from .workdir import Workdir, part_texts
+from ..similarity import unit_rows
+from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
-__all__ = [
-    "DefendStep",
-    "EmbedStep",
-    "SearchStep",
-    "merged_hits",
-    "part_name",
-    "shard_parts",
-    "unit",
-]
+__all__ = ["DefendStep", "EmbedStep", "SearchStep", "merged_hits", "shard_parts", "unit"]
 
-_CACHE: dict[tuple[Any, ...], Any] = {}  # per process: models, shard indexes
+_CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shard indexes
 
 
-def part_name(kind: str, part: int) -> str:
-    """``chunks/00003`` / ``probes/00003``: where a part of ``kind`` lives (without suffix)."""
-    return f"{kind}/{part:05d}"
-
-
-def unit(vectors: np.ndarray) -> np.ndarray:
-    """Rows scaled to unit length (zero rows stay zero), float32."""
-    v = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(v, axis=1, keepdims=True)
-    out: np.ndarray = np.divide(v, norms, out=np.zeros_like(v), where=norms > 0)
-    return out
+def unit(vectors: Any) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero), float32: what the parts store."""
+    return unit_rows(np.asarray(vectors, dtype=np.float32), np.float32)
 
 
 def shard_parts(n_parts: int, n_shards: int, shard: int) -> range:
@@ -55,12 +39,15 @@ def shard_parts(n_parts: int, n_shards: int, shard: int) -> range:
 
 
 def _embedder(spec: Any) -> Any:
+    """``as_embedder(spec)``, which keeps one wrapper per model; the default is kept here, once
+    per process, so that its model loads once."""
     from ..embedders import as_embedder
 
-    key = ("embedder", id(spec) if not isinstance(spec, (str, type(None))) else spec)
-    if key not in _CACHE:
-        _CACHE[key] = as_embedder(spec)
-    return _CACHE[key]
+    if spec is not None:
+        return as_embedder(spec)
+    if "default embedder" not in _CACHE:
+        _CACHE["default embedder"] = as_embedder(None)
+    return _CACHE["default embedder"]
 
 
 @dataclass
@@ -81,7 +68,7 @@ class EmbedStep:
             vectors = np.stack([model.embed_query(t) for t in texts])  # asymmetric models
         else:
             vectors = model.embed(texts)
-        wd.write_array(f"{name}.npy", unit(np.asarray(vectors)))
+        wd.write_array(f"{name}.npy", unit(vectors))
         return len(texts)
 
 
@@ -90,7 +77,7 @@ class _Shard:
     large shards) when installed, else exact numpy blocks."""
 
     def __init__(self, wd: Workdir, parts: range, sizes: list[int], index: str) -> None:
-        self.offset = sum(sizes[: parts.start])
+        self.offset = part_starts(sizes)[parts.start]
         blocks = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")) for p in parts]
         dim = wd.noted("dim")
         self.vectors = np.concatenate(blocks) if blocks else np.zeros((0, dim), np.float32)
@@ -178,7 +165,7 @@ class DefendStep:
 
     def output(self, part: int) -> str:
         """The file this step writes for ``part``."""
-        return f"probed/{part:05d}.json"
+        return f"{part_name('probed', part)}.json"
 
     def _defenses(self) -> list[tuple[str, Any]]:
         from ..defenses.registry import build
@@ -220,15 +207,15 @@ class DefendStep:
 
 def _chunks(wd: Workdir, positions: set[int]) -> dict[int, tuple[str, np.ndarray]]:
     """Text and vector of each chunk position, reading each part that holds one once."""
-    sizes = wd.noted("part_sizes")
-    starts = [0, *np.cumsum(sizes).tolist()]
-    by_part: dict[int, list[int]] = {}
+    starts = part_starts(wd.noted("part_sizes"))
+    by_part: dict[int, list[tuple[int, int]]] = {}
     for p in positions:
-        by_part.setdefault(bisect_right(starts, p) - 1, []).append(p)
+        part, offset = locate(starts, p)
+        by_part.setdefault(part, []).append((p, offset))
     out = {}
     for c, members in sorted(by_part.items()):
         texts = part_texts(wd, c)["texts"]
         vectors = wd.read_array(f"{part_name('chunks', c)}.npy")
-        for p in members:
-            out[p] = (texts[p - starts[c]], np.asarray(vectors[p - starts[c]]))
+        for p, offset in members:
+            out[p] = (texts[offset], np.asarray(vectors[offset]))
     return out

@@ -16,13 +16,32 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from bisect import bisect_right
 from functools import lru_cache
+from itertools import accumulate
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Workdir", "part_texts"]
+__all__ = ["Workdir", "locate", "part_name", "part_starts", "part_texts"]
+
+
+def part_name(kind: str, part: int) -> str:
+    """``chunks/00003``, ``probes/00003``, ``probed/00003``: where a part of ``kind`` lives
+    (without suffix)."""
+    return f"{kind}/{part:05d}"
+
+
+def part_starts(sizes: list[int]) -> list[int]:
+    """The position of each part's first chunk, and the total last."""
+    return [0, *accumulate(sizes)]
+
+
+def locate(starts: list[int], position: int) -> tuple[int, int]:
+    """``(part, offset in the part)`` of a chunk position (``starts`` from :func:`part_starts`)."""
+    part = bisect_right(starts, position) - 1
+    return part, position - starts[part]
 
 
 class Workdir:
@@ -124,4 +143,4 @@ def _part_texts(path: str) -> dict[str, list[str]]:
 
 def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
     """The ids, texts and titles of chunk part ``part``."""
-    return _part_texts(str(workdir.path / f"chunks/{part:05d}.json"))
+    return _part_texts(str(workdir.path / f"{part_name('chunks', part)}.json"))

@@ -153,17 +153,15 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     """Scores of every chunk under the ablation's variants, from an audit's working folder:
     isolation only (the default), probe evidence only (flag rate), and both mixed 0.7 / 0.3."""
-    from ...auditing.evidence import Scoring, collect, find_groups, score
+    from ...auditing.evidence import Scoring, assess, score
     from ...auditing.workdir import Workdir, part_texts
 
     wd = Workdir(workdir)
-    sizes = wd.noted("part_sizes")
-    ids = [i for p in range(len(sizes)) for i in part_texts(wd, p)["ids"]]
-    evidence = collect(wd, len(ids), wd.noted("probe_parts"), ["ragdefender"])
-    _, _, isolated = find_groups(wd, len(sizes), 1, 10, Scoring())
+    ids = [i for p in range(len(wd.noted("part_sizes"))) for i in part_texts(wd, p)["ids"]]
+    evidence = assess(wd, ["ragdefender"], Scoring())
     out = {}
     for name, weight in (("isolation", 0.0), ("probe flags", 1.0), ("mixed 0.3", 0.3)):
-        values = score(evidence, isolated, "ragdefender", Scoring(probe_weight=weight))
+        values = score(evidence, "ragdefender", Scoring(probe_weight=weight))
         out[name] = dict(zip(ids, values.tolist(), strict=True))
     return out
 

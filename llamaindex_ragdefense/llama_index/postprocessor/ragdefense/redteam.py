@@ -13,12 +13,11 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
-from llama_index.core.vector_stores import SimpleVectorStore
 
 from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
 
 from .postprocessors import DefensePostprocessor
-from .vectors import stored_vectors
+from .vectors import index_nodes, store_kind, stored_vectors
 
 __all__ = ["red_team"]
 
@@ -32,24 +31,24 @@ def _embed_model(index: VectorStoreIndex) -> BaseEmbedding:
 def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
     """An independent in-memory copy of ``index`` with its stored vectors (nothing re-embedded),
     plus ``extra``: over the default store, or a new collection of an in-memory Chroma client."""
-    store = index.vector_store
-    if isinstance(store, SimpleVectorStore):
-        nodes: list[BaseNode] = [n.model_copy(deep=True) for n in index.docstore.docs.values()]
-        return _rebuilt(index, nodes, extra, None)
-    if type(store).__name__ == "ChromaVectorStore":
-        import chromadb
-        from llama_index.vector_stores.chroma import ChromaVectorStore
-
-        source = store.client  # ChromaVectorStore.client is its Chroma collection
-        target = chromadb.EphemeralClient().create_collection(
-            f"ragdefense-redteam-{uuid.uuid4().hex}", metadata=source.metadata
+    store: Any = index.vector_store
+    found = index_nodes(index)
+    if found is None:
+        raise TypeError(
+            f"ragdefense cannot copy an index over a {type(store).__name__} safely: pass "
+            "copy_index=, a function returning an independent copy of your index with the given "
+            "nodes added; the red team never writes to your index"
         )
-        return _rebuilt(index, store.get_nodes(None), extra, ChromaVectorStore(target))
-    raise TypeError(
-        f"ragdefense cannot copy an index over a {type(store).__name__} safely: pass "
-        "copy_index=, a function returning an independent copy of your index with the given "
-        "nodes added; the red team never writes to your index"
+    if store_kind(store) == "simple":  # the docstore's own nodes: copied
+        return _rebuilt(index, [n.model_copy(deep=True) for n in found], extra, None)
+    import chromadb  # Chroma: the nodes were read fresh
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    source = store.client  # ChromaVectorStore.client is its Chroma collection
+    target = chromadb.EphemeralClient().create_collection(
+        f"ragdefense-redteam-{uuid.uuid4().hex}", metadata=source.metadata
     )
+    return _rebuilt(index, found, extra, ChromaVectorStore(target))
 
 
 def _rebuilt(

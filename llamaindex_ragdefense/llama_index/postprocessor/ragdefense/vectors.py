@@ -9,17 +9,17 @@ then embeds the nodes, and says so once per store type:
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 from llama_index.core import VectorStoreIndex
-from llama_index.core.schema import MetadataMode
+from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.vector_stores import SimpleVectorStore
 
 from ragdefense import integration
 from ragdefense.auditing import Batch
 
-__all__ = ["IndexCorpus", "index_corpus", "stored_vectors"]
+__all__ = ["IndexCorpus", "index_corpus", "index_nodes", "store_kind", "stored_vectors"]
 
 
 def stored_vectors(store: Any, node_ids: Sequence[str]) -> list[Any | None]:
@@ -27,11 +27,33 @@ def stored_vectors(store: Any, node_ids: Sequence[str]) -> list[Any | None]:
     return integration.stored_vectors(store, list(node_ids), _lookup)
 
 
-def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
+def store_kind(store: Any) -> Literal["simple", "chroma"] | None:
+    """Which of the stores whose vectors ragdefense can read ``store`` is (``None``: another)."""
     if isinstance(store, SimpleVectorStore):
+        return "simple"
+    if type(store).__name__ == "ChromaVectorStore":
+        return "chroma"
+    return None
+
+
+def index_nodes(index: VectorStoreIndex) -> list[BaseNode] | None:
+    """Every node of ``index`` over a store of :func:`store_kind` (``None`` for another store):
+    the docstore's own objects for the default store, fresh ones read from Chroma."""
+    kind = store_kind(index.vector_store)
+    if kind == "simple":
+        return list(index.docstore.docs.values())
+    if kind == "chroma":
+        nodes: list[BaseNode] = index.vector_store.get_nodes(None)
+        return nodes
+    return None
+
+
+def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
+    kind = store_kind(store)
+    if kind == "simple":
         vectors = store.data.embedding_dict
         return {i: vectors[i] for i in ids if i in vectors}
-    if type(store).__name__ == "ChromaVectorStore":  # its client is the Chroma collection
+    if kind == "chroma":  # its client is the Chroma collection
         got = store.client.get(ids=ids, include=["embeddings"])
         return dict(zip(got["ids"], got["embeddings"], strict=True))
     return None
@@ -52,11 +74,8 @@ class IndexCorpus:
 
     def batches(self, size: int) -> Iterator[Batch]:
         store: Any = self.index.vector_store
-        if isinstance(store, SimpleVectorStore):
-            nodes = list(self.index.docstore.docs.values())
-        elif type(store).__name__ == "ChromaVectorStore":
-            nodes = store.get_nodes(None)
-        else:
+        nodes = index_nodes(self.index)
+        if nodes is None:
             raise TypeError(
                 f"ragdefense cannot read every node of an index over a {type(store).__name__}: "
                 "export it as a JSONL file of {id, text, embedding?} and audit that"
