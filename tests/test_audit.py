@@ -283,6 +283,12 @@ def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path:
         top = report.top(len(poison))
         assert sum(f.text in poison for f in top) >= 0.8 * len(poison)
     assert {c.name: c.count() for c in client.list_collections()} == collections
+    from llama_index.postprocessor.ragdefense.vectors import index_corpus
+
+    over_chroma = stores[3]
+    before = index_corpus(over_chroma).fingerprint()
+    over_chroma.insert_nodes([TextNode(text="one more passage")])
+    assert index_corpus(over_chroma).fingerprint() != before  # a resumed audit would refuse
 
 
 @pytest.mark.slow

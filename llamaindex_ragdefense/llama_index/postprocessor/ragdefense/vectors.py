@@ -68,9 +68,11 @@ class IndexCorpus:
         self.index = index
 
     def fingerprint(self) -> str:
-        """The store's type and the number of nodes in the docstore."""
-        store = self.index.vector_store
-        return f"{type(store).__name__} {len(self.index.docstore.docs)}"
+        """The store's type and the number of nodes it holds (an index over Chroma keeps none
+        in its docstore: the collection is counted)."""
+        store: Any = self.index.vector_store
+        n = store.client.count() if store_kind(store) == "chroma" else len(self.index.docstore.docs)
+        return f"{type(store).__name__} {n}"
 
     def batches(self, size: int) -> Iterator[Batch]:
         store: Any = self.index.vector_store
