@@ -81,3 +81,29 @@ def test_variants_for_robustness() -> None:
         assert len(out) == 3 and all("Bob" in t for t in out)
     assert all("Who" not in t for t in make_poison("no-prefix", q, "Bob", 3))
     assert set(DEFAULT_ATTACKS) < set(ATTACKS)
+
+
+def test_dispersed_typo_and_news_families() -> None:
+    from ragdefense.attacks import ATTACKS, disperse, make_poison, newswire, typos
+
+    q = "Who founded the company?"
+    texts = ["Bob founded the company in 1990."]
+    host = "The company makes tools. It is based in Ohio. It has 40 staff. Sales grew."
+    (d,) = make_poison("dispersed", q, "Bob", 1, texts, hosts=[host])
+    assert d == disperse(q, texts[0], host)
+    assert d.startswith("The company makes tools. It is based in Ohio.") and texts[0] in d
+    assert d.index(texts[0]) < d.index("It has 40 staff.") and q not in d
+    assert "background on the question" in disperse(q, texts[0], "")  # no host: a neutral one
+    (t,) = make_poison("typo", q, "Bob", 1, ["Bob established the organisation in 1990."])
+    assert t.startswith(f"{q}. ") and t != f"{q}. Bob established the organisation in 1990."
+    assert typos("Bob established the organisation", seed=1) == typos(
+        "Bob established the organisation", seed=1
+    )  # deterministic
+    assert typos("Bob established the organisation", rate=0) == "Bob established the organisation"
+    assert all(len(w) <= 3 for w in typos("a an the", rate=1).split())
+    news = make_poison("news", q, "Bob", 3, texts * 3)
+    assert len(set(news)) == 3 and all(texts[0] in n for n in news)
+    assert news[0] == newswire(q, texts[0], 0) and "(Reuters)" in news[0]
+    assert {"dispersed", "typo", "news"} < set(ATTACKS)
+    with pytest.raises(ValueError, match="rate"):
+        typos("x", rate=2)

@@ -10,7 +10,14 @@ from collections.abc import Sequence
 
 import numpy as np
 
-__all__ = ["ENGLISH_STOP_WORDS", "contains_answer", "normalize", "summed_tfidf", "tokenize"]
+__all__ = [
+    "ENGLISH_STOP_WORDS",
+    "contains_answer",
+    "normalize",
+    "split_sentences",
+    "summed_tfidf",
+    "tokenize",
+]
 
 #: scikit-learn's English stop words (the same 318 words, tested), without importing scikit-learn
 ENGLISH_STOP_WORDS = frozenset(
@@ -39,8 +46,15 @@ ENGLISH_STOP_WORDS = frozenset(
     """.split()  # noqa: SIM905
 )
 
+_SENTENCE = re.compile(r"(?<=[.!?])\s+")
+
 # scikit-learn's default token pattern: words of two or more word characters (Unicode-aware).
 _TOKEN = re.compile(r"(?u)\b\w\w+\b")
+
+
+def split_sentences(text: str) -> list[str]:
+    """``text`` split after ``.``, ``!`` or ``?`` followed by white space (no empty pieces)."""
+    return [t for t in _SENTENCE.split(text.strip()) if t]
 
 
 def tokenize(text: str, stop_words: frozenset[str] = ENGLISH_STOP_WORDS) -> list[str]:

@@ -14,7 +14,7 @@ import numpy as np
 from ..attacks import make_poison, poisonedrag
 from ..embedders import Embedder, as_embedder
 from ..similarity import cosine_to
-from ..text import contains_answer, normalize
+from ..text import contains_answer, normalize, split_sentences
 from ..types import Passage
 from .datasets import QARecord
 
@@ -204,15 +204,22 @@ def attack_passages(
     """``count`` poison passages of ``attack`` against ``record`` (:func:`ragdefense.attacks.
     make_poison`; fewer for ``poisonedrag`` when the data has fewer poison texts). ``others``:
     wrong answers of other questions, from which ``multi-answer`` draws (seeded) when the record
-    has fewer than two alternatives of its own."""
+    has fewer than two alternatives of its own. ``dispersed`` hides the claims in the record's
+    benign passages, lowest ranked first, with the sentences stating a correct answer removed."""
     alternatives = list(record.wrong_alternatives)
+    hosts: list[str] = []
+    if attack == "dispersed":
+        for text in reversed(record.benign):
+            kept = [s for s in split_sentences(text) if not contains_answer(s, record.answers)]
+            if kept:
+                hosts.append(" ".join(kept))
     if attack == "multi-answer" and len(alternatives) < 2:
         taken = {normalize(a) for a in record.answers} | {normalize(record.wrong_answer)}
         pool = sorted({o for o in others if o and normalize(o) not in taken})
         random.Random(f"{seed}:{record.dataset}:{record.id}").shuffle(pool)
         alternatives += pool
     return make_poison(
-        attack, record.question, record.wrong_answer, count, record.poison, alternatives
+        attack, record.question, record.wrong_answer, count, record.poison, alternatives, hosts
     )
 
 
@@ -221,11 +228,12 @@ def suite_cases(
     attack: str,
     counts: Sequence[int],
     embedder: Embedder,
-    m: int = 10,
+    m: int | None = 10,
     n: int = 5,
     seed: int = 0,
 ) -> list[Case]:
-    """The cases of one (dataset, attack): one per record and poison count, ``setting`` = count."""
+    """The cases of one (dataset, attack): one per record and poison count, ``setting`` = count;
+    the top ``m`` by query similarity are retrieved (``None``: all)."""
     others = [r.wrong_answer for r in records]
     poison = {
         (r.id, c): attack_passages(r, attack, c, others, seed) for r in records for c in counts
