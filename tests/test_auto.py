@@ -24,7 +24,9 @@ class Flags:
     def __init__(self, flagged: set[int]) -> None:
         self.flagged = flagged
 
-    def defend_embeddings(self, query: str, passages: Sequence[Any], emb: Any) -> DefenseResult:
+    def defend_embeddings(
+        self, query: str, passages: Sequence[Any], emb: Any, q_emb: Any = None
+    ) -> DefenseResult:
         verdicts = tuple(
             Verdict(i, p, i not in self.flagged, float(i in self.flagged), "scripted")
             for i, p in enumerate(to_passages(passages))

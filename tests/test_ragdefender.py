@@ -14,6 +14,7 @@ from ragdefense.ragdefender import (
     estimate_by_clustering,
     estimate_by_concentration,
     identify_adversarial,
+    off_topic,
     pair_frequency_scores,
 )
 from ragdefense.text import summed_tfidf, tokenize
@@ -264,3 +265,50 @@ def test_demo_knowledge_base_with_minilm(minilm: Embedder) -> None:
     assert totals["poison_left"] <= 2
     assert totals["benign_lost"] <= totals["retrieved"] - totals["poison_retrieved"] - 12
     assert totals["hijacked_after"] == 0
+
+
+def test_off_topic_passage_and_group_are_set_aside() -> None:
+    # five on-topic passages (two benign, three tight poison) and two unrelated ones
+    sim = np.full((7, 7), 0.4)
+    sim[2:5, 2:5] = 0.95
+    sim[5:, :] = sim[:, 5:] = 0.05  # passages 5, 6: unrelated to everything
+    np.fill_diagonal(sim, 1.0)
+    emb = embeddings_for(sim)
+    q = np.array([0.6, 0.6, 0.8, 0.8, 0.8, 0.1, 0.1])
+    aside, why = off_topic(emb, cosine_matrix(emb), lambda: q, 0.2, 2)
+    assert sorted(aside) == [5, 6] and all("below 0.2" in w for w in why)
+    # near the query: not off-topic, whatever its distance to the rest
+    q2 = q.copy()
+    q2[5] = 0.7
+    aside, _ = off_topic(emb, cosine_matrix(emb), lambda: q2, 0.2, 2)
+    assert aside == [6]
+    # without a query nothing is decided
+    assert off_topic(emb, cosine_matrix(emb), lambda: None, 0.2, 2) == ([], [])
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "junk",
+    ["", "ok", "The stock market closed higher on Tuesday as technology shares rallied."],
+)
+def test_junk_passage_never_removes_the_on_topic_ones(minilm: Embedder, junk: str) -> None:
+    """Target 4 of the safe-default issue: an empty, very short or off-topic passage among 3
+    benign + 5 poison used to be one side of the split, and every on-topic passage was removed."""
+    from ragdefense.data import load_demo_kb
+
+    kb = load_demo_kb()
+    q = kb[0]
+    passages = [*q.benign, *q.poison, junk]
+    r = RAGDefender(embedder=minilm).defend(q.question, passages)
+    assert sorted(r.removed_indices) == [3, 4, 5, 6, 7]  # the poison, and only it
+    assert 8 in r.kept_indices and "off-topic" in r.verdicts[8].reason
+    assert r.estimates["off_topic"] == [8]
+    # a second question's passages in the pool (a wide fetch) are set aside as a group
+    other = kb[1]
+    pool = [*q.benign, *q.poison, *other.benign, *other.poison]
+    r = RAGDefender(embedder=minilm).defend(q.question, pool)
+    assert sorted(r.removed_indices) == [3, 4, 5, 6, 7]
+    assert r.estimates["off_topic"] == list(range(8, 16))
+    if not junk:  # without the step, the reported failure: the empty passage alone is kept
+        old = RAGDefender(embedder=minilm, off_topic=None).defend(q.question, passages)
+        assert old.kept_indices == [8]

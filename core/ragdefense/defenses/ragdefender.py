@@ -15,12 +15,16 @@ Departures from the authors' package (``ragdefender`` 0.2.0), all deliberate:
 * ``task_type="auto"`` is implemented (the authors' package raises on it): see
   :func:`choose_task_type`;
 * fewer than ``min_passages`` passages, or passages with no spread at all (all identical), give
-  no estimate: nothing is removed, and the result says why.
+  no estimate: nothing is removed, and the result says why;
+* off-topic passages are set aside before Stage 1 (:func:`off_topic`) and kept: a passage, or
+  a group of passages, unrelated to all the others (an empty or one-word passage, a document
+  about something else) would otherwise be one side of the two-cluster split, and the vote
+  would flag every on-topic passage as the "larger cluster".
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from math import comb
 from typing import Any, Literal
@@ -28,10 +32,11 @@ from typing import Any, Literal
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
-from ..embedders import check_embeddings, embed_passages
-from ..similarity import cosine_matrix, cut
+from ..embedders import as_embedder, check_embeddings, embed_passages
+from ..similarity import cosine_matrix, cosine_to, cut
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+from .outliers import off_topic
 
 __all__ = [
     "RAGDefender",
@@ -40,6 +45,7 @@ __all__ = [
     "estimate_by_clustering",
     "estimate_by_concentration",
     "identify_adversarial",
+    "off_topic",
     "pair_frequency_scores",
 ]
 
@@ -168,6 +174,8 @@ class RAGDefender:
         p: Exponent of the Stage 2 pair score (paper default 2).
         m: Number of top TF-IDF terms in the keyword-heavy vote (paper default 5).
         min_passages: Below this many passages nothing is estimated and nothing removed.
+        off_topic: Cosine below which passages count as unrelated: set aside before Stage 1
+            and kept (:func:`off_topic`); ``None``: never.
 
     Example:
         >>> defender = RAGDefender()                                  # doctest: +SKIP
@@ -176,6 +184,10 @@ class RAGDefender:
     """
 
     name = "RAGDefender"
+    #: pool for adapters that widen retrieval: k (pools twice as wide mix in other topics), at
+    #: least 8 (attacks plant ~5 per target: a smaller pool may hold no benign passage)
+    pool_factor = 1
+    min_pool = 8
 
     def __init__(
         self,
@@ -184,6 +196,7 @@ class RAGDefender:
         p: float = 2.0,
         m: int = 5,
         min_passages: int = 3,
+        off_topic: float | None = 0.2,
     ) -> None:
         if task_type not in _TASK_TYPES:
             raise ValueError(f"task_type must be one of {_TASK_TYPES}, got {task_type!r}")
@@ -198,6 +211,9 @@ class RAGDefender:
         self.p = p
         self.m = m
         self.min_passages = min_passages
+        if off_topic is not None and not -1 <= off_topic <= 1:
+            raise ValueError(f"off_topic is a cosine similarity in [-1, 1], got {off_topic}")
+        self.off_topic = off_topic
 
     def defend(
         self,
@@ -219,7 +235,15 @@ class RAGDefender:
                 query, items, np.zeros((len(items), 1)), task_type=task_type
             )
         emb = embed_passages(items, self.embedder)
-        return self.defend_embeddings(query, items, emb, task_type=task_type)
+
+        memo: list[np.ndarray] = []
+
+        def query_sim() -> np.ndarray:  # the query is embedded only if an outlier needs it
+            if not memo:
+                memo.append(cosine_to(emb, as_embedder(self.embedder).embed_query(query)))
+            return memo[0]
+
+        return self._defend(query, items, emb, query_sim, task_type)
 
     def defend_embeddings(
         self,
@@ -231,15 +255,28 @@ class RAGDefender:
         task_type: TaskType | None = None,
     ) -> DefenseResult:
         """Like :meth:`defend`, with the passages' embeddings given (shape (n, d)).
-        ``query_embedding`` is accepted for a uniform signature and not used (RAGDefender looks
-        only at the passages)."""
+        ``query_embedding`` is used only to tell which of two unrelated topics is off-topic
+        (:func:`off_topic`); without it such a split is left to Stage 1."""
         query = check_query(query)
         items = to_passages(passages)
+        emb = check_embeddings(embeddings, len(items))
+        q = None if query_embedding is None else np.asarray(query_embedding, dtype=float)
+        return self._defend(
+            query, items, emb, lambda: None if q is None else cosine_to(emb, q), task_type
+        )
+
+    def _defend(
+        self,
+        query: str,
+        items: list[Any],
+        embeddings: np.ndarray,
+        query_sim: Callable[[], np.ndarray | None],
+        task_type: TaskType | None,
+    ) -> DefenseResult:
         task = task_type or self.task_type
         if task not in _TASK_TYPES:
             raise ValueError(f"task_type must be one of {_TASK_TYPES}, got {task!r}")
         n = len(items)
-        embeddings = check_embeddings(embeddings, n)
         sim = cosine_matrix(embeddings)
         if n < self.min_passages:
             why = f"only {n} passage(s): too few to estimate (min_passages={self.min_passages})"
@@ -247,14 +284,26 @@ class RAGDefender:
         if np.ptp(sim[np.triu_indices(n, k=1)]) < 1e-6 and sim[0, 1] > 1 - 1e-6:
             why = "all passages are identical in embedding space: no estimate possible"
             return self._unchanged(query, items, why)
+        aside: dict[int, str] = {}
+        if self.off_topic is not None:
+            found, why_aside = off_topic(
+                embeddings, sim, query_sim, self.off_topic, self.min_passages - 1
+            )
+            aside = dict(zip(found, why_aside, strict=True))
+        alive = [i for i in range(n) if i not in aside]
+        if len(alive) < self.min_passages:
+            why = f"{len(aside)} passage(s) set aside as off-topic: too few left to estimate"
+            return self._unchanged(query, items, why, None, aside)
         est = None
+        sub_emb, sub_sim = embeddings[alive], sim[np.ix_(alive, alive)]
         if task in ("single_hop", "auto"):
-            est = estimate_by_clustering(embeddings, [tokenize(p.text) for p in items], self.m)
+            tokens = [tokenize(items[i].text) for i in alive]
+            est = estimate_by_clustering(sub_emb, tokens, self.m)
         chosen = choose_task_type(est) if est is not None and task == "auto" else task
         if chosen == "multi_hop":
-            est = estimate_by_concentration(sim)
+            est = estimate_by_concentration(sub_sim)
         assert est is not None
-        n_adv = min(est.n_adv, n - 1)  # the threat model keeps at least one benign passage
+        n_adv = min(est.n_adv, len(alive) - 1)  # the threat model keeps one benign passage
         estimates: dict[str, Any] = {
             "task_type": chosen,
             "n_adv": n_adv,
@@ -265,19 +314,33 @@ class RAGDefender:
             estimates["task_type_by"] = "auto: keyword-heavy vote " + (
                 "majority -> clustering" if chosen == "single_hop" else "minority -> concentration"
             )
+        if aside:
+            estimates["off_topic"] = sorted(aside)
         if n_adv == 0:
             why = "Stage 1 estimated no adversarial passage"
-            return self._unchanged(query, items, why, estimates)
-        order, f, pairs = identify_adversarial(sim, n_adv, self.p)
-        flagged = {int(i) for i in order[:n_adv]}
+            return self._unchanged(query, items, why, estimates, aside)
+        order, f, pairs = identify_adversarial(sub_sim, n_adv, self.p)
+        back = np.asarray(alive)
+        flagged = {int(back[i]) for i in order[:n_adv]}
+        scores = np.zeros(n)
+        scores[back] = f
         estimates["n_pairs"] = len(pairs)
-        return self._result(query, items, f, flagged, pairs, estimates, None, order)
+        pairs = [(int(back[i]), int(back[j])) for i, j in pairs]
+        ranking = np.concatenate([back[order], np.asarray(sorted(aside), dtype=int)])
+        return self._result(query, items, scores, flagged, pairs, estimates, None, ranking, aside)
 
     def _unchanged(
-        self, query: str, items: list[Any], why: str, estimates: dict[str, Any] | None = None
+        self,
+        query: str,
+        items: list[Any],
+        why: str,
+        estimates: dict[str, Any] | None = None,
+        aside: dict[int, str] | None = None,
     ) -> DefenseResult:
         est = estimates if estimates is not None else {"n_adv": 0, "note": why}
-        return self._result(query, items, np.zeros(len(items)), set(), [], est, why)
+        if aside and "off_topic" not in est:
+            est = {**est, "off_topic": sorted(aside)}
+        return self._result(query, items, np.zeros(len(items)), set(), [], est, why, None, aside)
 
     def _result(
         self,
@@ -289,14 +352,18 @@ class RAGDefender:
         estimates: dict[str, Any],
         note: str | None,
         order: np.ndarray | None = None,
+        aside: dict[int, str] | None = None,
     ) -> DefenseResult:
         n = len(items)
+        aside = aside or {}
         rank_of = {int(i): r for r, i in enumerate(order)} if order is not None else {}
         in_pairs = np.bincount(np.asarray(pairs, dtype=int).ravel(), minlength=n)
         verdicts = []
         kept_rank = 0
         for i, passage in enumerate(items):
-            if note is not None:
+            if i in aside:
+                reason = f"kept: set aside before Stage 1 as off-topic ({aside[i]})"
+            elif note is not None:
                 reason = f"kept: {note}"
             elif i in flagged:
                 reason = (
