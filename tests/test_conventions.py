@@ -48,6 +48,8 @@ LLAMAINDEX_EXPECTED_ALL = [
     "RobustRAGQueryEngine",
     "RobustRAGSynthesizer",
     "__version__",
+    "DefendedRetriever",
+    "defend",
     "red_team",
 ]
 # the base class each public class must derive from, as the frameworks' own tests check it

@@ -266,3 +266,28 @@ def test_too_few_documents_warn_once_naming_the_fix(toy_embedder: Any) -> None:
         defend(store.as_retriever(search_kwargs={"k": 4}), k=2).invoke("capital of France?")
         # k=1 fetches what RAGDefender needs to compare (3), not just 2k = 2
         assert len(defend(store.as_retriever(), k=1).invoke("capital of France?")) == 1
+
+
+def test_defend_fetches_the_defense_pool_and_returns_k(toy_embedder: Any) -> None:
+    """Target 7 of the safe-default issue: ``defend(store.as_retriever())`` returns at most the
+    retriever's own k (4) after asking the store for the defense's pool."""
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_texts([f"capital of France is {w} {i}" for i in range(20) for w in ("Paris",)])
+    asked: list[int] = []
+    base = store.as_retriever()
+    original = type(store).similarity_search
+
+    def spy(self: Any, query: str, k: int = 4, **kwargs: Any) -> Any:
+        asked.append(k)
+        return original(self, query, k=k, **kwargs)
+
+    type(store).similarity_search = spy  # type: ignore[method-assign]
+    try:
+        docs = defend(base).invoke("capital of France?")
+        assert asked[-1] == 8 and len(docs) <= 4  # RAGDefender's pool: at least 8
+        docs = defend(base, "grada", k=6).invoke("capital of France?")
+        assert asked[-1] == 12 and len(docs) == 6  # GRADA's: 2k
+        defend(store.as_retriever(search_kwargs={"k": 10}), "grada").invoke("capital?")
+        assert asked[-1] == 20
+    finally:
+        type(store).similarity_search = original  # type: ignore[method-assign]

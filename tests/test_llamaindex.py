@@ -277,3 +277,46 @@ def test_too_few_nodes_warn_once_naming_the_fix(toy_embedder: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per postprocessor, not per query
         engine.query("capital of France?")
+
+
+@pytest.mark.slow
+def test_defend_index_widens_llamaindex_default_top_k(index: VectorStoreIndex) -> None:
+    """Target 7 of the safe-default issue: LlamaIndex retrieves 2 nodes by default, all poison
+    here; ``defend(index)`` asks for the pool the defense needs and returns 2, none poison."""
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    from llamaindex_ragdefense import DefendedRetriever, defend
+
+    plain = index.as_retriever()
+    assert poison(plain.retrieve(QUESTION.question)) == 2  # the attack works at the default
+    defended = defend(index)
+    assert isinstance(defended, DefendedRetriever)
+    assert (defended.k, defended.fetch_k) == (2, 8)  # RAGDefender's pool: at least 8
+    for q in KB[:4]:
+        nodes = defended.retrieve(q.question)
+        assert 1 <= len(nodes) <= 2 and poison(nodes) == 0, q.question
+        assert all(n.node.metadata["ragdefense"]["kept"] for n in nodes)
+    llm = ScriptedLLM(rule=by_context)
+    engine = RetrieverQueryEngine.from_args(defended, llm=llm)
+    response = engine.query(QUESTION.question)
+    assert poison(response.source_nodes) == 0 and "Canberra" in str(response)
+    assert poison(asyncio.run(defended.aretrieve(QUESTION.question))) == 0
+    # GRADA's pool is twice k; the caller's retriever is not changed
+    retriever = index.as_retriever(similarity_top_k=3)
+    wide = defend(retriever, "grada", k=3)
+    assert wide.fetch_k == 6 and retriever.similarity_top_k == 3  # type: ignore[attr-defined]
+    assert len(wide.retrieve(QUESTION.question)) == 3
+
+
+def test_defend_retriever_bad_arguments(toy_embedder: Any) -> None:
+    from llamaindex_ragdefense import defend
+
+    nodes = [TextNode(text=t) for t in ("a b", "b c", "c d", "d e")]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        defend(index, k=0)
+    with pytest.raises(TypeError, match="BaseRetriever"):
+        defend("not a retriever")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="unknown defense"):
+        defend(index, "nope")
+    assert defend(index, "grada", k=2, fetch_k=3).fetch_k == 3

@@ -26,6 +26,7 @@ __all__ = [
     "defense_fields",
     "import_object",
     "make_defense",
+    "pool_size",
     "removed_report",
     "run_defense",
     "stored_vectors",
@@ -45,6 +46,15 @@ class Defense(Protocol):
     """Anything with the defenses' verb."""
 
     def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult: ...
+
+
+def pool_size(defense: Any, k: int) -> int:
+    """How many passages to retrieve so that ``defense`` can return ``k``: ``k`` times its
+    ``pool_factor`` (default 2, GRADA's M = 2n), and at least its ``min_pool`` and its
+    ``min_passages`` (what it needs to compare anything)."""
+    factor = getattr(defense, "pool_factor", 2)
+    need = max(getattr(defense, "min_pool", 0), getattr(defense, "min_passages", 1))
+    return max(int(factor) * k, int(need), k)
 
 
 def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: Any) -> Defense:

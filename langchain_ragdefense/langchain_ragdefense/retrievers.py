@@ -13,8 +13,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
+from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.embedders import LangChainEmbedder
-from ragdefense.integration import make_defense
+from ragdefense.integration import make_defense, pool_size
 
 from .compressors import DefenseCompressor
 
@@ -28,10 +29,12 @@ class DefendedRetriever(BaseRetriever):
         base_retriever: The retriever to protect.
         compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
         k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
-        fetch_k: Documents first asked of the base retriever (passed as ``k``); by default twice
-            the ``k`` asked for, as GRADA's M = 2n, and at least what the defense needs to compare
-            (RAGDefender's ``min_passages``). When the defense leaves fewer than ``k``, the
-            fetch doubles (up to ``max_rounds`` rounds) while the base retriever has more.
+        fetch_k: Documents first asked of the base retriever (passed as ``k``); by default the
+            defense's pool for ``k`` (:func:`ragdefense.integration.pool_size`: twice ``k`` for
+            GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the retrieved set; and
+            at least what the defense needs to compare). When the defense leaves fewer than
+            ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the base retriever has
+            more.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -46,8 +49,8 @@ class DefendedRetriever(BaseRetriever):
         k = kwargs.pop("k", self.k)
         if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
-        need = int(getattr(getattr(self.compressor, "core", None), "min_passages", 1))
-        return k, self.fetch_k or (max(2 * k, need) if k else None), kwargs
+        core = getattr(self.compressor, "core", None)
+        return k, self.fetch_k or (pool_size(core, k) if k else None), kwargs
 
     def _done(self, k: int | None, fetch: int | None, docs: list[Document], kept: int) -> bool:
         # enough kept, or the base retriever has nothing more to give
@@ -82,9 +85,19 @@ class DefendedRetriever(BaseRetriever):
         return kept[:k] if k else kept
 
 
+def _retriever_k(retriever: BaseRetriever) -> int | None:
+    """How many documents ``retriever`` returns by default, when it says (``None`` otherwise)."""
+    search_kwargs = getattr(retriever, "search_kwargs", None)
+    if isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
+        k = search_kwargs.get("k", 4)  # VectorStoreRetriever's default
+    else:
+        k = getattr(retriever, "k", None)
+    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
+
+
 def defend(
     retriever: BaseRetriever,
-    defense: Any = "ragdefender",
+    defense: Any = None,
     *,
     k: int | None = None,
     fetch_k: int | None = None,
@@ -95,23 +108,33 @@ def defend(
     """Wrap ``retriever`` with a defense, in one line: ``retriever = defend(retriever)``.
 
     Args:
-        defense: A name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``, the default;
-            ``"grada"``, ``"grada-peel"``, ``"auto"``, ...), a core defense object, or a
-            ``BaseDocumentCompressor``.
+        defense: A name of :mod:`ragdefense.defenses.registry` (``None``: the default defense,
+            :data:`ragdefense.DEFAULT_DEFENSE`; ``"ragdefender"``, ``"grada"``, ...), a core
+            defense object, or a ``BaseDocumentCompressor``.
+        k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
+            vector store retriever's ``search_kwargs["k"]``, 4 unless set; no second fetch when
+            the defense removes some), else all kept. The base
+            retriever is asked for ``fetch_k`` (default: the defense's pool for ``k``, see
+            :class:`DefendedRetriever`) and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are.
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``).
     """
     store = getattr(retriever, "vectorstore", None)
+    rounds = 3
+    if k is None:  # at most what the retriever would return (a vector store retriever: 4)
+        k, rounds = _retriever_k(retriever), 1
     if embeddings is None:
         embeddings = getattr(store, "embeddings", None)
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
         compressor = defense
-    elif isinstance(defense, str):  # a name of the registry, with its parameters
+    elif defense is None or isinstance(defense, str):  # a name, with its parameters
         core = make_defense(
-            defense, LangChainEmbedder(embeddings) if embeddings else None, **params
+            DEFAULT_DEFENSE if defense is None else defense,
+            LangChainEmbedder(embeddings) if embeddings else None,
+            **params,
         )
         compressor = DefenseCompressor(
             defense=core, embeddings=embeddings, fail_open=fail_open, vectorstore=store
@@ -120,4 +143,6 @@ def defend(
         compressor = DefenseCompressor(
             defense=defense, embeddings=embeddings, fail_open=fail_open, vectorstore=store
         )
-    return DefendedRetriever(base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k)
+    return DefendedRetriever(
+        base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k, max_rounds=rounds
+    )

@@ -11,7 +11,7 @@ from llama_index.postprocessor.ragdefense import *  # noqa: F403
 from llama_index.postprocessor.ragdefense import __all__ as __all__
 from llama_index.postprocessor.ragdefense import __version__ as __version__
 
-for _sub in ("embeddings", "postprocessors", "redteam", "synthesizer", "vectors"):
+for _sub in ("embeddings", "postprocessors", "redteam", "retrievers", "synthesizer", "vectors"):
     _module = importlib.import_module(f"llama_index.postprocessor.ragdefense.{_sub}")
     sys.modules[f"{__name__}.{_sub}"] = _module
     globals()[_sub] = _module

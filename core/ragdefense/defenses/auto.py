@@ -61,6 +61,9 @@ class AutoDefense:
     """
 
     name = "AutoDefense"
+    #: retrieval pool per passage returned, for the adapters that widen retrieval (GRADA's M = 2n)
+    pool_factor = 2
+    min_pool = 8  # as RAGDefender's, which it consults
     uses_embeddings = True
 
     def __init__(
@@ -118,7 +121,7 @@ class AutoDefense:
         )
         sim = cosine_matrix(emb)
         query_sim = cosine_to(emb, q_emb)
-        flagged_by_rd = self.ragdefender.defend_embeddings(query, items, emb)
+        flagged_by_rd = self.ragdefender.defend_embeddings(query, items, emb, q_emb)
         flagged = set(flagged_by_rd.removed_indices)
         groups = (
             coordinated_groups(sim, query_sim, self.peel_tightness, self.peel_margin)

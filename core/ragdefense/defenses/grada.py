@@ -113,6 +113,8 @@ class GRADA:
     """
 
     name = "GRADA"
+    #: retrieval pool per passage returned, for the adapters that widen retrieval (M = 2n)
+    pool_factor = 2
 
     def __init__(
         self,

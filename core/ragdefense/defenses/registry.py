@@ -19,7 +19,16 @@ from .auto import AutoDefense
 from .grada import GRADA
 from .ragdefender import RAGDefender
 
-__all__ = ["PRESETS", "Parameter", "Preset", "build", "names", "parameters", "preset"]
+__all__ = [
+    "DEFAULT_DEFENSE",
+    "PRESETS",
+    "Parameter",
+    "Preset",
+    "build",
+    "names",
+    "parameters",
+    "preset",
+]
 
 
 @dataclass(frozen=True)
@@ -46,6 +55,10 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
         )
     }
 )
+
+
+#: the defense every entry point uses when none is named (adapters, CLI, demo)
+DEFAULT_DEFENSE = "ragdefender"
 
 
 def _key(name: str) -> str:

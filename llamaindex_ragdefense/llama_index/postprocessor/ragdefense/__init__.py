@@ -4,6 +4,7 @@
 engine = index.as_query_engine(llm=llm, node_postprocessors=[RAGDefenderPostprocessor()])
 engine = index.as_query_engine(llm=llm, response_synthesizer=RobustRAGSynthesizer(llm=llm))
 engine = RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)
+engine = RetrieverQueryEngine.from_args(defend(index), llm=llm)  # widens retrieval first
 ```
 
 Pass ``llm=`` (and ``embed_model=`` when building the index) explicitly: LlamaIndex's
@@ -21,10 +22,12 @@ from .postprocessors import (
     RAGDefenderPostprocessor,
 )
 from .redteam import red_team
+from .retrievers import DefendedRetriever, defend
 from .synthesizer import RobustRAGQueryEngine, RobustRAGSynthesizer
 
 __all__ = [
     "AutoDefensePostprocessor",
+    "DefendedRetriever",
     "DefensePostprocessor",
     "DefenseRemovedEvent",
     "GRADAPostprocessor",
@@ -33,5 +36,6 @@ __all__ = [
     "RobustRAGQueryEngine",
     "RobustRAGSynthesizer",
     "__version__",
+    "defend",
     "red_team",
 ]
