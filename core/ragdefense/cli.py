@@ -17,7 +17,7 @@ from .cliargs import counts as _counts
 from .cliargs import non_negative as _non_negative
 from .cliargs import positive as _positive
 from .cliargs import resolve as _resolve
-from .defenses.registry import names
+from .defenses.registry import DEFAULT_DEFENSE, names
 from .offline import offline
 
 __all__ = ["UsageError", "build_parser", "main"]
@@ -331,7 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="built-in knowledge base: a JSON list of passages (default: demo)",
     )
     attack.add_argument(
-        "--defense", default="ragdefender", help=f"{', '.join(names())} (default ragdefender)"
+        "--defense",
+        default=DEFAULT_DEFENSE,
+        help=f"{', '.join(names())} (default {DEFAULT_DEFENSE})",
     )
     attack.add_argument("--attack", default="poisonedrag", choices=list(ATTACKS))
     attack.add_argument(

@@ -57,17 +57,18 @@ def pool_size(defense: Any, k: int) -> int:
     return max(int(factor) * k, int(need), k)
 
 
-def make_defense(defense: Any = "ragdefender", embedder: Any = None, **params: Any) -> Defense:
+def make_defense(defense: Any = None, embedder: Any = None, **params: Any) -> Defense:
     """A core defense from a name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``,
-    ``"grada"``, ``"grada-peel"``, ``"auto"``, ...) or an object with ``defend``.
+    ``"grada"``, ``"grada-peel"``, ``"auto"``, ...; ``None``: its ``DEFAULT_DEFENSE``) or an
+    object with ``defend``.
 
     ``embedder`` and ``params`` go to the defense's constructor when it is built by name; bad
     names, parameters and values raise here, before any query.
     """
-    if isinstance(defense, str):
-        from .defenses.registry import build
+    if defense is None or isinstance(defense, str):
+        from .defenses.registry import DEFAULT_DEFENSE, build
 
-        built: Defense = build(defense, embedder, **params)
+        built: Defense = build(DEFAULT_DEFENSE if defense is None else defense, embedder, **params)
         return built
     if isinstance(defense, Defense):  # an object comes configured: embedder is not applied
         if params:

@@ -279,7 +279,7 @@ class InMemoryKnowledgeBase:
     def red_team(
         self,
         targets: Sequence[AttackTarget],
-        defense: Any = "ragdefender",
+        defense: Any = None,
         attack: str = "poisonedrag",
         n_poison: int = 5,
         k: int = 5,
@@ -314,6 +314,10 @@ class InMemoryKnowledgeBase:
 
 def defense_label(defense: Any) -> str:
     """The column name of a defense in a report: its name, or its ``name`` / class name."""
+    if defense is None:
+        from .defenses.registry import DEFAULT_DEFENSE
+
+        return DEFAULT_DEFENSE
     if isinstance(defense, str):
         return defense
     return str(getattr(defense, "name", None) or type(defense).__name__)

@@ -15,6 +15,7 @@ from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, PrivateAttr
 
 from ragdefense import DefenseResult, LangChainEmbedder, Passage
+from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration import (
     Defense,
     adapter_defense,
@@ -64,7 +65,7 @@ class DefenseCompressor(BaseDocumentCompressor):
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
-    defense: Any = "ragdefender"
+    defense: Any = DEFAULT_DEFENSE
     embeddings: Embeddings | None = None
     fail_open: bool = False
     vectorstore: VectorStore | None = None

@@ -118,7 +118,7 @@ def red_team(
     store: VectorStore,
     targets: Sequence[AttackTarget],
     *,
-    defense: Any = "ragdefender",
+    defense: Any = None,
     attack: str = "poisonedrag",
     n_poison: int = 5,
     k: int = 4,

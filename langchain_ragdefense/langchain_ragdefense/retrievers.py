@@ -13,7 +13,6 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.embedders import LangChainEmbedder
 from ragdefense.integration import make_defense, pool_size
 
@@ -108,14 +107,14 @@ def defend(
     """Wrap ``retriever`` with a defense, in one line: ``retriever = defend(retriever)``.
 
     Args:
-        defense: A name of :mod:`ragdefense.defenses.registry` (``None``: the default defense,
-            :data:`ragdefense.DEFAULT_DEFENSE`; ``"ragdefender"``, ``"grada"``, ...), a core
-            defense object, or a ``BaseDocumentCompressor``.
+        defense: A name of :mod:`ragdefense.defenses.registry` (``None``: its
+            ``DEFAULT_DEFENSE``; ``"ragdefender"``, ``"grada"``, ...), a core defense object,
+            or a ``BaseDocumentCompressor``.
         k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
             vector store retriever's ``search_kwargs["k"]``, 4 unless set; no second fetch when
-            the defense removes some), else all kept. The base
-            retriever is asked for ``fetch_k`` (default: the defense's pool for ``k``, see
-            :class:`DefendedRetriever`) and the survivors are cut to ``k``.
+            the defense removes some), else all kept. The base retriever is asked for
+            ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`)
+            and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are.
@@ -132,9 +131,7 @@ def defend(
         compressor = defense
     elif defense is None or isinstance(defense, str):  # a name, with its parameters
         core = make_defense(
-            DEFAULT_DEFENSE if defense is None else defense,
-            LangChainEmbedder(embeddings) if embeddings else None,
-            **params,
+            defense, LangChainEmbedder(embeddings) if embeddings else None, **params
         )
         compressor = DefenseCompressor(
             defense=core, embeddings=embeddings, fail_open=fail_open, vectorstore=store

@@ -17,6 +17,7 @@ from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ragdefense import DefenseResult, LlamaIndexEmbedder, Passage
+from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration import (
     METADATA_KEY,
     Defense,
@@ -82,7 +83,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
     """
 
     defense: Any = Field(
-        default="ragdefender",
+        default=DEFAULT_DEFENSE,
         description="a name of ragdefense.defenses.registry ('ragdefender', 'grada', "
         "'grada-peel', 'auto', ...) or a core defense object",
     )

@@ -89,7 +89,7 @@ def red_team(
     index: VectorStoreIndex,
     targets: Sequence[AttackTarget],
     *,
-    defense: Any = "ragdefender",
+    defense: Any = None,
     attack: str = "poisonedrag",
     n_poison: int = 5,
     k: int = 4,

@@ -17,7 +17,6 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ragdefense import LlamaIndexEmbedder
-from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration import make_defense, pool_size
 
 from .postprocessors import DefensePostprocessor
@@ -118,7 +117,7 @@ def defend(
         post = defense
     else:
         embedder = LlamaIndexEmbedder(embed_model) if embed_model is not None else None
-        core = make_defense(DEFAULT_DEFENSE if defense is None else defense, embedder, **params)
+        core = make_defense(defense, embedder, **params)
         post = DefensePostprocessor(
             defense=core, embed_model=embed_model, fail_open=fail_open, vector_store=store
         )
