@@ -131,3 +131,20 @@ def test_demo_benchmark_table(minilm: object) -> None:
     assert by["RAGDefender"]["poison_share"] <= 0.05
     assert {"GRADA-hrsim", "GRADA-bm25", "GRADA-ebd"} <= set(by)
     assert "Built-in poisoned knowledge base" in table
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
+    from ragdefense.attacks import ATTACKS
+    from ragdefense.bench.settings.default import HELD_OUT, TUNING, default_table
+
+    rows, table = default_table(data_dir, "grada", others=("ragdefender",), limit=2)
+    assert {r["attack"] for r in rows} == set(ATTACKS) and not set(TUNING) & set(HELD_OUT)
+    assert len(HELD_OUT) >= 6
+    by = {(r["dataset"], r["setting"], r["attack"], r["defense"]): r for r in rows}
+    # the RAGDefender setting with PoisonedRAG's wording: GRADA is the poisoned majority's victim
+    assert by[("nq", "4x", "poisonedrag", "grada")]["poison_share"] >= 0.8
+    assert by[("nq", "4x", "poisonedrag", "ragdefender")]["poison_share"] <= 0.3
+    assert "Targets for grada" in table and "- target 3: missed" in table
+    assert all(f"{f} (held out)" in table for f in HELD_OUT)

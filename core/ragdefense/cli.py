@@ -23,8 +23,8 @@ from .offline import offline
 __all__ = ["UsageError", "build_parser", "main"]
 
 
-SETTINGS = ("suite", "demo", "ragdefender", "grada", "auto", "robustrag", "import", "stores",
-            "audit", "audit-scale")  # fmt: skip
+SETTINGS = ("suite", "demo", "ragdefender", "grada", "auto", "default", "robustrag", "import",
+            "stores", "audit", "audit-scale")  # fmt: skip
 
 
 def _llm(spec: str | None) -> Any:
@@ -104,6 +104,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             rows, table = grada_table(
                 folder, n_poison=args.poison or [0, 1, 3, 5], limit=args.limit
             )
+        elif args.setting == "default":
+            from .bench.settings.default import default_table
+
+            rows, table = default_table(folder, args.candidate, limit=args.limit)
         elif args.setting.startswith("audit"):
             from .bench.settings.audit import audit_table
 
@@ -250,6 +254,8 @@ def build_parser() -> argparse.ArgumentParser:
         "ragdefender: the RAGDefender paper's setting (gold + poison at 1x-6x); "
         "grada: RealtimeQA top-10 with 0/1/3/5 poison, context of 5; "
         "auto: AutoDefense in both of those settings, with the ablation of its signals; "
+        "default: the targets of a default defense (--candidate) in both settings, nine attack "
+        "families, beside RAGDefender, GRADA and AutoDefense; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20); "
         "import: time of importing the core and the adapters; "
         "stores: latency the one-line defense adds per vector store; audit / audit-scale: "
@@ -288,6 +294,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--llm", default=None, help="suite: 'packaged' (SmolLM2) for answer accuracy and ASR"
     )
     bench.add_argument("--seed", type=int, default=0, help="suite: seed of the multi-answer attack")
+    bench.add_argument(
+        "--candidate",
+        default=DEFAULT_DEFENSE,
+        help=f"default: the defense judged ({DEFAULT_DEFENSE})",
+    )
     bench.add_argument(
         "--jobs", type=_positive, default=1, help="suite: worker processes (default 1)"
     )
