@@ -30,7 +30,8 @@ import numpy as np
 from ...attacks import ATTACKS
 from ...defenses.registry import DEFAULT_DEFENSE, build
 from ...embedders import as_embedder
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, demo_cases, suite_cases
+from ...similarity import cosine_to
+from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, suite_cases
 from ..datasets import load_qa
 from ..report import cell, markdown_table
 from ..runner import CaseDefense, context_indices, no_defense, on_case, run_cases, summarize
@@ -79,28 +80,38 @@ def _defenses(candidate: str, others: Sequence[str]) -> dict[str, CaseDefense]:
     return out
 
 
-def _demo_clean_loss(defense: CaseDefense, k: int = 5) -> tuple[int, int]:
-    """Benign passages the undefended top ``k`` of the demo knowledge base's clean retrieval
-    (its poison left out) puts in the context and the defense's context lacks; and how many
-    there were."""
+def _demo_clean_loss(
+    defense: CaseDefense, embedder: Any = None, m: int = 8, k: int = 5
+) -> tuple[int, int]:
+    """Clean retrieval on the demo knowledge base with its poison taken out: each question
+    retrieves its top ``m`` benign passages; the count of passages the undefended context (top
+    ``k``) holds and the defense's context lacks, and of the undefended context's passages."""
+    from ...data import load_demo_kb
+    from ...types import Passage
+
+    emb = as_embedder(embedder)
+    kb = load_demo_kb()
+    texts = [t for q in kb for t in q.benign]
+    vecs = emb.embed(texts)
     lost = total = 0
-    for case in demo_cases(k=8):
-        benign = [i for i, p in enumerate(case.is_poison) if not p]
-        clean = Case(
-            case.dataset,
+    for q in kb:
+        qv = emb.embed_query(q.question)
+        sims = cosine_to(vecs, qv)
+        top = np.argsort(-sims, kind="stable")[:m]
+        case = Case(
+            "demo",
             "clean",
-            case.qid,
-            case.question,
-            [case.passages[i] for i in benign],
-            [False] * len(benign),
-            [case.is_gold[i] for i in benign],
-            case.query_sim[benign],
+            q.id,
+            q.question,
+            [Passage(texts[i], id=str(i), embedding=vecs[i]) for i in top],
+            [False] * len(top),
+            [False] * len(top),
+            sims[top],
             k,
-            case.extra,
+            {"query_embedding": qv},
         )
-        undefended = set(context_indices(clean, None))
-        defended = set(context_indices(clean, defense(clean)))
-        lost += len(undefended - defended)
+        undefended = set(context_indices(case, None))
+        lost += len(undefended - set(context_indices(case, defense(case))))
         total += len(undefended)
     return lost, total
 
@@ -129,7 +140,7 @@ def default_table(
             by[(ds, st, family, name)] = row
     lines = _targets_table(by, names, candidate)
     lines += ["", *_held_out_table(by, names, candidate)]
-    lost, total = _demo_clean_loss(defenses[candidate])
+    lost, total = _demo_clean_loss(defenses[candidate], embedder)
     lines += ["", *_verdicts(by, candidate, lost, total)]
     return rows, "\n".join(lines)
 
