@@ -9,13 +9,15 @@ on-topic passages, poison and benign alike, become "the larger cluster".
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
-from ..similarity import cut, unit_rows
+from ..embedders import as_embedder
+from ..similarity import cosine_to, cut, unit_rows
 
-__all__ = ["off_topic"]
+__all__ = ["lazy_query_sim", "off_topic"]
 
 
 def off_topic(
@@ -70,3 +72,25 @@ def off_topic(
         ] * len(low)
         alive = [i for i in alive if i not in low]
     return aside, why
+
+
+def lazy_query_sim(
+    embedder: Any, query: str, embeddings: np.ndarray
+) -> Callable[[], np.ndarray | None]:
+    """A function giving the passages' query similarities, embedding the query with
+    ``embedder`` on its first call only; ``None`` when the query cannot be embedded or lands in
+    another space than ``embeddings`` (the step is a refinement: it must never make a defense
+    fail that worked without it)."""
+    memo: list[np.ndarray | None] = []
+
+    def query_sim() -> np.ndarray | None:
+        if not memo:
+            try:
+                q = np.asarray(as_embedder(embedder).embed_query(query), dtype=float)
+            except Exception:
+                q = None
+            ok = q is not None and q.shape == embeddings[0].shape
+            memo.append(cosine_to(embeddings, q) if ok and q is not None else None)
+        return memo[0]
+
+    return query_sim

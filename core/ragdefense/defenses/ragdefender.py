@@ -32,11 +32,11 @@ from typing import Any, Literal
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
-from ..embedders import as_embedder, check_embeddings, embed_passages
+from ..embedders import check_embeddings, embed_passages
 from ..similarity import cosine_matrix, cosine_to, cut
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
-from .outliers import off_topic
+from .outliers import lazy_query_sim, off_topic
 
 __all__ = [
     "RAGDefender",
@@ -236,14 +236,8 @@ class RAGDefender:
             )
         emb = embed_passages(items, self.embedder)
 
-        memo: list[np.ndarray] = []
-
-        def query_sim() -> np.ndarray:  # the query is embedded only if an outlier needs it
-            if not memo:
-                memo.append(cosine_to(emb, as_embedder(self.embedder).embed_query(query)))
-            return memo[0]
-
-        return self._defend(query, items, emb, query_sim, task_type)
+        # the query is embedded only if an outlier needs it
+        return self._defend(query, items, emb, lazy_query_sim(self.embedder, query, emb), task_type)
 
     def defend_embeddings(
         self,

@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -56,6 +57,7 @@ def default_cases(
     or ``"<ratio>x"``, the family is ``extra["attack"]``."""
     emb = as_embedder(embedder).with_cache(200_000)
     cases: list[Case] = []
+    folder = Path(folder)
     records = load_qa(folder, "realtimeqa", limit)
     for family in families:
         counts = [0, 1, 3, 5] if family == TUNING[0] else [1, 3, 5]
@@ -134,7 +136,7 @@ def default_table(
     by: dict[tuple[str, str, str, str], dict[str, Any]] = {}
     for (ds, st, family), sub in groups.items():
         for name, defense in defenses.items():
-            row = {"dataset": ds, "setting": st, "attack": family, "defense": name}
+            row: dict[str, Any] = {"dataset": ds, "setting": st, "attack": family, "defense": name}
             row |= summarize(run_cases(defense, sub, f"{ds} {st} {family} {name}"))
             rows.append(row)
             by[(ds, st, family, name)] = row
@@ -202,10 +204,9 @@ def _verdicts(by: dict[Any, dict[str, Any]], candidate: str, lost: int, total: i
     if lost:
         misses["1"].append(f"demo clean retrieval: {lost} of {total} context passages lost")
     for st, cap in (("1p", 0.02), ("3p", 0.05), ("5p", 0.05)):
-        key = ("realtimeqa", st, base)
-        if (*key, candidate) not in by:
+        if ("realtimeqa", st, base, candidate) not in by:
             continue
-        c, n = by[(*key, candidate)], by[(*key, "none")]
+        c, n = by[("realtimeqa", st, base, candidate)], by[("realtimeqa", st, base, "none")]
         if c["poison_share"] > cap + 1e-9 or c["gold_in_context"] < n["gold_in_context"] - 1e-9:
             misses["2"].append(
                 f"RealtimeQA {st} {cell(c)} (<= {cap} / >= {n['gold_in_context']:.2f})"
