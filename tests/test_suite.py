@@ -57,7 +57,7 @@ def test_multi_answer_spreads_over_distinct_wrong_answers_round_robin() -> None:
     seeds = {tuple(attack_passages(REC, "multi-answer", 5, others, seed=s)) for s in range(6)}
     assert len(seeds) > 1
     with pytest.raises(ValueError, match="unknown attack"):
-        attack_passages(REC, "typo", 1)
+        attack_passages(REC, "garag", 1)
 
 
 def _write(folder: Path, rel: str, data: Any) -> None:
