@@ -14,7 +14,6 @@ from typing import Any
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
-from ..embedders import as_embedder
 from ..similarity import cosine_to, cut, unit_rows
 
 __all__ = ["lazy_query_sim", "off_topic"]
@@ -75,22 +74,23 @@ def off_topic(
 
 
 def lazy_query_sim(
-    embedder: Any, query: str, embeddings: np.ndarray
+    query_vector: Callable[[], Any], embeddings: np.ndarray
 ) -> Callable[[], np.ndarray | None]:
-    """A function giving the passages' query similarities, embedding the query with
-    ``embedder`` on its first call only; ``None`` when the query cannot be embedded or lands in
-    another space than ``embeddings`` (the step is a refinement: it must never make a defense
-    fail that worked without it)."""
+    """A function giving the passages' query similarities, asking ``query_vector()`` for the
+    query's embedding on its first call only; ``None`` when there is none, it fails, or it lands
+    in another space than ``embeddings`` (the step is a refinement: it must never make a
+    defense fail that worked without it)."""
     memo: list[np.ndarray | None] = []
 
     def query_sim() -> np.ndarray | None:
         if not memo:
             try:
-                q = np.asarray(as_embedder(embedder).embed_query(query), dtype=float)
+                raw = query_vector()
+                q = None if raw is None else np.asarray(raw, dtype=float)
             except Exception:
                 q = None
-            ok = q is not None and q.shape == embeddings[0].shape
-            memo.append(cosine_to(embeddings, q) if ok and q is not None else None)
+            same_space = q is not None and q.shape == embeddings[0].shape
+            memo.append(cosine_to(embeddings, q) if q is not None and same_space else None)
         return memo[0]
 
     return query_sim

@@ -32,8 +32,8 @@ from typing import Any, Literal
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
-from ..embedders import check_embeddings, embed_passages
-from ..similarity import cosine_matrix, cosine_to, cut
+from ..embedders import as_embedder, check_embeddings, embed_passages
+from ..similarity import cosine_matrix, cut
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
@@ -236,8 +236,10 @@ class RAGDefender:
             )
         emb = embed_passages(items, self.embedder)
 
-        # the query is embedded only if an outlier needs it
-        return self._defend(query, items, emb, lazy_query_sim(self.embedder, query, emb), task_type)
+        def query_vector() -> Any:  # embedded only if an outlier candidate needs it
+            return as_embedder(self.embedder).embed_query(query)
+
+        return self._defend(query, items, emb, lazy_query_sim(query_vector, emb), task_type)
 
     def defend_embeddings(
         self,
@@ -254,9 +256,8 @@ class RAGDefender:
         query = check_query(query)
         items = to_passages(passages)
         emb = check_embeddings(embeddings, len(items))
-        q = None if query_embedding is None else np.asarray(query_embedding, dtype=float)
         return self._defend(
-            query, items, emb, lambda: None if q is None else cosine_to(emb, q), task_type
+            query, items, emb, lazy_query_sim(lambda: query_embedding, emb), task_type
         )
 
     def _defend(
