@@ -275,15 +275,15 @@ def test_off_topic_passage_and_group_are_set_aside() -> None:
     np.fill_diagonal(sim, 1.0)
     emb = embeddings_for(sim)
     q = np.array([0.6, 0.6, 0.8, 0.8, 0.8, 0.1, 0.1])
-    aside, why = off_topic(emb, cosine_matrix(emb), lambda: q, 0.2, 2)
-    assert sorted(aside) == [5, 6] and all("below 0.2" in w for w in why)
+    aside = off_topic(emb, cosine_matrix(emb), lambda: q, 0.2, 2)
+    assert sorted(aside) == [5, 6] and all("below 0.2" in w for w in aside.values())
     # near the query: not off-topic, whatever its distance to the rest
     q2 = q.copy()
     q2[5] = 0.7
-    aside, _ = off_topic(emb, cosine_matrix(emb), lambda: q2, 0.2, 2)
-    assert aside == [6]
+    aside = off_topic(emb, cosine_matrix(emb), lambda: q2, 0.2, 2)
+    assert list(aside) == [6]
     # without a query nothing is decided
-    assert off_topic(emb, cosine_matrix(emb), lambda: None, 0.2, 2) == ([], [])
+    assert off_topic(emb, cosine_matrix(emb), lambda: None, 0.2, 2) == {}
 
 
 @pytest.mark.slow

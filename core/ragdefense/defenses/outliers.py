@@ -25,8 +25,8 @@ def off_topic(
     query_sim: Callable[[], np.ndarray | None],
     threshold: float = 0.2,
     keep: int = 2,
-) -> tuple[list[int], list[str]]:
-    """The passages to set aside before Stage 1 as unrelated to the rest, with why.
+) -> dict[int, str]:
+    """The passages to set aside before Stage 1 as unrelated to the rest: index -> why.
 
     Repeatedly, on the passages still in: any passage whose cosine to every other one is below
     ``threshold`` and whose query similarity is ``threshold`` below the median is set aside
@@ -38,8 +38,7 @@ def off_topic(
     is set aside). Stops when fewer than ``keep + 1`` passages would remain.
     """
     alive = list(range(len(sim)))
-    aside: list[int] = []
-    why: list[str] = []
+    aside: dict[int, str] = {}
     while len(alive) > keep:
         sub = sim[np.ix_(alive, alive)] - 2 * np.eye(len(alive))
         lone = [alive[j] for j in np.flatnonzero(sub.max(axis=1) < threshold)]
@@ -50,8 +49,7 @@ def off_topic(
             bar = float(np.median(q[alive])) - threshold
             lone = [i for i in lone if q[i] <= bar]
         if lone and len(alive) - len(lone) >= keep:
-            aside += lone
-            why += [f"cosine to every other passage below {threshold}"] * len(lone)
+            aside |= dict.fromkeys(lone, f"cosine to every other passage below {threshold}")
             alive = [i for i in alive if i not in lone]
             continue
         labels = cut(linkage(unit_rows(embeddings[alive]), method="ward"), clusters=2)
@@ -64,13 +62,13 @@ def off_topic(
         low, high = sorted(sides, key=lambda side: float(q[side].mean()))
         if float(q[high].mean() - q[low].mean()) < threshold or len(high) < keep:
             break
-        aside += low
-        why += [
+        aside |= dict.fromkeys(
+            low,
             f"in a group of {len(low)} unrelated to the other passages (no cosine across >= "
-            f"{threshold}) and less similar to the query by {threshold} or more"
-        ] * len(low)
+            f"{threshold}) and less similar to the query by {threshold} or more",
+        )
         alive = [i for i in alive if i not in low]
-    return aside, why
+    return aside
 
 
 def lazy_query_sim(

@@ -281,10 +281,7 @@ class RAGDefender:
             return self._unchanged(query, items, why)
         aside: dict[int, str] = {}
         if self.off_topic is not None:
-            found, why_aside = off_topic(
-                embeddings, sim, query_sim, self.off_topic, self.min_passages - 1
-            )
-            aside = dict(zip(found, why_aside, strict=True))
+            aside = off_topic(embeddings, sim, query_sim, self.off_topic, self.min_passages - 1)
         alive = [i for i in range(n) if i not in aside]
         if len(alive) < self.min_passages:
             why = f"{len(aside)} passage(s) set aside as off-topic: too few left to estimate"
