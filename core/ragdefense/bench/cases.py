@@ -158,16 +158,17 @@ def realtimeqa_cases(
     return cases
 
 
-def demo_cases(embedder: Any = None, k: int = 8) -> list[Case]:
+def demo_cases(embedder: Any = None, k: int = 8, poisoned: bool = True) -> list[Case]:
     """The built-in poisoned knowledge base as benchmark cases: each question retrieves its top
-    ``k`` from the whole knowledge base (by embedding similarity); ``is_gold`` marks benign
-    passages that contain the correct answer."""
+    ``k`` from the whole knowledge base (by embedding similarity; ``poisoned=False``: with its
+    poison taken out, clean retrieval); ``is_gold`` marks benign passages that contain the
+    correct answer."""
     from ..data import load_demo_kb
 
     emb = as_embedder(embedder)
     kb = load_demo_kb()
     corpus = [(t, q, False) for q in kb for t in q.benign] + [
-        (t, q, True) for q in kb for t in q.poison
+        (t, q, True) for q in kb for t in q.poison if poisoned
     ]
     vecs = emb.embed([t for t, _, _ in corpus])
     cases = []
@@ -178,7 +179,7 @@ def demo_cases(embedder: Any = None, k: int = 8) -> list[Case]:
         cases.append(
             Case(
                 dataset="demo",
-                setting=f"top-{k}",
+                setting=f"top-{k}" if poisoned else f"clean top-{k}",
                 qid=q.id,
                 question=q.question,
                 passages=[Passage(corpus[i][0], id=str(i), embedding=vecs[i]) for i in top],

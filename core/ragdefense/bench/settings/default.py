@@ -26,13 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ...attacks import ATTACKS
 from ...defenses.registry import DEFAULT_DEFENSE, build
 from ...embedders import as_embedder
-from ...similarity import cosine_to
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, suite_cases
+from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, demo_cases, suite_cases
 from ..datasets import load_qa
 from ..report import cell, markdown_table
 from ..runner import CaseDefense, context_indices, no_defense, on_case, run_cases, summarize
@@ -86,32 +83,11 @@ def _demo_clean_loss(
     defense: CaseDefense, embedder: Any = None, m: int = 8, k: int = 5
 ) -> tuple[int, int]:
     """Clean retrieval on the demo knowledge base with its poison taken out: each question
-    retrieves its top ``m`` benign passages; the count of passages the undefended context (top
-    ``k``) holds and the defense's context lacks, and of the undefended context's passages."""
-    from ...data import load_demo_kb
-    from ...types import Passage
-
-    emb = as_embedder(embedder)
-    kb = load_demo_kb()
-    texts = [t for q in kb for t in q.benign]
-    vecs = emb.embed(texts)
+    retrieves its top ``m``; the count of passages the undefended context (top ``k``) holds and
+    the defense's context lacks, and of the undefended context's passages."""
     lost = total = 0
-    for q in kb:
-        qv = emb.embed_query(q.question)
-        sims = cosine_to(vecs, qv)
-        top = np.argsort(-sims, kind="stable")[:m]
-        case = Case(
-            "demo",
-            "clean",
-            q.id,
-            q.question,
-            [Passage(texts[i], id=str(i), embedding=vecs[i]) for i in top],
-            [False] * len(top),
-            [False] * len(top),
-            sims[top],
-            k,
-            {"query_embedding": qv},
-        )
+    for case in demo_cases(embedder, k=m, poisoned=False):
+        case.k = k
         undefended = set(context_indices(case, None))
         lost += len(undefended - set(context_indices(case, defense(case))))
         total += len(undefended)
@@ -211,7 +187,7 @@ def _verdicts(by: dict[Any, dict[str, Any]], candidate: str, lost: int, total: i
             misses["2"].append(
                 f"RealtimeQA {st} {cell(c)} (<= {cap} / >= {n['gold_in_context']:.2f})"
             )
-    ms = []
+    ms: float | None = None
     for ds in _RD:
         for st in _settings(ds):
             if (ds, st, base, candidate) not in by:
@@ -223,7 +199,7 @@ def _verdicts(by: dict[Any, dict[str, Any]], candidate: str, lost: int, total: i
             ):
                 misses["3"].append(f"{ds} {st} {cell(c)} (RAGDefender {cell(r)})")
             if ds == "nq" and st == "6x":
-                ms.append(c["ms_p50"])
+                ms = c["ms_p50"]
     for family in HELD_OUT:
         for ds in ("realtimeqa", *_RD):
             for st in _settings(ds):
@@ -235,14 +211,14 @@ def _verdicts(by: dict[Any, dict[str, Any]], candidate: str, lost: int, total: i
                 )
                 if c > best + 0.02 + 1e-9:
                     misses["5"].append(f"{family} {ds} {st} {c:.3f} (best {best:.3f})")
-    if ms and max(ms) > 2.0:
-        misses["6"].append(f"NQ 6x (31-33 passages) median {max(ms):.2f} ms")
+    if ms is not None and ms > 2.0:
+        misses["6"].append(f"NQ 6x (31-33 passages) median {ms:.2f} ms")
     lines = [f"Targets for {candidate} (held-out families: {', '.join(HELD_OUT)}):", ""]
     for t, found in misses.items():
         shown = "; ".join(found[:8]) + (f"; ... {len(found) - 8} more" if len(found) > 8 else "")
         lines.append(
             f"- target {t}: " + ("met" if not found else f"missed in {len(found)}: {shown}")
         )
-    if ms:
-        lines.append(f"- defense only, NQ 6x: median {float(np.median(ms)):.2f} ms")
+    if ms is not None:
+        lines.append(f"- defense only, NQ 6x: median {ms:.2f} ms")
     return lines
