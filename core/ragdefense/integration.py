@@ -27,6 +27,7 @@ __all__ = [
     "import_object",
     "make_defense",
     "pool_size",
+    "positive_int",
     "removed_report",
     "run_defense",
     "stored_vectors",
@@ -46,6 +47,12 @@ class Defense(Protocol):
     """Anything with the defenses' verb."""
 
     def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult: ...
+
+
+def positive_int(value: Any) -> int | None:
+    """``value`` if it is a positive ``int`` (not a bool), else ``None``: how the adapters read
+    a framework retriever's own top-k."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
 def pool_size(defense: Any, k: int) -> int:

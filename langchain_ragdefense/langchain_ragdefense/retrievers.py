@@ -14,7 +14,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
 from ragdefense.embedders import LangChainEmbedder
-from ragdefense.integration import make_defense, pool_size
+from ragdefense.integration import make_defense, pool_size, positive_int
 
 from .compressors import DefenseCompressor
 
@@ -46,7 +46,7 @@ class DefendedRetriever(BaseRetriever):
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
         k = kwargs.pop("k", self.k)
-        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+        if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
         core = getattr(self.compressor, "core", None)
         return k, self.fetch_k or (pool_size(core, k) if k else None), kwargs
@@ -91,7 +91,7 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
         k = search_kwargs.get("k", 4)  # VectorStoreRetriever's default
     else:
         k = getattr(retriever, "k", None)
-    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
+    return positive_int(k)
 
 
 def defend(

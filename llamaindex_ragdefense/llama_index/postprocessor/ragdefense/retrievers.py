@@ -17,7 +17,7 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ragdefense import LlamaIndexEmbedder
-from ragdefense.integration import make_defense, pool_size
+from ragdefense.integration import make_defense, pool_size, positive_int
 
 from .postprocessors import DefensePostprocessor
 
@@ -25,8 +25,7 @@ __all__ = ["DefendedRetriever", "defend"]
 
 
 def _top_k(retriever: BaseRetriever) -> int | None:
-    k = getattr(retriever, "similarity_top_k", None)
-    return k if isinstance(k, int) and not isinstance(k, bool) and k > 0 else None
+    return positive_int(getattr(retriever, "similarity_top_k", None))
 
 
 class DefendedRetriever(BaseRetriever):
@@ -52,9 +51,7 @@ class DefendedRetriever(BaseRetriever):
         fetch_k: int | None = None,
     ) -> None:
         for label, value in (("k", k), ("fetch_k", fetch_k)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int) or value < 1
-            ):
+            if value is not None and positive_int(value) is None:
                 raise ValueError(f"{label} must be a positive int or None, got {value!r}")
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {retriever!r}")
