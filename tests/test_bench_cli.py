@@ -148,3 +148,10 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
     assert by[("nq", "4x", "poisonedrag", "ragdefender")]["poison_share"] <= 0.3
     assert "Targets for grada" in table and "- target 3: missed" in table
     assert all(f"{f} (held out)" in table for f in HELD_OUT)
+    # the hindsight choice per question is never worse than either defense it chooses from
+    assert "Targets for ragdefender|grada: per question" in table
+    assert "- target 1" not in table.split("Targets for ragdefender|grada")[1]
+    for (ds, st, family, name), row in by.items():
+        if name == "ragdefender|grada":
+            pair = [by[(ds, st, family, n)]["poison_share"] for n in ("ragdefender", "grada")]
+            assert row["poison_share"] <= min(pair) + 1e-9

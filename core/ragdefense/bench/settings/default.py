@@ -32,9 +32,17 @@ from ...embedders import as_embedder
 from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, demo_cases, suite_cases
 from ..datasets import load_qa
 from ..report import cell, markdown_table
-from ..runner import CaseDefense, context_indices, no_defense, on_case, run_cases, summarize
+from ..runner import (
+    CaseDefense,
+    CaseOutcome,
+    context_indices,
+    no_defense,
+    on_case,
+    run_cases,
+    summarize,
+)
 
-__all__ = ["HELD_OUT", "TUNING", "default_cases", "default_table"]
+__all__ = ["HELD_OUT", "HINDSIGHT", "TUNING", "default_cases", "default_table"]
 
 #: the attack families thresholds were chosen on (by us and by the papers)
 TUNING = ("poisonedrag", "injection", "multi-answer")
@@ -42,6 +50,9 @@ TUNING = ("poisonedrag", "injection", "multi-answer")
 HELD_OUT = tuple(a for a in ATTACKS if a not in TUNING)
 _RD = ("nq", "msmarco", "hotpotqa")
 _RATIOS = (1, 2, 4, 6)
+#: pairs of defenses whose per-question hindsight choice is reported: what a perfect switch
+#: between them would reach (no defense can know the answer key; this bounds the regime switch)
+HINDSIGHT = (("ragdefender", "grada"), ("ragdefender", "auto"))
 
 
 def default_cases(
@@ -110,17 +121,33 @@ def default_table(
         groups.setdefault((c.dataset, c.setting, c.extra["attack"]), []).append(c)
     rows: list[dict[str, Any]] = []
     by: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    pairs = [p for p in HINDSIGHT if set(p) <= set(names)]
     for (ds, st, family), sub in groups.items():
-        for name, defense in defenses.items():
+        outcomes = {n: run_cases(d, sub, f"{ds} {st} {family} {n}") for n, d in defenses.items()}
+        for a, b in pairs:
+            both = zip(outcomes[a], outcomes[b], strict=True)
+            outcomes[f"{a}|{b}"] = [min(x, y, key=_worse) for x, y in both]
+        for name, found in outcomes.items():
             row: dict[str, Any] = {"dataset": ds, "setting": st, "attack": family, "defense": name}
-            row |= summarize(run_cases(defense, sub, f"{ds} {st} {family} {name}"))
+            row |= summarize(found)
             rows.append(row)
             by[(ds, st, family, name)] = row
     lines = _targets_table(by, names, candidate)
     lines += ["", *_held_out_table(by, names, candidate)]
     lost, total = _demo_clean_loss(defenses[candidate], embedder)
-    lines += ["", *_verdicts(by, candidate, lost, total)]
+    lines += ["", *_verdicts(candidate, _misses(by, candidate, lost, total))]
+    for a, b in pairs:
+        misses = _misses(by, f"{a}|{b}")
+        for key in ("1", "6", "ms"):  # the demo loss and the timings have no hindsight
+            misses.pop(key, None)
+        lines += ["", *_verdicts(f"{a}|{b}", misses, hindsight=True)]
     return rows, "\n".join(lines)
+
+
+def _worse(outcome: CaseOutcome) -> tuple[bool, float, bool]:
+    """Sort key: an error, then the larger poison share, then no answer in the context, is
+    worse."""
+    return outcome.error is not None, outcome.poison_share, not outcome.gold_in_context
 
 
 def _settings(ds: str) -> list[str]:
@@ -170,7 +197,11 @@ def _held_out_table(by: dict[Any, dict[str, Any]], names: list[str], candidate: 
     ]
 
 
-def _verdicts(by: dict[Any, dict[str, Any]], candidate: str, lost: int, total: int) -> list[str]:
+def _misses(
+    by: dict[Any, dict[str, Any]], candidate: str, lost: int = 0, total: int = 0
+) -> dict[str, list[str]]:
+    """Each target (1, 2, 3, 5, 6) -> the cells where ``candidate`` misses it; the timing of
+    target 6 under the key ``"ms"`` when NQ 6x ran."""
     misses: dict[str, list[str]] = {str(t): [] for t in (1, 2, 3, 5, 6)}
     base = TUNING[0]
     if ("realtimeqa", "0p", base, candidate) in by:
@@ -213,12 +244,27 @@ def _verdicts(by: dict[Any, dict[str, Any]], candidate: str, lost: int, total: i
                     misses["5"].append(f"{family} {ds} {st} {c:.3f} (best {best:.3f})")
     if ms is not None and ms > 2.0:
         misses["6"].append(f"NQ 6x (31-33 passages) median {ms:.2f} ms")
-    lines = [f"Targets for {candidate} (held-out families: {', '.join(HELD_OUT)}):", ""]
+    if ms is not None:
+        misses["ms"] = [f"{ms:.2f}"]
+    return misses
+
+
+def _verdicts(candidate: str, misses: dict[str, list[str]], hindsight: bool = False) -> list[str]:
+    """Each target met or missed (the first eight cells missed), as Markdown bullets."""
+    head = f"Targets for {candidate} (held-out families: {', '.join(HELD_OUT)}):"
+    if hindsight:
+        a, b = candidate.split("|")
+        head = (
+            f"Targets for {candidate}: per question, the better of {a}'s and {b}'s context, "
+            "chosen with the answer key (the bound of any switch between the two):"
+        )
+    lines = [head, ""]
     for t, found in misses.items():
+        if t == "ms":
+            lines.append(f"- defense only, NQ 6x: median {found[0]} ms")
+            continue
         shown = "; ".join(found[:8]) + (f"; ... {len(found) - 8} more" if len(found) > 8 else "")
         lines.append(
             f"- target {t}: " + ("met" if not found else f"missed in {len(found)}: {shown}")
         )
-    if ms is not None:
-        lines.append(f"- defense only, NQ 6x: median {ms:.2f} ms")
     return lines
