@@ -266,6 +266,13 @@ def test_too_few_documents_warn_once_naming_the_fix(toy_embedder: Any) -> None:
         defend(store.as_retriever(search_kwargs={"k": 4}), k=2).invoke("capital of France?")
         # k=1 fetches what RAGDefender needs to compare (3), not just 2k = 2
         assert len(defend(store.as_retriever(), k=1).invoke("capital of France?")) == 1
+    # 4 documents (as_retriever's default) can be compared but are fewer than RAGDefender's pool
+    wider = ContextualCompressionRetriever(
+        base_compressor=DefenseCompressor(defense=RAGDefender(embedder=toy_embedder)),
+        base_retriever=store.as_retriever(),
+    )
+    with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8.*defend\(retriever\)"):
+        wider.invoke("capital of France?")
 
 
 def test_defend_fetches_the_defense_pool_and_returns_k(toy_embedder: Any) -> None:

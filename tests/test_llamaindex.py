@@ -21,6 +21,7 @@ from llamaindex_ragdefense import (
     RagdefenseEmbedding,
     RobustRAGQueryEngine,
     RobustRAGSynthesizer,
+    defend,
 )
 from ragdefense import DefenseFailed
 from ragdefense.demo import load_demo_kb
@@ -277,6 +278,16 @@ def test_too_few_nodes_warn_once_naming_the_fix(toy_embedder: Any) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # once per postprocessor, not per query
         engine.query("capital of France?")
+        # defend(index) fetches the pool itself: 4 nodes is all this index holds, no warning
+        assert len(defend(index, embed_model=embed).retrieve("capital of France?")) <= 2
+    # 4 nodes can be compared but are fewer than the pool of 8 RAGDefender filters from
+    wider = index.as_query_engine(
+        llm=ScriptedLLM(rule=lambda p: "ok"),
+        similarity_top_k=4,
+        node_postprocessors=[RAGDefenderPostprocessor(embed_model=embed)],
+    )
+    with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8.*similarity_top_k=10"):
+        wider.query("capital of France?")
 
 
 @pytest.mark.slow
@@ -285,7 +296,7 @@ def test_defend_index_widens_llamaindex_default_top_k(index: VectorStoreIndex) -
     here; ``defend(index)`` asks for the pool the defense needs and returns 2, none poison."""
     from llama_index.core.query_engine import RetrieverQueryEngine
 
-    from llamaindex_ragdefense import DefendedRetriever, defend
+    from llamaindex_ragdefense import DefendedRetriever
 
     plain = index.as_retriever()
     assert poison(plain.retrieve(QUESTION.question)) == 2  # the attack works at the default
@@ -309,7 +320,6 @@ def test_defend_index_widens_llamaindex_default_top_k(index: VectorStoreIndex) -
 
 
 def test_defend_retriever_bad_arguments(toy_embedder: Any) -> None:
-    from llamaindex_ragdefense import defend
 
     nodes = [TextNode(text=t) for t in ("a b", "b c", "c d", "d e")]
     index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))

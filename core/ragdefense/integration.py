@@ -5,6 +5,7 @@ module and the public names of :mod:`ragdefense`."""
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import importlib
 import logging
@@ -24,6 +25,7 @@ __all__ = [
     "adapter_defense",
     "check_items",
     "defense_fields",
+    "fetched_pool",
     "import_object",
     "make_defense",
     "pool_size",
@@ -150,7 +152,8 @@ def run_defense(
     with ``fail_open``, warn and return ``None`` (the caller passes the passages through).
 
     Handed fewer passages than a defense with a ``min_passages`` can compare (RAGDefender passes
-    them through unchecked), it warns once per defense object, adding ``too_few``: how to
+    them through unchecked), or fewer than its ``min_pool`` where no adapter retriever fetched
+    the pool (:func:`fetched_pool`), it warns once per defense object, adding ``too_few``: how to
     retrieve more in the caller's framework (a postprocessor cannot widen retrieval itself)."""
     if not passages:
         return None
@@ -168,23 +171,42 @@ def run_defense(
 
 
 _WARNED: weakref.WeakSet[Any] = weakref.WeakSet()
+_POOLED: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def fetched_pool(defense: Any) -> None:
+    """Record that an adapter's retriever fetches ``defense``'s :func:`pool_size` itself: a pool
+    below its ``min_pool`` is then all the store holds, not a framework's top-k, and is not
+    warned about."""
+    with contextlib.suppress(TypeError):  # cannot be weakly referenced: the warning stays on
+        _POOLED.add(defense)
+
+
+def _member(found: weakref.WeakSet[Any], defense: Any) -> bool:
+    try:
+        return defense in found
+    except TypeError:
+        return False
 
 
 def _warn_small_pool(defense: Defense, n: int, fix: str) -> None:
     need = getattr(defense, "min_passages", None)
-    if need is None or n >= need:
+    floor = getattr(defense, "min_pool", None)
+    if need is not None and n < need:
+        what = f"fewer than the {need} it needs to compare: they pass unchecked, poison included."
+    elif floor is not None and n < floor and not _member(_POOLED, defense):
+        what = (
+            f"fewer than the pool of {floor} it filters from: in so few passages a poisoned "
+            "majority can be all of them and pass."
+        )
+    else:
         return
-    try:
-        if defense in _WARNED:
-            return
+    if _member(_WARNED, defense):
+        return
+    with contextlib.suppress(TypeError):  # cannot be weakly referenced: warn each time
         _WARNED.add(defense)
-    except TypeError:  # an object that cannot be weakly referenced: warn each time
-        pass
     name = getattr(defense, "name", type(defense).__name__)
-    message = (
-        f"{name} was given {n} passage(s), fewer than the {need} it needs to compare: they "
-        f"pass unchecked, poison included. {fix}"
-    ).strip()
+    message = f"{name} was given {n} passage(s), {what} {fix}".strip()
     warnings.warn(message, stacklevel=4)
     logger.warning("%s", message)
 

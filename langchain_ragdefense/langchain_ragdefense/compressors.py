@@ -134,7 +134,7 @@ class DefenseCompressor(BaseDocumentCompressor):
 #: how to give a compressor enough documents (in the small-pool warning)
 TOO_FEW = (
     "Ask the base retriever for more, e.g. vector_store.as_retriever(search_kwargs={'k': 10}), "
-    "or use defend(retriever), which fetches 2k and returns k."
+    "or use defend(retriever), which fetches the pool the defense needs and returns k."
 )
 
 

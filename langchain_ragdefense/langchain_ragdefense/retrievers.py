@@ -14,7 +14,7 @@ from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
 from ragdefense.embedders import LangChainEmbedder
-from ragdefense.integration import make_defense, pool_size, positive_int
+from ragdefense.integration import fetched_pool, make_defense, pool_size, positive_int
 
 from .compressors import DefenseCompressor
 
@@ -49,7 +49,10 @@ class DefendedRetriever(BaseRetriever):
         if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
         core = getattr(self.compressor, "core", None)
-        return k, self.fetch_k or (pool_size(core, k) if k else None), kwargs
+        fetch = self.fetch_k or (pool_size(core, k) if k else None)
+        if fetch and core is not None:
+            fetched_pool(core)  # fewer than its pool is then all the store has: no warning
+        return k, fetch, kwargs
 
     def _done(self, k: int | None, fetch: int | None, docs: list[Document], kept: int) -> bool:
         # enough kept, or the base retriever has nothing more to give

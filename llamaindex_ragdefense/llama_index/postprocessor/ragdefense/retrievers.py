@@ -17,7 +17,7 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
 from ragdefense import LlamaIndexEmbedder
-from ragdefense.integration import make_defense, pool_size, positive_int
+from ragdefense.integration import fetched_pool, make_defense, pool_size, positive_int
 
 from .postprocessors import DefensePostprocessor
 
@@ -61,6 +61,8 @@ class DefendedRetriever(BaseRetriever):
         if base is not None and self.fetch_k and self.fetch_k != base:
             retriever = copy.copy(retriever)
             retriever.similarity_top_k = self.fetch_k  # type: ignore[attr-defined]
+        if self.fetch_k:
+            fetched_pool(postprocessor.core)  # fewer than its pool is all the index holds
         self.retriever = retriever
         self.postprocessor = postprocessor
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
