@@ -320,7 +320,6 @@ def test_defend_index_widens_llamaindex_default_top_k(index: VectorStoreIndex) -
 
 
 def test_defend_retriever_bad_arguments(toy_embedder: Any) -> None:
-
     nodes = [TextNode(text=t) for t in ("a b", "b c", "c d", "d e")]
     index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))
     with pytest.raises(ValueError, match="k must be a positive int"):

@@ -182,26 +182,19 @@ def fetched_pool(defense: Any) -> None:
         _POOLED.add(defense)
 
 
-def _member(found: weakref.WeakSet[Any], defense: Any) -> bool:
-    try:
-        return defense in found
-    except TypeError:
-        return False
-
-
 def _warn_small_pool(defense: Defense, n: int, fix: str) -> None:
     need = getattr(defense, "min_passages", None)
     floor = getattr(defense, "min_pool", None)
     if need is not None and n < need:
         what = f"fewer than the {need} it needs to compare: they pass unchecked, poison included."
-    elif floor is not None and n < floor and not _member(_POOLED, defense):
+    elif floor is not None and n < floor and defense not in _POOLED:
         what = (
             f"fewer than the pool of {floor} it filters from: in so few passages a poisoned "
             "majority can be all of them and pass."
         )
     else:
         return
-    if _member(_WARNED, defense):
+    if defense in _WARNED:  # False for what cannot be weakly referenced
         return
     with contextlib.suppress(TypeError):  # cannot be weakly referenced: warn each time
         _WARNED.add(defense)

@@ -130,16 +130,18 @@ def default_table(
         for name, found in outcomes.items():
             row: dict[str, Any] = {"dataset": ds, "setting": st, "attack": family, "defense": name}
             row |= summarize(found)
+            if name not in defenses:  # a hindsight choice: its timings are neither defense's
+                row.pop("ms_p50", None), row.pop("ms_p95", None)
             rows.append(row)
             by[(ds, st, family, name)] = row
     lines = _targets_table(by, names, candidate)
     lines += ["", *_held_out_table(by, names, candidate)]
     lost, total = _demo_clean_loss(defenses[candidate], embedder)
-    lines += ["", *_verdicts(candidate, _misses(by, candidate, lost, total))]
+    misses, ms = _misses(by, candidate, lost, total)
+    lines += ["", *_verdicts(candidate, misses, ms)]
     for a, b in pairs:
-        misses = _misses(by, f"{a}|{b}")
-        for key in ("1", "6", "ms"):  # the demo loss and the timings have no hindsight
-            misses.pop(key, None)
+        misses, _ = _misses(by, f"{a}|{b}")
+        del misses["1"], misses["6"]  # the demo loss and the timings have no hindsight
         lines += ["", *_verdicts(f"{a}|{b}", misses, hindsight=True)]
     return rows, "\n".join(lines)
 
@@ -199,9 +201,9 @@ def _held_out_table(by: dict[Any, dict[str, Any]], names: list[str], candidate: 
 
 def _misses(
     by: dict[Any, dict[str, Any]], candidate: str, lost: int = 0, total: int = 0
-) -> dict[str, list[str]]:
-    """Each target (1, 2, 3, 5, 6) -> the cells where ``candidate`` misses it; the timing of
-    target 6 under the key ``"ms"`` when NQ 6x ran."""
+) -> tuple[dict[str, list[str]], float | None]:
+    """Each target (1, 2, 3, 5, 6) -> the cells where ``candidate`` misses it, and its median
+    defense-only time at NQ 6x (``None`` when that cell did not run)."""
     misses: dict[str, list[str]] = {str(t): [] for t in (1, 2, 3, 5, 6)}
     base = TUNING[0]
     if ("realtimeqa", "0p", base, candidate) in by:
@@ -230,7 +232,7 @@ def _misses(
             ):
                 misses["3"].append(f"{ds} {st} {cell(c)} (RAGDefender {cell(r)})")
             if ds == "nq" and st == "6x":
-                ms = c["ms_p50"]
+                ms = c.get("ms_p50")  # a hindsight row has none
     for family in HELD_OUT:
         for ds in ("realtimeqa", *_RD):
             for st in _settings(ds):
@@ -244,13 +246,14 @@ def _misses(
                     misses["5"].append(f"{family} {ds} {st} {c:.3f} (best {best:.3f})")
     if ms is not None and ms > 2.0:
         misses["6"].append(f"NQ 6x (31-33 passages) median {ms:.2f} ms")
-    if ms is not None:
-        misses["ms"] = [f"{ms:.2f}"]
-    return misses
+    return misses, ms
 
 
-def _verdicts(candidate: str, misses: dict[str, list[str]], hindsight: bool = False) -> list[str]:
-    """Each target met or missed (the first eight cells missed), as Markdown bullets."""
+def _verdicts(
+    candidate: str, misses: dict[str, list[str]], ms: float | None = None, hindsight: bool = False
+) -> list[str]:
+    """Each target met or missed (the first eight cells missed), and the NQ 6x timing ``ms``,
+    as Markdown bullets."""
     head = f"Targets for {candidate} (held-out families: {', '.join(HELD_OUT)}):"
     if hindsight:
         a, b = candidate.split("|")
@@ -260,11 +263,10 @@ def _verdicts(candidate: str, misses: dict[str, list[str]], hindsight: bool = Fa
         )
     lines = [head, ""]
     for t, found in misses.items():
-        if t == "ms":
-            lines.append(f"- defense only, NQ 6x: median {found[0]} ms")
-            continue
         shown = "; ".join(found[:8]) + (f"; ... {len(found) - 8} more" if len(found) > 8 else "")
         lines.append(
             f"- target {t}: " + ("met" if not found else f"missed in {len(found)}: {shown}")
         )
+    if ms is not None:
+        lines.append(f"- defense only, NQ 6x: median {ms:.2f} ms")
     return lines
