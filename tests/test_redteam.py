@@ -55,14 +55,14 @@ def test_core_knowledge_base_red_team(minilm: Any) -> None:
     kb = InMemoryKnowledgeBase(BENIGN, minilm)
     report = kb.red_team(TARGETS, k=5)
     assert kb.texts == BENIGN  # the copy got the poison
-    assert report.pipelines == ["no defense", "ragdefender"]
+    assert report.pipelines == ["no defense", "consensus"]
     assert report.hijack_rate("no defense") == 1.0
-    assert report.hijack_rate("ragdefender") < report.hijack_rate("no defense")
+    assert report.hijack_rate("consensus") < report.hijack_rate("no defense")
     assert "HIJACKED" in report.to_table() and report.to_dict()["n_poison"] == 5
     # answer-level verdicts: a scripted "LLM" that repeats the top passage
     answered = kb.red_team(TARGETS, k=5, answer=lambda q, ctx: ctx[0])
     assert all(o.answer is not None for o in answered.outcomes)
-    assert answered.hijack_rate("ragdefender") < answered.hijack_rate("no defense")
+    assert answered.hijack_rate("consensus") < answered.hijack_rate("no defense")
 
 
 def test_langchain_store_is_copied_never_touched(minilm: Any) -> None:
@@ -76,7 +76,7 @@ def test_langchain_store_is_copied_never_touched(minilm: Any) -> None:
     report = lc_red_team(store, TARGETS, k=4, chain=chain)
     assert store.store == before
     assert report.hijack_rate("no defense") >= 0.5  # the top document states the wrong answer
-    assert report.hijack_rate("ragdefender") < report.hijack_rate("no defense")
+    assert report.hijack_rate("consensus") < report.hijack_rate("no defense")
     assert all(o.answer for o in report.outcomes)
     with pytest.raises(ValueError, match="needs a copy"):
         lc_red_team(store, TARGETS, copy_store=lambda s: s)

@@ -12,7 +12,7 @@ from ragdefense.integration import defense_fields, make_defense
 
 
 def test_names_and_aliases() -> None:
-    assert names()[:3] == ["ragdefender", "grada", "grada-bm25"]
+    assert names()[:4] == ["consensus", "strict", "ragdefender", "grada"]
     assert preset("RAGDefender") is preset("rag_defender") is PRESETS["ragdefender"]
     assert build("grada_peel").peel is True
     assert build("grada-hrsim-ebd").hrsim_base == "ebd"

@@ -22,6 +22,7 @@ _EXPORTS = {
     "AuditReport": "auditing",
     "audit": "auditing",
     "AutoDefense": "defenses.auto",
+    "Consensus": "defenses.consensus",
     "GRADA": "defenses.grada",
     "RAGDefender": "defenses.ragdefender",
     "CallableEmbedder": "embedders",
@@ -66,6 +67,7 @@ if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .auditing import AuditReport as AuditReport
     from .auditing import audit as audit
     from .defenses.auto import AutoDefense as AutoDefense
+    from .defenses.consensus import Consensus as Consensus
     from .defenses.grada import GRADA as GRADA
     from .defenses.ragdefender import RAGDefender as RAGDefender
     from .embedders import CallableEmbedder as CallableEmbedder

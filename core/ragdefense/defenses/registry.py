@@ -16,6 +16,7 @@ from types import MappingProxyType, UnionType
 from typing import Any, Literal, get_args, get_origin
 
 from .auto import AutoDefense
+from .consensus import Consensus
 from .grada import GRADA
 from .ragdefender import RAGDefender
 
@@ -45,6 +46,18 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
     {
         p.name: p
         for p in (
+            Preset(
+                "consensus",
+                Consensus,
+                {},
+                "removes only on evidence of a coordinated attack; counts sources (the default)",
+            ),
+            Preset(
+                "strict",
+                RAGDefender,
+                {},
+                "a poisoned majority without provenance: RAGDefender, at a cost on clean retrieval",
+            ),
             Preset("ragdefender", RAGDefender, {}, "RAGDefender (Kim et al.), task type auto"),
             Preset("grada", GRADA, {}, "GRADA with HRSIM over BM25 (the paper's best)"),
             Preset("grada-bm25", GRADA, {"similarity": "bm25"}, "GRADA, BM25 edges"),
@@ -58,7 +71,7 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
 
 
 #: the defense every entry point uses when none is named (adapters, CLI, demo)
-DEFAULT_DEFENSE = "ragdefender"
+DEFAULT_DEFENSE = "consensus"
 
 
 def _key(name: str) -> str:

@@ -1,0 +1,365 @@
+"""Consensus: the default defense. It removes a passage only on evidence that it was planted
+for the query, counts support per source where documents say where they come from, and lets
+trusted sources win (beyond the papers; no LLM call).
+
+The threat model it assumes: in the pool the one line fetches, honest passages outnumber one
+attacker's. Under that assumption clean retrieval must come through, so each removal needs one
+of four pieces of evidence:
+
+1. **Coordinated groups above the rest** (:func:`~ragdefense.defenses.grada.coordinated_groups`):
+   passages nearly identical to each other that the retriever also ranks above the others.
+   Benign near-duplicates (syndicated news) form tight groups too, but are not lifted above
+   their neighbours; passages written for the query are. Passages that restate a removed group's
+   claim (cosine ``absorb`` or more to one of its members) and rank with it go too.
+2. **One voice repeating itself** (only with provenance): the passages of one source that
+   agree with each other more than with every other source, in a pool where at least two other
+   independent sources speak (passages on the query's topic only, see step 4). Chunks of one
+   long document are not removed for being one source: they must also repeat one claim apart
+   from the rest.
+3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
+   the query than to every trusted passage by ``anchor`` or more answers the question its own
+   way; one that agrees with or adds to the trusted passages stays.
+4. **Unsupported** (GRADA's signal, used as a veto): a passage the retriever ranks in the top
+   half of what is left while the other passages' support (HRSIM PageRank over BM25) ranks it
+   in the bottom half. A lone passage written for the query mimics the query and nothing
+   else. Lower-ranked passages are never dropped by this step, so it cannot empty a poisoned
+   majority of its benign passages and refill the context from below. It needs a pool
+   (``min_pool`` passages or more, what the adapters fetch: in a smaller one "the bottom half"
+   says little), and only passages at least half as similar to the query as the best one
+   take part (the rest of a small store's pool is about other topics, which HRSIM would
+   otherwise reward for being unlike the query). ``support=False`` turns it off: a lone
+   poisoned passage then passes.
+
+Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
+What it does not do: tell a poisoned *majority* from a benign one without provenance. That is
+the ``"strict"`` mode's job (RAGDefender), chosen by name.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ..embedders import passage_and_query_embeddings
+from ..provenance import AUTO, Trust, is_trusted_by, sources_of
+from ..similarity import cosine_matrix, cosine_to
+from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+from .grada import GRADA, coordinated_groups
+
+__all__ = ["Consensus"]
+
+
+class Consensus:
+    """Remove planted passages on evidence (coordinated, one voice, contradicting what you
+    trust, unsupported); count support per source.
+
+    Args:
+        embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: the packaged
+            all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
+        tightness: Least average cosine within a coordinated group.
+        margin: Least query similarity by which a coordinated group must exceed the rest.
+        absorb: Cosine to a removed group's member above which a passage ranking with the
+            group is removed with it (``None``: never).
+        voice: Least excess of a source's own agreement over its agreement with the other
+            sources for its passages to count as one voice repeating itself (``None``: never).
+        source_key: Metadata key naming a passage's source (``"auto"``: the first of
+            :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
+        trusted: Sources never removed, or a predicate on a passage's metadata.
+        anchor: Least excess of an untrusted passage's query similarity over its best cosine
+            to a trusted passage for it to count as contradicting them (``None``: never).
+        support: Drop the top-ranked passages the others do not support (step 4).
+        min_passages: Below this many passages nothing is removed.
+
+    Example:
+        >>> result = Consensus().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
+        >>> print(result)                                                # doctest: +SKIP
+    """
+
+    name = "Consensus"
+    #: retrieval pool per passage returned: twice what the context needs, so that what is
+    #: removed is replaced by the next benign passage
+    pool_factor = 2
+    #: attacks plant ~5 passages per target: a smaller pool may hold no benign passage
+    min_pool = 8
+    uses_embeddings = True
+
+    def __init__(
+        self,
+        embedder: Any = None,
+        *,
+        tightness: float = 0.9,
+        margin: float = 0.02,
+        absorb: float | None = 0.85,
+        voice: float | None = 0.15,
+        source_key: str | None = AUTO,
+        trusted: Trust = None,
+        anchor: float | None = 0.05,
+        support: bool = True,
+        min_passages: int = 3,
+    ) -> None:
+        for label, value in (("tightness", tightness), ("absorb", absorb)):
+            if value is not None and not -1 <= value <= 1:
+                raise ValueError(f"{label} is a cosine similarity in [-1, 1], got {value}")
+        for label, value in (("margin", margin), ("voice", voice), ("anchor", anchor)):
+            if value is not None and not 0 <= value <= 2:
+                raise ValueError(f"{label} is a difference of cosines in [0, 2], got {value}")
+        if source_key is not None and not isinstance(source_key, str):
+            raise TypeError(f"source_key must be a str or None, got {type(source_key).__name__}")
+        if min_passages < 2:
+            raise ValueError("min_passages must be >= 2")
+        self.embedder = embedder
+        self.tightness = tightness
+        self.margin = margin
+        self.absorb = absorb
+        self.voice = voice
+        self.source_key = source_key
+        self.trusted = trusted
+        self._is_trusted = is_trusted_by(trusted)
+        self.anchor = anchor
+        self.support = support
+        self.min_passages = min_passages
+        self._grada = GRADA()
+
+    def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
+        """Filter ``passages`` retrieved for ``query``.
+
+        Returns:
+            A :class:`DefenseResult`: the kept passages in input order, each passage's query
+            similarity, its source, and the evidence for every removal.
+        """
+        return self.defend_embeddings(query, passages)
+
+    def defend_embeddings(
+        self,
+        query: str,
+        passages: Sequence[PassageLike],
+        embeddings: Any = None,
+        query_embedding: Any = None,
+    ) -> DefenseResult:
+        """Like :meth:`defend`, with the passages' (and optionally the query's) embeddings."""
+        query = check_query(query)
+        items = to_passages(passages)
+        m = len(items)
+        sources = sources_of(items, self.source_key)
+        trusted = [self._is_trusted(p, s) for p, s in zip(items, sources, strict=True)]
+        if m < self.min_passages:
+            why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
+            return self._result(query, items, np.zeros(m), sources, trusted, {}, {"note": why})
+        emb, q_emb = passage_and_query_embeddings(
+            query, items, self.embedder, embeddings, query_embedding
+        )
+        sim = cosine_matrix(emb)
+        qs = cosine_to(emb, q_emb)
+        removed: dict[int, str] = {}
+        estimates: dict[str, Any] = {}
+        self._groups(sim, qs, trusted, removed, estimates)
+        self._voices(sim, qs, sources, trusted, removed, estimates)
+        self._contradicting(sim, qs, trusted, removed, estimates)
+        if self.support and m >= self.min_pool:
+            self._support(query, items, qs, trusted, removed, estimates)
+        elif self.support:
+            estimates["support"] = f"skipped: {m} passages, fewer than the pool of {self.min_pool}"
+        known = [s for s in sources if s is not None]
+        estimates["sources"] = len(set(known)) if known else None
+        if any(trusted):
+            estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
+        return self._result(query, items, qs, sources, trusted, removed, estimates)
+
+    def _groups(
+        self,
+        sim: np.ndarray,
+        qs: np.ndarray,
+        trusted: list[bool],
+        removed: dict[int, str],
+        estimates: dict[str, Any],
+    ) -> None:
+        """Evidence 1: coordinated groups above the rest, and the passages restating them."""
+        groups = coordinated_groups(sim, qs, self.tightness, self.margin)
+        found = []
+        for g, group in enumerate(groups, start=1):
+            members = list(group.indices)
+            if any(trusted[i] for i in members):
+                continue  # a group holding a trusted passage agrees with it
+            found.append(members)
+            for i in members:
+                removed[i] = (
+                    f"coordinated group {g} of {len(members)} passages ranked above the rest "
+                    f"(mean cosine {group.cohesion:.3f} within it; query similarity "
+                    f"{group.query_margin:+.3f} above the others)"
+                )
+            if self.absorb is None:
+                continue
+            floor = float(qs[members].min())
+            for i in range(len(qs)):
+                if i in removed or trusted[i] or qs[i] < floor - self.margin:
+                    continue
+                best = float(sim[i, members].max())
+                if best >= self.absorb:
+                    removed[i] = (
+                        f"restates coordinated group {g} (cosine {best:.3f} >= {self.absorb} to "
+                        "a member) and ranks with it"
+                    )
+        if found:
+            estimates["groups"] = found
+
+    def _contradicting(
+        self,
+        sim: np.ndarray,
+        qs: np.ndarray,
+        trusted: list[bool],
+        removed: dict[int, str],
+        estimates: dict[str, Any],
+    ) -> None:
+        """Evidence 3: untrusted passages answering the query apart from every trusted one."""
+        anchors = [i for i, t in enumerate(trusted) if t]
+        if self.anchor is None or not anchors:
+            return
+        found = []
+        for i in range(len(qs)):
+            if trusted[i] or i in removed:
+                continue
+            nearest = float(sim[i, anchors].max())
+            if qs[i] - nearest >= self.anchor:
+                found.append(i)
+                removed[i] = (
+                    f"contradicts the trusted passages: query similarity {qs[i]:.3f} exceeds "
+                    f"its best cosine to a trusted passage ({nearest:.3f}) by "
+                    f"{qs[i] - nearest:.3f} >= {self.anchor}"
+                )
+        if found:
+            estimates["contradicting"] = found
+
+    def _support(
+        self,
+        query: str,
+        items: list[Any],
+        qs: np.ndarray,
+        trusted: list[bool],
+        removed: dict[int, str],
+        estimates: dict[str, Any],
+    ) -> None:
+        """Step 4: a passage the retriever ranks in the top half of what is left that the
+        others' support (GRADA's PageRank) ranks in the bottom half is dropped: it resembles the
+        query more than anything the other passages say. Lower-ranked passages are never
+        dropped here, so a context is never refilled from below at their expense."""
+        # passages less than half as similar to the query as the best one are about something
+        # else (a small store's other topics): they neither vote nor are judged here
+        on_topic = set(_on_topic(qs))
+        aside = {i: "another topic" for i in range(len(items)) if i not in on_topic}
+        left = [i for i in range(len(items)) if i not in removed and i not in aside]
+        if len(left) < self.min_passages:
+            return
+        ranked = self._grada.defend_embeddings(query, items, exclude={**aside, **removed})
+        half = (len(left) + 1) // 2
+        by_query = sorted(left, key=lambda i: (-qs[i], i))[:half]
+        score = {v.index: v.score for v in ranked.verdicts}
+        by_support = sorted(left, key=lambda i: (-score[i], i))
+        low = set(by_support[len(left) - len(left) // 2 :])
+        dropped = []
+        for i in by_query:
+            if i in low and not trusted[i]:
+                dropped.append(i)
+                removed[i] = (
+                    f"unsupported: ranked {by_query.index(i) + 1} of {len(left)} by query "
+                    f"similarity, but {by_support.index(i) + 1} of {len(left)} by the other "
+                    f"passages' support (PageRank {score[i]:.4f}, HRSIM)"
+                )
+        if dropped:
+            estimates["unsupported"] = dropped
+
+    def _voices(
+        self,
+        sim: np.ndarray,
+        qs: np.ndarray,
+        sources: list[str | None],
+        trusted: list[bool],
+        removed: dict[int, str],
+        estimates: dict[str, Any],
+    ) -> None:
+        """Evidence 3: one source repeating one claim apart from every other source."""
+        if self.voice is None:
+            return
+        # on the query's topic only: one upload planting claims for many questions is judged
+        # on the claim it makes here
+        alive = [i for i in _on_topic(qs) if i not in removed]
+        by_source: dict[str, list[int]] = {}
+        for i in alive:
+            s = sources[i]
+            if s is not None:
+                by_source.setdefault(s, []).append(i)
+        if len(by_source) < 2:
+            return  # one source (or none): support cannot be counted per source
+        found = []
+        for s, own in by_source.items():
+            rest = [i for i in alive if sources[i] != s]
+            n_rest = len({sources[i] for i in rest if sources[i] is not None})
+            if len(own) < 2 or any(trusted[i] for i in own) or n_rest < 2:
+                continue
+            inner = float(sim[np.ix_(own, own)][np.triu_indices(len(own), 1)].mean())
+            across = float(sim[np.ix_(own, rest)].mean())
+            if inner - across < self.voice:
+                continue
+            found.append(s)
+            for i in own:
+                removed[i] = (
+                    f"one voice: {len(own)} passages of source {s!r} agree with each other "
+                    f"(mean cosine {inner:.3f}) more than with {n_rest} other sources "
+                    f"({across:.3f}) by {inner - across:.3f} >= {self.voice}"
+                )
+        if found:
+            estimates["voices"] = found
+
+    def _result(
+        self,
+        query: str,
+        items: list[Any],
+        qs: np.ndarray,
+        sources: list[str | None],
+        trusted: list[bool],
+        removed: dict[int, str],
+        estimates: dict[str, Any],
+    ) -> DefenseResult:
+        note = estimates.get("note")
+        verdicts = []
+        rank = 0
+        for i, passage in enumerate(items):
+            kept = i not in removed
+            src = (
+                f" (source {sources[i]!r}{', trusted' if trusted[i] else ''})" if sources[i] else ""
+            )
+            if not kept:
+                reason = f"removed: {removed[i]}"
+            elif note:
+                reason = f"kept: {note}"
+            elif trusted[i]:
+                reason = "kept: trusted"
+            else:
+                reason = "kept: no evidence of a coordinated attack"
+            verdicts.append(
+                Verdict(
+                    index=i,
+                    passage=passage,
+                    kept=kept,
+                    score=float(qs[i]),
+                    reason=reason + src,
+                    rank=rank if kept else None,
+                    details={"trusted": float(trusted[i])},
+                )
+            )
+            rank += kept
+        return DefenseResult(
+            defense=self.name,
+            query=query,
+            verdicts=tuple(verdicts),
+            score_name="query_sim",
+            estimates=estimates,
+        )
+
+
+def _on_topic(qs: np.ndarray) -> list[int]:
+    """The passages at least half as similar to the query as the best one: a small store's
+    other topics fall below."""
+    bar = 0.5 * float(qs.max())
+    return [i for i in range(len(qs)) if qs[i] >= bar]

@@ -1,0 +1,100 @@
+"""Provenance: where a passage comes from, and whether the user trusts it.
+
+Real documents say where they come from: LangChain loaders set ``metadata["source"]``,
+LlamaIndex readers ``file_path`` / ``file_name`` / ``url``, nodes a ``ref_doc_id``. A defense
+that counts support per *source* rather than per passage is not outvoted by twenty chunks of one
+upload, or by one web domain repeating itself (search engines' host crowding). Web addresses
+count per host (``www.`` dropped); any other value is taken as it is.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any
+from urllib.parse import urlsplit
+
+from .types import Passage
+
+__all__ = [
+    "AUTO",
+    "SOURCE_KEYS",
+    "Trust",
+    "is_trusted_by",
+    "source_of",
+    "sources_of",
+]
+
+#: the metadata keys read, in this order, when no ``source_key`` is named
+SOURCE_KEYS = (
+    "source",
+    "url",
+    "file_path",
+    "file_name",
+    "filename",
+    "doc_id",
+    "document_id",
+    "ref_doc_id",
+)
+
+#: ``source_key`` value meaning "the first of :data:`SOURCE_KEYS` a passage has"
+AUTO = "auto"
+
+#: what ``trusted=`` accepts: sources (as :func:`source_of` gives them), or a predicate on a
+#: passage's metadata
+Trust = Collection[str] | Callable[[Mapping[str, Any]], bool] | None
+
+
+def _normal(value: Any) -> str | None:
+    if value is None or isinstance(value, bool):
+        return None
+    text = str(value).strip()
+    if not text:
+        return None
+    if "://" in text:
+        host = urlsplit(text).hostname
+        if host:
+            return host.lower().removeprefix("www.")
+    return text
+
+
+def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
+    """The source of ``passage``: the value of its metadata ``source_key`` (``"auto"``: the
+    first of :data:`SOURCE_KEYS` it has; ``None``: provenance off), a web address reduced to its
+    host; ``None`` when it has none."""
+    if source_key is None:
+        return None
+    meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
+    keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
+    for key in keys:
+        found = _normal(meta.get(key))
+        if found is not None:
+            return found
+    return None
+
+
+def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> list[str | None]:
+    """:func:`source_of` for each passage."""
+    return [source_of(p, source_key) for p in passages]
+
+
+def is_trusted_by(trusted: Trust) -> Callable[[Passage, str | None], bool]:
+    """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources
+    (compared after the same reduction as :func:`source_of`: ``"https://www.who.int/x"`` and
+    ``"who.int"`` are one), or a predicate on the passage's metadata. ``None``: nothing is."""
+    if trusted is None:
+        return lambda passage, source: False
+    if callable(trusted):
+        predicate = trusted
+
+        def by_predicate(passage: Passage, source: str | None) -> bool:
+            meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
+            return bool(predicate(meta))
+
+        return by_predicate
+    if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Collection):
+        raise TypeError(
+            "trusted must be a collection of sources or a predicate on metadata, got "
+            f"{type(trusted).__name__}"
+        )
+    names = {_normal(t) for t in trusted} - {None}
+    return lambda passage, source: source is not None and source in names

@@ -1,0 +1,198 @@
+"""The default defense (Consensus): evidence-only removals, sources counted per source, trust,
+and the provenance helpers; fast tests on hand-made vectors, then the real MiniLM."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ragdefense import Consensus, Passage
+from ragdefense.defenses.registry import DEFAULT_DEFENSE, build
+from ragdefense.provenance import SOURCE_KEYS, is_trusted_by, source_of, sources_of
+
+
+def _unit(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v, axis=-1, keepdims=True)
+
+
+def _pool(seed: int = 0, n_benign: int = 6, n_poison: int = 0, lift: float = 0.3) -> tuple:
+    """Benign passages spread around a topic, optional poison: near-duplicates of each other,
+    lifted towards the query. Returns passages, embeddings, query embedding, poison flags."""
+    rng = np.random.default_rng(seed)
+    d = 32
+    topic = _unit(rng.normal(size=d))
+    query = _unit(topic + 0.3 * _unit(rng.normal(size=d)))
+    benign = _unit(topic + 0.9 * _unit(rng.normal(size=(n_benign, d))))
+    claim = _unit(topic + 0.5 * _unit(rng.normal(size=d)) + lift * query)
+    poison = _unit(claim + 0.05 * _unit(rng.normal(size=(n_poison, d))))
+    emb = np.vstack([benign, poison]) if n_poison else benign
+    texts = [f"benign {i}" for i in range(n_benign)] + [f"planted {i}" for i in range(n_poison)]
+    passages = [Passage(t, id=str(i)) for i, t in enumerate(texts)]
+    return passages, emb, query, [False] * n_benign + [True] * n_poison
+
+
+def test_it_is_the_default_and_strict_is_ragdefender() -> None:
+    assert DEFAULT_DEFENSE == "consensus"
+    assert isinstance(build(None or DEFAULT_DEFENSE), Consensus)
+    assert type(build("strict")).__name__ == "RAGDefender"
+
+
+def test_clean_retrieval_without_evidence_loses_nothing() -> None:
+    for seed in range(20):
+        passages, emb, q, _ = _pool(seed, n_benign=6)
+        result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+        assert result.removed == [], result.to_table()
+        assert [v.reason.startswith("kept: no evidence") for v in result.verdicts] == [True] * 6
+
+
+def test_a_coordinated_group_above_the_rest_is_removed_with_its_evidence() -> None:
+    passages, emb, q, poison = _pool(1, n_benign=6, n_poison=3)
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert set(result.removed_indices) == {i for i, p in enumerate(poison) if p}
+    assert all("coordinated group" in result.verdicts[i].reason for i in result.removed_indices)
+    assert result.estimates["groups"] == [[6, 7, 8]]
+
+
+def test_a_group_holding_a_trusted_passage_is_not_evidence() -> None:
+    passages, emb, q, _ = _pool(1, n_benign=6, n_poison=3)
+    passages[7] = replace(passages[7], metadata={"source": "https://www.who.int/a"})
+    result = Consensus(support=False, trusted={"who.int"}).defend_embeddings("q", passages, emb, q)
+    assert result.removed == []
+    assert "trusted" in result.verdicts[7].reason
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    n_poison=st.integers(0, 6),
+    trusted=st.sets(st.integers(0, 11), max_size=5),
+)
+def test_trusted_passages_are_never_removed(seed: int, n_poison: int, trusted: set[int]) -> None:
+    passages, emb, q, _ = _pool(seed, n_benign=6, n_poison=n_poison)
+    passages = [
+        replace(p, metadata={"source": f"site-{i}", "trusted": i in trusted})
+        for i, p in enumerate(passages)
+    ]
+    result = Consensus(trusted=lambda m: bool(m.get("trusted"))).defend_embeddings(
+        "q", passages, emb, q
+    )
+    kept = set(result.kept_indices)
+    assert {i for i in trusted if i < len(passages)} <= kept
+
+
+@pytest.mark.parametrize("n_poison", [0, 2, 5])
+def test_a_single_source_knowledge_base_gives_the_text_only_result(n_poison: int) -> None:
+    passages, emb, q, _ = _pool(3, n_benign=6, n_poison=n_poison)
+    one_pdf = [replace(p, metadata={"file_path": "/data/handbook.pdf"}) for p in passages]
+    text_only = Consensus().defend_embeddings("q", passages, emb, q)
+    with_source = Consensus().defend_embeddings("q", one_pdf, emb, q)
+    assert with_source.kept_indices == text_only.kept_indices
+    assert with_source.estimates["sources"] == 1
+
+
+def _voices_pool() -> tuple[list[Passage], np.ndarray, np.ndarray]:
+    """Three independent sources on the topic, one upload repeating one claim (not lifted
+    above the rest: text alone sees no coordinated group)."""
+    passages, emb, q, _ = _pool(5, n_benign=4, n_poison=4, lift=-0.3)
+    sources = ["https://a.org/1", "https://b.org/2", "https://c.org/3", "https://a.org/4"]
+    sources += ["uploads/notes.pdf"] * 4
+    return (
+        [replace(p, metadata={"source": s}) for p, s in zip(passages, sources, strict=True)],
+        emb,
+        q,
+    )
+
+
+def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
+    passages, emb, q = _voices_pool()
+    with_sources = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert with_sources.removed_indices == [4, 5, 6, 7]
+    assert "one voice" in with_sources.verdicts[4].reason
+    assert with_sources.estimates["voices"] == ["uploads/notes.pdf"]
+    off = Consensus(support=False, source_key=None).defend_embeddings("q", passages, emb, q)
+    assert off.removed == [] and off.estimates["sources"] is None
+
+
+def test_chunks_of_one_long_document_are_not_one_voice() -> None:
+    # most of the pool is one document whose chunks say different things
+    passages, emb, q, _ = _pool(7, n_benign=10)
+    sources = ["reports/annual.pdf"] * 8 + ["https://a.org/x", "https://b.org/y"]
+    passages = [replace(p, metadata={"source": s}) for p, s in zip(passages, sources, strict=True)]
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert result.removed == []
+
+
+def test_the_unsupported_veto_drops_a_lone_passage_written_for_the_query() -> None:
+    rng = np.random.default_rng(11)
+    d = 32
+    topic = _unit(rng.normal(size=d))
+    q = _unit(topic + 0.4 * _unit(rng.normal(size=d)))
+    benign = _unit(topic + 0.7 * _unit(rng.normal(size=(9, d))))
+    lone = _unit(q + 0.05 * _unit(rng.normal(size=d)))  # mimics the query, unlike the rest
+    emb = np.vstack([benign, lone])
+    texts = [f"the topic passage number {i} on the subject" for i in range(9)]
+    texts.append("who won the match? the visitors won the match")
+    passages = [Passage(t) for t in texts]
+    result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
+    assert 9 in result.removed_indices
+    assert "unsupported" in result.verdicts[9].reason
+    assert len(result.kept) >= len(passages) // 2  # a veto, never a halving
+    small = Consensus().defend_embeddings("who won the match?", passages[5:], emb[5:], q)
+    assert small.removed == [] and "skipped" in small.estimates["support"]
+
+
+def test_bad_parameters_and_too_few_passages() -> None:
+    with pytest.raises(ValueError, match="absorb"):
+        Consensus(absorb=2.0)
+    with pytest.raises(ValueError, match="voice"):
+        Consensus(voice=-0.1)
+    with pytest.raises(TypeError, match="source_key"):
+        Consensus(source_key=3)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="trusted"):
+        Consensus(trusted="who.int")  # type: ignore[arg-type]
+    result = Consensus().defend("q", ["only one", "and two"])
+    assert result.removed == [] and "nothing to compare" in result.verdicts[0].reason
+
+
+def test_sources_are_read_from_the_usual_keys() -> None:
+    assert SOURCE_KEYS[0] == "source"
+    p = Passage("x", metadata={"source": "https://www.Example.com/a?b=1", "file_path": "/f"})
+    assert source_of(p) == "example.com"  # hosts, lower case, www. dropped; first key wins
+    assert source_of(Passage("x", metadata={"file_name": "a.pdf"})) == "a.pdf"
+    assert source_of(Passage("x", metadata={"ref_doc_id": "doc-1"})) == "doc-1"
+    assert source_of(Passage("x", metadata={"tenant": "t1"}), "tenant") == "t1"
+    assert source_of(p, None) is None
+    assert sources_of([Passage("x"), Passage("y", metadata={"source": " "})]) == [None, None]
+    trusted = is_trusted_by(["https://www.example.com/"])
+    assert trusted(p, source_of(p)) and not trusted(Passage("x"), None)
+
+
+def test_the_verdicts_explain_and_the_callers_passages_are_untouched() -> None:
+    passages, emb, q, _ = _pool(1, n_benign=6, n_poison=3)
+    passages = [replace(p, metadata={"source": f"site-{i % 4}"}) for i, p in enumerate(passages)]
+    before = [dict(p.metadata) for p in passages]
+    result = Consensus().defend_embeddings("q", passages, emb, q)
+    assert [dict(p.metadata) for p in passages] == before
+    assert all(v.reason.startswith(("kept: ", "removed: ")) for v in result.verdicts)
+    assert all("(source 'site-" in v.reason for v in result.verdicts)
+    assert result.to_dict()["estimates"]["sources"] == 4
+
+
+@pytest.mark.slow
+def test_demo_knowledge_base_with_minilm(minilm: object) -> None:
+    from ragdefense.demo import run_demo
+
+    totals = run_demo(k=8, embedder=minilm, out=open("/dev/null", "w"))  # noqa: SIM115
+    for attack in ("poisonedrag", "reworded"):
+        none = totals[(attack, "no defense")]
+        assert none["planted"] >= 40  # the attack works without defense
+        for label in ("default", "default + sources"):
+            assert totals[(attack, label)]["planted"] <= none["planted"]
+    # provenance adds what the text cannot see: one upload repeating the attacker's claim
+    assert totals[("poisonedrag", "default + sources")]["hijacked"] == 0
+    reworded = totals[("reworded", "default + sources")]["planted"]
+    assert reworded < totals[("reworded", "default")]["planted"] / 2
