@@ -28,6 +28,7 @@ from langchain_ragdefense import RagdefenseEmbeddings
 PACKAGE = "llama_index.postprocessor.ragdefense"
 LANGCHAIN_EXPECTED_ALL = [
     "AutoDefenseCompressor",
+    "ConsensusCompressor",
     "DefendedRetriever",
     "DefenseCompressor",
     "GRADACompressor",
@@ -40,6 +41,7 @@ LANGCHAIN_EXPECTED_ALL = [
 ]
 LLAMAINDEX_EXPECTED_ALL = [
     "AutoDefensePostprocessor",
+    "ConsensusPostprocessor",
     "DefensePostprocessor",
     "DefenseRemovedEvent",
     "GRADAPostprocessor",
@@ -55,6 +57,7 @@ LLAMAINDEX_EXPECTED_ALL = [
 # the base class each public class must derive from, as the frameworks' own tests check it
 LANGCHAIN_BASES: dict[str, type] = {
     "AutoDefenseCompressor": BaseDocumentCompressor,
+    "ConsensusCompressor": BaseDocumentCompressor,
     "DefenseCompressor": BaseDocumentCompressor,
     "GRADACompressor": BaseDocumentCompressor,
     "RAGDefenderCompressor": BaseDocumentCompressor,
@@ -64,6 +67,7 @@ LANGCHAIN_BASES: dict[str, type] = {
 }
 LLAMAINDEX_BASES: dict[str, type] = {
     "AutoDefensePostprocessor": BaseNodePostprocessor,
+    "ConsensusPostprocessor": BaseNodePostprocessor,
     "DefensePostprocessor": BaseNodePostprocessor,
     "GRADAPostprocessor": BaseNodePostprocessor,
     "RAGDefenderPostprocessor": BaseNodePostprocessor,

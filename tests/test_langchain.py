@@ -36,10 +36,14 @@ def embeddings(minilm: Any) -> RagdefenseEmbeddings:
 
 @pytest.fixture(scope="module")
 def store(embeddings: RagdefenseEmbeddings) -> InMemoryVectorStore:
+    # as a loader writes them: metadata["source"] (the demo's benign passages come from reference
+    # sites, its planted ones from one upload)
     docs = []
     for q in KB:
-        docs += [Document(t, metadata={"q": q.id, "poison": False}) for t in q.benign]
-        docs += [Document(t, metadata={"q": q.id, "poison": True}) for t in q.poison]
+        for t, src in zip(q.benign, q.sources, strict=True):
+            docs.append(Document(t, metadata={"q": q.id, "poison": False, "source": src}))
+        for t, src in zip(q.poison, q.poison_sources, strict=True):
+            docs.append(Document(t, metadata={"q": q.id, "poison": True, "source": src}))
     return InMemoryVectorStore.from_documents(docs, embeddings)
 
 
@@ -83,7 +87,14 @@ def test_contextual_compression_retriever_removes_poison(
 
 
 @pytest.mark.slow
-def test_defend_one_line_sync_and_async(retriever: BaseRetriever) -> None:
+def test_defend_one_line_sync_and_async(store: InMemoryVectorStore) -> None:
+    """The one line with LangChain's own default (``as_retriever()``: 4 documents). The demo's
+    poison is most of what is retrieved, from one upload: the default, reading the documents'
+    ``source``, removes it; reading the text alone it removes some."""
+    retriever = store.as_retriever()
+    assert poison(retriever.invoke(QUESTION.question)) == 4  # the attack works
+    text_only = defend(retriever, source_key=None)
+    assert sum(poison(text_only.invoke(q.question)) for q in KB) < 4 * len(KB)
     defended = defend(retriever)
     # the vector store's own embeddings are used: no second model
     assert defended.compressor.embeddings is retriever.vectorstore.embeddings  # type: ignore[attr-defined]

@@ -17,6 +17,10 @@ KB = load_demo_kb()
 QUESTION = KB[0]
 TEXTS = [t for q in KB for t in q.benign] + [t for q in KB for t in q.poison]
 POISON = {t for q in KB for t in q.poison}
+#: each passage's source, as a loader records it (benign: reference sites; poison: one upload)
+SOURCE = {
+    t: s for q in KB for t, s in zip(q.benign + q.poison, q.sources + q.poison_sources, strict=True)
+}
 
 pytestmark = pytest.mark.slow
 
@@ -39,7 +43,7 @@ class Counting:
 def _lc_store(kind: str, embeddings: Any, folder: Path, texts: list[str] = TEXTS) -> Any:
     from langchain_core.documents import Document
 
-    docs = [Document(page_content=t) for t in texts]
+    docs = [Document(page_content=t, metadata={"source": SOURCE.get(t, "user")}) for t in texts]
     if kind == "inmemory":
         from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -67,9 +71,9 @@ def test_langchain_one_line_defense_reuses_the_stored_vectors(
     counting = Counting(RagdefenseEmbeddings(minilm))
     Embeddings.register(Counting)
     store = _lc_store(kind, counting, tmp_path)
-    retriever = store.as_retriever(search_kwargs={"k": 8})
+    retriever = store.as_retriever()  # LangChain's default: 4 documents
     plain = retriever.invoke(QUESTION.question)
-    assert sum(d.page_content in POISON for d in plain) == 5  # the attack works
+    assert sum(d.page_content in POISON for d in plain) == 4  # the attack works
 
     before = counting.passages
     docs = defend(retriever).invoke(QUESTION.question)

@@ -1,10 +1,10 @@
 """LangChain integration of ragdefense: one line in an existing pipeline.
 
 ```python
+retriever = defend(retriever)                      # Consensus, the default
 retriever = ContextualCompressionRetriever(
-    base_compressor=RAGDefenderCompressor(), base_retriever=retriever
+    base_compressor=ConsensusCompressor(), base_retriever=retriever
 )
-retriever = defend(retriever)                      # RAGDefender by default
 chain = RobustRAGChain.from_llm(llm, retriever)    # isolate-then-aggregate answers
 ```
 
@@ -15,6 +15,7 @@ from ._version import __version__
 from .chain import RobustRAGChain
 from .compressors import (
     AutoDefenseCompressor,
+    ConsensusCompressor,
     DefenseCompressor,
     GRADACompressor,
     RAGDefenderCompressor,
@@ -25,6 +26,7 @@ from .retrievers import DefendedRetriever, defend
 
 __all__ = [
     "AutoDefenseCompressor",
+    "ConsensusCompressor",
     "DefendedRetriever",
     "DefenseCompressor",
     "GRADACompressor",

@@ -32,6 +32,7 @@ from .vectors import stored_vectors
 __all__ = [
     "EVENT_NAME",
     "AutoDefenseCompressor",
+    "ConsensusCompressor",
     "DefenseCompressor",
     "GRADACompressor",
     "RAGDefenderCompressor",
@@ -136,6 +137,12 @@ TOO_FEW = (
     "Ask the base retriever for more, e.g. vector_store.as_retriever(search_kwargs={'k': 10}), "
     "or use defend(retriever), which fetches the pool the defense needs and returns k."
 )
+
+
+class ConsensusCompressor(with_defense_fields(DefenseCompressor, "consensus")):  # type: ignore[misc]
+    """:class:`ragdefense.Consensus` (the default) as a document compressor; its fields are the
+    core's parameters (``trusted=`` goes through ``defend(retriever, trusted=...)`` or
+    ``DefenseCompressor(defense=Consensus(trusted=...))``)."""
 
 
 class RAGDefenderCompressor(with_defense_fields(DefenseCompressor, "ragdefender")):  # type: ignore[misc]

@@ -1,10 +1,12 @@
 """LlamaIndex integration of ragdefense.
 
 ```python
-engine = index.as_query_engine(llm=llm, node_postprocessors=[RAGDefenderPostprocessor()])
+engine = RetrieverQueryEngine.from_args(defend(index), llm=llm)  # fetches the pool, returns k
+engine = index.as_query_engine(
+    llm=llm, similarity_top_k=8, node_postprocessors=[ConsensusPostprocessor()]
+)
 engine = index.as_query_engine(llm=llm, response_synthesizer=RobustRAGSynthesizer(llm=llm))
 engine = RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)
-engine = RetrieverQueryEngine.from_args(defend(index), llm=llm)  # widens retrieval first
 ```
 
 Pass ``llm=`` (and ``embed_model=`` when building the index) explicitly: LlamaIndex's
@@ -16,6 +18,7 @@ from ._version import __version__
 from .embeddings import RagdefenseEmbedding
 from .postprocessors import (
     AutoDefensePostprocessor,
+    ConsensusPostprocessor,
     DefensePostprocessor,
     DefenseRemovedEvent,
     GRADAPostprocessor,
@@ -27,6 +30,7 @@ from .synthesizer import RobustRAGQueryEngine, RobustRAGSynthesizer
 
 __all__ = [
     "AutoDefensePostprocessor",
+    "ConsensusPostprocessor",
     "DefendedRetriever",
     "DefensePostprocessor",
     "DefenseRemovedEvent",

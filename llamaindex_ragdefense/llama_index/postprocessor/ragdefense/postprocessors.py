@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
@@ -34,6 +35,7 @@ from .vectors import stored_vectors
 
 __all__ = [
     "AutoDefensePostprocessor",
+    "ConsensusPostprocessor",
     "DefensePostprocessor",
     "DefenseRemovedEvent",
     "GRADAPostprocessor",
@@ -124,7 +126,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
                 n.node.get_content(metadata_mode=MetadataMode.NONE),
                 id=n.node.node_id,
                 score=n.score,
-                metadata=n.node.metadata,
+                metadata=_with_document(n),
                 embedding=v,
             )
             for n, v in zip(nodes, vectors, strict=True)
@@ -195,6 +197,12 @@ class DefensePostprocessor(BaseNodePostprocessor):
         return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
 
 
+class ConsensusPostprocessor(with_defense_fields(DefensePostprocessor, "consensus")):  # type: ignore[misc]
+    """:class:`ragdefense.Consensus` (the default) as a node postprocessor; its fields are the
+    core's parameters (``trusted=`` goes through ``defend(index, trusted=...)`` or
+    ``DefensePostprocessor(defense=Consensus(trusted=...))``)."""
+
+
 class RAGDefenderPostprocessor(with_defense_fields(DefensePostprocessor, "ragdefender")):  # type: ignore[misc]
     """RAGDefender as a node postprocessor (see :class:`ragdefense.RAGDefender`); its fields are
     the core's parameters."""
@@ -208,3 +216,14 @@ class GRADAPostprocessor(with_defense_fields(DefensePostprocessor, "grada")):  #
 class AutoDefensePostprocessor(with_defense_fields(DefensePostprocessor, "auto")):  # type: ignore[misc]
     """:class:`ragdefense.AutoDefense` as a node postprocessor; its fields are the core's
     parameters."""
+
+
+def _with_document(node: NodeWithScore) -> Mapping[str, Any]:
+    """The node's metadata as the defense reads it: plus the id of the document it was cut
+    from (``ref_doc_id``), where LlamaIndex keeps it outside the metadata, so that chunks of one
+    document count as one source (a reader's ``file_path`` / ``url`` come first)."""
+    meta = node.node.metadata
+    doc = node.node.ref_doc_id
+    if doc is None or "ref_doc_id" in meta:
+        return meta
+    return {**meta, "ref_doc_id": doc}

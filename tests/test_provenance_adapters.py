@@ -1,0 +1,129 @@
+"""Provenance through both frameworks: the default reads the source keys their own loaders and
+readers write (LangChain ``TextLoader`` -> ``metadata["source"]``; LlamaIndex
+``SimpleDirectoryReader`` -> ``file_path``; a node's ``ref_doc_id``), ``trusted=`` reaches the
+core, and ``defend()`` fetches a pool of at least 2k and the defense's floor, returning k."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+from typing import Any
+
+import pytest
+from langchain_core.vectorstores import InMemoryVectorStore
+from llama_index.core import Document as LIDocument
+from llama_index.core import SimpleDirectoryReader, VectorStoreIndex
+from llama_index.core.schema import QueryBundle
+
+from langchain_ragdefense import RagdefenseEmbeddings
+from langchain_ragdefense import defend as lc_defend
+from llamaindex_ragdefense import ConsensusPostprocessor, RagdefenseEmbedding
+from llamaindex_ragdefense import defend as li_defend
+
+TOPICS = [
+    "The Pacific Ocean is the largest ocean on Earth by area.",
+    "The Pacific covers about a third of the surface of the planet.",
+    "Oceanographers measure the Pacific as the deepest ocean basin.",
+    "The Mariana Trench lies in the western Pacific Ocean.",
+    "The Atlantic Ocean is the second largest ocean on Earth.",
+    "Ocean currents in the Pacific shape the climate of the coasts.",
+    "The largest ocean, the Pacific, borders Asia and the Americas.",
+    "Many islands of the Pacific Ocean are volcanic in origin.",
+    "Coral reefs of the Pacific are among the largest on Earth.",
+    "Sailors crossed the Pacific Ocean in the sixteenth century.",
+]
+QUERY = "What is the largest ocean on Earth?"
+
+
+@pytest.fixture
+def folder(tmp_path: Path) -> Path:
+    for i, text in enumerate(TOPICS):
+        (tmp_path / f"note_{i}.txt").write_text(text, encoding="utf-8")
+    return tmp_path
+
+
+def _reasons(metadata: list[dict[str, Any]]) -> list[str]:
+    return [m["ragdefense"]["reason"] for m in metadata]
+
+
+def test_langchain_loader_sources_reach_the_default(folder: Path, toy_embedder: Any) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.document_loaders import TextLoader
+
+    docs = [d for p in sorted(folder.glob("*.txt")) for d in TextLoader(str(p)).load()]
+    assert all(d.metadata["source"].endswith(".txt") for d in docs)  # what the loader writes
+    store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings(toy_embedder))
+    kept = lc_defend(store.as_retriever()).invoke(QUERY)
+    assert kept and all(
+        f"(source '{d.metadata['source']}'" in r
+        for d, r in zip(kept, _reasons([d.metadata for d in kept]), strict=True)
+    )
+    trusted = str(folder / "note_0.txt")
+    kept = lc_defend(store.as_retriever(), trusted={trusted}).invoke(QUERY)
+    assert any("trusted" in r for r in _reasons([d.metadata for d in kept]))
+    with pytest.raises(TypeError, match="no parameter 'bogus'"):
+        lc_defend(store.as_retriever(), bogus=1)
+
+
+def test_langchain_defend_fetches_twice_k_and_the_floor(toy_embedder: Any) -> None:
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_texts(TOPICS * 3)
+    asked: list[int] = []
+    original = type(store).similarity_search
+
+    def spy(self: Any, query: str, k: int = 4, **kwargs: Any) -> Any:
+        asked.append(k)
+        return original(self, query, k=k, **kwargs)
+
+    type(store).similarity_search = spy  # type: ignore[method-assign]
+    try:
+        assert len(lc_defend(store.as_retriever()).invoke(QUERY)) <= 4
+        assert asked[-1] == 8  # as_retriever()'s 4: 2k, which is also the floor
+        docs = lc_defend(store.as_retriever(search_kwargs={"k": 6})).invoke(QUERY)
+        assert asked[-1] == 12 and len(docs) <= 6
+        lc_defend(store.as_retriever(search_kwargs={"k": 2})).invoke(QUERY)
+        assert asked[-1] == 8  # 2k = 4 is below the floor of 8
+    finally:
+        type(store).similarity_search = original  # type: ignore[method-assign]
+
+
+def test_llamaindex_reader_sources_reach_the_default(folder: Path, toy_embedder: Any) -> None:
+    documents = SimpleDirectoryReader(str(folder)).load_data()
+    assert all("file_path" in d.metadata for d in documents)  # what the reader writes
+    embed = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex.from_documents(documents, embed_model=embed)
+    nodes = index.as_retriever(similarity_top_k=10).retrieve(QUERY)
+    out = ConsensusPostprocessor(embed_model=embed).postprocess_nodes(
+        nodes, query_bundle=QueryBundle(QUERY)
+    )
+    assert out and all(
+        f"(source '{n.node.metadata['file_path']}'" in n.node.metadata["ragdefense"]["reason"]
+        for n in out
+    )
+    # a document without a reader's metadata: its nodes count as one source, its ref_doc_id
+    plain = VectorStoreIndex.from_documents(
+        [LIDocument(text=t, doc_id=f"doc-{i}") for i, t in enumerate(TOPICS)], embed_model=embed
+    )
+    retrieved = plain.as_retriever(similarity_top_k=10).retrieve(QUERY)
+    out = ConsensusPostprocessor(embed_model=embed).postprocess_nodes(
+        retrieved, query_bundle=QueryBundle(QUERY)
+    )
+    assert all(
+        f"(source '{n.node.ref_doc_id}'" in n.node.metadata["ragdefense"]["reason"] for n in out
+    )
+    assert all("ragdefense" not in n.node.metadata for n in retrieved)  # the caller's untouched
+
+
+def test_llamaindex_defend_fetches_twice_k_and_the_floor(toy_embedder: Any) -> None:
+    embed = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex.from_documents(
+        [LIDocument(text=t) for t in TOPICS * 2], embed_model=embed
+    )
+    defended = li_defend(index)
+    assert (defended.k, defended.fetch_k) == (2, 8)  # LlamaIndex's top 2: the floor of 8
+    assert len(defended.retrieve(QUERY)) <= 2
+    wide = li_defend(index.as_retriever(similarity_top_k=6), trusted={"doc-x"})
+    assert (wide.k, wide.fetch_k) == (6, 12)
+    with pytest.raises(TypeError, match="no parameter 'bogus'"):
+        li_defend(index, bogus=1)
