@@ -104,7 +104,7 @@ def test_cli_bench_malformed_data(capsys: pytest.CaptureFixture[str], tmp_path: 
 def test_cli_demo(capsys: pytest.CaptureFixture[str], minilm: object) -> None:
     assert main(["demo", "-k", "8"]) == 0
     out = capsys.readouterr().out
-    assert "Totals" in out and "RAGDefender" in out and "benign passages lost" in out
+    assert "Totals" in out and "default + sources" in out and "benign removed" in out
 
 
 @pytest.mark.slow
@@ -156,3 +156,20 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
             pair = [by[(ds, st, family, n)]["poison_share"] for n in ("ragdefender", "grada")]
             assert row["poison_share"] <= min(pair) + 1e-9
             assert "ms_p50" not in row  # its timings would be neither defense's
+
+
+@pytest.mark.slow
+@pytest.mark.data
+def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
+    from ragdefense.bench.settings.threats import threats_table
+
+    rows, table = threats_table(data_dir, families=("poisonedrag", "no-prefix"), limit=3)
+    assert "Choose your threat model" in table and "S=5 held out" in table
+    by = {(r["row"], r["scenario"], r["setting"], r["family"]): r for r in rows}
+    trusted = [
+        r for k, r in by.items() if k[0] == "default, trusted sources" and k[1] == "majority"
+    ]
+    assert trusted and all(r["gold_kept"] == 1.0 for r in trusted)  # trusted: never removed
+    none = by[("none", "majority+sources", "top 8, S=1", "poisonedrag")]
+    assert none["poison_share"] >= 0.6  # a poisoned majority, whatever the rank
+    assert by[("none", "clean", "0p", "-")]["poison_share"] == 0

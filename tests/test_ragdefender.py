@@ -256,17 +256,6 @@ def test_slides_single_hop_example_with_minilm(minilm: Embedder) -> None:
     assert [p.text for p in r.kept] == [FRANCE[3]]
 
 
-@pytest.mark.slow
-def test_demo_knowledge_base_with_minilm(minilm: Embedder) -> None:
-    from ragdefense.demo import run_demo
-
-    totals = run_demo(k=8, embedder=minilm, out=open("/dev/null", "w"))  # noqa: SIM115
-    assert totals["poison_retrieved"] >= 50  # the attack works without defense
-    assert totals["poison_left"] <= 2
-    assert totals["benign_lost"] <= totals["retrieved"] - totals["poison_retrieved"] - 12
-    assert totals["hijacked_after"] == 0
-
-
 def test_off_topic_passage_and_group_are_set_aside() -> None:
     # five on-topic passages (two benign, three tight poison) and two unrelated ones
     sim = np.full((7, 7), 0.4)

@@ -23,8 +23,8 @@ from .offline import offline
 __all__ = ["UsageError", "build_parser", "main"]
 
 
-SETTINGS = ("suite", "demo", "ragdefender", "grada", "auto", "default", "robustrag", "import",
-            "stores", "audit", "audit-scale")  # fmt: skip
+SETTINGS = ("suite", "demo", "ragdefender", "grada", "auto", "default", "threats", "robustrag",
+            "import", "stores", "audit", "audit-scale")  # fmt: skip
 
 
 def _llm(spec: str | None) -> Any:
@@ -108,6 +108,10 @@ def _cmd_bench(args: argparse.Namespace) -> int:
             from .bench.settings.default import default_table
 
             rows, table = default_table(folder, args.candidate, limit=args.limit)
+        elif args.setting == "threats":
+            from .bench.settings.threats import threats_table
+
+            rows, table = threats_table(folder, limit=args.limit)
         elif args.setting.startswith("audit"):
             from .bench.settings.audit import audit_table
 
@@ -256,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
         "auto: AutoDefense in both of those settings, with the ablation of its signals; "
         "default: the targets of a default defense (--candidate) in both settings, nine attack "
         "families, beside RAGDefender, GRADA and AutoDefense; "
+        "threats: the default, with sources, with trusted sources, and strict, against clean "
+        "retrieval, minority poison and a poisoned majority with and without provenance; "
         "robustrag: RealtimeQA top-10, 0/1 poison, packaged LLM (--limit defaults to 20); "
         "import: time of importing the core and the adapters; "
         "stores: latency the one-line defense adds per vector store; audit / audit-scale: "

@@ -1,91 +1,116 @@
-"""The main job: a poisoned knowledge base, retrieval with and without RAGDefender, side by side."""
+"""The main job: a poisoned knowledge base, retrieval with and without the default defense, with
+and without the sources the documents carry, side by side."""
 
 from __future__ import annotations
 
 import time
 from typing import Any, TextIO
 
-from .bench.cases import demo_cases
+from .bench.cases import Case, demo_cases
 from .data import QARecord, load_demo_kb
-from .defenses.ragdefender import RAGDefender
+from .defenses.registry import DEFAULT_DEFENSE, build
+from .types import DefenseResult
 
 __all__ = ["DemoQuestion", "load_demo_kb", "run_demo"]
 
 #: the demo's questions are :class:`~ragdefense.data.QARecord` (earlier name)
 DemoQuestion = QARecord
 
+#: the two wordings of the planted passages the demo shows
+ATTACKS = {
+    "poisonedrag": "PoisonedRAG: every planted passage starts with the question",
+    "reworded": "the same passages without the question in front: one on-topic majority, "
+    "which text alone cannot tell from the truth",
+}
 
-def _short(text: str, width: int = 90) -> str:
-    return text if len(text) <= width else text[: width - 1] + "…"
+
+def _defended(defense: Any, case: Case) -> DefenseResult:
+    result: DefenseResult = defense.defend(case.question, case.passages)  # vectors carried
+    return result
 
 
-def run_demo(k: int = 8, embedder: Any = None, out: TextIO | None = None) -> dict[str, int]:
-    """Index the demo knowledge base, retrieve the top ``k`` for each question, defend, report.
+def run_demo(
+    k: int = 8, embedder: Any = None, out: TextIO | None = None
+) -> dict[tuple[str, str], dict[str, int]]:
+    """Index the demo knowledge base, retrieve the top ``k`` per question, defend with the
+    default (:data:`~ragdefense.defenses.registry.DEFAULT_DEFENSE`) reading the text alone,
+    then reading the documents' sources too; report the context (the top ``k // 2`` kept).
 
-    Returns the totals (retrieved poison, poison left in the defended context, benign lost).
+    Returns the totals per (attack, defense): planted passages in the contexts, benign
+    passages removed, questions whose context is mostly planted.
     """
 
     def say(line: str = "") -> None:
         print(line, file=out, flush=True)
 
-    # the same retrieval as `ragdefense bench demo`
     t0 = time.perf_counter()
     kb = load_demo_kb()
+    context = max(1, k // 2)
     n_benign = sum(len(q.benign) for q in kb)
     n_poison = sum(len(q.poison) for q in kb)
+    upload = next((q.poison_sources[0] for q in kb if q.poison_sources), "one upload")
     say(
-        f"Knowledge base: {n_benign + n_poison} passages for {len(kb)} questions "
-        f"({n_poison} of them poison). Retrieving the top {k} per question.\n"
+        f"Knowledge base: {n_benign + n_poison} passages for {len(kb)} questions: {n_benign} from "
+        f"three reference sites, {n_poison} planted by an attacker, all in one upload "
+        f"({upload}). Each question retrieves its top {k}; the context is the top {context} "
+        "passages left.\n"
     )
-    defender = RAGDefender()
-    totals = {
-        "retrieved": 0,
-        "poison_retrieved": 0,
-        "poison_left": 0,
-        "benign_lost": 0,
-        "hijacked_before": 0,
-        "hijacked_after": 0,
-    }
-    for q, case in zip(kb, demo_cases(embedder, k), strict=True):
-        retrieved = case.passages
-        poison = {p.id for p, bad in zip(retrieved, case.is_poison, strict=True) if bad}
-        result = defender.defend(q.question, retrieved)
-        kept_ids = {p.id for p in result.kept}
-        left = poison & kept_ids
-        lost = [p for p in result.removed if p.id not in poison]
-        before = len(poison) > len(retrieved) / 2
-        after = len(left) > len(result.kept) / 2
-        say(f"Q: {q.question}   (answer: {q.correct_answer}; attacker's: {q.incorrect_answer})")
-        marks = " ".join("P" if p.id in poison else "b" for p in retrieved)
-        say(f"  no defense  : {len(retrieved)} passages, {len(poison)} poison   [{marks}]")
-        est = result.estimates
-        say(
-            f"  RAGDefender : estimated {est.get('n_adv', 0)} adversarial "
-            f"({est.get('stage1', est.get('note', ''))}); removed {len(poison) - len(left)} of "
-            f"{len(poison)} poison, lost {len(lost)} benign -> context of {len(result.kept)}, "
-            f"{len(left)} poison"
-        )
-        for p in lost:
-            say(f"    benign lost   : {_short(p.text)}")
-        for p in result.kept:
-            if p.id in left:
-                say(f"    poison kept   : {_short(p.text)}")
-        totals["retrieved"] += len(retrieved)
-        totals["poison_retrieved"] += len(poison)
-        totals["poison_left"] += len(left)
-        totals["benign_lost"] += len(lost)
-        totals["hijacked_before"] += before
-        totals["hijacked_after"] += after
+    default = build(DEFAULT_DEFENSE, embedder)
+    rows = {"no defense": None, "default": default, "default + sources": default}
+    totals: dict[tuple[str, str], dict[str, int]] = {}
+    for attack, title in ATTACKS.items():
+        reworded = attack == "reworded"
+        plain = demo_cases(embedder, k, reworded=reworded)
+        with_sources = demo_cases(embedder, k, sources=True, reworded=reworded)
+        say(f"== {title}")
+        for label in rows:
+            totals[(attack, label)] = {
+                "planted": 0,
+                "context": 0,
+                "benign_removed": 0,
+                "hijacked": 0,
+            }
+        for q, case, sourced in zip(kb, plain, with_sources, strict=True):
+            say(f"Q: {q.question}   (answer: {q.correct_answer}; attacker's: {q.incorrect_answer})")
+            for label, defense in rows.items():
+                given = sourced if label.endswith("sources") else case
+                result = None if defense is None else _defended(defense, given)
+                kept = list(range(len(case.passages))) if result is None else result.kept_indices
+                ctx = sorted(kept)[:context]
+                planted = sum(case.is_poison[i] for i in ctx)
+                removed = [] if result is None else result.removed_indices
+                benign_removed = sum(not case.is_poison[i] for i in removed)
+                t = totals[(attack, label)]
+                t["planted"] += planted
+                t["context"] += len(ctx)
+                t["benign_removed"] += benign_removed
+                t["hijacked"] += planted > len(ctx) / 2
+                marks = " ".join("P" if case.is_poison[i] else "b" for i in ctx)
+                said = (
+                    ""
+                    if result is None
+                    else (
+                        f"removed {len(removed) - benign_removed} planted, "
+                        f"{benign_removed} benign; "
+                    )
+                )
+                say(f"  {label:18}: {said}context [{marks}]")
         say()
-    say("Totals")
+    say(f"Totals (context of {context} per question, {len(kb)} questions)")
     say(
-        f"  poison passages in the context : {totals['poison_retrieved']} of "
-        f"{totals['retrieved']} without defense -> {totals['poison_left']} with RAGDefender"
+        f"  {'wording':12} {'defense':18} {'planted in context':>20} {'benign removed':>15} "
+        f"{'hijacked':>9}"
     )
-    say(f"  benign passages lost           : {totals['benign_lost']}")
+    for (attack, label), t in totals.items():
+        say(
+            f"  {attack:12} {label:18} {t['planted']:>14} of {t['context']:<3} "
+            f"{t['benign_removed']:>15} {t['hijacked']:>6} of {len(kb)}"
+        )
     say(
-        f"  questions where poison is the majority of the context: "
-        f"{totals['hijacked_before']} of {len(kb)} -> {totals['hijacked_after']} of {len(kb)}"
+        "\nThe default reads the text for coordinated groups ranked above the rest, and the "
+        "documents' sources when they carry them (LangChain metadata['source'], LlamaIndex "
+        "file_path / url / ref_doc_id): one upload repeating one claim is one voice, however "
+        "many passages it holds."
     )
-    say(f"  time: {time.perf_counter() - t0:.1f} s (model load, embedding, retrieval, defense)")
+    say(f"time: {time.perf_counter() - t0:.1f} s (model load, embedding, retrieval, defense)")
     return totals

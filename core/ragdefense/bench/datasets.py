@@ -133,7 +133,7 @@ def load_realtimeqa(folder: str | os.PathLike[str]) -> list[QARecord]:
         correct = _field(path, i, rec, "correct answer", list)
         expanded = rec.get("expanded answer", []) or []
         context = _field(path, i, rec, "context", list)
-        web = []
+        web, links = [], []
         for j, c in enumerate(context):
             if not isinstance(c, dict):
                 raise DataError(
@@ -142,6 +142,7 @@ def load_realtimeqa(folder: str | os.PathLike[str]) -> list[QARecord]:
             if isinstance(c.get("text"), str) and c["text"].strip():
                 title = c.get("title") if isinstance(c.get("title"), str) else ""
                 web.append(f"{title}\n{c['text']}" if title else c["text"])
+                links.append(str(c.get("link") or ""))
         answers = tuple(str(a) for a in list(correct) + list(expanded))
         wrong = str(_field(path, i, rec, "incorrect answer", (str, int, float)))
         choices = tuple(str(c) for c in rec.get("choices", []))
@@ -159,6 +160,7 @@ def load_realtimeqa(folder: str | os.PathLike[str]) -> list[QARecord]:
                 tuple(c for c in choices if normalize(c) not in taken),
                 choices,
                 str(rec.get("choices answer", "")),
+                tuple(links),
             )
         )
     return out

@@ -27,6 +27,9 @@ class QARecord:
             ``incorrect_context``), without the question prefix.
         wrong_alternatives: Other distinct wrong answers, when the data has them.
         choices, choice_answer: Multiple-choice candidates and the index of the right one.
+        sources: Per benign passage: where it comes from (RealtimeQA: the result's link; the
+            demo: a reference site), when the data says.
+        poison_sources: Per poison passage: where it comes from (the demo: one upload).
     """
 
     dataset: str
@@ -40,6 +43,8 @@ class QARecord:
     wrong_alternatives: tuple[str, ...] = ()
     choices: tuple[str, ...] = ()
     choice_answer: str = ""
+    sources: tuple[str, ...] = ()
+    poison_sources: tuple[str, ...] = ()
 
     @property
     def correct_answer(self) -> str:
@@ -66,6 +71,10 @@ def load_demo_kb() -> list[QARecord]:
             tuple(q["benign"]),
             tuple(contains_answer(t, [q["correct_answer"]]) for t in q["benign"]),
             tuple(q["poison"]),
+            sources=tuple(q.get("sources", ())),
+            poison_sources=(raw.get("poison_source", ""),) * len(q["poison"])
+            if raw.get("poison_source")
+            else (),
         )
         for q in raw["questions"]
     ]

@@ -1,0 +1,283 @@
+"""``ragdefense bench threats``: the "Choose your threat model" table: each way of running the
+default (text only, with sources, with trusted sources) and the ``"strict"`` mode, against
+clean retrieval, a minority of poison, and a poisoned majority with and without provenance.
+
+Provenance comes from the data: RealtimeQA's web results carry their link (counted per host);
+the RAGDefender bundles' gold passages are each their own source. Planted passages come from
+``S`` attacker hosts (``attacker-1.example`` ...), round robin. Scenarios:
+
+* clean: RealtimeQA top 10, context 5, no poison;
+* minority: RealtimeQA top 10 with 1 / 3 / 5 poison, context 5 (poison share averaged);
+* majority, no sources: the RAGDefender setting (gold + poison at 1x-6x, every passage
+  retrieved, context 5 NQ / 2 others), without metadata whatever the row;
+* majority, one source: RealtimeQA's top 3 web results + 5 planted passages (a poisoned top 8,
+  whatever their rank), context 5, the poison from one host;
+* the curve: the same with the poison from S = 1, 2, 3, 5 hosts, and into the top 10.
+
+Trusted rows trust the two top-ranked web results (RealtimeQA) and the gold passages (the
+RAGDefender setting). Families: :data:`~ragdefense.bench.settings.default.TUNING` and
+:data:`~ragdefense.bench.settings.default.HELD_OUT`; cells show the tuning family
+``poisonedrag`` and the mean over the held-out ones.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Sequence
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ...defenses.registry import build
+from ...embedders import Embedder, as_embedder
+from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, retrieved_case
+from ..datasets import QARecord, load_qa
+from ..report import markdown_table
+from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize
+from .default import HELD_OUT, TUNING
+
+__all__ = ["THREAT_ROWS", "provenance_case", "threats_table"]
+
+#: rows of the table: label -> (defense name, params, whether cases carry sources / trust)
+THREAT_ROWS: dict[str, tuple[str, dict[str, Any], str]] = {
+    "none": ("none", {}, "plain"),
+    "default (text only)": ("consensus", {}, "plain"),
+    "default with sources": ("consensus", {}, "sources"),
+    "default, trusted sources": (
+        "consensus",
+        {"trusted": lambda m: bool(m.get("trusted"))},
+        "trusted",
+    ),
+    "strict": ("strict", {}, "plain"),
+}
+
+
+def _attacker(j: int, hosts: int) -> str:
+    return f"https://attacker-{j % hosts + 1}.example/post/{j}"
+
+
+def provenance_case(
+    record: QARecord,
+    poison: Sequence[str],
+    embedder: Embedder,
+    *,
+    benign_top: int | None,
+    k: int,
+    m: int | None = None,
+    hosts: int = 1,
+    trusted_top: int = 2,
+    setting: str = "",
+) -> dict[str, Case]:
+    """One question as three cases ``plain`` / ``sources`` / ``trusted``: its benign passages
+    (the top ``benign_top`` by query similarity, all when ``None``) and ``poison`` ranked
+    together, the top ``m`` retrieved (all when ``None``), context ``k``. ``sources`` carry
+    ``metadata["source"]`` (the record's links, or one source per gold passage; the poison
+    from ``hosts`` attacker hosts);
+    ``trusted`` also marks the ``trusted_top`` best-ranked benign passages (RealtimeQA) or the
+    gold passages (``metadata["trusted"]``)."""
+    q = embedder.embed_query(record.question)
+    benign = list(record.benign)
+    links = list(record.sources) or [
+        f"https://{record.dataset}.gold/{i}" for i in range(len(benign))
+    ]
+    if benign_top is not None and benign:
+        sims = embedder.embed(benign) @ q
+        order = np.argsort(-sims, kind="stable")[:benign_top]
+        benign = [benign[i] for i in order]
+        links = [links[i] for i in order]
+        gold = [record.gold[i] for i in order]
+    else:
+        gold = list(record.gold)
+    flags = gold + [False] * len(poison)
+    base = retrieved_case(
+        record.dataset,
+        setting,
+        record.id,
+        record.question,
+        benign,
+        poison,
+        flags,
+        embedder,
+        q,
+        k,
+        m,
+        {"answers": record.answers},
+    )
+    if record.sources:  # the best-ranked web results
+        sims = embedder.embed(benign) @ q
+        trusted = np.argsort(-sims, kind="stable")[:trusted_top]
+    else:  # every gold passage
+        trusted = np.arange(len(benign))
+    trusted_ids = {str(i) for i in trusted}
+    out = {"plain": base}
+    for kind in ("sources", "trusted"):
+        passages = []
+        for p in base.passages:
+            i = int(p.id or 0)
+            link = links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
+            meta: dict[str, Any] = {"source": link}
+            if kind == "trusted" and p.id in trusted_ids:
+                meta["trusted"] = True
+            passages.append(replace(p, metadata=meta))
+        out[kind] = replace(base, passages=passages, extra=dict(base.extra))
+    return out
+
+
+def _family_poison(records: Sequence[QARecord], family: str, count: int) -> dict[str, list[str]]:
+    others = [r.wrong_answer for r in records]
+    return {r.id: attack_passages(r, family, count, others) for r in records}
+
+
+def _cases(
+    folder: Path, families: Sequence[str], limit: int | None, embedder: Embedder
+) -> dict[tuple[str, str, str, str], list[Case]]:
+    """(scenario, setting, family, kind) -> cases."""
+    out: dict[tuple[str, str, str, str], list[Case]] = {}
+
+    def add(scenario: str, setting: str, family: str, found: dict[str, Case]) -> None:
+        for kind, case in found.items():
+            out.setdefault((scenario, setting, family, kind), []).append(case)
+
+    rt = load_qa(folder, "realtimeqa", limit)
+    embedder.embed([t for r in rt for t in r.benign])
+    for r in rt:
+        add("clean", "0p", "-", provenance_case(r, [], embedder, benign_top=10, k=5))
+    for family in families:
+        for count in (1, 3, 5):
+            poison = _family_poison(rt, family, count)
+            for r in rt:
+                found = provenance_case(r, poison[r.id], embedder, benign_top=None, k=5, m=10)
+                add("minority", f"{count}p", family, found)
+        poison = _family_poison(rt, family, 5)
+        for hosts in (1, 2, 3, 5):
+            for top in (8, 10):
+                for r in rt:
+                    found = provenance_case(
+                        r, poison[r.id], embedder, benign_top=top - 5, k=5, hosts=hosts
+                    )
+                    add("majority+sources", f"top {top}, S={hosts}", family, found)
+    for ds in ("nq", "msmarco", "hotpotqa"):
+        records = load_qa(folder, f"ragdefender/{ds}", limit)
+        for family in families:
+            for ratio in (1, 2, 4, 6):
+                poison = _family_poison(records, family, RAGDEFENDER_BASE[ds] * ratio)
+                for r in records:
+                    found = provenance_case(
+                        r, poison[r.id], embedder, benign_top=None, k=RAGDEFENDER_K[ds], hosts=1
+                    )
+                    add("majority", f"{ds} {ratio}x", family, found)
+    return out
+
+
+def _defense(name: str, params: dict[str, Any]) -> CaseDefense:
+    return no_defense if name == "none" else on_case(build(name, **params))
+
+
+def threats_table(
+    folder: str | os.PathLike[str],
+    families: Sequence[str] = (TUNING[0], *HELD_OUT),
+    limit: int | None = None,
+    embedder: Any = None,
+) -> tuple[list[dict[str, Any]], str]:
+    """Every row of :data:`THREAT_ROWS` on every scenario; the table and the S curve."""
+    emb = as_embedder(embedder).with_cache(200_000)
+    groups = _cases(Path(folder), families, limit, emb)
+    rows: list[dict[str, Any]] = []
+    by: dict[tuple[str, str, str, str], dict[str, Any]] = {}
+    for label, (name, params, kind) in THREAT_ROWS.items():
+        defense = _defense(name, params)
+        for (scenario, setting, family, k), cases in groups.items():
+            # the RAGDefender setting is "without sources", except for trusting the gold
+            if k != ("plain" if scenario == "majority" and kind == "sources" else kind):
+                continue
+            row: dict[str, Any] = {
+                "row": label,
+                "scenario": scenario,
+                "setting": setting,
+                "family": family,
+            }
+            row |= summarize(run_cases(defense, cases))
+            rows.append(row)
+            by[(label, scenario, setting, family)] = row
+    return rows, "\n".join(_render(by, families))
+
+
+def _mean(
+    by: dict[Any, dict[str, Any]], keys: list[tuple[str, str, str, str]], field: str
+) -> float:
+    found = [by[k][field] for k in keys if k in by and field in by[k]]
+    return statistics.fmean(found) if found else float("nan")
+
+
+def _cell(
+    by: dict[Any, dict[str, Any]],
+    label: str,
+    scenario: str,
+    settings: list[str],
+    family: str | Sequence[str],
+) -> str:
+    fams = [family] if isinstance(family, str) else list(family)
+    keys = [(label, scenario, s, f) for s in settings for f in fams]
+    return f"{_mean(by, keys, 'poison_share'):.3f} / {_mean(by, keys, 'gold_in_context'):.2f}"
+
+
+def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]:
+    held = [f for f in families if f != TUNING[0]]
+    majority = [f"{d} {r}x" for d in ("nq", "msmarco", "hotpotqa") for r in (1, 2, 4, 6)]
+    one = ["top 8, S=1"]
+    table = []
+    for label in THREAT_ROWS:
+        clean = by.get((label, "clean", "0p", "-"), {})
+        ms = [by[k]["ms_p50"] for k in by if k[0] == label and "ms_p50" in by[k]]
+        table.append(
+            [
+                label,
+                f"{clean.get('gold_in_context', float('nan')):.2f}",
+                *(_cell(by, label, "minority", [f"{c}p"], TUNING[0]) for c in (1, 3, 5)),
+                _cell(by, label, "minority", ["1p", "3p", "5p"], held),
+                _cell(by, label, "majority", majority, TUNING[0]),
+                _cell(by, label, "majority", majority, held),
+                _cell(by, label, "majority+sources", one, TUNING[0]),
+                _cell(by, label, "majority+sources", one, held),
+                f"{statistics.median(ms):.2f}" if ms else "",
+            ]
+        )
+    header = [
+        "row",
+        "clean answer",
+        "minority 1p",
+        "minority 3p",
+        "minority 5p",
+        "minority, held out",
+        "majority, no sources",
+        "majority, no sources, held out",
+        "majority, one source",
+        "majority, one source, held out",
+        "median ms",
+    ]
+    curve = []
+    for label in ("none", "default (text only)", "default with sources"):
+        for top in (8, 10):
+            cells = [
+                _cell(by, label, "majority+sources", [f"top {top}, S={s}"], fams)
+                for s in (1, 2, 3, 5)
+                for fams in ([TUNING[0]], held)
+            ]
+            curve.append([label, f"top {top}", *cells])
+    curve_header = ["row", "pool"] + [
+        f"S={s}{' held out' if h else ''}" for s in (1, 2, 3, 5) for h in (False, True)
+    ]
+    return [
+        "Choose your threat model (cells: poison share of the context / share of queries whose "
+        f"context holds an answer; tuning family {TUNING[0]}, held out: {', '.join(held)}):",
+        "",
+        *markdown_table(header, table),
+        "",
+        "Five planted passages from S attacker sources among RealtimeQA's top web results "
+        "(a poisoned top 8, and 5 of a top 10):",
+        "",
+        *markdown_table(curve_header, curve),
+    ]
