@@ -25,13 +25,23 @@ from ragdefense.data import load_demo_kb
 from ragdefense.llm import default_llm
 
 kb = load_demo_kb()
-docs = [Document(t, metadata={"poison": False}) for q in kb for t in q.benign]
-docs += [Document(t, metadata={"poison": True}) for q in kb for t in q.poison]
+# metadata["source"] as LangChain loaders write it: the benign passages come from reference
+# sites, the planted ones from one uploaded file
+docs = [
+    Document(t, metadata={"poison": False, "source": src})
+    for q in kb
+    for t, src in zip(q.benign, q.sources, strict=True)
+]
+docs += [
+    Document(t, metadata={"poison": True, "source": src})
+    for q in kb
+    for t, src in zip(q.poison, q.poison_sources, strict=True)
+]
 # Chroma as users start it: a persistent client in a folder (a temporary one here)
 client = chromadb.PersistentClient(path=tempfile.mkdtemp(prefix="cookbook-chroma-"))
 embeddings = RagdefenseEmbeddings()
 store = Chroma.from_documents(docs, embeddings, client=client, collection_name="knowledge")
-retriever = store.as_retriever(search_kwargs={"k": 8})
+retriever = store.as_retriever()  # LangChain's default: 4 documents
 
 smol = default_llm()  # SmolLM2-135M-Instruct, converted once from the packaged GGUF
 
@@ -74,8 +84,10 @@ print(sum(d.metadata["poison"] for d in context), "of", len(context), "passages 
 # %% [markdown]
 # ## The one-line fix: `retriever = defend(retriever)`
 #
-# RAGDefender by default; it reads the vectors Chroma already holds for the retrieved documents
-# (nothing is embedded again) and keeps its verdict in `metadata["ragdefense"]`.
+# Consensus, the default: it asks the store for a pool of 8 (twice k, at least 8), removes what
+# it has evidence against, and returns k. It reads the documents' `source`, so the five planted
+# passages of one upload count as one voice; it reads the vectors Chroma already holds (nothing
+# is embedded again) and keeps its verdict in `metadata["ragdefense"]`.
 
 # %%
 defended = defend(retriever)
@@ -87,19 +99,25 @@ for d in context:
     print("-", d.page_content[:80], "|", d.metadata["ragdefense"]["reason"])
 
 # %% [markdown]
-# ## GRADA, and what each defense removed over all questions
+# ## The other modes, and what each left over all questions
 #
-# `defend(retriever, "grada")` reranks with a graph and keeps half. GRADA assumes the poison is a
-# minority of the retrieved set; here it is the majority (5 of 8), and it shows.
+# Here the poison is the majority of what is retrieved (5 of 8 per question). Read as text alone
+# (`source_key=None`), the default does not claim that threat model; with the sources it does.
+# `"strict"` (RAGDefender) handles a poisoned majority without sources, at a cost on clean
+# retrieval; `"grada"` assumes a minority, and it shows.
 
 # %%
-grada = defend(retriever, "grada")
-print(f"{'question':58} {'poison':>6} {'after RAGDefender':>18} {'after GRADA':>12}")
+modes = {
+    "default": defended,
+    "text only": defend(retriever, source_key=None),
+    "strict": defend(retriever, "strict"),
+    "grada": defend(retriever, "grada"),
+}
+print(f"{'question':50} {'none':>5}", *(f"{m:>9}" for m in modes))
 for q in kb:
     plain = sum(d.metadata["poison"] for d in retriever.invoke(q.question))
-    rd = sum(d.metadata["poison"] for d in defended.invoke(q.question))
-    gr = sum(d.metadata["poison"] for d in grada.invoke(q.question))
-    print(f"{q.question[:58]:58} {plain:>6} {rd:>18} {gr:>12}")
+    left = [sum(d.metadata["poison"] for d in r.invoke(q.question)) for r in modes.values()]
+    print(f"{q.question[:50]:50} {plain:>5}", *(f"{n:>9}" for n in left))
 
 # %% [markdown]
 # ## Red-team your own pipeline before an attacker does
