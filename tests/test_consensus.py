@@ -60,7 +60,9 @@ def test_a_coordinated_group_above_the_rest_is_removed_with_its_evidence() -> No
 def test_a_group_holding_a_trusted_passage_is_not_evidence() -> None:
     passages, emb, q, _ = _pool(1, n_benign=6, n_poison=3)
     passages[7] = replace(passages[7], metadata={"source": "https://www.who.int/a"})
-    result = Consensus(support=False, trusted={"who.int"}).defend_embeddings("q", passages, emb, q)
+    result = Consensus(support=False, anchor=None, trusted={"who.int"}).defend_embeddings(
+        "q", passages, emb, q
+    )
     assert result.removed == []
     assert "trusted" in result.verdicts[7].reason
 
@@ -196,3 +198,25 @@ def test_demo_knowledge_base_with_minilm(minilm: object) -> None:
     assert totals[("poisonedrag", "default + sources")]["hijacked"] == 0
     reworded = totals[("reworded", "default + sources")]["planted"]
     assert reworded < totals[("reworded", "default")]["planted"] / 2
+
+
+def test_untrusted_passages_contradicting_the_trusted_ones_are_removed() -> None:
+    rng = np.random.default_rng(21)
+    d = 32
+    q = _unit(rng.normal(size=d))
+    truth = _unit(q + 0.8 * _unit(rng.normal(size=d)))  # what the trusted source says
+    agrees = _unit(truth + 0.2 * _unit(rng.normal(size=(2, d))))  # untrusted, close to it
+    other = _unit(q + 0.3 * _unit(rng.normal(size=d)))  # untrusted, answers the query its own way
+    emb = np.vstack([truth, agrees, other])
+    passages = [
+        Passage("trusted", metadata={"source": "https://www.who.int/x"}),
+        Passage("agrees 1", metadata={"source": "a.org"}),
+        Passage("agrees 2", metadata={"source": "b.org"}),
+        Passage("its own answer", metadata={"source": "c.org"}),
+    ]
+    result = Consensus(trusted={"who.int"}).defend_embeddings("q", passages, emb, q)
+    assert result.removed_indices == [3]
+    assert "contradicts the trusted passages" in result.verdicts[3].reason
+    assert result.estimates["trusted"] == [0]
+    untrusted = Consensus().defend_embeddings("q", passages, emb, q)
+    assert untrusted.removed == []  # without trust, nothing says which answer is right
