@@ -51,12 +51,21 @@ def check_langchain() -> None:
     from ragdefense.data import load_demo_kb
 
     kb = load_demo_kb()
-    docs = [Document(t, metadata={"poison": False}) for q in kb for t in q.benign]
-    docs += [Document(t, metadata={"poison": True}) for q in kb for t in q.poison]
+    # metadata["source"] as loaders write it: the planted passages come from one upload
+    docs = [
+        Document(t, metadata={"poison": False, "source": s})
+        for q in kb
+        for t, s in zip(q.benign, q.sources, strict=True)
+    ]
+    docs += [
+        Document(t, metadata={"poison": True, "source": s})
+        for q in kb
+        for t, s in zip(q.poison, q.poison_sources, strict=True)
+    ]
     store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings())
     question = kb[0].question
-    plain = store.as_retriever(search_kwargs={"k": 8}).invoke(question)
-    defended = defend(store.as_retriever(search_kwargs={"k": 8})).invoke(question)
+    plain = store.as_retriever().invoke(question)
+    defended = defend(store.as_retriever()).invoke(question)
     before = sum(d.metadata["poison"] for d in plain)
     after = sum(d.metadata["poison"] for d in defended)
     assert defended and after < before, (before, after)

@@ -37,5 +37,5 @@ cd "$WORK"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$VPY" -I "$REPO/.ci/smoke.py" "$REPO"
 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "$WORK/venv/bin/ragdefense" demo >"$WORK/demo.log"
 tail -3 "$WORK/demo.log"
-grep -q "poison passages in the context" "$WORK/demo.log" || { echo "ragdefense demo printed no summary"; exit 1; }
+grep -q "planted in context" "$WORK/demo.log" || { echo "ragdefense demo printed no summary"; exit 1; }
 echo "== the three wheels install alone and work"
