@@ -6,7 +6,8 @@ Provenance comes from the data: RealtimeQA's web results carry their link (count
 the RAGDefender bundles' gold passages are each their own source. Planted passages come from
 ``S`` attacker hosts (``attacker-1.example`` ...), round robin. Scenarios:
 
-* clean: RealtimeQA top 10, context 5, no poison;
+* clean: RealtimeQA top 10, context 5, no poison; and the same with its 8 best-ranked results
+  joined as one document (one source filling most of the pool);
 * minority: RealtimeQA top 10 with 1 / 3 / 5 poison, context 5 (poison share averaged);
 * majority, no sources: the RAGDefender setting (gold + poison at 1x-6x, every passage
   retrieved, context 5 NQ / 2 others), without metadata whatever the row;
@@ -69,6 +70,7 @@ def provenance_case(
     m: int | None = None,
     hosts: int = 1,
     trusted_top: int = 2,
+    one_document: int = 0,
     setting: str = "",
 ) -> dict[str, Case]:
     """One question as three cases ``plain`` / ``sources`` / ``trusted``: its benign passages
@@ -77,7 +79,8 @@ def provenance_case(
     ``metadata["source"]`` (the record's links, or one source per gold passage; the poison
     from ``hosts`` attacker hosts);
     ``trusted`` also marks the ``trusted_top`` best-ranked benign passages (RealtimeQA) or the
-    gold passages (``metadata["trusted"]``)."""
+    gold passages (``metadata["trusted"]``). ``one_document``: that many of the best-ranked
+    benign passages are chunks of one document (one source)."""
     q = embedder.embed_query(record.question)
     benign = list(record.benign)
     links = list(record.sources) or [
@@ -118,12 +121,20 @@ def provenance_case(
         for p in base.passages:
             i = int(p.id or 0)
             link = links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
+            if i < len(benign) and _benign_rank(base, p.id) < one_document:
+                link = "uploads/web-results-joined.pdf"
             meta: dict[str, Any] = {"source": link}
             if kind == "trusted" and p.id in trusted_ids:
                 meta["trusted"] = True
             passages.append(replace(p, metadata=meta))
         out[kind] = replace(base, passages=passages, extra=dict(base.extra))
     return out
+
+
+def _benign_rank(case: Case, pid: str | None) -> int:
+    """Rank of passage ``pid`` among the case's benign passages (by query similarity)."""
+    benign = [p.id for p, bad in zip(case.passages, case.is_poison, strict=True) if not bad]
+    return benign.index(pid) if pid in benign else len(benign)
 
 
 def _family_poison(records: Sequence[QARecord], family: str, count: int) -> dict[str, list[str]]:
@@ -145,6 +156,8 @@ def _cases(
     embedder.embed([t for r in rt for t in r.benign])
     for r in rt:
         add("clean", "0p", "-", provenance_case(r, [], embedder, benign_top=10, k=5))
+        found = provenance_case(r, [], embedder, benign_top=10, k=5, one_document=8)
+        add("clean", "one document", "-", found)
     for family in families:
         for count in (1, 3, 5):
             poison = _family_poison(rt, family, count)
@@ -231,11 +244,13 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     table = []
     for label in THREAT_ROWS:
         clean = by.get((label, "clean", "0p", "-"), {})
+        joined = by.get((label, "clean", "one document", "-"), {})
         ms = [by[k]["ms_p50"] for k in by if k[0] == label and "ms_p50" in by[k]]
         table.append(
             [
                 label,
                 f"{clean.get('gold_in_context', float('nan')):.2f}",
+                f"{joined.get('gold_in_context', float('nan')):.2f}",
                 *(_cell(by, label, "minority", [f"{c}p"], TUNING[0]) for c in (1, 3, 5)),
                 _cell(by, label, "minority", ["1p", "3p", "5p"], held),
                 _cell(by, label, "majority", majority, TUNING[0]),
@@ -248,6 +263,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     header = [
         "row",
         "clean answer",
+        "clean, one document",
         "minority 1p",
         "minority 3p",
         "minority 5p",
