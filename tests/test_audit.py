@@ -173,6 +173,61 @@ def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_p
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
 
 
+def test_fresh_removes_only_the_audits_own_files(toy: CallableEmbedder, tmp_path: Path) -> None:
+    """A folder with someone else's ``manifest.json`` (a web app, an extension) is no audit:
+    refused with and without ``fresh``, nothing touched; in an audit's folder ``fresh`` removes
+    the audit's files and nothing else."""
+    texts, ids, _ = toy_corpus()
+    app = tmp_path / "app"
+    (app / "src").mkdir(parents=True)
+    (app / "manifest.json").write_text('{"name": "my-extension", "version": "1.0"}')
+    (app / "src" / "app.js").write_text("console.log('hi')")
+    before = sorted(str(p.relative_to(app)) for p in app.rglob("*"))
+    for clear in (False, True):
+        with pytest.raises(ValueError, match="not empty and holds no audit"):
+            audit(ListCorpus(texts, ids), embedder=toy, workdir=app, fresh=clear)
+    assert sorted(str(p.relative_to(app)) for p in app.rglob("*")) == before
+    work = tmp_path / "work"
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+    (work / "NOTES.md").write_text("my notes about this audit")
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert (work / "NOTES.md").read_text() == "my notes about this audit"
+
+
+def test_a_fresh_audit_in_the_same_process_reads_its_own_knowledge_base(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, _ = toy_corpus()
+    other = [f"Another corpus entirely, note {i}: {t[::-1]}" for i, t in enumerate(texts[:40])]
+    work = tmp_path / "w"
+    first = audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+    assert {f.text for f in first.findings} <= set(texts)
+    second = audit(ListCorpus(other), embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert second.findings and {f.text for f in second.findings} <= set(other)
+
+
+def test_a_changed_knowledge_base_of_the_same_size_is_refused_on_resume(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    class Store(ListCorpus):
+        """A store as the adapters read one: its fingerprint is its kind and size only."""
+
+        def fingerprint(self) -> str:
+            return f"store {len(self.texts)}"
+
+    texts, ids, _ = toy_corpus()
+    work = tmp_path / "w"
+    audit(Store(texts, ids), embedder=toy, workdir=work, part_size=32)
+    changed = list(texts)
+    for i in range(5):  # five benign chunks replaced by planted ones: same count, same ids
+        changed[i] = f"Who made the quantum toaster question 9? zorblax did it, copy {i}."
+    with pytest.raises(ValueError, match=r"knowledge base changed.*part 0.*fresh"):
+        audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32)
+    report = audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert {f.text for f in report.findings} <= set(changed)
+    assert audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32).findings
+
+
 def test_files_jsonl_and_parquet_with_stored_vectors(toy: CallableEmbedder, tmp_path: Path) -> None:
     texts, ids, planted = toy_corpus()
     vectors = bag_of_words(texts)

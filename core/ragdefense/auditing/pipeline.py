@@ -13,6 +13,7 @@ Every step writes its files to the working folder: a killed audit restarts where
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import tempfile
 import time
@@ -174,25 +175,49 @@ def audit(
     return report
 
 
+def _digest(ids: Sequence[str], texts: Sequence[str]) -> str:
+    """A part's identity: a hash of its ids and texts."""
+    return hashlib.sha256("\0".join([*ids, *texts]).encode("utf-8")).hexdigest()[:32]
+
+
 def _ingest(wd: Workdir, corpus: Any, part_size: int) -> list[int]:
-    """Write the corpus as parts (skipping parts already written); the part sizes."""
-    known = wd.noted("part_sizes")
-    if known is not None:
-        return list(known)
-    sizes = []
+    """Write the corpus as parts (skipping parts already written); the part sizes. Every part
+    already in the folder must hold what the knowledge base holds now: an audit resumed on a
+    changed knowledge base (the same size, other texts) is refused, never silently mixed."""
+    known = wd.noted("part_digests")
+    sizes, digests = [], []
     for part, batch in enumerate(corpus.batches(part_size)):
         name = part_name("chunks", part)
-        if not wd.has(f"{name}.json"):
+        digest = _digest(batch.ids, batch.texts)
+        if wd.has(f"{name}.json"):
+            written = part_texts(wd, part)
+            if _digest(written["ids"], written["texts"]) != digest:
+                raise ValueError(_changed(wd, part))
+        else:
+            if known is not None:  # the knowledge base grew since the audit read it
+                raise ValueError(_changed(wd, part))
             if batch.vectors is not None:
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
             wd.write_json(
                 f"{name}.json", {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
             )
         sizes.append(len(batch.ids))
+        digests.append(digest)
     if not sizes:
         raise ValueError("the knowledge base is empty")
-    wd.note("part_sizes", sizes)
+    if known is not None and known != digests:
+        raise ValueError(_changed(wd, len(digests)))
+    if known is None:
+        wd.note("part_sizes", sizes)
+        wd.note("part_digests", digests)
     return sizes
+
+
+def _changed(wd: Workdir, part: int) -> str:
+    return (
+        f"{wd.path}: the knowledge base changed since this audit read it (chunk part {part} "
+        "differs): give fresh=True (--fresh) to start over, or another folder"
+    )
 
 
 def _probes(

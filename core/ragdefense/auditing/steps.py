@@ -126,7 +126,7 @@ class SearchStep:
 
     def __call__(self, part: int) -> int:
         wd = Workdir(self.workdir)
-        key = ("shard", self.workdir, self.shard, self.n_shards, self.index)
+        key = ("shard", self.workdir, wd.run, self.shard, self.n_shards, self.index)
         if key not in _CACHE:
             sizes = wd.noted("part_sizes")
             parts = shard_parts(len(sizes), self.n_shards, self.shard)

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
+import uuid
 from bisect import bisect_right
 from functools import lru_cache
 from itertools import accumulate
@@ -24,7 +26,12 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Workdir", "locate", "part_name", "part_starts", "part_texts"]
+__all__ = ["AUDIT_ENTRIES", "MARKER", "Workdir", "locate", "part_name", "part_starts", "part_texts"]
+
+#: the key of the manifest that says "this folder holds a ragdefense audit"
+MARKER = "ragdefense_audit"
+#: everything an audit writes in its folder: all that ``fresh`` may ever remove
+AUDIT_ENTRIES = ("manifest.json", "chunks", "probes", "search", "probed")
 
 
 def part_name(kind: str, part: int) -> str:
@@ -99,18 +106,32 @@ class Workdir:
 
     # ---- the manifest ----------------------------------------------------------------------
 
+    def _is_audit(self) -> bool:
+        """Whether the folder's ``manifest.json`` is an audit's (bears :data:`MARKER`)."""
+        try:
+            manifest = self.read_json("manifest.json")
+        except (OSError, ValueError):
+            return False
+        return isinstance(manifest, dict) and manifest.get(MARKER) == 1 and "params" in manifest
+
     def start(self, params: dict[str, Any], fresh: bool = False) -> None:
         """Record ``params``; on a restart they must equal the recorded ones (a changed
-        parameter would mix results of two audits), unless ``fresh`` clears the folder. A
-        folder that holds other files but no audit is refused, never cleared."""
-        if not self.has("manifest.json") and any(self.path.iterdir()):
+        parameter would mix results of two audits), unless ``fresh`` clears the audit's own
+        files (:data:`AUDIT_ENTRIES`; anything else in the folder stays). A folder that holds
+        other files but no audit (no manifest bearing :data:`MARKER`) is refused, never
+        cleared nor written to."""
+        if any(self.path.iterdir()) and not self._is_audit():
             raise ValueError(
                 f"{self.path} is not empty and holds no audit: give a new or empty folder as the "
                 "working folder (nothing in it was touched)"
             )
         if fresh:
-            for child in sorted(self.path.rglob("*"), reverse=True):
-                child.unlink() if child.is_file() else child.rmdir()
+            for entry in AUDIT_ENTRIES:
+                target = self.path / entry
+                if target.is_dir():
+                    shutil.rmtree(target)
+                else:
+                    target.unlink(missing_ok=True)
         if self.has("manifest.json"):
             known = self.read_json("manifest.json")["params"]
             changed = sorted(k for k in {*known, *params} if known.get(k) != params.get(k))
@@ -121,7 +142,14 @@ class Workdir:
                     "start over"
                 )
             return
-        self.write_json("manifest.json", {"params": params})
+        self.write_json("manifest.json", {MARKER: 1, "run": uuid.uuid4().hex, "params": params})
+
+    @property
+    def run(self) -> str:
+        """This audit's identity, new with every fresh start: what per-process caches of its
+        files (indexes, parts) are keyed by, so that a fresh audit in the same folder never
+        reads the last one's."""
+        return str(self.read_json("manifest.json").get("run", ""))
 
     def note(self, key: str, value: Any) -> None:
         """Add a result of a finished stage to the manifest (e.g. the part sizes)."""
@@ -135,12 +163,15 @@ class Workdir:
 
 
 @lru_cache(maxsize=8)
-def _part_texts(path: str) -> dict[str, list[str]]:
-    """A part's ids / texts / titles (a few parts cached per process)."""
+def _part_texts(path: str, version: tuple[int, int, int]) -> dict[str, list[str]]:
+    """A part's ids / texts / titles (a few parts cached per process, keyed by the file's
+    identity: a part written again, by a fresh audit in the same folder, is read again)."""
     data: dict[str, list[str]] = json.loads(Path(path).read_text(encoding="utf-8"))
     return data
 
 
 def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
     """The ids, texts and titles of chunk part ``part``."""
-    return _part_texts(str(workdir.path / f"{part_name('chunks', part)}.json"))
+    path = workdir.path / f"{part_name('chunks', part)}.json"
+    stat = path.stat()
+    return _part_texts(str(path), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
