@@ -9,6 +9,7 @@ import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -188,6 +189,91 @@ def test_langchain_red_team_refuses_a_copy_that_shares_the_store(toy_embedder: A
     assert store.store == before  # the probe did not stay, nothing was planted
     red_team(store, [target], k=2, defense="grada")  # the built-in copy is independent
     assert store.store == before
+
+
+@pytest.mark.parametrize("kind", ["chroma", "faiss"])
+def test_a_shallow_copy_of_a_real_store_is_refused_without_writing_to_it(
+    kind: str, toy_embedder: Any, tmp_path: Path
+) -> None:
+    """copy_store=copy.copy on a persistent Chroma or a FAISS store: refused before anything is
+    written (the probe of earlier releases landed in the user's collection, or left FAISS with
+    an id map out of step with its vectors), and the store keeps working."""
+    import copy
+    import warnings
+
+    from langchain_core.documents import Document
+
+    from langchain_ragdefense import RagdefenseEmbeddings, red_team
+    from ragdefense import AttackTarget
+
+    embeddings = RagdefenseEmbeddings(toy_embedder)
+    docs = [Document(page_content=f"benign passage number {i}") for i in range(10)]
+    if kind == "chroma":
+        import chromadb
+        from langchain_chroma import Chroma
+
+        client = chromadb.PersistentClient(path=str(tmp_path / "db"))
+        store: Any = Chroma.from_documents(
+            docs, embeddings, client=client, collection_name="user-kb"
+        )
+
+        def size() -> int:
+            return int(store._collection.count())
+    else:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)
+            from langchain_community.vectorstores import FAISS
+        store = FAISS.from_documents(docs, embeddings)
+
+        def size() -> int:
+            assert len(store.index_to_docstore_id) == store.index.ntotal  # in step
+            return int(store.index.ntotal)
+
+    with pytest.raises(ValueError, match=r"shares storage with yours.*nothing was written"):
+        red_team(store, [AttackTarget("Who wrote Hamlet?", "Marlowe")], copy_store=copy.copy)
+    assert size() == 10
+    store.add_documents([Document(page_content="a later document")])
+    assert size() == 11 and store.similarity_search("later document", k=1)
+
+
+def test_red_team_copies_in_chroma_are_dropped_afterwards(toy_embedder: Any) -> None:
+    """The built-in Chroma copy lives in the process-wide in-memory client: it is deleted when
+    the red team ends, so an app's own in-memory Chroma never lists it."""
+    import chromadb
+    from langchain_chroma import Chroma
+    from langchain_core.documents import Document
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from langchain_ragdefense import red_team as lc_red_team
+    from llamaindex_ragdefense import RagdefenseEmbedding
+    from llamaindex_ragdefense import red_team as li_red_team
+    from ragdefense import AttackTarget
+
+    def copies() -> list[str]:
+        names = [getattr(c, "name", c) for c in chromadb.EphemeralClient().list_collections()]
+        return [n for n in names if str(n).startswith("ragdefense-redteam-")]
+
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    before = copies()
+    mine = chromadb.EphemeralClient()
+    store = Chroma.from_documents(
+        [Document(page_content=f"benign passage {i}") for i in range(6)],
+        RagdefenseEmbeddings(toy_embedder),
+        client=mine,
+        collection_name="app-kb",
+    )
+    lc_red_team(store, [target], k=2)
+    collection = mine.get_or_create_collection("app-li")
+    index = VectorStoreIndex(
+        [TextNode(text=f"benign passage {i}") for i in range(6)],
+        storage_context=StorageContext.from_defaults(vector_store=ChromaVectorStore(collection)),
+        embed_model=RagdefenseEmbedding(toy_embedder),
+    )
+    li_red_team(index, [target], k=2)
+    assert copies() == before
 
 
 def test_llamaindex_red_team_refuses_a_copy_that_shares_the_index(toy_embedder: Any) -> None:

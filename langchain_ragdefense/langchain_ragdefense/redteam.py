@@ -87,30 +87,44 @@ def _copy_faiss(store: Any) -> VectorStore:
     return clone
 
 
-def _holds(store: VectorStore, doc_id: str, text: str) -> bool:
-    """Whether ``store`` holds the document ``doc_id`` (by id where the store can tell, else by
-    searching its text)."""
-    try:
-        return any(d.id == doc_id for d in store.get_by_ids([doc_id]))
-    except NotImplementedError:
-        return any(d.page_content == text for d in store.similarity_search(text, k=1))
+_IMMUTABLE = (str, bytes, int, float, bool, complex, tuple, frozenset, type(None))
+
+
+def _shared_storage(store: Any, copied: Any) -> str | None:
+    """What ``copied`` shares of ``store``'s storage (``None``: nothing), found without
+    writing anything: the same Chroma collection; the same FAISS index, docstore or id map;
+    the same ``InMemoryVectorStore`` dict; for any other store, a shallow copy (every mutable
+    attribute the very same object)."""
+    kind = store_kind(store)
+    if kind == "chroma":
+        same = store_kind(copied) == "chroma" and copied._collection.id == store._collection.id
+        return "the same Chroma collection" if same else None
+    for name in ("store", "index", "docstore", "index_to_docstore_id"):
+        mine = getattr(store, name, None)
+        if (
+            mine is not None
+            and not isinstance(mine, _IMMUTABLE)
+            and getattr(copied, name, None) is mine
+        ):
+            return f"the same {name!r}"
+    mutable = {
+        k: v for k, v in vars(store).items() if not isinstance(v, _IMMUTABLE) and not callable(v)
+    }
+    theirs = vars(copied) if hasattr(copied, "__dict__") else {}
+    if mutable and all(theirs.get(k) is v for k, v in mutable.items()):
+        return "every attribute (a shallow copy)"
+    return None
 
 
 def _check_independent(store: VectorStore, copied: VectorStore) -> None:
-    """Write a probe document to the copy and make sure the user's store did not get it (a
-    shallow copy shares its storage); the probe is removed again either way."""
-    probe_id = f"ragdefense-probe-{uuid.uuid4().hex}"
-    text = f"ragdefense red-team probe {probe_id}"
-    copied.add_documents([Document(page_content=text, id=probe_id)], ids=[probe_id])
-    leaked = _holds(store, probe_id, text)
-    copied.delete([probe_id])
-    if leaked:
-        with contextlib.suppress(Exception):  # leave the user's store as it was
-            store.delete([probe_id])
+    """Refuse a copy that shares storage with the user's store (checked by identity: nothing
+    is written anywhere before the copy is known to be independent)."""
+    shared = _shared_storage(store, copied)
+    if shared is not None:
         raise ValueError(
-            "copy_store returned a store that shares storage with yours (a document written to "
-            "the copy appeared in your store): return an independent copy, e.g. a deep copy or "
-            "a new collection; the red team never writes to your store"
+            f"copy_store returned a store that shares storage with yours ({shared}): return an "
+            "independent copy, e.g. a deep copy or a new collection; the red team never writes "
+            "to your store (nothing was written)"
         )
 
 
@@ -144,7 +158,31 @@ def red_team(
     poisoned = (copy_store or _copy)(store)
     if poisoned is store:
         raise ValueError("copy_store returned the store itself: the red team needs a copy")
-    _check_independent(store, poisoned)
+    try:
+        _check_independent(store, poisoned)
+        return _red_team(poisoned, targets, defense, attack, n_poison, k, chain)
+    finally:
+        if copy_store is None:
+            _drop(poisoned)
+
+
+def _drop(copied: Any) -> None:
+    """Forget a copy this module made: a Chroma copy lives in the process-wide in-memory
+    client, where an app's own Chroma would otherwise list it."""
+    if store_kind(copied) == "chroma":
+        with contextlib.suppress(Exception):
+            copied._client.delete_collection(copied._collection.name)
+
+
+def _red_team(
+    poisoned: VectorStore,
+    targets: Sequence[AttackTarget],
+    defense: Any,
+    attack: str,
+    n_poison: int,
+    k: int,
+    chain: Callable[[BaseRetriever], Runnable[Any, Any]] | None,
+) -> RedTeamReport:
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     poisoned.add_documents([Document(page_content=p) for texts in poison.values() for p in texts])
     plain = poisoned.as_retriever(search_kwargs={"k": k})

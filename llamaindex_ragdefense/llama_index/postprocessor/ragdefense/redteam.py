@@ -66,23 +66,50 @@ def _rebuilt(
     )
 
 
+def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | None:
+    """What ``copied`` shares of ``index``'s stores (``None``: nothing), found without writing
+    anything: the same storage context, vector store, docstore or index store, or the same
+    Chroma collection."""
+    for name in ("storage_context", "vector_store", "docstore", "index_struct"):
+        mine = getattr(index, name, None)
+        if mine is not None and getattr(copied, name, None) is mine:
+            return f"the same {name}"
+    for name in ("docstore", "index_store", "vector_store"):
+        mine = getattr(index.storage_context, name, None)
+        if mine is not None and getattr(copied.storage_context, name, None) is mine:
+            return f"the same {name}"
+    store: Any = index.vector_store
+    other: Any = copied.vector_store
+    # ChromaVectorStore.client is its collection
+    chroma = store_kind(store) == "chroma" and store_kind(other) == "chroma"
+    if chroma and other.client.id == store.client.id:
+        return "the same Chroma collection"
+    if store_kind(store) == "simple" and getattr(other, "data", None) is store.data:
+        return "the same vector data"
+    return None
+
+
 def _check_independent(index: VectorStoreIndex, copied: VectorStoreIndex) -> None:
-    """Write a probe node to the copy and make sure the user's index did not get it (a shallow
-    copy shares its stores); the probe is removed again either way."""
-    probe_id = f"ragdefense-probe-{uuid.uuid4().hex}"
-    text = f"ragdefense red-team probe {probe_id}"
-    copied.insert_nodes([TextNode(text=text, id_=probe_id)])
-    found = index.as_retriever(similarity_top_k=1).retrieve(text)
-    leaked = probe_id in index.docstore.docs or any(n.node.node_id == probe_id for n in found)
-    copied.delete_nodes([probe_id], delete_from_docstore=True)
-    if leaked:
-        with contextlib.suppress(Exception):  # leave the user's index as it was
-            index.delete_nodes([probe_id], delete_from_docstore=True)
+    """Refuse a copy that shares its stores with the user's index (checked by identity:
+    nothing is written anywhere before the copy is known to be independent)."""
+    shared = _shared_storage(index, copied)
+    if shared is not None:
         raise ValueError(
-            "copy_index returned an index that shares its stores with yours (a node written to "
-            "the copy appeared in your index): return an independent copy; the red team never "
-            "writes to your index"
+            f"copy_index returned an index that shares its stores with yours ({shared}): "
+            "return an independent copy; the red team never writes to your index (nothing was "
+            "written)"
         )
+
+
+def _drop(copied: VectorStoreIndex) -> None:
+    """Forget a copy this module made: a Chroma copy lives in the process-wide in-memory
+    client, where an app's own Chroma would otherwise list it."""
+    store: Any = copied.vector_store
+    if store_kind(store) == "chroma":
+        import chromadb
+
+        with contextlib.suppress(Exception):
+            chromadb.EphemeralClient().delete_collection(store.client.name)
 
 
 def red_team(
@@ -118,7 +145,28 @@ def red_team(
     poisoned = (copy_index or _copy)(index, [])
     if poisoned is index:
         raise ValueError("copy_index returned the index itself: the red team needs a copy")
-    _check_independent(index, poisoned)  # before any poison is written
+    try:
+        _check_independent(index, poisoned)  # before any poison is written
+        return _red_team(poisoned, index, nodes, poison, targets, defense, attack, n_poison, k,
+                         llm, embed_model)  # fmt: skip
+    finally:
+        if copy_index is None:
+            _drop(poisoned)
+
+
+def _red_team(
+    poisoned: VectorStoreIndex,
+    index: VectorStoreIndex,
+    nodes: list[TextNode],
+    poison: dict[str, list[str]],
+    targets: Sequence[AttackTarget],
+    defense: Any,
+    attack: str,
+    n_poison: int,
+    k: int,
+    llm: LLM | None,
+    embed_model: BaseEmbedding | None,
+) -> RedTeamReport:
     poisoned.insert_nodes(nodes)
     guard = DefensePostprocessor(
         defense=defense,
