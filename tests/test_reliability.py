@@ -162,6 +162,59 @@ def test_max_new_tokens_bounds_what_a_function_backend_returns(nlp: Any) -> None
     assert all(len((x.text or "").split()) <= 5 for x in r.responses)
 
 
+def test_an_answer_without_spaces_is_cut_too(nlp: Any) -> None:
+    """Over a million characters without a space: cut like any long answer (was: spaCy's E088
+    out of answer())."""
+    rr = RobustRAG(llm=CallableLLM(lambda p: "x" * 1_200_000), nlp=nlp, max_new_tokens=5)
+    r = rr.answer(Q, ["p0", "p1", "p2"])
+    assert all(len(x.text or "") <= 5 * 32 for x in r.responses)
+
+
+def test_failed_certification_calls_are_never_certified(nlp: Any) -> None:
+    """The isolated calls succeed, every aggregation call fails (HTTP 503): the answer is "I
+    don't know" and it is not certified (was: certified=True)."""
+    answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
+    iso = {f"p{i}!": a for i, a in enumerate(answers)}
+    base = scripted(iso)
+
+    def down_for_aggregation(prompt: str) -> str:
+        if prompt.startswith("Word suggestion"):
+            raise ConnectionError("503 Service Unavailable")
+        return str(base.fn(prompt))
+
+    rr = RobustRAG(llm=CallableLLM(down_for_aggregation), nlp=nlp)
+    r = rr.answer(Q, list(iso), certify=1)
+    c = r.certificate
+    assert c is not None and not c.certified, c
+    assert "LLM calls failed" in c.reason or "ConnectionError" in c.reason
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error"),
+    [
+        ({"certify": "1"}, "certify"),
+        ({"certify": 1.5}, "certify"),
+        ({"certify": True}, "certify"),
+        ({"certify": 1, "gold": 123}, "gold"),
+        ({"certify": 1, "gold": ["Canberra", 7]}, "gold"),
+        ({"certify": 1, "attack": "bogus"}, "attack"),
+    ],
+)
+def test_bad_certification_arguments_fail_before_any_llm_call(
+    nlp: Any, kwargs: dict[str, Any], error: str
+) -> None:
+    calls: list[str] = []
+
+    def counted(prompt: str) -> str:
+        calls.append(prompt)
+        return "Canberra"
+
+    rr = RobustRAG(llm=CallableLLM(counted), nlp=nlp)
+    with pytest.raises((TypeError, ValueError), match=error):
+        rr.answer(Q, ["p0", "p1", "p2"], **kwargs)
+    assert calls == []
+
+
 def test_threads_left_behind_are_daemons() -> None:
     before = set(threading.enumerate())
     CallableLLM(lambda p: time.sleep(1) or "x", timeout=0.05).generate(["a", "b"])

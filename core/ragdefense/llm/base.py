@@ -59,7 +59,8 @@ def timed_out(timeout: float) -> Generation:
 
 
 def as_generation(value: Any, max_new_tokens: int | None = None) -> Generation:
-    """A backend's raw answer as a :class:`Generation`: text (cut to ``max_new_tokens`` words),
+    """A backend's raw answer as a :class:`Generation`: text (cut to ``max_new_tokens`` words,
+    and to :data:`CHARS_PER_TOKEN` characters per token: an answer without spaces is cut too),
     or a failure for anything that is not text (``None``, numbers, dicts, bytes, exceptions)."""
     if isinstance(value, BaseException):
         kind = "raised TimeoutError" if isinstance(value, TimeoutError) else type(value).__name__
@@ -70,7 +71,12 @@ def as_generation(value: Any, max_new_tokens: int | None = None) -> Generation:
         words = value.split(" ")
         if len(words) > max_new_tokens:
             value = " ".join(words[:max_new_tokens])
+        value = value[: max_new_tokens * CHARS_PER_TOKEN]
     return Generation(value)
+
+
+#: the most characters one generated token stands for when answers are cut
+CHARS_PER_TOKEN = 32
 
 
 class LLM(ABC):

@@ -301,6 +301,8 @@ class RobustRAG:
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         query, items = check_query(query), to_passages(passages)
+        if certify is not None or gold is not None:  # before any LLM call is made
+            _check_certify(certify, attack, gold)
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation, (), "no passages were given")
             return (yield from local(empty))
@@ -317,7 +319,7 @@ class RobustRAG:
         gold: Sequence[str] | str | None,
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
-        _check_attack(attack)
+        _check_certify(k_prime, attack, gold)
         golds = [gold] if isinstance(gold, str) else list(gold or [])
         refusal = _refusal(len(result.responses), k_prime)
         if refusal is not None:
@@ -334,6 +336,19 @@ def _left(end: float) -> float:
 def _check_attack(attack: str) -> None:
     if attack not in ("injection", "modification"):
         raise ValueError(f"attack must be 'injection' or 'modification', got {attack!r}")
+
+
+def _check_certify(k_prime: Any, attack: str, gold: Any) -> None:
+    """Certification arguments checked up front (a wrong type found after every isolated call
+    would waste them all)."""
+    if k_prime is not None and (isinstance(k_prime, bool) or not isinstance(k_prime, int)):
+        raise TypeError(f"certify (k') must be an int, got {type(k_prime).__name__}: {k_prime!r}")
+    _check_attack(attack)
+    golds = [gold] if isinstance(gold, str) else gold
+    if gold is not None and (
+        not isinstance(golds, Sequence) or not all(isinstance(g, str) for g in golds)
+    ):
+        raise TypeError(f"gold must be a str or a sequence of str, got {type(gold).__name__}")
 
 
 def _refusal(k: int, k_prime: int) -> str | None:

@@ -125,6 +125,13 @@ class KeywordAggregation:
                 return Certificate(
                     k_prime, attack, False, why, None, plan.always_kept, plan.undecided
                 )
+        failed = [g for g in gens if not g.ok and not g.timed_out]
+        if failed:  # an answer the LLM could not give is not one the attacker cannot cause
+            why = (
+                f"certification incomplete: {len(failed)} of {len(prompts)} LLM calls failed "
+                f"(e.g. {failed[0].error})"
+            )
+            return Certificate(k_prime, attack, False, why, None, plan.always_kept, plan.undecided)
         it = iter(gens)
         answers = []
         for kws in plan.keyword_sets:
