@@ -546,3 +546,41 @@ def test_suite_errors_column_counts_each_defense_alone() -> None:
     ]
     table = suite_markdown(rows)
     assert "| x | - | - | - | - | 2 |" in table and "| y | - | - | - | - | 0 |" in table
+
+
+# ---------------------------------------------------------------- 7. uncopyable metadata
+
+
+def test_metadata_that_cannot_be_copied_passes_through_both_adapters(toy_embedder: Any) -> None:
+    """A lock or a generator in a document's metadata: the defended pipelines work like the
+    undefended ones (was: a raw TypeError from deepcopy, fail_open=True included); copyable
+    values are still copies."""
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+    from langchain_ragdefense import DefenseCompressor, RagdefenseEmbeddings, defend
+    from llamaindex_ragdefense import DefensePostprocessor, RagdefenseEmbedding
+
+    lock = threading.Lock()
+    texts = [f"passage {i} about the capital of France, Paris" for i in range(8)]
+    docs = [
+        Document(t, metadata={"lock": lock, "gen": (x for x in ()), "tags": ["a"]}) for t in texts
+    ]
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_documents(docs)
+    embeddings = RagdefenseEmbeddings(toy_embedder)
+    for fail_open in (False, True):
+        out = DefenseCompressor(embeddings=embeddings, fail_open=fail_open).compress_documents(
+            docs, "capital of France?"
+        )
+        assert out and all(d.metadata["lock"] is lock for d in out)
+        assert all(d.metadata["tags"] == ["a"] for d in out)
+        assert all(d.metadata["tags"] is not docs[0].metadata["tags"] for d in out)
+    assert defend(store.as_retriever()).invoke("capital of France?")
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, metadata={"lock": lock}), score=1.0) for t in texts
+    ]
+    post = DefensePostprocessor(embed_model=RagdefenseEmbedding(toy_embedder))
+    kept = post.postprocess_nodes(nodes, query_bundle=QueryBundle("capital of France?"))
+    assert kept and all(n.node.metadata["lock"] is lock for n in kept)

@@ -208,13 +208,21 @@ def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> d
     """A deep copy of a document's ``metadata`` with ``record`` under :data:`METADATA_KEY`. A
     value already there (a user's own, or an earlier defense's) is kept, as
     ``record["previous"]``: nothing is overwritten, and nothing returned shares state with the
-    caller's document."""
-    out = copy.deepcopy(dict(metadata))
+    caller's document, except a value that cannot be copied at all (a lock, a generator, an
+    open file), which is carried as the very object, as the undefended retriever would."""
+    out = {key: _copied(value) for key, value in dict(metadata).items()}
     mine = dict(record)
     if METADATA_KEY in out:
         mine["previous"] = out[METADATA_KEY]
     out[METADATA_KEY] = mine
     return out
+
+
+def _copied(value: Any) -> Any:
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # not copyable (TypeError for locks and generators, copy.Error, ...)
+        return value
 
 
 def check_items(items: Any, kind: type, what: str) -> list[Any]:
