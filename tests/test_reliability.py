@@ -584,3 +584,47 @@ def test_metadata_that_cannot_be_copied_passes_through_both_adapters(toy_embedde
     post = DefensePostprocessor(embed_model=RagdefenseEmbedding(toy_embedder))
     kept = post.postprocess_nodes(nodes, query_bundle=QueryBundle("capital of France?"))
     assert kept and all(n.node.metadata["lock"] is lock for n in kept)
+
+
+# ---------------------------------------------------------------- 8. query embeddings
+
+
+@pytest.mark.parametrize(
+    ("query_embedding", "message"),
+    [
+        ("x", "1-D vector of real numbers"),
+        ([float("nan")] * 4, "NaN"),
+        ([1.0, 2.0], "size 2, passages 4"),
+        ([1 + 2j, 0j, 1j, 2j], "1-D vector of real numbers"),
+        ([[1.0, 0.0, 0.0, 0.0]], "1-D vector"),
+    ],
+)
+def test_a_bad_query_embedding_is_a_clear_error_in_every_defense(
+    query_embedding: Any, message: str
+) -> None:
+    """Given query vectors are checked (was: a raw ValueError for "x"; NaN or wrong-size vectors
+    silently ignored by RAGDefender)."""
+    import numpy as np
+
+    from ragdefense import DefenseInputError
+    from ragdefense.defenses.registry import build
+
+    emb = np.eye(6, 4) + 0.1
+    passages = [f"passage {i}" for i in range(6)]
+    for name in ("consensus", "ragdefender", "grada-peel", "auto"):
+        with pytest.raises(DefenseInputError, match=message):
+            build(name).defend_embeddings("q", passages, emb, query_embedding)
+
+
+def test_complex_and_zero_embeddings_are_named() -> None:
+    import numpy as np
+
+    from ragdefense import DefenseInputError
+    from ragdefense.defenses.registry import build
+
+    passages = [f"passage {i}" for i in range(6)]
+    with pytest.raises(DefenseInputError, match="complex"):
+        build("consensus").defend_embeddings("q", passages, np.eye(6, 4) * (1 + 1j), np.ones(4))
+    for name in ("consensus", "ragdefender"):
+        result = build(name).defend_embeddings("q", passages, np.zeros((6, 4)), np.ones(4))
+        assert result.removed == [] and "zero vector" in str(result.verdicts[0].reason)

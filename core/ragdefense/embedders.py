@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .similarity import cosine_matrix, cosine_to
-from .types import DefenseInputError, Passage
+from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
 
 __all__ = [
     "CallableEmbedder",
@@ -32,6 +32,7 @@ __all__ = [
     "SentenceTransformerEmbedder",
     "as_embedder",
     "check_embeddings",
+    "check_query_embedding",
     "cosine_matrix",
     "cosine_to",
     "default_embedder",
@@ -362,20 +363,6 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
     return np.stack([v for v in vecs if v is not None])
 
 
-def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
-    """``embeddings`` as a finite float64 (n, d) matrix, else :class:`DefenseInputError`."""
-    try:
-        arr = np.asarray(embeddings, dtype=np.float64)
-    except (TypeError, ValueError) as exc:
-        raise DefenseInputError(f"embeddings are not a numeric matrix ({exc})") from exc
-    if arr.ndim != 2 or arr.shape[0] != n or (n and arr.shape[1] == 0):
-        raise DefenseInputError(f"embeddings have shape {arr.shape}, expected ({n}, d)")
-    if not np.isfinite(arr).all():
-        bad = sorted({int(i) for i in np.argwhere(~np.isfinite(arr))[:, 0]})
-        raise DefenseInputError(f"embeddings of passage(s) {bad} contain NaN or infinite values")
-    return arr
-
-
 def passage_and_query_embeddings(
     query: str,
     passages: Sequence[Passage],
@@ -391,7 +378,7 @@ def passage_and_query_embeddings(
     emb = check_embeddings(embeddings, m)
     if query_embedding is None:
         query_embedding = as_embedder(embedder).embed_query(query)
-    q = check_embeddings(np.asarray(query_embedding, dtype=float)[None, :], 1)
+    q = check_query_embedding(query_embedding)[None, :]
     if q.shape[1] != emb.shape[1]:
         raise DefenseInputError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
     return emb, q[0]

@@ -16,6 +16,8 @@ __all__ = [
     "Passage",
     "PassageLike",
     "Verdict",
+    "check_embeddings",
+    "check_query_embedding",
     "to_passages",
 ]
 
@@ -75,6 +77,47 @@ def to_passages(passages: Sequence[PassageLike] | None) -> list[Passage]:
         else:
             raise DefenseInputError(f"passage {i}: expected Passage or str, got {type(p).__name__}")
     return out
+
+
+def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
+    """``embeddings`` as a finite float64 (n, d) matrix, else :class:`DefenseInputError`
+    (complex numbers too: their imaginary part would be dropped silently)."""
+    try:
+        raw = np.asarray(embeddings)
+        if raw.dtype.kind == "c" or (
+            raw.dtype.kind == "O" and any(isinstance(x, complex) for x in raw.ravel())
+        ):
+            raise DefenseInputError("embeddings are complex numbers: give real vectors")
+        arr = raw.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        if isinstance(exc, DefenseInputError):
+            raise
+        raise DefenseInputError(f"embeddings are not a numeric matrix ({exc})") from exc
+    if arr.ndim != 2 or arr.shape[0] != n or (n and arr.shape[1] == 0):
+        raise DefenseInputError(f"embeddings have shape {arr.shape}, expected ({n}, d)")
+    if not np.isfinite(arr).all():
+        bad = sorted({int(i) for i in np.argwhere(~np.isfinite(arr))[:, 0]})
+        raise DefenseInputError(f"embeddings of passage(s) {bad} contain NaN or infinite values")
+    return arr
+
+
+def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.ndarray:
+    """A given query embedding as a finite float64 vector (of ``dim`` numbers when given),
+    else :class:`DefenseInputError` saying what is wrong with it."""
+    try:
+        raw = np.asarray(query_embedding)
+    except (TypeError, ValueError) as exc:
+        raise DefenseInputError(f"query_embedding is not a vector of numbers ({exc})") from exc
+    if raw.ndim != 1 or raw.dtype.kind not in "iufO" or raw.size == 0:
+        kind = type(query_embedding).__name__
+        raise DefenseInputError(
+            f"query_embedding must be a 1-D vector of real numbers, got {kind} of shape "
+            f"{raw.shape} and dtype {raw.dtype}"
+        )
+    q: np.ndarray = check_embeddings(raw[None, :], 1)[0]
+    if dim is not None and q.shape[0] != dim:
+        raise DefenseInputError(f"query embedding has size {q.shape[0]}, passages {dim}")
+    return q
 
 
 def check_query(query: object) -> str:

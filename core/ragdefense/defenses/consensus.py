@@ -150,6 +150,9 @@ class Consensus:
         emb, q_emb = passage_and_query_embeddings(
             query, items, self.embedder, embeddings, query_embedding
         )
+        if not np.abs(emb).any() or not np.abs(q_emb).any():
+            why = "every embedding (or the query's) is the zero vector: no direction to compare"
+            return self._result(query, items, np.zeros(m), sources, trusted, {}, {"note": why})
         sim = cosine_matrix(emb)
         qs = cosine_to(emb, q_emb)
         removed: dict[int, str] = {}

@@ -32,7 +32,7 @@ from typing import Any, Literal
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
-from ..embedders import as_embedder, check_embeddings, embed_passages
+from ..embedders import as_embedder, check_embeddings, check_query_embedding, embed_passages
 from ..similarity import cosine_matrix, cut
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
@@ -256,6 +256,8 @@ class RAGDefender:
         query = check_query(query)
         items = to_passages(passages)
         emb = check_embeddings(embeddings, len(items))
+        if query_embedding is not None:  # given: it must be right, never silently skipped
+            query_embedding = check_query_embedding(query_embedding, emb.shape[1])
         return self._defend(
             query, items, emb, lazy_query_sim(lambda: query_embedding, emb), task_type
         )
@@ -276,9 +278,10 @@ class RAGDefender:
         if n < self.min_passages:
             why = f"only {n} passage(s): too few to estimate (min_passages={self.min_passages})"
             return self._unchanged(query, items, why)
-        if np.ptp(sim[np.triu_indices(n, k=1)]) < 1e-6 and sim[0, 1] > 1 - 1e-6:
-            why = "all passages are identical in embedding space: no estimate possible"
-            return self._unchanged(query, items, why)
+        flat = np.ptp(sim[np.triu_indices(n, k=1)]) < 1e-6 and sim[0, 1] > 1 - 1e-6
+        if flat or not np.abs(embeddings).any():
+            why = "identical in embedding space" if flat else "zero vectors, with no direction"
+            return self._unchanged(query, items, f"all passages are {why}: no estimate possible")
         aside: dict[int, str] = {}
         if self.off_topic is not None:
             aside = off_topic(embeddings, sim, query_sim, self.off_topic, self.min_passages - 1)
