@@ -228,6 +228,51 @@ def test_a_changed_knowledge_base_of_the_same_size_is_refused_on_resume(
     assert audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32).findings
 
 
+def test_file_input_and_damaged_parts_are_named(toy: CallableEmbedder, tmp_path: Path) -> None:
+    """(#27 item 14) id 0 is an id; duplicate ids and NaN vectors in a file are refused, naming
+    the records; a truncated part names itself and the way out."""
+
+    def jsonl(records: list[dict[str, Any]]) -> Path:
+        path = tmp_path / f"kb{len(list(tmp_path.glob('*.jsonl')))}.jsonl"
+        path.write_text("\n".join(json.dumps(r) for r in records))
+        return path
+
+    texts, _, _ = toy_corpus()
+    records = [{"id": i, "text": t} for i, t in enumerate(texts)]
+    kb = jsonl(records)
+    report = audit(kb, embedder=toy, workdir=tmp_path / "a", part_size=32)
+    assert "0" in {f.id for f in report.findings} and "row-0" not in {f.id for f in report.findings}
+    twice = [*records, {"id": 3, "text": "another text"}]
+    with pytest.raises(ValueError, match=rf"records 4 and {len(twice)} have the same id '3'"):
+        audit(jsonl(twice), embedder=toy, workdir=tmp_path / "b")
+    nan = [{"id": "x", "text": "t", "embedding": [0.1, float("nan")]}]
+    with pytest.raises(ValueError, match=r"record 1 \(id 'x'\).*finite"):
+        audit(jsonl(nan), embedder=toy, workdir=tmp_path / "c")
+    search = next((tmp_path / "a" / "search").rglob("*.npz"))
+    search.write_bytes(search.read_bytes()[:40])  # truncated
+    for part in (tmp_path / "a" / "probed").glob("*.json"):
+        part.unlink()  # the defend step must read the search results again
+    with pytest.raises(ValueError, match=r"npz: damaged or truncated.*fresh"):
+        audit(kb, embedder=toy, workdir=tmp_path / "a", part_size=32)
+
+
+def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, _ = toy_corpus()
+    texts[0] = '=HYPERLINK("http://evil.example","click") \x1b[2J\x1b[31mowned\rhidden'
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=32)
+    report.findings.sort(key=lambda f: f.id != ids[0])  # the planted text first
+    shown = report.to_markdown(top=len(texts))
+    assert "\x1b" not in shown and "\r" not in shown and "\\x1b[2J" in shown
+    [csv_path] = report.write(tmp_path / "out", ["csv"])
+    import csv
+
+    with csv_path.open(newline="", encoding="utf-8") as f:
+        rows = {r["id"]: r for r in csv.DictReader(f)}
+    assert rows[ids[0]]["text"].startswith("'=HYPERLINK(")
+
+
 def test_files_jsonl_and_parquet_with_stored_vectors(toy: CallableEmbedder, tmp_path: Path) -> None:
     texts, ids, planted = toy_corpus()
     vectors = bag_of_words(texts)
@@ -284,8 +329,8 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     kb = tmp_path / "kb.jsonl"
     with kb.open("w") as f:
         for q in load_demo_kb():
-            for t in q.benign + q.poison:
-                f.write(json.dumps({"id": f"{q.id}-{len(t)}", "text": t}) + "\n")
+            for i, t in enumerate(q.benign + q.poison):
+                f.write(json.dumps({"id": f"{q.id}-{i}", "text": t}) + "\n")
     assert (
         main(["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--format", "md,csv"])
         == 0

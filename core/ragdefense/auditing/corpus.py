@@ -67,6 +67,14 @@ def fingerprint(corpus: Corpus) -> str:
     return str(own()) if callable(own) else type(corpus).__name__
 
 
+def _finite(vector: Any) -> bool:
+    try:
+        arr = np.asarray(vector, dtype=np.float64)
+    except (TypeError, ValueError):
+        return False
+    return arr.ndim == 1 and arr.size > 0 and bool(np.isfinite(arr).all())
+
+
 def _vectors(rows: Sequence[Any]) -> np.ndarray | None:
     if not rows or any(r is None for r in rows):
         return None
@@ -89,6 +97,9 @@ class ListCorpus:
         self.vectors = None if vectors is None else np.asarray(vectors, dtype=np.float32)
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("chunk ids must be unique")
+        if self.vectors is not None and not np.isfinite(self.vectors).all():
+            bad = sorted({int(i) for i in np.argwhere(~np.isfinite(self.vectors))[:, 0]})[:5]
+            raise ValueError(f"the vectors of chunk(s) {bad} hold NaN or infinite values")
         Batch(self.ids, self.texts, self.titles, self.vectors)  # checks the lengths
 
     def fingerprint(self) -> str:
@@ -145,10 +156,25 @@ class FileCorpus:
 
     def batches(self, size: int) -> Iterator[Batch]:
         rows: list[dict[str, Any]] = []
+        seen: dict[str, int] = {}
         for n, record in enumerate(self._records()):
             if "text" not in record or not isinstance(record["text"], str):
                 raise ValueError(f"{self.path}: record {n + 1} has no text string")
-            rows.append({**record, "id": str(record.get("id") or f"row-{n}")})
+            rid = record.get("id")
+            chunk_id = f"row-{n}" if rid is None or rid == "" else str(rid)  # id 0 is an id
+            if chunk_id in seen:
+                raise ValueError(
+                    f"{self.path}: records {seen[chunk_id]} and {n + 1} have the same id "
+                    f"{chunk_id!r}: chunk ids must be unique"
+                )
+            seen[chunk_id] = n + 1
+            vector = record.get("embedding")
+            if vector is not None and not _finite(vector):
+                raise ValueError(
+                    f"{self.path}: record {n + 1} (id {chunk_id!r}) has an embedding that is "
+                    "not a vector of finite numbers"
+                )
+            rows.append({**record, "id": chunk_id})
             if len(rows) == size:
                 yield self._batch(rows)
                 rows = []

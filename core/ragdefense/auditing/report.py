@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -97,12 +98,13 @@ class AuditReport:
             "|---|---|---|---|---|---|---|---|",
         ]
         for rank, f in enumerate(self.findings[:top], 1):
-            text = f.text if len(f.text) <= width else f.text[: width - 1] + "…"
+            text = _shown(f.text)
+            text = text if len(text) <= width else text[: width - 1] + "…"
             flagged = ", ".join(f"{k} {v}" for k, v in f.flagged.items())
             group = f"{f.group['id']} ({f.group['size']})" if f.group else ""
             mark = "**" if f.suspicious else ""
-            cells = [str(rank), f"{mark}{f.id}{mark}", f"{f.score:.2f}", str(f.retrieved)]
-            cells += [flagged, group, "; ".join(f.reasons), text.replace("|", "\\|")]
+            cells = [str(rank), f"{mark}{_shown(f.id)}{mark}", f"{f.score:.2f}", str(f.retrieved)]
+            cells += [flagged, group, _shown("; ".join(f.reasons)), text.replace("|", "\\|")]
             lines.append("| " + " | ".join(cells) + " |")
         return "\n".join(lines) + "\n"
 
@@ -124,7 +126,7 @@ class AuditReport:
             elif fmt == "json":
                 path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
             elif fmt == "csv":
-                rows = [f.row() for f in self.findings]
+                rows = [{k: _cell(v) for k, v in f.row().items()} for f in self.findings]
                 with path.open("w", newline="", encoding="utf-8") as out:
                     writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["id"])
                     writer.writeheader()
@@ -157,3 +159,25 @@ class AuditReport:
         ax.legend()
         fig.tight_layout()
         fig.savefig(path, dpi=120)
+
+
+def _shown(text: str) -> str:
+    """``text`` safe to print: control and format characters (an ESC that would drive the
+    terminal, a carriage return that would hide the line, bidi overrides) and line separators
+    written as escapes."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if _hidden(ch) else ch for ch in text
+    )
+
+
+def _hidden(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] == "C" or category in ("Zl", "Zp")
+
+
+def _cell(value: Any) -> Any:
+    """A CSV cell that a spreadsheet cannot run: text starting with ``= + - @`` (or a tab or
+    carriage return) gets a leading apostrophe (the usual defence against formula injection)."""
+    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        return "'" + value
+    return value

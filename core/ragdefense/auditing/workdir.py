@@ -13,12 +13,15 @@ probed/00000.json              what each defense decided on each probe's retriev
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import tempfile
 import uuid
+import zipfile
 from bisect import bisect_right
+from collections.abc import Iterator
 from functools import lru_cache
 from itertools import accumulate
 from pathlib import Path
@@ -31,7 +34,14 @@ __all__ = ["AUDIT_ENTRIES", "MARKER", "Workdir", "locate", "part_name", "part_st
 #: the key of the manifest that says "this folder holds a ragdefense audit"
 MARKER = "ragdefense_audit"
 #: everything an audit writes in its folder: all that ``fresh`` may ever remove
-AUDIT_ENTRIES = ("manifest.json", "chunks", "probes", "search", "probed")
+AUDIT_ENTRIES = (
+    "manifest.json",
+    "chunks",
+    "probes",
+    "search",
+    "probed",
+    *(f"report.{fmt}" for fmt in ("md", "json", "csv", "parquet", "png")),
+)
 
 
 def part_name(kind: str, part: int) -> str:
@@ -92,17 +102,33 @@ class Workdir:
 
     def read_json(self, name: str) -> Any:
         """The JSON value stored under ``name``."""
-        return json.loads((self.path / name).read_text(encoding="utf-8"))
+        with self._damaged(name):
+            return json.loads((self.path / name).read_text(encoding="utf-8"))
 
     def read_array(self, name: str) -> np.ndarray:
         """An array, memory-mapped (read only)."""
-        array: np.ndarray = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
+        with self._damaged(name):
+            array: np.ndarray = np.load(self.path / name, mmap_mode="r", allow_pickle=False)
         return array
 
     def read_arrays(self, name: str) -> dict[str, np.ndarray]:
         """Named arrays (``.npz``)."""
-        with np.load(self.path / name, allow_pickle=False) as data:
+        with self._damaged(name), np.load(self.path / name, allow_pickle=False) as data:
             return {k: data[k] for k in data.files}
+
+    @contextlib.contextmanager
+    def _damaged(self, name: str) -> Iterator[None]:
+        """A file of the folder that cannot be read (truncated, overwritten) is named, with the
+        way out, instead of surfacing as a raw zip / JSON / numpy error."""
+        try:
+            yield
+        except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
+            if isinstance(exc, FileNotFoundError):
+                raise
+            raise ValueError(
+                f"{self.path / name}: damaged or truncated ({type(exc).__name__}: {exc}); run "
+                "the audit again with fresh=True (--fresh) to redo it"
+            ) from exc
 
     # ---- the manifest ----------------------------------------------------------------------
 
