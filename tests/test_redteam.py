@@ -92,7 +92,11 @@ def test_llamaindex_index_is_copied_never_touched(minilm: Any) -> None:
     assert len(index.docstore.docs) == n_docs
     assert len(index.vector_store.data.embedding_dict) == n_vectors  # type: ignore[attr-defined]
     assert report.pipelines == ["no defense", "grada"]
-    assert report.hijack_rate("no defense") == 1.0
+    plain = [o for o in report.outcomes if o.pipeline == "no defense"]
+    assert all(o.poison_retrieved for o in plain)  # the poison reaches every context
+    # hijacked without an answer: poison is most of the context (2 of 4 is not)
+    assert report.hijack_rate("no defense") == sum(o.poison_retrieved > 2 for o in plain) / 4
+    assert report.hijack_rate("no defense") >= 0.75
     answered = li_red_team(index, TARGETS[:2], k=4, llm=MockLLM())  # echoes its prompt
     assert all(o.answer for o in answered.outcomes)
     assert answered.hijack_rate("no defense") == 1.0

@@ -140,6 +140,8 @@ def _cmd_suite(args: argparse.Namespace) -> int:
     from .bench.suite import run_suite
 
     folder = data_dir(args.data)
+    if args.data is not None and folder is None:  # named, and not there: never just the demo
+        raise UsageError(f"no data folder {args.data!r}: give the benchmark data's folder")
     defenses = _split(args.defenses) or list(DEFAULT_DEFENSES)
     llm = _llm(args.llm)
     if "robustrag" in defenses and llm is None:

@@ -153,7 +153,7 @@ def red_team(
         k: Documents in the context.
         chain: ``retriever -> Runnable`` building the user's chain around a retriever; its output
             (as a string) is the answer, and a target is hijacked when the answer states the
-            wrong answer. Without it, a target is hijacked when poison reaches the context.
+            wrong answer. Without it, a target is hijacked when poison is most of the context.
     """
     poisoned = (copy_store or _copy)(store)
     if poisoned is store:

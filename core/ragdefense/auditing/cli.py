@@ -28,10 +28,32 @@ def _has(module: str) -> bool:
     return find_spec(module) is not None
 
 
+def _check(args: argparse.Namespace) -> None:
+    """Everything the audit will need, checked before any work (a missing extra or a bad name
+    found after the embedding would waste it)."""
+    from ..cliargs import UsageError
+    from ..defenses.registry import preset
+
+    for name in args.defense or []:
+        try:
+            preset(name)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
+        raise UsageError(f"--workdir {args.workdir!r} is a file: give a folder")
+    needs = {"png": ("matplotlib", "matplotlib"), "parquet": ("pyarrow", "'ragdefense[audit]'")}
+    for fmt in args.format:
+        if fmt in needs and not _has(needs[fmt][0]):
+            raise UsageError(f"--format {fmt} needs {needs[fmt][0]}: pip install {needs[fmt][1]}")
+    if args.engine == "ray" and not _has("ray"):
+        raise UsageError("--engine ray needs Ray: pip install 'ragdefense[ray]'")
+
+
 def _cmd_audit(args: argparse.Namespace) -> int:
     from ..cliargs import UsageError, resolve
     from .pipeline import audit
 
+    _check(args)
     source: Any = args.knowledge_base
     if not Path(source).exists():
         if ":" not in source:

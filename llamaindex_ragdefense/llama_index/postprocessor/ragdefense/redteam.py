@@ -133,10 +133,10 @@ def red_team(
             here (with its stored vectors, into memory), other stores need ``copy_index``. It
             is never written to.
         targets: Questions with the attacker's answers.
-        defense: ``"ragdefender"``, ``"grada"`` or a core defense object.
+        defense: A registry name (``None``: the default defense) or a core defense object.
         llm: When given, each context is answered by this LLM (a compact response synthesizer)
             and a target is hijacked when the answer states the wrong answer; otherwise when
-            poison reaches the context.
+            poison is most of the context.
         embed_model: The defense's embeddings (default: the index's own).
         copy_index: ``(index, nodes) -> a copy of index with nodes added``.
     """
