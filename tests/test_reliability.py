@@ -691,3 +691,23 @@ def test_one_planted_passage_among_five_is_not_called_a_hijack() -> None:
     )
     assert [o.hijacked for o in report.outcomes] == [False, True, True]
     assert "ok (1/5 poison)" in report.to_table()
+
+
+def test_a_pool_past_the_cap_is_refused_at_once(toy_embedder: Any) -> None:
+    """(#27 item 12) 10,000 passages took a minute and gigabytes with no warning: past
+    MAX_PASSAGES every defense refuses at once, before embedding anything."""
+    from ragdefense import DefenseInputError
+    from ragdefense.defenses.registry import build
+    from ragdefense.types import MAX_PASSAGES
+
+    calls: list[int] = []
+
+    def counting(texts: list[str]) -> Any:
+        calls.append(len(texts))
+        return toy_embedder.embed(texts)
+
+    passages = [f"passage {i}" for i in range(MAX_PASSAGES + 1)]
+    for name in ("consensus", "ragdefender", "grada", "auto"):
+        with pytest.raises(DefenseInputError, match="MAX_PASSAGES = 2000"):
+            build(name, embedder=counting).defend("q", passages)
+    assert calls == []  # refused before any work

@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "MAX_PASSAGES",
     "DefenseFailed",
     "DefenseInputError",
     "DefenseResult",
@@ -51,18 +52,31 @@ class Passage:
 
 PassageLike = Passage | str
 
+#: the most passages one call of a defense takes: every defense compares all pairs, so time and
+#: memory grow with the square of the count (a retrieval pool is tens; a whole corpus is for
+#: :func:`ragdefense.audit`). Raise it knowingly.
+MAX_PASSAGES = 2000
+
 
 def to_passages(passages: Sequence[PassageLike] | None) -> list[Passage]:
     """Coerce a sequence of passages or plain strings into :class:`Passage` objects.
 
     Raises:
-        DefenseInputError: if the container or an item has the wrong type.
+        DefenseInputError: if the container or an item has the wrong type, or it holds more
+            than :data:`MAX_PASSAGES` passages.
     """
     if passages is None:
         raise DefenseInputError("passages must be a sequence of Passage or str, got None")
     if isinstance(passages, (str, bytes)) or not isinstance(passages, Sequence):
         raise DefenseInputError(
             f"passages must be a sequence of Passage or str, got {type(passages).__name__}"
+        )
+    if len(passages) > MAX_PASSAGES:
+        raise DefenseInputError(
+            f"{len(passages)} passages: more than a defense compares at once (MAX_PASSAGES = "
+            f"{MAX_PASSAGES}; every pair is compared, so time and memory grow with the square): "
+            "retrieve fewer, audit a whole corpus with ragdefense.audit, or raise "
+            "ragdefense.types.MAX_PASSAGES knowingly"
         )
     out: list[Passage] = []
     for i, p in enumerate(passages):
