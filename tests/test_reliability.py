@@ -760,3 +760,56 @@ def test_a_warning_is_printed_once() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True
     )
     assert done.stderr.count("fewer than the pool of 8") == 1, done.stderr
+
+
+# ---------------------------------------------------------------- 10. LLMs that hang or are async
+
+
+def test_a_hung_sync_llm_does_not_pile_up_threads() -> None:
+    """(#27 item 9) five calls to a hung function with max_concurrency=2 left 2 more threads
+    each time; now the hung calls keep their slots and later calls time out without new ones."""
+    release = threading.Event()
+
+    def hung(prompt: str) -> str:
+        release.wait(30)
+        return "late"
+
+    llm = CallableLLM(hung, max_concurrency=2, timeout=0.2)
+    before = threading.active_count()
+    try:
+        for _ in range(5):
+            assert all(g.timed_out for g in llm.generate(["a", "b", "c"]))
+        for _ in range(50):  # waiting workers of the last batch give up at its deadline
+            if threading.active_count() - before <= 2:
+                break
+            time.sleep(0.1)
+        assert threading.active_count() - before <= 2  # the two hung calls, nothing more
+    finally:
+        release.set()
+
+
+def test_an_async_function_is_awaited_not_an_abstention(nlp: Any) -> None:
+    """(#27 item 9) ``async def`` given as the LLM silently gave "I don't know"."""
+
+    async def answer(prompt: str) -> str:
+        await asyncio.sleep(0)
+        return "Canberra"
+
+    llm = CallableLLM(answer)
+    assert [g.text for g in llm.generate(["q1", "q2"])] == ["Canberra", "Canberra"]
+    assert [g.text for g in asyncio.run(llm.agenerate(["q"]))] == ["Canberra"]
+    r = RobustRAG(llm=answer, nlp=nlp).answer(Q, ["p0", "p1", "p2"])
+    assert r.answer == "Canberra"
+
+
+def test_an_async_model_blocking_the_loop_gets_no_late_answers() -> None:
+    """(#27 item 9) an async model that blocks the event loop cannot be cancelled: what it
+    returns after the deadline is counted as timed out, not accepted."""
+
+    async def blocking(prompt: str) -> str:
+        time.sleep(0.4)  # blocks the loop: no await
+        return "late answer"
+
+    llm = CallableLLM(blocking, max_concurrency=1, timeout=0.2)
+    found = asyncio.run(llm.agenerate(["a", "b"]))
+    assert all(g.timed_out for g in found) and not any(g.text for g in found)

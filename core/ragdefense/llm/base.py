@@ -11,6 +11,7 @@ backend cannot bound its own length.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -128,15 +129,20 @@ def run_threads(
     workers: int,
     budget: float,
     max_new_tokens: int | None,
+    slots: threading.Semaphore | None = None,
 ) -> list[Generation]:
     """``call`` on every prompt from ``workers`` daemon threads, all within ``budget`` seconds.
 
     Prompts not answered by then are timed out and no further call starts; a call already
     running cannot be interrupted, but it runs in a daemon thread and its answer is dropped, so
-    neither the caller nor the interpreter's exit waits for it.
+    neither the caller nor the interpreter's exit waits for it. ``slots`` bounds the calls in
+    flight across batches: a call that hangs keeps its slot, so hung calls never pile up beyond
+    it (later batches wait for a free slot within their own deadline, then time out).
     """
     if budget <= 0:  # nothing left of the deadline: start nothing
         return [timed_out(budget) for _ in prompts]
+    slots = slots or threading.Semaphore(max(1, workers))
+    end = time.monotonic() + budget
     results: list[Generation | None] = [None] * len(prompts)
     pending = list(range(len(prompts)))[::-1]
     lock = threading.Lock()
@@ -150,11 +156,19 @@ def run_threads(
             with lock:
                 if stop or not pending:
                     return
+            if not slots.acquire(timeout=max(0.0, end - time.monotonic())):
+                return  # every slot is held by a call still running: nothing more starts
+            with lock:
+                if stop or not pending:
+                    slots.release()
+                    return
                 i = pending.pop()
             try:
                 value: Any = call(prompts[i])
             except Exception as exc:  # reported on this prompt
                 value = exc
+            finally:
+                slots.release()
             with lock:
                 if not stop:
                     results[i] = as_generation(value, max_new_tokens)
@@ -163,7 +177,6 @@ def run_threads(
 
     for _ in range(max(1, min(workers, len(prompts)))):
         threading.Thread(target=work, daemon=True).start()
-    end = time.monotonic() + budget
     with lock:
         while left and time.monotonic() < end:
             finished.wait(min(end - time.monotonic(), 3600.0))
@@ -183,13 +196,21 @@ async def gather_within(
     if budget <= 0:  # nothing left of the deadline: start nothing
         return [timed_out(budget) for _ in prompts]
     sem = asyncio.Semaphore(max(1, workers))
+    end = time.monotonic() + budget
 
     async def one(p: str) -> Generation:
         async with sem:
             try:
-                return as_generation(await call(p), max_new_tokens)
+                value = await call(p)
             except Exception as exc:  # reported on this prompt
                 return as_generation(exc)
+            # a model that blocks the event loop cannot be cancelled in time: what it returns
+            # after the deadline is late, and counted so
+            return (
+                timed_out(budget)
+                if time.monotonic() > end
+                else as_generation(value, max_new_tokens)
+            )
 
     tasks = [asyncio.ensure_future(one(p)) for p in prompts]
     if not tasks:
@@ -209,6 +230,8 @@ class ConcurrentLLM(LLM):
     def __init__(self, max_concurrency: int, timeout: float | None) -> None:
         self.max_concurrency = max_concurrency
         self.timeout = timeout
+        # calls in flight across batches: hung calls keep theirs, so threads never pile up
+        self._slots = threading.Semaphore(max(1, max_concurrency))
 
     @abstractmethod
     def call(self, prompt: str) -> Any:
@@ -222,7 +245,9 @@ class ConcurrentLLM(LLM):
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
     ) -> list[Generation]:
         budget = self._deadline(timeout)
-        return run_threads(self.call, prompts, self.max_concurrency, budget, max_new_tokens)
+        return run_threads(
+            self.call, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
+        )
 
     async def agenerate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
@@ -236,7 +261,8 @@ class ConcurrentLLM(LLM):
 
 
 class CallableLLM(ConcurrentLLM):
-    """A plain function ``prompt -> answer``, called from ``max_concurrency`` threads.
+    """A plain function ``prompt -> answer``, called from ``max_concurrency`` threads, or an
+    ``async def`` function, awaited (in its own event loop from the sync API).
 
     Args:
         fn: The function; an answer that is not a ``str`` is a failed call.
@@ -252,9 +278,27 @@ class CallableLLM(ConcurrentLLM):
     ) -> None:
         super().__init__(max_concurrency, timeout)
         self.fn = fn
+        # an async def function, or an object whose __call__ is one
+        self.is_async = inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(
+            type(fn).__call__ if not inspect.isfunction(fn) else None
+        )
 
     def call(self, prompt: str) -> Any:
-        return self.fn(prompt)
+        value = self.fn(prompt)
+        return asyncio.run(value) if inspect.iscoroutine(value) else value
+
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        if not self.is_async:
+            return await super().agenerate(prompts, max_new_tokens, timeout)
+        budget = self._deadline(timeout)
+        return await gather_within(
+            self._awaited, prompts, self.max_concurrency, budget, max_new_tokens
+        )
+
+    async def _awaited(self, prompt: str) -> Any:
+        return await self.fn(prompt)  # type: ignore[misc]
 
 
 def _message_text(result: Any) -> Any:
