@@ -129,6 +129,16 @@ def _targets() -> list[Any]:
     ]
 
 
+def _planted_and_defended(report: Any) -> None:
+    """The poison was planted in the copy (it reaches every undefended context, most of most of
+    them), and the default defense does better."""
+    assert report.pipelines == ["no defense", "consensus"]
+    plain = [o for o in report.outcomes if o.pipeline == "no defense"]
+    assert all(o.poison_retrieved for o in plain)
+    assert report.hijack_rate("no defense") >= 2 / 3
+    assert report.hijack_rate("consensus") < report.hijack_rate("no defense")
+
+
 def _lc_count(store: Any, kind: str) -> int:
     if kind == "chroma":
         return int(store._collection.count())
@@ -151,8 +161,7 @@ def test_langchain_red_team_on_a_copy_of_each_store(kind: str, minilm: Any, tmp_
     assert _lc_count(store, kind) == count  # the user's collection: not one document more
     # the copy reused the stored vectors: only the planted poison (and queries) were embedded
     assert counting.passages - embedded <= 5 * 3 + 1
-    assert report.hijack_rate("no defense") == 1.0  # the poison was planted in the copy
-    assert report.hijack_rate("ragdefender") < 1.0
+    _planted_and_defended(report)
     if kind == "chroma":  # and the database on disk was not given a collection
         import chromadb
 
@@ -192,8 +201,7 @@ def test_llamaindex_red_team_on_a_copy_of_each_store(
     before = count()
     report = red_team(index, _targets(), k=4)
     assert count() == before == len(nodes)
-    assert report.hijack_rate("no defense") == 1.0
-    assert report.hijack_rate("ragdefender") < 1.0
+    _planted_and_defended(report)
 
 
 def test_a_store_that_cannot_be_copied_safely_is_refused(minilm: Any, tmp_path: Path) -> None:
