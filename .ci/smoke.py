@@ -48,20 +48,11 @@ def check_langchain() -> None:
     from langchain_core.vectorstores import InMemoryVectorStore
 
     from langchain_ragdefense import RagdefenseEmbeddings, defend
-    from ragdefense.data import load_demo_kb
+    from ragdefense.data import demo_documents, load_demo_kb
 
     kb = load_demo_kb()
     # metadata["source"] as loaders write it: the planted passages come from one upload
-    docs = [
-        Document(t, metadata={"poison": False, "source": s})
-        for q in kb
-        for t, s in zip(q.benign, q.sources, strict=True)
-    ]
-    docs += [
-        Document(t, metadata={"poison": True, "source": s})
-        for q in kb
-        for t, s in zip(q.poison, q.poison_sources, strict=True)
-    ]
+    docs = [Document(text, metadata=meta) for text, meta in demo_documents()]
     store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings())
     question = kb[0].question
     plain = store.as_retriever().invoke(question)

@@ -21,22 +21,13 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda
 
 from langchain_ragdefense import RagdefenseEmbeddings, defend
-from ragdefense.data import load_demo_kb
+from ragdefense.data import demo_documents, load_demo_kb
 from ragdefense.llm import default_llm
 
 kb = load_demo_kb()
 # metadata["source"] as LangChain loaders write it: the benign passages come from reference
 # sites, the planted ones from one uploaded file
-docs = [
-    Document(t, metadata={"poison": False, "source": src})
-    for q in kb
-    for t, src in zip(q.benign, q.sources, strict=True)
-]
-docs += [
-    Document(t, metadata={"poison": True, "source": src})
-    for q in kb
-    for t, src in zip(q.poison, q.poison_sources, strict=True)
-]
+docs = [Document(text, metadata=meta) for text, meta in demo_documents()]
 # Chroma as users start it: a persistent client in a folder (a temporary one here)
 client = chromadb.PersistentClient(path=tempfile.mkdtemp(prefix="cookbook-chroma-"))
 embeddings = RagdefenseEmbeddings()

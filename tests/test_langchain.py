@@ -23,6 +23,7 @@ from langchain_ragdefense import (
     defend,
 )
 from ragdefense import DefenseFailed
+from ragdefense.data import demo_documents
 from ragdefense.demo import load_demo_kb
 
 KB = load_demo_kb()
@@ -38,12 +39,7 @@ def embeddings(minilm: Any) -> RagdefenseEmbeddings:
 def store(embeddings: RagdefenseEmbeddings) -> InMemoryVectorStore:
     # as a loader writes them: metadata["source"] (the demo's benign passages come from reference
     # sites, its planted ones from one upload)
-    docs = []
-    for q in KB:
-        for t, src in zip(q.benign, q.sources, strict=True):
-            docs.append(Document(t, metadata={"q": q.id, "poison": False, "source": src}))
-        for t, src in zip(q.poison, q.poison_sources, strict=True):
-            docs.append(Document(t, metadata={"q": q.id, "poison": True, "source": src}))
+    docs = [Document(text, metadata=meta) for text, meta in demo_documents()]
     return InMemoryVectorStore.from_documents(docs, embeddings)
 
 

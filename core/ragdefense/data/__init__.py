@@ -7,10 +7,11 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from importlib import resources
+from typing import Any
 
 from ..text import contains_answer
 
-__all__ = ["QARecord", "load_demo_kb"]
+__all__ = ["QARecord", "demo_documents", "load_demo_kb"]
 
 
 @dataclass(frozen=True)
@@ -77,4 +78,20 @@ def load_demo_kb() -> list[QARecord]:
             else (),
         )
         for q in raw["questions"]
+    ]
+
+
+def demo_documents() -> list[tuple[str, dict[str, Any]]]:
+    """The demo knowledge base as a loader would hand it to a store: ``(text, metadata)`` with
+    ``metadata = {"q": question id, "poison": bool, "source": where it comes from}`` (benign
+    passages from reference sites, the planted ones from one upload), benign first."""
+    kb = load_demo_kb()
+    return [
+        (text, {"q": q.id, "poison": False, "source": src})
+        for q in kb
+        for text, src in zip(q.benign, q.sources, strict=True)
+    ] + [
+        (text, {"q": q.id, "poison": True, "source": src})
+        for q in kb
+        for text, src in zip(q.poison, q.poison_sources, strict=True)
     ]
