@@ -813,3 +813,39 @@ def test_an_async_model_blocking_the_loop_gets_no_late_answers() -> None:
     llm = CallableLLM(blocking, max_concurrency=1, timeout=0.2)
     found = asyncio.run(llm.agenerate(["a", "b"]))
     assert all(g.timed_out for g in found) and not any(g.text for g in found)
+
+
+def test_a_huge_passage_is_cut_before_it_reaches_the_model(nlp: Any) -> None:
+    """(#27 item 6) a 20 KB passage held every isolated answer past the deadline (the model
+    reads its whole prompt before the first deadline check): passages are cut to
+    ``max_passage_chars`` at a word."""
+    seen: list[str] = []
+
+    def record(prompt: str) -> str:
+        seen.append(prompt)
+        return "Canberra"
+
+    huge = "Canberra is the capital. " + "filler words here " * 1200  # ~22 KB
+    rr = RobustRAG(llm=CallableLLM(record), nlp=nlp, max_passage_chars=500)
+    rr.answer(Q, [huge, "p1", "p2"])
+    isolated = [p for p in seen if "filler" in p]
+    assert isolated and all(len(p) < 500 + 1000 for p in isolated)  # the template adds < 1000
+    assert all(p.count("filler") < 40 for p in isolated) and "…" in isolated[0]
+    with pytest.raises(ValueError, match="max_passage_chars"):
+        RobustRAG(llm=str, nlp=nlp, max_passage_chars=0)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "label"),
+    [
+        ({"isolated_prompt": "Context: {contxt}\nQ: {query}"}, "isolated_prompt"),
+        ({"keyword_prompt": "Words {keywords} for {query} in {lang}"}, "keyword_prompt"),
+        ({"choice_prompt": "{0} {context}"}, "choice_prompt"),
+    ],
+)
+def test_a_bad_prompt_template_fails_at_construction(
+    nlp: Any, kwargs: dict[str, str], label: str
+) -> None:
+    """(#27 item 10) was: a KeyError at the first answer, after the isolated calls."""
+    with pytest.raises(ValueError, match=rf"{label} cannot be filled.*\{{query\}}"):
+        RobustRAG(llm=str, nlp=nlp, **kwargs)

@@ -21,6 +21,7 @@ from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
+from .checks import check_attack, check_certify, check_installed, check_templates
 from .flow import Flow, Progress, adrive, drive, local
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
@@ -93,7 +94,11 @@ class RobustRAG:
             as not certified, with the answer. Secure decoding runs locally and is bounded by
             ``max_new_tokens`` and ``max_certify_responses`` instead.
         isolated_prompt, keyword_prompt, choice_prompt: Prompt templates (``{context}``,
-            ``{query}``, ``{keywords}``, ``{choices}``, ``{letters}``).
+            ``{query}``, ``{keywords}``, ``{choices}``, ``{letters}``); checked at construction.
+        max_passage_chars: Each passage is cut to this many characters (at a word) before it
+            is put in a prompt: a model's deadline is checked between tokens, not while it
+            reads its prompt, so one huge passage would otherwise hold every answer past it
+            (``None``: no cut).
     """
 
     name = "RobustRAG"
@@ -116,6 +121,7 @@ class RobustRAG:
         no_retrieval_prompt: str = NO_RETRIEVAL_PROMPT,
         keyword_prompt: str = KEYWORD_PROMPT,
         choice_prompt: str = MULTIPLE_CHOICE_PROMPT,
+        max_passage_chars: int | None = 4000,
     ) -> None:
         if aggregation not in ("keyword", "majority", "decoding"):
             raise ValueError(
@@ -129,6 +135,15 @@ class RobustRAG:
             )
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
+        if max_passage_chars is not None and max_passage_chars < 1:
+            raise ValueError(f"max_passage_chars must be >= 1 (or None), got {max_passage_chars}")
+        check_templates(
+            isolated_prompt=(isolated_prompt, ("context", "query")),
+            no_retrieval_prompt=(no_retrieval_prompt, ("query",)),
+            keyword_prompt=(keyword_prompt, ("keywords", "query")),
+            choice_prompt=(choice_prompt, ("context", "query", "choices", "letters")),
+        )
+        self.max_passage_chars = max_passage_chars
         self._llm = llm
         self.aggregation: Literal["keyword", "majority", "decoding"] = aggregation
         self.alpha = alpha
@@ -146,7 +161,7 @@ class RobustRAG:
         self.keyword_prompt = keyword_prompt
         self.choice_prompt = choice_prompt
         self._strategy: Aggregation = _AGGREGATIONS[aggregation](self)
-        _check_installed(llm, aggregation, nlp)
+        check_installed(llm, aggregation, nlp)
 
     @property
     def llm(self) -> LLM:
@@ -178,7 +193,15 @@ class RobustRAG:
         """One prompt per passage (the passage alone as context)."""
         if self.aggregation == "majority":
             return MajorityVote(self).prompts(query, passages, choices)
-        return [self.isolated_prompt.format(context=p.text, query=query) for p in passages]
+        return [self.isolated_prompt.format(context=self.context(p), query=query) for p in passages]
+
+    def context(self, passage: Passage) -> str:
+        """The passage's text as a prompt holds it: cut to ``max_passage_chars`` at a word."""
+        text, cap = passage.text, self.max_passage_chars
+        if cap is None or len(text) <= cap:
+            return text
+        cut = text[:cap]
+        return (cut.rsplit(" ", 1)[0] if " " in cut[cap // 2 :] else cut) + " …"
 
     def keyword_prompt_for(self, query: str, keywords: Sequence[str]) -> str:
         """The aggregation prompt for a (sorted) keyword list."""
@@ -262,7 +285,7 @@ class RobustRAG:
     ) -> int:
         """How many LLM calls :meth:`certify` would make for ``result`` (0 when it is refused
         without asking, or decided without generation)."""
-        _check_attack(attack)
+        check_attack(attack)
         if _refusal(len(result.responses), k_prime) is not None:
             return 0
         return int(self._strategy.calls_needed(result, k_prime, attack))
@@ -303,7 +326,7 @@ class RobustRAG:
     ) -> Flow[RobustAnswer]:
         query, items = check_query(query), to_passages(passages)
         if certify is not None or gold is not None:  # before any LLM call is made
-            _check_certify(certify, attack, gold)
+            check_certify(certify, attack, gold)
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation, (), "no passages were given")
             return (yield from local(empty))
@@ -320,7 +343,7 @@ class RobustRAG:
         gold: Sequence[str] | str | None,
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
-        _check_certify(k_prime, attack, gold)
+        check_certify(k_prime, attack, gold)
         golds = [gold] if isinstance(gold, str) else list(gold or [])
         refusal = _refusal(len(result.responses), k_prime)
         if refusal is not None:
@@ -332,40 +355,6 @@ class RobustRAG:
 
 def _left(end: float) -> float:
     return max(0.0, end - time.monotonic())
-
-
-def _check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
-    """What the defaults need, checked at construction with the install command (found at the
-    first answer it would be a raw ModuleNotFoundError, or every answer "I don't know")."""
-    from importlib.util import find_spec
-
-    if aggregation == "keyword" and nlp is None and find_spec("spacy") is None:
-        raise ImportError(
-            "RobustRAG's keyword aggregation extracts keywords with spaCy: pip install "
-            "'ragdefense[nlp]' (or pass nlp=, or aggregation='majority' / 'decoding')"
-        )
-    if llm is None:
-        from ..llm.huggingface import check_packaged_llm
-
-        check_packaged_llm()
-
-
-def _check_attack(attack: str) -> None:
-    if attack not in ("injection", "modification"):
-        raise ValueError(f"attack must be 'injection' or 'modification', got {attack!r}")
-
-
-def _check_certify(k_prime: Any, attack: str, gold: Any) -> None:
-    """Certification arguments checked up front (a wrong type found after every isolated call
-    would waste them all)."""
-    if k_prime is not None and (isinstance(k_prime, bool) or not isinstance(k_prime, int)):
-        raise TypeError(f"certify (k') must be an int, got {type(k_prime).__name__}: {k_prime!r}")
-    _check_attack(attack)
-    golds = [gold] if isinstance(gold, str) else gold
-    if gold is not None and (
-        not isinstance(golds, Sequence) or not all(isinstance(g, str) for g in golds)
-    ):
-        raise TypeError(f"gold must be a str or a sequence of str, got {type(gold).__name__}")
 
 
 def _refusal(k: int, k_prime: int) -> str | None:

@@ -45,7 +45,9 @@ class MajorityVote:
         listing = "\n".join(f"{letter}. {c}" for letter, c in zip(letters, choices, strict=True))
         said = ", ".join(letters[:-1]) + f", or {letters[-1]}"
         return [
-            self.rr.choice_prompt.format(context=p.text, query=query, choices=listing, letters=said)
+            self.rr.choice_prompt.format(
+                context=self.rr.context(p), query=query, choices=listing, letters=said
+            )
             for p in passages
         ]
 

@@ -57,7 +57,10 @@ class SecureDecoding:
         """A session over the isolated contexts plus the no-retrieval context (last row), and
         each isolated context's probability of answering "I don't know" (teacher-forced)."""
         llm = self._token_llm()
-        prompts = [self.rr.isolated_prompt.format(context=p.text, query=query) for p in passages]
+        prompts = [
+            self.rr.isolated_prompt.format(context=self.rr.context(p), query=query)
+            for p in passages
+        ]
         session = llm.session([*prompts, self.rr.no_retrieval_prompt.format(query=query)])
         probe = session.clone()
         p_idk = [1.0] * len(passages)

@@ -1,0 +1,57 @@
+"""What RobustRAG checks before any LLM call: its installed dependencies, prompt templates
+and certification arguments (found later, each would waste the calls already made)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+__all__ = ["check_attack", "check_certify", "check_installed", "check_templates"]
+
+
+def check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
+    """What the defaults need, checked at construction with the install command (found at the
+    first answer it would be a raw ModuleNotFoundError, or every answer "I don't know")."""
+    from importlib.util import find_spec
+
+    if aggregation == "keyword" and nlp is None and find_spec("spacy") is None:
+        raise ImportError(
+            "RobustRAG's keyword aggregation extracts keywords with spaCy: pip install "
+            "'ragdefense[nlp]' (or pass nlp=, or aggregation='majority' / 'decoding')"
+        )
+    if llm is None:
+        from ..llm.huggingface import check_packaged_llm
+
+        check_packaged_llm()
+
+
+def check_templates(**templates: tuple[str, tuple[str, ...]]) -> None:
+    """Each template formats with its placeholders (a typo found at the first answer would
+    waste a batch of LLM calls)."""
+    for label, (template, fields) in templates.items():
+        try:
+            template.format(**dict.fromkeys(fields, ""))
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            names = ", ".join("{" + f + "}" for f in fields)
+            raise ValueError(
+                f"{label} cannot be filled ({type(exc).__name__}: {exc}): it may use {names} "
+                "(double other braces: {{ }})"
+            ) from None
+
+
+def check_attack(attack: str) -> None:
+    if attack not in ("injection", "modification"):
+        raise ValueError(f"attack must be 'injection' or 'modification', got {attack!r}")
+
+
+def check_certify(k_prime: Any, attack: str, gold: Any) -> None:
+    """Certification arguments checked up front (a wrong type found after every isolated call
+    would waste them all)."""
+    if k_prime is not None and (isinstance(k_prime, bool) or not isinstance(k_prime, int)):
+        raise TypeError(f"certify (k') must be an int, got {type(k_prime).__name__}: {k_prime!r}")
+    check_attack(attack)
+    golds = [gold] if isinstance(gold, str) else gold
+    if gold is not None and (
+        not isinstance(golds, Sequence) or not all(isinstance(g, str) for g in golds)
+    ):
+        raise TypeError(f"gold must be a str or a sequence of str, got {type(gold).__name__}")
