@@ -315,3 +315,22 @@ def test_real_smollm2_and_spacy() -> None:
     assert "Canberra" in r.answer
     assert "Canberra" in r.kept_keywords
     assert r.certificate is not None and r.certificate.k_prime == 1
+
+
+@pytest.mark.slow
+def test_a_huge_passage_does_not_silence_the_packaged_llm() -> None:
+    """(#27 item 6) with the packaged SmolLM2, a 20 KB passage among three short ones made every
+    isolated answer time out (the model reads the whole padded batch first); cut to
+    ``max_passage_chars``, the short passages are answered within the deadline."""
+    from ragdefense.llm import default_llm
+
+    default_llm().generate(["Say hello."], max_new_tokens=2)  # loaded before the deadline starts
+    huge = "Canberra is the capital of Australia. " + "The city hosts many parks. " * 800
+    small = [
+        "Canberra is the capital city of Australia.",
+        "Australia's capital is Canberra, not Sydney.",
+        "The Australian Parliament sits in Canberra.",
+    ]
+    r = RobustRAG(timeout=20).answer("What is the capital of Australia?", [huge, *small])
+    assert sum(not x.abstained for x in r.responses) >= 2, [x.error for x in r.responses]
+    assert "Canberra" in r.answer

@@ -121,7 +121,7 @@ class RobustRAG:
         no_retrieval_prompt: str = NO_RETRIEVAL_PROMPT,
         keyword_prompt: str = KEYWORD_PROMPT,
         choice_prompt: str = MULTIPLE_CHOICE_PROMPT,
-        max_passage_chars: int | None = 4000,
+        max_passage_chars: int | None = 1500,
     ) -> None:
         if aggregation not in ("keyword", "majority", "decoding"):
             raise ValueError(
