@@ -249,3 +249,139 @@ def test_cli_resolve_never_raises_raw(spec: str) -> None:
 
     with pytest.raises(UsageError):
         _resolve(spec, "--store")
+
+
+# ---------------------------------------------------------------- the user's data, under faults
+
+AUDIT_TEXTS = [
+    f"Topic {i % 5} note {i}: " + " ".join(["alpha", "beta", "river"][: 1 + i % 3])
+    for i in range(40)
+]
+
+
+@settings(max_examples=15, deadline=None)
+@given(
+    names=st.lists(
+        st.sampled_from(["notes.md", "src/app.js", "manifest.json", "chunks.txt", "data/x.csv"]),
+        min_size=1,
+        max_size=4,
+        unique=True,
+    ),
+    fresh=st.booleans(),
+)
+def test_an_audit_never_deletes_or_writes_foreign_files(names: list[str], fresh: bool) -> None:
+    """Folders holding other files (a manifest.json of another tool among them): refused, with
+    or without fresh, and every file stays as it was."""
+    import tempfile
+    from pathlib import Path
+
+    from ragdefense.auditing import ListCorpus, audit
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = Path(tmp)
+        for name in names:
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text(f'{{"owner": "someone else", "file": "{name}"}}')
+        before = {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()}
+        with pytest.raises(ValueError, match="holds no audit"):
+            audit(ListCorpus(AUDIT_TEXTS), embedder=EMBEDDER, workdir=folder, fresh=fresh)
+        assert {p: p.read_bytes() for p in folder.rglob("*") if p.is_file()} == before
+
+
+class _Store:
+    """A knowledge base as the adapters read a store: it fingerprints by size only."""
+
+    def __init__(self, texts: list[str]) -> None:
+        from ragdefense.auditing import ListCorpus
+
+        self.inner = ListCorpus(texts)
+
+    def fingerprint(self) -> str:
+        return f"store {len(self.inner.texts)}"
+
+    def batches(self, size: int) -> Any:
+        return self.inner.batches(size)
+
+
+@settings(max_examples=10, deadline=None)
+@given(edits=st.lists(st.integers(0, len(AUDIT_TEXTS) - 1), max_size=3, unique=True))
+def test_a_resumed_audit_refuses_any_same_size_edit(edits: list[int]) -> None:
+    import tempfile
+
+    from ragdefense.auditing import audit
+
+    with tempfile.TemporaryDirectory() as tmp:
+        audit(_Store(AUDIT_TEXTS), embedder=EMBEDDER, workdir=tmp, part_size=16)
+        changed = [t + " (edited)" if i in edits else t for i, t in enumerate(AUDIT_TEXTS)]
+        if edits:
+            with pytest.raises(ValueError, match="knowledge base changed"):
+                audit(_Store(changed), embedder=EMBEDDER, workdir=tmp, part_size=16)
+        else:  # the same knowledge base resumes
+            assert audit(_Store(changed), embedder=EMBEDDER, workdir=tmp, part_size=16).findings
+
+
+@settings(max_examples=20, deadline=None)
+@given(shallow=st.booleans(), attribute=st.sampled_from(["store", "copy"]))
+def test_a_copy_sharing_storage_is_refused_before_anything_is_written(
+    shallow: bool, attribute: str
+) -> None:
+    import copy
+
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings, red_team
+    from ragdefense import AttackTarget
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(EMBEDDER))
+    store.add_documents([Document(page_content=f"benign passage {i}") for i in range(6)])
+    before = copy.deepcopy(store.store)
+
+    def copier(s: Any) -> Any:
+        if not shallow:
+            return copy.deepcopy(s)
+        if attribute == "store":  # a new object over the same dict
+            other = InMemoryVectorStore(s.embedding)
+            other.store = s.store
+            return other
+        return copy.copy(s)
+
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    if shallow:
+        with pytest.raises(ValueError, match="shares storage"):
+            red_team(store, [target], copy_store=copier, k=2)
+    else:
+        red_team(store, [target], copy_store=copier, k=2)
+    assert store.store == before
+
+
+@settings(max_examples=20, deadline=None)
+@given(failing=st.lists(st.booleans(), min_size=1, max_size=12))
+def test_a_certificate_never_stands_on_failed_aggregation_calls(
+    failing: list[bool], nlp: Any
+) -> None:
+    """Isolated calls succeed; some aggregation (keyword) calls fail: certified only when none
+    of the certification calls failed."""
+    import itertools
+
+    answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
+    pattern = itertools.cycle(failing)
+    made: list[bool] = []
+
+    def llm(prompt: str) -> str:
+        if prompt.startswith("Word suggestion"):
+            fail = next(pattern)
+            made.append(fail)
+            if fail:
+                raise ConnectionError("503")
+            return "Sydney" if "Sydney" in prompt else "Canberra"
+        for i, a in enumerate(answers):
+            if f"p{i}!" in prompt:
+                return a
+        return "I don't know"
+
+    rr = RobustRAG(llm=CallableLLM(llm, max_concurrency=1), nlp=nlp)
+    r = rr.answer("What is the capital of Australia?", [f"p{i}!" for i in range(10)], certify=1)
+    assert r.certificate is not None
+    if r.certificate.certified:
+        assert not any(made[1:]), made  # the first call is the answer's own aggregation
