@@ -220,3 +220,57 @@ def test_untrusted_passages_contradicting_the_trusted_ones_are_removed() -> None
     assert result.estimates["trusted"] == [0]
     untrusted = Consensus().defend_embeddings("q", passages, emb, q)
     assert untrusted.removed == []  # without trust, nothing says which answer is right
+
+
+def test_copies_of_one_passage_are_no_coordinated_group() -> None:
+    """A knowledge base ingested twice: each passage comes back with its copy. Copies count
+    once (they are no group), and a copy's verdict is its original's."""
+    passages, emb, q, _ = _pool(4, n_benign=10)
+    doubled = [p for p in passages for _ in range(2)]
+    emb2 = np.repeat(emb, 2, axis=0)
+    once = Consensus().defend_embeddings("q", passages, emb, q)
+    twice = Consensus().defend_embeddings("q", doubled, emb2, q)
+    assert "groups" not in twice.estimates
+    assert sorted({i // 2 for i in twice.removed_indices}) == once.removed_indices
+    assert all(
+        ("a copy of passage" in twice.verdicts[i].reason) == (i % 2 == 1)
+        for i in twice.removed_indices
+    )
+
+
+def test_a_trusted_passage_on_another_topic_is_no_reference() -> None:
+    """An off-topic chunk from a trusted source (an expense policy among answers about the
+    query) does not make every on-topic passage "contradict the trusted passages"."""
+    passages, emb, q, _ = _pool(8, n_benign=7)
+    off = _unit(-q)  # about something else entirely
+    passages = [*passages, Passage("expense policy", metadata={"source": "intranet.example"})]
+    emb = np.vstack([emb, off])
+    result = Consensus(trusted={"intranet.example"}, support=False).defend_embeddings(
+        "q", passages, emb, q
+    )
+    assert result.removed == [] and "contradicting" not in result.estimates
+
+
+def test_equal_support_is_no_evidence() -> None:
+    """Passages sharing no term give GRADA no edge: every PageRank is equal, and the veto must
+    not fall back on input order."""
+    rng = np.random.default_rng(3)
+    emb = _unit(rng.normal(size=(10, 16)))
+    q = _unit(emb[:4].mean(axis=0))
+    passages = [Passage(f"word{i}a word{i}b word{i}c") for i in range(10)]  # disjoint terms
+    forward = Consensus(anchor=None, voice=None).defend_embeddings("qq", passages, emb, q)
+    backward = Consensus(anchor=None, voice=None).defend_embeddings(
+        "qq", passages[::-1], emb[::-1], q
+    )
+    assert not any("unsupported" in v.reason for v in forward.verdicts)
+    assert not any("unsupported" in v.reason for v in backward.verdicts)
+
+
+def test_a_malformed_source_address_is_still_a_source() -> None:
+    passages, emb, q, _ = _pool(2, n_benign=6)
+    passages = [replace(p, metadata={"source": "http://[bad"}) for p in passages]
+    assert source_of(passages[0]) == "http://[bad"
+    Consensus().defend_embeddings("q", passages, emb, q)  # no ValueError from urlsplit
+    trusted = is_trusted_by(["www.who.int"])
+    p = Passage("x", metadata={"source": "https://www.who.int/x"})
+    assert trusted(p, source_of(p))  # "www." dropped on both sides

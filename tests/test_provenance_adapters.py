@@ -109,7 +109,7 @@ def test_llamaindex_reader_sources_reach_the_default(folder: Path, toy_embedder:
     out = ConsensusPostprocessor(embed_model=embed).postprocess_nodes(
         retrieved, query_bundle=QueryBundle(QUERY)
     )
-    assert all(
+    assert out and all(
         f"(source '{n.node.ref_doc_id}'" in n.node.metadata["ragdefense"]["reason"] for n in out
     )
     assert all("ragdefense" not in n.node.metadata for n in retrieved)  # the caller's untouched
@@ -123,7 +123,10 @@ def test_llamaindex_defend_fetches_twice_k_and_the_floor(toy_embedder: Any) -> N
     defended = li_defend(index)
     assert (defended.k, defended.fetch_k) == (2, 8)  # LlamaIndex's top 2: the floor of 8
     assert len(defended.retrieve(QUERY)) <= 2
-    wide = li_defend(index.as_retriever(similarity_top_k=6), trusted={"doc-x"})
+    trusted_id = index.as_retriever(similarity_top_k=1).retrieve(QUERY)[0].node.ref_doc_id
+    wide = li_defend(index.as_retriever(similarity_top_k=6), trusted={trusted_id})
     assert (wide.k, wide.fetch_k) == (6, 12)
+    found = wide.retrieve(QUERY)
+    assert any(n.node.metadata["ragdefense"]["trusted"] for n in found)  # trust reached the core
     with pytest.raises(TypeError, match="no parameter 'bogus'"):
         li_defend(index, bogus=1)

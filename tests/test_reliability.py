@@ -774,16 +774,21 @@ def test_a_hung_sync_llm_does_not_pile_up_threads() -> None:
         release.wait(30)
         return "late"
 
+    from ragdefense.llm.base import THREAD_NAME
+
+    def ours() -> int:
+        return sum(t.name == THREAD_NAME and t.is_alive() for t in threading.enumerate())
+
     llm = CallableLLM(hung, max_concurrency=2, timeout=0.2)
-    before = threading.active_count()
+    before = ours()
     try:
         for _ in range(5):
             assert all(g.timed_out for g in llm.generate(["a", "b", "c"]))
         for _ in range(50):  # waiting workers of the last batch give up at its deadline
-            if threading.active_count() - before <= 2:
+            if ours() - before <= 2:
                 break
             time.sleep(0.1)
-        assert threading.active_count() - before <= 2  # the two hung calls, nothing more
+        assert ours() - before <= 2  # the two hung calls, nothing more
     finally:
         release.set()
 
@@ -849,3 +854,46 @@ def test_a_bad_prompt_template_fails_at_construction(
     """(#27 item 10) was: a KeyError at the first answer, after the isolated calls."""
     with pytest.raises(ValueError, match=rf"{label} cannot be filled.*\{{query\}}"):
         RobustRAG(llm=str, nlp=nlp, **kwargs)
+
+
+def test_an_llm_without_deadline_shared_by_two_threads_and_pickled() -> None:
+    """timeout=None with two callers at once used to kill a worker (a semaphore wait of
+    infinity) and hang the caller; a backend pickles and deep-copies (Ray, copies)."""
+    import copy
+    import pickle
+
+    llm = CallableLLM(lambda p: f"answer to {p}", max_concurrency=2, timeout=None)
+    results: list[list[Any]] = []
+    threads = [
+        threading.Thread(target=lambda: results.append(llm.generate(["a", "b", "c"])))
+        for _ in range(2)
+    ]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(20)
+    assert len(results) == 2 and all(g.ok for r in results for g in r)
+    clone = pickle.loads(pickle.dumps(CallableLLM(str, timeout=None)))
+    assert clone.generate(["x"])[0].text == "x"
+    assert copy.deepcopy(llm).generate(["y"])[0].text == "answer to y"
+
+
+def test_an_audit_of_the_previous_release_resumes(tmp_path: Path) -> None:
+    """A working folder from before the manifest's marker is still an audit: resumed, or
+    cleared by fresh (was: refused both ways)."""
+    import json
+
+    from ragdefense import CallableEmbedder
+    from ragdefense.auditing import ListCorpus, audit
+    from ragdefense.auditing.workdir import MARKER
+
+    from .conftest import bag_of_words
+
+    texts = [f"note {i} about topic {i % 4} alpha beta" for i in range(30)]
+    toy = CallableEmbedder(bag_of_words)
+    audit(ListCorpus(texts), embedder=toy, workdir=tmp_path, part_size=16)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    del manifest[MARKER], manifest["run"], manifest["part_digests"]  # as the last release wrote it
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    assert audit(ListCorpus(texts), embedder=toy, workdir=tmp_path, part_size=16).findings
+    assert audit(ListCorpus(texts), embedder=toy, workdir=tmp_path, fresh=True).findings

@@ -51,9 +51,14 @@ def _normal(value: Any) -> str | None:
     if not text:
         return None
     if "://" in text:
-        host = urlsplit(text).hostname
+        try:
+            host = urlsplit(text).hostname
+        except ValueError:  # a malformed address is still a name for its source
+            host = None
         if host:
             return host.lower().removeprefix("www.")
+    elif "." in text and not any(c in text for c in "/\\ "):  # a bare host name
+        return text.lower().removeprefix("www.")
     return text
 
 

@@ -99,6 +99,10 @@ def _shared_storage(store: Any, copied: Any) -> str | None:
     if kind == "chroma":
         same = store_kind(copied) == "chroma" and copied._collection.id == store._collection.id
         return "the same Chroma collection" if same else None
+    mine_docs, their_docs = getattr(store, "docstore", None), getattr(copied, "docstore", None)
+    inner = getattr(mine_docs, "_dict", None)
+    if inner is not None and getattr(their_docs, "_dict", None) is inner:
+        return "the same docstore contents"
     for name in ("store", "index", "docstore", "index_to_docstore_id"):
         mine = getattr(store, name, None)
         if (
@@ -107,13 +111,46 @@ def _shared_storage(store: Any, copied: Any) -> str | None:
             and getattr(copied, name, None) is mine
         ):
             return f"the same {name!r}"
-    mutable = {
-        k: v for k, v in vars(store).items() if not isinstance(v, _IMMUTABLE) and not callable(v)
-    }
-    theirs = vars(copied) if hasattr(copied, "__dict__") else {}
-    if mutable and all(theirs.get(k) is v for k, v in mutable.items()):
+    mine, theirs = vars(store), (vars(copied) if hasattr(copied, "__dict__") else {})
+    for name in _NAMES:  # a remote store: the same collection / index / table on one client
+        if name in mine and mine[name] == theirs.get(name) and _same_client(mine, theirs):
+            return f"the same {name} ({mine[name]!r}) on the same client"
+    # a shallow copy: every attribute the same object (names and settings equal)
+    if mine and all(
+        (theirs.get(k) == v) if isinstance(v, _IMMUTABLE) else (theirs.get(k) is v)
+        for k, v in mine.items()
+    ):
         return "every attribute (a shallow copy)"
     return None
+
+
+#: attributes naming where a remote store keeps its data
+_NAMES = (
+    "collection_name",
+    "_collection_name",
+    "index_name",
+    "_index_name",
+    "namespace",
+    "_namespace",
+    "table_name",
+    "_table_name",
+)
+
+
+def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """Whether two stores talk to one server: the same client object, or clients that say
+    the same address."""
+    for key in ("client", "_client"):
+        a, b = mine.get(key), theirs.get(key)
+        if a is not None and b is not None:
+            if a is b:
+                return True
+            addresses = [
+                tuple(str(getattr(c, attr, "")) for attr in ("host", "url", "uri", "_host", "port"))
+                for c in (a, b)
+            ]
+            return addresses[0] == addresses[1] and any(addresses[0])
+    return True  # no client to tell them apart: the same name is taken as the same data
 
 
 def _check_independent(store: VectorStore, copied: VectorStore) -> None:
@@ -123,8 +160,8 @@ def _check_independent(store: VectorStore, copied: VectorStore) -> None:
     if shared is not None:
         raise ValueError(
             f"copy_store returned a store that shares storage with yours ({shared}): return an "
-            "independent copy, e.g. a deep copy or a new collection; the red team never writes "
-            "to your store (nothing was written)"
+            "independent copy, e.g. a new collection or index filled from yours; the red team "
+            "never writes to your store (nothing was written)"
         )
 
 

@@ -138,7 +138,10 @@ class Workdir:
             manifest = self.read_json("manifest.json")
         except (OSError, ValueError):
             return False
-        return isinstance(manifest, dict) and manifest.get(MARKER) == 1 and "params" in manifest
+        if not isinstance(manifest, dict) or "params" not in manifest:
+            return False
+        # an audit of an earlier release bears no marker but its own stages' keys
+        return manifest.get(MARKER) == 1 or "part_sizes" in manifest
 
     def start(self, params: dict[str, Any], fresh: bool = False) -> None:
         """Record ``params``; on a restart they must equal the recorded ones (a changed
@@ -146,12 +149,17 @@ class Workdir:
         files (:data:`AUDIT_ENTRIES`; anything else in the folder stays). A folder that holds
         other files but no audit (no manifest bearing :data:`MARKER`) is refused, never
         cleared nor written to."""
-        if any(self.path.iterdir()) and not self._is_audit():
+        # a manifest's temporary file is the audit's own (killed before its first write)
+        stray = [p for p in self.path.iterdir() if p.name.startswith(".manifest.json.")]
+        others = [p for p in self.path.iterdir() if p not in stray]
+        if others and not self._is_audit():
             raise ValueError(
                 f"{self.path} is not empty and holds no audit: give a new or empty folder as the "
                 "working folder (nothing in it was touched)"
             )
         if fresh:
+            for tmp in stray:
+                tmp.unlink(missing_ok=True)
             for entry in AUDIT_ENTRIES:
                 target = self.path / entry
                 if target.is_dir():

@@ -47,6 +47,7 @@ from ..provenance import AUTO, Trust, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 from .grada import GRADA, coordinated_groups
+from .pool import distinct, map_back, on_topic
 
 __all__ = ["Consensus"]
 
@@ -59,6 +60,8 @@ class Consensus:
         embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: the packaged
             all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
         tightness: Least average cosine within a coordinated group.
+        min_group: Fewest passages a coordinated group holds (a pair is as often one
+            document's two chunks that answer the question as a planted pair).
         margin: Least query similarity by which a coordinated group must exceed the rest.
         absorb: Cosine to a removed group's member above which a passage ranking with the
             group is removed with it (``None``: never).
@@ -91,6 +94,7 @@ class Consensus:
         *,
         tightness: float = 0.9,
         margin: float = 0.02,
+        min_group: int = 2,
         absorb: float | None = 0.85,
         voice: float | None = 0.15,
         source_key: str | None = AUTO,
@@ -107,11 +111,12 @@ class Consensus:
                 raise ValueError(f"{label} is a difference of cosines in [0, 2], got {value}")
         if source_key is not None and not isinstance(source_key, str):
             raise TypeError(f"source_key must be a str or None, got {type(source_key).__name__}")
-        if min_passages < 2:
-            raise ValueError("min_passages must be >= 2")
+        if min_passages < 2 or min_group < 2:
+            raise ValueError("min_passages and min_group must be >= 2")
         self.embedder = embedder
         self.tightness = tightness
         self.margin = margin
+        self.min_group = min_group
         self.absorb = absorb
         self.voice = voice
         self.source_key = source_key
@@ -153,22 +158,29 @@ class Consensus:
         if not np.abs(emb).any() or not np.abs(q_emb).any():
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
             return self._result(query, items, np.zeros(m), sources, trusted, {}, {"note": why})
-        sim = cosine_matrix(emb)
-        qs = cosine_to(emb, q_emb)
+        full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
+        # copies of one passage (a document ingested twice) are one passage here: they are no
+        # coordinated group, and their verdict is their original's
+        keep, copy_of = distinct(items, full_sim)
+        sim, qs = full_sim[np.ix_(keep, keep)], full_qs[keep]
+        sub_items = [items[i] for i in keep]
+        sub_sources = [sources[i] for i in keep]
+        sub_trusted = [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep]
         removed: dict[int, str] = {}
         estimates: dict[str, Any] = {}
-        self._groups(sim, qs, trusted, removed, estimates)
-        self._voices(sim, qs, sources, trusted, removed, estimates)
-        self._contradicting(sim, qs, trusted, removed, estimates)
+        self._groups(sim, qs, sub_trusted, removed, estimates)
+        self._voices(sim, qs, sub_sources, sub_trusted, removed, estimates)
+        self._contradicting(sim, qs, sub_trusted, removed, estimates)
         if self.support and m >= self.min_pool:
-            self._support(query, items, qs, trusted, removed, estimates)
+            self._support(query, sub_items, qs, sub_trusted, removed, estimates)
         elif self.support:
             estimates["support"] = f"skipped: {m} passages, fewer than the pool of {self.min_pool}"
+        removed = map_back(removed, keep, copy_of, estimates)
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
         if any(trusted):
             estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
-        return self._result(query, items, qs, sources, trusted, removed, estimates)
+        return self._result(query, items, full_qs, sources, trusted, removed, estimates)
 
     def _groups(
         self,
@@ -178,14 +190,22 @@ class Consensus:
         removed: dict[int, str],
         estimates: dict[str, Any],
     ) -> None:
-        """Evidence 1: coordinated groups above the rest, and the passages restating them."""
+        """Evidence 1: coordinated groups above the rest, and the passages restating them. The
+        most lifted group always goes; further groups only while at most half of the pool is
+        removed (the threat model: honest passages outnumber the attacker's, so peeling group
+        after group past half is about something else, a tightly clustered topic)."""
         groups = coordinated_groups(sim, qs, self.tightness, self.margin)
-        found = []
+        cap = (len(qs) + 1) // 2
+        found: list[list[int]] = []
         for g, group in enumerate(groups, start=1):
             members = list(group.indices)
-            if any(trusted[i] for i in members):
-                continue  # a group holding a trusted passage agrees with it
+            if any(trusted[i] for i in members) or len(members) < self.min_group:
+                continue  # a group holding a trusted passage agrees with it; a pair is no group
+            if found and len(removed) + len(members) > cap:  # the most lifted group always goes
+                estimates["groups_not_removed"] = f"more than half of the pool ({cap})"
+                break
             found.append(members)
+            cap = max(cap, len(members))
             for i in members:
                 removed[i] = (
                     f"coordinated group {g} of {len(members)} passages ranked above the rest "
@@ -199,7 +219,7 @@ class Consensus:
                 if i in removed or trusted[i] or qs[i] < floor - self.margin:
                     continue
                 best = float(sim[i, members].max())
-                if best >= self.absorb:
+                if best >= self.absorb and len(removed) < cap:
                     removed[i] = (
                         f"restates coordinated group {g} (cosine {best:.3f} >= {self.absorb} to "
                         "a member) and ranks with it"
@@ -215,8 +235,10 @@ class Consensus:
         removed: dict[int, str],
         estimates: dict[str, Any],
     ) -> None:
-        """Evidence 3: untrusted passages answering the query apart from every trusted one."""
-        anchors = [i for i, t in enumerate(trusted) if t]
+        """Evidence 3: untrusted passages answering the query apart from every trusted one
+        (trusted passages about something else, below the query's topic, are no reference)."""
+        topical = set(on_topic(qs))
+        anchors = [i for i, t in enumerate(trusted) if t and i in topical]
         if self.anchor is None or not anchors:
             return
         found = []
@@ -249,12 +271,16 @@ class Consensus:
         dropped here, so a context is never refilled from below at their expense."""
         # passages less than half as similar to the query as the best one are about something
         # else (a small store's other topics): they neither vote nor are judged here
-        on_topic = set(_on_topic(qs))
-        aside = {i: "another topic" for i in range(len(items)) if i not in on_topic}
+        topical = set(on_topic(qs))
+        aside = {i: "another topic" for i in range(len(items)) if i not in topical}
         left = [i for i in range(len(items)) if i not in removed and i not in aside]
         if len(left) < self.min_passages:
             return
         ranked = self._grada.defend_embeddings(query, items, exclude={**aside, **removed})
+        scores = np.array([ranked.verdicts[i].score for i in left])
+        if "note" in ranked.estimates or np.ptp(scores) < 1e-9:
+            estimates["support"] = "no support to compare: the passages share no term"
+            return  # every passage equally (un)supported: the order would be the input's
         half = (len(left) + 1) // 2
         by_query = sorted(left, key=lambda i: (-qs[i], i))[:half]
         score = {v.index: v.score for v in ranked.verdicts}
@@ -281,12 +307,12 @@ class Consensus:
         removed: dict[int, str],
         estimates: dict[str, Any],
     ) -> None:
-        """Evidence 3: one source repeating one claim apart from every other source."""
+        """Evidence 2: one source repeating one claim apart from every other source."""
         if self.voice is None:
             return
         # on the query's topic only: one upload planting claims for many questions is judged
         # on the claim it makes here
-        alive = [i for i in _on_topic(qs) if i not in removed]
+        alive = [i for i in on_topic(qs) if i not in removed]
         by_source: dict[str, list[int]] = {}
         for i in alive:
             s = sources[i]
@@ -359,10 +385,3 @@ class Consensus:
             score_name="query_sim",
             estimates=estimates,
         )
-
-
-def _on_topic(qs: np.ndarray) -> list[int]:
-    """The passages at least half as similar to the query as the best one: a small store's
-    other topics fall below."""
-    bar = 0.5 * float(qs.max())
-    return [i for i in range(len(qs)) if qs[i] >= bar]

@@ -53,6 +53,8 @@ class Generation:
 
 
 TIMED_OUT = "timed out"
+#: the name of the worker threads that call sync backends (to tell them apart)
+THREAD_NAME = "ragdefense-llm-call"
 
 
 def timed_out(timeout: float) -> Generation:
@@ -156,7 +158,8 @@ def run_threads(
             with lock:
                 if stop or not pending:
                     return
-            if not slots.acquire(timeout=max(0.0, end - time.monotonic())):
+            wait = None if end == float("inf") else max(0.0, end - time.monotonic())
+            if not slots.acquire(timeout=wait):
                 return  # every slot is held by a call still running: nothing more starts
             with lock:
                 if stop or not pending:
@@ -176,7 +179,7 @@ def run_threads(
                 finished.notify_all()
 
     for _ in range(max(1, min(workers, len(prompts)))):
-        threading.Thread(target=work, daemon=True).start()
+        threading.Thread(target=work, daemon=True, name=THREAD_NAME).start()
     with lock:
         while left and time.monotonic() < end:
             finished.wait(min(end - time.monotonic(), 3600.0))
@@ -230,8 +233,25 @@ class ConcurrentLLM(LLM):
     def __init__(self, max_concurrency: int, timeout: float | None) -> None:
         self.max_concurrency = max_concurrency
         self.timeout = timeout
-        # calls in flight across batches: hung calls keep theirs, so threads never pile up
-        self._slots = threading.Semaphore(max(1, max_concurrency))
+
+    @property
+    def _slots(self) -> threading.Semaphore:
+        """Calls in flight across this backend's batches (``max_concurrency``): a hung call
+        keeps its slot, so hung calls never pile up threads; once every slot is held by a
+        call that never returns, later batches wait out their deadline and time out. Made on
+        first use (subclasses need not call ``__init__``) and not pickled (a copy gets its
+        own)."""
+        slots = self.__dict__.get("_slots_made")
+        if slots is None:
+            slots = self.__dict__["_slots_made"] = threading.Semaphore(
+                max(1, getattr(self, "max_concurrency", 1))
+            )
+        return slots
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state.pop("_slots_made", None)
+        return state
 
     @abstractmethod
     def call(self, prompt: str) -> Any:

@@ -1,0 +1,64 @@
+"""The retrieved pool as Consensus reads it: copies of one passage counted once, and the
+passages on the query's topic (a small store's pool reaches other topics)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["distinct", "map_back", "on_topic"]
+
+
+def on_topic(qs: np.ndarray) -> list[int]:
+    """The passages at least half as similar to the query as the best one: a small store's
+    other topics fall below."""
+    bar = 0.5 * float(qs.max())
+    return [i for i in range(len(qs)) if qs[i] >= bar]
+
+
+def distinct(items: list[Any], sim: np.ndarray) -> tuple[list[int], dict[int, list[int]]]:
+    """The first of each set of copies (the same text, or embeddings that coincide), and each
+    first one's later copies."""
+    keep: list[int] = []
+    copy_of: dict[int, list[int]] = {}
+    seen: dict[str, int] = {}
+    for i, passage in enumerate(items):
+        text = " ".join(passage.text.split())
+        first = seen.get(text)
+        if first is None and keep:
+            hits = np.flatnonzero(sim[i, keep] > 1 - 1e-6)
+            first = keep[int(hits[0])] if hits.size else None
+        if first is None:
+            keep.append(i)
+            seen.setdefault(text, i)
+        else:
+            copy_of.setdefault(first, []).append(i)
+    return keep, copy_of
+
+
+def map_back(
+    removed: dict[int, str],
+    keep: list[int],
+    copy_of: dict[int, list[int]],
+    estimates: dict[str, Any],
+) -> dict[int, str]:
+    """Removals found among the distinct passages, as input positions (copies follow their
+    first); index lists in ``estimates`` mapped the same way."""
+    out: dict[int, str] = {}
+    for k, why in removed.items():
+        first = keep[k]
+        out[first] = why
+        for c in copy_of.get(first, []):
+            out[c] = f"{why}; a copy of passage {first}"
+    for key in ("groups", "unsupported", "contradicting"):
+        if key in estimates:
+            value = estimates[key]
+            estimates[key] = (
+                [[keep[i] for i in g] for g in value]
+                if key == "groups"
+                else [keep[i] for i in value]
+            )
+    if copy_of:
+        estimates["copies"] = {first: copies for first, copies in copy_of.items()}
+    return out
