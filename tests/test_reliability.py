@@ -897,3 +897,17 @@ def test_an_audit_of_the_previous_release_resumes(tmp_path: Path) -> None:
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
     assert audit(ListCorpus(texts), embedder=toy, workdir=tmp_path, part_size=16).findings
     assert audit(ListCorpus(texts), embedder=toy, workdir=tmp_path, fresh=True).findings
+
+
+def test_robustrag_cost_is_known_before_and_reported_during_the_work(nlp: Any) -> None:
+    """(#27 item 17) the cost was visible only after the answer, and progress fired only after
+    batches of 16 certification calls (a user saw nothing while the isolated calls ran)."""
+    rr, _ = _undecided(nlp)
+    passages = [f"p{i}!" for i in range(10)]
+    assert rr.answer_calls(passages) == 11  # ten isolated calls and the keyword aggregation
+    seen: list[tuple[int, int]] = []
+    rr.answer(Q, passages, certify=1, progress=lambda done, of: seen.append((done, of)))
+    assert seen[:2] == [(0, 11), (11, 11)]  # before and after the answer's own calls
+    certification = seen[2:]
+    assert certification and certification[-1][0] == certification[-1][1]
+    assert len(certification) >= -(-certification[-1][1] // 8)  # reported every 8 calls

@@ -232,11 +232,20 @@ class RobustRAG:
             attack: ``"injection"`` (k' passages pushed in, the bottom k' pushed out) or
                 ``"modification"`` (any k' passages rewritten).
             gold: Correct answer string(s): certify correctness instead of stability.
-            progress: Called as ``progress(done, total)`` while certification asks the LLM
-                (``total`` is :meth:`certify_calls`).
+            progress: Called as ``progress(done, total)``: for the answer's own calls (``total``
+                is :meth:`answer_calls`: before they start and when they are done), then while
+                certification asks the LLM (``total`` is :meth:`certify_calls`).
         """
         flow = self._answer_flow(query, passages, choices, certify, attack, gold, progress)
         return self._run(flow)
+
+    def answer_calls(self, passages: Sequence[PassageLike]) -> int:
+        """LLM calls :meth:`answer` makes before any certification, known before the work:
+        one per passage, and the keyword aggregation's one (decoding: the passages' and the
+        no-retrieval prompt's, run locally). Certification adds :meth:`certify_calls`, at
+        most ``max_certify_calls``."""
+        k = len(to_passages(passages))
+        return k + (1 if k and self.aggregation in ("keyword", "decoding") else 0)
 
     async def aanswer(
         self,
@@ -330,7 +339,12 @@ class RobustRAG:
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation, (), "no passages were given")
             return (yield from local(empty))
+        calls = self.answer_calls(items)
+        if progress is not None:
+            progress(0, calls)
         result: RobustAnswer = yield from self._strategy.answer(query, items, choices)
+        if progress is not None:
+            progress(calls, calls)
         if certify is not None:
             result = yield from self._certify_flow(result, certify, attack, gold, progress)
         return result

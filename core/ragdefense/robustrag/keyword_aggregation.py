@@ -29,7 +29,7 @@ __all__ = ["CERTIFY_BATCH", "KeywordAggregation"]
 logger = logging.getLogger("ragdefense")
 
 #: certification prompts sent per batch (progress is reported after each)
-CERTIFY_BATCH = 16
+CERTIFY_BATCH = 8
 
 
 @dataclass
