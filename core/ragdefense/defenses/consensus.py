@@ -38,6 +38,7 @@ the ``"strict"`` mode's job (RAGDefender), chosen by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -50,6 +51,24 @@ from .grada import GRADA, coordinated_groups
 from .pool import distinct, map_back, on_topic
 
 __all__ = ["Consensus"]
+
+
+@dataclass
+class _Pool:
+    """The distinct passages being judged (copies counted once), and what the steps found."""
+
+    items: list[Any]
+    sim: np.ndarray
+    qs: np.ndarray
+    sources: list[str | None]
+    trusted: list[bool]
+    removed: dict[int, str] = field(default_factory=dict)
+    estimates: dict[str, Any] = field(default_factory=dict)
+
+    def unpacked(self) -> tuple[np.ndarray, np.ndarray, list[bool], dict[int, str], dict[str, Any]]:
+        """What most steps read: similarities, query similarities, trust, and the two results
+        they add to (shared, not copied)."""
+        return self.sim, self.qs, self.trusted, self.removed, self.estimates
 
 
 class Consensus:
@@ -162,38 +181,34 @@ class Consensus:
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's
         keep, copy_of = distinct(items, full_sim)
-        sim, qs = full_sim[np.ix_(keep, keep)], full_qs[keep]
-        sub_items = [items[i] for i in keep]
-        sub_sources = [sources[i] for i in keep]
-        sub_trusted = [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep]
-        removed: dict[int, str] = {}
-        estimates: dict[str, Any] = {}
-        self._groups(sim, qs, sub_trusted, removed, estimates)
-        self._voices(sim, qs, sub_sources, sub_trusted, removed, estimates)
-        self._contradicting(sim, qs, sub_trusted, removed, estimates)
+        pool = _Pool(
+            [items[i] for i in keep],
+            full_sim[np.ix_(keep, keep)],
+            full_qs[keep],
+            [sources[i] for i in keep],
+            [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep],
+        )
+        self._groups(pool)
+        self._voices(pool)
+        self._contradicting(pool)
+        estimates = pool.estimates
         if self.support and m >= self.min_pool:
-            self._support(query, sub_items, qs, sub_trusted, removed, estimates)
+            self._support(query, pool)
         elif self.support:
             estimates["support"] = f"skipped: {m} passages, fewer than the pool of {self.min_pool}"
-        removed = map_back(removed, keep, copy_of, estimates)
+        removed = map_back(pool.removed, keep, copy_of, estimates)
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
         if any(trusted):
             estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
         return self._result(query, items, full_qs, sources, trusted, removed, estimates)
 
-    def _groups(
-        self,
-        sim: np.ndarray,
-        qs: np.ndarray,
-        trusted: list[bool],
-        removed: dict[int, str],
-        estimates: dict[str, Any],
-    ) -> None:
+    def _groups(self, pool: _Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
         most lifted group always goes; further groups only while at most half of the pool is
         removed (the threat model: honest passages outnumber the attacker's, so peeling group
         after group past half is about something else, a tightly clustered topic)."""
+        sim, qs, trusted, removed, estimates = pool.unpacked()
         groups = coordinated_groups(sim, qs, self.tightness, self.margin)
         cap = (len(qs) + 1) // 2
         found: list[list[int]] = []
@@ -227,16 +242,10 @@ class Consensus:
         if found:
             estimates["groups"] = found
 
-    def _contradicting(
-        self,
-        sim: np.ndarray,
-        qs: np.ndarray,
-        trusted: list[bool],
-        removed: dict[int, str],
-        estimates: dict[str, Any],
-    ) -> None:
+    def _contradicting(self, pool: _Pool) -> None:
         """Evidence 3: untrusted passages answering the query apart from every trusted one
         (trusted passages about something else, below the query's topic, are no reference)."""
+        sim, qs, trusted, removed, estimates = pool.unpacked()
         topical = set(on_topic(qs))
         anchors = [i for i, t in enumerate(trusted) if t and i in topical]
         if self.anchor is None or not anchors:
@@ -256,19 +265,13 @@ class Consensus:
         if found:
             estimates["contradicting"] = found
 
-    def _support(
-        self,
-        query: str,
-        items: list[Any],
-        qs: np.ndarray,
-        trusted: list[bool],
-        removed: dict[int, str],
-        estimates: dict[str, Any],
-    ) -> None:
+    def _support(self, query: str, pool: _Pool) -> None:
         """Step 4: a passage the retriever ranks in the top half of what is left that the
         others' support (GRADA's PageRank) ranks in the bottom half is dropped: it resembles the
         query more than anything the other passages say. Lower-ranked passages are never
         dropped here, so a context is never refilled from below at their expense."""
+        _, qs, trusted, removed, estimates = pool.unpacked()
+        items = pool.items
         # passages less than half as similar to the query as the best one are about something
         # else (a small store's other topics): they neither vote nor are judged here
         topical = set(on_topic(qs))
@@ -298,16 +301,10 @@ class Consensus:
         if dropped:
             estimates["unsupported"] = dropped
 
-    def _voices(
-        self,
-        sim: np.ndarray,
-        qs: np.ndarray,
-        sources: list[str | None],
-        trusted: list[bool],
-        removed: dict[int, str],
-        estimates: dict[str, Any],
-    ) -> None:
+    def _voices(self, pool: _Pool) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
+        sim, qs, trusted, removed, estimates = pool.unpacked()
+        sources = pool.sources
         if self.voice is None:
             return
         # on the query's topic only: one upload planting claims for many questions is judged
