@@ -39,6 +39,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -64,6 +65,11 @@ class _Pool:
     trusted: list[bool]
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def topical(self) -> list[int]:
+        """The passages on the query's topic (:func:`~.pool.on_topic`), computed once."""
+        return on_topic(self.qs)
 
     def unpacked(self) -> tuple[np.ndarray, np.ndarray, list[bool], dict[int, str], dict[str, Any]]:
         """What most steps read: similarities, query similarities, trust, and the two results
@@ -246,7 +252,7 @@ class Consensus:
         """Evidence 3: untrusted passages answering the query apart from every trusted one
         (trusted passages about something else, below the query's topic, are no reference)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
-        topical = set(on_topic(qs))
+        topical = set(pool.topical)
         anchors = [i for i, t in enumerate(trusted) if t and i in topical]
         if self.anchor is None or not anchors:
             return
@@ -274,7 +280,7 @@ class Consensus:
         items = pool.items
         # passages less than half as similar to the query as the best one are about something
         # else (a small store's other topics): they neither vote nor are judged here
-        topical = set(on_topic(qs))
+        topical = set(pool.topical)
         aside = {i: "another topic" for i in range(len(items)) if i not in topical}
         left = [i for i in range(len(items)) if i not in removed and i not in aside]
         if len(left) < self.min_passages:
@@ -303,13 +309,13 @@ class Consensus:
 
     def _voices(self, pool: _Pool) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
-        sim, qs, trusted, removed, estimates = pool.unpacked()
+        sim, _, trusted, removed, estimates = pool.unpacked()
         sources = pool.sources
         if self.voice is None:
             return
         # on the query's topic only: one upload planting claims for many questions is judged
         # on the claim it makes here
-        alive = [i for i in on_topic(qs) if i not in removed]
+        alive = [i for i in pool.topical if i not in removed]
         by_source: dict[str, list[int]] = {}
         for i in alive:
             s = sources[i]
