@@ -109,19 +109,18 @@ def provenance_case(
         m,
         {"answers": record.answers},
     )
-    if record.sources:  # the best-ranked web results
-        sims = embedder.embed(benign) @ q
-        trusted = np.argsort(-sims, kind="stable")[:trusted_top]
-    else:  # every gold passage
-        trusted = np.arange(len(benign))
-    trusted_ids = {str(i) for i in trusted}
+    # the retrieved benign passages, best-ranked first (the case is ordered by query similarity)
+    ranked = [p.id for p, bad in zip(base.passages, base.is_poison, strict=True) if not bad]
+    # trusted: the best-ranked web results, or every gold passage
+    trusted_ids = set(ranked[:trusted_top]) if record.sources else set(ranked)
+    joined = set(ranked[:one_document])
     out = {"plain": base}
     for kind in ("sources", "trusted"):
         passages = []
         for p in base.passages:
             i = int(p.id or 0)
             link = links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
-            if i < len(benign) and _benign_rank(base, p.id) < one_document:
+            if p.id in joined:
                 link = "uploads/web-results-joined.pdf"
             meta: dict[str, Any] = {"source": link}
             if kind == "trusted" and p.id in trusted_ids:
@@ -129,12 +128,6 @@ def provenance_case(
             passages.append(replace(p, metadata=meta))
         out[kind] = replace(base, passages=passages, extra=dict(base.extra))
     return out
-
-
-def _benign_rank(case: Case, pid: str | None) -> int:
-    """Rank of passage ``pid`` among the case's benign passages (by query similarity)."""
-    benign = [p.id for p, bad in zip(case.passages, case.is_poison, strict=True) if not bad]
-    return benign.index(pid) if pid in benign else len(benign)
 
 
 def _family_poison(records: Sequence[QARecord], family: str, count: int) -> dict[str, list[str]]:
