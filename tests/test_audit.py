@@ -256,6 +256,35 @@ def test_file_input_and_damaged_parts_are_named(toy: CallableEmbedder, tmp_path:
         audit(kb, embedder=toy, workdir=tmp_path / "a", part_size=32)
 
 
+@pytest.mark.parametrize(
+    "damage",
+    [
+        lambda records: records[:-1],  # cut short, still valid JSON
+        lambda records: [],
+        lambda records: {"records": records},
+        lambda records: [{**r, "hits": [10**9]} for r in records],  # positions out of range
+        lambda records: [{**r, "flags": {"x": {"-1": "?"}}} for r in records],
+        lambda records: list(reversed(records)),  # another order: not this part's probes
+    ],
+)
+def test_a_probed_part_that_parses_but_is_damaged_is_refused(
+    toy: CallableEmbedder, tmp_path: Path, damage: Any
+) -> None:
+    """(#27 item 14) a ``probed`` part that is valid JSON but not one record per probe would
+    lower every chunk's evidence silently: it is refused by name, with the way out."""
+    texts, ids, _ = toy_corpus()
+    work = tmp_path / "w"
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+    part = next((work / "probed").glob("*.json"))
+    records = json.loads(part.read_text())
+    assert len(records) > 1
+    part.write_text(json.dumps(damage(records)))
+    with pytest.raises(ValueError, match=rf"{part.name}: damaged \(.*\).*fresh"):
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert report.findings
+
+
 def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:

@@ -51,6 +51,14 @@ def _cmd_demo(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_limits(args: argparse.Namespace) -> int:
+    from .limits import limits
+
+    for setting, value, what in limits():
+        print(f"{setting:<36} {value!s:>6}  {what}")
+    return 0
+
+
 def _cmd_bench(args: argparse.Namespace) -> int:
     from .bench import (
         DataError,
@@ -249,6 +257,9 @@ def build_parser() -> argparse.ArgumentParser:
         "-k", type=_positive, default=8, help="passages retrieved per question (default 8)"
     )
     demo.set_defaults(func=_cmd_demo)
+    sub.add_parser("limits", help="print the limits the library holds itself to").set_defaults(
+        func=_cmd_limits
+    )
 
     bench = sub.add_parser("bench", help="benchmark a defense on the shared data")
     bench.add_argument(

@@ -82,13 +82,46 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     return Evidence(retrieved, flagged, isolated, group_of, groups)
 
 
-def _records(wd: Workdir, probe_parts: int) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
-    """Each probe's record, with the probe texts of its part by id."""
+def _records(
+    wd: Workdir, probe_parts: int, n_chunks: int
+) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
+    """Each probe's record, with the probe texts of its part by id. A part that parses but does
+    not hold one well-formed record per probe (cut short, edited, another audit's) is refused
+    by name: counted as it is, it would quietly lower every chunk's evidence."""
     for part in range(probe_parts):
         probes = wd.read_json(f"{part_name('probes', part)}.json")
         texts = dict(zip(probes["ids"], probes["texts"], strict=True))
-        for record in wd.read_json(f"{part_name('probed', part)}.json"):
-            yield record, texts
+        name = f"{part_name('probed', part)}.json"
+        records = wd.read_json(name)
+        problem = _malformed(records, probes["ids"], n_chunks)
+        if problem:
+            raise ValueError(
+                f"{wd.path / name}: damaged ({problem}); run the audit again with fresh=True "
+                "(--fresh) to redo it"
+            )
+        yield from ((record, texts) for record in records)
+
+
+def _malformed(records: Any, probe_ids: list[str], n_chunks: int) -> str:
+    """What is wrong with a ``probed`` part ('' when nothing): one record per probe, in order,
+    each with chunk positions in range and, per defense, the removed positions among its hits."""
+    if not isinstance(records, list) or len(records) != len(probe_ids):
+        size = len(records) if isinstance(records, list) else type(records).__name__
+        return f"{size} records for {len(probe_ids)} probes"
+    for record, probe in zip(records, probe_ids, strict=True):
+        if not isinstance(record, dict) or record.get("probe") != probe:
+            return f"no record of probe {probe!r} in its place"
+        hits, flags = record.get("hits"), record.get("flags")
+        if not isinstance(hits, list) or not all(
+            type(h) is int and 0 <= h < n_chunks for h in hits
+        ):
+            return f"probe {probe!r}: hits are not chunk positions"
+        if not isinstance(flags, dict) or not all(
+            isinstance(removed, dict) and set(removed) <= {str(h) for h in hits}
+            for removed in flags.values()
+        ):
+            return f"probe {probe!r}: flags are not among its hits"
+    return ""
 
 
 def _counts(
@@ -97,7 +130,7 @@ def _counts(
     """How often each chunk was retrieved, and removed by each defense."""
     retrieved = np.zeros(n_chunks, dtype=np.int64)
     flagged = {d: np.zeros(n_chunks, dtype=np.int64) for d in defenses}
-    for record, _ in _records(wd, probe_parts):
+    for record, _ in _records(wd, probe_parts, n_chunks):
         np.add.at(retrieved, np.asarray(record["hits"], dtype=np.int64), 1)
         for defense, removed in record["flags"].items():
             for position in removed:
@@ -112,7 +145,7 @@ def flag_examples(
     second pass over the records, for the chunks a report lists: memory stays a few numbers per
     chunk)."""
     examples: dict[int, list[dict[str, str]]] = {}
-    for record, texts in _records(wd, probe_parts):
+    for record, texts in _records(wd, probe_parts, sum(wd.noted("part_sizes"))):
         for defense, removed in record["flags"].items():
             for position, reason in removed.items():
                 i = int(position)

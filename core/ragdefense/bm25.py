@@ -1,4 +1,0 @@
-"""Compatibility path: moved to :mod:`ragdefense.similarity` (same objects)."""
-
-from .similarity import *  # noqa: F403
-from .similarity import __all__ as __all__
