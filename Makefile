@@ -30,7 +30,7 @@ demo: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check $(DISTS) tests cookbook .ci
 	$(VENV)/bin/ruff format --check $(DISTS) tests cookbook .ci
-	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense -p llamaindex_ragdefense
+	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense
 	$(VENV)/bin/mypy cookbook/*.py
 
 test: $(STAMP) lint

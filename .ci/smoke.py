@@ -22,7 +22,6 @@ PACKAGES = {
     / "llama_index"
     / "postprocessor"
     / "ragdefense",
-    "llamaindex_ragdefense": REPO / "llamaindex_ragdefense" / "llamaindex_ragdefense",
 }
 
 
@@ -68,11 +67,9 @@ def check_llamaindex() -> None:
     from llama_index.core import VectorStoreIndex
     from llama_index.core.schema import TextNode
 
-    import llamaindex_ragdefense
     from llama_index.postprocessor.ragdefense import RAGDefenderPostprocessor, RagdefenseEmbedding
     from ragdefense.data import load_demo_kb
 
-    assert llamaindex_ragdefense.RAGDefenderPostprocessor is RAGDefenderPostprocessor
     kb = load_demo_kb()
     nodes = [TextNode(text=t, metadata={"poison": False}) for q in kb for t in q.benign]
     nodes += [TextNode(text=t, metadata={"poison": True}) for q in kb for t in q.poison]

@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ragdefense import AutoDefense, DefenseInputError, DefenseResult, Embedder, Verdict
-from ragdefense.integration import make_defense
-from ragdefense.suite import resolve_defense
+from ragdefense import defense as make_defense
+from ragdefense.bench.runner import resolve_defense
 from ragdefense.types import to_passages
 
 from .test_grada import BENIGN, POISON, Q

@@ -11,7 +11,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragdefense import Consensus, Passage
-from ragdefense.defenses.registry import DEFAULT_DEFENSE, build
+from ragdefense.defenses.registry import DEFAULT_DEFENSE
+from ragdefense.defenses.registry import defense as build
 from ragdefense.provenance import SOURCE_KEYS, is_trusted_by, source_of, sources_of
 
 

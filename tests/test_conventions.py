@@ -1,10 +1,9 @@
 """Each framework's conventions for an integration package: LangChain's ``EXPECTED_ALL`` import
 test and standard embeddings suites; LlamaIndex's class / MRO test, ``class_name()`` and a
-``Field(description=)`` on every field; the ``llamaindex_ragdefense`` alias."""
+``Field(description=)`` on every field;"""
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
 import pytest
@@ -82,18 +81,8 @@ def test_langchain_all() -> None:
     assert sorted(langchain_ragdefense.__all__) == sorted(LANGCHAIN_EXPECTED_ALL)
 
 
-def test_llamaindex_all_and_alias() -> None:
-    import llamaindex_ragdefense
-    from llamaindex_ragdefense.postprocessors import RAGDefenderPostprocessor
-
+def test_llamaindex_all() -> None:
     assert sorted(li_ragdefense.__all__) == sorted(LLAMAINDEX_EXPECTED_ALL)
-    assert llamaindex_ragdefense.__all__ == li_ragdefense.__all__
-    for name in li_ragdefense.__all__:
-        assert getattr(llamaindex_ragdefense, name) is getattr(li_ragdefense, name), name
-    assert RAGDefenderPostprocessor is li_ragdefense.RAGDefenderPostprocessor
-    assert llamaindex_ragdefense.synthesizer is importlib.import_module(
-        "llama_index.postprocessor.ragdefense.synthesizer"
-    )
 
 
 @pytest.mark.parametrize("name", sorted(LANGCHAIN_BASES))

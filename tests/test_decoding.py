@@ -155,7 +155,7 @@ def test_decoding_needs_token_probabilities() -> None:
 
 @pytest.mark.slow
 def test_real_smollm2_decoding() -> None:
-    from ragdefense.demo import load_demo_kb
+    from ragdefense.data import load_demo_kb
 
     q = load_demo_kb()[1]
     r = RobustRAG(aggregation="decoding").answer(

@@ -201,7 +201,7 @@ def test_langchain_compressor(texts: list[str], query: str, fail_open: bool) -> 
 def test_llamaindex_postprocessor(texts: list[str], query: str) -> None:
     from llama_index.core.schema import NodeWithScore, TextNode
 
-    from llamaindex_ragdefense import DefensePostprocessor
+    from llama_index.postprocessor.ragdefense import DefensePostprocessor
 
     vecs = bag_of_words(texts) if texts else np.zeros((0, 1))
     nodes = [

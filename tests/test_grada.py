@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from ragdefense import GRADA, DefenseInputError, Embedder, Passage
-from ragdefense.bm25 import BM25
-from ragdefense.grada import coordinated_groups, pagerank
+from ragdefense.defenses.grada import coordinated_groups, pagerank
+from ragdefense.similarity import BM25
 
 from .conftest import bag_of_words
 

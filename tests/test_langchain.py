@@ -23,8 +23,7 @@ from langchain_ragdefense import (
     defend,
 )
 from ragdefense import DefenseFailed
-from ragdefense.data import demo_documents
-from ragdefense.demo import load_demo_kb
+from ragdefense.data import demo_documents, load_demo_kb
 
 KB = load_demo_kb()
 QUESTION = KB[1]  # capital of Australia

@@ -88,15 +88,8 @@ def test_modules_are_small_and_say_their_job() -> None:
 
 
 OLD_PATHS = {
-    "ragdefense.ragdefender": ("RAGDefender", "ragdefense.defenses.ragdefender"),
-    "ragdefense.grada": ("GRADA", "ragdefense.defenses.grada"),
-    "ragdefense.auto": ("AutoDefense", "ragdefense.defenses.auto"),
-    "ragdefense.bm25": ("BM25", "ragdefense.similarity"),
-    "ragdefense.keywords": ("extract_keywords", "ragdefense.robustrag.keywords"),
-    "ragdefense.suite": ("run_suite", "ragdefense.bench.suite"),
     "ragdefense.robustrag": ("RobustRAG", "ragdefense.robustrag.engine"),
     "ragdefense.bench": ("ragdefender_table", "ragdefense.bench.settings.ragdefender"),
-    "ragdefense.demo": ("load_demo_kb", "ragdefense.data"),
     "ragdefense.embedders": ("cosine_matrix", "ragdefense.similarity"),
 }
 

@@ -13,7 +13,7 @@ from llama_index.core.llms import CompletionResponse, CompletionResponseGen, Cus
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field
 
-from llamaindex_ragdefense import (
+from llama_index.postprocessor.ragdefense import (
     DefensePostprocessor,
     DefenseRemovedEvent,
     GRADAPostprocessor,
@@ -24,7 +24,7 @@ from llamaindex_ragdefense import (
     defend,
 )
 from ragdefense import DefenseFailed
-from ragdefense.demo import load_demo_kb
+from ragdefense.data import load_demo_kb
 
 KB = load_demo_kb()
 QUESTION = KB[1]  # capital of Australia
@@ -296,7 +296,7 @@ def test_defend_index_widens_llamaindex_default_top_k(index: VectorStoreIndex) -
     here; ``defend(index)`` asks for the pool the defense needs and returns 2, none poison."""
     from llama_index.core.query_engine import RetrieverQueryEngine
 
-    from llamaindex_ragdefense import DefendedRetriever
+    from llama_index.postprocessor.ragdefense import DefendedRetriever
 
     plain = index.as_retriever()
     assert poison(plain.retrieve(QUESTION.question)) == 2  # the attack works at the default

@@ -17,8 +17,8 @@ from llama_index.core.schema import QueryBundle
 
 from langchain_ragdefense import RagdefenseEmbeddings
 from langchain_ragdefense import defend as lc_defend
-from llamaindex_ragdefense import ConsensusPostprocessor, RagdefenseEmbedding
-from llamaindex_ragdefense import defend as li_defend
+from llama_index.postprocessor.ragdefense import ConsensusPostprocessor, RagdefenseEmbedding
+from llama_index.postprocessor.ragdefense import defend as li_defend
 
 TOPICS = [
     "The Pacific Ocean is the largest ocean on Earth by area.",

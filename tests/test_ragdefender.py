@@ -7,8 +7,7 @@ import pytest
 from sklearn.feature_extraction.text import TfidfVectorizer
 
 from ragdefense import CallableEmbedder, DefenseInputError, Embedder, Passage, RAGDefender
-from ragdefense.embedders import cosine_matrix
-from ragdefense.ragdefender import (
+from ragdefense.defenses.ragdefender import (
     Stage1Estimate,
     choose_task_type,
     estimate_by_clustering,
@@ -17,6 +16,7 @@ from ragdefense.ragdefender import (
     off_topic,
     pair_frequency_scores,
 )
+from ragdefense.embedders import cosine_matrix
 from ragdefense.text import summed_tfidf, tokenize
 
 from .conftest import bag_of_words

@@ -16,11 +16,11 @@ from llama_index.core.schema import TextNode
 
 from langchain_ragdefense import RagdefenseEmbeddings
 from langchain_ragdefense import red_team as lc_red_team
-from llamaindex_ragdefense import RagdefenseEmbedding
-from llamaindex_ragdefense import red_team as li_red_team
+from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+from llama_index.postprocessor.ragdefense import red_team as li_red_team
 from ragdefense import AttackTarget, InMemoryKnowledgeBase
 from ragdefense.cli import main
-from ragdefense.demo import load_demo_kb
+from ragdefense.data import load_demo_kb
 from ragdefense.redteam import load_targets, plant
 
 KB = load_demo_kb()[:4]

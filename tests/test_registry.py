@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import typing
 from typing import Any
 
 import pytest
 
 from ragdefense import GRADA, AutoDefense, RAGDefender
-from ragdefense.defenses.registry import PRESETS, build, names, parameters, preset
-from ragdefense.integration import defense_fields, make_defense
+from ragdefense.defenses.registry import PRESETS, names, parameters, preset
+from ragdefense.defenses.registry import defense as build
+from ragdefense.integration import defense_fields
 
 
 def test_names_and_aliases() -> None:
@@ -16,7 +18,7 @@ def test_names_and_aliases() -> None:
     assert preset("RAGDefender") is preset("rag_defender") is PRESETS["ragdefender"]
     assert build("grada_peel").peel is True
     assert build("grada-hrsim-ebd").hrsim_base == "ebd"
-    assert isinstance(make_defense("auto"), AutoDefense)
+    assert isinstance(build("auto"), AutoDefense)
     with pytest.raises(ValueError, match="unknown defense 'nope'"):
         build("nope")
 
@@ -48,46 +50,100 @@ def _own_fields(cls: Any, base: Any) -> dict[str, Any]:
     return {k: f for k, f in cls.model_fields.items() if k not in base.model_fields}
 
 
-@pytest.mark.parametrize("name", ["ragdefender", "grada", "auto"])
-def test_langchain_fields_are_the_core_parameters(name: str) -> None:
-    from langchain_ragdefense import (
-        AutoDefenseCompressor,
-        DefenseCompressor,
-        GRADACompressor,
-        RAGDefenderCompressor,
-    )
+def _adapter_classes() -> list[tuple[str, Any, Any]]:
+    import langchain_ragdefense as lc
+    import llama_index.postprocessor.ragdefense as li
 
-    cls = {"ragdefender": RAGDefenderCompressor, "grada": GRADACompressor}.get(
-        name, AutoDefenseCompressor
-    )
-    fields = _own_fields(cls, DefenseCompressor)
-    assert list(fields) == [p.name for p in defense_fields(name)]
-    assert all(f.description for f in fields.values())
-    compressor = cls(**{next(iter(fields)): fields[next(iter(fields))].default})
-    assert type(compressor.core).__name__ == type(build(name)).__name__
+    named = {"consensus": "Consensus", "ragdefender": "RAGDefender", "grada": "GRADA"}
+    out = []
+    for name in ("consensus", "ragdefender", "grada", "auto"):
+        stem = named.get(name, "AutoDefense")
+        out.append((name, getattr(lc, f"{stem}Compressor"), lc.DefenseCompressor))
+        out.append((name, getattr(li, f"{stem}Postprocessor"), li.DefensePostprocessor))
+    return out
 
 
-@pytest.mark.parametrize("name", ["ragdefender", "grada", "auto"])
-def test_llamaindex_fields_are_the_core_parameters(name: str) -> None:
-    from llamaindex_ragdefense import (
-        AutoDefensePostprocessor,
-        DefensePostprocessor,
-        GRADAPostprocessor,
-        RAGDefenderPostprocessor,
-    )
+@pytest.mark.parametrize(
+    ("name", "cls", "base"), _adapter_classes(), ids=lambda v: getattr(v, "__name__", v)
+)
+def test_adapter_fields_are_written_out_and_match_the_core(name: str, cls: Any, base: Any) -> None:
+    """(#28) each per-defense class declares its fields in its own body (seen by IDEs and type
+    checkers), and a test holds them to the core's parameters: names, types, defaults."""
+    fields = _own_fields(cls, base)
+    core = {p.name: p for p in defense_fields(name)}
+    assert list(fields) == list(core)
+    hints = typing.get_type_hints(cls)
+    for field_name, f in fields.items():
+        assert hints[field_name] == core[field_name].annotation, field_name
+        assert f.default == core[field_name].default, field_name
+        assert f.description == core[field_name].description and f.description
+        assert field_name in cls.__annotations__  # declared in the class body, not generated
+    made = cls()
+    assert type(made.core).__name__ == type(build(name)).__name__
+    assert made.defense == name and cls.model_fields["defense"].frozen
 
-    cls = {"ragdefender": RAGDefenderPostprocessor, "grada": GRADAPostprocessor}.get(
-        name, AutoDefensePostprocessor
+
+@pytest.mark.parametrize(
+    ("name", "cls", "base"), _adapter_classes(), ids=lambda v: getattr(v, "__name__", v)
+)
+def test_changing_a_field_changes_the_defense(name: str, cls: Any, base: Any) -> None:
+    """(#28) ``c = GRADACompressor(n=3); c.n = 5`` used to leave the core at 3: the core is
+    built again from the current fields, ``params`` edited in place included."""
+    made = cls()
+    first = made.core
+    assert made.core is first  # unchanged fields: the same core, its caches kept
+    field_name, value = {
+        "consensus": ("margin", 0.07),
+        "ragdefender": ("m", 7),
+        "grada": ("n", 5),
+        "auto": ("n", 5),
+    }[name]
+    setattr(made, field_name, value)
+    assert made.core is not first and getattr(made.core, field_name) == value
+    generic = base(defense=name, params={field_name: value})
+    generic.params[field_name] = 2 * value
+    assert getattr(generic.core, field_name) == 2 * value
+
+
+def test_the_front_door() -> None:
+    """(#28) one front door: names, the default, and any object with ``defend``: returned as it
+    is when it declares the contract, else given its defaults; parameters only with a name."""
+    import ragdefense
+    from ragdefense import Consensus, Defense, DefenseResult
+
+    assert isinstance(ragdefense.defense(), Consensus)
+    assert ragdefense.defense("grada-peel", n=5).n == 5
+    own = GRADA()
+    assert ragdefense.defense(own) is own and isinstance(own, Defense)
+
+    class Mine:
+        pool_factor = 3
+
+        def defend(self, query: str, passages: Any) -> DefenseResult:
+            return RAGDefender(embedder=lambda t: [[1.0, float(i)] for i in range(len(t))]).defend(
+                query, passages
+            )
+
+    wrapped = ragdefense.defense(Mine())
+    assert isinstance(wrapped, Defense)
+    assert (wrapped.name, wrapped.pool_factor, wrapped.min_pool, wrapped.min_passages) == (
+        "Mine",
+        3,
+        0,
+        1,
     )
-    fields = _own_fields(cls, DefensePostprocessor)
-    assert list(fields) == [p.name for p in defense_fields(name)]
-    assert all(f.description for f in fields.values())
-    assert cls.class_name() == cls.__name__
+    with pytest.raises(TypeError, match="only a defense name takes parameters"):
+        ragdefense.defense(own, n=3)
+    with pytest.raises(TypeError, match="not a defense"):
+        ragdefense.defense(42)
+    Mine.pool_factor = 0  # type: ignore[assignment]
+    with pytest.raises(TypeError, match=r"Mine.pool_factor must be an int >= 1, got 0"):
+        ragdefense.defense(Mine())
 
 
 def test_adapters_validate_at_construction() -> None:
     from langchain_ragdefense import DefenseCompressor, GRADACompressor, RAGDefenderCompressor
-    from llamaindex_ragdefense import GRADAPostprocessor, RAGDefenderPostprocessor
+    from llama_index.postprocessor.ragdefense import GRADAPostprocessor, RAGDefenderPostprocessor
 
     for bad in (
         lambda: RAGDefenderCompressor(p=-1.0),

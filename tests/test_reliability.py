@@ -301,8 +301,8 @@ def test_red_team_copies_in_chroma_are_dropped_afterwards(toy_embedder: Any) -> 
 
     from langchain_ragdefense import RagdefenseEmbeddings
     from langchain_ragdefense import red_team as lc_red_team
-    from llamaindex_ragdefense import RagdefenseEmbedding
-    from llamaindex_ragdefense import red_team as li_red_team
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import red_team as li_red_team
     from ragdefense import AttackTarget
 
     def copies() -> list[str]:
@@ -333,7 +333,7 @@ def test_llamaindex_red_team_refuses_a_copy_that_shares_the_index(toy_embedder: 
     from llama_index.core import VectorStoreIndex
     from llama_index.core.schema import TextNode
 
-    from llamaindex_ragdefense import RagdefenseEmbedding, red_team
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding, red_team
     from ragdefense import AttackTarget
 
     embed = RagdefenseEmbedding(toy_embedder)
@@ -400,7 +400,7 @@ def test_langchain_compressor_rejects_what_is_not_documents() -> None:
 
 
 def test_llamaindex_postprocessor_rejects_what_is_not_nodes() -> None:
-    from llamaindex_ragdefense import RAGDefenderPostprocessor
+    from llama_index.postprocessor.ragdefense import RAGDefenderPostprocessor
     from ragdefense import DefenseInputError
 
     with pytest.raises(DefenseInputError, match="expected LlamaIndex NodeWithScore, got str"):
@@ -560,7 +560,7 @@ def test_metadata_that_cannot_be_copied_passes_through_both_adapters(toy_embedde
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
     from langchain_ragdefense import DefenseCompressor, RagdefenseEmbeddings, defend
-    from llamaindex_ragdefense import DefensePostprocessor, RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import DefensePostprocessor, RagdefenseEmbedding
 
     lock = threading.Lock()
     texts = [f"passage {i} about the capital of France, Paris" for i in range(8)]
@@ -607,7 +607,7 @@ def test_a_bad_query_embedding_is_a_clear_error_in_every_defense(
     import numpy as np
 
     from ragdefense import DefenseInputError
-    from ragdefense.defenses.registry import build
+    from ragdefense.defenses.registry import defense as build
 
     emb = np.eye(6, 4) + 0.1
     passages = [f"passage {i}" for i in range(6)]
@@ -620,7 +620,7 @@ def test_complex_and_zero_embeddings_are_named() -> None:
     import numpy as np
 
     from ragdefense import DefenseInputError
-    from ragdefense.defenses.registry import build
+    from ragdefense.defenses.registry import defense as build
 
     passages = [f"passage {i}" for i in range(6)]
     with pytest.raises(DefenseInputError, match="complex"):
@@ -697,7 +697,7 @@ def test_a_pool_past_the_cap_is_refused_at_once(toy_embedder: Any) -> None:
     """(#27 item 12) 10,000 passages took a minute and gigabytes with no warning: past
     MAX_PASSAGES every defense refuses at once, before embedding anything."""
     from ragdefense import DefenseInputError
-    from ragdefense.defenses.registry import build
+    from ragdefense.defenses.registry import defense as build
     from ragdefense.types import MAX_PASSAGES
 
     calls: list[int] = []
@@ -711,6 +711,42 @@ def test_a_pool_past_the_cap_is_refused_at_once(toy_embedder: Any) -> None:
         with pytest.raises(DefenseInputError, match="MAX_PASSAGES = 2000"):
             build(name, embedder=counting).defend("q", passages)
     assert calls == []  # refused before any work
+
+
+def test_the_limits_the_readme_states_are_the_ones_the_command_prints(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """(#27 Done when) README "Reliability" states each limit with the number ``ragdefense
+    limits`` prints, read off the code: a changed default fails here until the README follows."""
+    import re
+
+    from ragdefense.cli import main
+
+    assert main(["limits"]) == 0
+    printed = {
+        m[1]: int(float(m[2]))
+        for m in re.finditer(r"^(\S.*?)\s{2,}(\d[\d.]*)\s", capsys.readouterr().out, re.M)
+    }
+    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
+    section = readme.split("## Reliability")[1].split("\n## ")[0].replace("\n  ", " ")
+    said = {
+        "ragdefense.types.MAX_PASSAGES": r"MAX_PASSAGES` = ([\d,]+) passages",
+        "RobustRAG(max_passage_chars=)": r"`max_passage_chars` = ([\d,]+) characters",
+        "RobustRAG(max_new_tokens=)": r"`max_new_tokens` = (\d+) words",
+        "ragdefense.llm.base.CHARS_PER_TOKEN": r"(\d+) characters per token",
+        "CallableLLM(max_concurrency=)": r"\((\d+) threads for a function",
+        "LangChainLLM(max_concurrency=)": r"(\d+) for a LangChain",
+        "LlamaIndexLLM(max_concurrency=)": r"(\d+) for a LangChain or LlamaIndex",
+        "RobustRAG(timeout=)": r"RobustRAG\(timeout=(\d+)\)",
+        "LLM backend timeout=": r"`timeout`, default (\d+) s",
+        "RobustRAG(max_certify_calls=)": None,
+    }
+    assert set(said) <= set(printed)
+    for setting, pattern in said.items():
+        if pattern is not None:
+            found = re.search(pattern, section)
+            assert found, f"README Reliability no longer states {setting}"
+            assert int(found[1].replace(",", "")) == printed[setting], setting
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,9 @@ import time
 
 import pytest
 
-from ragdefense.keywords import extract_keywords
 from ragdefense.llm import CallableLLM, Generation, LangChainLLM, as_llm
 from ragdefense.robustrag import RobustRAG, is_abstention
+from ragdefense.robustrag.keywords import extract_keywords
 
 Q = "What is the capital of Australia?"
 
@@ -307,7 +307,7 @@ def test_real_next_token_probabilities_match_greedy_decoding() -> None:
 
 @pytest.mark.slow
 def test_real_smollm2_and_spacy() -> None:
-    from ragdefense.demo import load_demo_kb
+    from ragdefense.data import load_demo_kb
 
     q = load_demo_kb()[1]  # capital of Australia
     r = RobustRAG().answer(q.question, q.benign + q.poison[:1], certify=1, gold=[q.correct_answer])

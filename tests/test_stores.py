@@ -88,7 +88,7 @@ def test_llamaindex_postprocessor_reuses_the_stored_vectors(
     from llama_index.core import StorageContext, VectorStoreIndex
     from llama_index.core.schema import TextNode
 
-    from llamaindex_ragdefense import RAGDefenderPostprocessor, RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import RAGDefenderPostprocessor, RagdefenseEmbedding
 
     embed = RagdefenseEmbedding(minilm)
     nodes = [TextNode(text=t) for t in TEXTS]

@@ -12,14 +12,9 @@ import pytest
 
 from ragdefense import CallableEmbedder, Passage
 from ragdefense.bench import CaseOutcome, DataError, summarize
+from ragdefense.bench.datasets import QARecord, available_datasets, load_qa
+from ragdefense.bench.suite import attack_passages, run_suite
 from ragdefense.cli import main
-from ragdefense.suite import (
-    QARecord,
-    attack_passages,
-    available_datasets,
-    load_qa,
-    run_suite,
-)
 
 from .conftest import bag_of_words
 

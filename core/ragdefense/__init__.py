@@ -7,6 +7,9 @@ Every defense has one verb, ``defend(query, passages) -> DefenseResult``::
     print(result)            # a per-passage table: score, decision, reason
     context = result.kept    # what to give the generator
 
+and one front door turns a name into a defense: ``ragdefense.defense()`` (the default),
+``ragdefense.defense("grada-peel", n=5)``.
+
 ``import ragdefense`` loads nothing heavy: each name below is imported on first use.
 """
 
@@ -25,6 +28,7 @@ _EXPORTS = {
     "Consensus": "defenses.consensus",
     "GRADA": "defenses.grada",
     "RAGDefender": "defenses.ragdefender",
+    "defense": "defenses.registry",
     "CallableEmbedder": "embedders",
     "Embedder": "embedders",
     "EmbeddingError": "embedders",
@@ -39,6 +43,7 @@ _EXPORTS = {
     "RedTeamReport": "redteam",
     "RobustAnswer": "robustrag.types",
     "RobustRAG": "robustrag.engine",
+    "Defense": "types",
     "DefenseFailed": "types",
     "DefenseInputError": "types",
     "DefenseResult": "types",
@@ -70,6 +75,7 @@ if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .defenses.consensus import Consensus as Consensus
     from .defenses.grada import GRADA as GRADA
     from .defenses.ragdefender import RAGDefender as RAGDefender
+    from .defenses.registry import defense as defense
     from .embedders import CallableEmbedder as CallableEmbedder
     from .embedders import Embedder as Embedder
     from .embedders import EmbeddingError as EmbeddingError
@@ -84,6 +90,7 @@ if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .redteam import RedTeamReport as RedTeamReport
     from .robustrag.engine import RobustRAG as RobustRAG
     from .robustrag.types import RobustAnswer as RobustAnswer
+    from .types import Defense as Defense
     from .types import DefenseFailed as DefenseFailed
     from .types import DefenseInputError as DefenseInputError
     from .types import DefenseResult as DefenseResult

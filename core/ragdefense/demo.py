@@ -7,14 +7,12 @@ import time
 from typing import Any, TextIO
 
 from .bench.cases import Case, demo_cases
-from .data import QARecord, load_demo_kb
-from .defenses.registry import DEFAULT_DEFENSE, build
+from .data import load_demo_kb
+from .defenses import registry
+from .defenses.registry import DEFAULT_DEFENSE
 from .types import DefenseResult
 
-__all__ = ["DemoQuestion", "load_demo_kb", "run_demo"]
-
-#: the demo's questions are :class:`~ragdefense.data.QARecord` (earlier name)
-DemoQuestion = QARecord
+__all__ = ["run_demo"]
 
 #: the two wordings of the planted passages the demo shows
 ATTACKS = {
@@ -55,7 +53,7 @@ def run_demo(
         f"({upload}). Each question retrieves its top {k}; the context is the top {context} "
         "passages left.\n"
     )
-    default = build(DEFAULT_DEFENSE, embedder)
+    default = registry.defense(DEFAULT_DEFENSE, embedder=embedder)
     rows = {"no defense": None, "default": default, "default + sources": default}
     totals: dict[tuple[str, str], dict[str, int]] = {}
     for attack, title in ATTACKS.items():

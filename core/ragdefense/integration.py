@@ -12,22 +12,34 @@ import logging
 import warnings
 import weakref
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+from typing import TYPE_CHECKING, Any
 
-from .types import DefenseFailed, DefenseInputError, DefenseResult, Passage, Verdict, _jsonable
+from .types import (
+    Defense,
+    DefenseFailed,
+    DefenseInputError,
+    DefenseResult,
+    Passage,
+    Verdict,
+    _jsonable,
+)
 
 if TYPE_CHECKING:
     from .defenses.registry import Parameter
 
 __all__ = [
+    "FETCH_ROUNDS",
     "METADATA_KEY",
+    "AdapterCore",
     "Defense",
-    "adapter_defense",
+    "adapter_params",
     "check_items",
+    "defense_field",
     "defense_fields",
+    "fetched_enough",
     "fetched_pool",
     "import_object",
-    "make_defense",
+    "plain_params",
     "pool_size",
     "positive_int",
     "removed_report",
@@ -35,7 +47,6 @@ __all__ = [
     "stored_vectors",
     "tagged_metadata",
     "verdict_metadata",
-    "with_defense_fields",
 ]
 
 #: the metadata key under which adapters record the defense's verdict on each returned copy
@@ -44,48 +55,17 @@ METADATA_KEY = "ragdefense"
 logger = logging.getLogger("ragdefense")
 
 
-@runtime_checkable
-class Defense(Protocol):
-    """Anything with the defenses' verb."""
-
-    def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult: ...
-
-
 def positive_int(value: Any) -> int | None:
     """``value`` if it is a positive ``int`` (not a bool), else ``None``: how the adapters read
     a framework retriever's own top-k."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def pool_size(defense: Any, k: int) -> int:
+def pool_size(defense: Defense, k: int) -> int:
     """How many passages to retrieve so that ``defense`` can return ``k``: ``k`` times its
-    ``pool_factor`` (default 2, GRADA's M = 2n), and at least its ``min_pool`` and its
-    ``min_passages`` (what it needs to compare anything)."""
-    factor = getattr(defense, "pool_factor", 2)
-    need = max(getattr(defense, "min_pool", 0), getattr(defense, "min_passages", 1))
-    return max(int(factor) * k, int(need), k)
-
-
-def make_defense(defense: Any = None, embedder: Any = None, **params: Any) -> Defense:
-    """A core defense from a name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``,
-    ``"grada"``, ``"grada-peel"``, ``"auto"``, ...; ``None``: its ``DEFAULT_DEFENSE``) or an
-    object with ``defend``.
-
-    ``embedder`` and ``params`` go to the defense's constructor when it is built by name; bad
-    names, parameters and values raise here, before any query.
-    """
-    if defense is None or isinstance(defense, str):
-        from .defenses.registry import DEFAULT_DEFENSE, build
-
-        built: Defense = build(DEFAULT_DEFENSE if defense is None else defense, embedder, **params)
-        return built
-    if isinstance(defense, Defense):  # an object comes configured: embedder is not applied
-        if params:
-            raise TypeError("parameters can only be given with a defense name")
-        return defense
-    raise TypeError(
-        f"{type(defense).__name__} is not a defense (it has no defend(query, passages))"
-    )
+    ``pool_factor`` (GRADA's M = 2n), and at least its ``min_pool`` and its ``min_passages``
+    (what it needs to compare anything)."""
+    return max(defense.pool_factor * k, defense.min_pool, defense.min_passages, k)
 
 
 def import_object(spec: str) -> Any:
@@ -103,42 +83,83 @@ def import_object(spec: str) -> Any:
     return obj
 
 
-def adapter_defense(model: Any, base: type, embedder: Any) -> Defense:
-    """The core defense of an adapter's pydantic ``model``: its ``defense`` built with
-    ``embedder`` and the parameters its class declares beyond ``base``'s fields (the ones
-    :func:`with_defense_fields` added). Bad parameters raise here, at construction."""
+class AdapterCore:
+    """The core defense behind an adapter's compressor or postprocessor, built from its current
+    settings and built again whenever they change (a field assigned, ``params`` edited in
+    place, other embeddings): what the adapter runs always matches what it shows. Bad names
+    and parameters raise in :meth:`get`, which the adapters call at construction."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._core: Defense | None = None
+
+    def get(
+        self,
+        defense: Any,
+        params: Mapping[str, Any],
+        embeddings: Any,
+        as_embedder: Callable[[Any], Any],
+    ) -> Defense:
+        """The core for ``defense`` (a name or an object, see :func:`ragdefense.defense`) with
+        ``params`` and ``embeddings`` (a framework's model, turned into a core embedder by
+        ``as_embedder``; ``None``: the packaged MiniLM)."""
+        named = defense is None or isinstance(defense, str)
+        key = (defense if named else id(defense), repr(sorted(params.items())), id(embeddings))
+        if self._core is None or key != self._key:
+            from .defenses.registry import defense as front_door
+
+            if named:
+                embedder = as_embedder(embeddings) if embeddings is not None else None
+                self._core = front_door(defense, embedder=embedder, **params)
+            else:  # an object comes configured: parameters are an error, as in the core
+                self._core = front_door(defense, **params)
+            self._key = key
+        return self._core
+
+
+def plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """An adapter's ``params`` as it stores them: sets (e.g. ``trusted={...}``) become sorted
+    lists, so that the adapter serializes to JSON; the defense reads either alike."""
+    return {
+        k: sorted(v, key=str) if isinstance(v, (set, frozenset)) else v for k, v in params.items()
+    }
+
+
+def adapter_params(model: Any, base: type) -> dict[str, Any]:
+    """An adapter's parameters for its defense: the fields its class declares beyond ``base``'s
+    (the per-defense classes write them out) over its ``params`` mapping."""
     own = base.model_fields  # type: ignore[attr-defined]
-    params = {k: getattr(model, k) for k in type(model).model_fields if k not in own}
-    return make_defense(model.defense, embedder, **params)
+    fields = {k: getattr(model, k) for k in type(model).model_fields if k not in own}
+    return {**dict(model.params), **fields}
 
 
 def defense_fields(defense: str) -> list[Parameter]:
-    """The parameters of the named defense that an adapter exposes as fields (plain values:
-    numbers, strings, literals, ``None``), with the preset's defaults and the core's
-    descriptions. Adapters derive their fields from this, never from a hand copy."""
+    """The parameters of the named defense that an adapter's per-defense class declares as
+    fields (plain values: numbers, strings, literals, ``None``), with the preset's defaults and
+    the core's descriptions; a test holds each class's fields to this list."""
     from .defenses.registry import parameters
 
     return parameters(defense)
 
 
-B = TypeVar("B")
+def defense_field(defense: str, name: str) -> Parameter:
+    """One of :func:`defense_fields`: what an adapter's field for it takes as default and
+    description."""
+    for p in defense_fields(defense):
+        if p.name == name:
+            return p
+    raise KeyError(f"{defense} has no parameter {name!r} an adapter can declare")
 
 
-def with_defense_fields(base: type[B], defense: str) -> type[B]:
-    """A subclass of the pydantic model ``base`` (an adapter's compressor or postprocessor) with
-    one field per parameter of ``defense`` (:func:`defense_fields`: type, default, description)
-    and ``defense`` fixed to that name. Both adapters build their per-defense classes on it."""
-    from pydantic import Field, create_model
+#: rounds of retrieval an adapter's retriever makes, doubling the fetch, when the defense leaves
+#: fewer than the ``k`` the caller asked for (one round when ``k`` is the retriever's own)
+FETCH_ROUNDS = 3
 
-    fields: dict[str, Any] = {
-        p.name: (p.annotation, Field(default=p.default, description=p.description))
-        for p in defense_fields(defense)
-    }
-    fixed = Field(default=defense, frozen=True, description="the core defense")
-    model: type[B] = create_model(  # type: ignore[type-var]
-        f"_{defense}_fields", __base__=base, defense=(Any, fixed), **fields
-    )
-    return model
+
+def fetched_enough(k: int | None, fetch: int | None, fetched: int, kept: int) -> bool:
+    """Whether an adapter's retriever stops widening: ``k`` kept, or the base retriever gave
+    fewer than asked (it holds no more), or no size to widen."""
+    return not k or not fetch or kept >= k or fetched < fetch
 
 
 def run_defense(
@@ -161,8 +182,9 @@ def run_defense(
     try:
         return defense.defend(query, passages)
     except Exception as exc:
-        name = getattr(defense, "name", type(defense).__name__)
-        message = f"{name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"
+        message = (
+            f"{defense.name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"
+        )
         if not fail_open:
             raise DefenseFailed(message + " (fail_open=True passes documents through)") from exc
         warnings.warn(message + "; passing the documents through unchecked", stacklevel=3)
@@ -185,11 +207,10 @@ def fetched_pool(defense: Any) -> None:
 
 
 def _warn_small_pool(defense: Defense, n: int, fix: str) -> None:
-    need = getattr(defense, "min_passages", None)
-    floor = getattr(defense, "min_pool", None)
-    if need is not None and n < need:
+    need, floor = defense.min_passages, defense.min_pool
+    if n < need:
         what = f"fewer than the {need} it needs to compare: they pass unchecked, poison included."
-    elif floor is not None and n < floor and defense not in _POOLED:
+    elif n < floor and defense not in _POOLED:
         what = (
             f"fewer than the pool of {floor} it filters from: in so few passages a poisoned "
             "majority can be all of them and pass."
@@ -200,8 +221,7 @@ def _warn_small_pool(defense: Defense, n: int, fix: str) -> None:
         return
     with contextlib.suppress(TypeError):  # cannot be weakly referenced: warn each time
         _WARNED.add(defense)
-    name = getattr(defense, "name", type(defense).__name__)
-    message = f"{name} was given {n} passage(s), {what} {fix}".strip()
+    message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
     warnings.warn(message, stacklevel=4)
     logger.info("%s", message)  # INFO: the warning above already shows it once
 

@@ -18,7 +18,6 @@ import numpy as np
 
 from .attacks import make_poison
 from .embedders import as_embedder
-from .integration import make_defense
 from .similarity import cosine_to
 from .text import contains_answer
 
@@ -295,7 +294,10 @@ class InMemoryKnowledgeBase:
         context)`` (an LLM call) makes the verdict answer-level."""
         poison = {t.question: plant(t, attack, n_poison) for t in targets}
         kb = self.with_texts([p for texts in poison.values() for p in texts])
-        guard = make_defense(defense, embedder=self.embedder)
+        from .defenses.registry import defense as front_door
+
+        named = defense is None or isinstance(defense, str)
+        guard = front_door(defense, embedder=self.embedder) if named else front_door(defense)
         wide = fetch_k or 2 * k
 
         def undefended(q: str) -> tuple[list[str], str | None]:

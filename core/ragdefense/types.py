@@ -5,12 +5,13 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
 __all__ = [
     "MAX_PASSAGES",
+    "Defense",
     "DefenseFailed",
     "DefenseInputError",
     "DefenseResult",
@@ -172,7 +173,11 @@ class DefenseResult:
         defense: Name of the defense that produced it.
         query: The query.
         verdicts: One :class:`Verdict` per input passage, in input order.
-        score_name: What ``Verdict.score`` means for this defense.
+        score_name: What ``Verdict.score`` means for this defense (a label for people).
+        reranked: Whether the kept passages are ordered by ``Verdict.score``, best first (a
+            reranker such as GRADA): a framework adapter then gives each returned document
+            that score, so that anything sorting by score keeps the defense's order. ``False``
+            for a filter, whose kept passages keep the retriever's order and scores.
         estimates: The defense's internal estimates (e.g. estimated number of adversarial
             passages, which estimator was used, thresholds), for people and logs.
     """
@@ -182,6 +187,7 @@ class DefenseResult:
     verdicts: tuple[Verdict, ...]
     score_name: str
     estimates: Mapping[str, Any] = field(default_factory=dict)
+    reranked: bool = False
 
     @property
     def kept(self) -> list[Passage]:
@@ -211,6 +217,7 @@ class DefenseResult:
             "defense": self.defense,
             "query": self.query,
             "score_name": self.score_name,
+            "reranked": self.reranked,
             "estimates": {k: _jsonable(v) for k, v in self.estimates.items()},
             "verdicts": [
                 {
@@ -263,3 +270,28 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, Mapping):
         return {str(k): _jsonable(v) for k, v in value.items()}
     return value
+
+
+@runtime_checkable
+class Defense(Protocol):
+    """What every entry point (the adapters, the CLI, the audit, the benchmarks) uses of a
+    defense. :func:`ragdefense.defense` returns one for a name, and turns any object with a
+    ``defend(query, passages)`` method into one.
+
+    Attributes:
+        name: Shown in verdicts, warnings and reports.
+        pool_factor: Passages to retrieve per passage returned (GRADA's M = 2n: 2; a filter
+            such as RAGDefender: 1).
+        min_pool: The pool the defense is designed to filter from: adapters fetch at least this
+            many, and warn when handed fewer (0: no floor).
+        min_passages: Below this many passages the defense removes nothing.
+    """
+
+    name: str
+    pool_factor: int
+    min_pool: int
+    min_passages: int
+
+    def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult:
+        """Decide, per passage, what reaches the generator."""
+        ...

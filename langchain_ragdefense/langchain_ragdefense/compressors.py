@@ -5,26 +5,27 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
-from ragdefense import DefenseResult, LangChainEmbedder, Passage
+from ragdefense import Defense, DefenseResult, LangChainEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration import (
-    Defense,
-    adapter_defense,
+    AdapterCore,
+    adapter_params,
     check_items,
+    defense_field,
+    plain_params,
     removed_report,
     run_defense,
     tagged_metadata,
     verdict_metadata,
-    with_defense_fields,
 )
 
 from .vectors import stored_vectors
@@ -55,6 +56,8 @@ class DefenseCompressor(BaseDocumentCompressor):
     Args:
         defense: A name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``, ``"grada"``,
             ``"grada-peel"``, ``"auto"``, ...) or a core defense object.
+        params: The named defense's parameters (e.g. ``{"trusted": {"docs.example.org"}}``);
+            an object comes configured.
         embeddings: The LangChain ``Embeddings`` to use (e.g. the vector store's); ``None``
             for the packaged all-MiniLM-L6-v2.
         fail_open: On a defense error, pass the documents through with a warning instead of
@@ -67,22 +70,28 @@ class DefenseCompressor(BaseDocumentCompressor):
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     defense: Any = DEFAULT_DEFENSE
+    params: dict[str, Any] = Field(default_factory=dict)
     embeddings: Embeddings | None = None
     fail_open: bool = False
     vectorstore: VectorStore | None = None
-    _core: Defense | None = PrivateAttr(default=None)
+    _core: AdapterCore = PrivateAttr(default_factory=AdapterCore)
+
+    @field_validator("params", mode="after")
+    @classmethod
+    def _plain(cls, params: dict[str, Any]) -> dict[str, Any]:
+        return plain_params(params)
 
     def model_post_init(self, context: Any, /) -> None:
         """Build the core defense now, so that bad parameters fail at construction."""
         super().model_post_init(context)
-        embedder = LangChainEmbedder(self.embeddings) if self.embeddings is not None else None
-        self._core = adapter_defense(self, DefenseCompressor, embedder)
+        _ = self.core
 
     @property
     def core(self) -> Defense:
-        """The core defense (keeps its embedding cache across queries)."""
-        assert self._core is not None  # built by model_post_init
-        return self._core
+        """The core defense for the current fields (built again when one changes; it keeps its
+        embedding cache across queries)."""
+        params = adapter_params(self, DefenseCompressor)
+        return self._core.get(self.defense, params, self.embeddings, LangChainEmbedder)
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")
@@ -139,22 +148,71 @@ TOO_FEW = (
 )
 
 
-class ConsensusCompressor(with_defense_fields(DefenseCompressor, "consensus")):  # type: ignore[misc]
+def _field(defense: str, name: str) -> Any:
+    """A per-defense class's field: the core's default and description (a test holds the
+    declared types to the core's)."""
+    p = defense_field(defense, name)
+    return Field(default=p.default, description=p.description)
+
+
+def _fixed(name: str) -> Any:
+    return Field(default=name, frozen=True, description="the core defense")
+
+
+class ConsensusCompressor(DefenseCompressor):
     """:class:`ragdefense.Consensus` (the default) as a document compressor; its fields are the
-    core's parameters (``trusted=`` goes through ``defend(retriever, trusted=...)`` or
-    ``DefenseCompressor(defense=Consensus(trusted=...))``)."""
+    core's parameters (``trusted=`` through ``params={"trusted": ...}`` or
+    ``defend(retriever, trusted=...)``)."""
+
+    defense: Literal["consensus"] = _fixed("consensus")
+    tightness: float = _field("consensus", "tightness")
+    margin: float = _field("consensus", "margin")
+    min_group: int = _field("consensus", "min_group")
+    absorb: float | None = _field("consensus", "absorb")
+    voice: float | None = _field("consensus", "voice")
+    source_key: str | None = _field("consensus", "source_key")
+    anchor: float | None = _field("consensus", "anchor")
+    support: bool = _field("consensus", "support")
+    min_passages: int = _field("consensus", "min_passages")
 
 
-class RAGDefenderCompressor(with_defense_fields(DefenseCompressor, "ragdefender")):  # type: ignore[misc]
+class RAGDefenderCompressor(DefenseCompressor):
     """RAGDefender as a document compressor (see :class:`ragdefense.RAGDefender`); its fields
     are the core's parameters."""
 
+    defense: Literal["ragdefender"] = _fixed("ragdefender")
+    task_type: Literal["single_hop", "multi_hop", "auto"] = _field("ragdefender", "task_type")
+    p: float = _field("ragdefender", "p")
+    m: int = _field("ragdefender", "m")
+    min_passages: int = _field("ragdefender", "min_passages")
+    off_topic: float | None = _field("ragdefender", "off_topic")
 
-class GRADACompressor(with_defense_fields(DefenseCompressor, "grada")):  # type: ignore[misc]
+
+class GRADACompressor(DefenseCompressor):
     """GRADA as a document compressor: keeps the top ``n`` after graph reranking (``None``: half
     of the documents given, the paper's M = 2n); its fields are the core's parameters."""
 
+    defense: Literal["grada"] = _fixed("grada")
+    similarity: Literal["hrsim", "bm25", "ebd"] = _field("grada", "similarity")
+    hrsim_base: Literal["bm25", "ebd"] = _field("grada", "hrsim_base")
+    alpha: float = _field("grada", "alpha")
+    n: int | None = _field("grada", "n")
+    damping: float = _field("grada", "damping")
+    tol: float = _field("grada", "tol")
+    max_iter: int = _field("grada", "max_iter")
+    peel: bool = _field("grada", "peel")
+    peel_tightness: float = _field("grada", "peel_tightness")
+    peel_margin: float = _field("grada", "peel_margin")
 
-class AutoDefenseCompressor(with_defense_fields(DefenseCompressor, "auto")):  # type: ignore[misc]
+
+class AutoDefenseCompressor(DefenseCompressor):
     """:class:`ragdefense.AutoDefense` as a document compressor; its fields are the core's
     parameters."""
+
+    defense: Literal["auto"] = _fixed("auto")
+    n: int | None = _field("auto", "n")
+    peel_tightness: float = _field("auto", "peel_tightness")
+    peel_margin: float = _field("auto", "peel_margin")
+    absorb: float | None = _field("auto", "absorb")
+    majority_tightness: float | None = _field("auto", "majority_tightness")
+    peel: bool = _field("auto", "peel")

@@ -13,8 +13,13 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from ragdefense.embedders import LangChainEmbedder
-from ragdefense.integration import fetched_pool, make_defense, pool_size, positive_int
+from ragdefense.integration import (
+    FETCH_ROUNDS,
+    fetched_enough,
+    fetched_pool,
+    pool_size,
+    positive_int,
+)
 
 from .compressors import DefenseCompressor
 
@@ -33,7 +38,7 @@ class DefendedRetriever(BaseRetriever):
             GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the retrieved set; and
             at least what the defense needs to compare). When the defense leaves fewer than
             ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the base retriever has
-            more.
+            more (the same policy as the LlamaIndex adapter's).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -42,21 +47,20 @@ class DefendedRetriever(BaseRetriever):
     compressor: BaseDocumentCompressor
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
-    max_rounds: int = Field(default=3, ge=1)
+    max_rounds: int = Field(default=FETCH_ROUNDS, ge=1)
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
         k = kwargs.pop("k", self.k)
         if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
-        core = getattr(self.compressor, "core", None)
-        fetch = self.fetch_k or (pool_size(core, k) if k else None)
+        core = self.compressor.core if isinstance(self.compressor, DefenseCompressor) else None
+        if k and not self.fetch_k:  # another compressor: GRADA's M = 2n
+            fetch: int | None = pool_size(core, k) if core is not None else 2 * k
+        else:
+            fetch = self.fetch_k
         if fetch and core is not None:
             fetched_pool(core)  # fewer than its pool is then all the store has: no warning
         return k, fetch, kwargs
-
-    def _done(self, k: int | None, fetch: int | None, docs: list[Document], kept: int) -> bool:
-        # enough kept, or the base retriever has nothing more to give
-        return not k or not fetch or kept >= k or len(docs) < fetch
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
@@ -67,7 +71,7 @@ class DefendedRetriever(BaseRetriever):
             args = ({"k": fetch} if fetch else {}) | extra
             docs = self.base_retriever.invoke(query, config={"callbacks": child}, **args)
             kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
-            if self._done(k, fetch, docs, len(kept)):
+            if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[:k] if k else kept
@@ -81,7 +85,7 @@ class DefendedRetriever(BaseRetriever):
             args = ({"k": fetch} if fetch else {}) | extra
             docs = await self.base_retriever.ainvoke(query, config={"callbacks": child}, **args)
             kept = list(await self.compressor.acompress_documents(docs, query, callbacks=child))
-            if self._done(k, fetch, docs, len(kept)):
+            if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[:k] if k else kept
@@ -112,7 +116,8 @@ def defend(
     Args:
         defense: A name of :mod:`ragdefense.defenses.registry` (``None``: its
             ``DEFAULT_DEFENSE``; ``"ragdefender"``, ``"grada"``, ...), a core defense object,
-            or a ``BaseDocumentCompressor``.
+            or a ``BaseDocumentCompressor`` (configured already: ``embeddings``,
+            ``fail_open`` and ``params`` are then an error).
         k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
             vector store retriever's ``search_kwargs["k"]``, 4 unless set; no second fetch when
             the defense removes some), else all kept. The base retriever is asked for
@@ -121,27 +126,30 @@ def defend(
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are.
-        params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``).
+        params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
+            ``trusted=``); unknown ones, or any given with a defense object, are an error.
+
+    The same signature and fetch policy as the LlamaIndex adapter's ``defend``.
     """
     store = getattr(retriever, "vectorstore", None)
-    rounds = 3
+    rounds = FETCH_ROUNDS
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)
         k, rounds = _retriever_k(retriever), 1
-    if embeddings is None:
-        embeddings = getattr(store, "embeddings", None)
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
+        given = [n for n, v in (("embeddings", embeddings), ("fail_open", fail_open)) if v]
+        if params or given:
+            raise TypeError(
+                f"{', '.join([*given, *params])}: a compressor comes configured; set them on it"
+            )
         compressor = defense
-    elif defense is None or isinstance(defense, str):  # a name, with its parameters
-        core = make_defense(
-            defense, LangChainEmbedder(embeddings) if embeddings else None, **params
-        )
-        compressor = DefenseCompressor(
-            defense=core, embeddings=embeddings, fail_open=fail_open, vectorstore=store
-        )
     else:
         compressor = DefenseCompressor(
-            defense=defense, embeddings=embeddings, fail_open=fail_open, vectorstore=store
+            defense=defense,
+            params=params,
+            embeddings=embeddings or getattr(store, "embeddings", None),
+            fail_open=fail_open,
+            vectorstore=store,
         )
     return DefendedRetriever(
         base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k, max_rounds=rounds

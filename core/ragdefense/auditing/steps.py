@@ -168,13 +168,13 @@ class DefendStep:
         return f"{part_name('probed', part)}.json"
 
     def _defenses(self) -> list[tuple[str, Any]]:
-        from ..defenses.registry import build
+        from ..defenses.registry import defense
 
         key = ("defenses", self.workdir, tuple(map(str, self.defenses)))
         if key not in _CACHE:
             made = []
             for d in self.defenses:
-                obj = build(d, embedder=_embedder(self.embedder)) if isinstance(d, str) else d
+                obj = defense(d, embedder=_embedder(self.embedder)) if isinstance(d, str) else d
                 made.append((d if isinstance(d, str) else type(d).__name__, obj))
             _CACHE[key] = made
         return list(_CACHE[key])

@@ -32,9 +32,6 @@ _EXPORTS = {
     "suite": "DEFAULT_DEFENSES DEFENSES SuiteResult run_suite",
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names.split()}
-# names of earlier releases
-_ALIASES = {"Defense": "CaseDefense", "run_defense": "run_cases"}
-_WHERE |= {old: _WHERE[new] for old, new in _ALIASES.items()}
 
 __all__ = sorted(_WHERE)
 
@@ -43,7 +40,7 @@ def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
         raise AttributeError(f"module 'ragdefense.bench' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f".{module}", __name__), _ALIASES.get(name, name))
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value
 

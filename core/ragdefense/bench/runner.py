@@ -13,7 +13,8 @@ from typing import Any
 
 import numpy as np
 
-from ..defenses.registry import build, names
+from ..defenses import registry
+from ..defenses.registry import names
 from ..integration import import_object
 from ..types import DefenseResult, Passage, Verdict
 from .cases import Case
@@ -202,7 +203,7 @@ def resolve_defense(spec: Any) -> CaseDefense:
     if spec == "none":
         return no_defense
     try:
-        return on_case(build(spec))
+        return on_case(registry.defense(spec))
     except ValueError:
         raise ValueError(
             f"unknown defense {spec!r}: use none, {', '.join(names())}, robustrag or module:attr"

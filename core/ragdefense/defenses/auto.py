@@ -5,12 +5,12 @@ RAGDefender assumes the poison is numerous and removes benign passages when it i
 assumes it is a minority and promotes it when it is not. AutoDefense reads the regime off the
 retrieved set, in this order:
 
-1. **Coordinated groups above the rest** (:func:`~ragdefense.grada.coordinated_groups`): passages
-   nearly identical to each other that the retriever also ranks above the others. They are
-   removed; so are the passages RAGDefender flags that sit close to them (mean cosine >=
-   ``absorb``), provided no passage left over ranks above the groups' mean query similarity
-   (RAGDefender then agrees with the groups rather than with a topic cluster). GRADA reranks
-   what is left.
+1. **Coordinated groups above the rest**
+   (:func:`~ragdefense.defenses.grada.coordinated_groups`): passages nearly identical to each
+   other that the retriever also ranks above the others. They are removed; so are the
+   passages RAGDefender flags that sit close to them (mean cosine >= ``absorb``), provided no
+   passage left over ranks above the groups' mean query similarity (RAGDefender then agrees
+   with the groups rather than with a topic cluster). GRADA reranks what is left.
 2. **Poisoned majority**: no such group, but RAGDefender's flagged set is itself tight (every
    pair's cosine >= ``majority_tightness``): a coordinated majority the retriever does not rank
    above the rest. RAGDefender's verdicts are kept.
@@ -47,7 +47,7 @@ class AutoDefense:
             all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
         n: Passages GRADA keeps (``None``: half of those retrieved, as GRADA).
         peel_tightness, peel_margin: The coordinated groups' ``tightness`` and ``margin``
-            (:func:`~ragdefense.grada.coordinated_groups`).
+            (:func:`~ragdefense.defenses.grada.coordinated_groups`).
         absorb: Mean cosine to the groups above which a passage RAGDefender flags is removed
             with them (``None``: never).
         majority_tightness: Least pairwise cosine within RAGDefender's flagged set for it to be
@@ -64,6 +64,7 @@ class AutoDefense:
     #: retrieval pool per passage returned, for the adapters that widen retrieval (GRADA's M = 2n)
     pool_factor = 2
     min_pool = 8  # as RAGDefender's, which it consults
+    min_passages = 1  # GRADA ranks any pool
     uses_embeddings = True
 
     def __init__(
@@ -91,6 +92,11 @@ class AutoDefense:
         self.peel = peel
         self.ragdefender = RAGDefender(embedder=embedder)
         self.grada = GRADA(n=n, embedder=embedder)
+
+    @property
+    def n(self) -> int | None:
+        """Passages GRADA keeps (``None``: half of those retrieved)."""
+        return self.grada.n
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Filter ``passages`` retrieved for ``query``.
@@ -218,4 +224,5 @@ def _relabel(
         verdicts=result.verdicts,
         score_name=f"{result.defense}: {result.score_name}",
         estimates=estimates,
+        reranked=result.reranked,
     )

@@ -103,7 +103,7 @@ class GRADA:
         alpha: HRSIM penalty coefficient (paper: 0.4).
         n: Passages kept; ``None`` keeps ``M // 2`` (the paper retrieves M = 2n).
         damping, tol, max_iter: PageRank parameters (``networkx`` defaults).
-        bm25: The :class:`~ragdefense.bm25.BM25` scorer (k1, b, collection).
+        bm25: The :class:`~ragdefense.similarity.BM25` scorer (k1, b, collection).
         embedder: Used only by the embedding variants and the peel; anything
             :func:`ragdefense.as_embedder` accepts (``None``: the packaged all-MiniLM-L6-v2).
         peel: Remove coordinated groups (:func:`coordinated_groups`, on embedding cosine)
@@ -115,6 +115,9 @@ class GRADA:
     name = "GRADA"
     #: retrieval pool per passage returned, for the adapters that widen retrieval (M = 2n)
     pool_factor = 2
+    #: a reranker: any pool, from a single passage, is ranked
+    min_pool = 0
+    min_passages = 1
 
     def __init__(
         self,
@@ -337,4 +340,5 @@ class GRADA:
             verdicts=tuple(verdicts),
             score_name="pagerank",
             estimates=estimates,
+            reranked=True,
         )

@@ -1,6 +1,7 @@
-"""The one table from names to defenses, with presets, used by the adapters, the CLI, the
-benchmarks and the suite; and the description of each defense's parameters (read from its
-constructor's signature and docstring) from which the adapters derive their fields.
+"""The front door, :func:`defense`: the one way every entry point (the adapters, the CLI, the
+audit, the benchmarks) turns a name, or a user's object, into a :class:`~ragdefense.Defense`;
+the table of named presets behind it; and the description of each defense's parameters (read
+from its constructor's signature and docstring) that the adapters' fields are checked against.
 
 Names are case-insensitive, and ``-`` / ``_`` are ignored (``"RAGDefender"``, ``"grada_peel"``).
 """
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, UnionType
 from typing import Any, Literal, get_args, get_origin
 
+from ..types import Defense, DefenseResult
 from .auto import AutoDefense
 from .consensus import Consensus
 from .grada import GRADA
@@ -25,7 +27,7 @@ __all__ = [
     "PRESETS",
     "Parameter",
     "Preset",
-    "build",
+    "defense",
     "names",
     "parameters",
     "preset",
@@ -94,9 +96,65 @@ def preset(name: str) -> Preset:
     return found
 
 
-def build(name: str, embedder: Any = None, **params: Any) -> Any:
-    """The defense ``name`` with ``embedder`` and ``params`` (over the preset's own). Unknown
-    parameters and bad values raise ``TypeError`` / ``ValueError`` here, at construction."""
+def defense(spec: Any = None, /, *, embedder: Any = None, **params: Any) -> Defense:
+    """A ready defense: ``ragdefense.defense()`` (the default), ``ragdefense.defense("grada-peel",
+    n=5)``, or any object with ``defend(query, passages)``.
+
+    Args:
+        spec: A preset name (:func:`names`; case, ``-`` and ``_`` ignored; ``None``:
+            :data:`DEFAULT_DEFENSE`), or an object with ``defend``: returned as it is when it
+            declares every attribute of :class:`~ragdefense.Defense`, else wrapped with the
+            defaults (pool factor 2, no pool floor, any number of passages).
+        embedder: For a named defense: anything :func:`ragdefense.as_embedder` accepts
+            (``None``: the packaged all-MiniLM-L6-v2). An object comes configured.
+        params: For a named defense, its constructor's parameters over the preset's.
+
+    Unknown names and parameters raise ``TypeError`` / ``ValueError`` here, before any query.
+    """
+    if spec is None or isinstance(spec, str):
+        return _build(DEFAULT_DEFENSE if spec is None else spec, embedder, **params)
+    if not callable(getattr(spec, "defend", None)):
+        raise TypeError(
+            f"{type(spec).__name__} is not a defense (it has no defend(query, passages))"
+        )
+    if params or embedder is not None:
+        given = ", ".join([*(["embedder"] if embedder is not None else []), *params])
+        raise TypeError(
+            f"{given}: only a defense name takes parameters; an object comes configured"
+        )
+    return spec if isinstance(spec, Defense) else _Custom(spec)
+
+
+class _Custom:
+    """A user's object with only ``defend``, given the attributes every entry point reads
+    (its own where it has them, checked)."""
+
+    name: str
+    pool_factor: int
+    min_pool: int
+    min_passages: int
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+        self.name = str(getattr(obj, "name", None) or type(obj).__name__)
+        for attr, default, least in (
+            ("pool_factor", 2, 1),
+            ("min_pool", 0, 0),
+            ("min_passages", 1, 1),
+        ):
+            value = getattr(obj, attr, default)
+            if type(value) is not int or value < least:
+                raise TypeError(f"{self.name}.{attr} must be an int >= {least}, got {value!r}")
+            setattr(self, attr, value)
+
+    def defend(self, query: str, passages: Any) -> DefenseResult:
+        """The object's own ``defend``."""
+        result: DefenseResult = self.obj.defend(query, passages)
+        return result
+
+
+def _build(name: str, embedder: Any = None, **params: Any) -> Defense:
+    """The preset ``name`` with ``embedder`` and ``params`` (over the preset's own)."""
     p = preset(name)
     allowed = {q.name for q in parameters(p.cls, simple_only=False)}
     unknown = sorted(set(params) - allowed)
@@ -105,7 +163,8 @@ def build(name: str, embedder: Any = None, **params: Any) -> Any:
             f"{p.name} has no parameter {', '.join(map(repr, unknown))}; "
             f"its parameters: {', '.join(sorted(allowed))}"
         )
-    return p.cls(embedder=embedder, **{**p.params, **params})
+    built: Defense = p.cls(embedder=embedder, **{**p.params, **params})
+    return built
 
 
 @dataclass(frozen=True)

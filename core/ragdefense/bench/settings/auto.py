@@ -7,7 +7,7 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...defenses.registry import build
+from ...defenses import registry
 from ..report import cell, markdown_table
 from ..runner import CaseDefense, no_defense, on_case
 from .grada import run_realtimeqa_bench
@@ -20,12 +20,12 @@ def auto_variants() -> dict[str, CaseDefense]:
     """AutoDefense beside the filters it chooses between, and with each signal alone."""
 
     def auto(**params: Any) -> CaseDefense:
-        return on_case(build("auto", **params))
+        return on_case(registry.defense("auto", **params))
 
     return {
         "none": no_defense,
-        "ragdefender": on_case(build("ragdefender")),
-        "grada": on_case(build("grada")),
+        "ragdefender": on_case(registry.defense("ragdefender")),
+        "grada": on_case(registry.defense("grada")),
         "groups only (grada-peel)": auto(absorb=None, majority_tightness=None),
         "tight majority only": auto(peel=False),
         "groups + absorb": auto(majority_tightness=None),

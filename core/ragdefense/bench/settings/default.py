@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from ...attacks import ATTACKS
-from ...defenses.registry import DEFAULT_DEFENSE, build
+from ...defenses import registry
+from ...defenses.registry import DEFAULT_DEFENSE
 from ...embedders import as_embedder
 from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, demo_cases, suite_cases
 from ..datasets import load_qa
@@ -86,7 +87,7 @@ def default_cases(
 def _defenses(candidate: str, others: Sequence[str]) -> dict[str, CaseDefense]:
     out: dict[str, CaseDefense] = {"none": no_defense}
     for name in [*others, candidate]:
-        out[name] = on_case(build(name))
+        out[name] = on_case(registry.defense(name))
     return out
 
 

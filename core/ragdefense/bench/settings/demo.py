@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...defenses.registry import build
+from ...defenses import registry
 from ..cases import demo_cases
 from ..report import markdown_table
 from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize
@@ -18,7 +18,7 @@ def demo_table(embedder: Any = None, k: int = 8) -> tuple[list[dict[str, Any]], 
     cases = demo_cases(embedder, k)
     defenses: dict[str, CaseDefense] = {
         "none": no_defense,
-        "RAGDefender": on_case(build("ragdefender")),
+        "RAGDefender": on_case(registry.defense("ragdefender")),
         **{f"GRADA-{n}": d for n, d in grada_variants().items() if n != "none"},
     }
     rows = [{"defense": n} | summarize(run_cases(d, cases)) for n, d in defenses.items()]

@@ -8,7 +8,7 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ...defenses.registry import build
+from ...defenses import registry
 from ...embedders import as_embedder
 from ...similarity import BM25
 from ..cases import realtimeqa_cases
@@ -32,12 +32,14 @@ def grada_variants() -> dict[str, CaseDefense]:
     """The GRADA variants benchmarked (embeddings given, as a vector store would)."""
     return {
         "none": no_defense,
-        "ebd": on_case(build("grada-ebd")),
-        "bm25": on_case(build("grada-bm25")),
-        "hrsim": on_case(build("grada")),
-        "hrsim (authors' BM25 collection)": on_case(build("grada", bm25=BM25(corpus="pair"))),
-        "hrsim/ebd": on_case(build("grada-hrsim-ebd")),
-        "hrsim+peel": on_case(build("grada-peel")),
+        "ebd": on_case(registry.defense("grada-ebd")),
+        "bm25": on_case(registry.defense("grada-bm25")),
+        "hrsim": on_case(registry.defense("grada")),
+        "hrsim (authors' BM25 collection)": on_case(
+            registry.defense("grada", bm25=BM25(corpus="pair"))
+        ),
+        "hrsim/ebd": on_case(registry.defense("grada-hrsim-ebd")),
+        "hrsim+peel": on_case(registry.defense("grada-peel")),
     }
 
 

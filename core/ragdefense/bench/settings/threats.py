@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ...defenses.registry import build
+from ...defenses import registry
 from ...embedders import Embedder, as_embedder
 from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, retrieved_case
 from ..datasets import QARecord, load_qa
@@ -179,7 +179,7 @@ def _cases(
 
 
 def _defense(name: str, params: dict[str, Any]) -> CaseDefense:
-    return no_defense if name == "none" else on_case(build(name, **params))
+    return no_defense if name == "none" else on_case(registry.defense(name, **params))
 
 
 def threats_table(

@@ -6,31 +6,34 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, Literal
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
+from llama_index.core.embeddings.loading import load_embed_model
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from ragdefense import DefenseResult, LlamaIndexEmbedder, Passage
+from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration import (
     METADATA_KEY,
-    Defense,
-    adapter_defense,
+    AdapterCore,
+    adapter_params,
     check_items,
+    defense_field,
+    plain_params,
     removed_report,
     run_defense,
     tagged_metadata,
     verdict_metadata,
-    with_defense_fields,
 )
 
+from .embeddings import RagdefenseEmbedding
 from .vectors import stored_vectors
 
 __all__ = [
@@ -82,6 +85,8 @@ class DefensePostprocessor(BaseNodePostprocessor):
     nodes are reused; otherwise ``embed_model`` (e.g. the index's), else the packaged MiniLM.
     Emits the standard rerank start / end instrumentation events (and the callback manager's
     ``RERANKING`` event), and a :class:`DefenseRemovedEvent` for what was removed.
+    Serializes (``to_json`` / ``from_json``) when ``defense`` is a name and ``params`` plain
+    values; ``vector_store`` is not serialized.
     """
 
     defense: Any = Field(
@@ -89,30 +94,51 @@ class DefensePostprocessor(BaseNodePostprocessor):
         description="a name of ragdefense.defenses.registry ('ragdefender', 'grada', "
         "'grada-peel', 'auto', ...) or a core defense object",
     )
+    params: dict[str, Any] = Field(
+        default_factory=dict,
+        description="the named defense's parameters (e.g. {'trusted': ['docs.example.org']}); "
+        "an object comes configured",
+    )
     embed_model: BaseEmbedding | None = Field(default=None, description="embeddings to use")
     fail_open: bool = Field(default=False, description="pass nodes through if the defense fails")
     vector_store: Any = Field(
         default=None,
+        exclude=True,
         description="the store the nodes come from (e.g. index.vector_store): the vectors it "
         "holds are used for nodes that arrive without an embedding, instead of embedding them",
     )
-    _core: Defense | None = PrivateAttr(default=None)
+    _core: AdapterCore = PrivateAttr(default_factory=AdapterCore)
 
     @classmethod
     def class_name(cls) -> str:
         return cls.__name__
 
+    @field_validator("params", mode="after")
+    @classmethod
+    def _plain(cls, params: dict[str, Any]) -> dict[str, Any]:
+        return plain_params(params)
+
+    @field_validator("embed_model", mode="before")
+    @classmethod
+    def _loaded(cls, value: Any) -> Any:
+        """An embedding model as ``to_dict`` wrote it, loaded back (``from_json``)."""
+        if not isinstance(value, dict):
+            return value
+        if value.get("class_name") == RagdefenseEmbedding.class_name():
+            return RagdefenseEmbedding.from_dict(value)
+        return load_embed_model(value)
+
     def model_post_init(self, context: Any, /) -> None:
         """Build the core defense now, so that bad parameters fail at construction."""
         super().model_post_init(context)
-        embedder = LlamaIndexEmbedder(self.embed_model) if self.embed_model else None
-        self._core = adapter_defense(self, DefensePostprocessor, embedder)
+        _ = self.core
 
     @property
     def core(self) -> Defense:
-        """The core defense (keeps its embedding cache across queries)."""
-        assert self._core is not None  # built by model_post_init
-        return self._core
+        """The core defense for the current fields (built again when one changes; it keeps its
+        embedding cache across queries)."""
+        params = adapter_params(self, DefensePostprocessor)
+        return self._core.get(self.defense, params, self.embed_model, LlamaIndexEmbedder)
 
     def _run(self, nodes: list[NodeWithScore], query: str) -> DefenseResult | None:
         vectors: list[Any] = [n.node.embedding for n in nodes]
@@ -148,14 +174,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
                     estimates=report["estimates"],
                 )
             )
-        rerank = result.score_name == "pagerank"
-        out = []
-        for i in result.kept_indices:
-            v = result.verdicts[i]
-            out.append(
-                _tag(nodes[i], verdict_metadata(result, v), v.score if rerank else nodes[i].score)
+        return [
+            _tag(
+                nodes[i],
+                verdict_metadata(result, result.verdicts[i]),
+                result.verdicts[i].score if result.reranked else nodes[i].score,
             )
-        return out
+            for i in result.kept_indices
+        ]
 
     @staticmethod
     def _query(query_bundle: QueryBundle | None) -> str:
@@ -164,7 +190,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         return query_bundle.query_str
 
     def _name(self) -> str:
-        return str(getattr(self.core, "name", type(self.core).__name__))
+        return self.core.name
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
@@ -197,25 +223,74 @@ class DefensePostprocessor(BaseNodePostprocessor):
         return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
 
 
-class ConsensusPostprocessor(with_defense_fields(DefensePostprocessor, "consensus")):  # type: ignore[misc]
+def _field(defense: str, name: str) -> Any:
+    """A per-defense class's field: the core's default and description (a test holds the
+    declared types to the core's)."""
+    p = defense_field(defense, name)
+    return Field(default=p.default, description=p.description)
+
+
+def _fixed(name: str) -> Any:
+    return Field(default=name, frozen=True, description="the core defense")
+
+
+class ConsensusPostprocessor(DefensePostprocessor):
     """:class:`ragdefense.Consensus` (the default) as a node postprocessor; its fields are the
-    core's parameters (``trusted=`` goes through ``defend(index, trusted=...)`` or
-    ``DefensePostprocessor(defense=Consensus(trusted=...))``)."""
+    core's parameters (``trusted=`` through ``params={"trusted": ...}`` or
+    ``defend(index, trusted=...)``)."""
+
+    defense: Literal["consensus"] = _fixed("consensus")
+    tightness: float = _field("consensus", "tightness")
+    margin: float = _field("consensus", "margin")
+    min_group: int = _field("consensus", "min_group")
+    absorb: float | None = _field("consensus", "absorb")
+    voice: float | None = _field("consensus", "voice")
+    source_key: str | None = _field("consensus", "source_key")
+    anchor: float | None = _field("consensus", "anchor")
+    support: bool = _field("consensus", "support")
+    min_passages: int = _field("consensus", "min_passages")
 
 
-class RAGDefenderPostprocessor(with_defense_fields(DefensePostprocessor, "ragdefender")):  # type: ignore[misc]
+class RAGDefenderPostprocessor(DefensePostprocessor):
     """RAGDefender as a node postprocessor (see :class:`ragdefense.RAGDefender`); its fields are
     the core's parameters."""
 
+    defense: Literal["ragdefender"] = _fixed("ragdefender")
+    task_type: Literal["single_hop", "multi_hop", "auto"] = _field("ragdefender", "task_type")
+    p: float = _field("ragdefender", "p")
+    m: int = _field("ragdefender", "m")
+    min_passages: int = _field("ragdefender", "min_passages")
+    off_topic: float | None = _field("ragdefender", "off_topic")
 
-class GRADAPostprocessor(with_defense_fields(DefensePostprocessor, "grada")):  # type: ignore[misc]
+
+class GRADAPostprocessor(DefensePostprocessor):
     """GRADA as a node postprocessor: reranks and keeps the top ``n`` (``None``: half), the
     node score becoming its PageRank score; its fields are the core's parameters."""
 
+    defense: Literal["grada"] = _fixed("grada")
+    similarity: Literal["hrsim", "bm25", "ebd"] = _field("grada", "similarity")
+    hrsim_base: Literal["bm25", "ebd"] = _field("grada", "hrsim_base")
+    alpha: float = _field("grada", "alpha")
+    n: int | None = _field("grada", "n")
+    damping: float = _field("grada", "damping")
+    tol: float = _field("grada", "tol")
+    max_iter: int = _field("grada", "max_iter")
+    peel: bool = _field("grada", "peel")
+    peel_tightness: float = _field("grada", "peel_tightness")
+    peel_margin: float = _field("grada", "peel_margin")
 
-class AutoDefensePostprocessor(with_defense_fields(DefensePostprocessor, "auto")):  # type: ignore[misc]
+
+class AutoDefensePostprocessor(DefensePostprocessor):
     """:class:`ragdefense.AutoDefense` as a node postprocessor; its fields are the core's
     parameters."""
+
+    defense: Literal["auto"] = _fixed("auto")
+    n: int | None = _field("auto", "n")
+    peel_tightness: float = _field("auto", "peel_tightness")
+    peel_margin: float = _field("auto", "peel_margin")
+    absorb: float | None = _field("auto", "absorb")
+    majority_tightness: float | None = _field("auto", "majority_tightness")
+    peel: bool = _field("auto", "peel")
 
 
 def _with_document(node: NodeWithScore) -> Mapping[str, Any]:

@@ -16,6 +16,7 @@ from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextN
 
 from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
 
+from ._private import index_embed_model
 from .postprocessors import DefensePostprocessor
 from .vectors import index_nodes, store_kind, stored_vectors
 
@@ -23,8 +24,9 @@ __all__ = ["red_team"]
 
 
 def _embed_model(index: VectorStoreIndex) -> BaseEmbedding:
-    # VectorStoreIndex has no public accessor for the model it embeds with: read it here, once
-    model: BaseEmbedding = index._embed_model
+    model = index_embed_model(index)
+    if model is None:
+        raise TypeError(f"{type(index).__name__} holds no embedding model to copy it with")
     return model
 
 

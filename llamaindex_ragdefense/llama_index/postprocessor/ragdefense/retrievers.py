@@ -16,9 +16,15 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from ragdefense import LlamaIndexEmbedder
-from ragdefense.integration import fetched_pool, make_defense, pool_size, positive_int
+from ragdefense.integration import (
+    FETCH_ROUNDS,
+    fetched_enough,
+    fetched_pool,
+    pool_size,
+    positive_int,
+)
 
+from ._private import index_embed_model, retriever_index
 from .postprocessors import DefensePostprocessor
 
 __all__ = ["DefendedRetriever", "defend"]
@@ -41,6 +47,8 @@ class DefendedRetriever(BaseRetriever):
         fetch_k: Pool size asked of the retriever; ``None``: the defense's pool for ``k``
             (:func:`ragdefense.integration.pool_size`: ``2 * k`` for GRADA, ``k`` for
             RAGDefender, and at least what the defense needs to compare).
+        max_rounds: When the defense leaves fewer than ``k``, the pool doubles (up to this many
+            rounds) while the retriever has more: the same policy as the LangChain adapter's.
     """
 
     def __init__(
@@ -49,35 +57,53 @@ class DefendedRetriever(BaseRetriever):
         postprocessor: DefensePostprocessor,
         k: int | None = None,
         fetch_k: int | None = None,
+        max_rounds: int = FETCH_ROUNDS,
     ) -> None:
-        for label, value in (("k", k), ("fetch_k", fetch_k)):
+        for label, value in (("k", k), ("fetch_k", fetch_k), ("max_rounds", max_rounds)):
             if value is not None and positive_int(value) is None:
                 raise ValueError(f"{label} must be a positive int or None, got {value!r}")
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {retriever!r}")
         self.k = k if k is not None else _top_k(retriever)
         self.fetch_k = fetch_k or (pool_size(postprocessor.core, self.k) if self.k else None)
-        base = _top_k(retriever)
-        if base is not None and self.fetch_k and self.fetch_k != base:
-            retriever = copy.copy(retriever)
-            retriever.similarity_top_k = self.fetch_k  # type: ignore[attr-defined]
-        if self.fetch_k:
-            fetched_pool(postprocessor.core)  # fewer than its pool is all the index holds
+        self.max_rounds = max_rounds
         self.retriever = retriever
         self.postprocessor = postprocessor
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
 
-    def _cut(self, nodes: list[NodeWithScore]) -> list[NodeWithScore]:
-        return nodes[: self.k] if self.k else nodes
+    def _pool(self, fetch: int | None) -> BaseRetriever:
+        """The retriever asked for ``fetch`` nodes: a copy with ``similarity_top_k`` raised (the
+        caller's is never changed); one without that setting as it is."""
+        if fetch is None or _top_k(self.retriever) in (None, fetch):
+            return self.retriever
+        pool = copy.copy(self.retriever)
+        pool.similarity_top_k = fetch  # type: ignore[attr-defined]
+        return pool
+
+    def _first_fetch(self) -> int | None:
+        if self.fetch_k:
+            fetched_pool(self.postprocessor.core)  # fewer than its pool: all the index holds
+        return self.fetch_k if _top_k(self.retriever) is not None else None
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        pool = self.retriever.retrieve(query_bundle)
-        return self._cut(self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle))
+        fetch = self._first_fetch()
+        for _ in range(self.max_rounds):
+            pool = self._pool(fetch).retrieve(query_bundle)
+            kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
+            if fetched_enough(self.k, fetch, len(pool), len(kept)):
+                break
+            fetch = 2 * fetch if fetch else None
+        return kept[: self.k] if self.k else kept
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        pool = await self.retriever.aretrieve(query_bundle)
-        kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
-        return self._cut(kept)
+        fetch = self._first_fetch()
+        for _ in range(self.max_rounds):
+            pool = await self._pool(fetch).aretrieve(query_bundle)
+            kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
+            if fetched_enough(self.k, fetch, len(pool), len(kept)):
+                break
+            fetch = 2 * fetch if fetch else None
+        return kept[: self.k] if self.k else kept
 
 
 def defend(
@@ -96,28 +122,40 @@ def defend(
     Args:
         retriever: A LlamaIndex retriever, or a ``VectorStoreIndex`` (its ``as_retriever()``).
         defense: A name of :mod:`ragdefense.defenses.registry` (``None``: the default defense),
-            a core defense object, or a :class:`DefensePostprocessor`.
-        k, fetch_k: As :class:`DefendedRetriever`.
+            a core defense object, or a :class:`DefensePostprocessor` (configured already:
+            ``embed_model``, ``fail_open`` and ``params`` are then an error).
+        k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (no second fetch
+            when the defense removes some), else all kept. The retriever is asked for
+            ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`).
         embed_model: Embeddings for the defense; by default the index's own (vectors the index
             holds are reused, not recomputed), else the packaged all-MiniLM-L6-v2.
-        params: Parameters of the named defense.
+        params: Parameters of the named defense (e.g. ``trusted=``); unknown ones, or any
+            given with a defense object, are an error.
+
+    The same signature and fetch policy as the LangChain adapter's ``defend``.
     """
     store = None
     index: Any = retriever
     if isinstance(retriever, VectorStoreIndex):
         retriever = retriever.as_retriever()
     else:
-        index = getattr(retriever, "_index", None)
+        index = retriever_index(retriever)
     if isinstance(index, VectorStoreIndex):
         store = index.vector_store
-        if embed_model is None:
-            embed_model = getattr(index, "_embed_model", None)
+    rounds = FETCH_ROUNDS if k is not None else 1
     if isinstance(defense, DefensePostprocessor):
+        given = [n for n, v in (("embed_model", embed_model), ("fail_open", fail_open)) if v]
+        if params or given:
+            raise TypeError(
+                f"{', '.join([*given, *params])}: a postprocessor comes configured; set them on it"
+            )
         post = defense
     else:
-        embedder = LlamaIndexEmbedder(embed_model) if embed_model is not None else None
-        core = make_defense(defense, embedder, **params)
         post = DefensePostprocessor(
-            defense=core, embed_model=embed_model, fail_open=fail_open, vector_store=store
+            defense=defense,
+            params=params,
+            embed_model=embed_model or index_embed_model(index),
+            fail_open=fail_open,
+            vector_store=store,
         )
-    return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k)
+    return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k, max_rounds=rounds)

@@ -1,0 +1,22 @@
+"""Every read of a LlamaIndex internal the adapter needs, in one place: no public API gives
+these (checked against the versions we support by ``tests/test_llamaindex.py``, which fails
+loudly if one is renamed). Each returns ``None`` where the object does not hold it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.embeddings import BaseEmbedding
+
+__all__ = ["index_embed_model", "retriever_index"]
+
+
+def retriever_index(retriever: Any) -> Any:
+    """The index a retriever searches (``VectorIndexRetriever._index``)."""
+    return getattr(retriever, "_index", None)
+
+
+def index_embed_model(index: Any) -> BaseEmbedding | None:
+    """The model a ``VectorStoreIndex`` embeds with (``VectorStoreIndex._embed_model``)."""
+    model = getattr(index, "_embed_model", None)
+    return model if isinstance(model, BaseEmbedding) else None

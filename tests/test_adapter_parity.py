@@ -1,0 +1,131 @@
+"""The two framework adapters behave alike (#28): ``defend()`` takes the same arguments, refuses
+the same mistakes and fetches the same pools; a reranking defense's order survives a re-sort by
+score; the postprocessor that ``defend()`` builds serializes; the LlamaIndex internals the
+adapter reads still exist in the version installed."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.vectorstores import InMemoryVectorStore
+from llama_index.core import Document as LIDocument
+from llama_index.core import VectorStoreIndex
+from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+from langchain_ragdefense import DefenseCompressor, RagdefenseEmbeddings
+from langchain_ragdefense import defend as lc_defend
+from llama_index.postprocessor.ragdefense import (
+    AutoDefensePostprocessor,
+    DefensePostprocessor,
+    RagdefenseEmbedding,
+)
+from llama_index.postprocessor.ragdefense import defend as li_defend
+from ragdefense import GRADA, DefenseResult, Verdict
+from ragdefense.types import to_passages
+
+from .test_provenance_adapters import QUERY, TOPICS
+
+
+class EveryOther:
+    """A filter keeping every other passage, recording the pool it was handed each call."""
+
+    name = "every-other"
+    pool_factor = 1
+    min_pool = 0
+    min_passages = 1
+
+    def __init__(self) -> None:
+        self.pools: list[int] = []
+
+    def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult:
+        given = to_passages(passages)
+        self.pools.append(len(given))
+        verdicts = tuple(
+            Verdict(i, p, i % 2 == 0, 0.0, "kept" if i % 2 == 0 else "odd")
+            for i, p in enumerate(given)
+        )
+        return DefenseResult(self.name, query, verdicts, "none")
+
+
+@pytest.fixture
+def both(toy_embedder: Any) -> tuple[Any, Any]:
+    texts = TOPICS * 2
+    store = InMemoryVectorStore.from_documents(
+        [Document(t) for t in texts], RagdefenseEmbeddings(toy_embedder)
+    )
+    index = VectorStoreIndex.from_documents(
+        [LIDocument(text=t) for t in texts], embed_model=RagdefenseEmbedding(toy_embedder)
+    )
+    return store.as_retriever(), index.as_retriever()
+
+
+def test_the_same_fetch_policy(both: tuple[Any, Any]) -> None:
+    """A k the caller names: the pool doubles while the defense leaves fewer than k; the
+    framework's own k: one fetch, never more than it would return."""
+    lc_retriever, li_retriever = both
+    pools = []
+    for defend, retriever, call in (
+        (lc_defend, lc_retriever, lambda r: r.invoke(QUERY)),
+        (li_defend, li_retriever, lambda r: r.retrieve(QUERY)),
+    ):
+        named, own = EveryOther(), EveryOther()
+        assert len(call(defend(retriever, named, k=5))) == 5
+        call(defend(retriever, own))
+        pools.append((named.pools, len(own.pools)))
+    assert pools[0] == pools[1] == ([5, 10], 1), pools
+
+
+def test_the_same_mistakes_are_refused(both: tuple[Any, Any]) -> None:
+    lc_retriever, li_retriever = both
+    for defend, retriever, adapter in (
+        (lc_defend, lc_retriever, DefenseCompressor()),
+        (li_defend, li_retriever, DefensePostprocessor()),
+    ):
+        with pytest.raises(TypeError, match="no parameter 'bogus'"):
+            defend(retriever, "grada", bogus=1)
+        with pytest.raises(TypeError, match="only a defense name takes parameters"):
+            defend(retriever, GRADA(), n=3)
+        with pytest.raises(TypeError, match=r"fail_open: .* comes configured"):
+            defend(retriever, adapter, fail_open=True)
+        with pytest.raises(TypeError, match="not a defense"):
+            defend(retriever, 42)
+
+
+def test_a_reranking_defense_keeps_its_order_under_the_node_scores(toy_embedder: Any) -> None:
+    """AutoDefense deciding for GRADA reranks: the nodes come back with its scores, best first,
+    so anything sorting by score keeps its order (they kept the retriever's scores before)."""
+    scores = [0.8, 0.6, 0.7, 0.9, 0.55, 0.5, 0.65, 0.75, 0.4, 0.45]
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, id_=f"n{i}"), score=s)
+        for i, (t, s) in enumerate(zip(TOPICS, scores, strict=True))
+    ]
+    post = AutoDefensePostprocessor(embed_model=RagdefenseEmbedding(toy_embedder))
+    out = post.postprocess_nodes(nodes, query_bundle=QueryBundle(QUERY))
+    assert out and {n.node.metadata["ragdefense"]["score_name"] for n in out} == {"GRADA: pagerank"}
+    got = [n.score for n in out]
+    assert got == sorted(got, reverse=True) and got != [s for s in scores if s in got]
+    assert sorted(out, key=lambda n: -(n.score or 0)) == out
+
+
+def test_the_postprocessor_defend_builds_serializes(both: tuple[Any, Any]) -> None:
+    _, li_retriever = both
+    post = li_defend(li_retriever, "consensus", trusted={"docs.example.org"}).postprocessor
+    data = post.to_dict()
+    assert data["defense"] == "consensus" and "vector_store" not in data
+    back = DefensePostprocessor.from_json(post.to_json())
+    assert type(back.core).__name__ == "Consensus"
+    assert list(back.core.trusted) == back.params["trusted"] == ["docs.example.org"]
+
+
+def test_the_llamaindex_internals_the_adapter_reads_exist(both: tuple[Any, Any]) -> None:
+    """Each private read sits in ``_private.py``; if LlamaIndex renames one, this fails here
+    instead of the adapter silently re-embedding or losing the index's model."""
+    from llama_index.postprocessor.ragdefense._private import index_embed_model, retriever_index
+
+    _, li_retriever = both
+    index = retriever_index(li_retriever)
+    assert isinstance(index, VectorStoreIndex)
+    assert isinstance(index_embed_model(index), RagdefenseEmbedding)
