@@ -28,9 +28,9 @@ demo: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/ragdefense demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check $(DISTS) tests cookbook .ci
-	$(VENV)/bin/ruff format --check $(DISTS) tests cookbook .ci
-	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense
+	$(VENV)/bin/ruff check $(DISTS) benchmarks tests cookbook .ci
+	$(VENV)/bin/ruff format --check $(DISTS) benchmarks tests cookbook .ci
+	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense -p benchmarks
 	$(VENV)/bin/mypy cookbook/*.py
 
 test: $(STAMP) lint
@@ -43,14 +43,16 @@ test: $(STAMP) lint
 smoke: $(STAMP)
 	PYTHON=$(PYTHON) BUILD_PY=$(PY) bash .ci/smoke.sh
 
-# sdists and wheels of the three distributions, built in isolation and checked
+# sdists and wheels of the three distributions, built in isolation and checked; each wheel's size
+# and files are printed, and a wheel holding the harness (benchmarks/) or tests fails
 dist: $(STAMP)
 	rm -rf dist
 	for d in $(DISTS); do $(PY) -m build --outdir dist $$d || exit 1; done
 	$(VENV)/bin/twine check --strict dist/*
+	$(PY) .ci/wheels.py dist
 
 bench: $(STAMP)
-	$(OFFLINE) $(VENV)/bin/ragdefense bench ragdefender --data $${RAGDEFENSE_DATA:-../shared/data}
+	$(OFFLINE) $(VENV)/bin/python -m benchmarks ragdefender --data $${RAGDEFENSE_DATA:-../shared/data}
 
 clean:
 	rm -rf $(VENV) dist build .pytest_cache .mypy_cache .ruff_cache

@@ -1,20 +1,26 @@
 # %% [markdown]
 # # Benchmark: every retrieval-level defense on the built-in poisoned knowledge base
 #
-# `ragdefense bench demo` from Python, then a plot. The shared benchmark data (RAGDefender setting)
-# is used when present (`RAGDEFENSE_DATA` or `../../shared/data`), and skipped cleanly otherwise.
+# `python -m benchmarks demo` from Python, then a plot. The harness lives in the repository's
+# `benchmarks/` folder (it is not in the wheels): run this notebook from a checkout. The shared
+# benchmark data (RAGDefender setting) is used when present (`RAGDEFENSE_DATA` or
+# `../../shared/data`), and skipped cleanly otherwise.
 
 # %%
 # offline and quiet: every model is loaded from a pip package
+import sys
+from pathlib import Path
+
 from ragdefense.offline import offline
 
 offline()
+sys.path.insert(0, str(Path.cwd().parent))  # the repository root, where benchmarks/ lives
 
 # %%
 # %matplotlib inline
 import matplotlib.pyplot as plt
 
-from ragdefense.bench import demo_table
+from benchmarks import demo_table
 
 rows, table = demo_table()
 print(table)
@@ -30,9 +36,8 @@ plt.show()
 
 # %%
 import os
-from pathlib import Path
 
-from ragdefense.bench import data_dir, ragdefender_table
+from benchmarks import data_dir, ragdefender_table
 
 folder = data_dir(os.environ.get("RAGDEFENSE_DATA") or Path.cwd().parents[1] / "shared" / "data")
 if folder is None:

@@ -129,3 +129,24 @@ def test_the_llamaindex_internals_the_adapter_reads_exist(both: tuple[Any, Any])
     index = retriever_index(li_retriever)
     assert isinstance(index, VectorStoreIndex)
     assert isinstance(index_embed_model(index), RagdefenseEmbedding)
+
+
+def test_the_core_reaches_the_frameworks_through_their_entry_points(toy_embedder: Any) -> None:
+    """(#28) the audit and ``ragdefense attack --store`` reach a store through the adapter that
+    registered its framework (entry point ``ragdefense.frameworks``), never by importing it."""
+    from ragdefense.plugins import framework_of, frameworks
+
+    assert {f.name for f in frameworks()} == {"LangChain", "LlamaIndex"}
+    store = InMemoryVectorStore.from_documents(
+        [Document(t, id=str(i)) for i, t in enumerate(TOPICS)], RagdefenseEmbeddings(toy_embedder)
+    )
+    index = VectorStoreIndex.from_documents(
+        [LIDocument(text=t) for t in TOPICS], embed_model=RagdefenseEmbedding(toy_embedder)
+    )
+    assert framework_of(store).name == "LangChain" and framework_of(index).name == "LlamaIndex"
+    assert sorted(next(framework_of(store).corpus(store).batches(100)).texts) == sorted(TOPICS)
+    with pytest.raises(TypeError, match="no store of an installed framework adapter"):
+        framework_of(object())
+    missing = type("Index", (), {"__module__": "llama_index.core.other"})()
+    with pytest.raises(TypeError, match="pip install llama-index-postprocessor-ragdefense"):
+        framework_of(missing)

@@ -5,8 +5,8 @@ from pathlib import Path
 
 import pytest
 
+from benchmarks import DataError, load_poisonedrag
 from ragdefense.attacks import multi_answer, poisonedrag, prompt_injection
-from ragdefense.bench import DataError, load_poisonedrag
 
 
 def test_poisonedrag_format() -> None:

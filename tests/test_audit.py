@@ -454,7 +454,7 @@ def test_audit_is_exported_lazily() -> None:
 
 @pytest.mark.data
 def test_benchmark_corpus_is_deterministic_and_split(data_dir: Path) -> None:
-    from ragdefense.bench.settings.audit import TUNING_FAMILIES, audit_corpus
+    from benchmarks.settings.audit import TUNING_FAMILIES, audit_corpus
 
     kb = audit_corpus(data_dir)
     again = audit_corpus(data_dir)

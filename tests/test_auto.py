@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks.runner import resolve_defense
 from ragdefense import AutoDefense, DefenseInputError, DefenseResult, Embedder, Verdict
 from ragdefense import defense as make_defense
-from ragdefense.bench.runner import resolve_defense
 from ragdefense.types import to_passages
 
 from .test_grada import BENIGN, POISON, Q
@@ -136,7 +136,7 @@ def test_with_the_real_model_and_ragdefender(minilm: Embedder) -> None:
 @pytest.mark.slow
 @pytest.mark.data
 def test_auto_benchmark_smoke(data_dir: Path, minilm: Embedder) -> None:
-    from ragdefense.bench import auto_table
+    from benchmarks import auto_table
 
     if not (data_dir / "realtimeqa").is_dir():
         pytest.skip("no realtimeqa data")

@@ -6,8 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from ragdefense import DefenseResult, Passage, Verdict
-from ragdefense.bench import (
+from benchmarks import (
     Case,
     DataError,
     evaluate,
@@ -15,6 +14,8 @@ from ragdefense.bench import (
     ragdefender_table,
     summarize,
 )
+from benchmarks.cli import main as bench_main
+from ragdefense import DefenseResult, Passage, Verdict
 from ragdefense.cli import main
 
 
@@ -89,14 +90,14 @@ def test_loader_names_file_record_and_field(tmp_path: Path) -> None:
 
 
 def test_cli_bench_without_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
-    assert main(["bench", "ragdefender", "--data", str(tmp_path / "absent")]) == 2
+    assert bench_main(["ragdefender", "--data", str(tmp_path / "absent")]) == 2
     assert "no benchmark data" in capsys.readouterr().err
 
 
 def test_cli_bench_malformed_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "ragdefender").mkdir()
     (tmp_path / "ragdefender" / "nq.json").write_text(json.dumps({"not": "a list"}))
-    assert main(["bench", "ragdefender", "--data", str(tmp_path), "--datasets", "nq"]) == 2
+    assert bench_main(["ragdefender", "--data", str(tmp_path), "--datasets", "nq"]) == 2
     assert "expected a list of records" in capsys.readouterr().err
 
 
@@ -123,7 +124,7 @@ def test_ragdefender_benchmark_smoke(data_dir: Path, minilm: object) -> None:
 
 @pytest.mark.slow
 def test_demo_benchmark_table(minilm: object) -> None:
-    from ragdefense.bench import demo_table
+    from benchmarks import demo_table
 
     rows, table = demo_table(minilm)
     by = {r["defense"]: r for r in rows}
@@ -136,8 +137,8 @@ def test_demo_benchmark_table(minilm: object) -> None:
 @pytest.mark.slow
 @pytest.mark.data
 def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
+    from benchmarks.settings.default import HELD_OUT, TUNING, default_table
     from ragdefense.attacks import ATTACKS
-    from ragdefense.bench.settings.default import HELD_OUT, TUNING, default_table
 
     rows, table = default_table(data_dir, "grada", others=("ragdefender",), limit=2)
     assert {r["attack"] for r in rows} == set(ATTACKS) and not set(TUNING) & set(HELD_OUT)
@@ -161,7 +162,7 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
 @pytest.mark.slow
 @pytest.mark.data
 def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
-    from ragdefense.bench.settings.threats import threats_table
+    from benchmarks.settings.threats import threats_table
 
     rows, table = threats_table(data_dir, families=("poisonedrag", "no-prefix"), limit=3)
     assert "Choose your threat model" in table and "S=5 held out" in table

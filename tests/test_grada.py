@@ -228,7 +228,7 @@ def test_bad_arguments() -> None:
 @pytest.mark.slow
 @pytest.mark.data
 def test_grada_benchmark_smoke(data_dir: Path, minilm: Embedder) -> None:
-    from ragdefense.bench import grada_table
+    from benchmarks import grada_table
 
     if not (data_dir / "realtimeqa").is_dir():
         pytest.skip("no realtimeqa data")

@@ -1,6 +1,7 @@
-"""The core's layout: no import cycle (function-local imports included), no module over the size
-limit, a docstring on every module, the import paths of earlier releases still working, and a
-light ``import ragdefense``."""
+"""The repository's layout: no import cycle across the three distributions and the harness
+(function-local imports included), no arrow from the core to an adapter or from a distribution to
+the harness, no module over the size limit, a docstring on every module, and a light
+``import ragdefense``."""
 
 from __future__ import annotations
 
@@ -21,12 +22,23 @@ ADAPTERS = (
 MAX_LINES = 400
 
 
-def _modules() -> dict[str, Path]:
+#: each package of the repository: its import name -> its folder
+PACKAGES = {
+    "ragdefense": CORE,
+    "langchain_ragdefense": ADAPTERS[0],
+    "llama_index.postprocessor.ragdefense": ADAPTERS[1],
+    "benchmarks": ROOT / "benchmarks",
+}
+
+
+def _modules(packages: tuple[str, ...] = ("ragdefense",)) -> dict[str, Path]:
     out = {}
-    for path in sorted(CORE.rglob("*.py")):
-        parts = path.relative_to(CORE).with_suffix("").parts
-        name = ".".join(("ragdefense", *parts))
-        out[name.removesuffix(".__init__")] = path
+    for package in packages:
+        folder = PACKAGES[package]
+        for path in sorted(folder.rglob("*.py")):
+            parts = path.relative_to(folder).with_suffix("").parts
+            name = ".".join((package, *parts))
+            out[name.removesuffix(".__init__")] = path
     return out
 
 
@@ -35,7 +47,8 @@ def _is_type_checking(node: ast.If) -> bool:
 
 
 def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
-    """The core modules ``name`` imports at run time (anywhere in the file)."""
+    """The modules of ``modules`` that ``name`` imports at run time (anywhere in the file,
+    function-local imports included)."""
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     found: set[str] = set()
     tree = ast.parse(path.read_text(encoding="utf-8"))
@@ -59,9 +72,17 @@ def _imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
     return {m for m in found if m in modules and m != name}
 
 
-def test_no_import_cycle() -> None:
-    modules = _modules()
-    graph = {name: _imports(name, path, modules) for name, path in modules.items()}
+def _graph() -> dict[str, set[str]]:
+    modules = _modules(tuple(PACKAGES))
+    return {name: _imports(name, path, modules) for name, path in modules.items()}
+
+
+def _owner(module: str) -> str:
+    return next(p for p in PACKAGES if module == p or module.startswith(p + "."))
+
+
+def test_no_import_cycle_across_the_three_distributions_and_the_harness() -> None:
+    graph = _graph()
     state: dict[str, int] = {}  # 1: on the current path, 2: done
 
     def visit(node: str, path: list[str]) -> None:
@@ -77,11 +98,33 @@ def test_no_import_cycle() -> None:
     for name in graph:
         if name not in state:
             visit(name, [name])
-    assert graph["ragdefense.bench.cases"] >= {"ragdefense.data"}  # the walk sees local imports
+    assert graph["benchmarks.cases"] >= {"ragdefense.cases"}  # the walk sees every package
+    assert graph["ragdefense.auditing.corpus"] >= {"ragdefense.plugins"}  # and local imports
+
+
+def test_the_core_imports_no_adapter_and_no_library_imports_the_harness() -> None:
+    """(#28) the core reaches the frameworks through ``ragdefense.plugins`` (entry points), and
+    nothing shipped imports ``benchmarks``: the arrows go adapters -> core <- harness only."""
+    allowed = {
+        "ragdefense": {"ragdefense"},
+        "langchain_ragdefense": {"langchain_ragdefense", "ragdefense"},
+        "llama_index.postprocessor.ragdefense": {
+            "llama_index.postprocessor.ragdefense",
+            "ragdefense",
+        },
+        "benchmarks": set(PACKAGES),
+    }
+    wrong = sorted(
+        (name, target)
+        for name, targets in _graph().items()
+        for target in targets
+        if _owner(target) not in allowed[_owner(name)]
+    )
+    assert wrong == []
 
 
 def test_modules_are_small_and_say_their_job() -> None:
-    for name, path in _modules().items():
+    for name, path in _modules(tuple(PACKAGES)).items():
         text = path.read_text(encoding="utf-8")
         assert len(text.splitlines()) <= MAX_LINES, f"{name} is over {MAX_LINES} lines"
         assert ast.get_docstring(ast.parse(text)), f"{name} has no module docstring"
@@ -89,7 +132,6 @@ def test_modules_are_small_and_say_their_job() -> None:
 
 OLD_PATHS = {
     "ragdefense.robustrag": ("RobustRAG", "ragdefense.robustrag.engine"),
-    "ragdefense.bench": ("ragdefender_table", "ragdefense.bench.settings.ragdefender"),
     "ragdefense.embedders": ("cosine_matrix", "ragdefense.similarity"),
 }
 
@@ -102,10 +144,10 @@ def test_import_paths_of_earlier_releases_give_the_same_objects(old: str) -> Non
 
 
 def test_every_public_name_resolves() -> None:
+    import benchmarks
     import ragdefense
-    import ragdefense.bench
 
-    for module in (ragdefense, ragdefense.bench):
+    for module in (ragdefense, benchmarks):
         for name in module.__all__:
             assert getattr(module, name) is not None, name
     with pytest.raises(AttributeError):

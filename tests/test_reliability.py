@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from benchmarks.cli import main as bench_main
 from ragdefense.llm import CallableLLM, LangChainLLM
 from ragdefense.robustrag import RobustRAG
 
@@ -481,6 +482,13 @@ def test_the_same_raw_model_gets_the_same_wrapper_and_its_cache() -> None:
 # ---------------------------------------------------------------- 11. the command line
 
 
+def _main(argv: list[str]) -> int:
+    """``ragdefense ...``, or ``python -m benchmarks ...`` for ``["bench", ...]``."""
+    from ragdefense.cli import main
+
+    return bench_main(argv[1:]) if argv[0] == "bench" else main(argv)
+
+
 @pytest.mark.parametrize(
     "argv",
     [
@@ -496,10 +504,8 @@ def test_the_same_raw_model_gets_the_same_wrapper_and_its_cache() -> None:
     ],
 )
 def test_cli_rejects_bad_sizes_before_any_work(argv: list[str]) -> None:
-    from ragdefense.cli import main
-
     with pytest.raises(SystemExit) as exc:
-        main(argv)
+        _main(argv)
     assert exc.value.code == 2
 
 
@@ -517,10 +523,8 @@ def test_cli_rejects_bad_sizes_before_any_work(argv: list[str]) -> None:
 def test_cli_errors_are_one_line_exit_2_before_any_work(
     argv: list[str], message: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from ragdefense.cli import main
-
     t0 = time.monotonic()
-    assert main(argv) == 2
+    assert _main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1 and "Traceback" not in err
     assert time.monotonic() - t0 < 5  # nothing was loaded or run
@@ -531,14 +535,14 @@ def test_cli_checks_output_paths_first(tmp_path: Any, capsys: pytest.CaptureFixt
 
     taken = tmp_path / "results"
     taken.write_text("a file")
-    assert main(["bench", "demo", "--out", str(taken)]) == 2
+    assert bench_main(["demo", "--out", str(taken)]) == 2
     assert "a file is there" in capsys.readouterr().err
     assert main(["attack", "--json", str(tmp_path / "missing" / "r.json")]) == 2
     assert "existing folder" in capsys.readouterr().err
 
 
 def test_suite_errors_column_counts_each_defense_alone() -> None:
-    from ragdefense.bench.suite import suite_markdown
+    from benchmarks.suite import suite_markdown
 
     rows = [
         {"dataset": "d", "attack": "a", "poison": 1, "defense": "x", "queries": 2, "errors": 2},
@@ -666,7 +670,7 @@ def test_cli_refuses_what_it_cannot_do_before_any_work(
     ]:
         assert main(["audit", str(kb), "--workdir", str(tmp_path / "w"), *extra]) == 2
         assert message in capsys.readouterr().err
-    assert main(["bench", "suite", "--data", str(tmp_path / "nonexistent")]) == 2
+    assert bench_main(["suite", "--data", str(tmp_path / "nonexistent")]) == 2
     assert "no data folder" in capsys.readouterr().err
 
 

@@ -1,4 +1,5 @@
-"""The benchmark suite (`ragdefense bench suite`): attacks, loaders, user defenses, errors, jobs."""
+"""The benchmark suite (`python -m benchmarks suite`): attacks, loaders, user defenses, errors,
+jobs."""
 
 from __future__ import annotations
 
@@ -10,11 +11,11 @@ from typing import Any
 import numpy as np
 import pytest
 
+from benchmarks import CaseOutcome, DataError, summarize
+from benchmarks.cli import main as bench_main
+from benchmarks.datasets import QARecord, available_datasets, load_qa
+from benchmarks.suite import attack_passages, run_suite
 from ragdefense import CallableEmbedder, Passage
-from ragdefense.bench import CaseOutcome, DataError, summarize
-from ragdefense.bench.datasets import QARecord, available_datasets, load_qa
-from ragdefense.bench.suite import attack_passages, run_suite
-from ragdefense.cli import main
 
 from .conftest import bag_of_words
 
@@ -233,9 +234,8 @@ def test_bad_defense_or_attack_fails_before_any_work(data: Path) -> None:
 def test_cli_suite_on_fixture_data_with_a_user_defense(
     data: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    code = main(
+    code = bench_main(
         [
-            "bench",
             "suite",
             "--data",
             str(data),
@@ -255,15 +255,14 @@ def test_cli_suite_on_fixture_data_with_a_user_defense(
     assert code == 0 and "**ragdefender/nq · poisonedrag** (2 questions)" in out
     rows = json.loads((tmp_path / "o" / "suite.json").read_text())
     assert [r["poison_share"] for r in rows] == [pytest.approx(2 / 3), 0.0]
-    assert main(["bench", "suite", "--data", str(data), "--datasets", "nope"]) == 2
+    assert bench_main(["suite", "--data", str(data), "--datasets", "nope"]) == 2
 
 
 @pytest.mark.data
 def test_suite_smoke_on_the_shared_data(data_dir: Path, tmp_path: Path) -> None:
-    """`ragdefense bench suite --limit 10`: every dataset, attack and defense (~1 min)."""
+    """`python -m benchmarks suite --limit 10`: every dataset, attack and defense (~1 min)."""
     assert (
-        main(["bench", "suite", "--data", str(data_dir), "--limit", "10", "--out", str(tmp_path)])
-        == 0
+        bench_main(["suite", "--data", str(data_dir), "--limit", "10", "--out", str(tmp_path)]) == 0
     )
     rows = json.loads((tmp_path / "suite.json").read_text())
     datasets = {r["dataset"] for r in rows}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import time
 from typing import Any, TextIO
 
-from .bench.cases import Case, demo_cases
+from .cases import Case, demo_cases
 from .data import load_demo_kb
 from .defenses import registry
 from .defenses.registry import DEFAULT_DEFENSE

@@ -193,24 +193,22 @@ class FileCorpus:
 
 def as_corpus(knowledge_base: Any) -> Corpus:
     """Whatever an audit is given, as a :class:`Corpus`: a file path, a corpus, a list of
-    texts, a LangChain vector store or a LlamaIndex index (read by the adapters)."""
+    texts, a LangChain vector store or a LlamaIndex index (read by the adapters, through
+    :mod:`ragdefense.plugins`)."""
     if isinstance(knowledge_base, Corpus):
         return knowledge_base
     if isinstance(knowledge_base, (str, Path)):
         return FileCorpus(knowledge_base)
-    module = type(knowledge_base).__module__
-    if module.startswith("langchain"):
-        from langchain_ragdefense.vectors import store_corpus
-
-        corpus: Corpus = store_corpus(knowledge_base)
-        return corpus
-    if module.startswith("llama_index"):
-        from llama_index.postprocessor.ragdefense.vectors import index_corpus
-
-        found: Corpus = index_corpus(knowledge_base)
-        return found
     if isinstance(knowledge_base, Sequence) and all(isinstance(t, str) for t in knowledge_base):
         return ListCorpus(knowledge_base)
+    from ..plugins import framework_of
+
+    try:  # a framework's store, read by its adapter (registered as an entry point)
+        return framework_of(knowledge_base).corpus(knowledge_base)
+    except TypeError as exc:
+        if "pip install" in str(exc):
+            raise
+
     raise TypeError(
         f"cannot audit a {type(knowledge_base).__name__}: pass a .jsonl / .parquet file of "
         "{id, text}, a list of texts, a LangChain vector store or a LlamaIndex index"

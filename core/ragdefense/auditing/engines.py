@@ -38,7 +38,7 @@ class LocalEngine:
     workers = 1
 
     def map(self, step: Step, parts: Sequence[int], desc: str, progress: bool) -> int:
-        from ..bench.runner import progress_bar
+        from ..progress import progress_bar
 
         return sum(step(p) for p in progress_bar(list(parts), desc if progress else None))
 
@@ -89,7 +89,7 @@ class RayEngine:
     def map(self, step: Step, parts: Sequence[int], desc: str, progress: bool) -> int:
         import ray
 
-        from ..bench.runner import progress_bar
+        from ..progress import progress_bar
 
         if not parts:
             return 0

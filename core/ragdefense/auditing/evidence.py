@@ -28,7 +28,7 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Scoring:
-    """How evidence becomes a score (chosen on the tuning part of ``ragdefense bench audit``;
+    """How evidence becomes a score (chosen on the tuning part of ``python -m benchmarks audit``;
     README "Audit a knowledge base").
 
     The score is the *isolation* of the tightest small group around a chunk, read off its

@@ -19,7 +19,7 @@ retrieved set, in this order:
 
 The decision and its evidence are in ``estimates["regime"]`` and ``estimates["evidence"]``;
 each passage's verdict comes from the defense that decided it. Measured against each filter
-alone in the README (``ragdefense bench auto``).
+alone in the README (``python -m benchmarks auto``).
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class AutoDefense:
         majority_tightness: Least pairwise cosine within RAGDefender's flagged set for it to be
             trusted when no group stands above the rest (``None``: never; GRADA decides).
         peel: Look for coordinated groups at all (``False``: steps 2-3 only). The switches
-            exist for the ablation in ``ragdefense bench auto``.
+            exist for the ablation in ``python -m benchmarks auto``.
 
     Example:
         >>> result = AutoDefense().defend("who wrote Hamlet?", passages)  # doctest: +SKIP

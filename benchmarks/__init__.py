@@ -1,8 +1,10 @@
-"""Benchmarks, shared by ``ragdefense bench`` and the tests: data (:mod:`.datasets`), cases
-(:mod:`.cases`), running defenses on them (:mod:`.runner`), tables (:mod:`.report`), one module
-per benchmark setting (:mod:`.settings`) and the suite (:mod:`.suite`).
+"""The research harness that reproduces the README's tables from the shared data (not shipped:
+it lives in the repository, runs as ``python -m benchmarks <setting>`` or ``make bench``, and is
+tested): data (:mod:`.datasets`), cases (:mod:`.cases`), running defenses on them
+(:mod:`.runner`), tables (:mod:`.report`), one module per benchmark setting (:mod:`.settings`),
+the suite (:mod:`.suite`) and the command line (:mod:`.cli`).
 
-The names below are importable from ``ragdefense.bench`` (each loads its module on first use).
+The names below are importable from ``benchmarks`` (each loads its module on first use).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ __all__ = sorted(_WHERE)
 def __getattr__(name: str) -> Any:
     module = _WHERE.get(name)
     if module is None:
-        raise AttributeError(f"module 'ragdefense.bench' has no attribute {name!r}")
+        raise AttributeError(f"module 'benchmarks' has no attribute {name!r}")
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value
     return value

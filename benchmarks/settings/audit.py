@@ -1,5 +1,5 @@
-"""``ragdefense bench audit``: how well and how fast :func:`ragdefense.audit` finds planted poison
-in a whole knowledge base.
+"""``python -m benchmarks audit``: how well and how fast :func:`ragdefense.audit` finds planted
+poison in a whole knowledge base.
 
 Corpus: every benign passage of the shared data (RealtimeQA's web results, the RAGDefender
 bundles' gold passages; duplicates dropped), with poison planted for 100 target questions (25
@@ -25,8 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from ...attacks import ATTACKS, make_poison
-from ...auditing import ListCorpus, audit
+from ragdefense.attacks import ATTACKS, make_poison
+from ragdefense.auditing import ListCorpus, audit
+
 from ..datasets import load_qa
 from ..report import markdown_table
 
@@ -153,8 +154,8 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     """Scores of every chunk under the ablation's variants, from an audit's working folder:
     isolation only (the default), probe evidence only (flag rate), and both mixed 0.7 / 0.3."""
-    from ...auditing.evidence import Scoring, assess, score
-    from ...auditing.workdir import Workdir, part_texts
+    from ragdefense.auditing.evidence import Scoring, assess, score
+    from ragdefense.auditing.workdir import Workdir, part_texts
 
     wd = Workdir(workdir)
     ids = [i for p in range(len(wd.noted("part_sizes"))) for i in part_texts(wd, p)["ids"]]
@@ -172,8 +173,8 @@ def audit_quality(
     """Audit the benchmark corpus twice (derived probes; the target questions as query log),
     over vectors embedded once as a store holds them; the ablation of the score's evidence,
     each variant's threshold set at 1% of the tuning part's benign chunks."""
-    from ...auditing.evidence import Scoring
-    from ...embedders import default_embedder
+    from ragdefense.auditing.evidence import Scoring
+    from ragdefense.embedders import default_embedder
 
     kb = audit_corpus(folder)
     t0 = time.perf_counter()
@@ -246,7 +247,7 @@ def audit_scale(
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
-    from ...embedders import default_embedder
+    from ragdefense.embedders import default_embedder
 
     Path(workdir).mkdir(parents=True, exist_ok=True)
     kb = audit_corpus(folder)
@@ -272,7 +273,7 @@ def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
 def audit_table(
     folder: str | Path, scale: bool, out: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
-    """``ragdefense bench audit`` (quality) or ``audit-scale`` (speed); the working folders go
+    """``python -m benchmarks audit`` (quality) or ``audit-scale`` (speed); the working folders go
     under ``out`` (default: a temporary folder)."""
     import tempfile
 

@@ -1,4 +1,4 @@
-"""``ragdefense bench threats``: the "Choose your threat model" table: each way of running the
+"""``python -m benchmarks threats``: the "Choose your threat model" table: each way of running the
 default (text only, with sources, with trusted sources) and the ``"strict"`` mode, against
 clean retrieval, a minority of poison, and a poisoned majority with and without provenance.
 
@@ -16,8 +16,8 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
 * the curve: the same with the poison from S = 1, 2, 3, 5 hosts, and into the top 10.
 
 Trusted rows trust the two top-ranked web results (RealtimeQA) and the gold passages (the
-RAGDefender setting). Families: :data:`~ragdefense.bench.settings.default.TUNING` and
-:data:`~ragdefense.bench.settings.default.HELD_OUT`; cells show the tuning family
+RAGDefender setting). Families: :data:`~benchmarks.settings.default.TUNING` and
+:data:`~benchmarks.settings.default.HELD_OUT`; cells show the tuning family
 ``poisonedrag`` and the mean over the held-out ones.
 """
 
@@ -32,8 +32,9 @@ from typing import Any
 
 import numpy as np
 
-from ...defenses import registry
-from ...embedders import Embedder, as_embedder
+from ragdefense.defenses import registry
+from ragdefense.embedders import Embedder, as_embedder
+
 from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, retrieved_case
 from ..datasets import QARecord, load_qa
 from ..report import markdown_table

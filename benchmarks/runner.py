@@ -5,7 +5,6 @@ of its context, and their summary over many cases. A benchmark defense is any ca
 from __future__ import annotations
 
 import statistics
-import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
@@ -13,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from ..defenses import registry
-from ..defenses.registry import names
-from ..integration import import_object
-from ..types import DefenseResult, Passage, Verdict
+from ragdefense.defenses import registry
+from ragdefense.defenses.registry import names
+from ragdefense.integration import import_object
+from ragdefense.progress import progress_bar
+from ragdefense.types import DefenseResult, Passage, Verdict
+
 from .cases import Case
 
 __all__ = [
@@ -120,18 +121,6 @@ def run_cases(
     """Run ``defense`` on every case (timed, defense only), and evaluate; ``progress`` names a
     progress bar on stderr."""
     return [run_case(defense, c)[1] for c in progress_bar(cases, progress)]
-
-
-def progress_bar(items: Sequence[Any], desc: str | None, total: int | None = None) -> Any:
-    """``items`` wrapped in a tqdm progress bar on stderr (``desc=None`` or no tqdm: no bar)."""
-    if desc is None:
-        return items
-    try:
-        from tqdm.auto import tqdm
-    except ImportError:  # tqdm comes with the embeddings extra; the core runs without it
-        return items
-
-    return tqdm(items, desc=desc, total=total, leave=False, file=sys.stderr, mininterval=0.5)
 
 
 def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float]:

@@ -9,8 +9,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..data import QARecord
-from ..text import contains_answer, normalize
+from ragdefense.data import QARecord
+from ragdefense.text import contains_answer, normalize
 
 __all__ = [
     "BUNDLES",
@@ -191,7 +191,7 @@ def load_qa(folder: str | Path | None, dataset: str, limit: int | None = None) -
     ``poisonedrag/<name>`` (benign = the gold passages of the RAGDefender bundle with the same id
     when the folder has it, else one passage stating the correct answer, from a template)."""
     if dataset == "demo":
-        from ..data import load_demo_kb
+        from ragdefense.data import load_demo_kb
 
         return load_demo_kb()[:limit]
     if folder is None:

@@ -9,9 +9,10 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from ...attacks import poisonedrag
-from ...defenses.ragdefender import RAGDefender
-from ...embedders import CallableEmbedder, as_embedder
+from ragdefense.attacks import poisonedrag
+from ragdefense.defenses.ragdefender import RAGDefender
+from ragdefense.embedders import CallableEmbedder, as_embedder
+
 from ..cases import RAGDEFENDER_BASE, ragdefender_cases
 from ..datasets import load_ragdefender
 from ..report import cell, markdown_table

@@ -1,4 +1,4 @@
-"""``ragdefense bench default``: the targets a default defense must meet (the safe-default
+"""``python -m benchmarks default``: the targets a default defense must meet (the safe-default
 issue), measured for one candidate beside RAGDefender, GRADA and AutoDefense.
 
 Two settings, nine attack families (:data:`ragdefense.attacks.ATTACKS`):
@@ -26,10 +26,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from ...attacks import ATTACKS
-from ...defenses import registry
-from ...defenses.registry import DEFAULT_DEFENSE
-from ...embedders import as_embedder
+from ragdefense.attacks import ATTACKS
+from ragdefense.defenses import registry
+from ragdefense.defenses.registry import DEFAULT_DEFENSE
+from ragdefense.embedders import as_embedder
+
 from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, demo_cases, suite_cases
 from ..datasets import load_qa
 from ..report import cell, markdown_table

@@ -7,7 +7,8 @@ import os
 from collections.abc import Sequence
 from typing import Any
 
-from ...defenses import registry
+from ragdefense.defenses import registry
+
 from ..report import cell, markdown_table
 from ..runner import CaseDefense, no_defense, on_case
 from .grada import run_realtimeqa_bench

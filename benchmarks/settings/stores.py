@@ -13,7 +13,8 @@ import warnings
 from collections.abc import Callable
 from typing import Any
 
-from ...data import load_demo_kb
+from ragdefense.data import load_demo_kb
+
 from ..report import markdown_table
 
 __all__ = ["stores_table"]

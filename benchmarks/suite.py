@@ -1,4 +1,4 @@
-"""``ragdefense bench suite``: defenses side by side over datasets x attacks x poison counts.
+"""``python -m benchmarks suite``: defenses side by side over datasets x attacks x poison counts.
 
 For every question of a dataset, ``count`` poison passages written by an attack join the
 question's benign passages; the union is ranked by query similarity (the packaged MiniLM unless
@@ -34,13 +34,14 @@ from multiprocessing import get_context
 from pathlib import Path
 from typing import Any
 
-from ..attacks import ATTACKS, DEFAULT_ATTACKS
-from ..defenses.registry import names
-from ..embedders import as_embedder, default_embedder
-from ..llm import as_llm
-from ..robustrag import ISOLATED_PROMPT, RobustRAG
-from ..text import contains_answer
-from ..types import DefenseResult
+from ragdefense.attacks import ATTACKS, DEFAULT_ATTACKS
+from ragdefense.defenses.registry import names
+from ragdefense.embedders import as_embedder, default_embedder
+from ragdefense.llm import as_llm
+from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
+from ragdefense.text import contains_answer
+from ragdefense.types import DefenseResult
+
 from .cases import Case, attack_passages, suite_cases
 from .datasets import QARecord, available_datasets, load_qa
 from .report import cell, plot_rows, value

@@ -8,9 +8,10 @@ import statistics
 from collections.abc import Sequence
 from typing import Any
 
-from ...defenses import registry
-from ...embedders import as_embedder
-from ...similarity import BM25
+from ragdefense.defenses import registry
+from ragdefense.embedders import as_embedder
+from ragdefense.similarity import BM25
+
 from ..cases import realtimeqa_cases
 from ..datasets import load_realtimeqa
 from ..report import cell, markdown_table

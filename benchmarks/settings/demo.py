@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from ...defenses import registry
+from ragdefense.defenses import registry
+
 from ..cases import demo_cases
 from ..report import markdown_table
 from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize

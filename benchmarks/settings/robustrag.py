@@ -9,10 +9,11 @@ import statistics
 import time
 from typing import Any
 
-from ...embedders import as_embedder
-from ...llm import as_llm
-from ...robustrag import ISOLATED_PROMPT, RobustRAG
-from ...text import contains_answer
+from ragdefense.embedders import as_embedder
+from ragdefense.llm import as_llm
+from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
+from ragdefense.text import contains_answer
+
 from ..cases import realtimeqa_cases
 from ..datasets import load_realtimeqa
 from ..report import markdown_table

@@ -1,0 +1,77 @@
+"""How the core reaches a framework's stores without importing its adapter: each adapter
+distribution registers a :class:`Framework` under the entry-point group
+``ragdefense.frameworks`` (``langchain-ragdefense``: vector stores; the LlamaIndex one: indexes).
+The audit reads a store through it and ``ragdefense attack --store`` red-teams one; the core
+never names an adapter."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import lru_cache
+from importlib.metadata import entry_points
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    from .auditing.corpus import Corpus
+    from .redteam import AttackTarget, RedTeamReport
+
+__all__ = ["GROUP", "Framework", "framework_of", "frameworks"]
+
+#: the entry-point group the adapters register their :class:`Framework` under
+GROUP = "ragdefense.frameworks"
+
+#: what to install for objects of a framework whose adapter is missing (by top-level module)
+_ADAPTERS = {
+    "langchain": "langchain-ragdefense",
+    "langchain_core": "langchain-ragdefense",
+    "langchain_community": "langchain-ragdefense",
+    "langchain_chroma": "langchain-ragdefense",
+    "llama_index": "llama-index-postprocessor-ragdefense",
+}
+
+
+@runtime_checkable
+class Framework(Protocol):
+    """What an adapter does for the core with its framework's stores."""
+
+    name: str
+
+    def owns(self, obj: Any) -> bool:
+        """Whether ``obj`` is one of this framework's stores (a vector store, an index)."""
+        ...
+
+    def corpus(self, store: Any) -> Corpus:
+        """``store`` as a corpus for :func:`ragdefense.audit` (read in bounded batches)."""
+        ...
+
+    def red_team(
+        self, store: Any, targets: Sequence[AttackTarget], **options: Any
+    ) -> RedTeamReport:
+        """The adapter's ``red_team(store, targets, **options)``."""
+        ...
+
+
+@lru_cache(maxsize=1)
+def frameworks() -> tuple[Framework, ...]:
+    """The frameworks of the adapters installed (each entry point loaded once)."""
+    found = []
+    for point in sorted(entry_points(group=GROUP), key=lambda p: p.name):
+        plugin = point.load()
+        if not isinstance(plugin, Framework):
+            raise TypeError(f"entry point {point.name} = {point.value} is not a Framework")
+        found.append(plugin)
+    return tuple(found)
+
+
+def framework_of(obj: Any) -> Framework:
+    """The framework that owns ``obj``; ``TypeError`` naming the adapter to install when its
+    framework's adapter is missing, or that nothing knows the object."""
+    for framework in frameworks():
+        if framework.owns(obj):
+            return framework
+    top = type(obj).__module__.split(".")[0]
+    if top in _ADAPTERS:
+        raise TypeError(
+            f"{type(obj).__name__} is a {top} object: pip install {_ADAPTERS[top]} to use it here"
+        )
+    raise TypeError(f"{type(obj).__name__} is no store of an installed framework adapter")
