@@ -215,3 +215,28 @@ def test_a_store_that_cannot_be_copied_safely_is_refused(minilm: Any, tmp_path: 
     store = Remote(RagdefenseEmbeddings(minilm))
     with pytest.raises(TypeError, match="cannot copy a Remote safely: pass copy_store="):
         red_team(store, _targets())
+
+
+@pytest.mark.parametrize("kind", ["chroma", "faiss"])
+def test_the_langchain_store_internals_the_adapter_reads_exist(
+    kind: str, minilm: Any, tmp_path: Path
+) -> None:
+    """Each private read sits in ``langchain_ragdefense/_private.py``; if a store renames one,
+    this fails here instead of the red team or the audit failing in a user's hands."""
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from langchain_ragdefense._private import (
+        chroma_client,
+        chroma_collection,
+        faiss_documents,
+        faiss_normalizes,
+    )
+
+    store = _lc_store(kind, RagdefenseEmbeddings(minilm), tmp_path, TEXTS[:6])
+    if kind == "chroma":
+        assert chroma_collection(store).count() == 6
+        assert chroma_collection(store).name in {
+            c.name for c in chroma_client(store).list_collections()
+        }
+    else:
+        assert sorted(d.page_content for d in faiss_documents(store).values()) == sorted(TEXTS[:6])
+        assert isinstance(faiss_normalizes(store), bool)

@@ -16,6 +16,7 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
 
+from ._private import chroma_client, chroma_collection, faiss_documents, faiss_normalizes
 from .retrievers import defend
 from .vectors import store_kind
 
@@ -46,7 +47,7 @@ def _copy_chroma(store: Any) -> VectorStore:
     import chromadb
     from langchain_chroma import Chroma
 
-    source = store._collection  # langchain-chroma keeps its Chroma collection here
+    source = chroma_collection(store)
     client = chromadb.EphemeralClient()
     name = f"ragdefense-redteam-{uuid.uuid4().hex}"
     target = client.create_collection(name, metadata=source.metadata)
@@ -78,10 +79,10 @@ def _copy_faiss(store: Any) -> VectorStore:
     clone: VectorStore = type(store)(
         embedding_function=store.embedding_function,
         index=faiss.clone_index(store.index),
-        docstore=InMemoryDocstore(copy.deepcopy(store.docstore._dict)),
+        docstore=InMemoryDocstore(copy.deepcopy(faiss_documents(store))),
         index_to_docstore_id=dict(store.index_to_docstore_id),
         relevance_score_fn=store.override_relevance_score_fn,
-        normalize_L2=store._normalize_L2,
+        normalize_L2=faiss_normalizes(store),
         distance_strategy=store.distance_strategy,
     )
     return clone
@@ -97,7 +98,10 @@ def _shared_storage(store: Any, copied: Any) -> str | None:
     attribute the very same object)."""
     kind = store_kind(store)
     if kind == "chroma":
-        same = store_kind(copied) == "chroma" and copied._collection.id == store._collection.id
+        same = (
+            store_kind(copied) == "chroma"
+            and chroma_collection(copied).id == chroma_collection(store).id
+        )
         return "the same Chroma collection" if same else None
     mine_docs, their_docs = getattr(store, "docstore", None), getattr(copied, "docstore", None)
     inner = getattr(mine_docs, "_dict", None)
@@ -208,7 +212,7 @@ def _drop(copied: Any) -> None:
     client, where an app's own Chroma would otherwise list it."""
     if store_kind(copied) == "chroma":
         with contextlib.suppress(Exception):
-            copied._client.delete_collection(copied._collection.name)
+            chroma_client(copied).delete_collection(chroma_collection(copied).name)
 
 
 def _red_team(

@@ -18,6 +18,8 @@ from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 from ragdefense import integration
 from ragdefense.auditing import Batch
 
+from ._private import chroma_collection
+
 __all__ = ["StoreCorpus", "store_corpus", "store_kind", "stored_vectors"]
 
 # FAISS store -> (entries when built, docstore id -> index position): rebuilt only when it grows
@@ -80,7 +82,7 @@ class StoreCorpus:
         if kind is None:
             return type(store).__name__
         if kind == "chroma":
-            n = store._collection.count()  # langchain-chroma keeps its Chroma collection here
+            n = chroma_collection(store).count()
         else:
             n = len(store.store if kind == "inmemory" else store.index_to_docstore_id)
         return f"{type(store).__name__} {n}"
