@@ -13,7 +13,15 @@ import pytest
 
 import ragdefense
 from ragdefense import CallableEmbedder
-from ragdefense.auditing import FileCorpus, ListCorpus, Scoring, audit, derive_probes, read_queries
+from ragdefense.auditing import (
+    AuditSettings,
+    FileCorpus,
+    ListCorpus,
+    Scoring,
+    audit,
+    derive_probes,
+    read_queries,
+)
 from ragdefense.auditing.evidence import isolation
 from ragdefense.auditing.steps import EmbedStep
 from ragdefense.cli import main
@@ -339,6 +347,45 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
     log = tmp_path / "log.jsonl"
     log.write_text('{"question": "a b c?"}\n{"query": "d e f?"}\n')
     assert read_queries(log) == ["a b c?", "d e f?"]
+
+
+def test_audit_settings_are_checked_when_made() -> None:
+    cases: list[dict[str, Any]] = [{"top_m": 1}, {"neighbours": 0}, {"part_size": 0}]
+    for bad in cases:
+        with pytest.raises(ValueError, match="top_m must be >= 2, neighbours and part_size >= 1"):
+            AuditSettings(**bad)
+    with pytest.raises(ValueError, match="give at least one defense"):
+        AuditSettings(defenses=[])
+    with pytest.raises(ValueError, match="top_m"):
+        audit(["a b c"], AuditSettings(), top_m=1)  # an override is checked as well
+    assert ragdefense.AuditSettings is AuditSettings
+    assert AuditSettings() == AuditSettings(("ragdefender",), 10, None, 10, None, 512, "auto", 1000)
+
+
+def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_path: Path) -> None:
+    texts, ids, _ = toy_corpus()
+    by_keywords = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "k", part_size=32)
+    settings = AuditSettings(part_size=32)
+    by_settings = audit(ListCorpus(texts, ids), settings, embedder=toy, workdir=tmp_path / "s")
+    assert [(f.id, f.score, f.flagged) for f in by_settings.findings] == [
+        (f.id, f.score, f.flagged) for f in by_keywords.findings
+    ]
+    manifests = [json.loads((tmp_path / w / "manifest.json").read_text()) for w in "ks"]
+    assert manifests[0]["params"] == manifests[1]["params"]
+    assert list(manifests[0]["params"]) == [
+        "knowledge_base", "defenses", "top_m", "max_probes", "neighbours", "part_size",
+        "queries", "embedder", "index",
+    ]  # fmt: skip
+    assert manifests[0]["params"]["part_size"] == 32
+    overridden = audit(
+        ListCorpus(texts, ids), settings, embedder=toy, workdir=tmp_path / "o", top_m=5
+    )  # the keywords win over the object, which stays as it was
+    assert overridden.stats["top_m"] == 5 and settings.top_m == 10
+    assert json.loads((tmp_path / "o" / "manifest.json").read_text())["params"]["part_size"] == 32
+    with pytest.raises(TypeError, match=r"top_k.*the settings are defenses, top_m"):
+        audit(ListCorpus(texts, ids), embedder=toy, top_k=5)
+    with pytest.raises(TypeError, match="settings must be an AuditSettings"):
+        audit(ListCorpus(texts, ids), {"top_m": 5})  # type: ignore[arg-type]
 
 
 def test_query_log_probes(toy: CallableEmbedder, tmp_path: Path) -> None:

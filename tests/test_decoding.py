@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ragdefense.llm import CallableLLM
-from ragdefense.robustrag import RobustRAG
+from ragdefense.robustrag import RobustRAG, SecureDecoding
 
 VOCAB = ["<eos>", "I don't know", "Canberra", "Sydney", "Perth"]
 EOS, IDK, CAN, SYD, PER = range(5)
@@ -76,7 +76,7 @@ class FakeTokenLLM(CallableLLM):
 
 
 def rr(tables: dict[str, list[np.ndarray]], **kw: Any) -> RobustRAG:
-    return RobustRAG(llm=FakeTokenLLM(tables), aggregation="decoding", **kw)
+    return RobustRAG(llm=FakeTokenLLM(tables), aggregation=SecureDecoding(**kw))
 
 
 Q = "capital?"

@@ -27,6 +27,7 @@ from ragdefense import (
     RobustRAG,
 )
 from ragdefense.llm import CallableLLM
+from ragdefense.robustrag import KeywordAggregation
 
 from .conftest import bag_of_words
 
@@ -150,7 +151,12 @@ def _llm(behaviours: list[str]) -> CallableLLM:
 def test_robustrag_keeps_its_deadline_whatever_the_llm_does(
     nlp: Any, behaviours: list[str], texts: list[str], certify: int | None, use_async: bool
 ) -> None:
-    rr = RobustRAG(llm=_llm(behaviours), nlp=nlp, timeout=TIMEOUT, max_certify_calls=16)
+    rr = RobustRAG(
+        llm=_llm(behaviours),
+        aggregation=KeywordAggregation(max_certify_calls=16),
+        nlp=nlp,
+        timeout=TIMEOUT,
+    )
     passages = list(texts)
     t0 = time.monotonic()
     if use_async:

@@ -16,7 +16,7 @@ import pytest
 
 from benchmarks.cli import main as bench_main
 from ragdefense.llm import CallableLLM, LangChainLLM
-from ragdefense.robustrag import RobustRAG
+from ragdefense.robustrag import KeywordAggregation, MajorityVote, RobustRAG
 
 from .test_robustrag import Q, scripted
 
@@ -147,7 +147,9 @@ def test_abandoned_certification_still_returns_the_answer(nlp: Any) -> None:
 def test_the_call_budget_is_respected_and_said(nlp: Any) -> None:
     rr, result = _undecided(nlp)
     calls = rr.certify_calls(result, 1)
-    tight = RobustRAG(llm=rr.llm, nlp=nlp, max_certify_calls=calls - 1)
+    tight = RobustRAG(
+        llm=rr.llm, aggregation=KeywordAggregation(max_certify_calls=calls - 1), nlp=nlp
+    )
     assert tight.certify_calls(result, 1) == 0  # refused before any call
     c = tight.certify(result, 1).certificate
     assert c is not None and f"max_certify_calls={calls - 1}" in c.reason
@@ -743,7 +745,7 @@ def test_the_limits_the_readme_states_are_the_ones_the_command_prints(
         "LlamaIndexLLM(max_concurrency=)": r"(\d+) for a LangChain or LlamaIndex",
         "RobustRAG(timeout=)": r"RobustRAG\(timeout=(\d+)\)",
         "LLM backend timeout=": r"`timeout`, default (\d+) s",
-        "RobustRAG(max_certify_calls=)": None,
+        "KeywordAggregation(max_certify_calls=)": None,
     }
     assert set(said) <= set(printed)
     for setting, pattern in said.items():
@@ -893,7 +895,12 @@ def test_a_bad_prompt_template_fails_at_construction(
 ) -> None:
     """(#27 item 10) was: a KeyError at the first answer, after the isolated calls."""
     with pytest.raises(ValueError, match=rf"{label} cannot be filled.*\{{query\}}"):
-        RobustRAG(llm=str, nlp=nlp, **kwargs)
+        if label == "keyword_prompt":
+            KeywordAggregation(**kwargs)
+        elif label == "choice_prompt":
+            MajorityVote(**kwargs)
+        else:
+            RobustRAG(llm=str, nlp=nlp, **kwargs)
 
 
 def test_an_llm_without_deadline_shared_by_two_threads_and_pickled() -> None:

@@ -2,11 +2,12 @@ from __future__ import annotations
 
 import re
 import time
+from typing import Any
 
 import pytest
 
 from ragdefense.llm import CallableLLM, Generation, LangChainLLM, as_llm
-from ragdefense.robustrag import RobustRAG, is_abstention
+from ragdefense.robustrag import KeywordAggregation, RobustRAG, is_abstention
 from ragdefense.robustrag.keywords import extract_keywords
 
 Q = "What is the capital of Australia?"
@@ -174,7 +175,7 @@ def test_threshold_within_reach_is_not_certifiable(nlp) -> None:  # type: ignore
 def test_power_set_cap_is_reported(nlp) -> None:  # type: ignore[no-untyped-def]
     answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
     iso = {f"p{i}!": a for i, a in enumerate(answers)}
-    rr = RobustRAG(llm=scripted(iso), nlp=nlp, max_undecided=0)
+    rr = RobustRAG(llm=scripted(iso), aggregation=KeywordAggregation(max_undecided=0), nlp=nlp)
     c = rr.answer(Q, list(iso), certify=1).certificate
     assert c is not None and not c.certified and "enumeration cap 0" in c.reason
 
@@ -182,7 +183,7 @@ def test_power_set_cap_is_reported(nlp) -> None:  # type: ignore[no-untyped-def]
 def test_llm_call_budget_is_reported(nlp) -> None:  # type: ignore[no-untyped-def]
     answers = ["Canberra"] * 7 + ["Sydney"] * 2 + ["Perth"]
     iso = {f"p{i}!": a for i, a in enumerate(answers)}
-    rr = RobustRAG(llm=scripted(iso), nlp=nlp, max_certify_calls=1)
+    rr = RobustRAG(llm=scripted(iso), aggregation=KeywordAggregation(max_certify_calls=1), nlp=nlp)
     c = rr.answer(Q, list(iso), certify=1).certificate
     # undecided {Sydney, sydney}: 4 keyword sets > budget 1
     assert c is not None and not c.certified and "max_certify_calls=1" in c.reason
@@ -334,3 +335,46 @@ def test_a_huge_passage_does_not_silence_the_packaged_llm() -> None:
     r = RobustRAG(timeout=20).answer("What is the capital of Australia?", [huge, *small])
     assert sum(not x.abstained for x in r.responses) >= 2, [x.error for x in r.responses]
     assert "Canberra" in r.answer
+
+
+def test_each_aggregation_is_its_own_settings_reached_alike_by_both_adapters(nlp: Any) -> None:
+    """(#28) ``RobustRAG(llm, aggregation=KeywordAggregation(alpha=..., beta=...))``: settings
+    objects checked when made, holding no engine; the LangChain chain and the LlamaIndex
+    synthesizer take ``aggregation=`` or ``robust=`` the same way."""
+    import dataclasses
+
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.runnables import RunnableLambda
+    from llama_index.core.llms import MockLLM
+
+    from langchain_ragdefense import RobustRAGChain
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+    from ragdefense import MajorityVote
+
+    agg = KeywordAggregation(alpha=0.5, beta=2)
+    rr = RobustRAG(llm=str, aggregation=agg, nlp=nlp)
+    assert rr.aggregation is agg and rr.aggregation.threshold(10) == 2
+    assert not any(isinstance(v, RobustRAG) for v in vars(agg).values())  # no back-pointer
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        agg.alpha = 0.1  # type: ignore[misc]
+    with pytest.raises(ValueError, match="alpha"):
+        KeywordAggregation(alpha=2.0)
+    with pytest.raises(TypeError, match=r"keyword-only|positional"):
+        RobustRAG(str, "keyword", nlp)  # type: ignore[misc]
+
+    class Nothing(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Any]:
+            return []
+
+    configured = RobustRAG(llm=str, aggregation=MajorityVote(), nlp=nlp, timeout=7)
+    lc = RobustRAGChain.from_llm(RunnableLambda(str), Nothing(), aggregation=agg)
+    li = RobustRAGSynthesizer(llm=MockLLM(), aggregation=agg)
+    assert lc._robust is not None and lc._robust.aggregation is li.robust.aggregation is agg
+    lc = RobustRAGChain.from_llm(RunnableLambda(str), Nothing(), robust=configured)
+    li = RobustRAGSynthesizer(llm=MockLLM(), robust=configured)
+    assert lc._robust is not None
+    assert (lc._robust.timeout, li.robust.timeout, li.robust.aggregation.name) == (7, 7, "majority")
+    with pytest.raises(TypeError, match="not both"):
+        RobustRAGSynthesizer(llm=MockLLM(), aggregation="majority", robust=configured)
+    with pytest.raises(TypeError, match="not both"):
+        RobustRAGChain.from_llm(RunnableLambda(str), Nothing(), aggregation=agg, robust=configured)

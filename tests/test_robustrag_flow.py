@@ -46,8 +46,8 @@ def test_sync_and_async_give_the_same_answer_and_certificate(
     nlp: Any, make: Any, certify: int | None, attack: Any
 ) -> None:
     rr = make(nlp)
-    passages = [f"passage {i}" for i in range(5)] if rr.aggregation == "majority" else PASSAGES
-    choices = CHOICES if rr.aggregation == "majority" else None
+    passages = [f"passage {i}" for i in range(5)] if rr.aggregation.name == "majority" else PASSAGES
+    choices = CHOICES if rr.aggregation.name == "majority" else None
     kw = {"choices": choices, "certify": certify, "attack": attack, "gold": None}
     sync = rr.answer(Q, passages, **kw)
     asyn = asyncio.run(rr.aanswer(Q, passages, **kw))

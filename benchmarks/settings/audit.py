@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 
 from ragdefense.attacks import ATTACKS, make_poison
-from ragdefense.auditing import ListCorpus, audit
+from ragdefense.auditing import AuditSettings, ListCorpus, audit
 
 from ..datasets import load_qa
 from ..report import markdown_table
@@ -219,8 +219,8 @@ def _scale_run(
     corpus = ListCorpus(texts, [str(i) for i in range(n)], titles, vectors)
     del noisy, base
     t0 = time.perf_counter()
-    report = audit(corpus, max_probes=max_probes, workdir=Path(workdir) / f"{n}-{engine}-{workers}",
-                   fresh=True, engine=engine, workers=workers)  # fmt: skip
+    report = audit(corpus, AuditSettings(max_probes=max_probes), fresh=True, engine=engine,
+                   workdir=Path(workdir) / f"{n}-{engine}-{workers}", workers=workers)  # fmt: skip
     seconds = time.perf_counter() - t0
     stages = report.stats["stage_seconds"]
     return {

@@ -23,6 +23,7 @@ from ._version import __version__ as __version__
 # public name -> the module that defines it
 _EXPORTS = {
     "AuditReport": "auditing",
+    "AuditSettings": "auditing",
     "audit": "auditing",
     "AutoDefense": "defenses.auto",
     "Consensus": "defenses.consensus",
@@ -43,6 +44,9 @@ _EXPORTS = {
     "RedTeamReport": "redteam",
     "RobustAnswer": "robustrag.types",
     "RobustRAG": "robustrag.engine",
+    "KeywordAggregation": "robustrag.keyword_aggregation",
+    "MajorityVote": "robustrag.majority_vote",
+    "SecureDecoding": "robustrag.secure_decoding",
     "Defense": "types",
     "DefenseFailed": "types",
     "DefenseInputError": "types",
@@ -70,6 +74,7 @@ def __dir__() -> list[str]:
 
 if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .auditing import AuditReport as AuditReport
+    from .auditing import AuditSettings as AuditSettings
     from .auditing import audit as audit
     from .defenses.auto import AutoDefense as AutoDefense
     from .defenses.consensus import Consensus as Consensus
@@ -89,6 +94,9 @@ if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .redteam import InMemoryKnowledgeBase as InMemoryKnowledgeBase
     from .redteam import RedTeamReport as RedTeamReport
     from .robustrag.engine import RobustRAG as RobustRAG
+    from .robustrag.keyword_aggregation import KeywordAggregation as KeywordAggregation
+    from .robustrag.majority_vote import MajorityVote as MajorityVote
+    from .robustrag.secure_decoding import SecureDecoding as SecureDecoding
     from .robustrag.types import RobustAnswer as RobustAnswer
     from .types import Defense as Defense
     from .types import DefenseFailed as DefenseFailed

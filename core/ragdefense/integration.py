@@ -26,6 +26,7 @@ from .types import (
 
 if TYPE_CHECKING:
     from .defenses.registry import Parameter
+    from .robustrag import RobustRAG
 
 __all__ = [
     "FETCH_ROUNDS",
@@ -43,6 +44,7 @@ __all__ = [
     "pool_size",
     "positive_int",
     "removed_report",
+    "robust_engine",
     "run_defense",
     "stored_vectors",
     "tagged_metadata",
@@ -115,6 +117,26 @@ class AdapterCore:
                 self._core = front_door(defense, **params)
             self._key = key
         return self._core
+
+
+def robust_engine(robust: Any, aggregation: Any) -> RobustRAG:
+    """The RobustRAG engine behind an adapter's chain or synthesizer: ``robust`` (a configured
+    :class:`~ragdefense.RobustRAG`: its aggregation and settings; the adapter rebinds its LLM),
+    else one with ``aggregation`` (a name or an aggregation's settings). Both adapters take the
+    two the same way; giving both is an error."""
+    from .robustrag import RobustRAG as Engine
+
+    if robust is None:  # the adapter binds its framework's LLM (RobustRAG.with_llm)
+        return Engine(llm=_unbound, aggregation=aggregation)
+    if not isinstance(robust, Engine):
+        raise TypeError(f"robust must be a ragdefense.RobustRAG, got {type(robust).__name__}")
+    if aggregation != "keyword":
+        raise TypeError("give aggregation= or robust= (which holds its own aggregation), not both")
+    return robust
+
+
+def _unbound(prompt: str) -> str:
+    raise RuntimeError("an adapter's RobustRAG answers with the LLM the adapter binds")
 
 
 def plain_params(params: Mapping[str, Any]) -> dict[str, Any]:

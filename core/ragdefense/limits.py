@@ -18,7 +18,7 @@ def limits() -> list[tuple[str, Any, str]]:
     from .llm.base import CHARS_PER_TOKEN, CallableLLM, LangChainLLM, LlamaIndexLLM
     from .llm.huggingface import TransformersLLM
     from .robustrag.engine import RobustRAG
-    from .robustrag.keyword_aggregation import CERTIFY_BATCH
+    from .robustrag.keyword_aggregation import CERTIFY_BATCH, KeywordAggregation
     from .types import MAX_PASSAGES
 
     return [
@@ -30,8 +30,8 @@ def limits() -> list[tuple[str, Any, str]]:
         ),
         ("RobustRAG(timeout=)", _default(RobustRAG, "timeout"), "seconds for one answer/certify"),
         (
-            "RobustRAG(max_certify_calls=)",
-            _default(RobustRAG, "max_certify_calls"),
+            "KeywordAggregation(max_certify_calls=)",
+            KeywordAggregation().max_certify_calls,
             "LLM calls one certification may make (refused above, before any call)",
         ),
         (

@@ -3,7 +3,7 @@ with ``batch`` / ``abatch`` and ``max_concurrency``), secure aggregation in the 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForChainRun,
@@ -16,6 +16,7 @@ from langchain_core.runnables.config import patch_config
 from pydantic import ConfigDict, PrivateAttr
 
 from ragdefense import RobustAnswer, RobustRAG
+from ragdefense.integration import robust_engine
 from ragdefense.llm import LangChainLLM
 
 __all__ = ["RobustRAGChain"]
@@ -30,18 +31,32 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     threshold, certificate).
 
     Build it with :meth:`from_llm`.
+
+    Args:
+        llm: The chat model (or any Runnable) answering each passage in isolation.
+        retriever: Where the passages come from (in rank order).
+        aggregation: ``"keyword"`` / ``"majority"`` / ``"decoding"``, or an aggregation's
+            settings (``KeywordAggregation(alpha=0.3, beta=3)``, ``MajorityVote()``).
+        robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
+            prompts, passage budget; ``llm`` replaces its LLM): as the LlamaIndex synthesizer.
+        max_concurrency: Isolated calls in flight at once.
+        certify: k' to certify against (``None``: no certificate).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     llm: Runnable[Any, Any]
     retriever: BaseRetriever
-    aggregation: Literal["keyword", "majority"] = "keyword"
+    aggregation: Any = "keyword"
+    robust: RobustRAG | None = None
     max_concurrency: int = 8
     certify: int | None = None
-    alpha: float = 0.3
-    beta: float = 3
     _robust: RobustRAG | None = PrivateAttr(default=None)
+
+    def model_post_init(self, context: Any, /) -> None:
+        """Build the engine now, so that a bad aggregation fails at construction."""
+        super().model_post_init(context)
+        self._robust = robust_engine(self.robust, self.aggregation)
 
     @classmethod
     def from_llm(
@@ -52,7 +67,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 
     def _core(self, config: RunnableConfig) -> RobustRAG:
         if self._robust is None:
-            self._robust = RobustRAG(aggregation=self.aggregation, alpha=self.alpha, beta=self.beta)
+            self._robust = robust_engine(self.robust, self.aggregation)
         # shares the spaCy pipeline; the LLM is bound to this run's config
         return self._robust.with_llm(
             LangChainLLM(self.llm, self.max_concurrency, config=dict(config))

@@ -8,6 +8,9 @@ print(report)                                                # the most suspicio
 report.write("audit/", ["md", "json", "csv", "parquet", "png"])
 ```
 
+What it computes is an :class:`AuditSettings` (``audit(kb, AuditSettings(top_m=20))``, or the
+same fields as keywords: ``audit(kb, top_m=20)``).
+
 On one machine by default; ``engine="ray"`` runs the same steps on Ray Data.
 """
 
@@ -17,9 +20,11 @@ from .evidence import Scoring
 from .pipeline import audit
 from .probes import derive_probes
 from .report import AuditReport, Finding
+from .settings import AuditSettings
 
 __all__ = [
     "AuditReport",
+    "AuditSettings",
     "Batch",
     "Corpus",
     "Engine",

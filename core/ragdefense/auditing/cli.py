@@ -52,6 +52,7 @@ def _check(args: argparse.Namespace) -> None:
 def _cmd_audit(args: argparse.Namespace) -> int:
     from ..cliargs import UsageError, resolve
     from .pipeline import audit
+    from .settings import AuditSettings
 
     _check(args)
     source: Any = args.knowledge_base
@@ -64,12 +65,13 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         source = resolve(source, "knowledge base")
         source = source() if callable(source) else source
     try:
+        settings = AuditSettings(
+            defenses=args.defense or ["ragdefender"], top_m=args.top_m, max_probes=args.max_probes
+        )
         report = audit(
             source,
+            settings,
             queries=args.queries,
-            defenses=args.defense or ["ragdefender"],
-            top_m=args.top_m,
-            max_probes=args.max_probes,
             workdir=args.workdir,
             fresh=args.fresh,
             engine=args.engine,

@@ -18,17 +18,19 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterable, Sequence
-from dataclasses import asdict
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
-from .corpus import as_corpus, fingerprint, read_queries
+from .corpus import Corpus, as_corpus, fingerprint, read_queries
 from .engines import Engine, make_engine
 from .evidence import Scoring, assess, flag_examples, reasons, score
 from .probes import derive_probes
 from .report import AuditReport, Finding
+from .settings import AuditSettings
 from .steps import DefendStep, EmbedStep, SearchStep, unit
 from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
@@ -39,23 +41,17 @@ logger = logging.getLogger("ragdefense")
 
 def audit(
     knowledge_base: Any,
+    settings: AuditSettings | None = None,
     *,
     queries: str | Path | Iterable[str] | None = None,
-    defenses: Sequence[Any] = ("ragdefender",),
     embedder: Any = None,
-    top_m: int = 10,
-    max_probes: int | None = None,
-    neighbours: int = 10,
-    scoring: Scoring | None = None,
     workdir: str | Path | None = None,
     fresh: bool = False,
     engine: str | Engine = "local",
     address: str | None = None,
     workers: int | None = None,
-    part_size: int = 512,
-    index: str = "auto",
-    report_top: int = 1000,
     progress: bool = False,
+    **overrides: Any,
 ) -> AuditReport:
     """Audit a whole knowledge base for planted poison; never writes to it.
 
@@ -63,109 +59,119 @@ def audit(
         knowledge_base: A ``.jsonl`` / ``.parquet`` file of ``{id, text, title?, embedding?}``,
             a list of texts, a :class:`~ragdefense.auditing.corpus.Corpus`, a LangChain vector
             store or a LlamaIndex index (their stored vectors are reused).
+        settings: What to compute (:class:`~ragdefense.auditing.settings.AuditSettings`:
+            defenses, top_m, max_probes, neighbours, scoring, part_size, index, report_top);
+            default: ``AuditSettings()``.
         queries: The users' query log (a list, or a ``.txt`` / ``.jsonl`` / ``.json`` file);
             default: probes derived from the corpus (each chunk's title or first sentence).
-        defenses: Registry names or defense objects run on each probe's top ``top_m``; the
-            first one's flags score the chunks.
         embedder: For chunks without stored vectors and for the probes (default: the packaged
             MiniLM); must be the model the stored vectors were made with.
-        top_m: Chunks retrieved per probe.
-        max_probes: At most this many derived probes (a seeded sample).
-        neighbours: Nearest neighbours per chunk for the near-duplicate groups.
-        scoring: Weights and thresholds (:class:`~ragdefense.auditing.evidence.Scoring`).
         workdir: The working folder; give one to make the audit resumable (default: a
             temporary folder, removed afterwards).
         fresh: Clear ``workdir`` first instead of resuming.
         engine: ``"local"`` (this process) or ``"ray"`` (Ray Data; see ``address``,
             ``workers``).
-        part_size: Chunks / probes per part (the unit of work, of resuming and of memory).
-        index: ``"flat"`` (exact), ``"hnsw"`` (approximate, for millions of chunks) or
-            ``"auto"`` (flat up to 200,000 chunks per shard).
-        report_top: The report lists every suspicious chunk and at least this many of the
-            highest scores.
+        address: Ray: a running cluster (default ``$RAY_ADDRESS``, else a local instance).
+        workers: Ray: actors per step.
         progress: Show progress bars on stderr.
+        **overrides: Fields of :class:`~ragdefense.auditing.settings.AuditSettings` replacing
+            those of ``settings`` (``audit(kb, part_size=32)``); any other name is a
+            ``TypeError``.
     """
-    if top_m < 2 or neighbours < 1 or part_size < 1:
-        raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
-    if not defenses:
-        raise ValueError("give at least one defense")
-    scoring = scoring or Scoring()
-    if workdir is None:
-        with tempfile.TemporaryDirectory(prefix="ragdefense-audit-") as tmp:
-            return audit(
-                knowledge_base, queries=queries, defenses=defenses, embedder=embedder,
-                top_m=top_m, max_probes=max_probes, neighbours=neighbours, scoring=scoring,
-                workdir=tmp, engine=engine, address=address, workers=workers,
-                part_size=part_size, index=index, report_top=report_top, progress=progress,
-            )  # fmt: skip
-    started = time.perf_counter()
-    names = [d if isinstance(d, str) else type(d).__name__ for d in defenses]
-    query_list = None if queries is None else read_queries(queries)
-    corpus = as_corpus(knowledge_base)
-    wd = Workdir(workdir)
-    wd.start(
-        {
-            "knowledge_base": fingerprint(corpus),
-            "defenses": names,
-            "top_m": top_m,
-            "max_probes": max_probes,
-            "neighbours": neighbours,
-            "part_size": part_size,
-            "queries": None if query_list is None else len(query_list),
-            "embedder": None if embedder is None else repr(type(embedder)),
-            "index": index,
-        },
-        fresh=fresh,
+    chosen = _settings(settings, overrides)
+    folder: AbstractContextManager[str | Path] = (
+        tempfile.TemporaryDirectory(prefix="ragdefense-audit-")
+        if workdir is None
+        else nullcontext(workdir)
     )
-    runner = make_engine(engine, address, workers)
+    with folder as path:
+        options = _Options(queries, embedder, path, fresh, engine, address, workers, progress)
+        return _run(knowledge_base, chosen, options)
+
+
+def _settings(settings: AuditSettings | None, overrides: dict[str, Any]) -> AuditSettings:
+    """``settings`` (default ``AuditSettings()``) with ``overrides`` replacing its fields."""
+    if settings is not None and not isinstance(settings, AuditSettings):
+        raise TypeError(f"settings must be an AuditSettings, not a {type(settings).__name__}")
+    valid = [f.name for f in fields(AuditSettings)]
+    unknown = sorted(set(overrides) - set(valid))
+    if unknown:
+        raise TypeError(
+            f"audit() got unexpected keyword argument(s) {', '.join(unknown)}; the settings "
+            f"are {', '.join(valid)}"
+        )
+    return replace(AuditSettings() if settings is None else settings, **overrides)
+
+
+@dataclass(frozen=True)
+class _Options:
+    """Where and how an audit runs (:func:`audit`'s other arguments), the folder known."""
+
+    queries: str | Path | Iterable[str] | None
+    embedder: Any
+    workdir: str | Path
+    fresh: bool
+    engine: str | Engine
+    address: str | None
+    workers: int | None
+    progress: bool
+
+
+class _Resumable(Protocol):
+    """A step that writes one file per part."""
+
+    def __call__(self, part: int) -> int: ...
+
+    def output(self, part: int) -> str: ...
+
+
+@dataclass
+class _Job:
+    """An audit under way: what it computes, its inputs, its folder, where its steps run."""
+
+    settings: AuditSettings
+    options: _Options
+    names: list[str]
+    queries: list[str] | None
+    wd: Workdir
+    runner: Engine
+
+    def map(self, step: _Resumable, parts: int, desc: str) -> None:
+        """Run ``step`` on the parts (of ``parts``) whose file is not written yet."""
+        todo = [p for p in range(parts) if not self.wd.has(step.output(p))]
+        self.runner.map(step, todo, desc, self.options.progress)
+
+
+def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> AuditReport:
+    """The audit, in ``options.workdir``: each stage resumes from the files already there."""
+    started = time.perf_counter()
     stages: dict[str, float] = {}
 
     def lap(stage: str) -> None:
         stages[stage] = round(time.perf_counter() - started - sum(stages.values()), 2)
 
-    sizes = _ingest(wd, corpus, part_size)
+    job, corpus = _start(knowledge_base, settings, options)
+    sizes = _ingest(job.wd, corpus, settings.part_size)
     lap("read")
-    pending = [p for p in range(len(sizes)) if not wd.has(f"{part_name('chunks', p)}.npy")]
-    runner.map(EmbedStep(str(wd.path), "chunks", embedder), pending, "embed chunks", progress)
-    if wd.noted("dim") is None:
-        wd.note("dim", int(wd.read_array(f"{part_name('chunks', 0)}.npy").shape[1]) if sizes else 0)
+    _embed_chunks(job, sizes)
     lap("embed chunks")
-
-    n_probe_parts = _probes(wd, sizes, query_list, max_probes, part_size)
-    pending = [p for p in range(n_probe_parts) if not wd.has(f"{part_name('probes', p)}.npy")]
-    runner.map(EmbedStep(str(wd.path), "probes", embedder), pending, "embed probes", progress)
+    n_probe_parts = _probes(job.wd, sizes, job.queries, settings.max_probes, settings.part_size)
+    job.map(EmbedStep(str(job.wd.path), "probes", options.embedder), n_probe_parts, "embed probes")
     lap("probes")
-
-    probe_dim = int(wd.read_array(f"{part_name('probes', 0)}.npy").shape[1])
-    if probe_dim != wd.noted("dim"):
-        raise ValueError(
-            f"the stored vectors have {wd.noted('dim')} dimensions but the embedder gives "
-            f"{probe_dim}: pass embedder=, the model the knowledge base was embedded with"
-        )
-    n_shards = max(1, min(runner.workers, len(sizes)))
-    wd.note("shards", n_shards)
-    kind = index if index != "auto" else ("flat" if sum(sizes) / n_shards <= 200_000 else "hnsw")
-    for shard in range(n_shards):
-        for what, parts, k in (
-            ("probes", n_probe_parts, top_m),
-            ("chunks", len(sizes), neighbours + 1),
-        ):
-            step = SearchStep(str(wd.path), what, shard, n_shards, k, kind)
-            todo = [p for p in range(parts) if not wd.has(step.output(p))]
-            runner.map(step, todo, f"search {what} (shard {shard + 1}/{n_shards})", progress)
+    n_shards, kind = _search(job, sizes, n_probe_parts)
     lap("search")
-
-    defend = DefendStep(str(wd.path), list(defenses), n_shards, top_m, embedder)
-    todo = [p for p in range(n_probe_parts) if not wd.has(defend.output(p))]
-    runner.map(defend, todo, "defend", progress)
+    defend = DefendStep(
+        str(job.wd.path), list(settings.defenses), n_shards, settings.top_m, options.embedder
+    )
+    job.map(defend, n_probe_parts, "defend")
     lap("defend")
-
-    report = _report(wd, sizes, names, scoring, report_top)
+    report = _report(job.wd, sizes, job.names, settings.scoring or Scoring(), settings.report_top)
     lap("report")
+    engine = options.engine
     report.stats.update(
-        top_m=top_m,
-        defenses=names,
-        probe_source="query log" if query_list is not None else "derived from the corpus",
+        top_m=settings.top_m,
+        defenses=job.names,
+        probe_source="query log" if job.queries is not None else "derived from the corpus",
         engine=engine if isinstance(engine, str) else type(engine).__name__,
         shards=n_shards,
         index=kind,
@@ -173,6 +179,64 @@ def audit(
         stage_seconds=stages,
     )
     return report
+
+
+def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> tuple[_Job, Corpus]:
+    """Read the inputs, record the parameters in the folder (checked against those recorded
+    there on a restart), start the engine."""
+    names = [d if isinstance(d, str) else type(d).__name__ for d in settings.defenses]
+    queries = None if options.queries is None else read_queries(options.queries)
+    corpus = as_corpus(knowledge_base)
+    wd = Workdir(options.workdir)
+    embedder = options.embedder
+    wd.start(
+        {
+            "knowledge_base": fingerprint(corpus),
+            "defenses": names,
+            "top_m": settings.top_m,
+            "max_probes": settings.max_probes,
+            "neighbours": settings.neighbours,
+            "part_size": settings.part_size,
+            "queries": None if queries is None else len(queries),
+            "embedder": None if embedder is None else repr(type(embedder)),
+            "index": settings.index,
+        },
+        fresh=options.fresh,
+    )
+    runner = make_engine(options.engine, options.address, options.workers)
+    return _Job(settings, options, names, queries, wd, runner), corpus
+
+
+def _embed_chunks(job: _Job, sizes: list[int]) -> None:
+    """Embed the chunk parts without stored vectors; note the vectors' dimension."""
+    wd = job.wd
+    job.map(EmbedStep(str(wd.path), "chunks", job.options.embedder), len(sizes), "embed chunks")
+    if wd.noted("dim") is None:
+        wd.note("dim", int(wd.read_array(f"{part_name('chunks', 0)}.npy").shape[1]) if sizes else 0)
+
+
+def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
+    """Search every probe and every chunk in each shard of the index; (shards, index kind)."""
+    wd, settings = job.wd, job.settings
+    probe_dim = int(wd.read_array(f"{part_name('probes', 0)}.npy").shape[1])
+    if probe_dim != wd.noted("dim"):
+        raise ValueError(
+            f"the stored vectors have {wd.noted('dim')} dimensions but the embedder gives "
+            f"{probe_dim}: pass embedder=, the model the knowledge base was embedded with"
+        )
+    n_shards = max(1, min(job.runner.workers, len(sizes)))
+    wd.note("shards", n_shards)
+    kind = settings.index
+    if kind == "auto":
+        kind = "flat" if sum(sizes) / n_shards <= 200_000 else "hnsw"
+    for shard in range(n_shards):
+        for what, parts, k in (
+            ("probes", n_probe_parts, settings.top_m),
+            ("chunks", len(sizes), settings.neighbours + 1),
+        ):
+            step = SearchStep(str(wd.path), what, shard, n_shards, k, kind)
+            job.map(step, parts, f"search {what} (shard {shard + 1}/{n_shards})")
+    return n_shards, kind
 
 
 def _digest(ids: Sequence[str], texts: Sequence[str]) -> str:

@@ -58,6 +58,10 @@ class EmbedStep:
     kind: str
     embedder: Any = None
 
+    def output(self, part: int) -> str:
+        """The file this step writes for ``part``."""
+        return f"{part_name(self.kind, part)}.npy"
+
     def __call__(self, part: int) -> int:
         wd = Workdir(self.workdir)
         name = part_name(self.kind, part)

@@ -22,29 +22,42 @@ from typing import Any, Literal, Protocol
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
 from .checks import check_attack, check_certify, check_installed, check_templates
-from .flow import Flow, Progress, adrive, drive, local
+from .flow import Flow, Progress, Runtime, adrive, drive, local
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
 from .majority_vote import MajorityVote
 from .secure_decoding import SecureDecoding
-from .types import (
-    IDK,
-    ISOLATED_PROMPT,
-    KEYWORD_PROMPT,
-    MULTIPLE_CHOICE_PROMPT,
-    NO_RETRIEVAL_PROMPT,
-    Attack,
-    Certificate,
-    RobustAnswer,
-)
+from .types import IDK, ISOLATED_PROMPT, Attack, Certificate, RobustAnswer
 
-__all__ = ["RobustRAG"]
+__all__ = ["Aggregation", "RobustRAG"]
 
 
 class Aggregation(Protocol):
-    """What an aggregation module provides: the answer and certificate flows, and the cost."""
+    """An aggregation's settings (:class:`KeywordAggregation`, :class:`MajorityVote`,
+    :class:`SecureDecoding`): its name, whether its work runs in this process, and the algorithm
+    bound to one call's :class:`~ragdefense.robustrag.flow.Runtime`."""
 
-    local: bool  # its work runs in this process (async callers run it in a thread)
+    @property
+    def name(self) -> Literal["keyword", "majority", "decoding"]:
+        """``"keyword"``, ``"majority"`` or ``"decoding"``."""
+        ...
+
+    @property
+    def local(self) -> bool:
+        """Its work runs in this process (async callers run it in a thread)."""
+        ...
+
+    def bind(self, run: Runtime) -> Strategy:
+        """The algorithm for one call."""
+        ...
+
+
+class Strategy(Protocol):
+    """An aggregation bound to one call: prompts, the answer and certificate flows, the cost."""
+
+    def prompts(
+        self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
+    ) -> list[str]: ...
 
     def answer(
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
@@ -62,7 +75,8 @@ class Aggregation(Protocol):
     def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int: ...
 
 
-_AGGREGATIONS: dict[str, Callable[[RobustRAG], Aggregation]] = {
+#: the aggregations by name, with their default settings
+AGGREGATIONS: dict[str, Callable[[], Aggregation]] = {
     "keyword": KeywordAggregation,
     "majority": MajorityVote,
     "decoding": SecureDecoding,
@@ -74,27 +88,20 @@ class RobustRAG:
 
     Args:
         llm: Any LLM :func:`ragdefense.llm.as_llm` accepts (``None``: the packaged SmolLM2).
-        aggregation: ``"keyword"`` (free-form answers) or ``"majority"`` (multiple choice).
-        alpha, beta: Keyword threshold ``mu = min(alpha * n, beta)`` (paper: 0.3 and 3 for QA).
+        aggregation: The aggregation and its own settings: :class:`KeywordAggregation`
+            (free-form answers; ``alpha``, ``beta``, certification caps, its prompt),
+            :class:`MajorityVote` (multiple choice) or :class:`SecureDecoding` (next-token
+            probabilities); or the name of one with its defaults (``"keyword"``,
+            ``"majority"``, ``"decoding"``).
         nlp: A spaCy pipeline (default: ``en_core_web_sm`` if installed, else the packaged one).
         max_new_tokens: Answer length cap.
-        max_undecided: Certification enumerates the subsets of at most this many undecided
-            keywords (paper: 15); beyond it the answer is reported as not certifiable.
-        max_certify_calls: Certification asks the LLM once per possible keyword set; above this
-            many it stops and reports the answer as not certifiable (2^15 calls is hours on a
-            CPU).
-        gamma: Decoding: contexts whose probability of answering "I don't know" is >= gamma
-            are dropped (paper: 0.99).
-        eta: Decoding: the averaged top-1 is used when it leads the top-2 by more than eta,
-            else the no-retrieval token (paper: 0 for short QA).
-        max_certify_responses: Decoding certification explores at most this many responses.
         timeout: Seconds one call of :meth:`answer` / :meth:`certify` may spend waiting for the
             LLM, all its batches together (``None``: no limit). Isolated calls still unanswered
             then are abstentions (reported as timed out); a certification cut short is reported
             as not certified, with the answer. Secure decoding runs locally and is bounded by
             ``max_new_tokens`` and ``max_certify_responses`` instead.
-        isolated_prompt, keyword_prompt, choice_prompt: Prompt templates (``{context}``,
-            ``{query}``, ``{keywords}``, ``{choices}``, ``{letters}``); checked at construction.
+        isolated_prompt: The isolated answer's template (``{context}``, ``{query}``); checked
+            at construction (each aggregation checks its own).
         max_passage_chars: Each passage is cut to this many characters (at a word) before it
             is put in a prompt: a model's deadline is checked between tokens, not while it
             reads its prompt, so one huge passage would otherwise hold every answer past it
@@ -106,62 +113,41 @@ class RobustRAG:
     def __init__(
         self,
         llm: Any = None,
-        aggregation: Literal["keyword", "majority", "decoding"] = "keyword",
-        alpha: float = 0.3,
-        beta: float = 3,
+        aggregation: Aggregation | Literal["keyword", "majority", "decoding"] = "keyword",
+        *,
         nlp: Any = None,
         max_new_tokens: int = 20,
-        max_undecided: int = 15,
-        max_certify_calls: int = 256,
-        gamma: float = 0.99,
-        eta: float = 0.0,
-        max_certify_responses: int = 64,
         timeout: float | None = 300.0,
         isolated_prompt: str = ISOLATED_PROMPT,
-        no_retrieval_prompt: str = NO_RETRIEVAL_PROMPT,
-        keyword_prompt: str = KEYWORD_PROMPT,
-        choice_prompt: str = MULTIPLE_CHOICE_PROMPT,
         max_passage_chars: int | None = 1500,
     ) -> None:
-        if aggregation not in ("keyword", "majority", "decoding"):
-            raise ValueError(
-                f"aggregation must be 'keyword', 'majority' or 'decoding', got {aggregation!r}"
+        if isinstance(aggregation, str):
+            if aggregation not in AGGREGATIONS:
+                raise ValueError(
+                    "aggregation must be KeywordAggregation(...), MajorityVote(...), "
+                    f"SecureDecoding(...) or one's name ({', '.join(AGGREGATIONS)}), "
+                    f"got {aggregation!r}"
+                )
+            aggregation = AGGREGATIONS[aggregation]()
+        elif not isinstance(aggregation, (KeywordAggregation, MajorityVote, SecureDecoding)):
+            raise TypeError(
+                f"aggregation must be an aggregation's settings or name, got {aggregation!r}"
             )
-        if not 0 <= alpha <= 1 or beta <= 0:
-            raise ValueError(f"need 0 <= alpha <= 1 and beta > 0, got {alpha}, {beta}")
-        if max_new_tokens < 1 or max_certify_calls < 0 or max_undecided < 0:
-            raise ValueError(
-                "max_new_tokens must be >= 1, max_certify_calls and max_undecided >= 0"
-            )
+        if max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if timeout is not None and not timeout > 0:
             raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
         if max_passage_chars is not None and max_passage_chars < 1:
             raise ValueError(f"max_passage_chars must be >= 1 (or None), got {max_passage_chars}")
-        check_templates(
-            isolated_prompt=(isolated_prompt, ("context", "query")),
-            no_retrieval_prompt=(no_retrieval_prompt, ("query",)),
-            keyword_prompt=(keyword_prompt, ("keywords", "query")),
-            choice_prompt=(choice_prompt, ("context", "query", "choices", "letters")),
-        )
+        check_templates(isolated_prompt=(isolated_prompt, ("context", "query")))
+        self.aggregation: Aggregation = aggregation
         self.max_passage_chars = max_passage_chars
         self._llm = llm
-        self.aggregation: Literal["keyword", "majority", "decoding"] = aggregation
-        self.alpha = alpha
-        self.beta = beta
         self._nlp = nlp
         self.max_new_tokens = max_new_tokens
-        self.max_undecided = max_undecided
-        self.max_certify_calls = max_certify_calls
-        self.gamma = gamma
-        self.eta = eta
-        self.max_certify_responses = max_certify_responses
         self.timeout = timeout
-        self.no_retrieval_prompt = no_retrieval_prompt
         self.isolated_prompt = isolated_prompt
-        self.keyword_prompt = keyword_prompt
-        self.choice_prompt = choice_prompt
-        self._strategy: Aggregation = _AGGREGATIONS[aggregation](self)
-        check_installed(llm, aggregation, nlp)
+        check_installed(llm, aggregation.name, nlp)
 
     @property
     def llm(self) -> LLM:
@@ -182,7 +168,6 @@ class RobustRAG:
         accepts); settings and the loaded spaCy pipeline are shared, ``self`` is unchanged."""
         other = copy.copy(self)
         other._llm = llm
-        other._strategy = _AGGREGATIONS[self.aggregation](other)
         return other
 
     # ------------------------------------------------------------------ prompts
@@ -191,9 +176,19 @@ class RobustRAG:
         self, query: str, passages: Sequence[Passage], choices: Sequence[str] | None = None
     ) -> list[str]:
         """One prompt per passage (the passage alone as context)."""
-        if self.aggregation == "majority":
-            return MajorityVote(self).prompts(query, passages, choices)
-        return [self.isolated_prompt.format(context=self.context(p), query=query) for p in passages]
+        return self._bound().prompts(query, passages, choices)
+
+    def _bound(self) -> Strategy:
+        """The aggregation for one call, handed what it uses of this engine (no back-pointer)."""
+        run = Runtime(
+            load_llm=lambda: self.llm,
+            load_nlp=lambda: self.nlp,
+            isolated_prompt=self.isolated_prompt,
+            context=self.context,
+            max_new_tokens=self.max_new_tokens,
+            timeout=self.timeout,
+        )
+        return self.aggregation.bind(run)
 
     def context(self, passage: Passage) -> str:
         """The passage's text as a prompt holds it: cut to ``max_passage_chars`` at a word."""
@@ -202,14 +197,6 @@ class RobustRAG:
             return text
         cut = text[:cap]
         return (cut.rsplit(" ", 1)[0] if " " in cut[cap // 2 :] else cut) + " …"
-
-    def keyword_prompt_for(self, query: str, keywords: Sequence[str]) -> str:
-        """The aggregation prompt for a (sorted) keyword list."""
-        return self.keyword_prompt.format(keywords=", ".join(keywords), query=query)
-
-    def threshold(self, n: int) -> float:
-        """The keyword threshold ``mu = min(alpha * n, beta)``."""
-        return min(self.alpha * n, self.beta)
 
     # ------------------------------------------------------------------ answering
 
@@ -245,7 +232,7 @@ class RobustRAG:
         no-retrieval prompt's, run locally). Certification adds :meth:`certify_calls`, at
         most ``max_certify_calls``."""
         k = len(to_passages(passages))
-        return k + (1 if k and self.aggregation in ("keyword", "decoding") else 0)
+        return k + (1 if k and self.aggregation.name in ("keyword", "decoding") else 0)
 
     async def aanswer(
         self,
@@ -297,7 +284,7 @@ class RobustRAG:
         check_attack(attack)
         if _refusal(len(result.responses), k_prime) is not None:
             return 0
-        return int(self._strategy.calls_needed(result, k_prime, attack))
+        return int(self._bound().calls_needed(result, k_prime, attack))
 
     # ------------------------------------------------------------------ the shared flow
 
@@ -314,7 +301,7 @@ class RobustRAG:
         return drive(flow, gen)
 
     async def _arun(self, flow: Flow[RobustAnswer]) -> RobustAnswer:
-        if self._strategy.local:  # local CPU/GPU work: run it off the event loop
+        if self.aggregation.local:  # local CPU/GPU work: run it off the event loop
             return await asyncio.to_thread(self._run, flow)
         end = self._end()
 
@@ -337,12 +324,12 @@ class RobustRAG:
         if certify is not None or gold is not None:  # before any LLM call is made
             check_certify(certify, attack, gold)
         if not items:
-            empty = RobustAnswer(query, IDK, self.aggregation, (), "no passages were given")
+            empty = RobustAnswer(query, IDK, self.aggregation.name, (), "no passages were given")
             return (yield from local(empty))
         calls = self.answer_calls(items)
         if progress is not None:
             progress(0, calls)
-        result: RobustAnswer = yield from self._strategy.answer(query, items, choices)
+        result: RobustAnswer = yield from self._bound().answer(query, items, choices)
         if progress is not None:
             progress(calls, calls)
         if certify is not None:
@@ -363,7 +350,8 @@ class RobustRAG:
         if refusal is not None:
             cert = yield from local(Certificate(k_prime, attack, False, refusal))
         else:
-            cert = yield from self._strategy.certificate(result, k_prime, attack, golds, progress)
+            strategy = self._bound()
+            cert = yield from strategy.certificate(result, k_prime, attack, golds, progress)
         return replace(result, certificate=cert)
 
 

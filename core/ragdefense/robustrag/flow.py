@@ -1,15 +1,18 @@
 """One flow for the sync and the async API: an answer (or a certificate) is a generator that
 yields batches of prompts and receives their generations; :func:`drive` runs it with a sync LLM
-call, :func:`adrive` with an async one. Each algorithm is written once."""
+call, :func:`adrive` with an async one. Each algorithm is written once. :class:`Runtime` is what
+an aggregation uses of the engine that runs it, handed to it per call."""
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
-from typing import TypeVar
+from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from ..llm.base import TIMED_OUT, Generation
+from ..types import Passage
 
-__all__ = ["Flow", "Progress", "adrive", "drive", "failures_note", "local"]
+__all__ = ["Flow", "Progress", "Runtime", "adrive", "drive", "failures_note", "local"]
 
 T = TypeVar("T")
 
@@ -58,3 +61,38 @@ def failures_note(responses: Sequence[object]) -> str:
     late = sum(e.startswith(TIMED_OUT) for e in errors)
     timed = f", {late} of them timed out" if late else ""
     return f" ({len(errors)} LLM call(s) failed{timed}, counted as abstentions)"
+
+
+@dataclass(frozen=True)
+class Runtime:
+    """What an aggregation uses of the :class:`~ragdefense.robustrag.RobustRAG` running it:
+    made by the engine for each call and handed to the aggregation, which keeps no engine.
+
+    Attributes:
+        load_llm, load_nlp: The LLM backend and the spaCy pipeline (each loaded on first use).
+        isolated_prompt: The template of an isolated answer (``{context}``, ``{query}``).
+        context: A passage's text as a prompt holds it (cut to the engine's budget).
+        max_new_tokens: Answer length cap.
+        timeout: The deadline of one call, in seconds (``None``: none).
+    """
+
+    load_llm: Callable[[], Any]
+    load_nlp: Callable[[], Any]
+    isolated_prompt: str
+    context: Callable[[Passage], str]
+    max_new_tokens: int
+    timeout: float | None
+
+    @property
+    def llm(self) -> Any:
+        """The LLM backend."""
+        return self.load_llm()
+
+    @property
+    def nlp(self) -> Any:
+        """The spaCy pipeline."""
+        return self.load_nlp()
+
+    def isolated_prompts(self, query: str, passages: Sequence[Passage]) -> list[str]:
+        """One prompt per passage, the passage alone as its context."""
+        return [self.isolated_prompt.format(context=self.context(p), query=query) for p in passages]

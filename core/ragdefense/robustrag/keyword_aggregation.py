@@ -12,17 +12,23 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
-from typing import TYPE_CHECKING
+from typing import ClassVar, Literal
 
 from ..llm.base import Generation
 from ..text import contains_answer, normalize
 from ..types import Passage
-from .flow import Flow, Progress, failures_note
+from .checks import check_templates
+from .flow import Flow, Progress, Runtime, failures_note
 from .keywords import extract_keywords
-from .types import IDK, Attack, Certificate, IsolatedResponse, RobustAnswer, is_abstention
-
-if TYPE_CHECKING:
-    from .engine import RobustRAG
+from .types import (
+    IDK,
+    KEYWORD_PROMPT,
+    Attack,
+    Certificate,
+    IsolatedResponse,
+    RobustAnswer,
+    is_abstention,
+)
 
 __all__ = ["CERTIFY_BATCH", "KeywordAggregation"]
 
@@ -42,18 +48,66 @@ class _Plan:
     verdict: str | None = None  # set when no LLM call can help: the reason it is not certified
 
 
+@dataclass(frozen=True)
 class KeywordAggregation:
-    """Keyword aggregation over the settings of ``rr`` (alpha, beta, prompts, spaCy, caps)."""
+    """Secure keyword aggregation for free-form answers (Algorithm 1) and its settings:
+    ``RobustRAG(llm, aggregation=KeywordAggregation(alpha=0.3, beta=3))``.
 
-    local = False  # its work is LLM calls
+    Args:
+        alpha, beta: Keyword threshold ``mu = min(alpha * n, beta)`` (paper: 0.3 and 3 for QA).
+        max_undecided: Certification enumerates the subsets of at most this many undecided
+            keywords (paper: 15); beyond it the answer is reported as not certifiable.
+        max_certify_calls: Certification asks the LLM once per possible keyword set; above this
+            many it stops and reports the answer as not certifiable (2^15 calls is hours on a
+            CPU).
+        keyword_prompt: The aggregation prompt (``{keywords}``, ``{query}``); checked here.
+    """
 
-    def __init__(self, rr: RobustRAG) -> None:
-        self.rr = rr
+    alpha: float = 0.3
+    beta: float = 3
+    max_undecided: int = 15
+    max_certify_calls: int = 256
+    keyword_prompt: str = KEYWORD_PROMPT
+
+    name: ClassVar[Literal["keyword"]] = "keyword"
+    local: ClassVar[bool] = False  # its work is LLM calls
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.alpha <= 1 or self.beta <= 0:
+            raise ValueError(f"need 0 <= alpha <= 1 and beta > 0, got {self.alpha}, {self.beta}")
+        if self.max_certify_calls < 0 or self.max_undecided < 0:
+            raise ValueError("max_certify_calls and max_undecided must be >= 0")
+        check_templates(keyword_prompt=(self.keyword_prompt, ("keywords", "query")))
+
+    def threshold(self, n: int) -> float:
+        """The keyword threshold ``mu = min(alpha * n, beta)``."""
+        return min(self.alpha * n, self.beta)
+
+    def prompt_for(self, query: str, keywords: Sequence[str]) -> str:
+        """The aggregation prompt for a (sorted) keyword list."""
+        return self.keyword_prompt.format(keywords=", ".join(keywords), query=query)
+
+    def bind(self, run: Runtime) -> _Keyword:
+        """The algorithm with these settings, for one call of the engine."""
+        return _Keyword(self, run)
+
+
+class _Keyword:
+    """Keyword aggregation for one call: its settings and the engine's :class:`Runtime`."""
+
+    def __init__(self, cfg: KeywordAggregation, run: Runtime) -> None:
+        self.cfg, self.run = cfg, run
+
+    def prompts(
+        self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
+    ) -> list[str]:
+        """The isolated prompts, one per passage."""
+        return self.run.isolated_prompts(query, items)
 
     def answer(
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
     ) -> Flow[RobustAnswer]:
-        gens = yield self.rr.isolated_prompts(query, items, choices)
+        gens = yield self.prompts(query, items, choices)
         responses = self.responses(items, gens)
         result, final_prompt = self.aggregate(query, responses)
         if final_prompt is not None:
@@ -71,7 +125,7 @@ class KeywordAggregation:
             elif is_abstention(g.text):
                 out.append(IsolatedResponse(i, p, g.text, True))
             else:
-                kws = extract_keywords(g.text or "", self.rr.nlp)
+                kws = extract_keywords(g.text or "", self.run.nlp)
                 out.append(IsolatedResponse(i, p, g.text, False, keywords=kws))
         return tuple(out)
 
@@ -82,7 +136,7 @@ class KeywordAggregation:
         note = failures_note(responses)
         n = sum(not r.abstained for r in responses)
         counts = Counter(k for r in responses if not r.abstained for k in r.keywords)
-        mu = self.rr.threshold(n)
+        mu = self.cfg.threshold(n)
         kept = tuple(sorted(k for k, c in counts.items() if c >= mu))
         base = RobustAnswer(query, IDK, "keyword", responses, "", dict(counts), mu, kept)
         if n == 0:
@@ -92,7 +146,7 @@ class KeywordAggregation:
             why = f"no keyword reached the threshold mu = {mu:g} over {n} answers" + note
             return replace(base, reason=why), None
         why = f"{len(kept)} keyword(s) with count >= mu = {mu:g} over {n} non-abstaining answers"
-        return replace(base, reason=why + note), self.rr.keyword_prompt_for(query, kept)
+        return replace(base, reason=why + note), self.cfg.prompt_for(query, kept)
 
     # ------------------------------------------------------------------ certificate
 
@@ -107,9 +161,7 @@ class KeywordAggregation:
         plan = self.plan(result.responses, k_prime, attack)
         if plan.verdict is not None:
             return Certificate(k_prime, attack, False, plan.verdict, None, (), plan.undecided)
-        prompts = [
-            self.rr.keyword_prompt_for(result.query, kws) for kws in plan.keyword_sets if kws
-        ]
+        prompts = [self.cfg.prompt_for(result.query, kws) for kws in plan.keyword_sets if kws]
         if prompts:
             logger.info("certifying at k'=%d: %d LLM call(s)", k_prime, len(prompts))
         gens: list[Generation] = []
@@ -119,7 +171,7 @@ class KeywordAggregation:
                 progress(len(gens), len(prompts))
             if any(g.timed_out for g in gens):
                 why = (
-                    f"certification abandoned: the deadline (timeout={self.rr.timeout} s) "
+                    f"certification abandoned: the deadline (timeout={self.run.timeout} s) "
                     f"passed after {sum(g.ok for g in gens)} of {len(prompts)} LLM calls"
                 )
                 return Certificate(
@@ -168,7 +220,7 @@ class KeywordAggregation:
 
     def plan(self, responses: Sequence[IsolatedResponse], k_prime: int, attack: Attack) -> _Plan:
         """Every keyword set the attacker can cause (Appendix B: injection, C: modification)."""
-        rr = self.rr
+        rr = self.cfg
         k = len(responses)
         benign = responses[: k - k_prime] if attack == "injection" else responses
         counts = Counter(k_ for r in benign if not r.abstained for k_ in r.keywords)

@@ -6,15 +6,22 @@ from __future__ import annotations
 import re
 from collections import Counter
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import ClassVar, Literal
 
 from ..llm.base import Generation
 from ..types import Passage
-from .flow import Flow, Progress, failures_note
-from .types import IDK, NO_INFO, Attack, Certificate, IsolatedResponse, RobustAnswer
-
-if TYPE_CHECKING:
-    from .engine import RobustRAG
+from .checks import check_templates
+from .flow import Flow, Progress, Runtime, failures_note
+from .types import (
+    IDK,
+    MULTIPLE_CHOICE_PROMPT,
+    NO_INFO,
+    Attack,
+    Certificate,
+    IsolatedResponse,
+    RobustAnswer,
+)
 
 __all__ = ["MajorityVote", "check_choices"]
 
@@ -28,13 +35,37 @@ def check_choices(choices: Sequence[str] | None) -> list[str]:
     return [str(c) for c in choices]
 
 
+@dataclass(frozen=True)
 class MajorityVote:
-    """Majority vote with the prompts of ``rr``."""
+    """Majority vote over isolated multiple-choice answers and its settings:
+    ``RobustRAG(llm, aggregation=MajorityVote())``, then ``answer(query, passages,
+    choices=[...])``.
 
-    local = False
+    Args:
+        choice_prompt: The isolated prompt (``{context}``, ``{query}``, ``{choices}``,
+            ``{letters}``); checked here.
+    """
 
-    def __init__(self, rr: RobustRAG) -> None:
-        self.rr = rr
+    choice_prompt: str = MULTIPLE_CHOICE_PROMPT
+
+    name: ClassVar[Literal["majority"]] = "majority"
+    local: ClassVar[bool] = False
+
+    def __post_init__(self) -> None:
+        check_templates(
+            choice_prompt=(self.choice_prompt, ("context", "query", "choices", "letters"))
+        )
+
+    def bind(self, run: Runtime) -> _Majority:
+        """The algorithm with these settings, for one call of the engine."""
+        return _Majority(self, run)
+
+
+class _Majority:
+    """Majority vote for one call: its settings and the engine's :class:`Runtime`."""
+
+    def __init__(self, cfg: MajorityVote, run: Runtime) -> None:
+        self.cfg, self.run = cfg, run
 
     def prompts(
         self, query: str, passages: Sequence[Passage], choices: Sequence[str] | None
@@ -45,8 +76,8 @@ class MajorityVote:
         listing = "\n".join(f"{letter}. {c}" for letter, c in zip(letters, choices, strict=True))
         said = ", ".join(letters[:-1]) + f", or {letters[-1]}"
         return [
-            self.rr.choice_prompt.format(
-                context=self.rr.context(p), query=query, choices=listing, letters=said
+            self.cfg.choice_prompt.format(
+                context=self.run.context(p), query=query, choices=listing, letters=said
             )
             for p in passages
         ]

@@ -9,14 +9,17 @@ top-2 by more than eta, else the no-retrieval token. Needs next-token probabilit
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal
 
 from ..llm import first_line_of
 from ..text import contains_answer, normalize
 from ..types import Passage
-from .flow import Flow, Progress
+from .checks import check_templates
+from .flow import Flow, Progress, Runtime
 from .types import (
     IDK,
+    NO_RETRIEVAL_PROMPT,
     Attack,
     Certificate,
     DecodingStep,
@@ -25,26 +28,63 @@ from .types import (
     is_abstention,
 )
 
-if TYPE_CHECKING:
-    from .engine import RobustRAG
-
 __all__ = ["SecureDecoding"]
 
 
+@dataclass(frozen=True)
 class SecureDecoding:
-    """Secure decoding with the settings of ``rr`` (gamma, eta, prompts, token budget)."""
+    """Secure decoding (Algorithm 2) and its settings:
+    ``RobustRAG(TransformersLLM(...), aggregation=SecureDecoding(gamma=0.99, eta=0.0))``; needs
+    an LLM exposing next-token probabilities.
 
-    local = True  # CPU/GPU work in this process: async callers run it in a thread
+    Args:
+        gamma: Contexts whose probability of answering "I don't know" is >= gamma are dropped
+            (paper: 0.99).
+        eta: The averaged top-1 is used when it leads the top-2 by more than eta, else the
+            no-retrieval token (paper: 0 for short QA).
+        max_certify_responses: Certification explores at most this many responses.
+        no_retrieval_prompt: The no-retrieval context's template (``{query}``); checked here.
+    """
 
-    def __init__(self, rr: RobustRAG) -> None:
-        self.rr = rr
+    gamma: float = 0.99
+    eta: float = 0.0
+    max_certify_responses: int = 64
+    no_retrieval_prompt: str = NO_RETRIEVAL_PROMPT
+
+    name: ClassVar[Literal["decoding"]] = "decoding"
+    local: ClassVar[bool] = True  # CPU/GPU work in this process: async callers use a thread
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.gamma <= 1 or self.eta < 0 or self.max_certify_responses < 1:
+            raise ValueError(
+                "need 0 <= gamma <= 1, eta >= 0 and max_certify_responses >= 1, got "
+                f"{self.gamma}, {self.eta}, {self.max_certify_responses}"
+            )
+        check_templates(no_retrieval_prompt=(self.no_retrieval_prompt, ("query",)))
+
+    def bind(self, run: Runtime) -> _Decoding:
+        """The algorithm with these settings, for one call of the engine."""
+        return _Decoding(self, run)
+
+
+class _Decoding:
+    """Secure decoding for one call: its settings and the engine's :class:`Runtime`."""
+
+    def __init__(self, cfg: SecureDecoding, run: Runtime) -> None:
+        self.cfg, self.run = cfg, run
+
+    def prompts(
+        self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
+    ) -> list[str]:
+        """The isolated prompts, one per passage."""
+        return self.run.isolated_prompts(query, items)
 
     def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int:
         """Certification runs the model locally; no generation call is made."""
         return 0
 
     def _token_llm(self) -> Any:
-        llm = self.rr.llm
+        llm = self.run.llm
         if not getattr(llm, "supports_token_probs", False) or not hasattr(llm, "session"):
             raise NotImplementedError(
                 f"aggregation='decoding' needs next-token probabilities, which "
@@ -57,11 +97,8 @@ class SecureDecoding:
         """A session over the isolated contexts plus the no-retrieval context (last row), and
         each isolated context's probability of answering "I don't know" (teacher-forced)."""
         llm = self._token_llm()
-        prompts = [
-            self.rr.isolated_prompt.format(context=self.rr.context(p), query=query)
-            for p in passages
-        ]
-        session = llm.session([*prompts, self.rr.no_retrieval_prompt.format(query=query)])
+        prompts = self.run.isolated_prompts(query, passages)
+        session = llm.session([*prompts, self.cfg.no_retrieval_prompt.format(query=query)])
         probe = session.clone()
         p_idk = [1.0] * len(passages)
         for token in llm.tokenizer(IDK, add_special_tokens=False)["input_ids"]:
@@ -81,21 +118,21 @@ class SecureDecoding:
         llm = self._token_llm()
         tok = llm.tokenizer
         session, p_idk = self._sessions(query, items)
-        kept = [j for j, p in enumerate(p_idk) if p < self.rr.gamma]
+        kept = [j for j, p in enumerate(p_idk) if p < self.cfg.gamma]
         responses = tuple(
-            IsolatedResponse(j, p, None, p_idk[j] >= self.rr.gamma, p_idk=p_idk[j])
+            IsolatedResponse(j, p, None, p_idk[j] >= self.cfg.gamma, p_idk=p_idk[j])
             for j, p in enumerate(items)
         )
         session.keep_rows([*kept, len(items)])
         tokens: list[int] = []
         steps: list[DecodingStep] = []
-        for _ in range(self.rr.max_new_tokens):
+        for _ in range(self.run.max_new_tokens):
             probs = session.probs
             nor = int(probs[-1].argmax())
             if kept:
                 avg = probs[:-1].mean(axis=0)
                 a, b = (int(i) for i in avg.argsort()[-1:-3:-1])
-                use_a = float(avg[a] - avg[b]) > self.rr.eta
+                use_a = float(avg[a] - avg[b]) > self.cfg.eta
                 token = a if use_a else nor
                 step = DecodingStep(
                     tok.decode([token]),
@@ -119,9 +156,10 @@ class SecureDecoding:
         answer = text if text and not is_abstention(text) else IDK
         n = len(kept)
         reason = (
-            f"{n} of {len(items)} contexts kept (P(I don't know) < {self.rr.gamma:g}); "
+            f"{n} of {len(items)} contexts kept (P(I don't know) < {self.cfg.gamma:g}); "
             f"{sum(st.source == 'retrieval' for st in steps)} of {len(steps)} tokens from "
-            f"their averaged distribution (gap > eta = {self.rr.eta:g}), the rest without retrieval"
+            f"their averaged distribution (gap > eta = {self.cfg.eta:g}), "
+            "the rest without retrieval"
         )
         return RobustAnswer(query, answer, "decoding", responses, reason, steps=tuple(steps))
 
@@ -133,7 +171,8 @@ class SecureDecoding:
         golds: list[str],
         progress: Progress | None = None,
     ) -> Flow[Certificate]:
-        """Algorithm 4 (and its modification variant), for the averaged inference rule.
+        """Algorithm 4 (and its modification variant), for the averaged inference rule: the
+        published depth-first search, kept in one piece so that it reads as the paper does.
 
         With benign probability sums S over the m benign contexts kept, top-1 a (sum A) and
         runner-up (sum B), an attacker shifting any token's sum by at most d = k' (injection) or
@@ -164,7 +203,7 @@ class SecureDecoding:
         while stack:
             session, tokens = stack.pop()
             while True:
-                if len(tokens) >= self.rr.max_new_tokens:
+                if len(tokens) >= self.run.max_new_tokens:
                     finished.append(tokens)
                     break
                 probs = session.probs
@@ -172,9 +211,9 @@ class SecureDecoding:
                 a, b = (int(i) for i in total.argsort()[-1:-3:-1])
                 gap = float(total[a] - total[b])
                 nor = int(probs[-1].argmax())
-                if gap > d + self.rr.eta * n_hi:
+                if gap > d + self.cfg.eta * n_hi:
                     choices = [a]
-                elif gap >= d - self.rr.eta * n_lo:
+                elif gap >= d - self.cfg.eta * n_lo:
                     choices = [a] if a == nor else [a, nor]
                 else:
                     return Certificate(
@@ -185,12 +224,12 @@ class SecureDecoding:
                         f"gap {gap:.3f} (sums over {m} contexts) is within the attacker's reach "
                         f"({d}): it can choose the next token",
                     )
-                if len(finished) + len(stack) + len(choices) > self.rr.max_certify_responses:
+                if len(finished) + len(stack) + len(choices) > self.cfg.max_certify_responses:
                     return Certificate(
                         k_prime,
                         attack,
                         False,
-                        f"more than {self.rr.max_certify_responses} possible "
+                        f"more than {self.cfg.max_certify_responses} possible "
                         "responses (max_certify_responses)",
                     )
                 for extra in choices[1:]:  # branch: the no-retrieval token

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextvars
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any
 
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import RESPONSE_TYPE
@@ -17,6 +17,7 @@ from llama_index.core.schema import NodeWithScore
 from pydantic import Field
 
 from ragdefense import RobustAnswer, RobustRAG
+from ragdefense.integration import robust_engine
 from ragdefense.llm import LlamaIndexLLM
 
 __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
@@ -35,7 +36,11 @@ class RobustRAGSynthesizer(BaseSynthesizer):
 
     Args:
         llm: The LlamaIndex LLM (required: nothing falls back to ``Settings``).
-        aggregation: ``"keyword"`` or ``"majority"`` (pass ``choices=`` to ``get_response``).
+        aggregation: ``"keyword"`` / ``"majority"`` (pass ``choices=`` to ``get_response``) /
+            ``"decoding"``, or an aggregation's settings (``KeywordAggregation(alpha=0.3,
+            beta=3)``, ``MajorityVote()``).
+        robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
+            prompts, passage budget; ``llm`` replaces its LLM): as the LangChain chain.
         max_concurrency: Isolated calls in flight at once.
         certify: k' to certify against (``None``: no certificate).
     """
@@ -43,16 +48,16 @@ class RobustRAGSynthesizer(BaseSynthesizer):
     def __init__(
         self,
         llm: LLM,
-        aggregation: Literal["keyword", "majority"] = "keyword",
+        aggregation: Any = "keyword",
         max_concurrency: int = 8,
         certify: int | None = None,
-        **robust_kwargs: Any,
+        robust: RobustRAG | None = None,
     ) -> None:
         if llm is None:
             raise ValueError("RobustRAGSynthesizer needs llm= (it never falls back to Settings)")
         super().__init__(llm=llm)
-        self._robust = RobustRAG(
-            llm=LlamaIndexLLM(llm, max_concurrency), aggregation=aggregation, **robust_kwargs
+        self._robust = robust_engine(robust, aggregation).with_llm(
+            LlamaIndexLLM(llm, max_concurrency)
         )
         self._certify = certify
 

@@ -1,0 +1,55 @@
+"""What an audit computes (:class:`AuditSettings`), apart from where and how it runs.
+
+```python
+from ragdefense.auditing import AuditSettings, audit
+
+settings = AuditSettings(top_m=20, index="hnsw")
+report = audit("chunks.jsonl", settings, workdir="audit/")
+report = audit("chunks.jsonl", settings, workdir="other/", part_size=256)  # one changed
+```
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .evidence import Scoring
+
+__all__ = ["AuditSettings"]
+
+
+@dataclass(frozen=True)
+class AuditSettings:
+    """What :func:`~ragdefense.auditing.audit` computes; checked when made (``ValueError``).
+
+    Attributes:
+        defenses: Registry names or defense objects run on each probe's top ``top_m``; the
+            first one's flags score the chunks.
+        top_m: Chunks retrieved per probe.
+        max_probes: At most this many derived probes (a seeded sample).
+        neighbours: Nearest neighbours per chunk for the near-duplicate groups.
+        scoring: Weights and thresholds (:class:`~ragdefense.auditing.evidence.Scoring`;
+            default: ``Scoring()``).
+        part_size: Chunks / probes per part (the unit of work, of resuming and of memory).
+        index: ``"flat"`` (exact), ``"hnsw"`` (approximate, for millions of chunks) or
+            ``"auto"`` (flat up to 200,000 chunks per shard).
+        report_top: The report lists every suspicious chunk and at least this many of the
+            highest scores.
+    """
+
+    defenses: Sequence[Any] = ("ragdefender",)
+    top_m: int = 10
+    max_probes: int | None = None
+    neighbours: int = 10
+    scoring: Scoring | None = None
+    part_size: int = 512
+    index: str = "auto"
+    report_top: int = 1000
+
+    def __post_init__(self) -> None:
+        if self.top_m < 2 or self.neighbours < 1 or self.part_size < 1:
+            raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
+        if not self.defenses:
+            raise ValueError("give at least one defense")
