@@ -461,10 +461,35 @@ def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path:
     assert {c.name: c.count() for c in client.list_collections()} == collections
     from llama_index.postprocessor.ragdefense.vectors import index_corpus
 
+    for index in stores[2:]:  # (#28) an index is read a batch at a time, never whole
+        corpus = index_corpus(index)
+        with pytest.MonkeyPatch.context() as mp:
+            for cls in (type(index.vector_store), type(index.docstore)):
+                mp.setattr(cls, "get_nodes", _at_most(cls.get_nodes, 7))
+            mp.setattr(type(index.docstore), "docs", property(_whole))
+            got = list(corpus.batches(7))
+        assert max(len(b.texts) for b in got) == 7
+        assert sorted(t for b in got for t in b.texts) == sorted(texts)
+        assert all(b.vectors is not None for b in got)  # the stored vectors came with them
     over_chroma = stores[3]
     before = index_corpus(over_chroma).fingerprint()
     over_chroma.insert_nodes([TextNode(text="one more passage")])
     assert index_corpus(over_chroma).fingerprint() != before  # a resumed audit would refuse
+
+
+def _at_most(original: Any, most: int) -> Any:
+    """``original`` (a ``get_nodes``), refusing to read more than ``most`` nodes at once."""
+
+    def get_nodes(self: Any, ids: Any = None, *args: Any, **kwargs: Any) -> Any:
+        if ids is None or len(ids) > most:
+            raise AssertionError("the whole index was read at once")
+        return original(self, ids, *args, **kwargs)
+
+    return get_nodes
+
+
+def _whole(self: Any) -> Any:
+    raise AssertionError("every node of the docstore was built at once")
 
 
 @pytest.mark.slow

@@ -31,8 +31,8 @@ import numpy as np
 
 from ..embedders import passage_and_query_embeddings
 from ..similarity import cosine_matrix, cosine_to
-from ..types import DefenseResult, PassageLike, check_query, to_passages
-from .grada import GRADA, coordinated_groups
+from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
+from .grada import GRADA, CoordinatedGroup, coordinated_groups
 from .ragdefender import RAGDefender
 
 __all__ = ["AutoDefense"]
@@ -70,6 +70,7 @@ class AutoDefense:
     def __init__(
         self,
         embedder: Any = None,
+        *,
         n: int | None = None,
         peel_tightness: float = 0.9,
         peel_margin: float = 0.02,
@@ -136,44 +137,7 @@ class AutoDefense:
         )
         evidence: dict[str, Any] = {"ragdefender_flagged": sorted(flagged)}
         if groups:
-            exclude: dict[int, str] = {}
-            for g, group in enumerate(groups, start=1):
-                for i in group.indices:
-                    exclude[i] = (
-                        f"coordinated group {g} of {len(group.indices)} passages (mean cosine "
-                        f"{group.cohesion:.3f} within it; query similarity "
-                        f"{group.query_margin:+.3f} above the rest)"
-                    )
-            grouped = sorted(exclude)
-            absorbed = {
-                i: float(sim[i, grouped].mean())
-                for i in sorted(flagged - set(grouped))
-                if self.absorb is not None and sim[i, grouped].mean() >= self.absorb
-            }
-            left = [i for i in range(m) if i not in exclude and i not in absorbed]
-            top_left = max((float(query_sim[i]) for i in left), default=-np.inf)
-            group_level = float(query_sim[grouped].mean())
-            if absorbed and top_left < group_level:
-                for i, cos in absorbed.items():
-                    exclude[i] = (
-                        f"flagged by RAGDefender and close to the coordinated group(s) (mean "
-                        f"cosine {cos:.3f} >= {self.absorb})"
-                    )
-            elif absorbed:
-                evidence["not_absorbed"] = sorted(absorbed)
-                evidence["why_not"] = (
-                    f"a passage left over ranks above the groups (query similarity "
-                    f"{top_left:.3f} >= {group_level:.3f}): RAGDefender's extra flags are "
-                    "taken for a topic cluster, not the groups' missed members"
-                )
-            evidence["groups"] = [list(g.indices) for g in groups]
-            result = self.grada.defend_embeddings(query, items, emb, q_emb, exclude=exclude)
-            why = (
-                f"{len(groups)} coordinated group(s) of {len(grouped)} passage(s) ranked above "
-                f"the rest; {len(exclude) - len(grouped)} more removed with them; GRADA "
-                "reranks the others"
-            )
-            return _relabel(result, "coordinated groups", why, evidence)
+            return self._groups(query, items, emb, q_emb, sim, query_sim, groups, flagged, evidence)
         tightness = _least_pairwise(sim, sorted(flagged))
         evidence["flagged_least_cosine"] = tightness
         if (
@@ -187,9 +151,75 @@ class AutoDefense:
                 "majority; its verdicts are kept"
             )
             return _relabel(flagged_by_rd, "poisoned majority", why, evidence)
+        return self._minority(query, items, emb, q_emb, tightness, len(flagged), evidence)
+
+    def _groups(
+        self,
+        query: str,
+        items: list[Passage],
+        emb: np.ndarray,
+        q_emb: np.ndarray,
+        sim: np.ndarray,
+        query_sim: np.ndarray,
+        groups: list[CoordinatedGroup],
+        flagged: set[int],
+        evidence: dict[str, Any],
+    ) -> DefenseResult:
+        """Step 1: the coordinated groups go, with RAGDefender's flags close to them unless a
+        passage left over ranks above the groups; GRADA reranks the rest."""
+        exclude: dict[int, str] = {}
+        for g, group in enumerate(groups, start=1):
+            for i in group.indices:
+                exclude[i] = (
+                    f"coordinated group {g} of {len(group.indices)} passages (mean cosine "
+                    f"{group.cohesion:.3f} within it; query similarity "
+                    f"{group.query_margin:+.3f} above the rest)"
+                )
+        grouped = sorted(exclude)
+        absorbed = {
+            i: float(sim[i, grouped].mean())
+            for i in sorted(flagged - set(grouped))
+            if self.absorb is not None and sim[i, grouped].mean() >= self.absorb
+        }
+        left = [i for i in range(len(items)) if i not in exclude and i not in absorbed]
+        top_left = max((float(query_sim[i]) for i in left), default=-np.inf)
+        group_level = float(query_sim[grouped].mean())
+        if absorbed and top_left < group_level:
+            for i, cos in absorbed.items():
+                exclude[i] = (
+                    f"flagged by RAGDefender and close to the coordinated group(s) (mean "
+                    f"cosine {cos:.3f} >= {self.absorb})"
+                )
+        elif absorbed:
+            evidence["not_absorbed"] = sorted(absorbed)
+            evidence["why_not"] = (
+                f"a passage left over ranks above the groups (query similarity "
+                f"{top_left:.3f} >= {group_level:.3f}): RAGDefender's extra flags are "
+                "taken for a topic cluster, not the groups' missed members"
+            )
+        evidence["groups"] = [list(g.indices) for g in groups]
+        result = self.grada.defend_embeddings(query, items, emb, q_emb, exclude=exclude)
+        why = (
+            f"{len(groups)} coordinated group(s) of {len(grouped)} passage(s) ranked above "
+            f"the rest; {len(exclude) - len(grouped)} more removed with them; GRADA "
+            "reranks the others"
+        )
+        return _relabel(result, "coordinated groups", why, evidence)
+
+    def _minority(
+        self,
+        query: str,
+        items: list[Passage],
+        emb: np.ndarray,
+        q_emb: np.ndarray,
+        tightness: float | None,
+        n_flagged: int,
+        evidence: dict[str, Any],
+    ) -> DefenseResult:
+        """Step 3: no group and no tight flagged set: a minority at most; GRADA reranks."""
         result = self.grada.defend_embeddings(query, items, emb, q_emb)
         if tightness is None:
-            flags = f"RAGDefender flags {len(flagged)} passage(s)"
+            flags = f"RAGDefender flags {n_flagged} passage(s)"
         elif self.majority_tightness is None:
             flags = "the poisoned-majority switch is off"
         else:

@@ -121,6 +121,8 @@ class GRADA:
 
     def __init__(
         self,
+        embedder: Any = None,
+        *,
         similarity: Similarity = "hrsim",
         hrsim_base: Literal["bm25", "ebd"] = "bm25",
         alpha: float = 0.4,
@@ -129,7 +131,6 @@ class GRADA:
         tol: float = 1e-6,
         max_iter: int = 100,
         bm25: BM25 | None = None,
-        embedder: Any = None,
         peel: bool = False,
         peel_tightness: float = 0.9,
         peel_margin: float = 0.02,
@@ -189,7 +190,8 @@ class GRADA:
 
         ``exclude`` maps passage indices to a reason: those passages are removed before the
         graph is built, as the peel's groups are (how :class:`~ragdefense.AutoDefense` hands
-        over the groups it found).
+        over the groups it found). The published algorithm (graph, propagation, top n), kept in
+        one piece so that it reads as the paper does.
         """
         query = check_query(query)
         items = to_passages(passages)

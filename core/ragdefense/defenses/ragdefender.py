@@ -192,6 +192,7 @@ class RAGDefender:
     def __init__(
         self,
         embedder: Any = None,
+        *,
         task_type: TaskType = "auto",
         p: float = 2.0,
         m: int = 5,

@@ -15,6 +15,7 @@ import numpy as np
 from llama_index.core import VectorStoreIndex
 from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.vector_stores import SimpleVectorStore
+from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
 from ragdefense import integration
 from ragdefense.auditing import Batch
@@ -62,28 +63,45 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
 class IndexCorpus:
     """Every node of a ``VectorStoreIndex`` (default store or Chroma) with its stored vector, in
     batches (read only; :class:`ragdefense.auditing.Corpus`). A ``title`` in a node's metadata is
-    kept."""
+    kept. Nodes are read a batch at a time (ids first, then each batch's nodes from the
+    docstore or the Chroma collection), so memory holds one batch of nodes, not the index."""
 
     def __init__(self, index: VectorStoreIndex) -> None:
         self.index = index
 
     def fingerprint(self) -> str:
-        """The store's type and the number of nodes it holds (an index over Chroma keeps none
-        in its docstore: the collection is counted)."""
+        """The store's type and the number of nodes it holds vectors for (counted, not read)."""
         store: Any = self.index.vector_store
-        n = store.client.count() if store_kind(store) == "chroma" else len(self.index.docstore.docs)
+        kind = store_kind(store)
+        n = store.client.count() if kind == "chroma" else len(store.data.embedding_dict)
         return f"{type(store).__name__} {n}"
 
-    def batches(self, size: int) -> Iterator[Batch]:
+    def _pages(self, size: int) -> Iterator[list[BaseNode]]:
+        """The index's nodes, ``size`` at a time."""
         store: Any = self.index.vector_store
-        nodes = index_nodes(self.index)
-        if nodes is None:
+        kind = store_kind(store)
+        if kind == "simple":  # the ids the store holds vectors for; the nodes from the docstore
+            ids = list(store.data.embedding_dict)
+            for start in range(0, len(ids), size):
+                yield self.index.docstore.get_nodes(ids[start : start + size])
+        elif kind == "chroma":  # its client is the Chroma collection
+            for offset in range(0, store.client.count(), size):
+                got = store.client.get(
+                    limit=size, offset=offset, include=["documents", "metadatas"]
+                )
+                yield [
+                    metadata_dict_to_node(meta or {}, text=text)
+                    for meta, text in zip(got["metadatas"], got["documents"], strict=True)
+                ]
+        else:
             raise TypeError(
                 f"ragdefense cannot read every node of an index over a {type(store).__name__}: "
                 "export it as a JSONL file of {id, text, embedding?} and audit that"
             )
-        for start in range(0, len(nodes), size):
-            part = nodes[start : start + size]
+
+    def batches(self, size: int) -> Iterator[Batch]:
+        store: Any = self.index.vector_store
+        for part in self._pages(size):
             ids = [n.node_id for n in part]
             vectors = stored_vectors(store, ids)
             yield Batch(
