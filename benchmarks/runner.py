@@ -12,9 +12,9 @@ from typing import Any
 
 import numpy as np
 
+from ragdefense.cliargs import import_object
 from ragdefense.defenses import registry
 from ragdefense.defenses.registry import names
-from ragdefense.integration import import_object
 from ragdefense.progress import progress_bar
 from ragdefense.types import DefenseResult, Passage, Verdict
 

@@ -10,7 +10,7 @@ import pytest
 from ragdefense import GRADA, AutoDefense, RAGDefender
 from ragdefense.defenses.registry import PRESETS, names, parameters, preset
 from ragdefense.defenses.registry import defense as build
-from ragdefense.integration import defense_fields
+from ragdefense.integration.adapter import defense_fields
 
 
 def test_names_and_aliases() -> None:

@@ -3,9 +3,10 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 from typing import Any
 
-__all__ = ["UsageError", "counts", "non_negative", "positive", "resolve"]
+__all__ = ["UsageError", "counts", "import_object", "non_negative", "positive", "resolve"]
 
 
 class UsageError(ValueError):
@@ -41,9 +42,22 @@ def counts(text: str) -> list[int]:
 
 def resolve(spec: str, what: str) -> Any:
     """The object named by ``module:attribute`` (a dotted attribute path)."""
-    from .integration import import_object
-
     try:
         return import_object(spec)
     except ValueError as exc:
         raise UsageError(f"{what} {exc}") from None
+
+
+def import_object(spec: str) -> Any:
+    """The object named by ``"module:attribute"`` (the attribute may be dotted); ``ValueError``
+    saying why when it cannot be imported."""
+    module, sep, attr = spec.partition(":")
+    if not sep or not module or not attr:
+        raise ValueError(f"{spec!r}: expected module:attribute")
+    try:
+        obj: Any = importlib.import_module(module)
+        for part in attr.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError) as exc:
+        raise ValueError(f"{spec!r}: cannot import it ({exc})") from None
+    return obj

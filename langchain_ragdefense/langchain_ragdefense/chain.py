@@ -16,7 +16,7 @@ from langchain_core.runnables.config import patch_config
 from pydantic import ConfigDict, PrivateAttr
 
 from ragdefense import RobustAnswer, RobustRAG
-from ragdefense.integration import robust_engine
+from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LangChainLLM
 
 __all__ = ["RobustRAGChain"]

@@ -16,14 +16,15 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from ragdefense import Defense, DefenseResult, LangChainEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
-from ragdefense.integration import (
+from ragdefense.integration.adapter import (
     AdapterCore,
     adapter_params,
-    check_items,
     defense_field,
     plain_params,
+)
+from ragdefense.integration.records import (
+    check_items,
     removed_report,
-    run_defense,
     tagged_metadata,
     verdict_metadata,
 )
@@ -104,7 +105,7 @@ class DefenseCompressor(BaseDocumentCompressor):
             Passage(d.page_content, id=d.id, metadata=d.metadata, embedding=v)
             for d, v in zip(documents, vectors, strict=True)
         ]
-        return run_defense(self.core, query, passages, self.fail_open, TOO_FEW)
+        return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW)
 
     @staticmethod
     def _output(documents: Sequence[Document], result: DefenseResult | None) -> list[Document]:

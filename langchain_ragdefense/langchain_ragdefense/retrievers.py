@@ -13,10 +13,9 @@ from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from pydantic import ConfigDict, Field
 
-from ragdefense.integration import (
+from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     fetched_enough,
-    fetched_pool,
     pool_size,
     positive_int,
 )
@@ -34,11 +33,11 @@ class DefendedRetriever(BaseRetriever):
         compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
         k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
         fetch_k: Documents first asked of the base retriever (passed as ``k``); by default the
-            defense's pool for ``k`` (:func:`ragdefense.integration.pool_size`: twice ``k`` for
-            GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the retrieved set; and
-            at least what the defense needs to compare). When the defense leaves fewer than
-            ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the base retriever has
-            more (the same policy as the LlamaIndex adapter's).
+            defense's pool for ``k`` (:func:`ragdefense.integration.retrieval.pool_size`:
+            twice ``k`` for GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the
+            retrieved set; and at least what the defense needs to compare). When the defense
+            leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
+            base retriever has more (the same policy as the LlamaIndex adapter's).
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -53,13 +52,14 @@ class DefendedRetriever(BaseRetriever):
         k = kwargs.pop("k", self.k)
         if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
-        core = self.compressor.core if isinstance(self.compressor, DefenseCompressor) else None
+        ours = self.compressor if isinstance(self.compressor, DefenseCompressor) else None
+        core = ours.core if ours is not None else None
         if k and not self.fetch_k:  # another compressor: GRADA's M = 2n
             fetch: int | None = pool_size(core, k) if core is not None else 2 * k
         else:
             fetch = self.fetch_k
-        if fetch and core is not None:
-            fetched_pool(core)  # fewer than its pool is then all the store has: no warning
+        if fetch and ours is not None:
+            ours._core.pooled = True  # fewer than its pool is then all the store has: no warning
         return k, fetch, kwargs
 
     def _get_relevant_documents(

@@ -1,7 +1,7 @@
 """The vectors a LangChain vector store already holds for the documents it returned, so a defense
 does not embed them again: ``InMemoryVectorStore``, Chroma (``langchain-chroma``) and FAISS
 (``langchain-community``) by document id; other stores give none (the defense then embeds the
-documents, and says so once per store type: :func:`ragdefense.integration.stored_vectors`).
+documents, and says so once per store type: :func:`ragdefense.integration.vectors.stored_vectors`).
 
 :func:`store_corpus` reads a whole store of those kinds, in batches, for ``ragdefense.audit``."""
 
@@ -15,8 +15,8 @@ import numpy as np
 from langchain_core.documents import Document
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from ragdefense import integration
 from ragdefense.auditing import Batch
+from ragdefense.integration import vectors as core_vectors
 
 from ._private import chroma_collection
 
@@ -30,7 +30,7 @@ _FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]] = (
 
 def stored_vectors(store: VectorStore, documents: Sequence[Document]) -> list[Any | None]:
     """One stored vector per document (``None`` where the store has none for it)."""
-    return integration.stored_vectors(store, [d.id for d in documents], _lookup)
+    return core_vectors.stored_vectors(store, [d.id for d in documents], _lookup)
 
 
 def store_kind(store: Any) -> Literal["inmemory", "chroma", "faiss"] | None:

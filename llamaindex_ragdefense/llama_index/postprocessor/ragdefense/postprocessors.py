@@ -20,15 +20,16 @@ from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
-from ragdefense.integration import (
-    METADATA_KEY,
+from ragdefense.integration.adapter import (
     AdapterCore,
     adapter_params,
-    check_items,
     defense_field,
     plain_params,
+)
+from ragdefense.integration.records import (
+    METADATA_KEY,
+    check_items,
     removed_report,
-    run_defense,
     tagged_metadata,
     verdict_metadata,
 )
@@ -157,7 +158,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
             )
             for n, v in zip(nodes, vectors, strict=True)
         ]
-        return run_defense(self.core, query, passages, self.fail_open, TOO_FEW)
+        return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW)
 
     def _output(
         self, nodes: list[NodeWithScore], result: DefenseResult | None

@@ -16,10 +16,9 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from ragdefense.integration import (
+from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     fetched_enough,
-    fetched_pool,
     pool_size,
     positive_int,
 )
@@ -45,7 +44,7 @@ class DefendedRetriever(BaseRetriever):
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (LlamaIndex's
             default 2), else all kept.
         fetch_k: Pool size asked of the retriever; ``None``: the defense's pool for ``k``
-            (:func:`ragdefense.integration.pool_size`: ``2 * k`` for GRADA, ``k`` for
+            (:func:`ragdefense.integration.retrieval.pool_size`: ``2 * k`` for GRADA, ``k`` for
             RAGDefender, and at least what the defense needs to compare).
         max_rounds: When the defense leaves fewer than ``k``, the pool doubles (up to this many
             rounds) while the retriever has more: the same policy as the LangChain adapter's.
@@ -81,8 +80,8 @@ class DefendedRetriever(BaseRetriever):
         return pool
 
     def _first_fetch(self) -> int | None:
-        if self.fetch_k:
-            fetched_pool(self.postprocessor.core)  # fewer than its pool: all the index holds
+        if self.fetch_k:  # fewer than its pool is then all the index holds: no warning
+            self.postprocessor._core.pooled = True
         return self.fetch_k if _top_k(self.retriever) is not None else None
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:

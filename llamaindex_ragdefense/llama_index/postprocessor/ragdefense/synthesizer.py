@@ -17,7 +17,7 @@ from llama_index.core.schema import NodeWithScore
 from pydantic import Field
 
 from ragdefense import RobustAnswer, RobustRAG
-from ragdefense.integration import robust_engine
+from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LlamaIndexLLM
 
 __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]

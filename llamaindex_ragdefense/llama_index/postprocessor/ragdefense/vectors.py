@@ -2,7 +2,7 @@
 does not embed them again: the default ``SimpleVectorStore`` and ``ChromaVectorStore``
 (``llama-index-vector-stores-chroma``) by node id; other stores give none (the defense
 then embeds the nodes, and says so once per store type:
-:func:`ragdefense.integration.stored_vectors`).
+:func:`ragdefense.integration.vectors.stored_vectors`).
 
 :func:`index_corpus` reads a whole index over those stores, in batches, for ``ragdefense.audit``."""
 
@@ -17,15 +17,15 @@ from llama_index.core.schema import BaseNode, MetadataMode
 from llama_index.core.vector_stores import SimpleVectorStore
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
-from ragdefense import integration
 from ragdefense.auditing import Batch
+from ragdefense.integration import vectors as core_vectors
 
 __all__ = ["IndexCorpus", "index_corpus", "index_nodes", "store_kind", "stored_vectors"]
 
 
 def stored_vectors(store: Any, node_ids: Sequence[str]) -> list[Any | None]:
     """One stored vector per node id (``None`` where the store has none for it)."""
-    return integration.stored_vectors(store, list(node_ids), _lookup)
+    return core_vectors.stored_vectors(store, list(node_ids), _lookup)
 
 
 def store_kind(store: Any) -> Literal["simple", "chroma"] | None:

@@ -1,0 +1,172 @@
+"""The core defense behind an adapter's compressor or postprocessor (:class:`AdapterCore`: built
+from the adapter's current fields through :func:`ragdefense.defense`, run under the fail-open /
+fail-closed policy, warning once per adapter when handed too few passages), the fields the
+per-defense classes declare, and the RobustRAG engine behind a chain or synthesizer."""
+
+from __future__ import annotations
+
+import logging
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from ..types import Defense, DefenseFailed, DefenseResult, Passage
+
+if TYPE_CHECKING:
+    from ..defenses.registry import Parameter
+    from ..robustrag import RobustRAG
+
+__all__ = [
+    "AdapterCore",
+    "adapter_params",
+    "defense_field",
+    "defense_fields",
+    "plain_params",
+    "robust_engine",
+]
+
+logger = logging.getLogger("ragdefense")
+
+
+class AdapterCore:
+    """The core defense behind an adapter's compressor or postprocessor, built from its current
+    settings and built again whenever they change (a field assigned, ``params`` edited in
+    place, other embeddings): what the adapter runs always matches what it shows. Bad names
+    and parameters raise in :meth:`get`, which the adapters call at construction."""
+
+    def __init__(self) -> None:
+        self._key: tuple[Any, ...] | None = None
+        self._core: Defense | None = None
+        #: an adapter retriever fetches the defense's pool itself (fewer is all the store has)
+        self.pooled = False
+        self._warned = False
+
+    def get(
+        self,
+        defense: Any,
+        params: Mapping[str, Any],
+        embeddings: Any,
+        as_embedder: Callable[[Any], Any],
+    ) -> Defense:
+        """The core for ``defense`` (a name or an object, see :func:`ragdefense.defense`) with
+        ``params`` and ``embeddings`` (a framework's model, turned into a core embedder by
+        ``as_embedder``; ``None``: the packaged MiniLM)."""
+        named = defense is None or isinstance(defense, str)
+        key = (defense if named else id(defense), repr(sorted(params.items())), id(embeddings))
+        if self._core is None or key != self._key:
+            from ..defenses.registry import defense as front_door
+
+            if named:
+                embedder = as_embedder(embeddings) if embeddings is not None else None
+                self._core = front_door(defense, embedder=embedder, **params)
+            else:  # an object comes configured: parameters are an error, as in the core
+                self._core = front_door(defense, **params)
+            self._key = key
+        return self._core
+
+    def run(
+        self,
+        defense: Defense,
+        query: str,
+        passages: Sequence[Passage],
+        fail_open: bool = False,
+        too_few: str = "",
+    ) -> DefenseResult | None:
+        """Run ``defense``; on failure raise :class:`~ragdefense.DefenseFailed` (fail closed,
+        the default) or, with ``fail_open``, warn and return ``None`` (the caller passes the
+        passages through).
+
+        Handed fewer passages than the defense's ``min_passages`` (they pass unchecked), or
+        fewer than its ``min_pool`` where no adapter retriever fetched the pool
+        (:attr:`pooled`), it warns once for this adapter, adding ``too_few``: how to retrieve
+        more in the caller's framework (a postprocessor cannot widen retrieval itself)."""
+        if not passages:
+            return None
+        self._warn_small_pool(defense, len(passages), too_few)
+        try:
+            return defense.defend(query, passages)
+        except Exception as exc:
+            message = (
+                f"{defense.name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"
+            )
+            if not fail_open:
+                raise DefenseFailed(message + " (fail_open=True passes documents through)") from exc
+            warnings.warn(message + "; passing the documents through unchecked", stacklevel=4)
+            # the warning is what a person sees; the log record is for log pipelines, at INFO
+            # so that Python's last-resort handler does not print the same line twice
+            logger.info("%s; passing the documents through unchecked", message)
+            return None
+
+    def _warn_small_pool(self, defense: Defense, n: int, fix: str) -> None:
+        need, floor = defense.min_passages, defense.min_pool
+        if n < need:
+            what = (
+                f"fewer than the {need} it needs to compare: they pass unchecked, poison included."
+            )
+        elif n < floor and not self.pooled:
+            what = (
+                f"fewer than the pool of {floor} it filters from: in so few passages a poisoned "
+                "majority can be all of them and pass."
+            )
+        else:
+            return
+        if self._warned:
+            return
+        self._warned = True
+        message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
+        warnings.warn(message, stacklevel=5)
+        logger.info("%s", message)  # INFO: the warning above already shows it once
+
+
+def robust_engine(robust: Any, aggregation: Any) -> RobustRAG:
+    """The RobustRAG engine behind an adapter's chain or synthesizer: ``robust`` (a configured
+    :class:`~ragdefense.RobustRAG`: its aggregation and settings; the adapter rebinds its LLM),
+    else one with ``aggregation`` (a name or an aggregation's settings). Both adapters take the
+    two the same way; giving both is an error."""
+    from ..robustrag import RobustRAG as Engine
+
+    if robust is None:  # the adapter binds its framework's LLM (RobustRAG.with_llm)
+        return Engine(llm=_unbound, aggregation=aggregation)
+    if not isinstance(robust, Engine):
+        raise TypeError(f"robust must be a ragdefense.RobustRAG, got {type(robust).__name__}")
+    if aggregation != "keyword":
+        raise TypeError("give aggregation= or robust= (which holds its own aggregation), not both")
+    return robust
+
+
+def _unbound(prompt: str) -> str:
+    raise RuntimeError("an adapter's RobustRAG answers with the LLM the adapter binds")
+
+
+def plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
+    """An adapter's ``params`` as it stores them: sets (e.g. ``trusted={...}``) become sorted
+    lists, so that the adapter serializes to JSON; the defense reads either alike."""
+    return {
+        k: sorted(v, key=str) if isinstance(v, (set, frozenset)) else v for k, v in params.items()
+    }
+
+
+def adapter_params(model: Any, base: type) -> dict[str, Any]:
+    """An adapter's parameters for its defense: the fields its class declares beyond ``base``'s
+    (the per-defense classes write them out) over its ``params`` mapping."""
+    own = base.model_fields  # type: ignore[attr-defined]
+    fields = {k: getattr(model, k) for k in type(model).model_fields if k not in own}
+    return {**dict(model.params), **fields}
+
+
+def defense_fields(defense: str) -> list[Parameter]:
+    """The parameters of the named defense that an adapter's per-defense class declares as
+    fields (plain values: numbers, strings, literals, ``None``), with the preset's defaults and
+    the core's descriptions; a test holds each class's fields to this list."""
+    from ..defenses.registry import parameters
+
+    return parameters(defense)
+
+
+def defense_field(defense: str, name: str) -> Parameter:
+    """One of :func:`defense_fields`: what an adapter's field for it takes as default and
+    description."""
+    for p in defense_fields(defense):
+        if p.name == name:
+            return p
+    raise KeyError(f"{defense} has no parameter {name!r} an adapter can declare")

@@ -1,0 +1,84 @@
+"""What an adapter writes and checks: the items it is handed, the namespaced metadata on the
+copies it returns, and the report of what was removed (for tracing events)."""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..types import DefenseInputError, DefenseResult, Verdict, _jsonable
+
+__all__ = ["METADATA_KEY", "check_items", "removed_report", "tagged_metadata", "verdict_metadata"]
+
+#: the metadata key under which adapters record the defense's verdict on each returned copy
+METADATA_KEY = "ragdefense"
+
+
+def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of a document's ``metadata`` with ``record`` under :data:`METADATA_KEY`. A
+    value already there (a user's own, or an earlier defense's) is kept, as
+    ``record["previous"]``: nothing is overwritten, and nothing returned shares state with the
+    caller's document, except a value that cannot be copied at all (a lock, a generator, an
+    open file), which is carried as the very object, as the undefended retriever would."""
+    out = {key: _copied(value) for key, value in dict(metadata).items()}
+    mine = dict(record)
+    if METADATA_KEY in out:
+        mine["previous"] = out[METADATA_KEY]
+    out[METADATA_KEY] = mine
+    return out
+
+
+def _copied(value: Any) -> Any:
+    try:
+        return copy.deepcopy(value)
+    except Exception:  # not copyable (TypeError for locks and generators, copy.Error, ...)
+        return value
+
+
+def check_items(items: Any, kind: type, what: str) -> list[Any]:
+    """``items`` as a list when it is a sequence of ``kind``; otherwise a clear
+    :class:`~ragdefense.DefenseInputError` naming ``what`` was expected."""
+    if items is None or isinstance(items, (str, bytes)) or not isinstance(items, Sequence):
+        raise DefenseInputError(f"expected a list of {what}, got {type(items).__name__}")
+    for i, item in enumerate(items):
+        if not isinstance(item, kind):
+            raise DefenseInputError(f"item {i}: expected {what}, got {type(item).__name__}")
+    return list(items)
+
+
+_SAID: set[str] = set()
+
+
+def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
+    """The per-document record written under :data:`METADATA_KEY`."""
+    return {
+        "defense": result.defense,
+        "kept": verdict.kept,
+        "score": verdict.score,
+        "score_name": result.score_name,
+        "rank": verdict.rank,
+        "reason": verdict.reason,
+        **{k: v for k, v in verdict.details.items()},
+    }
+
+
+def removed_report(result: DefenseResult) -> dict[str, Any]:
+    """A compact, JSON-friendly report of what was removed and why (for tracing events)."""
+    return {
+        "defense": result.defense,
+        "query": result.query,
+        "kept": len(result.kept),
+        "removed": [
+            {
+                "index": v.index,
+                "id": v.passage.id,
+                "text": v.passage.text[:200],
+                "score": v.score,
+                "reason": v.reason,
+            }
+            for v in result.verdicts
+            if not v.kept
+        ],
+        "estimates": {k: _jsonable(v) for k, v in result.estimates.items()},
+    }

@@ -1,0 +1,34 @@
+"""How much an adapter's retriever fetches for a defense: the pool for the caller's ``k``, the
+rounds that widen it, and a framework retriever's own top-k."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..types import Defense
+
+__all__ = ["FETCH_ROUNDS", "fetched_enough", "pool_size", "positive_int"]
+
+
+def positive_int(value: Any) -> int | None:
+    """``value`` if it is a positive ``int`` (not a bool), else ``None``: how the adapters read
+    a framework retriever's own top-k."""
+    return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def pool_size(defense: Defense, k: int) -> int:
+    """How many passages to retrieve so that ``defense`` can return ``k``: ``k`` times its
+    ``pool_factor`` (GRADA's M = 2n), and at least its ``min_pool`` and its ``min_passages``
+    (what it needs to compare anything)."""
+    return max(defense.pool_factor * k, defense.min_pool, defense.min_passages, k)
+
+
+#: rounds of retrieval an adapter's retriever makes, doubling the fetch, when the defense leaves
+#: fewer than the ``k`` the caller asked for (one round when ``k`` is the retriever's own)
+FETCH_ROUNDS = 3
+
+
+def fetched_enough(k: int | None, fetch: int | None, fetched: int, kept: int) -> bool:
+    """Whether an adapter's retriever stops widening: ``k`` kept, or the base retriever gave
+    fewer than asked (it holds no more), or no size to widen."""
+    return not k or not fetch or kept >= k or fetched < fetch

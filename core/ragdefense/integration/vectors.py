@@ -1,0 +1,39 @@
+"""The vectors a store already holds for the retrieved documents, read through an adapter's
+lookup, so that a defense does not embed them again."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+__all__ = ["stored_vectors"]
+
+logger = logging.getLogger("ragdefense")
+
+#: the store types already reported as unreadable: the log says so once per type and process
+_SAID: set[str] = set()
+
+
+def stored_vectors(
+    store: Any,
+    ids: Sequence[str | None],
+    lookup: Callable[[Any, list[str]], Mapping[str, Any] | None],
+) -> list[Any | None]:
+    """One stored vector per id (``None`` for a missing id or vector): ``lookup(store, ids)``
+    is the adapter's reader for the stores it knows, returning ``None`` for a store it does not.
+    Where no vector can be read the defense embeds the passages itself, and a warning says so
+    once per store type."""
+    wanted = [i for i in ids if i]
+    try:
+        found = lookup(store, wanted)
+        why = "it is not one whose vectors ragdefense can read"
+    except Exception as exc:  # a store that cannot answer: embed instead
+        found, why = None, f"reading its vectors failed ({type(exc).__name__}: {exc})"
+    if found is None:
+        name = type(store).__name__
+        if name not in _SAID:
+            _SAID.add(name)
+            logger.warning("%s: the defense embeds the retrieved passages itself: %s", name, why)
+        return [None] * len(ids)
+    return [found.get(i) if i else None for i in ids]
