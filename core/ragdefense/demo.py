@@ -4,10 +4,11 @@ and without the sources the documents carry, side by side."""
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import Any, TextIO
 
 from .cases import Case, demo_cases
-from .data import load_demo_kb
+from .data import QARecord, load_demo_kb
 from .defenses import registry
 from .defenses.registry import DEFAULT_DEFENSE
 from .types import DefenseResult
@@ -44,15 +45,7 @@ def run_demo(
     t0 = time.perf_counter()
     kb = load_demo_kb()
     context = max(1, k // 2)
-    n_benign = sum(len(q.benign) for q in kb)
-    n_poison = sum(len(q.poison) for q in kb)
-    upload = next((q.poison_sources[0] for q in kb if q.poison_sources), "one upload")
-    say(
-        f"Knowledge base: {n_benign + n_poison} passages for {len(kb)} questions: {n_benign} from "
-        f"three reference sites, {n_poison} planted by an attacker, all in one upload "
-        f"({upload}). Each question retrieves its top {k}; the context is the top {context} "
-        "passages left.\n"
-    )
+    _introduce(kb, k, context, say)
     default = registry.defense(DEFAULT_DEFENSE, embedder=embedder)
     rows = {"no defense": None, "default": default, "default + sources": default}
     totals: dict[tuple[str, str], dict[str, int]] = {}
@@ -62,39 +55,61 @@ def run_demo(
         with_sources = demo_cases(embedder, k, sources=True, reworded=reworded)
         say(f"== {title}")
         for label in rows:
-            totals[(attack, label)] = {
-                "planted": 0,
-                "context": 0,
-                "benign_removed": 0,
-                "hijacked": 0,
-            }
+            totals[(attack, label)] = dict.fromkeys(
+                ("planted", "context", "benign_removed", "hijacked"), 0
+            )
         for q, case, sourced in zip(kb, plain, with_sources, strict=True):
             say(f"Q: {q.question}   (answer: {q.correct_answer}; attacker's: {q.incorrect_answer})")
             for label, defense in rows.items():
                 given = sourced if label.endswith("sources") else case
                 result = None if defense is None else _defended(defense, given)
-                kept = list(range(len(case.passages))) if result is None else result.kept_indices
-                ctx = sorted(kept)[:context]
-                planted = sum(case.is_poison[i] for i in ctx)
-                removed = [] if result is None else result.removed_indices
-                benign_removed = sum(not case.is_poison[i] for i in removed)
-                t = totals[(attack, label)]
-                t["planted"] += planted
-                t["context"] += len(ctx)
-                t["benign_removed"] += benign_removed
-                t["hijacked"] += planted > len(ctx) / 2
-                marks = " ".join("P" if case.is_poison[i] else "b" for i in ctx)
-                said = (
-                    ""
-                    if result is None
-                    else (
-                        f"removed {len(removed) - benign_removed} planted, "
-                        f"{benign_removed} benign; "
-                    )
-                )
-                say(f"  {label:18}: {said}context [{marks}]")
+                line = _tally(case, result, context, totals[(attack, label)])
+                say(f"  {label:18}: {line}")
         say()
-    say(f"Totals (context of {context} per question, {len(kb)} questions)")
+    _summarize(totals, context, len(kb), say)
+    say(f"time: {time.perf_counter() - t0:.1f} s (model load, embedding, retrieval, defense)")
+    return totals
+
+
+def _introduce(kb: list[QARecord], k: int, context: int, say: Callable[[str], None]) -> None:
+    n_benign = sum(len(q.benign) for q in kb)
+    n_poison = sum(len(q.poison) for q in kb)
+    upload = next((q.poison_sources[0] for q in kb if q.poison_sources), "one upload")
+    say(
+        f"Knowledge base: {n_benign + n_poison} passages for {len(kb)} questions: {n_benign} from "
+        f"three reference sites, {n_poison} planted by an attacker, all in one upload "
+        f"({upload}). Each question retrieves its top {k}; the context is the top {context} "
+        "passages left.\n"
+    )
+
+
+def _tally(case: Case, result: DefenseResult | None, context: int, t: dict[str, int]) -> str:
+    """Add one question's context to the totals ``t``; the line that shows it."""
+    kept = list(range(len(case.passages))) if result is None else result.kept_indices
+    ctx = sorted(kept)[:context]
+    planted = sum(case.is_poison[i] for i in ctx)
+    removed = [] if result is None else result.removed_indices
+    benign_removed = sum(not case.is_poison[i] for i in removed)
+    t["planted"] += planted
+    t["context"] += len(ctx)
+    t["benign_removed"] += benign_removed
+    t["hijacked"] += planted > len(ctx) / 2
+    marks = " ".join("P" if case.is_poison[i] else "b" for i in ctx)
+    said = (
+        ""
+        if result is None
+        else f"removed {len(removed) - benign_removed} planted, {benign_removed} benign; "
+    )
+    return f"{said}context [{marks}]"
+
+
+def _summarize(
+    totals: dict[tuple[str, str], dict[str, int]],
+    context: int,
+    n_questions: int,
+    say: Callable[[str], None],
+) -> None:
+    say(f"Totals (context of {context} per question, {n_questions} questions)")
     say(
         f"  {'wording':12} {'defense':18} {'planted in context':>20} {'benign removed':>15} "
         f"{'hijacked':>9}"
@@ -102,7 +117,7 @@ def run_demo(
     for (attack, label), t in totals.items():
         say(
             f"  {attack:12} {label:18} {t['planted']:>14} of {t['context']:<3} "
-            f"{t['benign_removed']:>15} {t['hijacked']:>6} of {len(kb)}"
+            f"{t['benign_removed']:>15} {t['hijacked']:>6} of {n_questions}"
         )
     say(
         "\nThe default reads the text for coordinated groups ranked above the rest, and the "
@@ -110,5 +125,3 @@ def run_demo(
         "file_path / url / ref_doc_id): one upload repeating one claim is one voice, however "
         "many passages it holds."
     )
-    say(f"time: {time.perf_counter() - t0:.1f} s (model load, embedding, retrieval, defense)")
-    return totals
