@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 from llama_index.core import Document as LIDocument
 from llama_index.core import VectorStoreIndex
@@ -150,3 +151,97 @@ def test_the_core_reaches_the_frameworks_through_their_entry_points(toy_embedder
     missing = type("Index", (), {"__module__": "llama_index.core.other"})()
     with pytest.raises(TypeError, match="pip install llama-index-postprocessor-ragdefense"):
         framework_of(missing)
+
+
+def test_params_never_silently_lose_to_a_field_and_copies_own_their_core() -> None:
+    """(review) ``params={"n": 3}`` on a class declaring ``n`` was dropped for the field's
+    default; ``model_copy`` shared the original's core, rebuilding both at every turn."""
+    from langchain_ragdefense import GRADACompressor
+    from llama_index.postprocessor.ragdefense import GRADAPostprocessor
+
+    for cls in (GRADACompressor, GRADAPostprocessor):
+        with pytest.raises(TypeError, match=r"n: a field of GRADA\w+, not a params entry"):
+            cls(params={"n": 3})
+        a = cls(n=3)
+        b = a.model_copy(update={"n": 5})
+        first_a, first_b = a.core, b.core
+        for _ in range(3):
+            assert a.core is first_a and b.core is first_b  # no rebuild back and forth
+        assert (a.core.n, b.core.n) == (3, 5)
+
+
+def test_the_postprocessor_round_trips_with_another_embedding_model(both: tuple[Any, Any]) -> None:
+    """(review) the model's own fields were dropped (serialized as the base class): a
+    LlamaIndex model such as MockEmbedding could not be loaded back; one LlamaIndex cannot load
+    by name is a clear error naming the way out, never a different model."""
+    from llama_index.core.embeddings import MockEmbedding
+
+    post = DefensePostprocessor(embed_model=MockEmbedding(embed_dim=8))
+    back = DefensePostprocessor.from_json(post.to_json())
+    assert isinstance(back.embed_model, MockEmbedding) and back.embed_model.embed_dim == 8
+
+    class Unknown(MockEmbedding):
+        @classmethod
+        def class_name(cls) -> str:
+            return "UnknownEmbedding"
+
+    data = DefensePostprocessor(embed_model=Unknown(embed_dim=4)).to_json()
+    with pytest.raises(ValueError, match="pass embed_model= to from_json"):
+        DefensePostprocessor.from_json(data)
+    again = DefensePostprocessor.from_json(data, embed_model=Unknown(embed_dim=4))
+    assert again.embed_model is not None
+
+
+def test_decoding_is_refused_where_the_framework_llm_cannot_serve_it() -> None:
+    """(review) the adapters' LLMs expose no next-token probabilities: refused when built,
+    not after retrieval; and a defense class (not an instance) is refused by the front door."""
+    from langchain_core.runnables import RunnableLambda
+    from llama_index.core.llms import MockLLM
+
+    import ragdefense
+    from langchain_ragdefense import RobustRAGChain
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+
+    with pytest.raises(ValueError, match="next-token probabilities"):
+        RobustRAGSynthesizer(llm=MockLLM(), aggregation="decoding")
+    with pytest.raises(ValueError, match="next-token probabilities"):
+        RobustRAGChain(llm=RunnableLambda(str), retriever=_Empty(), aggregation="decoding")
+    with pytest.raises(TypeError, match="GRADA is a class: pass an instance"):
+        ragdefense.defense(GRADA)
+
+
+class _Empty(BaseRetriever):
+    def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:
+        return []
+
+
+def test_an_index_over_a_chroma_collection_another_tool_filled_is_read() -> None:
+    """(review) records without LlamaIndex's node content (a collection filled with chromadb
+    directly) made the batched reader raise: they are read as text nodes with their ids."""
+    import uuid
+
+    import chromadb
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from llama_index.postprocessor.ragdefense.vectors import index_corpus
+
+    client = chromadb.EphemeralClient()
+    name = f"external-{uuid.uuid4().hex}"
+    collection = client.create_collection(name)
+    try:
+        collection.add(
+            ids=[f"e{i}" for i in range(5)],
+            documents=TOPICS[:5],
+            embeddings=[[float(i), 1.0, 0.0] for i in range(5)],
+            metadatas=[{"source": "x"}] * 5,
+        )
+        index = VectorStoreIndex.from_vector_store(
+            ChromaVectorStore(chroma_collection=collection), embed_model=MockEmbedding(embed_dim=3)
+        )
+        got = list(index_corpus(index).batches(2))
+        assert [i for b in got for i in b.ids] == [f"e{i}" for i in range(5)]
+        assert [t for b in got for t in b.texts] == TOPICS[:5]
+        assert all(b.vectors is not None and b.vectors.shape[1] == 3 for b in got)
+    finally:
+        client.delete_collection(name)

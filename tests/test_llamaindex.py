@@ -211,6 +211,9 @@ def test_robustrag_synthesizer_with_and_without_poison(index: VectorStoreIndex) 
     assert clean.metadata["ragdefense"].keyword_counts["Sydney"] == 1
     aclean = asyncio.run(synth.asynthesize(QUESTION.question, nodes))
     assert str(aclean) == "Canberra"
+    assert aclean.metadata["ragdefense"].keyword_counts["Sydney"] == 1
+    empty = synth.synthesize(QUESTION.question, [])  # no report, and never an earlier one's
+    assert "ragdefense" not in (empty.metadata or {})
     with pytest.raises(ValueError, match="needs llm"):
         RobustRAGSynthesizer(llm=None)  # type: ignore[arg-type]
 

@@ -6,6 +6,7 @@ never names an adapter."""
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from functools import lru_cache
 from importlib.metadata import entry_points
@@ -16,6 +17,8 @@ if TYPE_CHECKING:
     from .redteam import AttackTarget, RedTeamReport
 
 __all__ = ["GROUP", "Framework", "framework_of", "frameworks"]
+
+logger = logging.getLogger("ragdefense")
 
 #: the entry-point group the adapters register their :class:`Framework` under
 GROUP = "ragdefense.frameworks"
@@ -56,7 +59,13 @@ def frameworks() -> tuple[Framework, ...]:
     """The frameworks of the adapters installed (each entry point loaded once)."""
     found = []
     for point in sorted(entry_points(group=GROUP), key=lambda p: p.name):
-        plugin = point.load()
+        try:
+            plugin = point.load()
+        except Exception as exc:  # one broken adapter install must not break the others
+            logger.warning(
+                "ragdefense: skipping the %s adapter (%s: %s)", point.name, type(exc).__name__, exc
+            )
+            continue
         if not isinstance(plugin, Framework):
             raise TypeError(f"entry point {point.name} = {point.value} is not a Framework")
         found.append(plugin)

@@ -35,8 +35,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     Args:
         llm: The chat model (or any Runnable) answering each passage in isolation.
         retriever: Where the passages come from (in rank order).
-        aggregation: ``"keyword"`` / ``"majority"`` / ``"decoding"``, or an aggregation's
-            settings (``KeywordAggregation(alpha=0.3, beta=3)``, ``MajorityVote()``).
+        aggregation: ``"keyword"`` / ``"majority"``, or an aggregation's settings
+            (``KeywordAggregation(alpha=0.3, beta=3)``, ``MajorityVote()``); secure decoding
+            needs next-token probabilities, which a LangChain model does not expose.
         robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
             prompts, passage budget; ``llm`` replaces its LLM): as the LlamaIndex synthesizer.
         max_concurrency: Isolated calls in flight at once.

@@ -92,6 +92,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         """The core defense for the current fields (built again when one changes; it keeps its
         embedding cache across queries)."""
         params = adapter_params(self, DefenseCompressor)
+        self._core = AdapterCore.claim(self._core, self)
         return self._core.get(self.defense, params, self.embeddings, LangChainEmbedder)
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:

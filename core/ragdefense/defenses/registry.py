@@ -113,6 +113,10 @@ def defense(spec: Any = None, /, *, embedder: Any = None, **params: Any) -> Defe
     """
     if spec is None or isinstance(spec, str):
         return _build(DEFAULT_DEFENSE if spec is None else spec, embedder, **params)
+    if isinstance(spec, type):
+        raise TypeError(
+            f"{spec.__name__} is a class: pass an instance, {spec.__name__}(), or a name"
+        )
     if not callable(getattr(spec, "defend", None)):
         raise TypeError(
             f"{type(spec).__name__} is not a defense (it has no defend(query, passages))"

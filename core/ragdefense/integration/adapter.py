@@ -34,12 +34,22 @@ class AdapterCore:
     place, other embeddings): what the adapter runs always matches what it shows. Bad names
     and parameters raise in :meth:`get`, which the adapters call at construction."""
 
-    def __init__(self) -> None:
+    def __init__(self, owner: object = None) -> None:
+        self._owner = id(owner) if owner is not None else None
         self._key: tuple[Any, ...] | None = None
         self._core: Defense | None = None
         #: an adapter retriever fetches the defense's pool itself (fewer is all the store has)
         self.pooled = False
         self._warned = False
+
+    @classmethod
+    def claim(cls, current: AdapterCore, owner: object) -> AdapterCore:
+        """``current`` if it is ``owner``'s, else a new one for it: a copy of an adapter object
+        (pydantic's ``model_copy`` shares private attributes) gets its own core, caches and
+        warning state instead of rebuilding the original's at every turn."""
+        if current._owner is None:
+            current._owner = id(owner)
+        return current if current._owner == id(owner) else cls(owner)
 
     def get(
         self,
@@ -126,12 +136,20 @@ def robust_engine(robust: Any, aggregation: Any) -> RobustRAG:
     from ..robustrag import RobustRAG as Engine
 
     if robust is None:  # the adapter binds its framework's LLM (RobustRAG.with_llm)
-        return Engine(llm=_unbound, aggregation=aggregation)
-    if not isinstance(robust, Engine):
+        engine = Engine(llm=_unbound, aggregation=aggregation)
+    elif not isinstance(robust, Engine):
         raise TypeError(f"robust must be a ragdefense.RobustRAG, got {type(robust).__name__}")
-    if aggregation != "keyword":
+    elif aggregation != "keyword":
         raise TypeError("give aggregation= or robust= (which holds its own aggregation), not both")
-    return robust
+    else:
+        engine = robust
+    if engine.aggregation.name == "decoding":  # found at construction, not after retrieval
+        raise ValueError(
+            "secure decoding needs next-token probabilities, which a LangChain or LlamaIndex "
+            "LLM does not expose: use aggregation='keyword' or 'majority' here (decoding runs "
+            "with ragdefense.llm.TransformersLLM in ragdefense.RobustRAG itself)"
+        )
+    return engine
 
 
 def _unbound(prompt: str) -> str:
@@ -151,6 +169,12 @@ def adapter_params(model: Any, base: type) -> dict[str, Any]:
     (the per-defense classes write them out) over its ``params`` mapping."""
     own = base.model_fields  # type: ignore[attr-defined]
     fields = {k: getattr(model, k) for k in type(model).model_fields if k not in own}
+    clash = sorted(set(model.params) & set(fields))
+    if clash:
+        name = type(model).__name__
+        raise TypeError(
+            f"{', '.join(clash)}: a field of {name}, not a params entry: {name}({clash[0]}=...)"
+        )
     return {**dict(model.params), **fields}
 
 

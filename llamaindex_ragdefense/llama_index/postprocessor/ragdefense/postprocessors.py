@@ -8,7 +8,7 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any, Literal
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, field_validator
+from llama_index.core.bridge.pydantic import Field, PrivateAttr, SerializeAsAny, field_validator
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
@@ -100,7 +100,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
         description="the named defense's parameters (e.g. {'trusted': ['docs.example.org']}); "
         "an object comes configured",
     )
-    embed_model: BaseEmbedding | None = Field(default=None, description="embeddings to use")
+    embed_model: SerializeAsAny[BaseEmbedding] | None = Field(
+        default=None, description="embeddings to use"
+    )
     fail_open: bool = Field(default=False, description="pass nodes through if the defense fails")
     vector_store: Any = Field(
         default=None,
@@ -122,12 +124,20 @@ class DefensePostprocessor(BaseNodePostprocessor):
     @field_validator("embed_model", mode="before")
     @classmethod
     def _loaded(cls, value: Any) -> Any:
-        """An embedding model as ``to_dict`` wrote it, loaded back (``from_json``)."""
+        """An embedding model as ``to_dict`` wrote it, loaded back (``from_json``): ours and
+        the ones LlamaIndex can load by name; for another, pass ``embed_model=`` to
+        ``from_json`` / ``from_dict`` (never a different model silently)."""
         if not isinstance(value, dict):
             return value
         if value.get("class_name") == RagdefenseEmbedding.class_name():
             return RagdefenseEmbedding.from_dict(value)
-        return load_embed_model(value)
+        try:
+            return load_embed_model(value)
+        except (ValueError, TypeError) as exc:
+            raise ValueError(
+                f"cannot rebuild the embedding model {value.get('class_name')!r} from its JSON "
+                f"({exc}): pass embed_model= to from_json / from_dict"
+            ) from None
 
     def model_post_init(self, context: Any, /) -> None:
         """Build the core defense now, so that bad parameters fail at construction."""
@@ -139,6 +149,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         """The core defense for the current fields (built again when one changes; it keeps its
         embedding cache across queries)."""
         params = adapter_params(self, DefensePostprocessor)
+        self._core = AdapterCore.claim(self._core, self)
         return self._core.get(self.defense, params, self.embed_model, LlamaIndexEmbedder)
 
     def _run(self, nodes: list[NodeWithScore], query: str) -> DefenseResult | None:

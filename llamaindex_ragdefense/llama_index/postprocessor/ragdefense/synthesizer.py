@@ -36,9 +36,10 @@ class RobustRAGSynthesizer(BaseSynthesizer):
 
     Args:
         llm: The LlamaIndex LLM (required: nothing falls back to ``Settings``).
-        aggregation: ``"keyword"`` / ``"majority"`` (pass ``choices=`` to ``get_response``) /
-            ``"decoding"``, or an aggregation's settings (``KeywordAggregation(alpha=0.3,
-            beta=3)``, ``MajorityVote()``).
+        aggregation: ``"keyword"`` / ``"majority"`` (pass ``choices=`` to ``get_response``),
+            or an aggregation's settings (``KeywordAggregation(alpha=0.3, beta=3)``,
+            ``MajorityVote()``); secure decoding needs next-token probabilities, which a
+            LlamaIndex LLM does not expose.
         robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
             prompts, passage budget; ``llm`` replaces its LLM): as the LangChain chain.
         max_concurrency: Isolated calls in flight at once.
@@ -102,14 +103,45 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         _report.set(report)
         return report.answer
 
-    def _prepare_response_output(
-        self, response_str: Any, source_nodes: list[NodeWithScore]
+    def synthesize(
+        self,
+        query: Any,
+        nodes: list[NodeWithScore],
+        additional_source_nodes: Sequence[NodeWithScore] | None = None,
+        **response_kwargs: Any,
     ) -> RESPONSE_TYPE:
-        response = super()._prepare_response_output(response_str, source_nodes)
-        report = _report.get()
-        if report is not None:
-            response.metadata = {**(response.metadata or {}), "ragdefense": report}
-        return response
+        """LlamaIndex's synthesis (events and callbacks included), with the core's report in
+        the response's ``metadata["ragdefense"]``."""
+        token = _report.set(None)  # this call's report only, never an earlier one's
+        try:
+            response = super().synthesize(query, nodes, additional_source_nodes, **response_kwargs)
+            return _with_report(response, _report.get())
+        finally:
+            _report.reset(token)
+
+    async def asynthesize(
+        self,
+        query: Any,
+        nodes: list[NodeWithScore],
+        additional_source_nodes: Sequence[NodeWithScore] | None = None,
+        **response_kwargs: Any,
+    ) -> RESPONSE_TYPE:
+        """Async :meth:`synthesize`."""
+        token = _report.set(None)
+        try:
+            response = await super().asynthesize(
+                query, nodes, additional_source_nodes, **response_kwargs
+            )
+            return _with_report(response, _report.get())
+        finally:
+            _report.reset(token)
+
+
+def _with_report(response: RESPONSE_TYPE, report: RobustAnswer | None) -> RESPONSE_TYPE:
+    """``response`` with ``report`` in its metadata (public fields only: no framework hook)."""
+    if report is not None:
+        response.metadata = {**(response.metadata or {}), "ragdefense": report}
+    return response
 
 
 class RobustRAGQueryEngine(CustomQueryEngine):

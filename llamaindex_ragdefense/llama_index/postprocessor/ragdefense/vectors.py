@@ -8,12 +8,12 @@ then embeds the nodes, and says so once per store type:
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
 import numpy as np
 from llama_index.core import VectorStoreIndex
-from llama_index.core.schema import BaseNode, MetadataMode
+from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores import SimpleVectorStore
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
@@ -90,8 +90,10 @@ class IndexCorpus:
                     limit=size, offset=offset, include=["documents", "metadatas"]
                 )
                 yield [
-                    metadata_dict_to_node(meta or {}, text=text)
-                    for meta, text in zip(got["metadatas"], got["documents"], strict=True)
+                    _chroma_node(i, meta, text)
+                    for i, meta, text in zip(
+                        got["ids"], got["metadatas"], got["documents"], strict=True
+                    )
                 ]
         else:
             raise TypeError(
@@ -110,6 +112,15 @@ class IndexCorpus:
                 [str(n.metadata.get("title") or "") for n in part],
                 None if any(v is None for v in vectors) else np.asarray(vectors, dtype=np.float32),
             )
+
+
+def _chroma_node(node_id: str, meta: Mapping[str, Any] | None, text: str | None) -> BaseNode:
+    """A node of a Chroma collection: as LlamaIndex wrote it, or, for records another tool
+    wrote (no node content in their metadata), a text node with the record's id and metadata."""
+    try:
+        return metadata_dict_to_node(dict(meta or {}), text=text)
+    except ValueError:
+        return TextNode(id_=node_id, text=text or "", metadata=dict(meta or {}))
 
 
 def index_corpus(index: VectorStoreIndex) -> IndexCorpus:
