@@ -174,3 +174,36 @@ def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
     none = by[("none", "majority+sources", "top 8, S=1", "poisonedrag")]
     assert none["poison_share"] >= 0.6  # a poisoned majority, whatever the rank
     assert by[("none", "clean", "0p", "-")]["poison_share"] == 0
+
+
+@pytest.mark.data
+def test_robustrag_table_with_an_oracle_llm(data_dir: Path, nlp: object) -> None:
+    """The RobustRAG setting end to end on two questions with an LLM that always answers right
+    (the packaged model's run is `python -m benchmarks robustrag`): every row is there, and an
+    oracle scores 1.00 clean for vanilla RAG and keyword aggregation."""
+    from benchmarks.datasets import load_realtimeqa
+    from benchmarks.settings.robustrag import robustrag_table
+    from ragdefense import CallableEmbedder
+    from ragdefense.llm import CallableLLM
+
+    from .conftest import bag_of_words
+
+    records = load_realtimeqa(data_dir)[:2]
+
+    def oracle(prompt: str) -> str:
+        rec = next(r for r in records if r.question in prompt)
+        return rec.answers[0]
+
+    rows, table = robustrag_table(
+        data_dir, limit=2, llm=CallableLLM(oracle), embedder=CallableEmbedder(bag_of_words),
+        progress=False,
+    )  # fmt: skip
+    assert "RealtimeQA, first 2 questions" in table
+    lines = {
+        line.split("|")[1].strip(): line for line in table.splitlines() if line.startswith("| ")
+    }
+    assert {"vanilla RAG", "RobustRAG keyword", "RobustRAG decoding"} <= set(lines)
+    assert lines["vanilla RAG"].split("|")[2].strip() == "1.00"
+    assert lines["RobustRAG keyword"].split("|")[2].strip() == "1.00"
+    metrics = {(r["setting"], r["metric"]) for r in rows}
+    assert {("0p", "keyword certified"), ("1p", "keyword asr"), ("0p", "vanilla ms")} <= metrics

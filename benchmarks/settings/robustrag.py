@@ -22,6 +22,10 @@ from ..runner import progress_bar
 __all__ = ["robustrag_table"]
 
 
+#: per (setting, metric): the values over the questions
+Values = dict[tuple[str, str], list[float]]
+
+
 def robustrag_table(
     folder: str | os.PathLike[str],
     limit: int | None = 20,
@@ -35,58 +39,62 @@ def robustrag_table(
     attack success rate, certified accuracy at ``k_prime`` (clean retrieval, injection), and
     wall time per query."""
     model = as_llm(llm)
-    keyword = RobustRAG(llm=model)
-    vote = RobustRAG(llm=model, aggregation="majority", max_new_tokens=8)
-    decoding = RobustRAG(llm=model, aggregation="decoding") if model.supports_token_probs else None
+    engines = {
+        "keyword": RobustRAG(llm=model),
+        "majority": RobustRAG(llm=model, aggregation="majority", max_new_tokens=8),
+    }
+    if model.supports_token_probs:
+        engines["decoding"] = RobustRAG(llm=model, aggregation="decoding")
     records = load_realtimeqa(folder)[:limit]
     cases = realtimeqa_cases(records, [0, 1], as_embedder(embedder))
     by_id = {r.id: r for r in records}
-    acc: dict[tuple[str, str], list[float]] = {}
-
-    def add(setting: str, name: str, value: float) -> None:
-        acc.setdefault((setting, name), []).append(value)
-
+    acc: Values = {}
     for case in progress_bar(cases, "robustrag" if progress else None):
-        rec = by_id[case.qid]
-        texts = [p.text for p in case.passages]
-        gold_letter = chr(ord("A") + int(rec.choice_answer)) if rec.choice_answer.isdigit() else ""
-        s = case.setting
-        t0 = time.perf_counter()
-        [vanilla] = model.generate(
-            [ISOLATED_PROMPT.format(context="\n\n".join(texts), query=case.question)]
-        )
-        add(s, "vanilla ms", (time.perf_counter() - t0) * 1000)
-        v_text = vanilla.text or ""
-        add(s, "vanilla acc", contains_answer(v_text, rec.answers))
-        add(s, "vanilla asr", contains_answer(v_text, [rec.incorrect_answer]))
-        t0 = time.perf_counter()
-        kw = keyword.answer(case.question, texts)
-        add(s, "keyword ms", (time.perf_counter() - t0) * 1000)
-        add(s, "keyword acc", contains_answer(kw.answer, rec.answers))
-        add(s, "keyword asr", contains_answer(kw.answer, [rec.incorrect_answer]))
-        if decoding is not None:
-            t0 = time.perf_counter()
-            dec = decoding.answer(case.question, texts)
-            add(s, "decoding ms", (time.perf_counter() - t0) * 1000)
-            add(s, "decoding acc", contains_answer(dec.answer, rec.answers))
-            add(s, "decoding asr", contains_answer(dec.answer, [rec.incorrect_answer]))
-            if s == "0p":
-                dcert = decoding.certify(dec, k_prime, gold=rec.answers).certificate
-                add(s, "decoding certified", bool(dcert and dcert.certified))
-        if rec.choices:
-            t0 = time.perf_counter()
-            mv = vote.answer(case.question, texts, choices=rec.choices)
-            add(s, "majority ms", (time.perf_counter() - t0) * 1000)
-            add(s, "majority acc", mv.choice == gold_letter)
-        if s == "0p":  # certified accuracy: the clean retrieval, k' injected passages
-            t0 = time.perf_counter()
-            cert = keyword.certify(kw, k_prime, gold=rec.answers).certificate
-            add(s, "keyword certify ms", (time.perf_counter() - t0) * 1000)
-            add(s, "keyword certified", bool(cert and cert.certified))
-            if rec.choices:
-                mcert = vote.certify(mv, k_prime, gold=gold_letter).certificate
-                add(s, "majority certified", bool(mcert and mcert.certified))
+        _measure(case, by_id[case.qid], model, engines, k_prime, acc)
+    return _report(acc, len(records), type(model).__name__, k_prime)
 
+
+def _measure(
+    case: Any, rec: Any, model: Any, engines: dict[str, RobustRAG], k_prime: int, acc: Values
+) -> None:
+    """One case: vanilla RAG and each RobustRAG aggregation (answer, time, certification on
+    the clean retrieval) into ``acc``."""
+    s = case.setting
+
+    def add(name: str, value: float) -> None:
+        acc.setdefault((s, name), []).append(value)
+
+    texts = [p.text for p in case.passages]
+    gold_letter = chr(ord("A") + int(rec.choice_answer)) if rec.choice_answer.isdigit() else ""
+    t0 = time.perf_counter()
+    [vanilla] = model.generate(
+        [ISOLATED_PROMPT.format(context="\n\n".join(texts), query=case.question)]
+    )
+    add("vanilla ms", (time.perf_counter() - t0) * 1000)
+    add("vanilla acc", contains_answer(vanilla.text or "", rec.answers))
+    add("vanilla asr", contains_answer(vanilla.text or "", [rec.incorrect_answer]))
+    for name, engine in engines.items():
+        if name == "majority" and not rec.choices:
+            continue
+        choices = rec.choices if name == "majority" else None
+        t0 = time.perf_counter()
+        answer = engine.answer(case.question, texts, choices=choices)
+        add(f"{name} ms", (time.perf_counter() - t0) * 1000)
+        if name == "majority":
+            add("majority acc", answer.choice == gold_letter)
+        else:
+            add(f"{name} acc", contains_answer(answer.answer, rec.answers))
+            add(f"{name} asr", contains_answer(answer.answer, [rec.incorrect_answer]))
+        if s == "0p":  # certified accuracy: the clean retrieval, k' injected passages
+            gold = gold_letter if name == "majority" else rec.answers
+            t0 = time.perf_counter()
+            cert = engine.certify(answer, k_prime, gold=gold).certificate
+            if name == "keyword":
+                add("keyword certify ms", (time.perf_counter() - t0) * 1000)
+            add(f"{name} certified", bool(cert and cert.certified))
+
+
+def _report(acc: Values, n: int, model_name: str, k_prime: int) -> tuple[list[dict[str, Any]], str]:
     def mean(setting: str, name: str) -> float:
         vals = acc.get((setting, name), [])
         return sum(vals) / len(vals) if vals else float("nan")
@@ -98,11 +106,6 @@ def robustrag_table(
     rows = [
         {"setting": s, "metric": name, "mean": mean(s, name), "median": med(s, name)}
         for (s, name) in sorted(acc)
-    ]
-    n = len(records)
-    lines = [
-        f"RealtimeQA, first {n} questions, top-10 retrieved; LLM: {type(model).__name__}",
-        "",
     ]
     table = []
     for name, label in [
@@ -131,6 +134,7 @@ def robustrag_table(
         f"certified accuracy k'={k_prime}",
         "median s per query",
     ]
+    lines = [f"RealtimeQA, first {n} questions, top-10 retrieved; LLM: {model_name}", ""]
     lines += markdown_table(header, table)
     ratio = med("0p", "keyword ms") / med("0p", "vanilla ms")
     ratio_dec = med("0p", "decoding ms") / med("0p", "vanilla ms")
