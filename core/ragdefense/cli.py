@@ -1,5 +1,5 @@
-"""The ``ragdefense`` command: ``demo``, ``attack``, ``audit`` and ``limits`` (the benchmarks that
-reproduce the README's tables are the repository's ``python -m benchmarks``, not shipped)."""
+"""The ``ragdefense`` command: ``demo``, ``attack``, ``audit`` and ``limits`` (the benchmark
+suite is the repository's ``python -m benchmarks``, not shipped)."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """The limits the library holds itself to, read off the code (constants and constructor
-defaults), so that what ``ragdefense limits`` prints and the README states cannot drift apart."""
+defaults), so that what ``ragdefense limits`` prints and what the documentation states cannot
+drift apart."""
 
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Offline and quiet: every model ragdefense loads ships in a pip package, so the Hugging Face
 libraries are told not to reach the hub and not to draw download progress bars. Called by the
-command line; call :func:`offline` yourself in a notebook or script (it changes this process's
-environment, which is why the library never does it on its own)."""
+command line; in a notebook or script call it yourself, ``from ragdefense.offline import
+offline`` then ``offline()`` (it changes this process's environment, which is why the library
+never does it on its own). It is not a top-level name of :mod:`ragdefense`: this module has the
+same name."""
 
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
-"""RobustRAG as a LangChain Runnable: retrieve, one isolated LLM call per document (fanned out
-with ``batch`` / ``abatch`` and ``max_concurrency``), secure aggregation in the core."""
+"""RobustRAG as a LangChain Runnable: retrieve, one isolated LLM call per document (the model's
+``invoke``, or ``ainvoke`` on the async path, ``max_concurrency`` calls at a time), secure
+aggregation in the core."""
 
 from __future__ import annotations
 
@@ -119,7 +120,8 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     async def ainvoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        """Answer a question (async; the isolated calls go out through ``abatch``)."""
+        """Answer a question (async; the isolated calls go out concurrently through the model's
+        ``ainvoke``)."""
         return await self._acall_with_config(
             self._ainvoke, input, config, run_type="chain", **kwargs
         )

@@ -190,7 +190,9 @@ def red_team(
         targets: Questions with the attacker's answers.
         defense: What :func:`~langchain_ragdefense.defend` accepts.
         attack: One of :data:`ragdefense.attacks.ATTACKS` (``"poisonedrag"``,
-            ``"injection"``, ``"multi-answer"`` or a variant).
+            ``"injection"``, ``"multi-answer"`` or a variant; see
+            :func:`ragdefense.redteam.plant`).
+        n_poison: Poison passages planted per target.
         k: Documents in the context.
         chain: ``retriever -> Runnable`` building the user's chain around a retriever; its output
             (as a string) is the answer, and a target is hijacked when the answer states the

@@ -29,15 +29,16 @@ __all__ = [
 @dataclass(frozen=True)
 class Scoring:
     """How evidence becomes a score (chosen on the tuning part of ``python -m benchmarks audit``;
-    README "Audit a knowledge base").
+    the benchmark pages show the result).
 
     The score is the *isolation* of the tightest small group around a chunk, read off its
     nearest-neighbour similarities ``s_1 >= ... >= s_K``: the largest
     ``mean(s_1..s_j) - mean(s_j+1..s_K)`` for ``min_group - 1 <= j <= K - 2``. Planted passages
     come in small sets written for one question: very close to each other, far from the rest;
     benign near-duplicates sit in graded topical neighbourhoods. ``probe_weight`` mixes in the
-    share of probes on which the first defense removed the chunk (measured: it adds nothing at a
-    1% false-positive budget, so it is off by default; the report still shows it).
+    share of probes on which the first defense removed the chunk; it is off by default, as on the
+    tuning part it did not improve the ranking at a low false-positive budget (the report still
+    shows it).
 
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.

@@ -133,14 +133,15 @@ class Workdir:
     # ---- the manifest ----------------------------------------------------------------------
 
     def _is_audit(self) -> bool:
-        """Whether the folder's ``manifest.json`` is an audit's (bears :data:`MARKER`)."""
+        """Whether the folder's ``manifest.json`` is an audit's: it bears :data:`MARKER`, or
+        records an audit's own stage (``part_sizes``)."""
         try:
             manifest = self.read_json("manifest.json")
         except (OSError, ValueError):
             return False
         if not isinstance(manifest, dict) or "params" not in manifest:
             return False
-        # an audit of an earlier release bears no marker but its own stages' keys
+        # a manifest without the marker is still an audit's when it records an audit stage
         return manifest.get(MARKER) == 1 or "part_sizes" in manifest
 
     def start(self, params: dict[str, Any], fresh: bool = False) -> None:

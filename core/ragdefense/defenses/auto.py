@@ -18,8 +18,8 @@ retrieved set, in this order:
    and costs little on clean retrieval.
 
 The decision and its evidence are in ``estimates["regime"]`` and ``estimates["evidence"]``;
-each passage's verdict comes from the defense that decided it. Measured against each filter
-alone in the README (``python -m benchmarks auto``).
+each passage's verdict comes from the defense that decided it. The benchmark pages compare it
+with each filter alone (``python -m benchmarks auto``).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ class AutoDefense:
         embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: the packaged
             all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
         n: Passages GRADA keeps (``None``: half of those retrieved, as GRADA).
-        peel_tightness, peel_margin: The coordinated groups' ``tightness`` and ``margin``
+        peel_tightness: The coordinated groups' ``tightness``
+            (:func:`~ragdefense.defenses.grada.coordinated_groups`).
+        peel_margin: The coordinated groups' ``margin``
             (:func:`~ragdefense.defenses.grada.coordinated_groups`).
         absorb: Mean cosine to the groups above which a passage RAGDefender flags is removed
             with them (``None``: never).
@@ -55,7 +57,7 @@ class AutoDefense:
         peel: Look for coordinated groups at all (``False``: steps 2-3 only). The switches
             exist for the ablation in ``python -m benchmarks auto``.
 
-    Example:
+    Examples:
         >>> result = AutoDefense().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
         >>> result.estimates["regime"], result.kept                       # doctest: +SKIP
     """

@@ -100,7 +100,7 @@ class Consensus:
         support: Drop the top-ranked passages the others do not support (step 4).
         min_passages: Below this many passages nothing is removed.
 
-    Example:
+    Examples:
         >>> result = Consensus().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
         >>> print(result)                                                # doctest: +SKIP
     """

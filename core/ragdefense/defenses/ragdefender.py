@@ -1,8 +1,8 @@
 """RAGDefender (Kim, Lee, Koo, ACSAC 2025): a two-stage post-retrieval filter, no LLM, no training.
 
 Stage 1 estimates how many retrieved passages are adversarial; Stage 2 flags the passages that
-keep appearing in the most similar pairs. See ``../shared/docs/methods.md`` for the algorithm as
-specified, and the notes below where we depart from the authors' code.
+keep appearing in the most similar pairs. The algorithm is the paper's; the notes below say
+where we depart from the authors' code.
 
 Departures from the authors' package (``ragdefender`` 0.2.0), all deliberate:
 
@@ -153,12 +153,12 @@ def choose_task_type(clustering: Stage1Estimate) -> Literal["single_hop", "multi
 
     The concentration estimate compares each passage with the global mean and median
     similarity; when the suspicious passages are the majority they *are* the global statistics,
-    and about half of them fall below it (measured: it undercounts in 99-100% of the 2x-6x
-    cases of the RAGDefender benchmark). So when the keyword-heavy vote says the suspicious group
-    is a majority, the clustering estimate (the larger cluster) is used. When the vote says it is
-    a minority, the clustering estimate is the smaller cluster, which readily absorbs a dispersed
-    benign passage (multi-hop evidence about another entity); there the concentration estimate,
-    designed for dispersed benign passages, is used. No threshold is tuned.
+    and about half of them fall below it, so the estimate undercounts them. So when the
+    keyword-heavy vote says the suspicious group is a majority, the clustering estimate (the
+    larger cluster) is used. When the vote says it is a minority, the clustering estimate is the
+    smaller cluster, which readily absorbs a dispersed benign passage (multi-hop evidence about
+    another entity); there the concentration estimate, designed for dispersed benign passages,
+    is used. No threshold is tuned.
     """
     return "single_hop" if clustering.details.get("keyword_heavy_majority") else "multi_hop"
 
@@ -177,7 +177,7 @@ class RAGDefender:
         off_topic: Cosine below which passages count as unrelated: set aside before Stage 1
             and kept (:func:`off_topic`); ``None``: never.
 
-    Example:
+    Examples:
         >>> defender = RAGDefender()                                  # doctest: +SKIP
         >>> result = defender.defend("who wrote Hamlet?", passages)   # doctest: +SKIP
         >>> result.kept, result.removed                               # doctest: +SKIP

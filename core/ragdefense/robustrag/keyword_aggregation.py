@@ -54,12 +54,14 @@ class KeywordAggregation:
     ``RobustRAG(llm, aggregation=KeywordAggregation(alpha=0.3, beta=3))``.
 
     Args:
-        alpha, beta: Keyword threshold ``mu = min(alpha * n, beta)`` (paper: 0.3 and 3 for QA).
+        alpha: Share of the ``n`` non-abstaining answers a keyword must appear in: the
+            threshold is ``mu = min(alpha * n, beta)`` (paper: 0.3 for QA).
+        beta: Cap on the keyword threshold ``mu`` (paper: 3 for QA).
         max_undecided: Certification enumerates the subsets of at most this many undecided
             keywords (paper: 15); beyond it the answer is reported as not certifiable.
         max_certify_calls: Certification asks the LLM once per possible keyword set; above this
-            many it stops and reports the answer as not certifiable (2^15 calls is hours on a
-            CPU).
+            many it stops and reports the answer as not certifiable (the number of keyword
+            sets grows exponentially with the undecided keywords).
         keyword_prompt: The aggregation prompt (``{keywords}``, ``{query}``); checked here.
     """
 

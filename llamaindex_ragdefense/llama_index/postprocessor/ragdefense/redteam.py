@@ -136,6 +136,11 @@ def red_team(
             is never written to.
         targets: Questions with the attacker's answers.
         defense: A registry name (``None``: the default defense) or a core defense object.
+        attack: One of :data:`ragdefense.attacks.ATTACKS` (``"poisonedrag"``,
+            ``"injection"``, ``"multi-answer"`` or a variant; see
+            :func:`ragdefense.redteam.plant`).
+        n_poison: Poison passages planted per target.
+        k: Nodes in the context.
         llm: When given, each context is answered by this LLM (a compact response synthesizer)
             and a target is hijacked when the answer states the wrong answer; otherwise when
             poison is most of the context.
