@@ -114,7 +114,8 @@ ANSWER_TEMPLATES = (
 
 def poisonedrag(question: str, texts: Sequence[str]) -> list[str]:
     """PoisonedRAG black-box passages, exactly as the papers build them: ``question + ". " + text``
-    (also when the question ends with "?": the benchmark numbers depend on it)."""
+    (also when the question ends with "?", as the papers' passages do, so that results stay
+    comparable with theirs)."""
     return [f"{question}. {t}" for t in texts]
 
 
@@ -251,6 +252,15 @@ def make_poison(
       ``poisonedrag`` passages after :func:`substitute`, rewritten by :func:`paraphrase`, put
       inside ``hosts`` (benign on-topic paragraphs, in turn) by :func:`disperse`, as
       ``poisonedrag`` passages after :func:`typos`, or as :func:`newswire` copies.
+
+    Raises:
+        ValueError: ``n`` is negative, or ``attack`` is not one of :data:`ATTACKS`.
+
+    Examples:
+        >>> make_poison("poisonedrag", "Who wrote Hamlet?", "Marlowe", 2, texts=["Marlowe did."])
+        ['Who wrote Hamlet?. Marlowe did.']
+        >>> make_poison("no-prefix", "Who wrote Hamlet?", "Marlowe", 1)
+        ['The answer is Marlowe.']
     """
     if n < 0:
         raise ValueError(f"the number of poison passages must be >= 0, got {n}")

@@ -65,7 +65,17 @@ def _normal(value: Any) -> str | None:
 def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
     """The source of ``passage``: the value of its metadata ``source_key`` (``"auto"``: the
     first of :data:`SOURCE_KEYS` it has; ``None``: provenance off), a web address reduced to its
-    host; ``None`` when it has none."""
+    host; ``None`` when it has none.
+
+    Examples:
+        >>> web = Passage("Measles: key facts.", metadata={"url": "https://www.who.int/news/1"})
+        >>> source_of(web)
+        'who.int'
+        >>> source_of(Passage("Q3 revenue grew.", metadata={"file_path": "reports/q3.pdf"}))
+        'reports/q3.pdf'
+        >>> source_of(web, source_key=None) is None  # provenance off
+        True
+    """
     if source_key is None:
         return None
     meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
@@ -85,7 +95,17 @@ def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> li
 def is_trusted_by(trusted: Trust) -> Callable[[Passage, str | None], bool]:
     """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources
     (compared after the same reduction as :func:`source_of`: ``"https://www.who.int/x"`` and
-    ``"who.int"`` are one), or a predicate on the passage's metadata. ``None``: nothing is."""
+    ``"who.int"`` are one), or a predicate on the passage's metadata. ``None``: nothing is.
+
+    Examples:
+        >>> passage = Passage("...", metadata={"source": "https://who.int/x", "reviewed": True})
+        >>> is_trusted_by({"https://www.who.int/"})(passage, source_of(passage))
+        True
+        >>> is_trusted_by(lambda metadata: metadata.get("reviewed", False))(passage, None)
+        True
+        >>> is_trusted_by(None)(passage, "who.int")
+        False
+    """
     if trusted is None:
         return lambda passage, source: False
     if callable(trusted):

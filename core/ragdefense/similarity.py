@@ -52,7 +52,13 @@ def unit_rows(emb: np.ndarray, dtype: type = np.float64) -> np.ndarray:
 
 
 def cosine_matrix(emb: np.ndarray) -> np.ndarray:
-    """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0)."""
+    """Pairwise cosine similarities of the rows of ``emb`` (a zero row has similarity 0).
+
+    Examples:
+        >>> import numpy as np
+        >>> cosine_matrix(np.array([[1.0, 0.0], [1.0, 1.0], [0.0, 0.0]])).round(3).tolist()
+        [[1.0, 0.707, 0.0], [0.707, 1.0, 0.0], [0.0, 0.0, 0.0]]
+    """
     unit = unit_rows(emb)
     sim: np.ndarray = unit @ unit.T
     clipped: np.ndarray = np.clip(sim, -1.0, 1.0)

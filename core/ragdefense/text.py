@@ -90,13 +90,27 @@ _PUNCTUATION = str.maketrans("", "", string.punctuation)
 
 
 def normalize(text: str) -> str:
-    """Lower case, ASCII punctuation removed, whitespace collapsed."""
+    """Lower case, ASCII punctuation removed, whitespace collapsed.
+
+    Examples:
+        >>> normalize("  The U.S.  Army!")
+        'the us army'
+    """
     return " ".join(text.lower().translate(_PUNCTUATION).split())
 
 
 def contains_answer(text: str | None, answers: Sequence[str]) -> bool:
     """Whether ``text`` contains any of ``answers``, compared after :func:`normalize` (the
-    papers' substring match, insensitive to case, punctuation and spacing)."""
+    papers' substring match, insensitive to case, punctuation and spacing).
+
+    Examples:
+        >>> contains_answer("Hamlet was written by William  Shakespeare.", ["william shakespeare"])
+        True
+        >>> contains_answer("Hamlet was written by Marlowe.", ["Shakespeare", "Bacon"])
+        False
+        >>> contains_answer(None, ["Shakespeare"])
+        False
+    """
     if not text:
         return False
     low = normalize(text)

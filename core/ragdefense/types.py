@@ -42,6 +42,18 @@ class Passage:
         score: Optional retrieval score given by the retriever.
         metadata: Free-form metadata, carried through untouched.
         embedding: Optional precomputed embedding (e.g. the vector store's); used as is.
+
+    Examples:
+        >>> p = Passage(
+        ...     "Hamlet is a tragedy by William Shakespeare.",
+        ...     id="doc-7",
+        ...     metadata={"source": "https://www.britannica.com/topic/Hamlet"},
+        ...     embedding=[0.1, 0.7, 0.2],
+        ... )
+        >>> p.id, p.metadata["source"]
+        ('doc-7', 'https://www.britannica.com/topic/Hamlet')
+        >>> p == Passage("Hamlet is a tragedy by William Shakespeare.", id="doc-7")
+        True
     """
 
     text: str
@@ -65,6 +77,15 @@ def to_passages(passages: Sequence[PassageLike] | None) -> list[Passage]:
     Raises:
         DefenseInputError: if the container or an item has the wrong type, or it holds more
             than :data:`MAX_PASSAGES` passages.
+
+    Examples:
+        >>> passages = to_passages(["plain text", Passage("a document", id="d1")])
+        >>> [(p.text, p.id) for p in passages]
+        [('plain text', None), ('a document', 'd1')]
+        >>> to_passages("one string")
+        Traceback (most recent call last):
+        ...
+        ragdefense.types.DefenseInputError: passages must be a sequence of Passage or str, got str
     """
     if passages is None:
         raise DefenseInputError("passages must be a sequence of Passage or str, got None")
