@@ -310,6 +310,34 @@ def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     assert rows[ids[0]]["text"].startswith("'=HYPERLINK(")
 
 
+def test_report_plot_starts_at_rank_one_counts_the_audit_and_marks_groups(tmp_path: Path) -> None:
+    """The plot's x axis is ranks from 1 (no negative ranks), its title the chunks audited (not
+    only those listed), and each near-duplicate group has its own marked points."""
+    from ragdefense.auditing import AuditReport, Finding
+
+    def finding(i: int, group: str | None) -> Finding:
+        score = 0.9 - i * 0.0005
+        info = {"id": group, "size": 3, "similarity": 0.97} if group else None
+        return Finding(f"c{i}", "text", score, score >= 0.8, [], 1, {}, group=info)
+
+    groups = {0: "g0", 1: "g0", 2: "g0", 5: "g1", 7: "g1"}
+    findings = [finding(i, groups.get(i)) for i in range(1000)]
+    report = AuditReport(findings, 0.8, {"chunks": 123_456, "suspicious": 201, "listed": 1000})
+    ax = report.figure().axes[0]
+    left, right = ax.get_xlim()
+    assert left == pytest.approx(1.0) and right >= 1000
+    title = ax.get_title()
+    assert "123,456 chunks audited" in title and "201 suspicious" in title and "1,000" in title
+    marked = {c.get_label(): c.get_offsets().tolist() for c in ax.collections}
+    g0 = next(pts for label, pts in marked.items() if "g0" in label)
+    g1 = next(pts for label, pts in marked.items() if "g1" in label)
+    assert [x for x, _ in g0] == [1, 2, 3] and [x for x, _ in g1] == [6, 8]
+    labels = ax.get_legend_handles_labels()[1]
+    assert any("g0" in label for label in labels) and any("g1" in label for label in labels)
+    report.plot(tmp_path / "report.png")
+    assert (tmp_path / "report.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_files_jsonl_and_parquet_with_stored_vectors(toy: CallableEmbedder, tmp_path: Path) -> None:
     texts, ids, planted = toy_corpus()
     vectors = bag_of_words(texts)

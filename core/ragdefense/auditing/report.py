@@ -9,7 +9,10 @@ import unicodedata
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from matplotlib.figure import Figure
 
 __all__ = ["AuditReport", "Finding"]
 
@@ -144,21 +147,69 @@ class AuditReport:
         return written
 
     def plot(self, path: str | Path) -> None:
-        """Scores of every chunk, ranked, with the threshold (a PNG; needs matplotlib)."""
-        from matplotlib.figure import Figure
+        """Write :meth:`figure` to ``path`` (PNG, or the format its suffix names)."""
+        self.figure().savefig(path, dpi=120)
 
-        fig = Figure(figsize=(7, 3.5))
+    def figure(self, groups: int = 8) -> Figure:
+        """Scores of the listed chunks by rank (from 1, log scale) with the threshold, the
+        members of the ``groups`` first near-duplicate groups marked one colour and marker each
+        (the others together), titled with the chunks audited (needs matplotlib)."""
+        from matplotlib.figure import Figure
+        from matplotlib.ticker import StrMethodFormatter
+
+        fig = Figure(figsize=(8, 3.8), layout="constrained")
         ax = fig.subplots()
         scores = [f.score for f in self.findings]
-        ax.plot(range(1, len(scores) + 1), scores, lw=1.5)
+        ranks = range(1, len(scores) + 1)
+        ax.plot(ranks, scores, lw=1.5, color="tab:blue", label="score")
         ax.axhline(self.threshold, color="tab:red", ls="--", lw=1, label="threshold")
-        ax.set_xscale("symlog")
-        ax.set_xlabel("chunk rank")
+        members: dict[str, list[int]] = {}
+        sizes: dict[str, int] = {}
+        for rank, f in enumerate(self.findings, 1):
+            if f.group:
+                members.setdefault(str(f.group["id"]), []).append(rank)
+                sizes[str(f.group["id"])] = int(f.group.get("size", 0))
+        others: list[int] = []
+        for g, (gid, found) in enumerate(members.items()):  # first seen = best ranked
+            if g >= groups:
+                others += found
+                continue
+            ax.scatter(
+                found,
+                [scores[r - 1] for r in found],
+                s=28,
+                zorder=3,
+                clip_on=False,
+                marker="os^Dv<>P"[g % 8],
+                color=f"C{(g + 2) % 10}",
+                label=f"group {gid} ({sizes[gid]} chunks)",
+            )
+        if others:
+            label = f"{len(members) - groups} more groups"
+            ax.scatter(
+                others,
+                [scores[r - 1] for r in others],
+                s=14,
+                marker="x",
+                color="0.4",
+                zorder=3,
+                clip_on=False,
+                label=label,
+            )
+        ax.set_xscale("log")
+        ax.set_xlim(1, max(len(scores), 2))
+        ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
+        ax.set_xlabel("rank of the chunk (most suspicious first)")
         ax.set_ylabel("suspicion score")
-        ax.set_title(f"{len(self.suspicious)} of {len(scores)} chunks suspicious")
-        ax.legend()
-        fig.tight_layout()
-        fig.savefig(path, dpi=120)
+        chunks = int(self.stats.get("chunks", len(scores)))
+        suspicious = int(self.stats.get("suspicious", len(self.suspicious)))
+        ax.set_title(
+            f"{chunks:,} chunks audited, {suspicious:,} suspicious (score >= {self.threshold:g}); "
+            f"the {len(scores):,} listed are plotted",
+            fontsize=10,
+        )
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+        return fig
 
 
 def _shown(text: str) -> str:
