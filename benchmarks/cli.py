@@ -4,8 +4,10 @@ shared data (one subcommand, and one handler, per setting). Run from the reposit
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
+import platform
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,7 +21,7 @@ from ragdefense.offline import offline
 from .datasets import DataError, data_dir
 from .suite import DEFAULT_DEFENSES, DEFENSES
 
-__all__ = ["build_parser", "main"]
+__all__ = ["build_parser", "main", "run_record"]
 
 Table = tuple[Any, str]
 BUNDLES = "nq,msmarco,hotpotqa"
@@ -49,6 +51,12 @@ def _import(args: argparse.Namespace) -> Table:
     return import_table()
 
 
+def _latency(args: argparse.Namespace) -> Table:
+    from .settings.latency import latency_table
+
+    return latency_table()
+
+
 def _stores(args: argparse.Namespace) -> Table:
     from .settings.stores import stores_table
 
@@ -64,6 +72,7 @@ def _ragdefender(args: argparse.Namespace) -> Table:
         ratios=args.ratios,
         limit=args.limit,
         timing_queries=args.timing_queries,
+        embedder=args.embedder,
     )
 
 
@@ -76,31 +85,37 @@ def _auto(args: argparse.Namespace) -> Table:
         ratios=args.ratios,
         n_poison=args.poison or [0, 1, 3, 5],
         limit=args.limit,
+        embedder=args.embedder,
     )
 
 
 def _grada(args: argparse.Namespace) -> Table:
     from .settings.grada import grada_table
 
-    return grada_table(_folder(args), n_poison=args.poison or [0, 1, 3, 5], limit=args.limit)
+    return grada_table(
+        _folder(args),
+        n_poison=args.poison or [0, 1, 3, 5],
+        limit=args.limit,
+        embedder=args.embedder,
+    )
 
 
 def _default(args: argparse.Namespace) -> Table:
     from .settings.default import default_table
 
-    return default_table(_folder(args), args.candidate, limit=args.limit)
+    return default_table(_folder(args), args.candidate, limit=args.limit, embedder=args.embedder)
 
 
 def _threats(args: argparse.Namespace) -> Table:
     from .settings.threats import threats_table
 
-    return threats_table(_folder(args), limit=args.limit)
+    return threats_table(_folder(args), limit=args.limit, embedder=args.embedder)
 
 
 def _robustrag(args: argparse.Namespace) -> Table:
     from .settings.robustrag import robustrag_table
 
-    return robustrag_table(_folder(args), limit=args.limit or 20)
+    return robustrag_table(_folder(args), limit=args.limit or 20, embedder=args.embedder)
 
 
 def _audit(args: argparse.Namespace) -> Table:
@@ -145,6 +160,11 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     common.add_argument("--limit", type=positive, default=None, help="first N questions each")
     common.add_argument("--out", default=None, help="folder for the Markdown and JSON results")
+    common.add_argument(
+        "--embed-cache",
+        default=os.environ.get("RAGDEFENSE_BENCH_CACHE"),
+        help="folder keeping the MiniLM vectors across runs (default: $RAGDEFENSE_BENCH_CACHE)",
+    )
     return common
 
 
@@ -158,6 +178,7 @@ SETTINGS: dict[str, tuple[Callable[[argparse.Namespace], Table], str]] = {
     "threats": (_threats, "the 'Choose your threat model' table"),
     "robustrag": (_robustrag, "RealtimeQA top-10, 0/1 poison, packaged LLM (--limit 20)"),
     "import": (_import, "time of importing the core and the adapters"),
+    "latency": (_latency, "defense time against pool size (synthetic pools, no data)"),
     "stores": (_stores, "latency the one-line defense adds per vector store"),
     "audit": (_audit, "quality of `ragdefense audit` on the shared data with planted poison"),
     "audit-scale": (_audit, "speed of `ragdefense audit` as the corpus grows"),
@@ -207,16 +228,43 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         print(f"error: --out {args.out}: a file is there; name a folder", file=sys.stderr)
         return 2
+    args.embedder = None
+    if args.embed_cache:
+        from .embedcache import DiskCachedEmbedder
+
+        args.embedder = DiskCachedEmbedder(args.embed_cache)
     try:
         rows, table = SETTINGS[args.setting][0](args)
     except (UsageError, DataError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        if args.embedder is not None:
+            args.embedder.flush()
     print(table)
     if args.out and args.setting != "suite":
         out = Path(args.out)
         out.mkdir(parents=True, exist_ok=True)
         (out / f"{args.setting}.md").write_text(table + "\n", encoding="utf-8")
-        (out / f"{args.setting}.json").write_text(json.dumps(rows, indent=1), encoding="utf-8")
+        record = {**run_record(argv), "setting": args.setting, "rows": rows, "table": table}
+        (out / f"{args.setting}.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
         print(f"\nwritten: {out / args.setting}.md, {out / args.setting}.json")
     return 0
+
+
+def run_record(argv: Sequence[str] | None) -> dict[str, Any]:
+    """When, where and how a result was made: printed beside it in the docs."""
+    words = list(sys.argv[1:] if argv is None else argv)
+    keep, skip = [], False
+    for word in words:  # the output and cache folders are the runner's, not the result's
+        if skip:
+            skip = False
+        elif word in ("--out", "--embed-cache"):
+            skip = True
+        elif not word.startswith(("--out=", "--embed-cache=")):
+            keep.append(word)
+    return {
+        "command": " ".join(["python -m benchmarks", *keep]),
+        "date": datetime.date.today().isoformat(),
+        "machine": f"{platform.machine()}, {os.cpu_count()} cores, {platform.system()}",
+    }

@@ -19,7 +19,8 @@ def demo_table(embedder: Any = None, k: int = 8) -> tuple[list[dict[str, Any]], 
     cases = demo_cases(embedder, k)
     defenses: dict[str, CaseDefense] = {
         "none": no_defense,
-        "RAGDefender": on_case(registry.defense("ragdefender")),
+        "Consensus (default)": on_case(registry.defense(registry.DEFAULT_DEFENSE)),
+        "RAGDefender (strict)": on_case(registry.defense("ragdefender")),
         **{f"GRADA-{n}": d for n, d in grada_variants().items() if n != "none"},
     }
     rows = [{"defense": n} | summarize(run_cases(d, cases)) for n, d in defenses.items()]

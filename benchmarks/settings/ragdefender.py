@@ -115,7 +115,7 @@ def _cold_timing(
     rows: list[dict[str, Any]],
 ) -> str:
     """Median ms per query: one embedding pass alone vs embedding + RAGDefender (no cache)."""
-    model = as_embedder(embedder)
+    model = as_embedder(getattr(embedder, "inner", embedder))  # the model, never a disk cache
     table = []
     for ds in datasets:
         records = load_ragdefender(folder, ds)[:n_queries]

@@ -1,0 +1,88 @@
+"""Vectors kept on disk across benchmark runs (``python -m benchmarks ... --embed-cache DIR``).
+
+The settings embed tens of thousands of passages with the packaged MiniLM; a second run of the
+same setting, or another setting over the same passages, reads them back instead. Vectors are
+keyed by the SHA-256 of the text (passages and queries apart) and stored as ``.npz`` shards, each
+written whole under a temporary name and renamed, so a killed run leaves no half shard. Only the
+embedding pass is skipped: defense timings are taken with embeddings given either way, and the
+cold-timing table uses the model itself (:attr:`DiskCachedEmbedder.inner`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import uuid
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from ragdefense.embedders import Embedder, as_embedder
+
+__all__ = ["DiskCachedEmbedder"]
+
+_FLUSH_ROWS = 4096
+
+
+def _key(kind: str, text: str) -> str:
+    return hashlib.sha256(f"{kind}\0{text}".encode()).hexdigest()
+
+
+class DiskCachedEmbedder(Embedder):
+    """``inner`` (default: the packaged MiniLM) with every vector it computed kept in ``folder``.
+
+    Args:
+        folder: where the shards live; one subfolder per ``name``.
+        inner: the model that computes what the folder does not hold.
+        name: the model's name in the folder (two models must never share one).
+    """
+
+    def __init__(
+        self, folder: str | os.PathLike[str], inner: Any = None, name: str = "all-MiniLM-L6-v2"
+    ) -> None:
+        super().__init__(cache_size=0)  # the disk index is the cache
+        self.inner = as_embedder(inner)
+        self.folder = Path(folder) / name
+        self.folder.mkdir(parents=True, exist_ok=True)
+        self._known: dict[str, np.ndarray] = {}
+        for shard in sorted(self.folder.glob("shard-*.npz")):
+            with np.load(shard) as data:
+                self._known.update(zip(map(str, data["keys"]), data["vectors"], strict=True))
+        self._new: dict[str, np.ndarray] = {}
+        self.hits = 0
+
+    def _get(self, kind: str, texts: list[str]) -> np.ndarray:
+        keys = [_key(kind, t) for t in texts]
+        missing = [t for t, k in zip(texts, keys, strict=True) if k not in self._known]
+        self.hits += len(texts) - len(missing)
+        if missing:
+            if kind == "q":
+                fresh = np.stack([self.inner.embed_query(t) for t in missing])
+            else:
+                fresh = self.inner.embed(missing)
+            for t, v in zip(missing, fresh, strict=True):
+                k = _key(kind, t)
+                self._known[k] = self._new[k] = v
+            if len(self._new) >= _FLUSH_ROWS:
+                self.flush()
+        return np.stack([self._known[k] for k in keys])
+
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        return self._get("p", texts)
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        row: np.ndarray = self._get("q", [text])[0]
+        return row
+
+    def flush(self) -> None:
+        """Write the vectors computed since the last flush as one new shard."""
+        if not self._new:
+            return
+        keys = np.array(list(self._new), dtype="U64")
+        vectors = np.stack(list(self._new.values())).astype(np.float32)
+        tmp = self.folder / f".tmp-{uuid.uuid4().hex}.npz"
+        np.savez(tmp, keys=keys, vectors=vectors)
+        os.replace(tmp, self.folder / f"shard-{uuid.uuid4().hex}.npz")
+        self._new.clear()  # in place: copies made by with_cache() share it
