@@ -23,7 +23,7 @@ from .plots import PLOTS
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["PAGES", "main", "render", "render_page", "summary"]
+__all__ = ["PAGES", "README_BLOCK", "main", "readme_block", "render", "render_page", "summary"]
 
 HERE = Path(__file__).resolve().parent
 #: per setting, in the index's order: (title, module of benchmarks.settings whose docstring
@@ -162,15 +162,57 @@ def render(results: str | Path, docs: str | Path) -> list[Path]:
     return sorted(written)
 
 
+#: the README's threat-model table sits between these two lines, rendered from threats.json
+README_BLOCK = (
+    "<!-- threats: rendered by `make bench-docs` from benchmarks/results/threats.json -->",
+    "<!-- /threats -->",
+)
+
+
+def readme_block(record: dict[str, Any]) -> str:
+    """The README's threat-model table: the first table of the threats result, with the command,
+    date and machine that produced it."""
+    text = _rst_to_markdown(str(record["table"]))
+    lead, _, rest = text.partition("\n\n")
+    table = rest.split("\n\n")[0]
+    return (
+        f"{lead}\n\n{table}\n\nProduced by `{record['command']}` on {record['date']}, "
+        f"{record['machine']}; the S curve and every other setting: "
+        "[benchmarks](docs/benchmarks/index.md)."
+    )
+
+
+def update_readme(readme: Path, results: Path) -> bool:
+    """Replace the README's block between :data:`README_BLOCK` with :func:`readme_block` of
+    ``results/threats.json``; ``False`` (nothing written) when either is missing."""
+    source = results / "threats.json"
+    if not (readme.exists() and source.exists()):
+        return False
+    text = readme.read_text(encoding="utf-8")
+    start, end = README_BLOCK
+    if start not in text or end not in text:
+        return False
+    head, _, tail = text.partition(start)
+    _, _, tail = tail.partition(end)
+    block = readme_block(json.loads(source.read_text(encoding="utf-8")))
+    new = f"{head}{start}\n{block}\n{end}{tail}"
+    if new != text:
+        readme.write_text(new, encoding="utf-8")
+    return True
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Render the pages; print what was written."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pages", description=__doc__)
     parser.add_argument("--results", default="benchmarks/results", help="the results JSON")
     parser.add_argument("--docs", default="docs/benchmarks", help="folder of the pages")
+    parser.add_argument("--readme", default="README.md", help="README with the threats block")
     args = parser.parse_args(argv)
     if not Path(args.results).is_dir():
         parser.error(f"no results folder {args.results!r}: run `make bench-results` first")
     written = render(args.results, args.docs)
+    if update_readme(Path(args.readme), Path(args.results)):
+        written.append(Path(args.readme))
     print("written: " + ", ".join(str(p) for p in written))
     return 0
 

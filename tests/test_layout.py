@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.util
 import subprocess
 import sys
 from pathlib import Path
@@ -185,5 +186,7 @@ def test_adapters_use_only_the_cores_public_api(folder: Path) -> None:
         assert not any(part.startswith("_") for part in module.split(".")), (file, module)
         imported = importlib.import_module(module)
         exported = getattr(imported, "__all__", ())
-        is_module = hasattr(imported, "__path__") and f"{module}.{name}" in sys.modules
+        is_module = hasattr(imported, "__path__") and bool(
+            importlib.util.find_spec(f"{module}.{name}")
+        )
         assert name in exported or is_module, f"{file}: {name} is not in {module}.__all__"

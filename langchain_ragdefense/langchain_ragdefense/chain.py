@@ -33,7 +33,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 
     Build it with :meth:`from_llm`.
 
-    Args:
+    Attributes:
         llm: The chat model (or any Runnable) answering each passage in isolation.
         retriever: Where the passages come from (in rank order).
         aggregation: ``"keyword"`` / ``"majority"``, or an aggregation's settings

@@ -54,7 +54,7 @@ class DefenseCompressor(BaseDocumentCompressor):
     ``metadata["ragdefense"]`` (score, decision, reason). Removed documents are reported through
     the callback system as the custom event ``"ragdefense_removed"``.
 
-    Args:
+    Attributes:
         defense: A name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``, ``"grada"``,
             ``"grada-peel"``, ``"auto"``, ...) or a core defense object.
         params: The named defense's parameters (e.g. ``{"trusted": {"docs.example.org"}}``);

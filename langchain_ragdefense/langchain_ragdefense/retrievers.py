@@ -28,7 +28,7 @@ __all__ = ["DefendedRetriever", "defend"]
 class DefendedRetriever(BaseRetriever):
     """Retrieves with ``base_retriever``, then applies ``compressor`` (a defense).
 
-    Args:
+    Attributes:
         base_retriever: The retriever to protect.
         compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
         k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
