@@ -5,6 +5,7 @@ navigation; and the README stays a front page, not a manual."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import subprocess
@@ -109,3 +110,66 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert (site / "cookbook" / "langchain_quickstart" / "index.html").exists()
     api = (site / "reference" / "defenses" / "index.html").read_text("utf-8")
     assert "Consensus" in api and "defend_embeddings" in api  # rendered from the docstrings
+
+
+#: a dotted name of the API in a code span: `ragdefense.x.y`, `RobustRAG.answer_calls(...)`
+_NAME = re.compile(
+    r"`((?:ragdefense|langchain_ragdefense|llama_index\.postprocessor\.ragdefense)"
+    r"(?:\.[A-Za-z_]\w*)+|[A-Z]\w+\.[a-z_]\w*)(\([^`]*\))?`"
+)
+
+
+def _exports() -> dict[str, object]:
+    from llama_index.postprocessor import ragdefense as li
+
+    import langchain_ragdefense
+    import ragdefense
+
+    return {n: getattr(m, n) for m in (li, langchain_ragdefense, ragdefense) for n in m.__all__}
+
+
+def _resolve(name: str, exports: dict[str, object]) -> object:
+    import importlib
+
+    parts = name.split(".")
+    obj: object
+    if parts[0] in exports:  # a class the packages export, then its attribute
+        obj, rest = exports[parts[0]], parts[1:]
+    else:
+        for cut in range(len(parts), 0, -1):
+            try:
+                obj, rest = importlib.import_module(".".join(parts[:cut])), parts[cut:]
+                break
+            except ImportError:
+                continue
+        else:
+            raise LookupError(f"no module in {name}")
+    for part in rest:
+        fields = (
+            {f.name for f in dataclasses.fields(obj)} if dataclasses.is_dataclass(obj) else set()
+        )
+        fields |= set(getattr(obj, "model_fields", {}))  # pydantic
+        obj = getattr(obj, part) if part not in fields else getattr(obj, part, part)
+    return obj
+
+
+def test_every_api_name_the_docs_mention_exists() -> None:
+    """A name in a code span of the README or a docs page must resolve, and be callable where
+    it is called (``ragdefense.offline()``, ``RobustRAG._decoding_certificate`` would fail):
+    prose cannot drift from the code."""
+    exports = _exports()
+    seen, missing = 0, []
+    for page in PAGES:
+        for name, call in _NAME.findall((ROOT / page).read_text("utf-8")):
+            if name[0].isupper() and name.split(".")[0] not in exports:
+                continue  # Class.attr of another library (e.g. Settings.llm)
+            seen += 1
+            try:
+                obj = _resolve(name, exports)
+            except (AttributeError, LookupError) as exc:
+                missing.append(f"{page}: {name} ({exc})")
+                continue
+            if call and not callable(obj):
+                missing.append(f"{page}: {name} is called but is not callable")
+    assert seen >= 10
+    assert not missing, "\n".join(missing)
