@@ -121,6 +121,34 @@ def _undecided(nlp: Any, fn: Any = None) -> tuple[RobustRAG, Any]:
     return rr, rr.answer(Q, list(iso))
 
 
+@pytest.mark.parametrize("run", ["sync", "async"])
+def test_isolated_calls_are_reported_as_each_completes(nlp: Any, run: str) -> None:
+    """(#27 item 17) a slow remote model: the user sees each isolated answer arrive, from the
+    caller's thread, never a silent wait for the whole batch."""
+    import asyncio
+    import threading
+
+    caller = threading.current_thread()
+    seen: list[tuple[int, int, bool]] = []
+
+    def slow(prompt: str) -> str:
+        time.sleep(0.02)
+        return "Paris"
+
+    rr = RobustRAG(llm=CallableLLM(slow, max_concurrency=1), nlp=nlp)
+
+    def progress(done: int, of: int) -> None:
+        seen.append((done, of, threading.current_thread() is caller))
+
+    if run == "sync":
+        rr.answer(Q, [f"p{i}!" for i in range(6)], progress=progress)
+    else:
+        asyncio.run(rr.aanswer(Q, [f"p{i}!" for i in range(6)], progress=progress))
+    assert [d for d, _, _ in seen] == list(range(8))  # 6 isolated calls and the aggregation
+    assert {of for _, of, _ in seen} == {7}
+    assert run == "async" or all(mine for _, _, mine in seen)
+
+
 def test_certification_reports_progress_against_its_estimate(nlp: Any) -> None:
     rr, result = _undecided(nlp)
     seen: list[tuple[int, int]] = []
@@ -722,8 +750,8 @@ def test_a_pool_past_the_cap_is_refused_at_once(toy_embedder: Any) -> None:
 def test_the_limits_the_readme_states_are_the_ones_the_command_prints(
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    """(#27 Done when) README "Reliability" states each limit with the number ``ragdefense
-    limits`` prints, read off the code: a changed default fails here until the README follows."""
+    """(#27 Done when) the docs' "Reliability" page states each limit with the number ``ragdefense
+    limits`` prints, read off the code: a changed default fails here until the page follows."""
     import re
 
     from ragdefense.cli import main
@@ -733,8 +761,8 @@ def test_the_limits_the_readme_states_are_the_ones_the_command_prints(
         m[1]: int(float(m[2]))
         for m in re.finditer(r"^(\S.*?)\s{2,}(\d[\d.]*)\s", capsys.readouterr().out, re.M)
     }
-    readme = (Path(__file__).parents[1] / "README.md").read_text(encoding="utf-8")
-    section = readme.split("## Reliability")[1].split("\n## ")[0].replace("\n  ", " ")
+    page = Path(__file__).parents[1] / "docs" / "reliability.md"
+    section = page.read_text(encoding="utf-8").replace("\n  ", " ")
     said = {
         "ragdefense.types.MAX_PASSAGES": r"MAX_PASSAGES` = ([\d,]+) passages",
         "RobustRAG(max_passage_chars=)": r"`max_passage_chars` = ([\d,]+) characters",
@@ -954,8 +982,9 @@ def test_robustrag_cost_is_known_before_and_reported_during_the_work(nlp: Any) -
     assert rr.answer_calls(passages) == 11  # ten isolated calls and the keyword aggregation
     seen: list[tuple[int, int]] = []
     rr.answer(Q, passages, certify=1, progress=lambda done, of: seen.append((done, of)))
-    assert seen[:2] == [(0, 11), (11, 11)]  # before and after the answer's own calls
-    certification = seen[2:]
+    answer = seen[: seen.index((11, 11)) + 1]  # before the first call, then as calls complete
+    assert answer[0] == (0, 11) and [d for d, _ in answer] == sorted({d for d, _ in answer})
+    certification = seen[len(answer) :]
     assert certification and certification[-1][0] == certification[-1][1]
     assert len(certification) >= -(-certification[-1][1] // 8)  # reported every 8 calls
 

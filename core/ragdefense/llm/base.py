@@ -19,6 +19,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from .observe import observer
+
 __all__ = [
     "DEFAULT_TIMEOUT",
     "LLM",
@@ -178,12 +180,20 @@ def run_threads(
                 left -= 1
                 finished.notify_all()
 
+    observe, told = observer(), 0
     for _ in range(max(1, min(workers, len(prompts)))):
         threading.Thread(target=work, daemon=True, name=THREAD_NAME).start()
     with lock:
-        while left and time.monotonic() < end:
-            finished.wait(min(end - time.monotonic(), 3600.0))
-        stop = True
+        try:
+            while left and time.monotonic() < end:
+                finished.wait(min(end - time.monotonic(), 3600.0))
+                if observe is not None and len(prompts) - left > told:
+                    told = len(prompts) - left
+                    observe(told)  # in the caller's thread
+            if observe is not None and len(prompts) - left > told:
+                observe(len(prompts) - left)
+        finally:
+            stop = True
         return [r if r is not None else timed_out(budget) for r in results]
 
 
@@ -200,8 +210,17 @@ async def gather_within(
         return [timed_out(budget) for _ in prompts]
     sem = asyncio.Semaphore(max(1, workers))
     end = time.monotonic() + budget
+    observe, told = observer(), 0
 
     async def one(p: str) -> Generation:
+        nonlocal told
+        generation = await answer(p)
+        told += 1
+        if observe is not None and time.monotonic() <= end:
+            observe(told)
+        return generation
+
+    async def answer(p: str) -> Generation:
         async with sem:
             try:
                 value = await call(p)

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, timed_out
+from .observe import observer
 
 __all__ = ["SMOLLM2_GGUF", "TokenSession", "TransformersLLM", "default_llm", "packaged_smollm2_dir"]
 
@@ -204,6 +205,8 @@ class TransformersLLM(LLM):
                 ]
             except Exception as exc:  # a batch that fails is reported on each of its prompts
                 out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
+            if (observe := observer()) is not None:
+                observe(len(out))
         return out
 
     def next_token_probs(self, prompts: Sequence[str]) -> Any:

@@ -22,7 +22,7 @@ from typing import Any, Literal, Protocol
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
 from .checks import check_attack, check_certify, check_installed, check_templates
-from .flow import Flow, Progress, Runtime, adrive, drive, local
+from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
 from .majority_vote import MajorityVote
@@ -326,12 +326,12 @@ class RobustRAG:
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation.name, (), "no passages were given")
             return (yield from local(empty))
-        calls = self.answer_calls(items)
-        if progress is not None:
+        answer = self._bound().answer(query, items, choices)
+        if progress is not None:  # before the first call, then as each call completes
+            calls = self.answer_calls(items)
             progress(0, calls)
-        result: RobustAnswer = yield from self._bound().answer(query, items, choices)
-        if progress is not None:
-            progress(calls, calls)
+            answer = reported(answer, progress, calls)
+        result: RobustAnswer = yield from answer
         if certify is not None:
             result = yield from self._certify_flow(result, certify, attack, gold, progress)
         return result

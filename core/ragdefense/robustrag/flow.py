@@ -10,9 +10,20 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..llm.base import TIMED_OUT, Generation
+from ..llm.observe import reporting
 from ..types import Passage
 
-__all__ = ["Flow", "Progress", "Runtime", "adrive", "drive", "failures_note", "local"]
+__all__ = [
+    "Batch",
+    "Flow",
+    "Progress",
+    "Runtime",
+    "adrive",
+    "drive",
+    "failures_note",
+    "local",
+    "reported",
+]
 
 T = TypeVar("T")
 
@@ -28,12 +39,48 @@ def local(value: T) -> Flow[T]:
     return value
 
 
+class Batch(list[str]):
+    """A prompt batch whose calls are reported one by one to ``on_done(done)`` as the backend
+    completes them (:mod:`ragdefense.llm.observe`)."""
+
+    def __init__(self, prompts: Sequence[str], on_done: Callable[[int], None]) -> None:
+        super().__init__(prompts)
+        self.on_done = on_done
+
+
+def reported(flow: Flow[T], progress: Progress, total: int) -> Flow[T]:
+    """``flow`` with each LLM call reported as ``progress(done, total)`` when it completes,
+    counted across its batches; ``progress(total, total)`` at its end if the backend did not
+    report every call."""
+    done = last = 0
+
+    def tell(n: int) -> None:
+        nonlocal last
+        if done + n > last:
+            last = done + n
+            progress(last, total)
+
+    try:
+        prompts = next(flow)
+        while True:
+            generations = yield Batch(prompts, tell)
+            done += len(prompts)
+            prompts = flow.send(generations)
+    except StopIteration as stop:
+        if last != total:
+            progress(total, total)
+        result: T = stop.value
+        return result
+
+
 def drive(flow: Flow[T], generate: Callable[[list[str]], Sequence[Generation]]) -> T:
     """Run ``flow`` to its end, answering each prompt batch with ``generate``."""
     try:
         prompts = next(flow)
         while True:
-            prompts = flow.send(list(generate(prompts)))
+            with reporting(getattr(prompts, "on_done", None)):
+                generations = list(generate(prompts))
+            prompts = flow.send(generations)
     except StopIteration as stop:
         result: T = stop.value
         return result
@@ -46,7 +93,9 @@ async def adrive(
     try:
         prompts = next(flow)
         while True:
-            prompts = flow.send(list(await agenerate(prompts)))
+            with reporting(getattr(prompts, "on_done", None)):
+                generations = list(await agenerate(prompts))
+            prompts = flow.send(generations)
     except StopIteration as stop:
         result: T = stop.value
         return result

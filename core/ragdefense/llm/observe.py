@@ -1,0 +1,32 @@
+"""Per-call progress: whom a backend tells, as each LLM call of a batch completes, how many of
+the batch's calls are done. The observer is scoped to the batch (a context variable set by the
+caller around ``generate`` / ``agenerate``), so backends keep their signature and a backend that
+reports nothing still works: its caller reports when the batch returns."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+
+__all__ = ["Observer", "observer", "reporting"]
+
+#: ``observer(done)``: calls of the current batch completed so far (answered, failed or late)
+Observer = Callable[[int], None]
+
+_CURRENT: ContextVar[Observer | None] = ContextVar("ragdefense_llm_observer", default=None)
+
+
+def observer() -> Observer | None:
+    """The observer of the batch being generated (``None``: nobody asked)."""
+    return _CURRENT.get()
+
+
+@contextmanager
+def reporting(on_done: Observer | None) -> Iterator[None]:
+    """Within the block, backends report completed calls to ``on_done``."""
+    token = _CURRENT.set(on_done)
+    try:
+        yield
+    finally:
+        _CURRENT.reset(token)
