@@ -172,6 +172,37 @@ def test_robustrag_keeps_its_deadline_whatever_the_llm_does(
         assert r.certificate is not None
 
 
+@settings(
+    max_examples=15, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    sizes=st.lists(st.integers(0, 30_000), min_size=1, max_size=4),
+    spaced=st.booleans(),
+    budget=st.sampled_from([50, 400, 1500]),
+)
+def test_no_prompt_holds_more_of_a_passage_than_its_budget(
+    nlp: Any, sizes: list[int], spaced: bool, budget: int
+) -> None:
+    """(#27 item 6) one huge passage cannot hold every isolated answer past the deadline: each
+    passage reaches its prompt cut to ``max_passage_chars``, with or without spaces."""
+    prompts: list[str] = []
+
+    def record(prompt: str) -> str:
+        prompts.append(prompt)
+        return "Canberra"
+
+    unit = "word " if spaced else "x"
+    passages = [(unit * n)[:n] for n in sizes]
+    rr = RobustRAG(llm=CallableLLM(record), nlp=nlp, max_passage_chars=budget)
+    rr.answer("capital of Australia?", passages)
+    empty = RobustRAG(llm=CallableLLM(record), nlp=nlp).isolated_prompt.format(
+        context="", query="capital of Australia?"
+    )
+    isolated = [p for p in prompts if "capital of Australia?" in p][: len(passages)]
+    assert len(isolated) == len(passages)
+    assert all(len(p) <= len(empty) + budget + len(" …") for p in isolated)  # marked as cut
+
+
 # ---------------------------------------------------------------- the adapters
 
 DOC_TEXTS = st.lists(TEXT, max_size=8)

@@ -779,7 +779,7 @@ def test_the_limits_the_readme_states_are_the_ones_the_command_prints(
     for setting, pattern in said.items():
         if pattern is not None:
             found = re.search(pattern, section)
-            assert found, f"README Reliability no longer states {setting}"
+            assert found, f"the Reliability page no longer states {setting}"
             assert int(found[1].replace(",", "")) == printed[setting], setting
 
 
