@@ -19,7 +19,7 @@ import random
 import resource
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -52,6 +52,9 @@ class AuditCorpus:
     planted: dict[str, tuple[str, str, int]]
     questions: list[str]
     sources: dict[str, str]
+    #: per target (aligned with ``questions``): its correct answers, and (dataset, family, count)
+    answers: list[tuple[str, ...]] = field(default_factory=list)
+    targets: list[tuple[str, str, int]] = field(default_factory=list)
 
     def corpus(self, vectors: Any = None) -> ListCorpus:
         """As an audit input (with the vectors a store would hold, when given)."""
@@ -69,8 +72,11 @@ def _title(text: str) -> tuple[str, str]:
     return (head, text) if sep else ("", text)
 
 
-def audit_corpus(folder: str | Path, n_targets: int = 100, seed: int = 0) -> AuditCorpus:
-    """Build the corpus (deterministic for a given ``seed``)."""
+def audit_corpus(
+    folder: str | Path, n_targets: int = 100, seed: int = 0, counts: Sequence[int] = COUNTS
+) -> AuditCorpus:
+    """Build the corpus (deterministic for a given ``seed``): ``counts`` planted passages per
+    target, in turn."""
     records = {d: load_qa(folder, d) for d in DATASETS}
     ids: list[str] = []
     texts: list[str] = []
@@ -91,10 +97,10 @@ def audit_corpus(folder: str | Path, n_targets: int = 100, seed: int = 0) -> Aud
     per = n_targets // len(DATASETS)
     chosen = [(d, r) for d in DATASETS for r in rng.sample(records[d], per)]
     planted: dict[str, tuple[str, str, int]] = {}
-    questions = []
+    questions, answers, targets = [], [], []
     for t, (dataset, record) in enumerate(chosen):
         family = ATTACKS[t % len(ATTACKS)]
-        count = COUNTS[(t // len(ATTACKS)) % len(COUNTS)]
+        count = counts[(t // len(ATTACKS)) % len(counts)]
         poison = make_poison(
             family,
             record.question,
@@ -104,6 +110,8 @@ def audit_corpus(folder: str | Path, n_targets: int = 100, seed: int = 0) -> Aud
             alternatives=record.wrong_alternatives,
         )
         questions.append(record.question)
+        answers.append(tuple(record.answers))
+        targets.append((dataset, family, count))
         for j, passage in enumerate(poison):
             chunk_id = f"t{t}-p{j}"
             ids.append(chunk_id)
@@ -118,6 +126,8 @@ def audit_corpus(folder: str | Path, n_targets: int = 100, seed: int = 0) -> Aud
         planted,
         questions,
         sources,
+        answers,
+        targets,
     )
 
 

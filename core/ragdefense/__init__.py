@@ -28,6 +28,7 @@ _EXPORTS = {
     "AutoDefense": "defenses.auto",
     "Consensus": "defenses.consensus",
     "GRADA": "defenses.grada",
+    "Quarantine": "defenses.quarantine",
     "RAGDefender": "defenses.ragdefender",
     "defense": "defenses.registry",
     "CallableEmbedder": "embedders",
@@ -79,6 +80,7 @@ if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .defenses.auto import AutoDefense as AutoDefense
     from .defenses.consensus import Consensus as Consensus
     from .defenses.grada import GRADA as GRADA
+    from .defenses.quarantine import Quarantine as Quarantine
     from .defenses.ragdefender import RAGDefender as RAGDefender
     from .defenses.registry import defense as defense
     from .embedders import CallableEmbedder as CallableEmbedder

@@ -1,0 +1,203 @@
+"""Quarantine: the chunks a knowledge-base audit flagged never reach a context, whatever the
+per-query defense would decide about them.
+
+The per-query defenses see one query's pool; an audit sees the whole knowledge base, and finds
+planted *sets* (near-copies written for one question, far closer to each other than to anything
+else) even where they are the majority of what a query retrieves, the case no text-only rule over
+one pool can decide. :class:`Quarantine` carries the audit's findings to answer time: a passage
+the audit flagged is removed before the wrapped defense runs, with the audit's evidence as its
+reason, and the defense decides about the rest as usual.
+
+A passage is matched to a finding by its id (the knowledge base's: a LangChain document id, a
+LlamaIndex node id, a file's record id) or, failing that, by its exact text, so a chunk stored
+again under a new id stays quarantined; a reworded chunk is a new chunk, which the next audit
+and the per-query defense judge.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..types import Defense, DefenseResult, Passage, PassageLike, Verdict, to_passages
+
+__all__ = ["Quarantine"]
+
+
+def _digest(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _findings(report: Any) -> list[Mapping[str, Any]]:
+    """The findings (as mappings) of an AuditReport, its ``to_dict()``, a ``report.json`` or the
+    audit's folder holding one."""
+    if isinstance(report, (str, os.PathLike)):
+        path = Path(report)
+        path = path / "report.json" if path.is_dir() else path
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the audit report {str(path)!r}: {exc}") from exc
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
+    if not isinstance(report, Mapping) or not isinstance(report.get("findings"), list):
+        raise ValueError("not an audit report: expected its 'findings' (ragdefense.audit)")
+    return [f for f in report["findings"] if isinstance(f, Mapping)]
+
+
+@dataclass(frozen=True, eq=False)
+class Quarantine:
+    """A defense that first removes the passages an audit flagged, then runs ``defense``.
+
+    Build it from an audit: ``Quarantine.from_report("audit/report.json")``; use it wherever a
+    defense goes (``defend(retriever, quarantine)`` in either framework).
+
+    Attributes:
+        defense: The per-query defense run on the passages left (any :class:`Defense`).
+        ids: Ids of the quarantined chunks.
+        digests: SHA-256 of their texts.
+        reasons: The audit's evidence per chunk, by id and by digest.
+    """
+
+    defense: Defense
+    ids: frozenset[str]
+    digests: frozenset[str]
+    reasons: Mapping[str, str]
+
+    @classmethod
+    def from_report(
+        cls,
+        report: Any,
+        defense: Any = None,
+        *,
+        min_score: float | None = None,
+        grouped: bool = True,
+    ) -> Quarantine:
+        """Quarantine the chunks ``report`` flags.
+
+        Args:
+            report: An :class:`~ragdefense.auditing.AuditReport`, its ``to_dict()``, the path of
+                its ``report.json``, or the audit's working folder holding one.
+            defense: The per-query defense for the rest: a name or an object, as
+                :func:`ragdefense.defense` takes (``None``: the default).
+            min_score: Quarantine every chunk scored at least this (``None``: the chunks the
+                audit itself flagged, ``suspicious``).
+            grouped: Only chunks in one of the audit's near-duplicate groups: planted *sets*.
+                A flagged chunk with no near-duplicate is as often the honest passage a planted
+                set sits next to (its victim) as a planted one, and is left to the per-query
+                defense; ``False`` quarantines it too.
+
+        Raises:
+            ValueError: The report cannot be read or is not an audit's.
+        """
+        from .registry import defense as front_door
+
+        findings = _findings(report)
+        chosen = [
+            f
+            for f in findings
+            if (bool(f.get("suspicious")) if min_score is None else f.get("score", 0) >= min_score)
+            and (not grouped or int((f.get("group") or {}).get("size", 0)) >= 2)
+        ]
+        reasons: dict[str, str] = {}
+        for f in chosen:
+            why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"
+            score = float(f.get("score", float("nan")))
+            reason = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
+            reasons[str(f.get("id"))] = reasons[_digest(str(f.get("text", "")))] = reason
+        return cls(
+            front_door(defense),
+            frozenset(str(f.get("id")) for f in chosen),
+            frozenset(_digest(str(f.get("text", ""))) for f in chosen),
+            reasons,
+        )
+
+    # the Defense contract: the wrapped defense's pool
+    @property
+    def name(self) -> str:
+        return f"{self.defense.name} + quarantine"
+
+    @property
+    def pool_factor(self) -> int:
+        return self.defense.pool_factor
+
+    @property
+    def min_pool(self) -> int:
+        return self.defense.min_pool
+
+    @property
+    def min_passages(self) -> int:
+        return self.defense.min_passages
+
+    def reason(self, passage: Passage) -> str | None:
+        """Why ``passage`` is quarantined; ``None`` when it is not."""
+        if passage.id is not None and str(passage.id) in self.ids:
+            return self.reasons[str(passage.id)]
+        digest = _digest(passage.text)
+        return self.reasons[digest] if digest in self.digests else None
+
+    def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
+        """Remove the quarantined passages, then run the defense on the rest."""
+        items = to_passages(passages)
+        held = self._held(items)
+        rest = [i for i in range(len(items)) if i not in held]
+        inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
+        return self._merge(query, items, held, rest, inner)
+
+    def defend_embeddings(
+        self,
+        query: str,
+        passages: Sequence[PassageLike],
+        embeddings: Any,
+        query_embedding: Any = None,
+    ) -> DefenseResult:
+        """:meth:`defend` with the passages' embeddings given (rows in passage order)."""
+        items = to_passages(passages)
+        held = self._held(items)
+        rest = [i for i in range(len(items)) if i not in held]
+        inner = None
+        if rest:
+            run = getattr(self.defense, "defend_embeddings", None)
+            subset = [items[i] for i in rest]
+            inner = (
+                run(query, subset, np.asarray(embeddings)[rest], query_embedding)
+                if callable(run)
+                else self.defense.defend(query, subset)
+            )
+        return self._merge(query, items, held, rest, inner)
+
+    def _held(self, items: Iterable[Passage]) -> dict[int, str]:
+        return {i: why for i, p in enumerate(items) if (why := self.reason(p)) is not None}
+
+    def _merge(
+        self,
+        query: str,
+        items: list[Passage],
+        held: dict[int, str],
+        rest: list[int],
+        inner: DefenseResult | None,
+    ) -> DefenseResult:
+        verdicts: list[Verdict | None] = [None] * len(items)
+        for i, why in held.items():
+            verdicts[i] = Verdict(i, items[i], False, float("nan"), why)
+        estimates: dict[str, Any] = {"quarantined": sorted(held)}
+        if inner is not None:
+            for v in inner.verdicts:
+                at = rest[v.index]
+                verdicts[at] = Verdict(at, items[at], v.kept, v.score, v.reason, v.rank, v.details)
+            estimates.update(inner.estimates)
+        return DefenseResult(
+            self.name,
+            query,
+            tuple(v for v in verdicts if v is not None),
+            inner.score_name if inner is not None else "score",
+            estimates,
+            inner.reranked if inner is not None else False,
+        )

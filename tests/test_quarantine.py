@@ -1,0 +1,162 @@
+"""Quarantine: an audit's findings feed the per-query defense. Unit tests on small reports, and
+the real thing: the demo knowledge base (a poisoned majority for every question, no provenance)
+in a LangChain store and a LlamaIndex index, audited once, then queried through the one line."""
+
+from __future__ import annotations
+
+import copy
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ragdefense import Passage, Quarantine, defense
+from ragdefense.types import Defense
+
+from .conftest import bag_of_words
+
+TEXTS = [
+    "Canberra is the capital of Australia.",
+    "Australia's capital city is Canberra, planned in 1913.",
+    "Parliament House stands in Canberra, the capital.",
+    "Sydney is the capital of Australia.",
+    "The capital of Australia is Sydney, its largest city.",
+]
+REPORT = {
+    "threshold": 0.3,
+    "stats": {},
+    "findings": [
+        {
+            "id": "d3",
+            "text": TEXTS[3],
+            "score": 0.7,
+            "suspicious": True,
+            "reasons": ["isolation"],
+            "group": {"id": "g1", "size": 2},
+        },
+        {
+            "id": "zz",
+            "text": TEXTS[4],
+            "score": 0.6,
+            "suspicious": True,
+            "reasons": [],
+            "group": {"id": "g1", "size": 2},
+        },
+        {"id": "d1", "text": TEXTS[1], "score": 0.5, "suspicious": True, "reasons": []},
+        {
+            "id": "d0",
+            "text": TEXTS[0],
+            "score": 0.2,
+            "suspicious": False,
+            "reasons": [],
+            "group": None,
+        },
+    ],
+}
+
+
+def _passages() -> list[Passage]:
+    return [Passage(t, id=f"d{i}") for i, t in enumerate(TEXTS)]
+
+
+def test_flagged_passages_go_first_with_the_audits_evidence() -> None:
+    guard = Quarantine.from_report(REPORT, defense("consensus", embedder=bag_of_words))
+    passages = _passages()
+    before = copy.deepcopy(passages)
+    result = guard.defend("What is the capital of Australia?", passages)
+    assert passages == before  # nothing changed
+    assert result.removed_indices[:2] == [3, 4]  # by id (d3) and by text (stored as zz)
+    assert "quarantined" in result.verdicts[3].reason and "isolation" in result.verdicts[3].reason
+    assert all(v.kept for v in result.verdicts[:3])
+    assert result.defense == "Consensus + quarantine" and result.estimates["quarantined"] == [3, 4]
+    assert isinstance(guard, Defense) and defense(guard) is guard  # a defense like any other
+    assert (guard.pool_factor, guard.min_pool) == (guard.defense.pool_factor, 8)
+
+
+def test_a_flagged_chunk_outside_any_group_is_left_to_the_defense_unless_asked() -> None:
+    """A lone flagged chunk is as often the honest passage a planted set targets."""
+    assert Quarantine.from_report(REPORT).ids == {"d3", "zz"}
+    assert Quarantine.from_report(REPORT, grouped=False).ids == {"d3", "zz", "d1"}
+
+
+def test_min_score_and_every_passage_quarantined() -> None:
+    guard = Quarantine.from_report(
+        REPORT, defense("grada", embedder=bag_of_words), min_score=0.1, grouped=False
+    )
+    result = guard.defend("q?", [TEXTS[0], TEXTS[3], TEXTS[4]])
+    assert result.kept == [] and len(result.verdicts) == 3  # the defense is not even called
+
+
+def test_embeddings_given_are_handed_on_for_the_passages_left() -> None:
+    seen: dict[str, Any] = {}
+
+    class Spy:
+        name, pool_factor, min_pool, min_passages = "spy", 1, 0, 0
+
+        def defend(self, query: str, passages: Any) -> Any:
+            raise AssertionError("defend_embeddings is used")
+
+        def defend_embeddings(self, query: str, passages: Any, embeddings: Any, q: Any) -> Any:
+            seen["texts"], seen["rows"] = [p.text for p in passages], embeddings
+            return defense("consensus", embedder=bag_of_words).defend(query, passages)
+
+    vectors = np.arange(10, dtype=float).reshape(5, 2)
+    result = Quarantine.from_report(REPORT, Spy()).defend_embeddings("q?", _passages(), vectors)
+    assert seen["texts"] == TEXTS[:3] and seen["rows"].tolist() == vectors[:3].tolist()
+    assert [v.index for v in result.verdicts] == list(range(5))
+
+
+def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="cannot read the audit report"):
+        Quarantine.from_report(tmp_path / "missing.json")
+    (tmp_path / "report.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(ValueError, match="not an audit report"):
+        Quarantine.from_report(tmp_path)  # the audit's folder: its report.json is read
+    (tmp_path / "report.json").write_text(json.dumps(REPORT))
+    assert Quarantine.from_report(tmp_path).ids == {"d3", "zz"}
+
+
+@pytest.mark.slow
+def test_an_audited_store_keeps_the_planted_sets_out_of_the_contexts(tmp_path: Path) -> None:
+    """The demo knowledge base: 5 planted passages against 3 honest ones per question, read as
+    text alone (no sources). The one line alone cannot tell the majority is planted; with the
+    audit's quarantine the planted sets stay out of the contexts, in either framework, and the
+    honest passages stay in."""
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    import ragdefense
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from langchain_ragdefense import defend as lc_defend
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import defend as li_defend
+    from ragdefense.data import demo_documents, load_demo_kb
+
+    docs = [Document(t, metadata=m) for t, m in demo_documents()]
+    store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings())
+    report = ragdefense.audit(store, workdir=tmp_path / "audit")
+    report.write(tmp_path / "audit", ["json"])
+    guard = Quarantine.from_report(tmp_path / "audit", defense("consensus", source_key=None))
+    nodes = [
+        TextNode(text=t, metadata=m, excluded_embed_metadata_keys=list(m))
+        for t, m in demo_documents()
+    ]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding())
+    text_only = lc_defend(store.as_retriever(), source_key=None)
+    left = {"text only": 0, "langchain": 0, "llamaindex": 0}
+    answered = 0
+    for q in load_demo_kb():
+        left["text only"] += sum(d.metadata["poison"] for d in text_only.invoke(q.question))
+        kept = lc_defend(store.as_retriever(), guard).invoke(q.question)
+        left["langchain"] += sum(d.metadata["poison"] for d in kept)
+        found = li_defend(index, guard).retrieve(q.question)  # matched by text: other ids
+        left["llamaindex"] += sum(n.node.metadata["poison"] for n in found)
+        answered += any(q.answers[0].lower() in d.page_content.lower() for d in kept)
+    assert left["text only"] >= 8  # the threat the quarantine is for: a poisoned majority
+    # the planted sets go; a planted chunk with no near-duplicate is left to the defense
+    assert max(left["langchain"], left["llamaindex"]) <= left["text only"] // 3
+    assert answered >= len(load_demo_kb()) - 1  # and the honest passages are still there
