@@ -61,7 +61,7 @@ BENCH   := $(OFFLINE) RAGDEFENSE_BENCH_CACHE=.bench-cache nice $(PY) -m benchmar
 DATA    := $${RAGDEFENSE_DATA:-../shared/data}
 bench-results: $(STAMP)
 	for s in demo latency stores import; do $(BENCH) $$s --out $(RESULTS) || exit 1; done
-	for s in grada ragdefender auto default threats audit; do \
+	for s in grada ragdefender auto default threats audit quarantine; do \
 	  $(BENCH) $$s --data $(DATA) --out $(RESULTS) || exit 1; done
 	$(BENCH) robustrag --data $(DATA) --limit 10 --out $(RESULTS)
 
@@ -72,7 +72,7 @@ docs: $(STAMP)
 # The benchmark pages and plots of the docs (and the README's threat-model table), rendered
 # from benchmarks/results/
 bench-docs: $(STAMP)
-	$(PY) -m benchmarks.pages
+	$(PY) -m benchmarks.pages --readme README.md
 
 clean:
 	rm -rf $(VENV) dist build site .pytest_cache .mypy_cache .ruff_cache

@@ -35,21 +35,29 @@ class DiskCachedEmbedder(Embedder):
 
     Args:
         folder: where the shards live; one subfolder per ``name``.
-        inner: the model that computes what the folder does not hold.
-        name: the model's name in the folder (two models must never share one).
+        inner: the model that computes what the folder does not hold (default: the packaged
+            MiniLM).
+        name: the model's name in the folder, required with ``inner`` (two models must never
+            share one).
     """
 
     def __init__(
-        self, folder: str | os.PathLike[str], inner: Any = None, name: str = "all-MiniLM-L6-v2"
+        self, folder: str | os.PathLike[str], inner: Any = None, name: str | None = None
     ) -> None:
         super().__init__(cache_size=0)  # the disk index is the cache
+        if inner is not None and name is None:
+            raise ValueError("name the model whose vectors the folder keeps (name=)")
         self.inner = as_embedder(inner)
-        self.folder = Path(folder) / name
+        self.folder = Path(folder) / (name or "all-MiniLM-L6-v2")
         self.folder.mkdir(parents=True, exist_ok=True)
         self._known: dict[str, np.ndarray] = {}
         for shard in sorted(self.folder.glob("shard-*.npz")):
-            with np.load(shard) as data:
-                self._known.update(zip(map(str, data["keys"]), data["vectors"], strict=True))
+            try:
+                with np.load(shard) as data:
+                    known = dict(zip(map(str, data["keys"]), data["vectors"], strict=True))
+            except (OSError, ValueError, KeyError):  # a damaged shard: its texts are embedded again
+                continue
+            self._known.update(known)
         self._new: dict[str, np.ndarray] = {}
         self.hits = 0
 

@@ -41,6 +41,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "import": ("Import time", "imports"),
     "audit": ("Knowledge-base audit: quality", "audit"),
     "audit-scale": ("Knowledge-base audit: speed", "audit"),
+    "quarantine": ("A poisoned majority, audited and quarantined", "quarantine"),
 }
 #: no date, no version: the SVG's bytes depend on the figure only
 SVG_METADATA = {"Date": None, "Creator": None}
@@ -190,9 +191,9 @@ def update_readme(readme: Path, results: Path) -> bool:
         return False
     text = readme.read_text(encoding="utf-8")
     start, end = README_BLOCK
-    if start not in text or end not in text:
+    head, found, tail = text.partition(start)
+    if not found or end not in tail:  # the end marker must follow the start marker
         return False
-    head, _, tail = text.partition(start)
     _, _, tail = tail.partition(end)
     block = readme_block(json.loads(source.read_text(encoding="utf-8")))
     new = f"{head}{start}\n{block}\n{end}{tail}"
@@ -206,12 +207,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m benchmarks.pages", description=__doc__)
     parser.add_argument("--results", default="benchmarks/results", help="the results JSON")
     parser.add_argument("--docs", default="docs/benchmarks", help="folder of the pages")
-    parser.add_argument("--readme", default="README.md", help="README with the threats block")
+    parser.add_argument("--readme", default=None, help="a README with the threats block to fill")
     args = parser.parse_args(argv)
     if not Path(args.results).is_dir():
         parser.error(f"no results folder {args.results!r}: run `make bench-results` first")
     written = render(args.results, args.docs)
-    if update_readme(Path(args.readme), Path(args.results)):
+    if args.readme and update_readme(Path(args.readme), Path(args.results)):
         written.append(Path(args.readme))
     print("written: " + ", ".join(str(p) for p in written))
     return 0

@@ -83,8 +83,9 @@ def synthetic_pool(n: int, seed: int = 0, dim: int = 384) -> tuple[str, list[Pas
         vectors[i] = base + rng.normal(scale=noise, size=dim)
     vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
     texts = [" ".join(rng.choice(_WORDS, size=40)) for _ in range(n)]
-    for i in range(planted):
-        texts[i] = "the answer is atlantis " + texts[0]
+    base_text = texts[0]
+    for i in range(planted):  # near-copies of one claim
+        texts[i] = f"the answer is atlantis, say {i} of us: {base_text}"
     return "which answer is it", [Passage(t) for t in texts], vectors
 
 

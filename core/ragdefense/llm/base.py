@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import inspect
 import threading
-import time
 from abc import ABC, abstractmethod
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import Any
 
-from .observe import observer
+from .calls import CHARS_PER_TOKEN as CHARS_PER_TOKEN
+from .calls import THREAD_NAME as THREAD_NAME
+from .calls import TIMED_OUT as TIMED_OUT
+from .calls import Generation, gather_within, run_threads
+from .calls import as_generation as as_generation
+from .calls import timed_out as timed_out
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -34,54 +37,6 @@ __all__ = [
 
 #: seconds a batch may take when neither the call nor the backend says otherwise
 DEFAULT_TIMEOUT = 120.0
-
-
-@dataclass(frozen=True)
-class Generation:
-    """The model's answer to one prompt: ``text``, or ``error`` when the call failed."""
-
-    text: str | None
-    error: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        """Whether the call succeeded."""
-        return self.error is None and self.text is not None
-
-    @property
-    def timed_out(self) -> bool:
-        """Whether the call failed by running past the deadline."""
-        return self.error is not None and self.error.startswith(TIMED_OUT)
-
-
-TIMED_OUT = "timed out"
-#: the name of the worker threads that call sync backends (to tell them apart)
-THREAD_NAME = "ragdefense-llm-call"
-
-
-def timed_out(timeout: float) -> Generation:
-    return Generation(None, f"{TIMED_OUT}: no answer within the batch's {timeout:g} s deadline")
-
-
-def as_generation(value: Any, max_new_tokens: int | None = None) -> Generation:
-    """A backend's raw answer as a :class:`Generation`: text (cut to ``max_new_tokens`` words,
-    and to :data:`CHARS_PER_TOKEN` characters per token: an answer without spaces is cut too),
-    or a failure for anything that is not text (``None``, numbers, dicts, bytes, exceptions)."""
-    if isinstance(value, BaseException):
-        kind = "raised TimeoutError" if isinstance(value, TimeoutError) else type(value).__name__
-        return Generation(None, f"{kind}: {value}")
-    if not isinstance(value, str):
-        return Generation(None, f"the model returned {type(value).__name__}, expected str")
-    if max_new_tokens is not None:
-        words = value.split(" ")
-        if len(words) > max_new_tokens:
-            value = " ".join(words[:max_new_tokens])
-        value = value[: max_new_tokens * CHARS_PER_TOKEN]
-    return Generation(value)
-
-
-#: the most characters one generated token stands for when answers are cut
-CHARS_PER_TOKEN = 32
 
 
 class LLM(ABC):
@@ -125,123 +80,6 @@ def first_line_of(text: str) -> str:
     """The first non-empty line of ``text``, stripped."""
     text = text.strip()
     return text.split("\n", 1)[0].strip() if text else text
-
-
-def run_threads(
-    call: Callable[[str], Any],
-    prompts: Sequence[str],
-    workers: int,
-    budget: float,
-    max_new_tokens: int | None,
-    slots: threading.Semaphore | None = None,
-) -> list[Generation]:
-    """``call`` on every prompt from ``workers`` daemon threads, all within ``budget`` seconds.
-
-    Prompts not answered by then are timed out and no further call starts; a call already
-    running cannot be interrupted, but it runs in a daemon thread and its answer is dropped, so
-    neither the caller nor the interpreter's exit waits for it. ``slots`` bounds the calls in
-    flight across batches: a call that hangs keeps its slot, so hung calls never pile up beyond
-    it (later batches wait for a free slot within their own deadline, then time out).
-    """
-    if budget <= 0:  # nothing left of the deadline: start nothing
-        return [timed_out(budget) for _ in prompts]
-    slots = slots or threading.Semaphore(max(1, workers))
-    end = time.monotonic() + budget
-    results: list[Generation | None] = [None] * len(prompts)
-    pending = list(range(len(prompts)))[::-1]
-    lock = threading.Lock()
-    finished = threading.Condition(lock)
-    stop = False
-    left = len(prompts)
-
-    def work() -> None:
-        nonlocal left
-        while True:
-            with lock:
-                if stop or not pending:
-                    return
-            wait = None if end == float("inf") else max(0.0, end - time.monotonic())
-            if not slots.acquire(timeout=wait):
-                return  # every slot is held by a call still running: nothing more starts
-            with lock:
-                if stop or not pending:
-                    slots.release()
-                    return
-                i = pending.pop()
-            try:
-                value: Any = call(prompts[i])
-            except Exception as exc:  # reported on this prompt
-                value = exc
-            finally:
-                slots.release()
-            with lock:
-                if not stop:
-                    results[i] = as_generation(value, max_new_tokens)
-                left -= 1
-                finished.notify_all()
-
-    observe, told = observer(), 0
-    for _ in range(max(1, min(workers, len(prompts)))):
-        threading.Thread(target=work, daemon=True, name=THREAD_NAME).start()
-    with lock:
-        try:
-            while left and time.monotonic() < end:
-                finished.wait(min(end - time.monotonic(), 3600.0))
-                if observe is not None and len(prompts) - left > told:
-                    told = len(prompts) - left
-                    observe(told)  # in the caller's thread
-            if observe is not None and len(prompts) - left > told:
-                observe(len(prompts) - left)
-        finally:
-            stop = True
-        return [r if r is not None else timed_out(budget) for r in results]
-
-
-async def gather_within(
-    call: Callable[[str], Awaitable[Any]],
-    prompts: Sequence[str],
-    workers: int,
-    budget: float,
-    max_new_tokens: int | None,
-) -> list[Generation]:
-    """``call`` on every prompt, ``workers`` at a time, within ``budget`` seconds; calls still
-    running then are cancelled and reported as timed out."""
-    if budget <= 0:  # nothing left of the deadline: start nothing
-        return [timed_out(budget) for _ in prompts]
-    sem = asyncio.Semaphore(max(1, workers))
-    end = time.monotonic() + budget
-    observe, told = observer(), 0
-
-    async def one(p: str) -> Generation:
-        nonlocal told
-        generation = await answer(p)
-        told += 1
-        if observe is not None and time.monotonic() <= end:
-            observe(told)
-        return generation
-
-    async def answer(p: str) -> Generation:
-        async with sem:
-            try:
-                value = await call(p)
-            except Exception as exc:  # reported on this prompt
-                return as_generation(exc)
-            # a model that blocks the event loop cannot be cancelled in time: what it returns
-            # after the deadline is late, and counted so
-            return (
-                timed_out(budget)
-                if time.monotonic() > end
-                else as_generation(value, max_new_tokens)
-            )
-
-    tasks = [asyncio.ensure_future(one(p)) for p in prompts]
-    if not tasks:
-        return []
-    done, pending = await asyncio.wait(tasks, timeout=None if budget == float("inf") else budget)
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
-    return [t.result() if t in done else timed_out(budget) for t in tasks]
 
 
 class ConcurrentLLM(LLM):

@@ -220,8 +220,9 @@ class RobustRAG:
                 ``"modification"`` (any k' passages rewritten).
             gold: Correct answer string(s): certify correctness instead of stability.
             progress: Called as ``progress(done, total)``: for the answer's own calls (``total``
-                is :meth:`answer_calls`: before they start and when they are done), then while
-                certification asks the LLM (``total`` is :meth:`certify_calls`).
+                is :meth:`answer_calls`) before the first and as each completes, then while
+                certification asks the LLM (``total`` is :meth:`certify_calls`). From the
+                calling thread; with :meth:`aanswer` and a sync model, from a worker thread.
         """
         flow = self._answer_flow(query, passages, choices, certify, attack, gold, progress)
         return self._run(flow)

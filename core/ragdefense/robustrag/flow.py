@@ -14,7 +14,6 @@ from ..llm.observe import reporting
 from ..types import Passage
 
 __all__ = [
-    "Batch",
     "Flow",
     "Progress",
     "Runtime",
@@ -39,7 +38,7 @@ def local(value: T) -> Flow[T]:
     return value
 
 
-class Batch(list[str]):
+class _Batch(list[str]):
     """A prompt batch whose calls are reported one by one to ``on_done(done)`` as the backend
     completes them (:mod:`ragdefense.llm.observe`)."""
 
@@ -54,16 +53,19 @@ def reported(flow: Flow[T], progress: Progress, total: int) -> Flow[T]:
     report every call."""
     done = last = 0
 
-    def tell(n: int) -> None:
-        nonlocal last
-        if done + n > last:
-            last = done + n
-            progress(last, total)
+    def teller(size: int) -> Callable[[int], None]:
+        def tell(n: int) -> None:  # n of this batch's ``size`` calls are done
+            nonlocal last
+            if done + min(n, size) > last:
+                last = done + min(n, size)
+                progress(last, total)
+
+        return tell
 
     try:
         prompts = next(flow)
         while True:
-            generations = yield Batch(prompts, tell)
+            generations = yield _Batch(prompts, teller(len(prompts)))
             done += len(prompts)
             prompts = flow.send(generations)
     except StopIteration as stop:
@@ -79,7 +81,7 @@ def drive(flow: Flow[T], generate: Callable[[list[str]], Sequence[Generation]]) 
         prompts = next(flow)
         while True:
             with reporting(getattr(prompts, "on_done", None)):
-                generations = list(generate(prompts))
+                generations = list(generate(list(prompts)))  # a plain list to the backend
             prompts = flow.send(generations)
     except StopIteration as stop:
         result: T = stop.value
@@ -94,7 +96,7 @@ async def adrive(
         prompts = next(flow)
         while True:
             with reporting(getattr(prompts, "on_done", None)):
-                generations = list(await agenerate(prompts))
+                generations = list(await agenerate(list(prompts)))
             prompts = flow.send(generations)
     except StopIteration as stop:
         result: T = stop.value
