@@ -70,6 +70,32 @@ def toy() -> CallableEmbedder:
     return CallableEmbedder(bag_of_words)
 
 
+def test_a_planted_set_larger_than_the_neighbour_list_is_found(tmp_path: Path) -> None:
+    """Twenty near-copies fill each other's whole ten-neighbour list: no gap there, so the
+    isolation over ten neighbours misses them all; over forty it sees the set apart from the
+    graded neighbourhood of the benign chunks, and the report says so."""
+    rng = np.random.default_rng(0)
+    benign = rng.normal(size=(400, 16))
+    centre = rng.normal(size=16)
+    planted = centre + 0.15 * rng.normal(size=(20, 16))
+    vectors = np.vstack([benign, planted]).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    texts = [f"benign chunk {i} about things" for i in range(400)]
+    texts += [f"the planted claim, copy {i}" for i in range(20)]
+    ids = [f"b{i}" for i in range(400)] + [f"p{i}" for i in range(20)]
+
+    def embed(batch: list[str]) -> np.ndarray:  # the probes: anywhere in the space
+        return np.vstack([np.random.default_rng(len(t)).normal(size=16) for t in batch])
+
+    corpus = ListCorpus(texts, ids, None, vectors)
+    narrow = audit(corpus, embedder=embed, wide_neighbours=0, workdir=tmp_path / "n")
+    wide = audit(corpus, embedder=embed, workdir=tmp_path / "w")
+    assert not {f.id for f in narrow.suspicious} & {f"p{i}" for i in range(20)}
+    found = {f.id for f in wide.suspicious}
+    assert {f"p{i}" for i in range(20)} <= found and len(found - set(ids[400:])) <= 4
+    assert any("wide isolation" in r for r in wide.findings[0].reasons)
+
+
 def test_isolation_of_a_tight_small_group() -> None:
     flat = np.full((1, 10), 0.5)
     group = np.array([[0.95, 0.94, 0.93, 0.93, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])
@@ -384,6 +410,9 @@ def test_audit_settings_are_checked_when_made() -> None:
             AuditSettings(**bad)
     with pytest.raises(ValueError, match="give at least one defense"):
         AuditSettings(defenses=[])
+    for wide in (-1, 5, 10):  # off, or a list longer than the groups' own
+        with pytest.raises(ValueError, match="wide_neighbours must be 0"):
+            AuditSettings(wide_neighbours=wide)
     with pytest.raises(ValueError, match="top_m"):
         audit(["a b c"], AuditSettings(), top_m=1)  # an override is checked as well
     assert ragdefense.AuditSettings is AuditSettings
@@ -401,8 +430,8 @@ def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_
     manifests = [json.loads((tmp_path / w / "manifest.json").read_text()) for w in "ks"]
     assert manifests[0]["params"] == manifests[1]["params"]
     assert list(manifests[0]["params"]) == [
-        "knowledge_base", "defenses", "top_m", "max_probes", "neighbours", "part_size",
-        "queries", "embedder", "index",
+        "knowledge_base", "defenses", "top_m", "max_probes", "neighbours", "wide_neighbours",
+        "part_size", "queries", "embedder", "index",
     ]  # fmt: skip
     assert manifests[0]["params"]["part_size"] == 32
     overridden = audit(

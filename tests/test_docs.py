@@ -60,16 +60,13 @@ def test_a_skipped_block_says_why() -> None:
                 assert re.match(r'<!-- skip: next ".{10,}" -->', line), f"{page}: {line}"
 
 
-def test_every_page_is_in_the_navigation() -> None:
-    nav = (ROOT / "mkdocs.yml").read_text("utf-8")
-    generated = DOCS / "benchmarks"
-    for page in DOCS.rglob("*.md"):
-        rel = page.relative_to(DOCS).as_posix()
-        if page.parent == generated and page.name != "index.md":
-            # generated benchmark pages are linked from benchmarks/index.md
-            assert page.name in (generated / "index.md").read_text("utf-8"), rel
-            continue
-        assert f" {rel}" in nav, f"{rel} is not in mkdocs.yml's nav"
+def test_every_page_is_in_the_navigation_and_every_entry_exists() -> None:
+    nav = (ROOT / "mkdocs.yml").read_text("utf-8").partition("\nnav:\n")[2]
+    entries = set(re.findall(r"(?:: |- )(\S+\.(?:md|ipynb))$", nav, re.M))
+    pages = {p.relative_to(DOCS).as_posix() for p in DOCS.rglob("*.md")}
+    assert pages - entries == set(), "pages missing from mkdocs.yml's nav"
+    notebooks = {f"cookbook/{p.name}" for p in (ROOT / "cookbook").glob("*.ipynb")}
+    assert entries - pages - notebooks == set(), "nav entries without a page"
 
 
 def test_the_readme_is_a_front_page() -> None:

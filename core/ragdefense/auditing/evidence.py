@@ -40,10 +40,16 @@ class Scoring:
     tuning part it did not improve the ranking at a low false-positive budget (the report still
     shows it).
 
+    A planted set larger than the neighbour list fills it whole, and shows no gap there: the
+    *wide isolation*, the same measure over ``AuditSettings(wide_neighbours=)`` neighbours,
+    finds it; its threshold was set apart (at the 99.5th percentile of the tuning part's benign
+    chunks) and a chunk's score is the larger of the two, each relative to its threshold.
+
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
         probe_weight: Weight of the probe evidence (0-1).
         threshold: Score from which a chunk is reported suspicious.
+        wide_threshold: The wide isolation that counts as ``threshold``.
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
         max_group: Larger near-duplicate components are topics, not groups (not shown).
     """
@@ -51,6 +57,7 @@ class Scoring:
     min_group: int = 3
     probe_weight: float = 0.0
     threshold: float = 0.3
+    wide_threshold: float = 0.48
     group_similarity: float = 0.8
     max_group: int = 30
 
@@ -65,6 +72,7 @@ class Evidence:
     isolated: np.ndarray
     group_of: np.ndarray
     groups: list[dict[str, Any]]
+    wide: np.ndarray | None = None  # the wide isolation (None: not computed)
 
     def group(self, i: int) -> dict[str, Any] | None:
         """The near-duplicate group of position ``i`` (``None`` when it has none)."""
@@ -76,11 +84,12 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     manifest records them)."""
     sizes = wd.noted("part_sizes")
     retrieved, flagged = _counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
-    neighbours = wd.read_json("manifest.json")["params"]["neighbours"]
-    group_of, groups, isolated = find_groups(
-        wd, len(sizes), wd.noted("shards"), neighbours, scoring
-    )
-    return Evidence(retrieved, flagged, isolated, group_of, groups)
+    params = wd.read_json("manifest.json")["params"]
+    group_of, groups, isolated, wide = find_groups(
+        wd, len(sizes), wd.noted("shards"), params["neighbours"], scoring,
+        params.get("wide_neighbours", 0),
+    )  # fmt: skip
+    return Evidence(retrieved, flagged, isolated, group_of, groups, wide)
 
 
 def _records(
@@ -173,24 +182,29 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
 
 
 def find_groups(
-    wd: Workdir, chunk_parts: int, n_shards: int, k: int, scoring: Scoring
-) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray]:
+    wd: Workdir, chunk_parts: int, n_shards: int, k: int, scoring: Scoring, wide: int = 0
+) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray, np.ndarray | None]:
     """Connected components of the near-duplicate graph (each chunk's ``k`` nearest neighbours
     with similarity >= ``scoring.group_similarity``), of size 2 to ``scoring.max_group``, and
-    each chunk's :func:`isolation`: ``(group index per position or -1, [{id, size,
-    similarity}] per group, isolation per position)``."""
+    each chunk's :func:`isolation` over ``k`` and (when ``wide``) over ``wide`` neighbours:
+    ``(group index per position or -1, [{id, size, similarity}] per group, isolation per
+    position, wide isolation per position or None)``."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    rows, cols, sims, isolated = [], [], [], []
-    start = 0
+    rows, cols, sims, isolated, wides = [], [], [], [], []
+    start, reach = 0, max(k, wide)
     for part in range(chunk_parts):
-        s, p = merged_hits(wd, "chunks", part, n_shards, k + 1)
+        s, p = merged_hits(wd, "chunks", part, n_shards, reach + 1)
         me = np.arange(start, start + len(p))[:, None]
         others = (p >= 0) & (p != me)
-        order = np.argsort(~others, axis=1, kind="stable")[:, :k]  # self dropped, order kept
+        order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
-        isolated.append(isolation(neighbour_sims, scoring.min_group))
+        isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))
+        if wide:
+            wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group))
+        near = np.take_along_axis(p, order, axis=1)[:, :k]  # the group graph: k neighbours
+        s, p, others = neighbour_sims[:, :k], near, np.take_along_axis(others, order, axis=1)[:, :k]
         keep = others & (s >= scoring.group_similarity)
         rows.append(np.broadcast_to(me, p.shape)[keep])
         cols.append(p[keep])
@@ -217,7 +231,8 @@ def find_groups(
         }
         for g, size in enumerate(sizes[kept])
     ]
-    return group_of, info, np.concatenate(isolated) if isolated else np.zeros(0)
+    wide_isolation = (np.concatenate(wides) if wides else np.zeros(0)) if wide else None
+    return group_of, info, np.concatenate(isolated) if isolated else np.zeros(0), wide_isolation
 
 
 def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
@@ -227,7 +242,18 @@ def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     retrieved = evidence.retrieved
     rate = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
     w = scoring.probe_weight
-    out: np.ndarray = (1 - w) * evidence.isolated + w * rate
+    out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
+    return out
+
+
+def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:
+    """The isolation, or the wide isolation where it is further past its own threshold (on the
+    scale of ``scoring.threshold``)."""
+    if evidence.wide is None or scoring.wide_threshold <= 0:
+        return evidence.isolated
+    out: np.ndarray = np.maximum(
+        evidence.isolated, evidence.wide * scoring.threshold / scoring.wide_threshold
+    )
     return out
 
 
@@ -237,6 +263,12 @@ def reasons(i: int, evidence: Evidence, primary: str, scoring: Scoring) -> list[
     isolated, group = float(evidence.isolated[i]), evidence.group(i)
     closeness = _closeness(isolated, scoring.threshold)
     why = [f"isolation {isolated:.2f}: its nearest neighbours are {closeness}"]
+    wide = None if evidence.wide is None else float(evidence.wide[i])
+    if wide is not None and scoring.wide_threshold > 0 and wide >= scoring.wide_threshold:
+        why.append(
+            f"wide isolation {wide:.2f} >= {scoring.wide_threshold}: one of a large set far "
+            "closer to each other than to the rest of their neighbourhood"
+        )
     if group is not None:
         why.append(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"

@@ -196,6 +196,7 @@ def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> t
             "top_m": settings.top_m,
             "max_probes": settings.max_probes,
             "neighbours": settings.neighbours,
+            "wide_neighbours": settings.wide_neighbours,
             "part_size": settings.part_size,
             "queries": None if queries is None else len(queries),
             "embedder": None if embedder is None else repr(type(embedder)),
@@ -232,7 +233,7 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     for shard in range(n_shards):
         for what, parts, k in (
             ("probes", n_probe_parts, settings.top_m),
-            ("chunks", len(sizes), settings.neighbours + 1),
+            ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),
         ):
             step = SearchStep(str(wd.path), what, shard, n_shards, k, kind)
             job.map(step, parts, f"search {what} (shard {shard + 1}/{n_shards})")

@@ -29,7 +29,8 @@ class AuditSettings:
             first one's flags score the chunks.
         top_m: Chunks retrieved per probe.
         max_probes: At most this many derived probes (a seeded sample).
-        neighbours: Nearest neighbours per chunk for the near-duplicate groups.
+        neighbours: Nearest neighbours per chunk for the near-duplicate groups and the
+            isolation of small planted sets.
         scoring: Weights and thresholds (:class:`~ragdefense.auditing.evidence.Scoring`;
             default: ``Scoring()``).
         part_size: Chunks / probes per part (the unit of work, of resuming and of memory).
@@ -37,6 +38,9 @@ class AuditSettings:
             ``"auto"`` (flat up to 200,000 chunks per shard).
         report_top: The report lists every suspicious chunk and at least this many of the
             highest scores.
+        wide_neighbours: Nearest neighbours per chunk for the isolation of large planted sets
+            (a set larger than ``neighbours`` fills a chunk's whole neighbour list, so only a
+            longer list shows it apart from the rest); 0 turns it off.
     """
 
     defenses: Sequence[Any] = ("ragdefender",)
@@ -47,9 +51,12 @@ class AuditSettings:
     part_size: int = 512
     index: str = "auto"
     report_top: int = 1000
+    wide_neighbours: int = 40
 
     def __post_init__(self) -> None:
         if self.top_m < 2 or self.neighbours < 1 or self.part_size < 1:
             raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
+        if self.wide_neighbours < 0 or 0 < self.wide_neighbours <= self.neighbours:
+            raise ValueError("wide_neighbours must be 0 (off) or more than neighbours")
         if not self.defenses:
             raise ValueError("give at least one defense")
