@@ -284,10 +284,10 @@ def audit_table(
     folder: str | Path, scale: bool, out: str | None = None
 ) -> tuple[list[dict[str, Any]], str]:
     """``python -m benchmarks audit`` (quality) or ``audit-scale`` (speed); the working folders go
-    under ``out`` (default: a temporary folder)."""
+    in a temporary folder (``out`` holds the results only)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="ragdefense-bench-audit-") as tmp:
-        work = Path(out or tmp) / "audit-work"
+        work = Path(tmp) / "audit-work"
         table, rows = audit_scale(folder, work) if scale else audit_quality(folder, work)
     return rows, table

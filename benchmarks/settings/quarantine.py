@@ -5,9 +5,10 @@ defense with and without the audit's :class:`~ragdefense.Quarantine`.
 Corpus: the audit benchmark's (every benign passage of the shared data, duplicates dropped)
 with 5, 10, 20 or 30 passages planted per target question (40 targets, ten from each of
 RealtimeQA, NQ, MS MARCO and HotpotQA; the attack families in turn), no provenance. Each target
-question retrieves its top 10 by MiniLM similarity from the whole corpus; the defense runs on
-those with the stored vectors; the context is the top 5 it keeps. The audit uses probes derived
-from the corpus (never the target questions) and its shipped score; nothing here was tuned.
+question is asked as the one line asks it, k = 5: the defense's pool by MiniLM similarity from
+the whole corpus (2k, at least 8), widened twice over while the defense keeps fewer than k, and
+the context is the top k it keeps. The audit uses probes derived from the corpus (never the
+target questions) and its shipped score; nothing here was tuned.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import numpy as np
 from ragdefense import Passage, Quarantine, audit, defense
 from ragdefense.attacks import DEFAULT_ATTACKS
 from ragdefense.embedders import as_embedder
+from ragdefense.integration.retrieval import FETCH_ROUNDS, pool_size
 from ragdefense.text import contains_answer
 
 from ..report import markdown_table
@@ -29,12 +31,26 @@ from .audit import audit_corpus
 __all__ = ["COUNTS", "quarantine_table"]
 
 COUNTS = (5, 10, 20, 30)
-M, K = 10, 5
+K = 5
 
 
-def _context(result: Any, sims: np.ndarray) -> list[int]:
-    kept = result.kept_indices if result is not None else range(len(sims))
-    return sorted(kept, key=lambda i: -sims[i])[:K]
+def _one_line(
+    guard: Any, question: str, q: np.ndarray, ranking: np.ndarray, kb: Any, vectors: Any, sims: Any
+) -> tuple[list[Passage], list[int]]:
+    """What ``defend(retriever)`` hands the generator for ``k = K``: the passages of the last
+    pool and the context's positions in it."""
+    fetch = K if guard is None else pool_size(guard, K)
+    for _ in range(FETCH_ROUNDS):
+        top = ranking[:fetch]
+        passages = [Passage(kb.texts[i], id=kb.ids[i]) for i in top]
+        if guard is None:
+            return passages, list(range(min(K, len(top))))
+        result = guard.defend_embeddings(question, passages, vectors[top], q)
+        kept = sorted(result.kept_indices, key=lambda i: -sims[top[i]])
+        if len(kept) >= K:
+            break
+        fetch *= 2
+    return passages, kept[:K]
 
 
 def quarantine_table(
@@ -67,15 +83,9 @@ def quarantine_table(
     ):
         q = emb.embed_query(question)
         sims = vectors @ q
-        top = np.argsort(-sims)[:M]
-        passages = [Passage(kb.texts[i], id=kb.ids[i]) for i in top]
+        ranking = np.argsort(-sims)
         for name, guard in defenses.items():
-            result = (
-                None
-                if guard is None
-                else guard.defend_embeddings(question, passages, vectors[top], q)
-            )
-            ctx = _context(result, sims[top])
+            passages, ctx = _one_line(guard, question, q, ranking, kb, vectors, sims)
             share = sum(passages[i].id in planted for i in ctx) / len(ctx) if ctx else 0.0
             found = any(contains_answer(passages[i].text, answers) for i in ctx)
             split = "tuning" if family in DEFAULT_ATTACKS else "held out"
@@ -106,9 +116,9 @@ def quarantine_table(
         f"{len(flagged & planted)} of {len(planted)} planted chunks and "
         f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}).",
         "",
-        f"Per target question, top {M} retrieved, context {K}; cells: poison share of the "
-        "context / share of questions whose context holds a correct answer (tuning families: "
-        f"{', '.join(DEFAULT_ATTACKS)}; the others held out):",
+        f"Per target question, the one line's pool and rounds, context {K}; cells: poison share "
+        "of the context / share of questions whose context holds a correct answer (tuning "
+        f"families: {', '.join(DEFAULT_ATTACKS)}; the others held out):",
         "",
         *table,
     ]
