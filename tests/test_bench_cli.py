@@ -129,7 +129,8 @@ def test_demo_benchmark_table(minilm: object) -> None:
     rows, table = demo_table(minilm)
     by = {r["defense"]: r for r in rows}
     assert by["none"]["poison_share"] >= 0.5  # the built-in attack works
-    assert by["RAGDefender"]["poison_share"] <= 0.05
+    assert by["RAGDefender (strict)"]["poison_share"] <= 0.05  # a poisoned majority
+    assert by["Consensus (default)"]["poison_share"] < by["none"]["poison_share"] / 2
     assert {"GRADA-hrsim", "GRADA-bm25", "GRADA-ebd"} <= set(by)
     assert "Built-in poisoned knowledge base" in table
 
