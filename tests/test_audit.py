@@ -96,6 +96,24 @@ def test_a_planted_set_larger_than_the_neighbour_list_is_found(tmp_path: Path) -
     assert any("wide isolation" in r for r in wide.findings[0].reasons)
 
 
+def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible_victim() -> None:
+    """(#30) the honest passage a planted set targets sits right next to it and is flagged with
+    it; the report says so instead of listing it as one more planted chunk."""
+    from ragdefense.auditing.evidence import Evidence, targeted
+
+    group_of = np.array([0, 0, 0, -1, -1, -1, 1, 1])
+    near = np.array([[1, 2], [0, 2], [0, 1], [0, 5], [5, -1], [0, 3], [7, 4], [6, 4]])
+    evidence = Evidence(
+        np.zeros(8), {}, np.zeros(8), group_of, [{"id": "g0"}, {"id": "g1"}], None, near
+    )
+    suspicious = np.array([True, True, True, True, True, False, False, False])
+    # 3: next to g0, all suspicious; 4: next to no group; 5: not suspicious; g1: not suspicious
+    assert targeted(evidence, suspicious) == {3: "g0"}
+    assert (
+        targeted(Evidence(np.zeros(8), {}, np.zeros(8), group_of, [], None, None), suspicious) == {}
+    )
+
+
 def test_isolation_of_a_tight_small_group() -> None:
     flat = np.full((1, 10), 0.5)
     group = np.array([[0.95, 0.94, 0.93, 0.93, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])

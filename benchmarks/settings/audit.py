@@ -196,7 +196,9 @@ def audit_quality(
         report = audit(kb.corpus(vectors), queries=queries, workdir=work, engine=engine,
                        progress=progress)  # fmt: skip
         row = _recall_rows(kb, {f.id for f in report.suspicious}, run, "shipped default")
-        rows.append({**row, "seconds": report.stats["seconds"]})
+        victims = {f.id for f in report.findings if any("honest passage" in r for r in f.reasons)}
+        shown = f"{len(victims - set(kb.planted))} / {len(victims & set(kb.planted))}"
+        rows.append({**row, "seconds": report.stats["seconds"], "possible victims": shown})
         for variant, scores in _variants(kb, work).items():
             tuning_benign = [v for i, v in scores.items() if i not in kb.planted and kb.tuning(i)]
             threshold = float(np.quantile(tuning_benign, 0.99))
@@ -204,7 +206,7 @@ def audit_quality(
             rows.append({**_recall_rows(kb, flagged, run, variant), "threshold": threshold})
     columns = ["run", "scoring", "threshold", "recall", "tuning", "held out: family"]
     columns += ["held out: dataset", *ATTACKS, *[f"{c} per target" for c in COUNTS]]
-    columns += ["benign flagged", "precision", "seconds"]
+    columns += ["benign flagged", "precision", "possible victims", "seconds"]
     head = (
         f"{len(kb.ids)} chunks ({len(kb.planted)} planted for {len(kb.questions)} targets); "
         f"embedded once in {embed_seconds:.1f} s ({len(kb.ids) / embed_seconds:.0f} chunks/s, "

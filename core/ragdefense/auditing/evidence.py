@@ -23,6 +23,7 @@ __all__ = [
     "isolation",
     "reasons",
     "score",
+    "targeted",
 ]
 
 
@@ -73,6 +74,7 @@ class Evidence:
     group_of: np.ndarray
     groups: list[dict[str, Any]]
     wide: np.ndarray | None = None  # the wide isolation (None: not computed)
+    near: np.ndarray | None = None  # positions of each chunk's nearest neighbours (-1: none)
 
     def group(self, i: int) -> dict[str, Any] | None:
         """The near-duplicate group of position ``i`` (``None`` when it has none)."""
@@ -85,11 +87,11 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     sizes = wd.noted("part_sizes")
     retrieved, flagged = _counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
     params = wd.read_json("manifest.json")["params"]
-    group_of, groups, isolated, wide = find_groups(
+    group_of, groups, isolated, wide, near = find_groups(
         wd, len(sizes), wd.noted("shards"), params["neighbours"], scoring,
         params.get("wide_neighbours", 0),
     )  # fmt: skip
-    return Evidence(retrieved, flagged, isolated, group_of, groups, wide)
+    return Evidence(retrieved, flagged, isolated, group_of, groups, wide, near)
 
 
 def _records(
@@ -183,16 +185,16 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
 
 def find_groups(
     wd: Workdir, chunk_parts: int, n_shards: int, k: int, scoring: Scoring, wide: int = 0
-) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray, np.ndarray | None]:
+) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray, np.ndarray | None, np.ndarray]:
     """Connected components of the near-duplicate graph (each chunk's ``k`` nearest neighbours
     with similarity >= ``scoring.group_similarity``), of size 2 to ``scoring.max_group``, and
     each chunk's :func:`isolation` over ``k`` and (when ``wide``) over ``wide`` neighbours:
     ``(group index per position or -1, [{id, size, similarity}] per group, isolation per
-    position, wide isolation per position or None)``."""
+    position, wide isolation per position or None, each position's k nearest neighbours)``."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    rows, cols, sims, isolated, wides = [], [], [], [], []
+    rows, cols, sims, isolated, wides, nears = [], [], [], [], [], []
     start, reach = 0, max(k, wide)
     for part in range(chunk_parts):
         s, p = merged_hits(wd, "chunks", part, n_shards, reach + 1)
@@ -205,6 +207,7 @@ def find_groups(
             wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group))
         near = np.take_along_axis(p, order, axis=1)[:, :k]  # the group graph: k neighbours
         s, p, others = neighbour_sims[:, :k], near, np.take_along_axis(others, order, axis=1)[:, :k]
+        nears.append(np.where(others, near, -1).astype(np.int64))
         keep = others & (s >= scoring.group_similarity)
         rows.append(np.broadcast_to(me, p.shape)[keep])
         cols.append(p[keep])
@@ -232,7 +235,29 @@ def find_groups(
         for g, size in enumerate(sizes[kept])
     ]
     wide_isolation = (np.concatenate(wides) if wides else np.zeros(0)) if wide else None
-    return group_of, info, np.concatenate(isolated) if isolated else np.zeros(0), wide_isolation
+    near_all = np.concatenate(nears) if nears else np.zeros((0, k), dtype=np.int64)
+    isolation_all = np.concatenate(isolated) if isolated else np.zeros(0)
+    return group_of, info, isolation_all, wide_isolation, near_all
+
+
+def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
+    """Suspicious chunks in no near-duplicate group but next to a group most of whose members
+    are suspicious, with that group's id: as often the honest passage a planted set targets (its
+    victim) as a planted one, and shown so, never deleted on that evidence alone."""
+    if evidence.near is None or not len(evidence.groups):
+        return {}
+    grouped = evidence.group_of >= 0
+    n_groups = len(evidence.groups)
+    members = np.bincount(evidence.group_of[grouped], minlength=n_groups)
+    flagged = np.bincount(evidence.group_of[grouped & suspicious], minlength=n_groups)
+    planted_like = flagged * 2 >= np.maximum(members, 1)
+    out: dict[int, str] = {}
+    for i in np.flatnonzero(suspicious & ~grouped):
+        near = evidence.near[i][evidence.near[i] >= 0]
+        hits = [g for g in evidence.group_of[near] if g >= 0 and planted_like[g]]
+        if hits:
+            out[int(i)] = evidence.groups[int(hits[0])]["id"]
+    return out
 
 
 def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 
 from .corpus import Corpus, as_corpus, fingerprint, read_queries
 from .engines import Engine, make_engine
-from .evidence import Scoring, assess, flag_examples, reasons, score
+from .evidence import Scoring, assess, flag_examples, reasons, score, targeted
 from .probes import derive_probes
 from .report import AuditReport, Finding
 from .settings import AuditSettings
@@ -321,12 +321,22 @@ def _probes(
     return parts
 
 
+def _victim(group: str | None) -> list[str]:
+    if group is None:
+        return []
+    return [
+        f"in no near-duplicate group, next to group {group} (most of it suspicious): it may be "
+        "the honest passage that group targets; check it before removing it"
+    ]
+
+
 def _report(
     wd: Workdir, sizes: list[int], names: list[str], scoring: Scoring, report_top: int
 ) -> AuditReport:
     evidence = assess(wd, names, scoring)
     scores = score(evidence, names[0], scoring)
     suspicious = int((scores >= scoring.threshold).sum())
+    victims = targeted(evidence, scores >= scoring.threshold)
     # the report lists every suspicious chunk and at least the `report_top` highest scores
     chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
@@ -341,7 +351,7 @@ def _report(
                 text=data["texts"][offset],
                 score=float(scores[i]),
                 suspicious=bool(scores[i] >= scoring.threshold),
-                reasons=reasons(i, evidence, names[0], scoring),
+                reasons=reasons(i, evidence, names[0], scoring) + _victim(victims.get(i)),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
@@ -357,6 +367,7 @@ def _report(
         "retrieved_at_least_once": int((evidence.retrieved > 0).sum()),
         "flagged_at_least_once": int((evidence.flagged[names[0]] > 0).sum()),
         "groups": len(evidence.groups),
+        "possible_victims": len(victims),
         "scoring": asdict(scoring),
     }
     return AuditReport(findings, scoring.threshold, stats)
