@@ -171,3 +171,40 @@ def test_every_api_name_the_docs_mention_exists() -> None:
                 missing.append(f"{page}: {name} is called but is not callable")
     assert seen >= 10
     assert not missing, "\n".join(missing)
+
+
+#: a call of an exported name in a code span, e.g. `KeywordAggregation(alpha=0.3, beta=3)`
+_CALL = re.compile(r"`([A-Z]\w+|defend|[a-z_]+\.defense)\(([^`]*)\)`")
+
+
+def _parameters(obj: object) -> set[str] | None:
+    """The keyword names ``obj`` accepts (``None``: any)."""
+    import inspect
+
+    fields = set(getattr(obj, "model_fields", {}))  # pydantic models take their fields
+    try:
+        sig = inspect.signature(obj)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return fields or None
+    if any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values()) and not fields:
+        return None
+    return fields | set(sig.parameters)
+
+
+def test_every_keyword_the_docs_pass_exists() -> None:
+    """`KeywordAggregation(alpha=0.3, beta=3)` in prose: each keyword is a parameter of the
+    exported callable it is passed to (a renamed parameter cannot linger in the docs)."""
+    exports = _exports()
+    checked, wrong = 0, []
+    for page in PAGES:
+        for name, args in _CALL.findall((ROOT / page).read_text("utf-8")):
+            obj = exports.get(name.split(".")[-1]) if "." not in name else exports.get("defense")
+            accepted = None if obj is None else _parameters(obj)
+            if accepted is None:
+                continue
+            for keyword in re.findall(r"(?:^|[,(]\s*)([a-z_]\w*)=", args):
+                checked += 1
+                if keyword not in accepted:
+                    wrong.append(f"{page}: {name}(... {keyword}= ...)")
+    assert checked >= 10
+    assert not wrong, "\n".join(wrong)
