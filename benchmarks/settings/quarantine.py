@@ -22,7 +22,7 @@ import numpy as np
 from ragdefense import Passage, Quarantine, audit, defense
 from ragdefense.attacks import DEFAULT_ATTACKS
 from ragdefense.embedders import as_embedder
-from ragdefense.integration.retrieval import FETCH_ROUNDS, pool_size
+from ragdefense.integration.retrieval import FETCH_ROUNDS, fetched_enough, pool_size
 from ragdefense.text import contains_answer
 
 from ..report import markdown_table
@@ -47,7 +47,7 @@ def _one_line(
             return passages, list(range(min(K, len(top))))
         result = guard.defend_embeddings(question, passages, vectors[top], q)
         kept = sorted(result.kept_indices, key=lambda i: -sims[top[i]])
-        if len(kept) >= K:
+        if fetched_enough(K, fetch, len(top), len(kept)):  # the adapters' own stop rule
             break
         fetch *= 2
     return passages, kept[:K]

@@ -205,14 +205,15 @@ def find_groups(
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))
         if wide:
             wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group))
-        near = np.take_along_axis(p, order, axis=1)[:, :k]  # the group graph: k neighbours
-        s, p, others = neighbour_sims[:, :k], near, np.take_along_axis(others, order, axis=1)[:, :k]
-        nears.append(np.where(others, near, -1).astype(np.int64))
-        keep = others & (s >= scoring.group_similarity)
-        rows.append(np.broadcast_to(me, p.shape)[keep])
-        cols.append(p[keep])
-        sims.append(s[keep])
-        start += len(p)
+        # the group graph and the neighbours kept for the report: the k nearest
+        valid = np.take_along_axis(others, order, axis=1)[:, :k]
+        near = np.where(valid, np.take_along_axis(p, order, axis=1)[:, :k], -1).astype(np.int64)
+        nears.append(near)
+        keep = valid & (neighbour_sims[:, :k] >= scoring.group_similarity)
+        rows.append(np.broadcast_to(me, near.shape)[keep])
+        cols.append(near[keep])
+        sims.append(neighbour_sims[:, :k][keep])
+        start += len(me)
     n = start
     r, c, w = (np.concatenate(x) if x else np.zeros(0) for x in (rows, cols, sims))
     graph = coo_matrix((np.ones(len(r)), (r.astype(np.int64), c.astype(np.int64))), shape=(n, n))
