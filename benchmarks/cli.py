@@ -127,7 +127,7 @@ def _robustrag(args: argparse.Namespace) -> Table:
 def _audit(args: argparse.Namespace) -> Table:
     from .settings.audit import audit_table
 
-    return audit_table(_folder(args), args.setting == "audit-scale", args.out)
+    return audit_table(_folder(args), args.setting == "audit-scale")
 
 
 def _suite(args: argparse.Namespace) -> Table:

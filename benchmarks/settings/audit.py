@@ -282,11 +282,9 @@ def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return "\n".join(markdown_table(columns, [[show(r.get(c, "")) for c in columns] for r in rows]))
 
 
-def audit_table(
-    folder: str | Path, scale: bool, out: str | None = None
-) -> tuple[list[dict[str, Any]], str]:
+def audit_table(folder: str | Path, scale: bool) -> tuple[list[dict[str, Any]], str]:
     """``python -m benchmarks audit`` (quality) or ``audit-scale`` (speed); the working folders go
-    in a temporary folder (``out`` holds the results only)."""
+    in a temporary folder (``--out`` holds the results only)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="ragdefense-bench-audit-") as tmp:
