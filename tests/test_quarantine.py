@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ragdefense import Passage, Quarantine, defense
+from ragdefense import DefenseInputError, Passage, Quarantine, defense
 from ragdefense.types import Defense
 
 from .conftest import bag_of_words
@@ -106,6 +106,8 @@ def test_embeddings_given_are_handed_on_for_the_passages_left() -> None:
     result = Quarantine.from_report(REPORT, Spy()).defend_embeddings("q?", _passages(), vectors)
     assert seen["texts"] == TEXTS[:3] and seen["rows"].tolist() == vectors[:3].tolist()
     assert [v.index for v in result.verdicts] == list(range(5))
+    with pytest.raises(DefenseInputError, match="embeddings"):  # never an IndexError from numpy
+        Quarantine.from_report(REPORT, Spy()).defend_embeddings("q?", _passages(), vectors[:4])
 
 
 def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:

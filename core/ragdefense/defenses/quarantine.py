@@ -19,14 +19,20 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..types import Defense, DefenseResult, Passage, PassageLike, Verdict, to_passages
+from ..types import (
+    Defense,
+    DefenseResult,
+    Passage,
+    PassageLike,
+    Verdict,
+    check_embeddings,
+    to_passages,
+)
 
 __all__ = ["Quarantine"]
 
@@ -146,8 +152,7 @@ class Quarantine:
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
         items = to_passages(passages)
-        held = self._held(items)
-        rest = [i for i in range(len(items)) if i not in held]
+        held, rest = self._split(items)
         inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
         return self._merge(query, items, held, rest, inner)
 
@@ -160,21 +165,23 @@ class Quarantine:
     ) -> DefenseResult:
         """:meth:`defend` with the passages' embeddings given (rows in passage order)."""
         items = to_passages(passages)
-        held = self._held(items)
-        rest = [i for i in range(len(items)) if i not in held]
+        rows = check_embeddings(embeddings, len(items))  # a clear error, before any slicing
+        held, rest = self._split(items)
         inner = None
         if rest:
             run = getattr(self.defense, "defend_embeddings", None)
             subset = [items[i] for i in rest]
             inner = (
-                run(query, subset, np.asarray(embeddings)[rest], query_embedding)
+                run(query, subset, rows[rest], query_embedding)
                 if callable(run)
                 else self.defense.defend(query, subset)
             )
         return self._merge(query, items, held, rest, inner)
 
-    def _held(self, items: Iterable[Passage]) -> dict[int, str]:
-        return {i: why for i, p in enumerate(items) if (why := self.reason(p)) is not None}
+    def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
+        """The quarantined positions with their reasons, and the positions left."""
+        held = {i: why for i, p in enumerate(items) if (why := self.reason(p)) is not None}
+        return held, [i for i in range(len(items)) if i not in held]
 
     def _merge(
         self,
@@ -191,7 +198,7 @@ class Quarantine:
         if inner is not None:
             for v in inner.verdicts:
                 at = rest[v.index]
-                verdicts[at] = Verdict(at, items[at], v.kept, v.score, v.reason, v.rank, v.details)
+                verdicts[at] = replace(v, index=at, passage=items[at])
             estimates.update(inner.estimates)
         return DefenseResult(
             self.name,
