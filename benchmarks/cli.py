@@ -127,7 +127,17 @@ def _robustrag(args: argparse.Namespace) -> Table:
 def _audit(args: argparse.Namespace) -> Table:
     from .settings.audit import audit_table
 
-    return audit_table(_folder(args), args.setting == "audit-scale")
+    return audit_table(_folder(args))
+
+
+def _audit_scale(args: argparse.Namespace) -> Table:
+    import tempfile
+
+    from .settings.audit_scale import audit_scale
+
+    with tempfile.TemporaryDirectory(prefix="ragdefense-bench-scale-") as tmp:
+        table, rows = audit_scale(tmp, sizes=args.sizes)
+    return rows, table
 
 
 def _suite(args: argparse.Namespace) -> Table:
@@ -188,7 +198,7 @@ SETTINGS: dict[str, tuple[Callable[[argparse.Namespace], Table], str]] = {
     "latency": (_latency, "defense time against pool size (synthetic pools, no data)"),
     "stores": (_stores, "latency the one-line defense adds per vector store"),
     "audit": (_audit, "quality of `ragdefense audit` on the shared data with planted poison"),
-    "audit-scale": (_audit, "speed of `ragdefense audit` as the corpus grows"),
+    "audit-scale": (_audit_scale, "`ragdefense audit` from 100k to 1M chunks (synthetic, no data)"),
 }
 
 
@@ -209,6 +219,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     for name in ("auto", "grada", "suite"):
         made[name].add_argument("--poison", type=counts, default=None, help="poison per question")
+    made["audit-scale"].add_argument(
+        "--sizes", type=counts, default=[100_000, 300_000, 1_000_000], help="corpus sizes"
+    )
     made["default"].add_argument("--candidate", default=DEFAULT_DEFENSE, help="defense judged")
     suite = made["suite"]
     suite.add_argument("--datasets", default=None, help="demo, realtimeqa, ragdefender/<name>, ...")

@@ -40,7 +40,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "stores": ("Latency added per vector store", "stores"),
     "import": ("Import time", "imports"),
     "audit": ("Knowledge-base audit: quality", "audit"),
-    "audit-scale": ("Knowledge-base audit: speed", "audit"),
+    "audit-scale": ("Knowledge-base audit: speed", "audit_scale"),
     "quarantine": ("A poisoned majority, audited and quarantined", "quarantine"),
 }
 #: no date, no version: the SVG's bytes depend on the figure only

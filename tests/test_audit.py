@@ -180,6 +180,30 @@ def test_hnsw_index_and_numpy_fallback_agree_on_the_top(
         assert {f.id for f in report.top(len(planted))} == planted
 
 
+def test_a_shard_index_built_block_by_block_holds_every_vector_once(
+    toy: CallableEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """FAISS receives a shard's parts a few at a time and keeps the only copy: the neighbours
+    equal exact numpy search over the whole shard."""
+    from ragdefense.auditing import steps
+    from ragdefense.auditing.workdir import Workdir, part_name
+
+    texts, ids, _ = toy_corpus()
+    monkeypatch.setattr(steps, "_ADD_BLOCK", 40)  # parts of 16: blocks of 3 parts, and a rest
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", index="flat", part_size=16)
+    wd = Workdir(tmp_path / "w")
+    sizes = wd.noted("part_sizes")
+    shard = steps._Shard(wd, range(len(sizes)), sizes, "flat")
+    assert shard.faiss.ntotal == len(texts) == shard.size and len(shard.vectors) == 0
+    every = np.concatenate([wd.read_array(f"{part_name('chunks', p)}.npy") for p in range(3)])
+    sims, positions = shard.search(every, 5)
+    exact = np.sort(every @ np.concatenate(
+        [wd.read_array(f"{part_name('chunks', p)}.npy") for p in range(len(sizes))]
+    ).T, axis=1)[:, ::-1][:, :5]  # fmt: skip
+    np.testing.assert_allclose(sims, exact, atol=1e-5)
+    assert positions.min() >= 0 and positions.max() < len(texts)
+
+
 def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_path: Path) -> None:
     texts, ids, _ = toy_corpus()
     calls = {"n": 0}

@@ -16,7 +16,6 @@ datasets, and the families ``no-prefix``, ``synonym``, ``paraphrase``.
 from __future__ import annotations
 
 import random
-import resource
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -26,19 +25,17 @@ from typing import Any
 import numpy as np
 
 from ragdefense.attacks import ATTACKS, make_poison
-from ragdefense.auditing import AuditSettings, ListCorpus, audit
+from ragdefense.auditing import ListCorpus, audit
 
 from ..datasets import load_qa
 from ..report import markdown_table
 
-__all__ = ["AuditCorpus", "audit_corpus", "audit_quality", "audit_scale", "audit_table"]
+__all__ = ["AuditCorpus", "audit_corpus", "audit_quality", "audit_table"]
 
 DATASETS = ("realtimeqa", "ragdefender/nq", "ragdefender/msmarco", "ragdefender/hotpotqa")
 TUNING_DATASETS = ("realtimeqa", "ragdefender/nq")
 TUNING_FAMILIES = ("poisonedrag", "injection", "multi-answer")
 COUNTS = (1, 3, 5)
-#: the stages timed in the scale table (``stats["stage_seconds"]`` of an audit)
-STAGES = ("read", "probes", "search", "defend", "report")
 
 
 @dataclass
@@ -215,66 +212,6 @@ def audit_quality(
     return head + _table(columns, rows), rows
 
 
-def _scale_run(
-    folder: str, workdir: str, n: int, engine: str, workers: int, max_probes: int
-) -> dict[str, Any]:
-    """One timed audit of a synthetic corpus of ``n`` chunks (run in a fresh process, so that
-    its peak memory is its own)."""
-    kb = audit_corpus(folder)
-    base = np.load(Path(workdir) / "base.npy")
-    rng = np.random.default_rng(0)
-    reps = -(-n // len(kb.texts))
-    noisy = [base + rng.normal(0, 0.02, base.shape).astype(np.float32) for _ in range(reps)]
-    vectors = np.concatenate(noisy)[:n]
-    texts = [kb.texts[i % len(kb.texts)] for i in range(n)]
-    titles = [kb.titles[i % len(kb.titles)] for i in range(n)]
-    corpus = ListCorpus(texts, [str(i) for i in range(n)], titles, vectors)
-    del noisy, base
-    t0 = time.perf_counter()
-    report = audit(corpus, AuditSettings(max_probes=max_probes), fresh=True, engine=engine,
-                   workdir=Path(workdir) / f"{n}-{engine}-{workers}", workers=workers)  # fmt: skip
-    seconds = time.perf_counter() - t0
-    stages = report.stats["stage_seconds"]
-    return {
-        "chunks": n,
-        "engine": f"{engine} x{workers}" if engine == "ray" else engine,
-        "probes": int(report.stats["probes"]),
-        "total s": round(seconds, 1),
-        **{f"{stage} s": round(stages[stage], 1) for stage in STAGES},
-        "chunks/s": round(n / seconds),
-        "peak MB (driver)": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
-    }
-
-
-def audit_scale(
-    folder: str | Path,
-    workdir: str | Path,
-    sizes: Sequence[int] = (10_000, 50_000, 100_000),
-    engines: Sequence[tuple[str, int]] = (("local", 1), ("ray", 1), ("ray", 2)),
-    max_probes: int = 5_000,
-) -> tuple[str, list[dict[str, Any]]]:
-    """Time the audit on synthetic corpora of ``sizes`` chunks: the benchmark corpus's vectors
-    repeated with small noise, handed over as a store would (no embedding; the embedding rate
-    is in ``bench audit``), ``max_probes`` derived probes; each run in a fresh process."""
-    from concurrent.futures import ProcessPoolExecutor
-    from multiprocessing import get_context
-
-    from ragdefense.embedders import default_embedder
-
-    Path(workdir).mkdir(parents=True, exist_ok=True)
-    kb = audit_corpus(folder)
-    np.save(Path(workdir) / "base.npy", default_embedder().embed(kb.texts).astype(np.float32))
-    rows = []
-    for n in sizes:
-        for engine, workers in engines:
-            with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                args = (str(folder), str(workdir), n, engine, workers, max_probes)
-                rows.append(pool.submit(_scale_run, *args).result())
-    columns = ["chunks", "engine", "probes", "total s", *[f"{s} s" for s in STAGES]]
-    columns += ["chunks/s", "peak MB (driver)"]
-    return _table(columns, rows), rows
-
-
 def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
     def show(v: Any) -> str:
         return f"{v:.3f}" if isinstance(v, float) else str(v)
@@ -282,12 +219,12 @@ def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:
     return "\n".join(markdown_table(columns, [[show(r.get(c, "")) for c in columns] for r in rows]))
 
 
-def audit_table(folder: str | Path, scale: bool) -> tuple[list[dict[str, Any]], str]:
-    """``python -m benchmarks audit`` (quality) or ``audit-scale`` (speed); the working folders go
-    in a temporary folder (``--out`` holds the results only)."""
+def audit_table(folder: str | Path) -> tuple[list[dict[str, Any]], str]:
+    """``python -m benchmarks audit``; the working folders go in a temporary folder (``--out``
+    holds the results only)."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="ragdefense-bench-audit-") as tmp:
         work = Path(tmp) / "audit-work"
-        table, rows = audit_scale(folder, work) if scale else audit_quality(folder, work)
+        table, rows = audit_quality(folder, work)
     return rows, table

@@ -23,6 +23,7 @@ from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
 __all__ = ["DefendStep", "EmbedStep", "SearchStep", "merged_hits", "shard_parts", "unit"]
 
+_ADD_BLOCK = 65_536  # vectors handed to FAISS at once while a shard's index is built
 _CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shard indexes
 
 
@@ -82,24 +83,32 @@ class _Shard:
 
     def __init__(self, wd: Workdir, parts: range, sizes: list[int], index: str) -> None:
         self.offset = part_starts(sizes)[parts.start]
-        blocks = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")) for p in parts]
-        dim = wd.noted("dim")
-        self.vectors = np.concatenate(blocks) if blocks else np.zeros((0, dim), np.float32)
+        self.size = sum(sizes[p] for p in parts)
+        dim = int(wd.noted("dim"))
+        self.vectors = np.zeros((0, dim), np.float32)  # the numpy fallback's copy
         self.faiss: Any = None
         try:
             import faiss
         except ImportError:
+            blocks = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")) for p in parts]
+            if blocks:
+                self.vectors = np.concatenate(blocks)
             return
         if index == "hnsw":
-            self.faiss = faiss.IndexHNSWFlat(self.vectors.shape[1], 32, faiss.METRIC_INNER_PRODUCT)
+            self.faiss = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
             self.faiss.hnsw.efSearch = 128
         else:
-            self.faiss = faiss.IndexFlatIP(self.vectors.shape[1])
-        self.faiss.add(self.vectors)
+            self.faiss = faiss.IndexFlatIP(dim)
+        pending: list[np.ndarray] = []  # added a block at a time: FAISS keeps the only copy
+        for i, p in enumerate(parts):
+            pending.append(np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")))
+            if sum(map(len, pending)) >= _ADD_BLOCK or i == len(parts) - 1:
+                self.faiss.add(np.ascontiguousarray(np.concatenate(pending), dtype=np.float32))
+                pending = []
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` (similarities, global positions) per query; position -1 pads."""
-        k = min(k, len(self.vectors))
+        k = min(k, self.size)
         if k == 0:
             empty = np.zeros((len(queries), 0))
             return empty.astype(np.float32), empty.astype(np.int64)
