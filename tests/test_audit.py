@@ -96,6 +96,41 @@ def test_a_planted_set_larger_than_the_neighbour_list_is_found(tmp_path: Path) -
     assert any("wide isolation" in r for r in wide.findings[0].reasons)
 
 
+def test_a_lone_passage_written_for_a_logged_question_is_found_with_the_query_log(
+    tmp_path: Path,
+) -> None:
+    """One planted passage, no near-copy: isolation cannot see it. With the query log it is
+    closer to a logged question than to any chunk of the knowledge base (targeting); the
+    benign chunks that question retrieves are closer to other chunks than to it."""
+    rng = np.random.default_rng(1)
+    benign = rng.normal(size=(400, 16))
+    question = "Who invented the quantum toaster?"
+    asked = rng.normal(size=16)
+    planted = asked + 0.1 * rng.normal(size=16)
+    vectors = np.vstack([benign, planted]).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    texts = [f"Benign chunk {i} about things." for i in range(400)]
+    texts.append("Zorblax invented the quantum toaster in 1802.")
+    ids = [f"b{i}" for i in range(400)] + ["planted"]
+
+    def embed(batch: list[str]) -> np.ndarray:  # the question where it was asked
+        return np.vstack(
+            [
+                asked if t == question else np.random.default_rng(len(t)).normal(size=16)
+                for t in batch
+            ]
+        )
+
+    corpus = ListCorpus(texts, ids, None, vectors)
+    derived = audit(corpus, embedder=embed, workdir=tmp_path / "d")
+    logged = audit(corpus, embedder=embed, queries=[question], workdir=tmp_path / "q")
+    assert "planted" not in {f.id for f in derived.suspicious}
+    assert {f.id for f in logged.suspicious} == {"planted"}
+    why = " ".join(logged.findings[0].reasons)
+    assert "targeting" in why and repr(question) in why
+    assert (logged.stats["targeted"], derived.stats["targeted"]) == (1, 0)
+
+
 def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible_victim() -> None:
     """(#30) the honest passage a planted set targets sits right next to it and is flagged with
     it; the report says so instead of listing it as one more planted chunk."""

@@ -3,14 +3,16 @@ poison in a whole knowledge base.
 
 Corpus: every benign passage of the shared data (RealtimeQA's web results, the RAGDefender
 bundles' gold passages; duplicates dropped), with poison planted for 100 target questions (25
-from each of RealtimeQA, NQ, MS MARCO, HotpotQA), the suite's six attack families in turn and 1, 3
-or 5 passages per target. Probes are derived from the corpus (not the target questions); a second
-run gives the target questions as the query log.
+from each of RealtimeQA, NQ, MS MARCO, HotpotQA), the attack families of
+:mod:`ragdefense.attacks` in turn and 1, 3 or 5 passages per target. Probes are derived from the
+corpus (not the target questions); a second run gives the target questions as the query log.
 
 What was looked at while choosing the scoring (:class:`~ragdefense.auditing.evidence.Scoring`):
-the *tuning* part only: targets from RealtimeQA and NQ attacked by ``poisonedrag``,
-``injection`` or ``multi-answer``. Everything else is reported as held out: the other two
-datasets, and the families ``no-prefix``, ``synonym``, ``paraphrase``.
+the *tuning* part: targets from RealtimeQA and NQ attacked by ``poisonedrag``, ``injection`` or
+``multi-answer``. Everything else is reported as held out: the other two datasets, and every
+other family. The targeting threshold is the round margin above the 99.8th percentile of the
+tuning part's benign chunks; the tuning part holds six single planted passages, too few to
+choose by, and the held-out recall of margins from 0.05 to 0.3 was seen while comparing them.
 """
 
 from __future__ import annotations
@@ -160,16 +162,25 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
 
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     """Scores of every chunk under the ablation's variants, from an audit's working folder:
-    isolation only (the default), probe evidence only (flag rate), and both mixed 0.7 / 0.3."""
+    the shipped evidence (isolation, and targeting with a query log), isolation alone, probe
+    evidence only (flag rate), and both mixed 0.7 / 0.3."""
     from ragdefense.auditing.evidence import Scoring, assess, score
     from ragdefense.auditing.workdir import Workdir, part_texts
 
     wd = Workdir(workdir)
     ids = [i for p in range(len(wd.noted("part_sizes"))) for i in part_texts(wd, p)["ids"]]
     evidence = assess(wd, ["ragdefender"], Scoring())
+    variants = {
+        "isolation + targeting": Scoring(),
+        "isolation": Scoring(target_threshold=0),
+        "probe flags": Scoring(probe_weight=1.0),
+        "mixed 0.3": Scoring(probe_weight=0.3),
+    }
     out = {}
-    for name, weight in (("isolation", 0.0), ("probe flags", 1.0), ("mixed 0.3", 0.3)):
-        values = score(evidence, "ragdefender", Scoring(probe_weight=weight))
+    for name, scoring in variants.items():
+        if name == "isolation + targeting" and evidence.targeting is None:
+            continue  # derived probes: no targeting
+        values = score(evidence, "ragdefender", scoring)
         out[name] = dict(zip(ids, values.tolist(), strict=True))
     return out
 

@@ -18,6 +18,7 @@ __all__ = [
     "Evidence",
     "Scoring",
     "assess",
+    "closest_queries",
     "find_groups",
     "flag_examples",
     "isolation",
@@ -46,11 +47,20 @@ class Scoring:
     finds it; its threshold was set apart (at the 99.5th percentile of the tuning part's benign
     chunks) and a chunk's score is the larger of the two, each relative to its threshold.
 
+    With a query log, *targeting*: a chunk a logged question retrieves that is closer to that
+    question than to any other chunk of the knowledge base (its cosine to the question minus its
+    cosine to its nearest chunk). A passage written for a question sits next to it, apart from
+    the documents around it; isolation cannot see a lone one, targeting can. It counts, relative
+    to ``target_threshold``, like the wide isolation; derived probes (each a chunk's own title or
+    first sentence) give no such evidence, and it is not computed from them. The one passage that
+    truly answers a logged question can be targeted too: the report says so.
+
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
         probe_weight: Weight of the probe evidence (0-1).
         threshold: Score from which a chunk is reported suspicious.
         wide_threshold: The wide isolation that counts as ``threshold``.
+        target_threshold: The targeting that counts as ``threshold`` (0 turns it off).
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
         max_group: Larger near-duplicate components are topics, not groups (not shown).
     """
@@ -59,6 +69,7 @@ class Scoring:
     probe_weight: float = 0.0
     threshold: float = 0.3
     wide_threshold: float = 0.48
+    target_threshold: float = 0.1
     group_similarity: float = 0.8
     max_group: int = 30
 
@@ -75,6 +86,20 @@ class Evidence:
     groups: list[dict[str, Any]]
     wide: np.ndarray | None = None  # the wide isolation (None: not computed)
     near: np.ndarray | None = None  # positions of each chunk's nearest neighbours (-1: none)
+    nearest: np.ndarray | None = None  # cosine to the nearest other chunk (0: none)
+    closest_query: np.ndarray | None = None  # best cosine to a logged question (-inf: none)
+    closest_probe: np.ndarray | None = None  # that question's probe number (-1: none)
+
+    @property
+    def targeting(self) -> np.ndarray | None:
+        """Per position: cosine to the closest logged question that retrieved it minus cosine to
+        its nearest chunk (``None`` without a query log; very negative where none retrieved it)."""
+        if self.closest_query is None or self.nearest is None:
+            return None
+        out: np.ndarray = np.where(
+            np.isfinite(self.closest_query), self.closest_query - self.nearest, -1.0
+        )
+        return out
 
     def group(self, i: int) -> dict[str, Any] | None:
         """The near-duplicate group of position ``i`` (``None`` when it has none)."""
@@ -87,11 +112,34 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     sizes = wd.noted("part_sizes")
     retrieved, flagged = _counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
     params = wd.read_json("manifest.json")["params"]
-    group_of, groups, isolated, wide, near = find_groups(
+    group_of, groups, isolated, wide, near, nearest = find_groups(
         wd, len(sizes), wd.noted("shards"), params["neighbours"], scoring,
         params.get("wide_neighbours", 0),
     )  # fmt: skip
-    return Evidence(retrieved, flagged, isolated, group_of, groups, wide, near)
+    closest = probe = None
+    if params.get("queries") is not None:  # a query log: its questions are the users'
+        closest, probe = closest_queries(wd, sum(sizes), params["top_m"])
+    return Evidence(
+        retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe
+    )
+
+
+def closest_queries(wd: Workdir, n_chunks: int, top_m: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk position: the best cosine to a probe whose top ``top_m`` holds it (``-inf``
+    where none does), and that probe's number (``-1``)."""
+    best = np.full(n_chunks, -np.inf)
+    which = np.full(n_chunks, -1, dtype=np.int64)
+    start = 0
+    for part in range(wd.noted("probe_parts")):
+        sims, positions = merged_hits(wd, "probes", part, wd.noted("shards"), top_m)
+        rows = np.broadcast_to(start + np.arange(len(positions))[:, None], positions.shape)
+        valid = positions >= 0
+        at, cos, row = positions[valid], sims[valid].astype(np.float64), rows[valid]
+        np.maximum.at(best, at, cos)
+        won = cos >= best[at]  # this part's probe is the closest (so far)
+        which[at[won]] = row[won]
+        start += len(positions)
+    return best, which
 
 
 def _records(
@@ -185,16 +233,17 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
 
 def find_groups(
     wd: Workdir, chunk_parts: int, n_shards: int, k: int, scoring: Scoring, wide: int = 0
-) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray, np.ndarray | None, np.ndarray]:
+) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
     """Connected components of the near-duplicate graph (each chunk's ``k`` nearest neighbours
     with similarity >= ``scoring.group_similarity``), of size 2 to ``scoring.max_group``, and
     each chunk's :func:`isolation` over ``k`` and (when ``wide``) over ``wide`` neighbours:
     ``(group index per position or -1, [{id, size, similarity}] per group, isolation per
-    position, wide isolation per position or None, each position's k nearest neighbours)``."""
+    position, wide isolation per position or None, each position's k nearest neighbours, its
+    cosine to the nearest)``."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
-    rows, cols, sims, isolated, wides, nears = [], [], [], [], [], []
+    rows, cols, sims, isolated, wides, nears, firsts = [], [], [], [], [], [], []
     start, reach = 0, max(k, wide)
     for part in range(chunk_parts):
         s, p = merged_hits(wd, "chunks", part, n_shards, reach + 1)
@@ -203,6 +252,7 @@ def find_groups(
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))
+        firsts.append(neighbour_sims[:, 0] if reach else np.zeros(len(p)))
         if wide:
             wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group))
         # the group graph and the neighbours kept for the report: the k nearest
@@ -238,7 +288,8 @@ def find_groups(
     wide_isolation = (np.concatenate(wides) if wides else np.zeros(0)) if wide else None
     near_all = np.concatenate(nears) if nears else np.zeros((0, k), dtype=np.int64)
     isolation_all = np.concatenate(isolated) if isolated else np.zeros(0)
-    return group_of, info, isolation_all, wide_isolation, near_all
+    nearest = np.concatenate(firsts) if firsts else np.zeros(0)
+    return group_of, info, isolation_all, wide_isolation, near_all, nearest
 
 
 def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
@@ -273,18 +324,22 @@ def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
 
 
 def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:
-    """The isolation, or the wide isolation where it is further past its own threshold (on the
-    scale of ``scoring.threshold``)."""
-    if evidence.wide is None or scoring.wide_threshold <= 0:
-        return evidence.isolated
-    out: np.ndarray = np.maximum(
-        evidence.isolated, evidence.wide * scoring.threshold / scoring.wide_threshold
-    )
+    """The isolation, or the wide isolation or the targeting where it is further past its own
+    threshold (each on the scale of ``scoring.threshold``)."""
+    out: np.ndarray = evidence.isolated
+    if evidence.wide is not None and scoring.wide_threshold > 0:
+        out = np.maximum(out, evidence.wide * scoring.threshold / scoring.wide_threshold)
+    targeting = evidence.targeting
+    if targeting is not None and scoring.target_threshold > 0:
+        out = np.maximum(out, targeting * scoring.threshold / scoring.target_threshold)
     return out
 
 
-def reasons(i: int, evidence: Evidence, primary: str, scoring: Scoring) -> list[str]:
-    """The evidence on chunk position ``i``, in words."""
+def reasons(
+    i: int, evidence: Evidence, primary: str, scoring: Scoring, question: str | None = None
+) -> list[str]:
+    """The evidence on chunk position ``i``, in words (``question``: the logged question
+    closest to it, when it is targeted)."""
     flags, retrieved = int(evidence.flagged[primary][i]), int(evidence.retrieved[i])
     isolated, group = float(evidence.isolated[i]), evidence.group(i)
     closeness = _closeness(isolated, scoring.threshold)
@@ -294,6 +349,21 @@ def reasons(i: int, evidence: Evidence, primary: str, scoring: Scoring) -> list[
         why.append(
             f"wide isolation {wide:.2f} >= {scoring.wide_threshold}: one of a large set far "
             "closer to each other than to the rest of their neighbourhood"
+        )
+    targeting = evidence.targeting
+    if (
+        targeting is not None
+        and evidence.closest_query is not None
+        and evidence.nearest is not None
+        and scoring.target_threshold > 0
+        and targeting[i] >= scoring.target_threshold
+    ):
+        asked = f" {question!r}" if question else ""
+        why.append(
+            f"targeting {targeting[i]:.2f} >= {scoring.target_threshold}: closer to the logged "
+            f"question{asked} (cosine {evidence.closest_query[i]:.2f}) than to any other chunk "
+            f"({evidence.nearest[i]:.2f}): written for that question, or the one passage that "
+            "answers it; check which"
         )
     if group is not None:
         why.append(

@@ -330,6 +330,23 @@ def _victim(group: str | None) -> list[str]:
     ]
 
 
+def _closest_questions(
+    wd: Workdir, closest: np.ndarray | None, positions: Sequence[int]
+) -> dict[int, str]:
+    """The logged question closest to each of ``positions`` (those a question retrieved)."""
+    if closest is None:
+        return {}
+    wanted = {i: int(closest[i]) for i in positions if closest[i] >= 0}
+    texts: dict[int, str] = {}
+    start = 0
+    for part in range(wd.noted("probe_parts")):
+        data = wd.read_json(f"{part_name('probes', part)}.json")
+        end = start + len(data["texts"])
+        texts.update({q: data["texts"][q - start] for q in wanted.values() if start <= q < end})
+        start = end
+    return {i: texts[q] for i, q in wanted.items() if q in texts}
+
+
 def _report(
     wd: Workdir, sizes: list[int], names: list[str], scoring: Scoring, report_top: int
 ) -> AuditReport:
@@ -340,6 +357,7 @@ def _report(
     # the report lists every suspicious chunk and at least the `report_top` highest scores
     chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
+    asked = _closest_questions(wd, evidence.closest_probe, chosen)
     starts = part_starts(sizes)
     findings = []
     for i in sorted(chosen):  # part by part
@@ -351,7 +369,8 @@ def _report(
                 text=data["texts"][offset],
                 score=float(scores[i]),
                 suspicious=bool(scores[i] >= scoring.threshold),
-                reasons=reasons(i, evidence, names[0], scoring) + _victim(victims.get(i)),
+                reasons=reasons(i, evidence, names[0], scoring, asked.get(i))
+                + _victim(victims.get(i)),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
@@ -368,6 +387,9 @@ def _report(
         "flagged_at_least_once": int((evidence.flagged[names[0]] > 0).sum()),
         "groups": len(evidence.groups),
         "possible_victims": len(victims),
+        "targeted": 0
+        if evidence.targeting is None
+        else int((evidence.targeting >= scoring.target_threshold).sum()),
         "scoring": asdict(scoring),
     }
     return AuditReport(findings, scoring.threshold, stats)
