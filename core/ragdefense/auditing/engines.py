@@ -98,7 +98,7 @@ class RayEngine:
             _RayStep,
             fn_constructor_args=(step,),
             batch_size=1,
-            concurrency=min(self.workers, len(parts)),
+            compute=ray.data.ActorPoolStrategy(size=min(self.workers, len(parts))),
             num_cpus=1,
         )
         total = 0
