@@ -110,34 +110,6 @@ def test_embeddings_given_are_handed_on_for_the_passages_left() -> None:
         Quarantine.from_report(REPORT, Spy()).defend_embeddings("q?", _passages(), vectors[:4])
 
 
-def test_near_copies_of_a_quarantined_chunk_go_too_with_the_chunk_named() -> None:
-    """A reworded member of the set the audit found (not in the report) is held by its
-    embedding; the honest passage it contradicts, one word apart, is not (cosine 0.83 here)."""
-    reworded = "Sydney is the capital of Australia, its largest city."  # not in the report
-    passages = [*_passages(), Passage(reworded, id="new")]
-    plain = Quarantine.from_report(REPORT, defense("grada", embedder=bag_of_words))
-    near = Quarantine.from_report(
-        REPORT, defense("grada", embedder=bag_of_words), near_copies=0.9
-    )  # the defense's embedder is used for the chunks and the pool
-    assert 5 not in plain.defend("q?", passages).estimates["quarantined"]
-    result = near.defend("q?", passages)
-    assert result.estimates["quarantined"] == [3, 4, 5]
-    why = result.verdicts[5].reason
-    assert "near copy" in why and "of chunk 'zz'" in why and "audit flagged it" in why
-    assert not any("quarantined" in v.reason for v in result.verdicts[:3])  # left to GRADA
-    rows = bag_of_words([p.text for p in passages])
-    assert near.defend_embeddings("q?", passages, rows).estimates["quarantined"] == [3, 4, 5]
-    assert near.defend("q?", []).verdicts == ()
-
-
-def test_near_copies_refuse_a_bad_cosine_and_vectors_of_another_model() -> None:
-    with pytest.raises(ValueError, match="near_copies"):
-        Quarantine.from_report(REPORT, near_copies=1.5)
-    guard = Quarantine.from_report(REPORT, "grada", near_copies=0.9, embedder=bag_of_words)
-    with pytest.raises(DefenseInputError, match="dimensions"):
-        guard.defend_embeddings("q?", _passages(), np.ones((5, 3)))
-
-
 def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="cannot read the audit report"):
         Quarantine.from_report(tmp_path / "missing.json")

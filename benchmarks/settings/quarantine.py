@@ -23,7 +23,6 @@ from ragdefense import Passage, Quarantine, audit, defense
 from ragdefense.attacks import DEFAULT_ATTACKS
 from ragdefense.embedders import as_embedder
 from ragdefense.integration.retrieval import FETCH_ROUNDS, fetched_enough, pool_size
-from ragdefense.similarity import unit_rows
 from ragdefense.text import contains_answer
 
 from ..report import markdown_table
@@ -33,8 +32,6 @@ __all__ = ["COUNTS", "quarantine_table"]
 
 COUNTS = (5, 10, 20, 30)
 K = 5
-#: ``Quarantine.from_report(near_copies=)`` in the near-copies row
-NEAR = 0.9
 
 
 def _one_line(
@@ -71,20 +68,12 @@ def quarantine_table(
     flagged = {f.id for f in report.suspicious}
     planted = set(kb.planted)
     benign = len(kb.ids) - len(planted)
-    held = [i for i, c in enumerate(kb.ids) if c in Quarantine.from_report(report).ids]
-    unit = unit_rows(np.asarray(vectors))
-    near = (unit @ unit[held].T).max(axis=1) >= NEAR if held else np.zeros(len(kb.ids), bool)
-    near[held] = False
-    near_planted = sum(bool(near[i]) for i, c in enumerate(kb.ids) if c in planted)
     defenses: dict[str, Any] = {
         "none": None,
         "default": defense("consensus", embedder=emb),
         "default + quarantine": Quarantine.from_report(report, defense("consensus", embedder=emb)),
         "default + quarantine (every flagged chunk)": Quarantine.from_report(
             report, defense("consensus", embedder=emb), grouped=False
-        ),
-        f"default + quarantine + near copies (cosine >= {NEAR})": Quarantine.from_report(
-            report, defense("consensus", embedder=emb), near_copies=NEAR, embedder=emb
         ),
         "strict": defense("strict", embedder=emb),
     }
@@ -125,9 +114,7 @@ def quarantine_table(
         f"{len(kb.ids)} chunks, {len(planted)} planted for {len(kb.questions)} targets "
         f"({', '.join(map(str, COUNTS))} each); the audit flagged "
         f"{len(flagged & planted)} of {len(planted)} planted chunks and "
-        f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}). "
-        f"Near copies (cosine >= {NEAR}) of the chunks quarantined in groups: {near_planted} "
-        f"planted chunks more, and {int(near.sum()) - near_planted} benign.",
+        f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}).",
         "",
         f"Per target question, the one line's pool and rounds, context {K}; cells: poison share "
         "of the context / share of questions whose context holds a correct answer (tuning "
@@ -142,8 +129,6 @@ def quarantine_table(
             "planted": len(planted),
             "benign_flagged": len(flagged - planted),
             "benign": benign,
-            "near_copies_planted": near_planted,
-            "near_copies_benign": int(near.sum()) - near_planted,
         }
     )
     return rows, "\n".join(lines)

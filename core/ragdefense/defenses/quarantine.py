@@ -10,9 +10,8 @@ reason, and the defense decides about the rest as usual.
 
 A passage is matched to a finding by its id (the knowledge base's: a LangChain document id, a
 LlamaIndex node id, a file's record id) or, failing that, by its exact text, so a chunk stored
-again under a new id stays quarantined. With ``near_copies=`` a passage whose embedding is that
-close to a quarantined chunk's goes too: the members of a planted set the audit missed, and
-copies planted again in other words after the audit, are that close to the set it found.
+again under a new id stays quarantined; a reworded chunk is a new chunk, which the next audit
+and the per-query defense judge.
 """
 
 from __future__ import annotations
@@ -25,13 +24,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from ..embedders import as_embedder
-from ..similarity import unit_rows
 from ..types import (
     Defense,
-    DefenseInputError,
     DefenseResult,
     Passage,
     PassageLike,
@@ -76,22 +70,12 @@ class Quarantine:
         ids: Ids of the quarantined chunks.
         digests: SHA-256 of their texts.
         reasons: The audit's evidence per chunk, by id and by digest.
-        near_copies: The cosine from which a passage counts as a copy of a quarantined chunk
-            (``None``: only the chunks themselves, matched by id or text).
-        vectors: The quarantined chunks' unit embeddings (rows in the order of ``labels``),
-            when ``near_copies`` is set.
-        labels: The quarantined chunks' ids, one per row of ``vectors``.
-        embedder: Embeds the pool when :meth:`defend` is given no embeddings.
     """
 
     defense: Defense
     ids: frozenset[str]
     digests: frozenset[str]
     reasons: Mapping[str, str]
-    near_copies: float | None = None
-    vectors: np.ndarray | None = None
-    labels: tuple[str, ...] = ()
-    embedder: Any = None
 
     @classmethod
     def from_report(
@@ -101,8 +85,6 @@ class Quarantine:
         *,
         min_score: float | None = None,
         grouped: bool = True,
-        near_copies: float | None = None,
-        embedder: Any = None,
     ) -> Quarantine:
         """Quarantine the chunks ``report`` flags.
 
@@ -117,19 +99,11 @@ class Quarantine:
                 A flagged chunk with no near-duplicate is as often the honest passage a planted
                 set sits next to (its victim) as a planted one, and is left to the per-query
                 defense; ``False`` quarantines it too.
-            near_copies: Also quarantine a passage whose cosine to a quarantined chunk is at
-                least this (``None``: off); the chunks' texts are embedded once, here.
-            embedder: The model for ``near_copies`` (``None``: the defense's, else the
-                packaged MiniLM): the one the store's vectors were made with.
 
         Raises:
-            ValueError: The report cannot be read or is not an audit's, or ``near_copies`` is
-                not a cosine in (0, 1].
+            ValueError: The report cannot be read or is not an audit's.
         """
         from .registry import defense as front_door
-
-        if near_copies is not None and not 0 < near_copies <= 1:
-            raise ValueError(f"near_copies must be a cosine in (0, 1], not {near_copies!r}")
 
         findings = _findings(report)
         chosen = [
@@ -144,23 +118,11 @@ class Quarantine:
             score = float(f.get("score", float("nan")))
             reason = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
             reasons[str(f.get("id"))] = reasons[_digest(str(f.get("text", "")))] = reason
-        guard = front_door(defense)
-        vectors, model = None, None
-        if near_copies is not None:
-            model = as_embedder(
-                embedder if embedder is not None else getattr(guard, "embedder", None)
-            )
-            texts = [str(f.get("text", "")) for f in chosen]
-            vectors = unit_rows(np.asarray(model.embed(texts))) if texts else None
         return cls(
-            guard,
+            front_door(defense),
             frozenset(str(f.get("id")) for f in chosen),
             frozenset(_digest(str(f.get("text", ""))) for f in chosen),
             reasons,
-            near_copies,
-            vectors,
-            tuple(str(f.get("id")) for f in chosen),
-            model,
         )
 
     # the Defense contract: the wrapped defense's pool
@@ -190,9 +152,6 @@ class Quarantine:
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
         items = to_passages(passages)
-        if self.vectors is not None and items:  # near copies are found by embedding
-            rows = np.asarray(as_embedder(self.embedder).embed([p.text for p in items]))
-            return self.defend_embeddings(query, items, rows)
         held, rest = self._split(items)
         inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
         return self._merge(query, items, held, rest, inner)
@@ -207,7 +166,7 @@ class Quarantine:
         """:meth:`defend` with the passages' embeddings given (rows in passage order)."""
         items = to_passages(passages)
         rows = check_embeddings(embeddings, len(items))  # a clear error, before any slicing
-        held, rest = self._split(items, rows)
+        held, rest = self._split(items)
         inner = None
         if rest:
             run = getattr(self.defense, "defend_embeddings", None)
@@ -219,28 +178,9 @@ class Quarantine:
             )
         return self._merge(query, items, held, rest, inner)
 
-    def _split(
-        self, items: list[Passage], rows: np.ndarray | None = None
-    ) -> tuple[dict[int, str], list[int]]:
-        """The quarantined positions with their reasons (the chunks, then their near copies
-        when ``rows`` are given), and the positions left."""
+    def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
+        """The quarantined positions with their reasons, and the positions left."""
         held = {i: why for i, p in enumerate(items) if (why := self.reason(p)) is not None}
-        if rows is not None and self.vectors is not None and self.near_copies is not None:
-            if rows.shape[1] != self.vectors.shape[1]:
-                raise DefenseInputError(
-                    f"the passages' embeddings have {rows.shape[1]} dimensions, the quarantined "
-                    f"chunks' {self.vectors.shape[1]}: give Quarantine.from_report(embedder=) "
-                    "the model the store's vectors were made with"
-                )
-            cos = unit_rows(rows) @ self.vectors.T
-            for i in range(len(items)):
-                j = int(np.argmax(cos[i]))
-                if i not in held and cos[i, j] >= self.near_copies:
-                    held[i] = (
-                        f"quarantined: a near copy (cosine {cos[i, j]:.2f} >= "
-                        f"{self.near_copies}) of chunk {self.labels[j]!r}, which "
-                        + self.reasons[self.labels[j]].removeprefix("quarantined: ")
-                    )
         return held, [i for i in range(len(items)) if i not in held]
 
     def _merge(
