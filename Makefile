@@ -60,7 +60,7 @@ RESULTS := benchmarks/results
 BENCH   := $(OFFLINE) RAGDEFENSE_BENCH_CACHE=.bench-cache nice $(PY) -m benchmarks
 DATA    := $${RAGDEFENSE_DATA:-../shared/data}
 bench-results: $(STAMP)
-	for s in demo latency stores import; do $(BENCH) $$s --out $(RESULTS) || exit 1; done
+	for s in demo latency stores import audit-scale; do $(BENCH) $$s --out $(RESULTS) || exit 1; done
 	for s in grada ragdefender auto default threats audit quarantine; do \
 	  $(BENCH) $$s --data $(DATA) --out $(RESULTS) || exit 1; done
 	$(BENCH) robustrag --data $(DATA) --limit 10 --out $(RESULTS)

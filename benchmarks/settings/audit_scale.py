@@ -54,12 +54,14 @@ class SyntheticCorpus:
         n_topics = max(1, n // topic_size)
         self.centres = _unit(rng.normal(size=(n_topics, dim)).astype(np.float32))
         self.topic = rng.integers(0, n_topics, n).astype(np.int32)
-        self.sets = [  # (first position, size)
+        self.sets = [  # (first position, size), each set whole inside the corpus
             (start, set_sizes[g % len(set_sizes)])
             for g, start in enumerate(range(spacing // 2, n, spacing))
+            if start + set_sizes[g % len(set_sizes)] <= n
         ]
         self.planted: dict[int, list[str]] = {}
         for start, size in self.sets:
+            self.topic[start : start + size] = self.topic[start]  # written for one topic
             self.planted.setdefault(size, []).extend(f"c{i}" for i in range(start, start + size))
 
     def fingerprint(self) -> str:
@@ -109,16 +111,17 @@ class _WorkerPeaks:
     """Samples the resident memory of this machine's Ray worker processes until stopped."""
 
     def __init__(self) -> None:
+        import psutil  # comes with Ray
+
+        self._psutil = psutil
         self.peaks: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
 
     def _run(self) -> None:
-        import psutil
-
         while not self._stop.wait(0.5):
-            for proc in psutil.process_iter(["name", "memory_info"]):
+            for proc in self._psutil.process_iter(["name", "memory_info"]):
                 name, memory = proc.info["name"] or "", proc.info["memory_info"]
                 if name.startswith("ray::") and memory is not None:
                     self.peaks[proc.pid] = max(self.peaks.get(proc.pid, 0), memory.rss)
@@ -162,6 +165,7 @@ def _run(n: int, engine: str, workers: int, workdir: str, max_probes: int) -> di
         "chunks/s": round(n / seconds),
         "peak MB (driver)": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "peak MB (worker)": "" if worker_mb is None else worker_mb,
+        "shards": int(report.stats["shards"]),
         "neighbour recall@10": neighbour_recall(wd, int(report.stats["shards"])),
         "flagged: sets of 3-5": found((3, 5)),
         "flagged: sets of 10-20": found((10, 20)),
@@ -240,8 +244,9 @@ def scale_table(rows: Sequence[dict[str, Any]]) -> str:
     return "\n".join([*markdown_table(COLUMNS, cells), "", *plan(rows)])
 
 
-def plan(rows: Sequence[dict[str, Any]], target: int = 100_000_000, shard: int = 2_000_000,
-         routed: int = 3, workers: int = 64) -> list[str]:  # fmt: skip
+def plan(
+    rows: Sequence[dict[str, Any]], target: int = 100_000_000, workers: int = 64, routed: int = 3
+) -> list[str]:
     """A plan for auditing ``target`` chunks on a Ray cluster of ``workers`` one-CPU actors,
     from the measured per-worker search throughput (paragraphs of Markdown; none without a
     Ray run)."""
@@ -251,18 +256,18 @@ def plan(rows: Sequence[dict[str, Any]], target: int = 100_000_000, shard: int =
         return []
     big = max(ray, key=lambda r: r["chunks"])
     n, w = int(big["chunks"]), int(str(big["engine"]).split("x")[1])
-    shards = w  # the audit makes one shard per worker
+    shards = int(big.get("shards", w))
     rate = n * shards / (float(big["search s"]) * w)  # chunk x shard searches per worker-second
-    n_shards = -(-target // shard)
+    shard = -(-target // workers)  # the audit makes one shard per worker
     growth = np.log(shard) / np.log(n / shards)  # a search's cost grows with log(shard size)
-    everywhere = target * n_shards * growth / rate / workers / 3600
+    everywhere = target * workers * growth / rate / workers / 3600
     routed_h = target * routed * growth / rate / workers / 3600
     lines = [
         f"**Plan for {target / 1e6:.0f}M chunks on a Ray cluster.** Measured here: at "
         f"{n:,} chunks on Ray with {w} one-CPU workers ({shards} shards of {n // shards:,}), "
         f"building and searching the shard indexes took {big['search s']} s, that is "
-        f"{rate:,.0f} chunk-in-shard searches (index build included) per worker-second; a "
-        f"worker's peak memory was {big['peak MB (worker)']} MB, the packaged MiniLM included."
+        f"{rate:,.0f} chunk-in-shard searches (index build included) per worker-second; the "
+        f"largest worker process peaked at {big['peak MB (worker)']} MB."
     ]
     if local:
         one = max(local, key=lambda r: r["chunks"])
@@ -273,19 +278,21 @@ def plan(rows: Sequence[dict[str, Any]], target: int = 100_000_000, shard: int =
     lines += [
         "",
         f"- **Shards.** {target / 1e6:.0f}M vectors of 384 floats are about "
-        f"{target * 384 * 4 / 1e9:.0f} GB; HNSW shards of {shard / 1e6:.0f}M vectors "
-        f"(about {shard * (384 * 4 + 32 * 2 * 4) / 1e9:.0f} GB each) make {n_shards} shards, "
-        "one per actor, the working folder on storage every machine reads (a bucket or NFS).",
-        f"- **Search.** Today every chunk is searched in every shard: {n_shards} searches per "
-        f"chunk, about {everywhere:,.0f} hours on {workers} workers at the measured rate. Routed "
-        f"instead (shards cut by a coarse k-means of a sample, each chunk searched in its own "
-        f"shard and the {routed - 1} nearest others, as an IVF index routes a query), it is "
-        f"{routed} searches per chunk: about {routed_h:,.1f} hours on {workers} workers "
-        f"(the measured rate, slowed {growth:.2f}x for shards {shard * shards / n:.0f}x larger: "
-        "an HNSW search costs about the logarithm of the shard's size).",
+        f"{target * 384 * 4 / 1e9:.0f} GB. The audit makes one shard per worker, and each "
+        f"worker builds its shard's index once: on {workers} workers "
+        f'(`audit(..., engine="ray", workers={workers})`), shards of {shard / 1e6:.1f}M '
+        f"vectors, an HNSW index of about {shard * (384 * 4 + 32 * 2 * 4) / 1e9:.1f} GB each; "
+        "the working folder on storage every machine reads (a bucket or NFS).",
+        f"- **Search.** Every chunk is searched in every shard: {workers} searches per chunk, "
+        f"about {everywhere:,.0f} hours at the measured rate (slowed {growth:.2f}x for shards "
+        f"{shard * shards / n:.1f}x larger: an HNSW search costs about the logarithm of the "
+        "shard's size). That is the step to change first: shards cut by a coarse k-means of a "
+        f"sample, each chunk searched in its own shard and the {routed - 1} nearest others (as "
+        f"an IVF index routes a query), would be {routed} searches per chunk, about "
+        f"{routed_h:,.1f} hours.",
         "- **Defend and report.** The probes are capped (`max_probes`), so the defend stage "
         "does not grow with the corpus. The report keeps ten neighbours and a few numbers per "
-        f"chunk: about {target * 100 / 1e9:.0f} GB for {target / 1e6:.0f}M chunks on the "
+        f"chunk: about {target * 200 / 1e9:.0f} GB for {target / 1e6:.0f}M chunks on the "
         "driver, to be split by shard before that size.",
     ]
     return lines

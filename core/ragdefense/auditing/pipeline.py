@@ -31,7 +31,7 @@ from .evidence import Scoring, assess, flag_examples, reasons, score, targeted
 from .probes import derive_probes
 from .report import AuditReport, Finding
 from .settings import AuditSettings
-from .steps import DefendStep, EmbedStep, SearchStep, unit
+from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
 from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
 __all__ = ["audit"]
@@ -230,13 +230,12 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     kind = settings.index
     if kind == "auto":
         kind = "flat" if sum(sizes) / n_shards <= 200_000 else "hnsw"
-    for shard in range(n_shards):
-        for what, parts, k in (
-            ("probes", n_probe_parts, settings.top_m),
-            ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),
-        ):
-            step = SearchStep(str(wd.path), what, shard, n_shards, k, kind)
-            job.map(step, parts, f"search {what} (shard {shard + 1}/{n_shards})")
+    searches = [
+        ("probes", n_probe_parts, settings.top_m),
+        ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),
+    ]
+    step = ShardSearchStep(str(wd.path), n_shards, searches, kind, job.options.progress)
+    job.map(step, n_shards, "search (a shard per worker)")
     return n_shards, kind
 
 
@@ -388,7 +387,7 @@ def _report(
         "groups": len(evidence.groups),
         "possible_victims": len(victims),
         "targeted": 0
-        if evidence.targeting is None
+        if evidence.targeting is None or scoring.target_threshold <= 0
         else int((evidence.targeting >= scoring.target_threshold).sum()),
         "scoring": asdict(scoring),
     }

@@ -5,7 +5,8 @@ picklable object that loads its models and index once per process.
 
 1. :class:`EmbedStep`: embed a part of chunks (or of probes) and store unit vectors.
 2. :class:`SearchStep`: search a part's vectors in one shard of the index (FAISS when installed,
-   else exact numpy) and store the shard's top hits.
+   else exact numpy) and store the shard's top hits; :class:`ShardSearchStep` runs it on every
+   part for one shard, so that a worker builds that shard's index once.
 3. :class:`DefendStep`: merge a probe part's hits over all shards into its top M, run each
    defense on them with the stored vectors, store who was flagged and why.
 """
@@ -21,7 +22,15 @@ from ..embedders import Embedder
 from ..similarity import unit_rows
 from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
-__all__ = ["DefendStep", "EmbedStep", "SearchStep", "merged_hits", "shard_parts", "unit"]
+__all__ = [
+    "DefendStep",
+    "EmbedStep",
+    "SearchStep",
+    "ShardSearchStep",
+    "merged_hits",
+    "shard_parts",
+    "unit",
+]
 
 _ADD_BLOCK = 65_536  # vectors handed to FAISS at once while a shard's index is built
 _CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shard indexes
@@ -148,6 +157,38 @@ class SearchStep:
         sims, positions = _CACHE[key].search(queries, self.k)
         wd.write_arrays(self.output(part), sims=sims, positions=positions)
         return len(queries)
+
+
+@dataclass
+class ShardSearchStep:
+    """Search every part of each ``(kind, parts, k)`` of ``searches`` in shard ``shard`` (the
+    item this step is run on): the shard's index is built once, here, and dropped at the end;
+    parts already searched (a resumed audit) are skipped."""
+
+    workdir: str
+    n_shards: int
+    searches: list[tuple[str, int, int]]
+    index: str = "flat"
+    progress: bool = False
+
+    def output(self, shard: int) -> str:
+        """The file this step writes, last, for ``shard``."""
+        return f"search/{shard}-of-{self.n_shards}/done.json"
+
+    def __call__(self, shard: int) -> int:
+        from ..progress import progress_bar
+
+        wd = Workdir(self.workdir)
+        todo = []
+        for kind, parts, k in self.searches:
+            step = SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index)
+            todo += [(step, part) for part in range(parts) if not wd.has(step.output(part))]
+        desc = f"search shard {shard + 1}/{self.n_shards}" if self.progress else None
+        done = sum(step(part) for step, part in progress_bar(todo, desc))
+        for key in [k for k in _CACHE if k[:2] == ("shard", self.workdir) and k[3] == shard]:
+            del _CACHE[key]  # the index is this shard's: free it for the next
+        wd.write_json(self.output(shard), {"searched": done})
+        return done
 
 
 def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
