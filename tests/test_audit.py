@@ -223,6 +223,7 @@ def test_a_shard_index_built_block_by_block_holds_every_vector_once(
     from ragdefense.auditing import steps
     from ragdefense.auditing.workdir import Workdir, part_name
 
+    pytest.importorskip("faiss")
     texts, ids, _ = toy_corpus()
     monkeypatch.setattr(steps, "_ADD_BLOCK", 40)  # parts of 16: blocks of 3 parts, and a rest
     audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", index="flat", part_size=16)

@@ -163,7 +163,7 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     """Scores of every chunk under the ablation's variants, from an audit's working folder:
     the shipped evidence (isolation, and targeting with a query log), isolation alone, probe
-    evidence only (flag rate), and both mixed 0.7 / 0.3."""
+    evidence only (flag rate), and isolation and probe evidence mixed 0.7 / 0.3."""
     from ragdefense.auditing.evidence import Scoring, assess, score
     from ragdefense.auditing.workdir import Workdir, part_texts
 
@@ -173,8 +173,8 @@ def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     variants = {
         "isolation + targeting": Scoring(),
         "isolation": Scoring(target_threshold=0),
-        "probe flags": Scoring(probe_weight=1.0),
-        "mixed 0.3": Scoring(probe_weight=0.3),
+        "probe flags": Scoring(probe_weight=1.0, target_threshold=0),
+        "mixed 0.3": Scoring(probe_weight=0.3, target_threshold=0),
     }
     out = {}
     for name, scoring in variants.items():

@@ -7,8 +7,9 @@ with 5, 10, 20 or 30 passages planted per target question (40 targets, ten from 
 RealtimeQA, NQ, MS MARCO and HotpotQA; the attack families in turn), no provenance. Each target
 question is asked as the one line asks it, k = 5: the defense's pool by MiniLM similarity from
 the whole corpus (2k, at least 8), widened twice over while the defense keeps fewer than k, and
-the context is the top k it keeps. The audit uses probes derived from the corpus (never the
-target questions) and its shipped score; nothing here was tuned.
+the context is the top k it keeps. The audit runs twice with its shipped score: with probes
+derived from the corpus (never the target questions), and with the target questions as its
+query log (the users asked them: that is why they were attacked); nothing here was tuned.
 """
 
 from __future__ import annotations
@@ -64,8 +65,15 @@ def quarantine_table(
     emb = as_embedder(embedder)
     vectors = emb.embed(kb.texts)
     with tempfile.TemporaryDirectory() as tmp:
-        report = audit(kb.corpus(vectors), embedder=emb, workdir=workdir or tmp)
+        report = audit(kb.corpus(vectors), embedder=emb, workdir=Path(workdir or tmp) / "d")
+        logged = audit(  # the users asked the attacked questions: they are in the query log
+            kb.corpus(vectors),
+            embedder=emb,
+            queries=kb.questions,
+            workdir=Path(workdir or tmp) / "q",
+        )
     flagged = {f.id for f in report.suspicious}
+    flagged_logged = {f.id for f in logged.suspicious}
     planted = set(kb.planted)
     benign = len(kb.ids) - len(planted)
     defenses: dict[str, Any] = {
@@ -74,6 +82,12 @@ def quarantine_table(
         "default + quarantine": Quarantine.from_report(report, defense("consensus", embedder=emb)),
         "default + quarantine (every flagged chunk)": Quarantine.from_report(
             report, defense("consensus", embedder=emb), grouped=False
+        ),
+        "default + quarantine (audit with the query log)": Quarantine.from_report(
+            logged, defense("consensus", embedder=emb)
+        ),
+        "default + quarantine (audit with the query log, every flagged chunk)": (
+            Quarantine.from_report(logged, defense("consensus", embedder=emb), grouped=False)
         ),
         "strict": defense("strict", embedder=emb),
     }
@@ -114,7 +128,10 @@ def quarantine_table(
         f"{len(kb.ids)} chunks, {len(planted)} planted for {len(kb.questions)} targets "
         f"({', '.join(map(str, COUNTS))} each); the audit flagged "
         f"{len(flagged & planted)} of {len(planted)} planted chunks and "
-        f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}).",
+        f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}); "
+        f"with the target questions as its query log, {len(flagged_logged & planted)} planted "
+        f"and {len(flagged_logged - planted)} benign "
+        f"({len(flagged_logged - planted) / benign:.2%}).",
         "",
         f"Per target question, the one line's pool and rounds, context {K}; cells: poison share "
         "of the context / share of questions whose context holds a correct answer (tuning "
@@ -129,6 +146,8 @@ def quarantine_table(
             "planted": len(planted),
             "benign_flagged": len(flagged - planted),
             "benign": benign,
+            "planted_flagged_with_query_log": len(flagged_logged & planted),
+            "benign_flagged_with_query_log": len(flagged_logged - planted),
         }
     )
     return rows, "\n".join(lines)

@@ -6,7 +6,7 @@ that ranks them. Streams over the part files; memory grows with the number of ch
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -53,7 +53,9 @@ class Scoring:
     the documents around it; isolation cannot see a lone one, targeting can. It counts, relative
     to ``target_threshold``, like the wide isolation; derived probes (each a chunk's own title or
     first sentence) give no such evidence, and it is not computed from them. The one passage that
-    truly answers a logged question can be targeted too: the report says so.
+    truly answers a logged question can be targeted too: the report says so. The margin was set
+    with a model that embeds questions and passages alike (MiniLM); with one that embeds
+    questions apart (``embed_query``), set it for that model, or 0 to turn targeting off.
 
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
@@ -89,17 +91,15 @@ class Evidence:
     nearest: np.ndarray | None = None  # cosine to the nearest other chunk (0: none)
     closest_query: np.ndarray | None = None  # best cosine to a logged question (-inf: none)
     closest_probe: np.ndarray | None = None  # that question's probe number (-1: none)
+    #: cosine to the closest logged question that retrieved it minus cosine to its nearest
+    #: chunk (``None`` without a query log; -1 where no question retrieved it)
+    targeting: np.ndarray | None = field(init=False, default=None)
 
-    @property
-    def targeting(self) -> np.ndarray | None:
-        """Per position: cosine to the closest logged question that retrieved it minus cosine to
-        its nearest chunk (``None`` without a query log; very negative where none retrieved it)."""
-        if self.closest_query is None or self.nearest is None:
-            return None
-        out: np.ndarray = np.where(
-            np.isfinite(self.closest_query), self.closest_query - self.nearest, -1.0
-        )
-        return out
+    def __post_init__(self) -> None:
+        if self.closest_query is not None and self.nearest is not None:
+            self.targeting = np.where(
+                np.isfinite(self.closest_query), self.closest_query - self.nearest, -1.0
+            )
 
     def group(self, i: int) -> dict[str, Any] | None:
         """The near-duplicate group of position ``i`` (``None`` when it has none)."""
