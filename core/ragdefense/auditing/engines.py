@@ -98,7 +98,11 @@ class RayEngine:
             _RayStep,
             fn_constructor_args=(step,),
             batch_size=1,
-            compute=ray.data.ActorPoolStrategy(size=min(self.workers, len(parts))),
+            # one part at a time per actor: a part queued behind another on a busy actor waits
+            # while the others idle (a step over a few shards would run one after the other)
+            compute=ray.data.ActorPoolStrategy(
+                size=min(self.workers, len(parts)), max_tasks_in_flight_per_actor=1
+            ),
             num_cpus=1,
         )
         total = 0
