@@ -131,6 +131,17 @@ def test_a_lone_passage_written_for_a_logged_question_is_found_with_the_query_lo
     assert (logged.stats["targeted"], derived.stats["targeted"]) == (1, 0)
 
 
+def test_a_chunk_with_no_other_chunk_is_not_targeted(toy: CallableEmbedder, tmp_path: Path) -> None:
+    """Closer to the question than to any other chunk is empty when there is none."""
+    report = audit(
+        ["Canberra is the capital of Australia."],
+        embedder=toy,
+        queries=["What is the capital of Australia?"],
+        workdir=tmp_path / "w",
+    )
+    assert report.stats["targeted"] == 0 and not report.suspicious
+
+
 def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible_victim() -> None:
     """(#30) the honest passage a planted set targets sits right next to it and is flagged with
     it; the report says so instead of listing it as one more planted chunk."""

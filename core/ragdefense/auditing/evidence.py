@@ -88,18 +88,18 @@ class Evidence:
     groups: list[dict[str, Any]]
     wide: np.ndarray | None = None  # the wide isolation (None: not computed)
     near: np.ndarray | None = None  # positions of each chunk's nearest neighbours (-1: none)
-    nearest: np.ndarray | None = None  # cosine to the nearest other chunk (0: none)
+    nearest: np.ndarray | None = None  # cosine to the nearest other chunk (NaN: none)
     closest_query: np.ndarray | None = None  # best cosine to a logged question (-inf: none)
     closest_probe: np.ndarray | None = None  # that question's probe number (-1: none)
     #: cosine to the closest logged question that retrieved it minus cosine to its nearest
-    #: chunk (``None`` without a query log; -1 where no question retrieved it)
+    #: chunk (``None`` without a query log; -1 where no question retrieved it, or it has no
+    #: other chunk to be nearer to)
     targeting: np.ndarray | None = field(init=False, default=None)
 
     def __post_init__(self) -> None:
         if self.closest_query is not None and self.nearest is not None:
-            self.targeting = np.where(
-                np.isfinite(self.closest_query), self.closest_query - self.nearest, -1.0
-            )
+            known = np.isfinite(self.closest_query) & np.isfinite(self.nearest)
+            self.targeting = np.where(known, self.closest_query - self.nearest, -1.0)
 
     def group(self, i: int) -> dict[str, Any] | None:
         """The near-duplicate group of position ``i`` (``None`` when it has none)."""
@@ -252,7 +252,7 @@ def find_groups(
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))
-        firsts.append(neighbour_sims[:, 0] if reach else np.zeros(len(p)))
+        firsts.append(np.where(others.any(axis=1), neighbour_sims[:, 0], np.nan))
         if wide:
             wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group))
         # the group graph and the neighbours kept for the report: the k nearest
