@@ -251,6 +251,44 @@ def test_a_shard_index_built_block_by_block_holds_every_vector_once(
     assert positions.min() >= 0 and positions.max() < len(texts)
 
 
+def test_a_search_killed_on_one_shard_resumes_with_its_shards_whatever_the_workers(
+    toy: CallableEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Started on two workers (two shards), killed while searching the second shard, resumed in
+    this process (one worker): the two shards are kept, the first is not searched again, the
+    killed shard's index is not left in memory, and the report is an uninterrupted one's."""
+    from ragdefense.auditing import steps
+    from ragdefense.auditing.engines import LocalEngine
+
+    class TwoWorkers(LocalEngine):
+        workers = 2
+
+    texts, ids, _ = toy_corpus()
+    whole = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "a", part_size=16)
+    searched: list[int] = []
+    original = steps.SearchStep.__call__
+    killed: list[bool] = []
+
+    def dies_on_shard_1(self: steps.SearchStep, part: int) -> int:
+        if self.shard == 1 and part == 2 and not killed:
+            killed.append(True)
+            raise KeyboardInterrupt
+        searched.append(self.shard)
+        return original(self, part)
+
+    monkeypatch.setattr(steps.SearchStep, "__call__", dies_on_shard_1)
+    with pytest.raises(KeyboardInterrupt):
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
+              engine=TwoWorkers())  # fmt: skip
+    assert not [k for k in steps._CACHE if k[0] == "shard"]  # freed on the way out
+    searched.clear()
+    again = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16)
+    assert again.stats["shards"] == 2 and set(searched) == {1}
+    assert [(f.id, round(f.score, 5)) for f in again.findings] == [
+        (f.id, round(f.score, 5)) for f in whole.findings
+    ]
+
+
 def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_path: Path) -> None:
     texts, ids, _ = toy_corpus()
     calls = {"n": 0}

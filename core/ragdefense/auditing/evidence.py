@@ -239,7 +239,7 @@ def find_groups(
     each chunk's :func:`isolation` over ``k`` and (when ``wide``) over ``wide`` neighbours:
     ``(group index per position or -1, [{id, size, similarity}] per group, isolation per
     position, wide isolation per position or None, each position's k nearest neighbours, its
-    cosine to the nearest)``."""
+    cosine to the nearest or NaN when it has none)``."""
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 

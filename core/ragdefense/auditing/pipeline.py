@@ -26,7 +26,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .corpus import Corpus, as_corpus, fingerprint, read_queries
-from .engines import Engine, make_engine
+from .engines import Engine, LocalEngine, make_engine
 from .evidence import Scoring, assess, flag_examples, reasons, score, targeted
 from .probes import derive_probes
 from .report import AuditReport, Finding
@@ -225,7 +225,9 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
             f"the stored vectors have {wd.noted('dim')} dimensions but the embedder gives "
             f"{probe_dim}: pass embedder=, the model the knowledge base was embedded with"
         )
-    n_shards = max(1, min(job.runner.workers, len(sizes)))
+    # a resumed audit keeps the shards it started with, whatever its workers now: each shard is
+    # a task of its own, and the parts searched already stay valid
+    n_shards = int(wd.noted("shards") or max(1, min(job.runner.workers, len(sizes))))
     wd.note("shards", n_shards)
     kind = settings.index
     if kind == "auto":
@@ -234,7 +236,8 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         ("probes", n_probe_parts, settings.top_m),
         ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),
     ]
-    step = ShardSearchStep(str(wd.path), n_shards, searches, kind, job.options.progress)
+    local = isinstance(job.runner, LocalEngine)  # a Ray actor's bar would go to its log only
+    step = ShardSearchStep(str(wd.path), n_shards, searches, kind, job.options.progress and local)
     job.map(step, n_shards, "search (a shard per worker)")
     return n_shards, kind
 

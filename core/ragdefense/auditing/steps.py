@@ -184,9 +184,11 @@ class ShardSearchStep:
             step = SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index)
             todo += [(step, part) for part in range(parts) if not wd.has(step.output(part))]
         desc = f"search shard {shard + 1}/{self.n_shards}" if self.progress else None
-        done = sum(step(part) for step, part in progress_bar(todo, desc))
-        for key in [k for k in _CACHE if k[:2] == ("shard", self.workdir) and k[3] == shard]:
-            del _CACHE[key]  # the index is this shard's: free it for the next
+        try:
+            done = sum(step(part) for step, part in progress_bar(todo, desc))
+        finally:  # the index is this shard's: free it for the next, also after a failure
+            for key in [k for k in _CACHE if k[:2] == ("shard", self.workdir) and k[3] == shard]:
+                del _CACHE[key]
         wd.write_json(self.output(shard), {"searched": done})
         return done
 
