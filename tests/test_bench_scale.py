@@ -61,6 +61,7 @@ def test_plan_for_100m_follows_the_measured_rate() -> None:
 
     assert hours(slow) == pytest.approx([2 * h for h in hours(fast)], rel=0.02)
     everywhere, routed = hours(slow)
-    # 1e8 chunks x 64 shards / (1,000 per worker-second x 64 workers), slowed log(1.5625e6) / log(5e5)
+    # 1e8 chunks x 64 shards / (1,000 per worker-second x 64 workers), slowed by
+    # log(1.5625e6) / log(5e5)
     assert everywhere == pytest.approx(1e8 * 64 / 1_000 / 64 / 3600 * 1.0868, rel=0.01)
     assert routed == pytest.approx(everywhere * 3 / 64, rel=0.05)

@@ -185,7 +185,7 @@ class ShardSearchStep:
             todo += [(step, part) for part in range(parts) if not wd.has(step.output(part))]
         desc = f"search shard {shard + 1}/{self.n_shards}" if self.progress else None
         try:
-            done = sum(step(part) for step, part in progress_bar(todo, desc))
+            done = int(sum(step(part) for step, part in progress_bar(todo, desc)))
         finally:  # the index is this shard's: free it for the next, also after a failure
             for key in [k for k in _CACHE if k[:2] == ("shard", self.workdir) and k[3] == shard]:
                 del _CACHE[key]
