@@ -25,6 +25,7 @@ import numpy as np
 
 from ragdefense.auditing import AuditSettings, audit
 from ragdefense.auditing.corpus import Batch
+from ragdefense.similarity import unit_rows
 
 from ..report import markdown_table
 
@@ -52,7 +53,7 @@ class SyntheticCorpus:
         self.n, self.seed, self.dim = n, seed, dim
         rng = np.random.default_rng(seed)
         n_topics = max(1, n // topic_size)
-        self.centres = _unit(rng.normal(size=(n_topics, dim)).astype(np.float32))
+        self.centres = unit_rows(rng.normal(size=(n_topics, dim)).astype(np.float32), np.float32)
         self.topic = rng.integers(0, n_topics, n).astype(np.int32)
         self.sets = [  # (first position, size), each set whole inside the corpus
             (start, set_sizes[g % len(set_sizes)])
@@ -74,10 +75,10 @@ class SyntheticCorpus:
             rng = np.random.default_rng([self.seed, start])
             topics = self.topic[start:end]
             noise = rng.normal(0, 1 / np.sqrt(self.dim), (end - start, self.dim))
-            vectors = _unit(self.centres[topics] + noise.astype(np.float32))
+            vectors = unit_rows(self.centres[topics] + noise.astype(np.float32), np.float32)
             for first, n_set in self.sets:
                 if first < end and first + n_set > start:
-                    planted = self._planted(first)
+                    planted = self._planted(first, n_set)
                     for i in range(max(first, start), min(first + n_set, end)):
                         vectors[i - start] = planted[i - first]
             texts = [
@@ -85,14 +86,13 @@ class SyntheticCorpus:
             ]
             yield Batch([f"c{i}" for i in range(start, end)], texts, [""] * len(texts), vectors)
 
-    def _planted(self, first: int) -> np.ndarray:
-        """The vectors of the planted set starting at ``first``: close to one point of its
-        topic, and to each other."""
+    def _planted(self, first: int, size: int) -> np.ndarray:
+        """The vectors of the planted set of ``size`` starting at ``first``: close to one point
+        of its topic, and to each other."""
         rng = np.random.default_rng([self.seed, 1, first])
-        size = dict(self.sets)[first]
         point = self.centres[self.topic[first]] + rng.normal(0, 1 / np.sqrt(self.dim), self.dim)
         spread = rng.normal(0, 0.35 / np.sqrt(self.dim), (size, self.dim))
-        return _unit((point + spread).astype(np.float32))
+        return unit_rows((point + spread).astype(np.float32), np.float32)
 
     @staticmethod
     def _text(i: int, topic: int, rng: np.random.Generator) -> str:
@@ -100,11 +100,6 @@ class SyntheticCorpus:
         words = [f"t{topic}w{j}" for j in rng.integers(0, 30, 40)]
         words += [f"w{j}" for j in rng.integers(0, 5_000, 20)]
         return f"Note {i} on {' '.join(words[:6])}. {' '.join(words[6:])}."
-
-
-def _unit(x: np.ndarray) -> np.ndarray:
-    out: np.ndarray = x / np.linalg.norm(x, axis=1, keepdims=True)
-    return out
 
 
 class _WorkerPeaks:

@@ -118,20 +118,22 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     )  # fmt: skip
     closest = probe = None
     if params.get("queries") is not None:  # a query log: its questions are the users'
-        closest, probe = closest_queries(wd, sum(sizes), params["top_m"])
+        closest, probe = closest_queries(wd, sum(sizes), wd.noted("shards"), params["top_m"])
     return Evidence(
         retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe
     )
 
 
-def closest_queries(wd: Workdir, n_chunks: int, top_m: int) -> tuple[np.ndarray, np.ndarray]:
+def closest_queries(
+    wd: Workdir, n_chunks: int, n_shards: int, top_m: int
+) -> tuple[np.ndarray, np.ndarray]:
     """Per chunk position: the best cosine to a probe whose top ``top_m`` holds it (``-inf``
     where none does), and that probe's number (``-1``)."""
     best = np.full(n_chunks, -np.inf)
     which = np.full(n_chunks, -1, dtype=np.int64)
     start = 0
     for part in range(wd.noted("probe_parts")):
-        sims, positions = merged_hits(wd, "probes", part, wd.noted("shards"), top_m)
+        sims, positions = merged_hits(wd, "probes", part, n_shards, top_m)
         rows = np.broadcast_to(start + np.arange(len(positions))[:, None], positions.shape)
         valid = positions >= 0
         at, cos, row = positions[valid], sims[valid].astype(np.float64), rows[valid]

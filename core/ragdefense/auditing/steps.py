@@ -146,9 +146,14 @@ class SearchStep:
         """The file this step writes for ``part``."""
         return _search_file(self.shard, self.n_shards, self.kind, part)
 
+    def key(self, run: str) -> tuple[Any, ...]:
+        """Where this process keeps the shard's index (one per audit run, shard and kind of
+        index; the probes and chunks of a shard share it)."""
+        return ("shard", self.workdir, run, self.shard, self.n_shards, self.index)
+
     def __call__(self, part: int) -> int:
         wd = Workdir(self.workdir)
-        key = ("shard", self.workdir, wd.run, self.shard, self.n_shards, self.index)
+        key = self.key(wd.run)
         if key not in _CACHE:
             sizes = wd.noted("part_sizes")
             parts = shard_parts(len(sizes), self.n_shards, self.shard)
@@ -179,16 +184,19 @@ class ShardSearchStep:
         from ..progress import progress_bar
 
         wd = Workdir(self.workdir)
-        todo = []
-        for kind, parts, k in self.searches:
-            step = SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index)
-            todo += [(step, part) for part in range(parts) if not wd.has(step.output(part))]
+        steps = [SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index)
+                 for kind, _, k in self.searches]  # fmt: skip
+        todo = [
+            (step, part)
+            for step, (_, parts, _) in zip(steps, self.searches, strict=True)
+            for part in range(parts)
+            if not wd.has(step.output(part))
+        ]
         desc = f"search shard {shard + 1}/{self.n_shards}" if self.progress else None
         try:
             done = int(sum(step(part) for step, part in progress_bar(todo, desc)))
         finally:  # the index is this shard's: free it for the next, also after a failure
-            for key in [k for k in _CACHE if k[:2] == ("shard", self.workdir) and k[3] == shard]:
-                del _CACHE[key]
+            _CACHE.pop(steps[0].key(wd.run), None)
         wd.write_json(self.output(shard), {"searched": done})
         return done
 
