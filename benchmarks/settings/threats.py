@@ -13,7 +13,10 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
   retrieved, context 5 NQ / 2 others), without metadata whatever the row;
 * majority, one source: RealtimeQA's top 3 web results + 5 planted passages (a poisoned top 8,
   whatever their rank), context 5, the poison from one host;
-* the curve: the same with the poison from S = 1, 2, 3, 5 hosts, and into the top 10.
+* the curve: the same with the poison from S = 1, 2, 3, 5 hosts, and into the top 10;
+* majority, gold sources: the RAGDefender setting with each gold passage its own source (a host
+  of its own) and the poison from S = 1 or 2 attacker hosts, split by whether the gold has more
+  independent sources than the attacker, as many (a tie), or fewer.
 
 Trusted rows trust the two top-ranked web results (RealtimeQA) and the gold passages (the
 RAGDefender setting). Families: :data:`~benchmarks.settings.default.TUNING` and
@@ -85,7 +88,7 @@ def provenance_case(
     q = embedder.embed_query(record.question)
     benign = list(record.benign)
     links = list(record.sources) or [
-        f"https://{record.dataset}.gold/{i}" for i in range(len(benign))
+        f"https://gold-{i}.{record.dataset.replace('/', '-')}.example/" for i in range(len(benign))
     ]
     if benign_top is not None and benign:
         sims = embedder.embed(benign) @ q
@@ -171,12 +174,27 @@ def _cases(
         for family in families:
             for ratio in (1, 2, 4, 6):
                 poison = _family_poison(records, family, RAGDEFENDER_BASE[ds] * ratio)
-                for r in records:
-                    found = provenance_case(
-                        r, poison[r.id], embedder, benign_top=None, k=RAGDEFENDER_K[ds], hosts=1
-                    )
-                    add("majority", f"{ds} {ratio}x", family, found)
+                for hosts in (1, 2):
+                    for r in records:
+                        found = provenance_case(
+                            r, poison[r.id], embedder, benign_top=None, k=RAGDEFENDER_K[ds],
+                            hosts=hosts,
+                        )  # fmt: skip
+                        if hosts == 1:
+                            add("majority", f"{ds} {ratio}x", family, found)
+                        # gold passages, each its own source, against S attacker sources
+                        sides = _sides(sum(r.gold), hosts)
+                        setting = f"{ds} {ratio}x, S={hosts}, {sides}"
+                        pair = {kind: found[kind] for kind in ("plain", "sources")}
+                        add("majority, gold sources", setting, family, pair)
     return out
+
+
+def _sides(gold_sources: int, attacker_sources: int) -> str:
+    """How the gold's independent sources compare with the attacker's."""
+    if gold_sources > attacker_sources:
+        return "more gold sources"
+    return "a tie" if gold_sources == attacker_sources else "more attacker sources"
 
 
 def _defense(name: str, params: dict[str, Any]) -> CaseDefense:
@@ -197,7 +215,8 @@ def threats_table(
     for label, (name, params, kind) in THREAT_ROWS.items():
         defense = _defense(name, params)
         for (scenario, setting, family, k), cases in groups.items():
-            # the RAGDefender setting is "without sources", except for trusting the gold
+            # the RAGDefender setting is "without sources", except for trusting the gold (its
+            # cases with the gold as sources are a scenario of their own)
             if k != ("plain" if scenario == "majority" and kind == "sources" else kind):
                 continue
             row: dict[str, Any] = {
@@ -228,6 +247,8 @@ def _cell(
 ) -> str:
     fams = [family] if isinstance(family, str) else list(family)
     keys = [(label, scenario, s, f) for s in settings for f in fams]
+    if not any(k in by for k in keys):
+        return "-"  # no case of this kind (e.g. more attacker sources than gold at S = 1)
     return f"{_mean(by, keys, 'poison_share'):.3f} / {_mean(by, keys, 'gold_in_context'):.2f}"
 
 
@@ -280,6 +301,30 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     curve_header = ["row", "pool"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2, 3, 5) for h in (False, True)
     ]
+    sides = ("more gold sources", "a tie", "more attacker sources")
+    bundles = [f"{d} {r}x" for d in ("nq", "msmarco", "hotpotqa") for r in (1, 2, 4, 6)]
+    gold = [
+        [
+            label,
+            side,
+            *(
+                _cell(
+                    by,
+                    label,
+                    "majority, gold sources",
+                    [f"{b}, S={s}, {side}" for b in bundles],
+                    fams,
+                )
+                for s in (1, 2)
+                for fams in ([TUNING[0]], held)
+            ),
+        ]
+        for label in ("none", "default (text only)", "default with sources")
+        for side in sides
+    ]
+    gold_header = ["row", "gold sources against attacker sources"] + [
+        f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
+    ]
     return [
         "Choose your threat model (cells: poison share of the context / share of queries whose "
         f"context holds an answer; tuning family {TUNING[0]}, held out: {', '.join(held)}):",
@@ -290,4 +335,11 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "(a poisoned top 8, and 5 of a top 10):",
         "",
         *markdown_table(curve_header, curve),
+        "",
+        "The RAGDefender setting (a poisoned majority) with each gold passage its own source and "
+        "the planted passages from S attacker sources, by how many independent sources each "
+        "side has (NQ holds 1-3 gold passages, MS MARCO 1, HotpotQA 2; a cell averages the "
+        "bundles and ratios where that side occurs):",
+        "",
+        *markdown_table(gold_header, gold),
     ]
