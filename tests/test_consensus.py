@@ -120,6 +120,33 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
+def test_a_lone_survivor_of_a_removed_group_still_speaks_for_its_source() -> None:
+    """An upload plants four passages: three are removed as a coordinated group, the fourth
+    (less lifted, less alike) survives the group step. Judged on all four, the upload is one
+    voice, and its survivor goes too; without sources it stays."""
+    rng = np.random.default_rng(2)
+    d = 32
+    topic = _unit(rng.normal(size=d))
+    q = _unit(topic + 0.3 * _unit(rng.normal(size=d)))
+    benign = _unit(topic + 0.9 * _unit(rng.normal(size=(5, d))))
+    claim = _unit(topic + 0.5 * _unit(rng.normal(size=d)))
+    group = _unit(claim + 0.3 * q + 0.05 * _unit(rng.normal(size=(3, d))))
+    straggler = _unit(claim - 0.2 * q + 0.45 * _unit(rng.normal(size=d)))
+    emb = np.vstack([benign, group, straggler])
+    sources = [f"https://{h}/{i}" for i, h in enumerate(["a.org", "b.org", "c.org", "d.org"])]
+    sources += ["https://a.org/5"] + ["uploads/notes.pdf"] * 4
+    passages = [
+        Passage(f"passage {i}", id=str(i), metadata={"source": s}) for i, s in enumerate(sources)
+    ]
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert result.estimates["groups"] == [[5, 6, 7]]
+    assert result.removed_indices == [5, 6, 7, 8]
+    assert "coordinated group" in result.verdicts[5].reason  # the first reason is kept
+    assert "one voice: 4 passages" in result.verdicts[8].reason
+    text_only = Consensus(support=False, source_key=None).defend_embeddings("q", passages, emb, q)
+    assert text_only.removed_indices == [5, 6, 7]
+
+
 def test_chunks_of_one_long_document_are_not_one_voice() -> None:
     # most of the pool is one document whose chunks say different things
     passages, emb, q, _ = _pool(7, n_benign=10)

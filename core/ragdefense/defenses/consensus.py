@@ -314,10 +314,13 @@ class Consensus:
         if self.voice is None:
             return
         # on the query's topic only: one upload planting claims for many questions is judged
-        # on the claim it makes here
+        # on the claim it makes here. A source most of whose passages an earlier step removed
+        # is judged on all of them (the lone survivor of a planted group still repeats it);
+        # any other on what still stands (two chunks of a long document taken for a group do
+        # not make the whole document one voice). Support is what still stands
         alive = [i for i in pool.topical if i not in removed]
         by_source: dict[str, list[int]] = {}
-        for i in alive:
+        for i in pool.topical:
             s = sources[i]
             if s is not None:
                 by_source.setdefault(s, []).append(i)
@@ -327,14 +330,17 @@ class Consensus:
         for s, own in by_source.items():
             rest = [i for i in alive if sources[i] != s]
             n_rest = len({sources[i] for i in rest if sources[i] is not None})
-            if len(own) < 2 or any(trusted[i] for i in own) or n_rest < 2:
+            standing = [i for i in own if i not in removed]
+            if 2 * len(standing) > len(own):
+                own = standing
+            if len(own) < 2 or not standing or any(trusted[i] for i in own) or n_rest < 2:
                 continue
             inner = float(sim[np.ix_(own, own)][np.triu_indices(len(own), 1)].mean())
             across = float(sim[np.ix_(own, rest)].mean())
             if inner - across < self.voice:
                 continue
             found.append(s)
-            for i in own:
+            for i in standing:  # the rest keep the reason they were removed for
                 removed[i] = (
                     f"one voice: {len(own)} passages of source {s!r} agree with each other "
                     f"(mean cosine {inner:.3f}) more than with {n_rest} other sources "
