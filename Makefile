@@ -64,6 +64,7 @@ bench-results: $(STAMP)
 	for s in grada ragdefender auto default threats audit quarantine; do \
 	  $(BENCH) $$s --data $(DATA) --out $(RESULTS) || exit 1; done
 	$(BENCH) robustrag --data $(DATA) --limit 10 --out $(RESULTS)
+	$(BENCH) e2e --data $(DATA) --out $(RESULTS)
 
 # The docs site, served at http://127.0.0.1:8000 (make test builds it with --strict)
 docs: $(STAMP)

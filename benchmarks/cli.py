@@ -112,6 +112,12 @@ def _threats(args: argparse.Namespace) -> Table:
     return threats_table(_folder(args), limit=args.limit, embedder=args.embedder)
 
 
+def _e2e(args: argparse.Namespace) -> Table:
+    from .settings.e2e import e2e_table
+
+    return e2e_table(_folder(args), limit=args.limit, embedder=args.embedder)
+
+
 def _quarantine(args: argparse.Namespace) -> Table:
     from .settings.quarantine import quarantine_table
 
@@ -192,6 +198,7 @@ SETTINGS: dict[str, tuple[Callable[[argparse.Namespace], Table], str]] = {
     "auto": (_auto, "AutoDefense in both of those settings, with the ablation of its signals"),
     "default": (_default, "the targets of a default defense (--candidate), nine families"),
     "threats": (_threats, "the 'Choose your threat model' table"),
+    "e2e": (_e2e, "the default end to end with the packaged SmolLM2 (RealtimeQA, NQ)"),
     "quarantine": (_quarantine, "a poisoned-majority knowledge base, audited, then queried"),
     "robustrag": (_robustrag, "RealtimeQA top-10, 0/1 poison, packaged LLM (--limit 20)"),
     "import": (_import, "time of importing the core and the adapters"),

@@ -32,6 +32,7 @@ PAGES: dict[str, tuple[str, str]] = {
     "demo": ("The built-in poisoned knowledge base", "demo"),
     "default": ("The default defense's targets", "default"),
     "threats": ("Choose your threat model", "threats"),
+    "e2e": ("The default end to end with an LLM", "e2e"),
     "grada": ("The GRADA setting (RealtimeQA)", "grada"),
     "ragdefender": ("The RAGDefender setting", "ragdefender"),
     "auto": ("AutoDefense in both settings", "auto"),

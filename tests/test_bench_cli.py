@@ -163,7 +163,7 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
 @pytest.mark.slow
 @pytest.mark.data
 def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
-    from benchmarks.settings.threats import threats_table
+    from benchmarks.settings.threats import THREAT_ROWS, threats_table
 
     rows, table = threats_table(data_dir, families=("poisonedrag", "no-prefix"), limit=3)
     assert "Choose your threat model" in table and "S=5 held out" in table
@@ -175,6 +175,11 @@ def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
     none = by[("none", "majority+sources", "top 8, S=1", "poisonedrag")]
     assert none["poison_share"] >= 0.6  # a poisoned majority, whatever the rank
     assert by[("none", "clean", "0p", "-")]["poison_share"] == 0
+    # the gold as sources, split by sides: every row but the trusted one
+    gold = {k for k in by if k[1] == "majority, gold sources"}
+    assert {k[0] for k in gold} == set(THREAT_ROWS) - {"default, trusted sources"}
+    assert any(k[2].endswith("S=1, a tie") for k in gold)  # MS MARCO: one gold passage
+    assert "gold sources against attacker sources" in table
 
 
 @pytest.mark.data
@@ -208,3 +213,68 @@ def test_robustrag_table_with_an_oracle_llm(data_dir: Path, nlp: object) -> None
     assert lines["RobustRAG keyword"].split("|")[2].strip() == "1.00"
     metrics = {(r["setting"], r["metric"]) for r in rows}
     assert {("0p", "keyword certified"), ("1p", "keyword asr"), ("0p", "vanilla ms")} <= metrics
+
+
+@pytest.mark.data
+def test_gold_passages_are_each_their_own_source(data_dir: Path, minilm: object) -> None:
+    """In the RAGDefender setting every gold passage is its own source (a host of its own) and
+    the planted passages come from ``hosts`` attacker hosts: the layout the provenance rows and
+    the end-to-end NQ row claim."""
+    from benchmarks.datasets import load_qa
+    from benchmarks.settings.threats import provenance_case
+    from ragdefense.provenance import sources_of
+
+    record = next(r for r in load_qa(data_dir, "ragdefender/nq", None) if sum(r.gold) >= 2)
+    planted = ["planted a", "planted b", "planted c"]
+    found = provenance_case(record, planted, minilm, benign_top=None, k=5, hosts=1)
+    case = found["sources"]
+    sources = sources_of(list(case.passages))
+    gold = {s for s, bad in zip(sources, case.is_poison, strict=True) if not bad}
+    attackers = {s for s, bad in zip(sources, case.is_poison, strict=True) if bad}
+    assert len(gold) == sum(record.gold) and len(attackers) == 1 and not gold & attackers
+    assert all(p.metadata == {} or "source" not in p.metadata for p in found["plain"].passages)
+
+
+@pytest.mark.data
+def test_e2e_table_with_a_gullible_llm(data_dir: Path, minilm: object) -> None:
+    """The end-to-end setting on three questions with an LLM that repeats whichever answer its
+    context states more often (the packaged model's run is `python -m benchmarks e2e`): every
+    setting and row is there, no defense is hijacked by three planted passages, the default is
+    not, and the target lines judge what the table shows."""
+    from benchmarks.datasets import load_qa
+    from benchmarks.settings.e2e import E2E_ROWS, e2e_table
+    from ragdefense.llm import CallableLLM
+    from ragdefense.text import contains_answer
+
+    records = [*load_qa(data_dir, "realtimeqa", 3), *load_qa(data_dir, "ragdefender/nq", 3)]
+
+    def gullible(prompt: str) -> str:
+        rec = next(r for r in records if f"Query: {r.question}\n" in prompt)
+        context = prompt.split("---------------------")[1]
+        paragraphs = context.split("\n\n")
+        right = sum(contains_answer(p, rec.answers) for p in paragraphs)
+        wrong = sum(contains_answer(p, [rec.wrong_answer]) for p in paragraphs)
+        return rec.wrong_answer if wrong > right else rec.answers[0]
+
+    llm = CallableLLM(gullible)
+    rows, table = e2e_table(data_dir, limit=3, llm=llm, embedder=minilm, progress=False)
+    by = {(r["setting"], r["row"]): r for r in rows}
+    settings = {s for s, _ in by}
+    assert settings == {
+        "RealtimeQA, no poison",
+        "RealtimeQA, 1 poison",
+        "RealtimeQA, 3 poison",
+        "NQ, no poison",
+        "NQ, 1x (one attacker source)",
+    }
+    assert {label for _, label in by} == set(E2E_ROWS)
+    assert all(r["questions"] == 3 and r["errors"] == 0 for r in rows)
+    assert by[("RealtimeQA, no poison", "none")]["asr"] == 0
+    assert by[("RealtimeQA, 3 poison", "none")]["asr"] > 0  # hijacked without a defense
+    for label in ("default (text only)", "default with sources"):
+        r = by[("RealtimeQA, 3 poison", label)]
+        assert r["asr"] < by[("RealtimeQA, 3 poison", "none")]["asr"]
+        verdict = "met" if r["asr"] <= 0.02 else "missed"
+        line = f"- RealtimeQA, 3 poison, {label}: attack success {r['asr']:.2f} against clean"
+        assert f"{line} 0.00 ({verdict})" in table
+    assert "3 questions per setting" in table and "one question is 0.333" in table
