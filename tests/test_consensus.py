@@ -147,6 +147,29 @@ def test_a_lone_survivor_of_a_removed_group_still_speaks_for_its_source() -> Non
     assert text_only.removed_indices == [5, 6, 7]
 
 
+def test_a_source_half_of_which_was_removed_is_judged_on_what_stands() -> None:
+    """Two of a document's four chunks taken for a coordinated pair do not make the whole
+    document one voice: with half of it standing, it is judged on what stands (judged on all
+    four, it would be)."""
+    rng = np.random.default_rng(3)
+    d = 32
+    topic = _unit(rng.normal(size=d))
+    q = _unit(topic + 0.3 * _unit(rng.normal(size=d)))
+    benign = _unit(topic + 0.9 * _unit(rng.normal(size=(5, d))))
+    claim = _unit(topic + 0.5 * _unit(rng.normal(size=d)))
+    pair = _unit(claim + 0.3 * q + 0.05 * _unit(rng.normal(size=(2, d))))
+    others = _unit(claim - 0.2 * q + 0.9 * _unit(rng.normal(size=(2, d))))
+    emb = np.vstack([benign, pair, others])
+    sources = [f"https://{h}/{i}" for i, h in enumerate(["a.org", "b.org", "c.org", "d.org"])]
+    sources += ["https://a.org/5"] + ["reports/annual.pdf"] * 4
+    passages = [
+        Passage(f"passage {i}", id=str(i), metadata={"source": s}) for i, s in enumerate(sources)
+    ]
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert result.estimates["groups"] == [[5, 6]]
+    assert result.removed_indices == [5, 6] and "voices" not in result.estimates
+
+
 def test_chunks_of_one_long_document_are_not_one_voice() -> None:
     # most of the pool is one document whose chunks say different things
     passages, emb, q, _ = _pool(7, n_benign=10)

@@ -15,7 +15,8 @@ of four pieces of evidence:
    agree with each other more than with every other source, in a pool where at least two other
    independent sources speak (passages on the query's topic only, see step 4). Chunks of one
    long document are not removed for being one source: they must also repeat one claim apart
-   from the rest.
+   from the rest. A source more than half of whose passages step 1 already removed is judged
+   on all of them, so the one planted passage that escaped its group goes with it.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays.
@@ -331,7 +332,7 @@ class Consensus:
             rest = [i for i in alive if sources[i] != s]
             n_rest = len({sources[i] for i in rest if sources[i] is not None})
             standing = [i for i in own if i not in removed]
-            if 2 * len(standing) > len(own):
+            if 2 * len(standing) >= len(own):  # half or more still stand
                 own = standing
             if len(own) < 2 or not standing or any(trusted[i] for i in own) or n_rest < 2:
                 continue
