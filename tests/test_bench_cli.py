@@ -163,7 +163,7 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
 @pytest.mark.slow
 @pytest.mark.data
 def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
-    from benchmarks.settings.threats import THREAT_ROWS, threats_table
+    from benchmarks.settings.threats import GOLD_ROWS, THREAT_ROWS, threats_table
 
     rows, table = threats_table(data_dir, families=("poisonedrag", "no-prefix"), limit=3)
     assert "Choose your threat model" in table and "S=5 held out" in table
@@ -175,9 +175,9 @@ def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
     none = by[("none", "majority+sources", "top 8, S=1", "poisonedrag")]
     assert none["poison_share"] >= 0.6  # a poisoned majority, whatever the rank
     assert by[("none", "clean", "0p", "-")]["poison_share"] == 0
-    # the gold as sources, split by sides: every row but the trusted one
+    # the gold as sources, split by sides, for the rows of its table
     gold = {k for k in by if k[1] == "majority, gold sources"}
-    assert {k[0] for k in gold} == set(THREAT_ROWS) - {"default, trusted sources"}
+    assert {k[0] for k in gold} == set(GOLD_ROWS) and set(GOLD_ROWS) < set(THREAT_ROWS)
     assert any(k[2].endswith("S=1, a tie") for k in gold)  # MS MARCO: one gold passage
     assert "gold sources against attacker sources" in table
 
@@ -232,7 +232,7 @@ def test_gold_passages_are_each_their_own_source(data_dir: Path, minilm: object)
     gold = {s for s, bad in zip(sources, case.is_poison, strict=True) if not bad}
     attackers = {s for s, bad in zip(sources, case.is_poison, strict=True) if bad}
     assert len(gold) == sum(record.gold) and len(attackers) == 1 and not gold & attackers
-    assert all(p.metadata == {} or "source" not in p.metadata for p in found["plain"].passages)
+    assert all("source" not in p.metadata for p in found["plain"].passages)
 
 
 @pytest.mark.data
@@ -278,3 +278,11 @@ def test_e2e_table_with_a_gullible_llm(data_dir: Path, minilm: object) -> None:
         line = f"- RealtimeQA, 3 poison, {label}: attack success {r['asr']:.2f} against clean"
         assert f"{line} 0.00 ({verdict})" in table
     assert "3 questions per setting" in table and "one question is 0.333" in table
+    # every setting is judged, clean ones included, on both halves of the target
+    clean = by[("RealtimeQA, no poison", "none")]
+    for (setting, label), r in by.items():
+        if label == "none" or not setting.startswith("RealtimeQA"):
+            continue
+        acc = "met" if r["accuracy"] >= clean["accuracy"] - 0.02 - 1e-9 else "missed"
+        assert f"{setting}, {label}: attack success" in table
+        assert f"accuracy {r['accuracy']:.2f} against {clean['accuracy']:.2f} ({acc})" in table

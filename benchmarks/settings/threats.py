@@ -60,6 +60,10 @@ THREAT_ROWS: dict[str, tuple[str, dict[str, Any], str]] = {
 }
 
 
+#: the rows of the gold-as-sources table
+GOLD_ROWS = ("none", "default (text only)", "default with sources")
+
+
 def _attacker(j: int, hosts: int) -> str:
     return f"https://attacker-{j % hosts + 1}.example/post/{j}"
 
@@ -183,8 +187,8 @@ def _cases(
                         if hosts == 1:
                             add("majority", f"{ds} {ratio}x", family, found)
                         # gold passages, each its own source, against S attacker sources
-                        sides = _sides(sum(r.gold), hosts)
-                        setting = f"{ds} {ratio}x, S={hosts}, {sides}"
+                        # pooled over bundles and ratios: a cell weighs every case alike
+                        setting = f"S={hosts}, {_sides(sum(r.gold), hosts)}"
                         pair = {kind: found[kind] for kind in ("plain", "sources")}
                         add("majority, gold sources", setting, family, pair)
     return out
@@ -219,13 +223,15 @@ def threats_table(
             # cases with the gold as sources are a scenario of their own)
             if k != ("plain" if scenario == "majority" and kind == "sources" else kind):
                 continue
+            if scenario == "majority, gold sources" and label not in GOLD_ROWS:
+                continue  # not in its table
             row: dict[str, Any] = {
                 "row": label,
                 "scenario": scenario,
                 "setting": setting,
                 "family": family,
             }
-            row |= summarize(run_cases(defense, cases))
+            row |= summarize(run_cases(defense, cases)) | {"cases": len(cases)}
             rows.append(row)
             by[(label, scenario, setting, family)] = row
     return rows, "\n".join(_render(by, families))
@@ -260,7 +266,11 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     for label in THREAT_ROWS:
         clean = by.get((label, "clean", "0p", "-"), {})
         joined = by.get((label, "clean", "one document", "-"), {})
-        ms = [by[k]["ms_p50"] for k in by if k[0] == label and "ms_p50" in by[k]]
+        ms = [
+            by[k]["ms_p50"]
+            for k in by
+            if k[0] == label and k[1] != "majority, gold sources" and "ms_p50" in by[k]
+        ]
         table.append(
             [
                 label,
@@ -302,26 +312,27 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         f"S={s}{' held out' if h else ''}" for s in (1, 2, 3, 5) for h in (False, True)
     ]
     sides = ("more gold sources", "a tie", "more attacker sources")
-    bundles = [f"{d} {r}x" for d in ("nq", "msmarco", "hotpotqa") for r in (1, 2, 4, 6)]
     gold = [
         [
             label,
             side,
             *(
-                _cell(
-                    by,
-                    label,
-                    "majority, gold sources",
-                    [f"{b}, S={s}, {side}" for b in bundles],
-                    fams,
-                )
+                _cell(by, label, "majority, gold sources", [f"S={s}, {side}"], fams)
                 for s in (1, 2)
                 for fams in ([TUNING[0]], held)
             ),
         ]
-        for label in ("none", "default (text only)", "default with sources")
+        for label in GOLD_ROWS
         for side in sides
     ]
+    key = ("default with sources", "majority, gold sources")
+    cases = "; ".join(
+        f"S={s}: "
+        + " / ".join(
+            str(by.get((*key, f"S={s}, {side}", TUNING[0]), {}).get("cases", 0)) for side in sides
+        )
+        for s in (1, 2)
+    )
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
@@ -338,8 +349,13 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "",
         "The RAGDefender setting (a poisoned majority) with each gold passage its own source and "
         "the planted passages from S attacker sources, by how many independent sources each "
-        "side has (NQ holds 1-3 gold passages, MS MARCO 1, HotpotQA 2; a cell averages the "
-        "bundles and ratios where that side occurs):",
+        "side has (NQ holds 1-3 gold passages, MS MARCO 1 but for one question, HotpotQA 2; a "
+        "cell pools the bundles and ratios where that side occurs):",
         "",
         *markdown_table(gold_header, gold),
+        "",
+        f"Cases per family (more gold sources / a tie / more attacker sources): {cases}. The "
+        "rule that judges a source on the passages an earlier step removed was kept after its "
+        "held-out numbers were seen: in the rows with sources, the held-out columns are not "
+        "fully held out (see what was looked at).",
     ]
