@@ -120,24 +120,33 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
-def test_a_lone_survivor_of_a_removed_group_still_speaks_for_its_source() -> None:
-    """An upload plants four passages: three are removed as a coordinated group, the fourth
-    (less lifted, less alike) survives the group step. Judged on all four, the upload is one
-    voice, and its survivor goes too; without sources it stays."""
-    rng = np.random.default_rng(2)
+def _upload(
+    seed: int, grouped: int, scattered: int, spread: float, source: str
+) -> tuple[list[Passage], np.ndarray, np.ndarray]:
+    """Five passages from four hosts, then ``grouped`` + ``scattered`` passages of one
+    ``source`` on one claim: the grouped ones near-identical and lifted towards the query, the
+    scattered ones ``spread`` apart and below it."""
+    rng = np.random.default_rng(seed)
     d = 32
     topic = _unit(rng.normal(size=d))
     q = _unit(topic + 0.3 * _unit(rng.normal(size=d)))
     benign = _unit(topic + 0.9 * _unit(rng.normal(size=(5, d))))
     claim = _unit(topic + 0.5 * _unit(rng.normal(size=d)))
-    group = _unit(claim + 0.3 * q + 0.05 * _unit(rng.normal(size=(3, d))))
-    straggler = _unit(claim - 0.2 * q + 0.45 * _unit(rng.normal(size=d)))
-    emb = np.vstack([benign, group, straggler])
+    group = _unit(claim + 0.3 * q + 0.05 * _unit(rng.normal(size=(grouped, d))))
+    rest = _unit(claim - 0.2 * q + spread * _unit(rng.normal(size=(scattered, d))))
     sources = [f"https://{h}/{i}" for i, h in enumerate(["a.org", "b.org", "c.org", "d.org"])]
-    sources += ["https://a.org/5"] + ["uploads/notes.pdf"] * 4
+    sources += ["https://a.org/5"] + [source] * (grouped + scattered)
     passages = [
         Passage(f"passage {i}", id=str(i), metadata={"source": s}) for i, s in enumerate(sources)
     ]
+    return passages, np.vstack([benign, group, rest]), q
+
+
+def test_a_lone_survivor_of_a_removed_group_still_speaks_for_its_source() -> None:
+    """An upload plants four passages: three are removed as a coordinated group, the fourth
+    (less lifted, less alike) survives the group step. Judged on all four, the upload is one
+    voice, and its survivor goes too; without sources it stays."""
+    passages, emb, q = _upload(2, grouped=3, scattered=1, spread=0.45, source="uploads/a.pdf")
     result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
     assert result.estimates["groups"] == [[5, 6, 7]]
     assert result.removed_indices == [5, 6, 7, 8]
@@ -151,20 +160,7 @@ def test_a_source_half_of_which_was_removed_is_judged_on_what_stands() -> None:
     """Two of a document's four chunks taken for a coordinated pair do not make the whole
     document one voice: with half of it standing, it is judged on what stands (judged on all
     four, it would be)."""
-    rng = np.random.default_rng(3)
-    d = 32
-    topic = _unit(rng.normal(size=d))
-    q = _unit(topic + 0.3 * _unit(rng.normal(size=d)))
-    benign = _unit(topic + 0.9 * _unit(rng.normal(size=(5, d))))
-    claim = _unit(topic + 0.5 * _unit(rng.normal(size=d)))
-    pair = _unit(claim + 0.3 * q + 0.05 * _unit(rng.normal(size=(2, d))))
-    others = _unit(claim - 0.2 * q + 0.9 * _unit(rng.normal(size=(2, d))))
-    emb = np.vstack([benign, pair, others])
-    sources = [f"https://{h}/{i}" for i, h in enumerate(["a.org", "b.org", "c.org", "d.org"])]
-    sources += ["https://a.org/5"] + ["reports/annual.pdf"] * 4
-    passages = [
-        Passage(f"passage {i}", id=str(i), metadata={"source": s}) for i, s in enumerate(sources)
-    ]
+    passages, emb, q = _upload(3, grouped=2, scattered=2, spread=0.9, source="reports/b.pdf")
     result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
     assert result.estimates["groups"] == [[5, 6]]
     assert result.removed_indices == [5, 6] and "voices" not in result.estimates
