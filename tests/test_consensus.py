@@ -194,6 +194,26 @@ def test_the_unsupported_veto_drops_a_lone_passage_written_for_the_query() -> No
     assert small.removed == [] and "skipped" in small.estimates["support"]
 
 
+def test_few_passages_on_the_topic_are_no_support_vote() -> None:
+    # a small store: the best answer and two passages on its topic, the rest of the pool about
+    # other things. Three on-topic passages say nothing about support: the answer stays
+    rng = np.random.default_rng(11)
+    d = 32
+    topic = _unit(rng.normal(size=d))
+    q = _unit(topic + 0.4 * _unit(rng.normal(size=d)))
+    on_topic = _unit(topic + 0.7 * _unit(rng.normal(size=(2, d))))
+    answer = _unit(q + 0.05 * _unit(rng.normal(size=d)))
+    elsewhere = _unit(rng.normal(size=(5, d)) - 2 * q)  # other topics: far from the query
+    emb = np.vstack([answer, on_topic, elsewhere])
+    texts = ["who won the match? the visitors won the match"]
+    texts += [f"the topic passage number {i} on the subject" for i in range(2)]
+    texts += [f"an unrelated note {i} about gardening" for i in range(5)]
+    passages = [Passage(t) for t in texts]
+    result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
+    assert result.removed == []
+    assert "3 passages on the query's topic" in result.estimates["support"]
+
+
 def test_bad_parameters_and_too_few_passages() -> None:
     with pytest.raises(ValueError, match="absorb"):
         Consensus(absorb=2.0)

@@ -25,10 +25,11 @@ of four pieces of evidence:
    in the bottom half. A lone passage written for the query mimics the query and nothing
    else. Lower-ranked passages are never dropped by this step, so it cannot empty a poisoned
    majority of its benign passages and refill the context from below. It needs a pool
-   (``min_pool`` passages or more, what the adapters fetch: in a smaller one "the bottom half"
-   says little), and only passages at least half as similar to the query as the best one
-   take part (the rest of a small store's pool is about other topics, which HRSIM would
-   otherwise reward for being unlike the query). ``support=False`` turns it off: a lone
+   (``min_pool`` passages or more, what the adapters fetch, of which ``min_support`` or more
+   on the query's topic: in a smaller one "the bottom half" says little), and only passages
+   at least half as similar to the query as the best one take part (the rest of a small
+   store's pool is about other topics, which HRSIM would otherwise reward for being unlike the
+   query). ``support=False`` turns it off: a lone
    poisoned passage then passes.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
@@ -64,6 +65,7 @@ class _Pool:
     qs: np.ndarray
     sources: list[str | None]
     trusted: list[bool]
+    retrieved_on_topic: int  # passages on the query's topic as retrieved, copies included
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
 
@@ -112,6 +114,10 @@ class Consensus:
     pool_factor = 2
     #: attacks plant ~5 passages per target: a smaller pool may hold no benign passage
     min_pool = 8
+    #: fewest retrieved passages on the query's topic (copies included) the support vote
+    #: (step 4) needs: in fewer, the best answer is often "unsupported" only because the rest
+    #: of a small store's pool is about neighbouring topics, not because it mimics the query
+    min_support = 6
     uses_embeddings = True
 
     def __init__(
@@ -194,6 +200,7 @@ class Consensus:
             full_qs[keep],
             [sources[i] for i in keep],
             [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep],
+            len(on_topic(full_qs)),
         )
         self._groups(pool)
         self._voices(pool)
@@ -282,6 +289,12 @@ class Consensus:
         # passages less than half as similar to the query as the best one are about something
         # else (a small store's other topics): they neither vote nor are judged here
         topical = set(pool.topical)
+        if pool.retrieved_on_topic < self.min_support:
+            estimates["support"] = (
+                f"skipped: {pool.retrieved_on_topic} passages on the query's topic, fewer than "
+                f"{self.min_support}"
+            )
+            return
         aside = {i: "another topic" for i in range(len(items)) if i not in topical}
         left = [i for i in range(len(items)) if i not in removed and i not in aside]
         if len(left) < self.min_passages:
