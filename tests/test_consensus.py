@@ -194,24 +194,42 @@ def test_the_unsupported_veto_drops_a_lone_passage_written_for_the_query() -> No
     assert small.removed == [] and "skipped" in small.estimates["support"]
 
 
-def test_few_passages_on_the_topic_are_no_support_vote() -> None:
-    # a small store: the best answer and two passages on its topic, the rest of the pool about
-    # other things. Three on-topic passages say nothing about support: the answer stays
-    rng = np.random.default_rng(11)
+def _small_store(on_topic: int, seed: int = 11) -> tuple:
+    """A small store's pool of 8: the best answer, ``on_topic - 1`` other passages on its
+    topic, the rest about other things (far from the query)."""
+    rng = np.random.default_rng(seed)
     d = 32
     topic = _unit(rng.normal(size=d))
     q = _unit(topic + 0.4 * _unit(rng.normal(size=d)))
-    on_topic = _unit(topic + 0.7 * _unit(rng.normal(size=(2, d))))
     answer = _unit(q + 0.05 * _unit(rng.normal(size=d)))
-    elsewhere = _unit(rng.normal(size=(5, d)) - 2 * q)  # other topics: far from the query
-    emb = np.vstack([answer, on_topic, elsewhere])
+    near = _unit(topic + 0.7 * _unit(rng.normal(size=(on_topic - 1, d))))
+    elsewhere = _unit(rng.normal(size=(8 - on_topic, d)) - 2 * q)
     texts = ["who won the match? the visitors won the match"]
-    texts += [f"the topic passage number {i} on the subject" for i in range(2)]
-    texts += [f"an unrelated note {i} about gardening" for i in range(5)]
-    passages = [Passage(t) for t in texts]
+    texts += [f"the topic passage number {i} on the subject" for i in range(on_topic - 1)]
+    texts += [f"an unrelated note {i} about gardening" for i in range(8 - on_topic)]
+    return [Passage(t) for t in texts], np.vstack([answer, near, elsewhere]), q
+
+
+@pytest.mark.parametrize("on_topic", [3, 5])
+def test_few_passages_on_the_topic_are_no_support_vote(on_topic: int) -> None:
+    # the best answer resembles the query most: in a bottom-half vote over a handful of
+    # passages it is as often "unsupported" as a planted passage would be. It stays
+    passages, emb, q = _small_store(on_topic)
     result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
     assert result.removed == []
-    assert "3 passages on the query's topic" in result.estimates["support"]
+    assert "skipped" in result.estimates["support"] and "min_support" in result.estimates["support"]
+    # a knowledge base ingested twice: copies count once, the vote is still skipped
+    twice = Consensus().defend_embeddings(
+        "who won the match?", passages * 2, np.vstack([emb, emb]), q
+    )
+    assert twice.removed == [] and "min_support" in twice.estimates["support"]
+
+
+def test_six_passages_on_the_topic_are_a_support_vote() -> None:
+    passages, emb, q = _small_store(6)
+    result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
+    assert "min_support" not in result.estimates.get("support", "")
+    assert 0 in result.removed_indices  # the lone passage mimicking the query is unsupported
 
 
 def test_bad_parameters_and_too_few_passages() -> None:

@@ -25,12 +25,12 @@ of four pieces of evidence:
    in the bottom half. A lone passage written for the query mimics the query and nothing
    else. Lower-ranked passages are never dropped by this step, so it cannot empty a poisoned
    majority of its benign passages and refill the context from below. It needs a pool
-   (``min_pool`` passages or more, what the adapters fetch, of which ``min_support`` or more
-   on the query's topic: in a smaller one "the bottom half" says little), and only passages
-   at least half as similar to the query as the best one take part (the rest of a small
-   store's pool is about other topics, which HRSIM would otherwise reward for being unlike the
-   query). ``support=False`` turns it off: a lone
-   poisoned passage then passes.
+   (``min_pool`` passages or more, what the adapters fetch, of which ``min_support`` distinct
+   ones or more on the query's topic: over fewer "the bottom half" says little, and a small
+   store's lone planted passage then passes this step), and only passages at least half as
+   similar to the query as the best one take part (the rest of a small store's pool is about
+   other topics, which HRSIM would otherwise reward for being unlike the query).
+   ``support=False`` turns it off: a lone poisoned passage then passes.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance. That is
@@ -65,7 +65,6 @@ class _Pool:
     qs: np.ndarray
     sources: list[str | None]
     trusted: list[bool]
-    retrieved_on_topic: int  # passages on the query's topic as retrieved, copies included
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
 
@@ -114,9 +113,9 @@ class Consensus:
     pool_factor = 2
     #: attacks plant ~5 passages per target: a smaller pool may hold no benign passage
     min_pool = 8
-    #: fewest retrieved passages on the query's topic (copies included) the support vote
-    #: (step 4) needs: in fewer, the best answer is often "unsupported" only because the rest
-    #: of a small store's pool is about neighbouring topics, not because it mimics the query
+    #: fewest distinct passages on the query's topic the support vote (step 4) needs: over
+    #: fewer, "the bottom half" is one or two passages, and the best answer, which resembles
+    #: the query most, lands there about as often as a planted one
     min_support = 6
     uses_embeddings = True
 
@@ -200,16 +199,19 @@ class Consensus:
             full_qs[keep],
             [sources[i] for i in keep],
             [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep],
-            len(on_topic(full_qs)),
         )
         self._groups(pool)
         self._voices(pool)
         self._contradicting(pool)
         estimates = pool.estimates
-        if self.support and m >= self.min_pool:
-            self._support(query, pool)
+        if self.support and m < self.min_pool:
+            why = f"{m} passages, fewer than min_pool={self.min_pool}"
+            estimates["support"] = f"skipped: {why}"
+        elif self.support and len(pool.topical) < self.min_support:
+            why = f"{len(pool.topical)} distinct passages on the query's topic"
+            estimates["support"] = f"skipped: {why}, fewer than min_support={self.min_support}"
         elif self.support:
-            estimates["support"] = f"skipped: {m} passages, fewer than the pool of {self.min_pool}"
+            self._support(query, pool)
         removed = map_back(pool.removed, keep, copy_of, estimates)
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
@@ -289,15 +291,13 @@ class Consensus:
         # passages less than half as similar to the query as the best one are about something
         # else (a small store's other topics): they neither vote nor are judged here
         topical = set(pool.topical)
-        if pool.retrieved_on_topic < self.min_support:
-            estimates["support"] = (
-                f"skipped: {pool.retrieved_on_topic} passages on the query's topic, fewer than "
-                f"{self.min_support}"
-            )
-            return
         aside = {i: "another topic" for i in range(len(items)) if i not in topical}
         left = [i for i in range(len(items)) if i not in removed and i not in aside]
         if len(left) < self.min_passages:
+            estimates["support"] = (
+                f"skipped: {len(left)} passages on the query's topic left after the earlier "
+                f"steps, fewer than min_passages={self.min_passages}"
+            )
             return
         ranked = self._grada.defend_embeddings(query, items, exclude={**aside, **removed})
         scores = np.array([ranked.verdicts[i].score for i in left])
