@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import time
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +23,7 @@ from ragdefense.auditing import (
     derive_probes,
     read_queries,
 )
+from ragdefense.auditing.engines import RayEngine
 from ragdefense.auditing.evidence import isolation
 from ragdefense.auditing.steps import EmbedStep
 from ragdefense.cli import main
@@ -676,6 +678,11 @@ def _whole(self: Any) -> Any:
     raise AssertionError("every node of the docstore was built at once")
 
 
+def _slow_part(part: int) -> int:
+    time.sleep(4)
+    return part
+
+
 @pytest.mark.slow
 def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
     pytest.importorskip("ray")
@@ -694,6 +701,14 @@ def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
         )
         on_ray = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "r",
                        part_size=16, engine="ray", workers=2)  # fmt: skip
+        # one part may take longer than Ray Data's no-progress limit (30 min, made 1 s here):
+        # a shard's index built and searched yields nothing until it is done
+        context = ray.data.DataContext.get_current()
+        limit, context.execution_no_progress_timeout_s = context.execution_no_progress_timeout_s, 1
+        try:
+            assert RayEngine(workers=1).map(_slow_part, [1, 2], "slow", progress=False) == 3
+        finally:
+            context.execution_no_progress_timeout_s = limit
     finally:
         ray.shutdown()
     assert on_ray.stats["shards"] == 2 and on_ray.stats["engine"] == "ray"

@@ -94,6 +94,10 @@ class RayEngine:
         if not parts:
             return 0
         dataset = ray.data.from_items([{"part": int(p)} for p in parts])
+        if hasattr(dataset.context, "execution_no_progress_timeout_s"):
+            # one part can legitimately outlast Ray Data's no-progress limit (a shard's index
+            # built and searched for every chunk yields nothing until it is done)
+            dataset.context.execution_no_progress_timeout_s = -1
         results = dataset.map_batches(
             _RayStep,
             fn_constructor_args=(step,),
