@@ -40,8 +40,6 @@ the ``"strict"`` mode's job (RAGDefender), chosen by name.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -51,32 +49,9 @@ from ..provenance import AUTO, Trust, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 from .grada import GRADA, coordinated_groups
-from .pool import distinct, map_back, on_topic
+from .pool import Pool, distinct, map_back
 
 __all__ = ["Consensus"]
-
-
-@dataclass
-class _Pool:
-    """The distinct passages being judged (copies counted once), and what the steps found."""
-
-    items: list[Any]
-    sim: np.ndarray
-    qs: np.ndarray
-    sources: list[str | None]
-    trusted: list[bool]
-    removed: dict[int, str] = field(default_factory=dict)
-    estimates: dict[str, Any] = field(default_factory=dict)
-
-    @cached_property
-    def topical(self) -> list[int]:
-        """The passages on the query's topic (:func:`~.pool.on_topic`), computed once."""
-        return on_topic(self.qs)
-
-    def unpacked(self) -> tuple[np.ndarray, np.ndarray, list[bool], dict[int, str], dict[str, Any]]:
-        """What most steps read: similarities, query similarities, trust, and the two results
-        they add to (shared, not copied)."""
-        return self.sim, self.qs, self.trusted, self.removed, self.estimates
 
 
 class Consensus:
@@ -193,7 +168,7 @@ class Consensus:
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's
         keep, copy_of = distinct(items, full_sim)
-        pool = _Pool(
+        pool = Pool(
             [items[i] for i in keep],
             full_sim[np.ix_(keep, keep)],
             full_qs[keep],
@@ -219,7 +194,7 @@ class Consensus:
             estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
         return self._result(query, items, full_qs, sources, trusted, removed, estimates)
 
-    def _groups(self, pool: _Pool) -> None:
+    def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
         most lifted group always goes; further groups only while at most half of the pool is
         removed (the threat model: honest passages outnumber the attacker's, so peeling group
@@ -258,7 +233,7 @@ class Consensus:
         if found:
             estimates["groups"] = found
 
-    def _contradicting(self, pool: _Pool) -> None:
+    def _contradicting(self, pool: Pool) -> None:
         """Evidence 3: untrusted passages answering the query apart from every trusted one
         (trusted passages about something else, below the query's topic, are no reference)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
@@ -281,7 +256,7 @@ class Consensus:
         if found:
             estimates["contradicting"] = found
 
-    def _support(self, query: str, pool: _Pool) -> None:
+    def _support(self, query: str, pool: Pool) -> None:
         """Step 4: a passage the retriever ranks in the top half of what is left that the
         others' support (GRADA's PageRank) ranks in the bottom half is dropped: it resembles the
         query more than anything the other passages say. Lower-ranked passages are never
@@ -321,7 +296,7 @@ class Consensus:
         if dropped:
             estimates["unsupported"] = dropped
 
-    def _voices(self, pool: _Pool) -> None:
+    def _voices(self, pool: Pool) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
         sim, _, trusted, removed, estimates = pool.unpacked()
         sources = pool.sources

@@ -3,11 +3,13 @@ passages on the query's topic (a small store's pool reaches other topics)."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
 
-__all__ = ["distinct", "map_back", "on_topic"]
+__all__ = ["Pool", "distinct", "map_back", "on_topic"]
 
 
 def on_topic(qs: np.ndarray) -> list[int]:
@@ -62,3 +64,26 @@ def map_back(
     if copy_of:
         estimates["copies"] = {first: copies for first, copies in copy_of.items()}
     return out
+
+
+@dataclass
+class Pool:
+    """The distinct passages being judged (copies counted once), and what the steps found."""
+
+    items: list[Any]
+    sim: np.ndarray
+    qs: np.ndarray
+    sources: list[str | None]
+    trusted: list[bool]
+    removed: dict[int, str] = field(default_factory=dict)
+    estimates: dict[str, Any] = field(default_factory=dict)
+
+    @cached_property
+    def topical(self) -> list[int]:
+        """The passages on the query's topic (:func:`~.pool.on_topic`), computed once."""
+        return on_topic(self.qs)
+
+    def unpacked(self) -> tuple[np.ndarray, np.ndarray, list[bool], dict[int, str], dict[str, Any]]:
+        """What most steps read: similarities, query similarities, trust, and the two results
+        they add to (shared, not copied)."""
+        return self.sim, self.qs, self.trusted, self.removed, self.estimates
