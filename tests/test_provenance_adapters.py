@@ -130,3 +130,43 @@ def test_llamaindex_defend_fetches_twice_k_and_the_floor(toy_embedder: Any) -> N
     assert any(n.node.metadata["ragdefense"]["trusted"] for n in found)  # trust reached the core
     with pytest.raises(TypeError, match="no parameter 'bogus'"):
         li_defend(index, bogus=1)
+
+
+def test_trusted_is_a_typed_field_of_both_consensus_adapters(toy_embedder: Any) -> None:
+    """``ConsensusCompressor(trusted=...)`` and ``ConsensusPostprocessor(trusted=...)``: a set
+    is stored as a sorted list (so that the postprocessor serializes), a predicate as it is; the
+    core trusts what the field names, and a ``params`` entry cannot silently compete with it."""
+    from langchain_core.documents import Document
+    from llama_index.core.schema import NodeWithScore, TextNode
+    from pydantic import ValidationError
+
+    from langchain_ragdefense import ConsensusCompressor
+
+    sources = [f"site-{i}.org" for i in range(len(TOPICS))]
+    docs = [Document(t, metadata={"source": s}) for t, s in zip(TOPICS, sources, strict=True)]
+    compressor = ConsensusCompressor(
+        embeddings=RagdefenseEmbeddings(toy_embedder), trusted={"site-4.org", "site-0.org"}
+    )
+    assert compressor.trusted == ["site-0.org", "site-4.org"]
+    assert compressor.core.trusted == ["site-0.org", "site-4.org"]
+    kept = compressor.compress_documents(docs, QUERY)
+    marked = {d.metadata["source"] for d in kept if d.metadata["ragdefense"]["trusted"]}
+    assert marked == {"site-0.org", "site-4.org"}  # both kept, and kept as trusted
+    with pytest.raises(TypeError, match="trusted: a field of ConsensusCompressor"):
+        ConsensusCompressor(params={"trusted": ["site-1.org"]})
+    with pytest.raises(ValidationError):
+        ConsensusCompressor(trusted="site-4.org")  # one string is not a collection of sources
+
+    embed = RagdefenseEmbedding(toy_embedder)
+    nodes = [
+        NodeWithScore(node=TextNode(text=t, id_=f"n{i}", metadata={"source": s}), score=1 - i / 20)
+        for i, (t, s) in enumerate(zip(TOPICS, sources, strict=True))
+    ]
+    by_rule = ConsensusPostprocessor(
+        embed_model=embed, trusted=lambda meta: meta.get("source") == "site-4.org"
+    )
+    out = by_rule.postprocess_nodes(nodes, query_bundle=QueryBundle(QUERY))
+    assert [n.node.id_ for n in out if n.node.metadata["ragdefense"]["trusted"]] == ["n4"]
+    listed = ConsensusPostprocessor(embed_model=embed, trusted={"site-4.org"})
+    back = ConsensusPostprocessor.from_json(listed.to_json())
+    assert back.trusted == ["site-4.org"] and back.core.trusted == ["site-4.org"]

@@ -18,9 +18,11 @@ from ragdefense import Defense, DefenseResult, LangChainEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration.adapter import (
     AdapterCore,
+    TrustedField,
     adapter_params,
     defense_field,
     plain_params,
+    plain_trusted,
 )
 from ragdefense.integration.records import (
     check_items,
@@ -163,8 +165,8 @@ def _fixed(name: str) -> Any:
 
 class ConsensusCompressor(DefenseCompressor):
     """:class:`ragdefense.Consensus` (the default) as a document compressor; its fields are the
-    core's parameters (``trusted=`` through ``params={"trusted": ...}`` or
-    ``defend(retriever, trusted=...)``)."""
+    core's parameters (``trusted``: sources, e.g. ``{"who.int"}``, or a predicate on a
+    document's metadata)."""
 
     defense: Literal["consensus"] = _fixed("consensus")
     tightness: float = _field("consensus", "tightness")
@@ -173,9 +175,15 @@ class ConsensusCompressor(DefenseCompressor):
     absorb: float | None = _field("consensus", "absorb")
     voice: float | None = _field("consensus", "voice")
     source_key: str | None = _field("consensus", "source_key")
+    trusted: TrustedField = _field("consensus", "trusted")
     anchor: float | None = _field("consensus", "anchor")
     support: bool = _field("consensus", "support")
     min_passages: int = _field("consensus", "min_passages")
+
+    @field_validator("trusted", mode="before")
+    @classmethod
+    def _sorted(cls, trusted: Any) -> Any:
+        return plain_trusted(trusted)
 
 
 class RAGDefenderCompressor(DefenseCompressor):

@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import warnings
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..types import Defense, DefenseFailed, DefenseResult, Passage
@@ -18,10 +19,12 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdapterCore",
+    "TrustedField",
     "adapter_params",
     "defense_field",
     "defense_fields",
     "plain_params",
+    "plain_trusted",
     "robust_engine",
 ]
 
@@ -156,6 +159,19 @@ def _unbound(prompt: str) -> str:
     raise RuntimeError("an adapter's RobustRAG answers with the LLM the adapter binds")
 
 
+#: ``trusted=`` as an adapter's field holds it: sources as a list (a set given is sorted into one,
+#: so that the adapter serializes to JSON), or a predicate on a passage's metadata
+TrustedField = list[str] | Callable[[Mapping[str, Any]], bool] | None
+
+
+def plain_trusted(value: Any) -> Any:
+    """A ``trusted`` field's value as the adapter stores it: a set or another collection of
+    sources (not a string) becomes a sorted list; a predicate or ``None`` stays."""
+    if isinstance(value, (set, frozenset, tuple)):
+        return sorted(value, key=str)
+    return value
+
+
 def plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
     """An adapter's ``params`` as it stores them: sets (e.g. ``trusted={...}``) become sorted
     lists, so that the adapter serializes to JSON; the defense reads either alike."""
@@ -180,11 +196,18 @@ def adapter_params(model: Any, base: type) -> dict[str, Any]:
 
 def defense_fields(defense: str) -> list[Parameter]:
     """The parameters of the named defense that an adapter's per-defense class declares as
-    fields (plain values: numbers, strings, literals, ``None``), with the preset's defaults and
-    the core's descriptions; a test holds each class's fields to this list."""
+    fields (plain values: numbers, strings, literals, ``None``; and ``trusted``, typed
+    :data:`TrustedField`), with the preset's defaults and the core's descriptions; a test holds
+    each class's fields to this list."""
     from ..defenses.registry import parameters
+    from ..provenance import Trust
 
-    return parameters(defense)
+    plain = {p.name for p in parameters(defense)}
+    return [
+        replace(p, annotation=TrustedField) if p.annotation == Trust else p
+        for p in parameters(defense, simple_only=False)
+        if p.name in plain or p.annotation == Trust
+    ]
 
 
 def defense_field(defense: str, name: str) -> Parameter:

@@ -22,9 +22,11 @@ from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration.adapter import (
     AdapterCore,
+    TrustedField,
     adapter_params,
     defense_field,
     plain_params,
+    plain_trusted,
 )
 from ragdefense.integration.records import (
     METADATA_KEY,
@@ -248,8 +250,8 @@ def _fixed(name: str) -> Any:
 
 class ConsensusPostprocessor(DefensePostprocessor):
     """:class:`ragdefense.Consensus` (the default) as a node postprocessor; its fields are the
-    core's parameters (``trusted=`` through ``params={"trusted": ...}`` or
-    ``defend(index, trusted=...)``)."""
+    core's parameters (``trusted``: sources, e.g. ``{"who.int"}``, or a predicate on a node's
+    metadata)."""
 
     defense: Literal["consensus"] = _fixed("consensus")
     tightness: float = _field("consensus", "tightness")
@@ -258,9 +260,15 @@ class ConsensusPostprocessor(DefensePostprocessor):
     absorb: float | None = _field("consensus", "absorb")
     voice: float | None = _field("consensus", "voice")
     source_key: str | None = _field("consensus", "source_key")
+    trusted: TrustedField = _field("consensus", "trusted")
     anchor: float | None = _field("consensus", "anchor")
     support: bool = _field("consensus", "support")
     min_passages: int = _field("consensus", "min_passages")
+
+    @field_validator("trusted", mode="before")
+    @classmethod
+    def _sorted(cls, trusted: Any) -> Any:
+        return plain_trusted(trusted)
 
 
 class RAGDefenderPostprocessor(DefensePostprocessor):
