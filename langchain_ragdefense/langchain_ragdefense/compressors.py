@@ -22,7 +22,7 @@ from ragdefense.integration.adapter import (
     adapter_params,
     defense_field,
     plain_params,
-    plain_trusted,
+    plain_value,
 )
 from ragdefense.integration.records import (
     check_items,
@@ -183,7 +183,7 @@ class ConsensusCompressor(DefenseCompressor):
     @field_validator("trusted", mode="before")
     @classmethod
     def _sorted(cls, trusted: Any) -> Any:
-        return plain_trusted(trusted)
+        return plain_value(trusted)
 
 
 class RAGDefenderCompressor(DefenseCompressor):

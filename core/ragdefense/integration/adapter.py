@@ -24,7 +24,7 @@ __all__ = [
     "defense_field",
     "defense_fields",
     "plain_params",
-    "plain_trusted",
+    "plain_value",
     "robust_engine",
 ]
 
@@ -164,20 +164,16 @@ def _unbound(prompt: str) -> str:
 TrustedField = list[str] | Callable[[Mapping[str, Any]], bool] | None
 
 
-def plain_trusted(value: Any) -> Any:
-    """A ``trusted`` field's value as the adapter stores it: a set or another collection of
-    sources (not a string) becomes a sorted list; a predicate or ``None`` stays."""
-    if isinstance(value, (set, frozenset, tuple)):
-        return sorted(value, key=str)
-    return value
+def plain_value(value: Any) -> Any:
+    """A parameter's value as an adapter stores it (a ``params`` entry or the ``trusted``
+    field): a set becomes a sorted list, so that the adapter serializes to JSON; anything else
+    stays. The defense reads either alike."""
+    return sorted(value, key=str) if isinstance(value, (set, frozenset)) else value
 
 
 def plain_params(params: Mapping[str, Any]) -> dict[str, Any]:
-    """An adapter's ``params`` as it stores them: sets (e.g. ``trusted={...}``) become sorted
-    lists, so that the adapter serializes to JSON; the defense reads either alike."""
-    return {
-        k: sorted(v, key=str) if isinstance(v, (set, frozenset)) else v for k, v in params.items()
-    }
+    """An adapter's ``params`` as it stores them (:func:`plain_value` of each)."""
+    return {k: plain_value(v) for k, v in params.items()}
 
 
 def adapter_params(model: Any, base: type) -> dict[str, Any]:
@@ -199,14 +195,13 @@ def defense_fields(defense: str) -> list[Parameter]:
     fields (plain values: numbers, strings, literals, ``None``; and ``trusted``, typed
     :data:`TrustedField`), with the preset's defaults and the core's descriptions; a test holds
     each class's fields to this list."""
-    from ..defenses.registry import parameters
+    from ..defenses.registry import _is_simple, parameters
     from ..provenance import Trust
 
-    plain = {p.name for p in parameters(defense)}
     return [
         replace(p, annotation=TrustedField) if p.annotation == Trust else p
         for p in parameters(defense, simple_only=False)
-        if p.name in plain or p.annotation == Trust
+        if p.annotation == Trust or _is_simple(p.annotation)
     ]
 
 

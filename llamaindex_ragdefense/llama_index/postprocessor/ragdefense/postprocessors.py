@@ -26,7 +26,7 @@ from ragdefense.integration.adapter import (
     adapter_params,
     defense_field,
     plain_params,
-    plain_trusted,
+    plain_value,
 )
 from ragdefense.integration.records import (
     METADATA_KEY,
@@ -268,7 +268,7 @@ class ConsensusPostprocessor(DefensePostprocessor):
     @field_validator("trusted", mode="before")
     @classmethod
     def _sorted(cls, trusted: Any) -> Any:
-        return plain_trusted(trusted)
+        return plain_value(trusted)
 
 
 class RAGDefenderPostprocessor(DefensePostprocessor):
