@@ -3,6 +3,7 @@ local Ray instance, resumable, read from files and from real stores, never writt
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 import time
@@ -560,7 +561,7 @@ def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_
     assert manifests[0]["params"] == manifests[1]["params"]
     assert list(manifests[0]["params"]) == [
         "knowledge_base", "defenses", "top_m", "max_probes", "neighbours", "wide_neighbours",
-        "part_size", "queries", "embedder", "index",
+        "part_size", "queries", "embedder", "index", "source_key",
     ]  # fmt: skip
     assert manifests[0]["params"]["part_size"] == 32
     overridden = audit(
@@ -592,13 +593,22 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with kb.open("w") as f:
         for q in load_demo_kb():
             for i, t in enumerate(q.benign + q.poison):
-                f.write(json.dumps({"id": f"{q.id}-{i}", "text": t}) + "\n")
+                f.write(json.dumps({"id": f"{q.id}-{i}", "text": t, "url": f"https://{q.id}.org"})
+                        + "\n")  # fmt: skip
     assert (
         main(["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--format", "md,csv"])
         == 0
     )
     assert (tmp_path / "w" / "report.md").is_file() and (tmp_path / "w" / "report.csv").is_file()
     assert "Knowledge-base audit" in capsys.readouterr().out
+    with (tmp_path / "w" / "report.csv").open() as f:
+        assert {row["source"] for row in csv.DictReader(f)} == {
+            f"{q.id}.org" for q in load_demo_kb()
+        }
+    off = ["audit", str(kb), "--workdir", str(tmp_path / "o"), "--quiet", "--source-key", "none"]
+    assert main([*off, "--format", "csv"]) == 0
+    with (tmp_path / "o" / "report.csv").open() as f:
+        assert {row["source"] for row in csv.DictReader(f)} == {""}
     assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
     assert "no file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -620,16 +630,20 @@ def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path:
     kb = load_demo_kb()
     texts = [t for q in kb for t in q.benign + q.poison]
     poison = {t for q in kb for t in q.poison}
+    # where each came from, as a loader / reader writes it
+    meta = [{"source": "uploads/x.txt" if t in poison else f"site-{i % 4}.example"} for i, t in
+            enumerate(texts)]  # fmt: skip
     client = chromadb.PersistentClient(path=str(tmp_path / "chroma"))
     lc = RagdefenseEmbeddings(minilm)
     stores: list[Any] = [
-        InMemoryVectorStore.from_texts(texts, lc),
-        Chroma.from_texts(texts, lc, client=client, collection_name="lc-kb"),
+        InMemoryVectorStore.from_texts(texts, lc, metadatas=meta),
+        Chroma.from_texts(texts, lc, metadatas=meta, client=client, collection_name="lc-kb"),
         VectorStoreIndex(
-            [TextNode(text=t) for t in texts], embed_model=RagdefenseEmbedding(minilm)
+            [TextNode(text=t, metadata=m) for t, m in zip(texts, meta, strict=True)],
+            embed_model=RagdefenseEmbedding(minilm),
         ),
         VectorStoreIndex(
-            [TextNode(text=t) for t in texts],
+            [TextNode(text=t, metadata=m) for t, m in zip(texts, meta, strict=True)],
             storage_context=StorageContext.from_defaults(
                 vector_store=ChromaVectorStore(client.get_or_create_collection("li-kb"))
             ),
@@ -644,6 +658,10 @@ def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path:
         assert embedded <= report.stats["probes"]  # the probes only: stored vectors reused
         top = report.top(len(poison))
         assert sum(f.text in poison for f in top) >= 0.8 * len(poison)
+        assert {f.text: f.source for f in report.findings} == {  # the stores' metadata read
+            f.text: "uploads/x.txt" if f.text in poison else meta[texts.index(f.text)]["source"]
+            for f in report.findings
+        }
     assert {c.name: c.count() for c in client.list_collections()} == collections
     from llama_index.postprocessor.ragdefense.vectors import index_corpus
 
@@ -736,3 +754,126 @@ def test_benchmark_corpus_is_deterministic_and_split(data_dir: Path) -> None:
     assert families > set(TUNING_FAMILIES)  # held-out families are planted too
     tuning = [i for i in kb.planted if kb.tuning(i)]
     assert 0 < len(tuning) < len(kb.planted) / 2
+    from benchmarks.settings.audit import LAYOUTS
+    from ragdefense.provenance import metadata_source
+
+    benign = [n for n, i in enumerate(kb.ids) if i not in kb.planted]
+    planted = [n for n, i in enumerate(kb.ids) if i in kb.planted]
+    attacker_hosts = {"one upload": 1, "5 attacker sites": 5, "a site per target": 100}
+    for layout in LAYOUTS:
+        sources = [metadata_source({"source": s}) for s in kb.layout(layout)]
+        assert sources == [metadata_source({"source": s}) for s in again.layout(layout)]
+        honest = {sources[n] for n in benign}
+        assert len(honest) > 1000  # the web results' hosts and the gold documents
+        attacker = {sources[n] for n in planted}
+        if layout in attacker_hosts:
+            assert len(attacker) == attacker_hosts[layout] and not attacker & honest
+        else:  # planted on honest chunks' sites
+            assert attacker <= honest
+
+
+def _sourced_corpus() -> tuple[list[str], list[str], list[dict[str, Any]], set[str], set[str]]:
+    """The toy corpus, its benign chunks from a site per topic; the planted groups from one
+    upload, which also holds four lone planted passages written like benign notes (nothing in
+    their text sets them apart)."""
+    texts, ids, planted = toy_corpus()
+    meta: list[dict[str, Any]] = [
+        {"source": "uploads/attack.pdf"} if i in planted else
+        {"url": f"https://www.topic-{i.split('-')[0][1:]}.example/{i}"}
+        for i in ids
+    ]  # fmt: skip
+    rng = random.Random(1)
+    lone = set()
+    for j, t in enumerate((0, 2, 4, 6)):
+        words = TOPICS[t].split()
+        text = " ".join(rng.sample(words, 3) + rng.sample(WORDS, 6) + rng.sample(words, 2))
+        texts.append(f"Topic {t} note {20 + j}. {text}")
+        ids.append(f"lone-{j}")
+        meta.append({"source": "uploads/attack.pdf"})
+        lone.add(f"lone-{j}")
+    return texts, ids, meta, planted, lone
+
+
+def test_a_chunk_from_a_source_whose_other_chunks_look_planted_is_suspicious(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """Lone planted passages worded like the rest are invisible to the text evidence; their
+    source gives them away when most of its other chunks are suspicious on their own. Turned
+    off (``source_key=None``), or in a knowledge base without sources, they are not found."""
+    texts, ids, meta, planted, lone = _sourced_corpus()
+    given = [dict(m) for m in meta]
+    report = audit(ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=tmp_path / "s")
+    assert meta == given  # the caller's metadata untouched
+    suspicious = {f.id for f in report.suspicious}
+    assert suspicious >= planted | lone
+    assert not {i for i in suspicious if i.startswith("b")}  # no honest site condemned
+    by_id = {f.id: f for f in report.findings}
+    assert by_id["lone-0"].source == "uploads/attack.pdf"
+    assert any(
+        "uploads/attack.pdf', 10 of whose 13 other chunks" in r for r in by_id["lone-0"].reasons
+    )
+    assert by_id[next(iter(planted))].source == "uploads/attack.pdf"
+    assert report.stats["sources"] == len(TOPICS) + 1
+    assert report.stats["suspect_sources"] == [
+        {"source": "uploads/attack.pdf", "chunks": 14, "suspicious": 14, "on_own_evidence": 10}
+    ]
+    assert "uploads/attack.pdf (14 of 14 chunks)" in report.to_markdown()
+    off = audit(
+        ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=tmp_path / "o",
+        source_key=None,
+    )  # fmt: skip
+    assert not lone & {f.id for f in off.suspicious}
+    assert all(f.source is None for f in off.findings) and off.stats["sources"] == 0
+    bare = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "b")
+    assert [(f.id, f.score) for f in bare.findings] == [(f.id, f.score) for f in off.findings]
+
+
+def test_source_support_is_a_sources_suspicious_share_above_the_rest() -> None:
+    """A chunk's support is the suspicious share of its source's *other* chunks (two unseen
+    honest ones counted: a lone or paired chunk never condemns its neighbour) above the
+    suspicious share of every other source's chunks; where most chunks look suspicious, a source
+    that does proves nothing."""
+    from ragdefense.auditing.evidence import Evidence, source_support
+
+    def support(source: list[int], suspicious: list[bool]) -> list[float]:
+        n = len(source)
+        evidence = Evidence(
+            retrieved=np.zeros(n, dtype=np.int64), flagged={}, isolated=np.zeros(n),
+            group_of=np.full(n, -1), groups=[], source=np.array(source),
+            source_names=[str(s) for s in range(max(source) + 1)],
+        )  # fmt: skip
+        found = source_support(evidence, np.array(suspicious))
+        assert found is not None
+        return [float(x) for x in found]
+
+    source = [0, 0, 1, 1, 1, 2, -1]
+    suspicious = [True, False, True, True, False, True, True]
+    assert support(source, suspicious) == [0.0] * 7  # 5 of 7 suspicious: nothing stands out
+    honest = support(source + [3] * 20, suspicious + [False] * 20)  # 20 honest chunks more
+    rest0, rest1 = 4 / 25, 3 / 24  # the suspicious share outside sources 0 and 1
+    assert honest[:7] == pytest.approx(
+        [0, (1 / 3 - rest0) / (1 - rest0), (1 / 4 - rest1) / (1 - rest1), (1 / 4 - rest1) /
+         (1 - rest1), (2 / 4 - rest1) / (1 - rest1), 0, 0]
+    )  # fmt: skip
+    assert honest[7:] == [0.0] * 20
+    evidence = Evidence(np.zeros(1, dtype=np.int64), {}, np.zeros(1), np.full(1, -1), [])
+    assert source_support(evidence, np.array([True])) is None  # no sources
+
+
+def test_sources_are_read_from_files_as_the_defenses_read_them(tmp_path: Path) -> None:
+    """A JSONL record's other fields and its ``metadata`` object are its metadata; the source
+    is read from it with the per-query defenses' rules (a web address counts per host)."""
+    path = tmp_path / "kb.jsonl"
+    records = [
+        {"id": "a", "text": "one", "url": "https://www.who.int/news/1"},
+        {"id": "b", "text": "two", "metadata": {"source": "uploads/q3.pdf"}, "url": "x"},
+        {"id": "c", "text": "three"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in records))
+    batch = next(FileCorpus(path).batches(10))
+    assert batch.metadata == [
+        {"url": "https://www.who.int/news/1"}, {"url": "x", "source": "uploads/q3.pdf"}, {}
+    ]  # fmt: skip
+    from ragdefense.provenance import metadata_source
+
+    assert [metadata_source(m) for m in batch.metadata] == ["who.int", "uploads/q3.pdf", None]

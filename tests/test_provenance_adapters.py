@@ -170,3 +170,34 @@ def test_trusted_is_a_typed_field_of_both_consensus_adapters(toy_embedder: Any) 
     listed = ConsensusPostprocessor(embed_model=embed, trusted={"site-4.org"})
     back = ConsensusPostprocessor.from_json(listed.to_json())
     assert back.trusted == ["site-4.org"] and back.core.trusted == ["site-4.org"]
+
+
+def test_the_audit_reads_the_sources_the_default_reads(
+    folder: Path, toy_embedder: Any, tmp_path: Path
+) -> None:
+    """The audit counts sources with the per-query default's rules, from each framework's own
+    metadata: a loader's ``source``, a reader's ``file_path``, a node's ``ref_doc_id``."""
+    from ragdefense.auditing import audit
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.document_loaders import TextLoader
+
+    docs = [d for p in sorted(folder.glob("*.txt")) for d in TextLoader(str(p)).load()]
+    store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings(toy_embedder))
+    embed = RagdefenseEmbedding(toy_embedder)
+    read = VectorStoreIndex.from_documents(
+        SimpleDirectoryReader(str(folder)).load_data(), embed_model=embed
+    )
+    plain = VectorStoreIndex.from_documents(
+        [LIDocument(text=t, doc_id=f"doc-{i}") for i, t in enumerate(TOPICS)], embed_model=embed
+    )
+    expected = {
+        "langchain": {str(folder / f"note_{i}.txt") for i in range(len(TOPICS))},
+        "reader": {str(folder / f"note_{i}.txt") for i in range(len(TOPICS))},
+        "ref_doc_id": {f"doc-{i}" for i in range(len(TOPICS))},
+    }
+    for name, kb in (("langchain", store), ("reader", read), ("ref_doc_id", plain)):
+        report = audit(kb, embedder=toy_embedder, workdir=tmp_path / name)
+        assert {f.source for f in report.findings} == expected[name], name
+        assert report.stats["sources"] == len(TOPICS)

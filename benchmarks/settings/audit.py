@@ -6,6 +6,9 @@ bundles' gold passages; duplicates dropped), with poison planted for 100 target 
 from each of RealtimeQA, NQ, MS MARCO, HotpotQA), the attack families of
 :mod:`ragdefense.attacks` in turn and 1, 3 or 5 passages per target. Probes are derived from the
 corpus (not the target questions); a second run gives the target questions as the query log.
+Each run is also made with sources in the chunks' metadata: the benign chunks' own (RealtimeQA's
+web results' links, counted per host; each gold passage of the other datasets a document of its
+own), the planted ones' in each of :data:`LAYOUTS`.
 
 What was looked at while choosing the scoring (:class:`~ragdefense.auditing.evidence.Scoring`):
 the *tuning* part: targets from RealtimeQA and NQ attacked by ``poisonedrag``, ``injection`` or
@@ -13,6 +16,8 @@ the *tuning* part: targets from RealtimeQA and NQ attacked by ``poisonedrag``, `
 other family. The targeting threshold is the round margin above the 99.8th percentile of the
 tuning part's benign chunks; the tuning part holds six single planted passages, too few to
 choose by, and the held-out recall of margins from 0.05 to 0.3 was seen while comparing them.
+The source threshold and prior were chosen on the tuning part's numbers in the layouts (the
+first grid printed every split; see docs/concepts/tuning.md).
 """
 
 from __future__ import annotations
@@ -38,6 +43,11 @@ DATASETS = ("realtimeqa", "ragdefender/nq", "ragdefender/msmarco", "ragdefender/
 TUNING_DATASETS = ("realtimeqa", "ragdefender/nq")
 TUNING_FAMILIES = ("poisonedrag", "injection", "multi-answer")
 COUNTS = (1, 3, 5)
+#: where the planted passages come from (the benign chunks keep their own sources): all from
+#: one upload; each target's from one of 5 attacker sites; each target's from a site of its
+#: own; each from an honest chunk's site (an attacker posting on sites honest documents come
+#: from, where provenance should add nothing, and must take nothing away)
+LAYOUTS = ("one upload", "5 attacker sites", "a site per target", "in honest sites")
 
 
 @dataclass
@@ -51,13 +61,38 @@ class AuditCorpus:
     planted: dict[str, tuple[str, str, int]]
     questions: list[str]
     sources: dict[str, str]
+    #: per benign chunk: where it came from (a RealtimeQA web result's link; a gold passage of
+    #: a RAGDefender bundle is a document of its own)
+    links: dict[str, str] = field(default_factory=dict)
     #: per target (aligned with ``questions``): its correct answers, and (dataset, family, count)
     answers: list[tuple[str, ...]] = field(default_factory=list)
     targets: list[tuple[str, str, int]] = field(default_factory=list)
 
-    def corpus(self, vectors: Any = None) -> ListCorpus:
-        """As an audit input (with the vectors a store would hold, when given)."""
-        return ListCorpus(self.texts, self.ids, self.titles, vectors)
+    def corpus(self, vectors: Any = None, layout: str | None = None) -> ListCorpus:
+        """As an audit input (with the vectors a store would hold, when given; with each chunk's
+        source in its metadata when a :data:`LAYOUTS` ``layout`` is named)."""
+        meta = None if layout is None else [{"source": s} for s in self.layout(layout)]
+        return ListCorpus(self.texts, self.ids, self.titles, vectors, meta)
+
+    def layout(self, name: str, seed: int = 1) -> list[str]:
+        """Each chunk's source under the planted-source layout ``name`` (:data:`LAYOUTS`)."""
+        rng = random.Random(seed)
+        honest = [self.links[i] for i in self.ids if i not in self.planted]
+        out = []
+        for chunk_id in self.ids:
+            if chunk_id not in self.planted:
+                out.append(self.links[chunk_id])
+                continue
+            target = int(chunk_id[1:].split("-")[0])
+            out.append(
+                {
+                    "one upload": "uploads/planted.pdf",
+                    "5 attacker sites": f"https://attacker-{target % 5 + 1}.example/{chunk_id}",
+                    "a site per target": f"https://attacker-{target}.example/{chunk_id}",
+                    "in honest sites": rng.choice(honest),
+                }[name]
+            )
+        return out
 
     def tuning(self, chunk_id: str) -> bool:
         """Whether a chunk is in the tuning part (planted, or benign from a tuning dataset)."""
@@ -82,13 +117,19 @@ def audit_corpus(
     titles: list[str] = []
     seen: set[str] = set()
     sources: dict[str, str] = {}
+    links: dict[str, str] = {}
     for dataset in DATASETS:
         for record in records[dataset]:
-            for passage in record.benign:
+            for j, passage in enumerate(record.benign):
                 if passage.strip() and passage not in seen:
                     seen.add(passage)
                     title, text = _title(passage)
                     sources[f"b{len(ids)}"] = dataset
+                    links[f"b{len(ids)}"] = (
+                        record.sources[j]
+                        if record.sources
+                        else f"https://gold-{len(ids)}.{dataset.replace('/', '-')}.example/"
+                    )
                     ids.append(f"b{len(ids)}")
                     texts.append(text)
                     titles.append(title)
@@ -125,6 +166,7 @@ def audit_corpus(
         planted,
         questions,
         sources,
+        links,
         answers,
         targets,
     )
@@ -201,18 +243,22 @@ def audit_quality(
     rows = []
     for run, queries in (("derived probes", None), ("query log", kb.questions)):
         work = Path(workdir) / run.replace(" ", "-")
-        report = audit(kb.corpus(vectors), queries=queries, workdir=work, engine=engine,
-                       progress=progress)  # fmt: skip
-        row = _recall_rows(kb, {f.id for f in report.suspicious}, run, "shipped default")
-        victims = {f.id for f in report.findings if any("honest passage" in r for r in f.reasons)}
-        shown = f"{len(victims - set(kb.planted))} / {len(victims & set(kb.planted))}"
-        rows.append({**row, "seconds": report.stats["seconds"], "possible victims": shown})
+        for layout in (None, *LAYOUTS):
+            folder = work if layout is None else work.with_name(f"{work.name}-{_slug(layout)}")
+            report = audit(kb.corpus(vectors, layout), queries=queries, workdir=folder,
+                           engine=engine, progress=progress)  # fmt: skip
+            row = _recall_rows(kb, {f.id for f in report.suspicious}, run, "shipped default")
+            found = {f.id for f in report.findings if any("honest passage" in r for r in f.reasons)}
+            shown = f"{len(found - set(kb.planted))} / {len(found & set(kb.planted))}"
+            rows.append({**row, "sources": layout or "none", "seconds": report.stats["seconds"],
+                         "possible victims": shown})  # fmt: skip
         for variant, scores in _variants(kb, work).items():
             tuning_benign = [v for i, v in scores.items() if i not in kb.planted and kb.tuning(i)]
             threshold = float(np.quantile(tuning_benign, 0.99))
             flagged = {i for i, v in scores.items() if v >= threshold}
-            rows.append({**_recall_rows(kb, flagged, run, variant), "threshold": threshold})
-    columns = ["run", "scoring", "threshold", "recall", "tuning", "held out: family"]
+            rows.append({**_recall_rows(kb, flagged, run, variant), "threshold": threshold,
+                         "sources": "none"})  # fmt: skip
+    columns = ["run", "scoring", "sources", "threshold", "recall", "tuning", "held out: family"]
     columns += ["held out: dataset", *ATTACKS, *[f"{c} per target" for c in COUNTS]]
     columns += ["benign flagged", "precision", "possible victims", "seconds"]
     head = (
@@ -221,6 +267,10 @@ def audit_quality(
         f"packaged MiniLM); shipped threshold {Scoring().threshold}\n\n"
     )
     return head + _table(columns, rows), rows
+
+
+def _slug(text: str) -> str:
+    return "".join(c if c.isalnum() else "-" for c in text)
 
 
 def _table(columns: list[str], rows: list[dict[str, Any]]) -> str:

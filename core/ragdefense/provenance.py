@@ -20,6 +20,7 @@ __all__ = [
     "SOURCE_KEYS",
     "Trust",
     "is_trusted_by",
+    "metadata_source",
     "source_of",
     "sources_of",
 ]
@@ -76,9 +77,15 @@ def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         >>> source_of(web, source_key=None) is None  # provenance off
         True
     """
+    return metadata_source(passage.metadata, source_key)
+
+
+def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
+    """:func:`source_of` for a bare metadata mapping (a stored chunk's, before it is a
+    passage); ``None`` when ``metadata`` is not a mapping."""
     if source_key is None:
         return None
-    meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
+    meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
     for key in keys:
         found = _normal(meta.get(key))

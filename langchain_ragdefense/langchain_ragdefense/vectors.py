@@ -70,7 +70,8 @@ def _faiss_positions(store: Any) -> dict[str, int]:
 
 class StoreCorpus:
     """Every document of a LangChain vector store with its stored vector, in batches (read only;
-    :class:`ragdefense.auditing.Corpus`). A ``title`` in a document's metadata is kept."""
+    :class:`ragdefense.auditing.Corpus`). A ``title`` in a document's metadata is kept, and so is
+    the metadata itself (the audit reads each document's source from it)."""
 
     def __init__(self, store: VectorStore) -> None:
         self.store = store
@@ -128,8 +129,15 @@ class StoreCorpus:
 
 
 def _batch(ids: Any, texts: Any, metadatas: Any, vectors: Any) -> Batch:
-    titles = [str((m or {}).get("title") or "") for m in metadatas]
-    return Batch([str(i) for i in ids], list(texts), titles, np.asarray(vectors, dtype=np.float32))
+    metadata = [dict(m or {}) for m in metadatas]
+    titles = [str(m.get("title") or "") for m in metadata]
+    return Batch(
+        [str(i) for i in ids],
+        list(texts),
+        titles,
+        np.asarray(vectors, dtype=np.float32),
+        metadata,
+    )
 
 
 def store_corpus(store: VectorStore) -> StoreCorpus:

@@ -66,7 +66,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         source = source() if callable(source) else source
     try:
         settings = AuditSettings(
-            defenses=args.defense or ["ragdefender"], top_m=args.top_m, max_probes=args.max_probes
+            defenses=args.defense or ["ragdefender"],
+            top_m=args.top_m,
+            max_probes=args.max_probes,
+            source_key=None if args.source_key.lower() == "none" else args.source_key,
         )
         report = audit(
             source,
@@ -95,8 +98,9 @@ def add_audit_parser(sub: Any) -> None:
     )
     parser.add_argument(
         "knowledge_base",
-        help="a .jsonl / .parquet file of {id, text, title?, embedding?}, or module:attribute of "
-        "a LangChain vector store or LlamaIndex index (or a function returning one)",
+        help="a .jsonl / .parquet file of {id, text, title?, embedding?, metadata?}, or "
+        "module:attribute of a LangChain vector store or LlamaIndex index (or a function "
+        "returning one)",
     )
     parser.add_argument(
         "--queries",
@@ -113,6 +117,12 @@ def add_audit_parser(sub: Any) -> None:
     parser.add_argument("--top-m", type=positive, default=10, help="chunks per probe (default 10)")
     parser.add_argument(
         "--max-probes", type=positive, default=None, help="at most this many derived probes"
+    )
+    parser.add_argument(
+        "--source-key",
+        default="auto",
+        help="metadata key naming each chunk's source (default auto: source, url, file_path... "
+        "as the defenses read them; none: provenance off)",
     )
     parser.add_argument(
         "--workdir",

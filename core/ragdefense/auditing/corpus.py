@@ -1,6 +1,6 @@
-"""What an audit reads: a knowledge base as batches of chunks ``(ids, texts, titles, vectors)``,
-from files (JSONL / Parquet), memory, or a framework's store (read by the adapters), and the
-probe questions of a query log.
+"""What an audit reads: a knowledge base as batches of chunks ``(ids, texts, titles, vectors,
+metadata)``, from files (JSONL / Parquet), memory, or a framework's store (read by the
+adapters), and the probe questions of a query log.
 
 Everything here streams: a batch at a time, so memory stays bounded by the batch size.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -36,12 +36,15 @@ class Batch:
         texts: Their texts.
         titles: A title per chunk (``""`` when the source has none): probes are derived from it.
         vectors: The stored vectors (``n x d``), or ``None`` when the audit must embed the texts.
+        metadata: Each chunk's metadata as the store holds it, or ``None`` when it has none: the
+            audit reads each chunk's source from it (as the per-query defenses do).
     """
 
     ids: list[str]
     texts: list[str]
     titles: list[str]
     vectors: np.ndarray | None = None
+    metadata: list[Mapping[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -49,6 +52,8 @@ class Batch:
             raise ValueError(f"a batch needs as many texts and titles as ids ({n})")
         if self.vectors is not None and len(self.vectors) != n:
             raise ValueError(f"a batch has {n} ids but {len(self.vectors)} vectors")
+        if self.metadata is not None and len(self.metadata) != n:
+            raise ValueError(f"a batch has {n} ids but {len(self.metadata)} metadata entries")
 
 
 @runtime_checkable
@@ -82,7 +87,8 @@ def _vectors(rows: Sequence[Any]) -> np.ndarray | None:
 
 
 class ListCorpus:
-    """A knowledge base held in memory: texts, with optional ids, titles and vectors."""
+    """A knowledge base held in memory: texts, with optional ids, titles, vectors and metadata
+    (a mapping per chunk, e.g. ``{"source": "uploads/q3.pdf"}``)."""
 
     def __init__(
         self,
@@ -90,17 +96,19 @@ class ListCorpus:
         ids: Sequence[str] | None = None,
         titles: Sequence[str] | None = None,
         vectors: Any = None,
+        metadata: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> None:
         self.texts = [str(t) for t in texts]
         self.ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(len(texts))]
         self.titles = [str(t or "") for t in titles] if titles is not None else [""] * len(texts)
         self.vectors = None if vectors is None else np.asarray(vectors, dtype=np.float32)
+        self.metadata = None if metadata is None else list(metadata)
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("chunk ids must be unique")
         if self.vectors is not None and not np.isfinite(self.vectors).all():
             bad = sorted({int(i) for i in np.argwhere(~np.isfinite(self.vectors))[:, 0]})[:5]
             raise ValueError(f"the vectors of chunk(s) {bad} hold NaN or infinite values")
-        Batch(self.ids, self.texts, self.titles, self.vectors)  # checks the lengths
+        Batch(self.ids, self.texts, self.titles, self.vectors, self.metadata)  # the lengths
 
     def fingerprint(self) -> str:
         """Size and a hash of the ids and texts."""
@@ -111,12 +119,16 @@ class ListCorpus:
         for start in range(0, len(self.texts), size):
             end = start + size
             vectors = None if self.vectors is None else self.vectors[start:end]
-            yield Batch(self.ids[start:end], self.texts[start:end], self.titles[start:end], vectors)
+            meta = None if self.metadata is None else self.metadata[start:end]
+            yield Batch(
+                self.ids[start:end], self.texts[start:end], self.titles[start:end], vectors, meta
+            )
 
 
 class FileCorpus:
     """Chunks from a JSONL or Parquet file: one record per chunk with ``id`` and ``text``,
-    optionally ``title`` and ``embedding`` (a list of floats: used instead of embedding).
+    optionally ``title``, ``embedding`` (a list of floats: used instead of embedding) and
+    ``metadata`` (an object); any other field (``source``, ``url`` ...) counts as metadata too.
 
     Parquet is read a row group at a time (needs ``pyarrow``); JSONL a line at a time.
     """
@@ -188,7 +200,18 @@ class FileCorpus:
             texts=[r["text"] for r in rows],
             titles=[str(r.get("title") or "") for r in rows],
             vectors=_vectors([r.get("embedding") for r in rows]),
+            metadata=[_metadata(r) for r in rows],
         )
+
+
+_OWN_FIELDS = frozenset({"id", "text", "title", "embedding", "metadata"})
+
+
+def _metadata(record: dict[str, Any]) -> dict[str, Any]:
+    """A record's metadata: its other fields, and those of its ``metadata`` object (which win)."""
+    nested = record.get("metadata")
+    extra = {k: v for k, v in record.items() if k not in _OWN_FIELDS}
+    return {**extra, **nested} if isinstance(nested, Mapping) else extra
 
 
 def as_corpus(knowledge_base: Any) -> Corpus:

@@ -12,18 +12,24 @@ from typing import Any
 import numpy as np
 
 from .steps import merged_hits
-from .workdir import Workdir, part_name
+from .workdir import Workdir, part_name, part_texts
 
 __all__ = [
     "Evidence",
     "Scoring",
+    "SourceTally",
     "assess",
     "closest_queries",
     "find_groups",
     "flag_examples",
     "isolation",
+    "own_score",
+    "read_sources",
     "reasons",
     "score",
+    "source_support",
+    "source_tally",
+    "support_of",
     "targeted",
 ]
 
@@ -57,12 +63,22 @@ class Scoring:
     with a model that embeds questions and passages alike (MiniLM); with one that embeds
     questions apart (``embed_query``), set it for that model, or 0 to turn targeting off.
 
+    With sources in the chunks' metadata, *provenance*: planted passages arrive together, from
+    the few sources an attacker controls (an upload, a site), so a chunk whose source's *other*
+    chunks are mostly suspicious on their own evidence is suspicious too, whatever its wording.
+    The support (:func:`support_of`) is the share ``suspicious others / (others + 2)`` (the 2:
+    a lone or paired chunk never condemns its neighbour) above the suspicious share of the rest
+    of the knowledge base (where most chunks look suspicious, a source that does proves
+    nothing), relative to ``source_threshold``. A source whose other chunks are mostly missed
+    gives no such evidence, nor does a source shared with many honest documents.
+
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
         probe_weight: Weight of the probe evidence (0-1).
         threshold: Score from which a chunk is reported suspicious.
         wide_threshold: The wide isolation that counts as ``threshold``.
         target_threshold: The targeting that counts as ``threshold`` (0 turns it off).
+        source_threshold: The source support that counts as ``threshold`` (0 turns it off).
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
         max_group: Larger near-duplicate components are topics, not groups (not shown).
     """
@@ -72,6 +88,7 @@ class Scoring:
     threshold: float = 0.3
     wide_threshold: float = 0.48
     target_threshold: float = 0.1
+    source_threshold: float = 0.5
     group_similarity: float = 0.8
     max_group: int = 30
 
@@ -91,6 +108,8 @@ class Evidence:
     nearest: np.ndarray | None = None  # cosine to the nearest other chunk (NaN: none)
     closest_query: np.ndarray | None = None  # best cosine to a logged question (-inf: none)
     closest_probe: np.ndarray | None = None  # that question's probe number (-1: none)
+    source: np.ndarray | None = None  # each chunk's source, a number (-1: none; None: no sources)
+    source_names: list[str] = field(default_factory=list)  # the sources, by number
     #: cosine to the closest logged question that retrieved it minus cosine to its nearest
     #: chunk (``None`` without a query log; -1 where no question retrieved it, or it has no
     #: other chunk to be nearer to)
@@ -119,9 +138,26 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     closest = probe = None
     if params.get("queries") is not None:  # a query log: its questions are the users'
         closest, probe = closest_queries(wd, sum(sizes), wd.noted("shards"), params["top_m"])
+    source, names = read_sources(wd, len(sizes))
     return Evidence(
-        retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe
-    )
+        retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe,
+        source, names,
+    )  # fmt: skip
+
+
+def read_sources(wd: Workdir, chunk_parts: int) -> tuple[np.ndarray | None, list[str]]:
+    """Per chunk position: its source as a number into the returned names (``-1``: none);
+    ``(None, [])`` when no chunk has one."""
+    numbers: dict[str, int] = {}
+    codes = []
+    for part in range(chunk_parts):
+        data = part_texts(wd, part)
+        found = data.get("sources") or [""] * len(data["ids"])
+        part_codes = [numbers.setdefault(s, len(numbers)) if s else -1 for s in found]
+        codes.append(np.asarray(part_codes, dtype=np.int64))
+    if not numbers:
+        return None, []
+    return np.concatenate(codes), list(numbers)
 
 
 def closest_queries(
@@ -316,12 +352,86 @@ def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
 
 def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     """Per position: ``(1 - w) x isolation + w x flag rate`` (the share of the probes that
-    retrieved the chunk on which ``primary`` removed it), ``w = scoring.probe_weight``."""
+    retrieved the chunk on which ``primary`` removed it), ``w = scoring.probe_weight``; or the
+    source support, where it is further past its own threshold."""
+    own = own_score(evidence, primary, scoring)
+    support = source_support(evidence, own >= scoring.threshold)
+    if support is None or scoring.source_threshold <= 0:
+        return own
+    out: np.ndarray = np.maximum(own, support * scoring.threshold / scoring.source_threshold)
+    return out
+
+
+def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
+    """The score on a chunk's own evidence (no source support)."""
     flags = evidence.flagged[primary]
     retrieved = evidence.retrieved
     rate = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
     w = scoring.probe_weight
     out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
+    return out
+
+
+#: unseen chunks counted, as not suspicious, with every source's others (see :class:`Scoring`)
+SOURCE_PRIOR = 2
+
+
+@dataclass(frozen=True)
+class SourceTally:
+    """Per source number: its chunks, how many of them are suspicious on their own evidence,
+    and the suspicious share of the chunks of every other source (1 when there is none)."""
+
+    size: np.ndarray
+    bad: np.ndarray
+    rest: np.ndarray
+
+    def condemned(self, threshold: float) -> np.ndarray:
+        """Per source: whether one of its chunks is suspicious on the others' evidence alone
+        (a chunk that is not suspicious on its own, where it has one)."""
+        clean = (self.bad < self.size).astype(np.int64)
+        found: np.ndarray = support_of(self.bad - 1 + clean, self.size - 1, self.rest) >= threshold
+        return found & (threshold > 0)
+
+
+def source_tally(evidence: Evidence, suspicious: np.ndarray) -> SourceTally | None:
+    """The :class:`SourceTally` of the knowledge base, ``suspicious`` per chunk position on its
+    own evidence; ``None`` when no chunk has a source."""
+    source = evidence.source
+    if source is None:
+        return None
+    known = source >= 0
+    size = np.bincount(source[known], minlength=len(evidence.source_names))
+    bad = np.bincount(source[known], weights=suspicious[known], minlength=len(size))
+    bad = bad.astype(np.int64)
+    outside = len(source) - size
+    n_bad = int(suspicious.sum())
+    rest = np.divide(n_bad - bad, outside, out=np.ones(len(size)), where=outside > 0)
+    return SourceTally(size, bad, rest)
+
+
+def support_of(bad: Any, others: Any, rest: Any) -> Any:
+    """How much more suspicious a chunk's source is than the rest of the knowledge base:
+    ``share = bad / (others + SOURCE_PRIOR)`` (``bad`` of the source's ``others`` other chunks
+    suspicious), chance-corrected by ``rest``, the suspicious share of the chunks of every other
+    source: ``(share - rest) / (1 - rest)``, at least 0 (elementwise on arrays)."""
+    share = np.asarray(bad) / (np.asarray(others) + SOURCE_PRIOR)
+    rest = np.asarray(rest, dtype=np.float64)
+    room = np.where(rest < 1, 1 - rest, 1.0)
+    return np.where(rest < 1, np.maximum(share - rest, 0.0) / room, 0.0)
+
+
+def source_support(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray | None:
+    """Per position: :func:`support_of` its source (0 without a source); ``None`` when no
+    chunk has a source."""
+    tally = source_tally(evidence, suspicious)
+    if tally is None or evidence.source is None:
+        return None
+    known = evidence.source >= 0
+    mine = evidence.source[known]
+    out: np.ndarray = np.zeros(len(evidence.source))
+    out[known] = support_of(
+        tally.bad[mine] - suspicious[known], tally.size[mine] - 1, tally.rest[mine]
+    )
     return out
 
 
@@ -338,10 +448,17 @@ def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:
 
 
 def reasons(
-    i: int, evidence: Evidence, primary: str, scoring: Scoring, question: str | None = None
+    i: int,
+    evidence: Evidence,
+    primary: str,
+    scoring: Scoring,
+    question: str | None = None,
+    source: tuple[str, int, int, float] | None = None,
 ) -> list[str]:
     """The evidence on chunk position ``i``, in words (``question``: the logged question
-    closest to it, when it is targeted)."""
+    closest to it, when it is targeted; ``source``: its source, how many of the source's other
+    chunks are suspicious on their own evidence, how many others it has, and the suspicious
+    share of the rest of the knowledge base)."""
     flags, retrieved = int(evidence.flagged[primary][i]), int(evidence.retrieved[i])
     isolated, group = float(evidence.isolated[i]), evidence.group(i)
     closeness = _closeness(isolated, scoring.threshold)
@@ -367,6 +484,17 @@ def reasons(
             f"({evidence.nearest[i]:.2f}): written for that question, or the one passage that "
             "answers it; check which"
         )
+    if source is not None:
+        name, bad, others, rest = source
+        support = float(support_of(bad, others, rest))
+        if scoring.source_threshold > 0 and support >= scoring.source_threshold:
+            why.append(
+                f"from source {name!r}, {bad} of whose {others} other chunks are suspicious on "
+                f"their own evidence (against {rest:.1%} of the rest of the knowledge base): "
+                "planted passages arrive together, from the sources an attacker controls"
+            )
+        else:
+            why.append(f"from source {name!r} ({bad} of its {others} other chunks suspicious)")
     if group is not None:
         why.append(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"

@@ -6,7 +6,8 @@
 4. Search every probe and every chunk in the sharded vector index (FAISS when installed).
 5. Run the defenses on each probe's top M (the default defense unless told otherwise).
 6. Per chunk: how often it was retrieved and removed, and by which probes; tight near-duplicate
-   groups (each chunk's nearest neighbours); a score, a verdict, the reasons.
+   groups (each chunk's nearest neighbours); its source's other chunks (where chunks carry
+   sources); a score, a verdict, the reasons.
 
 Every step writes its files to the working folder: a killed audit restarts where it stopped.
 """
@@ -25,9 +26,21 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .corpus import Corpus, as_corpus, fingerprint, read_queries
+from ..provenance import metadata_source
+from .corpus import Batch, Corpus, as_corpus, fingerprint, read_queries
 from .engines import Engine, LocalEngine, make_engine
-from .evidence import Scoring, assess, flag_examples, reasons, score, targeted
+from .evidence import (
+    Evidence,
+    Scoring,
+    SourceTally,
+    assess,
+    flag_examples,
+    own_score,
+    reasons,
+    score,
+    source_tally,
+    targeted,
+)
 from .probes import derive_probes
 from .report import AuditReport, Finding
 from .settings import AuditSettings
@@ -151,7 +164,7 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
         stages[stage] = round(time.perf_counter() - started - sum(stages.values()), 2)
 
     job, corpus = _start(knowledge_base, settings, options)
-    sizes = _ingest(job.wd, corpus, settings.part_size)
+    sizes = _ingest(job.wd, corpus, settings.part_size, settings.source_key)
     lap("read")
     _embed_chunks(job, sizes)
     lap("embed chunks")
@@ -201,6 +214,7 @@ def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> t
             "queries": None if queries is None else len(queries),
             "embedder": None if embedder is None else repr(type(embedder)),
             "index": settings.index,
+            "source_key": settings.source_key,
         },
         fresh=options.fresh,
     )
@@ -242,32 +256,42 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     return n_shards, kind
 
 
-def _digest(ids: Sequence[str], texts: Sequence[str]) -> str:
-    """A part's identity: a hash of its ids and texts."""
-    return hashlib.sha256("\0".join([*ids, *texts]).encode("utf-8")).hexdigest()[:32]
+def _digest(ids: Sequence[str], texts: Sequence[str], sources: Sequence[str] | None) -> str:
+    """A part's identity: a hash of its ids, texts and (when known) sources."""
+    parts = [*ids, *texts, *(sources or [])]
+    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()[:32]
 
 
-def _ingest(wd: Workdir, corpus: Any, part_size: int) -> list[int]:
+def _sources(batch: Batch, source_key: str | None) -> list[str] | None:
+    """Each chunk's source (``""``: none), or ``None`` when no chunk of the batch has one."""
+    if batch.metadata is None or source_key is None:
+        return None
+    found = [metadata_source(m, source_key) or "" for m in batch.metadata]
+    return found if any(found) else None
+
+
+def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) -> list[int]:
     """Write the corpus as parts (skipping parts already written); the part sizes. Every part
     already in the folder must hold what the knowledge base holds now: an audit resumed on a
-    changed knowledge base (the same size, other texts) is refused, never silently mixed."""
+    changed knowledge base (the same size, other texts or sources) is refused, never silently
+    mixed."""
     known = wd.noted("part_digests")
     sizes, digests = [], []
     for part, batch in enumerate(corpus.batches(part_size)):
         name = part_name("chunks", part)
-        digest = _digest(batch.ids, batch.texts)
+        sources = _sources(batch, source_key)
+        digest = _digest(batch.ids, batch.texts, sources)
         if wd.has(f"{name}.json"):
             written = part_texts(wd, part)
-            if _digest(written["ids"], written["texts"]) != digest:
+            if _digest(written["ids"], written["texts"], written.get("sources")) != digest:
                 raise ValueError(_changed(wd, part))
         else:
             if known is not None:  # the knowledge base grew since the audit read it
                 raise ValueError(_changed(wd, part))
             if batch.vectors is not None:
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
-            wd.write_json(
-                f"{name}.json", {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
-            )
+            data = {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
+            wd.write_json(f"{name}.json", data if sources is None else {**data, "sources": sources})
         sizes.append(len(batch.ids))
         digests.append(digest)
     if not sizes:
@@ -349,11 +373,47 @@ def _closest_questions(
     return {i: texts[q] for i, q in wanted.items() if q in texts}
 
 
+def _source_of(
+    evidence: Evidence, tally: SourceTally | None, own: np.ndarray, i: int
+) -> tuple[str, int, int, float] | None:
+    """Position ``i``'s source, the suspicious among the source's other chunks (on their own
+    evidence), the number of those others, and the suspicious share of the chunks of every
+    other source; ``None`` without a source."""
+    if tally is None or evidence.source is None or evidence.source[i] < 0:
+        return None
+    c = int(evidence.source[i])
+    others = int(tally.size[c]) - 1
+    return evidence.source_names[c], int(tally.bad[c]) - int(own[i]), others, float(tally.rest[c])
+
+
+def _suspect_sources(
+    evidence: Evidence, tally: SourceTally | None, suspicious: np.ndarray, scoring: Scoring
+) -> list[dict[str, Any]]:
+    """The sources one of whose chunks is suspicious on the others' evidence alone, most
+    chunks first: ``{source, chunks, suspicious, on_own_evidence}``."""
+    if tally is None or evidence.source is None:
+        return []
+    known = evidence.source >= 0
+    total = np.bincount(evidence.source[suspicious & known], minlength=len(tally.size))
+    rows = [
+        {
+            "source": evidence.source_names[c],
+            "chunks": int(tally.size[c]),
+            "suspicious": int(total[c]),
+            "on_own_evidence": int(tally.bad[c]),
+        }
+        for c in np.flatnonzero(tally.condemned(scoring.source_threshold))
+    ]
+    return sorted(rows, key=lambda r: (-r["chunks"], r["source"]))
+
+
 def _report(
     wd: Workdir, sizes: list[int], names: list[str], scoring: Scoring, report_top: int
 ) -> AuditReport:
     evidence = assess(wd, names, scoring)
     scores = score(evidence, names[0], scoring)
+    own = own_score(evidence, names[0], scoring) >= scoring.threshold
+    tally = source_tally(evidence, own)
     suspicious = int((scores >= scoring.threshold).sum())
     victims = targeted(evidence, scores >= scoring.threshold)
     # the report lists every suspicious chunk and at least the `report_top` highest scores
@@ -365,18 +425,20 @@ def _report(
     for i in sorted(chosen):  # part by part
         part, offset = locate(starts, i)
         data = part_texts(wd, part)
+        source = _source_of(evidence, tally, own, i)
         findings.append(
             Finding(
                 id=data["ids"][offset],
                 text=data["texts"][offset],
                 score=float(scores[i]),
                 suspicious=bool(scores[i] >= scoring.threshold),
-                reasons=reasons(i, evidence, names[0], scoring, asked.get(i))
+                reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
                 + _victim(victims.get(i)),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
                 group=evidence.group(i),
+                source=None if source is None else source[0],
             )
         )
     findings.sort(key=lambda f: (-f.score, f.id))
@@ -393,5 +455,7 @@ def _report(
         if evidence.targeting is None or scoring.target_threshold <= 0
         else int((evidence.targeting >= scoring.target_threshold).sum()),
         "scoring": asdict(scoring),
+        "sources": len(evidence.source_names),
+        "suspect_sources": _suspect_sources(evidence, tally, scores >= scoring.threshold, scoring),
     }
     return AuditReport(findings, scoring.threshold, stats)

@@ -32,6 +32,8 @@ class Finding:
         probes: A few probes that flagged it, with the defense's reason.
         group: The tight near-duplicate group it belongs to (id, size, similarity, flagged share),
             or ``None``.
+        source: Where it comes from (its metadata's source, as the defenses read it), or
+            ``None``.
     """
 
     id: str
@@ -43,6 +45,7 @@ class Finding:
     flagged: dict[str, int]
     probes: list[dict[str, str]] = field(default_factory=list)
     group: dict[str, Any] | None = None
+    source: str | None = None
 
     def row(self) -> dict[str, Any]:
         """A flat record (for CSV / Parquet)."""
@@ -56,6 +59,7 @@ class Finding:
             "group": group.get("id", ""),
             "group_size": group.get("size", 0),
             "group_similarity": group.get("similarity", 0.0),
+            "source": self.source or "",
             "reasons": "; ".join(self.reasons),
             "probes": " | ".join(p["probe"] for p in self.probes),
             "text": self.text,
@@ -97,6 +101,20 @@ class AuditReport:
             f"top {s.get('top_m')} per probe, defenses: {', '.join(s.get('defenses', []))}. "
             f"**{len(self.suspicious)} suspicious** (score >= {self.threshold}).",
             "",
+        ]
+        suspect = s.get("suspect_sources") or []
+        if suspect:
+            named = ", ".join(
+                f"{_shown(str(r['source']))} ({r['suspicious']} of {r['chunks']} chunks)"
+                for r in suspect[:10]
+            )
+            more = f" and {len(suspect) - 10} more" if len(suspect) > 10 else ""
+            lines += [
+                "Sources most of whose chunks are suspicious on their own evidence (their other "
+                f"chunks are suspicious too): {named}{more}.",
+                "",
+            ]
+        lines += [
             "| rank | id | score | retrieved | flagged | group | reasons | text |",
             "|---|---|---|---|---|---|---|---|",
         ]

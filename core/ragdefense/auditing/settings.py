@@ -41,6 +41,9 @@ class AuditSettings:
         wide_neighbours: Nearest neighbours per chunk for the isolation of large planted sets
             (a set larger than ``neighbours`` fills a chunk's whole neighbour list, so only a
             longer list shows it apart from the rest); 0 turns it off.
+        source_key: The metadata key naming a chunk's source (``"auto"``: the first of
+            :data:`ragdefense.provenance.SOURCE_KEYS` it has, as the per-query defenses read
+            it; ``None``: provenance off). Chunks without one have no source evidence.
     """
 
     defenses: Sequence[Any] = ("ragdefender",)
@@ -52,11 +55,14 @@ class AuditSettings:
     index: str = "auto"
     report_top: int = 1000
     wide_neighbours: int = 40
+    source_key: str | None = "auto"
 
     def __post_init__(self) -> None:
         if self.top_m < 2 or self.neighbours < 1 or self.part_size < 1:
             raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
         if self.wide_neighbours < 0 or 0 < self.wide_neighbours <= self.neighbours:
             raise ValueError("wide_neighbours must be 0 (off) or more than neighbours")
+        if self.source_key is not None and not isinstance(self.source_key, str):
+            raise ValueError("source_key must be a metadata key, 'auto' or None")
         if not self.defenses:
             raise ValueError("give at least one defense")

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
 from typing import Any, Literal
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, SerializeAsAny, field_validator
@@ -37,7 +36,7 @@ from ragdefense.integration.records import (
 )
 
 from .embeddings import RagdefenseEmbedding
-from .vectors import stored_vectors
+from .vectors import stored_vectors, with_document
 
 __all__ = [
     "AutoDefensePostprocessor",
@@ -166,7 +165,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
                 n.node.get_content(metadata_mode=MetadataMode.NONE),
                 id=n.node.node_id,
                 score=n.score,
-                metadata=_with_document(n),
+                metadata=with_document(n.node),
                 embedding=v,
             )
             for n, v in zip(nodes, vectors, strict=True)
@@ -311,14 +310,3 @@ class AutoDefensePostprocessor(DefensePostprocessor):
     absorb: float | None = _field("auto", "absorb")
     majority_tightness: float | None = _field("auto", "majority_tightness")
     peel: bool = _field("auto", "peel")
-
-
-def _with_document(node: NodeWithScore) -> Mapping[str, Any]:
-    """The node's metadata as the defense reads it: plus the id of the document it was cut
-    from (``ref_doc_id``), where LlamaIndex keeps it outside the metadata, so that chunks of one
-    document count as one source (a reader's ``file_path`` / ``url`` come first)."""
-    meta = node.node.metadata
-    doc = node.node.ref_doc_id
-    if doc is None or "ref_doc_id" in meta:
-        return meta
-    return {**meta, "ref_doc_id": doc}

@@ -63,8 +63,9 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
 class IndexCorpus:
     """Every node of a ``VectorStoreIndex`` (default store or Chroma) with its stored vector, in
     batches (read only; :class:`ragdefense.auditing.Corpus`). A ``title`` in a node's metadata is
-    kept. Nodes are read a batch at a time (ids first, then each batch's nodes from the
-    docstore or the Chroma collection), so memory holds one batch of nodes, not the index."""
+    kept, and so is the metadata with the node's document id (the audit reads the source from
+    it). Nodes are read a batch at a time (ids first, then each batch's nodes from the docstore
+    or the Chroma collection), so memory holds one batch of nodes, not the index."""
 
     def __init__(self, index: VectorStoreIndex) -> None:
         self.index = index
@@ -111,7 +112,20 @@ class IndexCorpus:
                 [n.get_content(metadata_mode=MetadataMode.NONE) for n in part],
                 [str(n.metadata.get("title") or "") for n in part],
                 None if any(v is None for v in vectors) else np.asarray(vectors, dtype=np.float32),
+                [with_document(n) for n in part],
             )
+
+
+def with_document(node: BaseNode) -> Mapping[str, Any]:
+    """The node's metadata as the defenses and the audit read it: plus the id of the document
+    it was cut from (``ref_doc_id``), where LlamaIndex keeps it outside the metadata, so that
+    chunks of one document count as one source (a reader's ``file_path`` / ``url`` come
+    first)."""
+    meta = node.metadata
+    doc = node.ref_doc_id
+    if doc is None or "ref_doc_id" in meta:
+        return meta
+    return {**meta, "ref_doc_id": doc}
 
 
 def _chroma_node(node_id: str, meta: Mapping[str, Any] | None, text: str | None) -> BaseNode:
