@@ -81,6 +81,18 @@ def test_a_flagged_chunk_outside_any_group_is_left_to_the_defense_unless_asked()
     assert Quarantine.from_report(REPORT, grouped=False).ids == {"d3", "zz", "d1"}
 
 
+def test_a_flagged_chunk_from_a_condemned_source_is_quarantined_without_a_group() -> None:
+    """A lone chunk the audit flagged because its source (an upload most of whose chunks look
+    planted) is condemned is no victim: it goes with the planted sets; a lone chunk from any
+    other source is still left to the defense."""
+    report = copy.deepcopy(REPORT)
+    report["stats"] = {"suspect_sources": [{"source": "uploads/x.pdf", "chunks": 3}]}
+    report["findings"][2]["source"] = "uploads/x.pdf"
+    assert Quarantine.from_report(report).ids == {"d3", "zz", "d1"}
+    report["findings"][2]["source"] = "who.int"
+    assert Quarantine.from_report(report).ids == {"d3", "zz"}
+
+
 def test_min_score_and_every_passage_quarantined() -> None:
     guard = Quarantine.from_report(
         REPORT, defense("grada", embedder=bag_of_words), min_score=0.1, grouped=False

@@ -41,9 +41,9 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()
 
 
-def _findings(report: Any) -> list[Mapping[str, Any]]:
+def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str]]:
     """The findings (as mappings) of an AuditReport, its ``to_dict()``, a ``report.json`` or the
-    audit's folder holding one."""
+    audit's folder holding one; and the sources it condemned (``suspect_sources``)."""
     if isinstance(report, (str, os.PathLike)):
         path = Path(report)
         path = path / "report.json" if path.is_dir() else path
@@ -55,7 +55,10 @@ def _findings(report: Any) -> list[Mapping[str, Any]]:
         report = report.to_dict()
     if not isinstance(report, Mapping) or not isinstance(report.get("findings"), list):
         raise ValueError("not an audit report: expected its 'findings' (ragdefense.audit)")
-    return [f for f in report["findings"] if isinstance(f, Mapping)]
+    stats = report.get("stats")
+    suspect = stats.get("suspect_sources") if isinstance(stats, Mapping) else None
+    sources = {str(r["source"]) for r in suspect or [] if isinstance(r, Mapping) and "source" in r}
+    return [f for f in report["findings"] if isinstance(f, Mapping)], sources
 
 
 @dataclass(frozen=True, eq=False)
@@ -95,22 +98,27 @@ class Quarantine:
                 :func:`ragdefense.defense` takes (``None``: the default).
             min_score: Quarantine every chunk scored at least this (``None``: the chunks the
                 audit itself flagged, ``suspicious``).
-            grouped: Only chunks in one of the audit's near-duplicate groups: planted *sets*.
-                A flagged chunk with no near-duplicate is as often the honest passage a planted
-                set sits next to (its victim) as a planted one, and is left to the per-query
-                defense; ``False`` quarantines it too.
+            grouped: Only chunks in one of the audit's near-duplicate groups (planted *sets*)
+                or from a source the audit condemned (``stats["suspect_sources"]``: an upload
+                or site most of whose chunks look planted). Any other flagged chunk is as often
+                the honest passage a planted set sits next to (its victim) as a planted one, and
+                is left to the per-query defense; ``False`` quarantines it too.
 
         Raises:
             ValueError: The report cannot be read or is not an audit's.
         """
         from .registry import defense as front_door
 
-        findings = _findings(report)
+        findings, condemned = _findings(report)
         chosen = [
             f
             for f in findings
             if (bool(f.get("suspicious")) if min_score is None else f.get("score", 0) >= min_score)
-            and (not grouped or int((f.get("group") or {}).get("size", 0)) >= 2)
+            and (
+                not grouped
+                or int((f.get("group") or {}).get("size", 0)) >= 2
+                or f.get("source") in condemned
+            )
         ]
         reasons: dict[str, str] = {}
         for f in chosen:
