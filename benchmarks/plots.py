@@ -218,12 +218,14 @@ def benign_percent(cell: Any) -> float | None:
 
 def audit_recall(rows: Rows) -> Figure | None:
     """Recall of planted chunks against benign chunks flagged (audit.json), one point per
-    (run, scoring); a marker per run, a colour per scoring."""
+    (run, scoring, planted-source layout); a marker per run, a colour per scoring and layout."""
     points: list[tuple[str, str, float, float]] = []
     for r in rows:
         x, y = benign_percent(r.get("benign flagged")), _num(r, "recall")
         if x is not None and y is not None:
-            points.append((str(r.get("run")), str(r.get("scoring")), x, y))
+            sources = r.get("sources", "none")
+            scoring = str(r.get("scoring")) + ("" if sources == "none" else f", sources: {sources}")
+            points.append((str(r.get("run")), scoring, x, y))
     if not points:
         return None
     runs = list(dict.fromkeys(p[0] for p in points))

@@ -4,12 +4,16 @@ defense with and without the audit's :class:`~ragdefense.Quarantine`.
 
 Corpus: the audit benchmark's (every benign passage of the shared data, duplicates dropped)
 with 5, 10, 20 or 30 passages planted per target question (40 targets, ten from each of
-RealtimeQA, NQ, MS MARCO and HotpotQA; the attack families in turn), no provenance. Each target
-question is asked as the one line asks it, k = 5: the defense's pool by MiniLM similarity from
-the whole corpus (2k, at least 8), widened twice over while the defense keeps fewer than k, and
-the context is the top k it keeps. The audit runs twice with its shipped score: with probes
+RealtimeQA, NQ, MS MARCO and HotpotQA; the attack families in turn), no provenance at query
+time. Each target question is asked as the one line asks it, k = 5: the defense's pool by
+MiniLM similarity from the whole corpus (2k, at least 8), widened twice over while the defense
+keeps fewer than k, and the context is the top k it keeps. The audit runs with its shipped
+score: with probes
 derived from the corpus (never the target questions), and with the target questions as its
-query log (the users asked them: that is why they were attacked); nothing here was tuned.
+query log (the users asked them: that is why they were attacked); and, derived probes again,
+over the chunks with sources in their metadata (the benign chunks' own; the planted ones from 5
+attacker sites, or from a site per target: the audit benchmark's layouts); nothing here was
+tuned.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from .audit import audit_corpus
 __all__ = ["COUNTS", "quarantine_table"]
 
 COUNTS = (5, 10, 20, 30)
+#: the planted-source layouts an audit with sources is run on (the benign chunks keep theirs)
+SOURCE_LAYOUTS = ("5 attacker sites", "a site per target")
 K = 5
 
 
@@ -72,6 +78,14 @@ def quarantine_table(
             queries=kb.questions,
             workdir=Path(workdir or tmp) / "q",
         )
+        sourced = {  # the chunks' sources in their metadata (the audit benchmark's layouts)
+            layout: audit(
+                kb.corpus(vectors, layout),
+                embedder=emb,
+                workdir=Path(workdir or tmp) / f"s{n}",
+            )
+            for n, layout in enumerate(SOURCE_LAYOUTS)
+        }
     flagged = {f.id for f in report.suspicious}
     flagged_logged = {f.id for f in logged.suspicious}
     planted = set(kb.planted)
@@ -89,6 +103,12 @@ def quarantine_table(
         "default + quarantine (audit with the query log, every flagged chunk)": (
             Quarantine.from_report(logged, defense("consensus", embedder=emb), grouped=False)
         ),
+        **{
+            f"default + quarantine (audit with sources: {layout})": Quarantine.from_report(
+                found, defense("consensus", embedder=emb)
+            )
+            for layout, found in sourced.items()
+        },
         "strict": defense("strict", embedder=emb),
     }
     cells: dict[tuple[str, str], list[tuple[float, bool]]] = {}
@@ -131,7 +151,12 @@ def quarantine_table(
         f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}); "
         f"with the target questions as its query log, {len(flagged_logged & planted)} planted "
         f"and {len(flagged_logged - planted)} benign "
-        f"({len(flagged_logged - planted) / benign:.2%}).",
+        f"({len(flagged_logged - planted) / benign:.2%}); with sources, "
+        + "; ".join(
+            f"{layout}: {len(ids & planted)} planted and {len(ids - planted)} benign"
+            for layout, ids in ((k, {f.id for f in r.suspicious}) for k, r in sourced.items())
+        )
+        + ".",
         "",
         f"Per target question, the one line's pool and rounds, context {K}; cells: poison share "
         "of the context / share of questions whose context holds a correct answer (tuning "
