@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import ragdefense
-from ragdefense import CallableEmbedder
+from ragdefense import CallableEmbedder, Quarantine
 from ragdefense.auditing import (
     AuditSettings,
     FileCorpus,
@@ -543,6 +543,9 @@ def test_audit_settings_are_checked_when_made() -> None:
     for wide in (-1, 5, 10):  # off, or a list longer than the groups' own
         with pytest.raises(ValueError, match="wide_neighbours must be 0"):
             AuditSettings(wide_neighbours=wide)
+    for key in ("", "  ", 3):
+        with pytest.raises(ValueError, match="source_key must be a metadata key"):
+            AuditSettings(source_key=key)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="top_m"):
         audit(["a b c"], AuditSettings(), top_m=1)  # an override is checked as well
     assert ragdefense.AuditSettings is AuditSettings
@@ -561,7 +564,7 @@ def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_
     assert manifests[0]["params"] == manifests[1]["params"]
     assert list(manifests[0]["params"]) == [
         "knowledge_base", "defenses", "top_m", "max_probes", "neighbours", "wide_neighbours",
-        "part_size", "queries", "embedder", "index", "source_key",
+        "part_size", "queries", "embedder", "index",
     ]  # fmt: skip
     assert manifests[0]["params"]["part_size"] == 32
     overridden = audit(
@@ -593,8 +596,8 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with kb.open("w") as f:
         for q in load_demo_kb():
             for i, t in enumerate(q.benign + q.poison):
-                f.write(json.dumps({"id": f"{q.id}-{i}", "text": t, "url": f"https://{q.id}.org"})
-                        + "\n")  # fmt: skip
+                record = {"id": f"{q.id}-{i}", "text": t, "url": f"https://{q.id}.org"}
+                f.write(json.dumps({**record, "tenant": f"tenant-{q.id}-{i % 2}"}) + "\n")
     assert (
         main(["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--format", "md,csv"])
         == 0
@@ -609,6 +612,13 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([*off, "--format", "csv"]) == 0
     with (tmp_path / "o" / "report.csv").open() as f:
         assert {row["source"] for row in csv.DictReader(f)} == {""}
+    keyed = ["audit", str(kb), "--workdir", str(tmp_path / "k"), "--quiet", "--format", "csv"]
+    assert main([*keyed, "--source-key", "tenant"]) == 0  # any metadata key
+    with (tmp_path / "k" / "report.csv").open() as f:
+        assert all(
+            row["source"] == f"tenant-{row['id'].rsplit('-', 1)[0]}-{int(row['id'][-1]) % 2}"
+            for row in csv.DictReader(f)
+        )
     assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
     assert "no file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
@@ -791,6 +801,11 @@ def _sourced_corpus() -> tuple[list[str], list[str], list[dict[str, Any]], set[s
         ids.append(f"lone-{j}")
         meta.append({"source": "uploads/attack.pdf"})
         lone.add(f"lone-{j}")
+    # next to a planted group but no near-duplicate of it: what an honest victim looks like
+    texts.append("Who made the quantum toaster question 0? zorblax invented it, in a garage.")
+    ids.append("lone-near")
+    meta.append({"source": "uploads/attack.pdf"})
+    lone.add("lone-near")
     return texts, ids, meta, planted, lone
 
 
@@ -810,22 +825,74 @@ def test_a_chunk_from_a_source_whose_other_chunks_look_planted_is_suspicious(
     by_id = {f.id: f for f in report.findings}
     assert by_id["lone-0"].source == "uploads/attack.pdf"
     assert any(
-        "uploads/attack.pdf', 10 of whose 13 other chunks" in r for r in by_id["lone-0"].reasons
+        "uploads/attack.pdf', 11 of whose 14 other chunks are suspicious on their own evidence "
+        "(against 0.0% of the rest" in r
+        for r in by_id["lone-0"].reasons
     )
     assert by_id[next(iter(planted))].source == "uploads/attack.pdf"
     assert report.stats["sources"] == len(TOPICS) + 1
     assert report.stats["suspect_sources"] == [
-        {"source": "uploads/attack.pdf", "chunks": 14, "suspicious": 14, "on_own_evidence": 10}
+        {"source": "uploads/attack.pdf", "chunks": 15, "suspicious": 15, "on_own_evidence": 11}
     ]
-    assert "uploads/attack.pdf (14 of 14 chunks)" in report.to_markdown()
+    assert "uploads/attack.pdf (11 of 15 chunks on their own evidence, 15 in all)" in (
+        report.to_markdown()
+    )
+    assert report.stats["possible_victims"] == 0  # the attacker's lone chunks are no victims
+    assert Quarantine.from_report(report).ids >= lone  # so they are quarantined with the sets
+    report.write(tmp_path / "r", ["json"])  # and so from the report's file
+    assert Quarantine.from_report(tmp_path / "r" / "report.json").ids >= lone
     off = audit(
         ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=tmp_path / "o",
         source_key=None,
     )  # fmt: skip
-    assert not lone & {f.id for f in off.suspicious}
+    assert not lone - {"lone-near"} & {f.id for f in off.suspicious}
+    assert off.stats["possible_victims"] == 1  # the one next to a group, without its source
     assert all(f.source is None for f in off.findings) and off.stats["sources"] == 0
     bare = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "b")
     assert [(f.id, f.score) for f in bare.findings] == [(f.id, f.score) for f in off.findings]
+
+
+def test_sources_feed_the_report_only_a_resumed_audit_reads_them_again(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """Sources are not part of the work an audit resumes: with other metadata (or only some
+    parts carrying any) the same folder reports the sources given now, nothing recomputed."""
+    texts, ids, meta, planted, lone = _sourced_corpus()
+    calls: list[int] = []
+
+    def counting(batch: list[str]) -> np.ndarray:
+        calls.append(len(batch))
+        return bag_of_words(batch)
+
+    embedder = CallableEmbedder(counting)
+    work = tmp_path / "w"
+    first = audit(ListCorpus(texts, ids, metadata=meta), embedder=embedder, workdir=work,
+                  part_size=16)  # fmt: skip
+    done = len(calls)
+    # only the attacker's chunks say where they come from, under another key
+    moved = [{"upload": "batch-7"} if "source" in m else {} for m in meta]
+    again = audit(ListCorpus(texts, ids, metadata=moved), embedder=embedder, workdir=work,
+                  part_size=16, source_key="upload")  # fmt: skip
+    assert len(calls) == done  # nothing embedded again
+    assert {f.id for f in again.suspicious} >= planted | lone
+    assert again.stats["sources"] == 1 and {f.source for f in again.findings} == {"batch-7", None}
+    assert {f.source for f in first.findings} > {"uploads/attack.pdf"}
+    bare = audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=16)
+    assert len(calls) == done and bare.stats["sources"] == 0
+
+
+def test_a_source_is_condemned_when_one_chunk_is_suspicious_on_the_others_evidence() -> None:
+    """A source whose chunks are all suspicious is condemned as one with a clean chunk is:
+    by the evidence of the others on one of them; one or two suspicious chunks never do."""
+    from ragdefense.auditing.evidence import SourceTally
+
+    size = np.array([5, 5, 2, 3, 1, 100])
+    bad = np.array([5, 3, 2, 3, 1, 0])
+    tally = SourceTally(size, bad, np.zeros(6))
+    assert tally.condemned(0.5).tolist() == [True, True, False, True, False, False]
+    assert not tally.condemned(0).any()  # source evidence off
+    # where 30% of the rest is suspicious, only the wholly suspicious source stands out
+    assert SourceTally(size, bad, np.full(6, 0.3)).condemned(0.5).tolist() == [True] + [False] * 5
 
 
 def test_source_support_is_a_sources_suspicious_share_above_the_rest() -> None:
@@ -868,12 +935,17 @@ def test_sources_are_read_from_files_as_the_defenses_read_them(tmp_path: Path) -
         {"id": "a", "text": "one", "url": "https://www.who.int/news/1"},
         {"id": "b", "text": "two", "metadata": {"source": "uploads/q3.pdf"}, "url": "x"},
         {"id": "c", "text": "three"},
+        {"id": "d", "text": "four", "metadata": '{"file_path": "notes.md"}'},  # as exported
+        {"id": "e", "text": "five", "metadata": "not JSON"},
     ]
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     batch = next(FileCorpus(path).batches(10))
     assert batch.metadata == [
-        {"url": "https://www.who.int/news/1"}, {"url": "x", "source": "uploads/q3.pdf"}, {}
+        {"url": "https://www.who.int/news/1"}, {"url": "x", "source": "uploads/q3.pdf"}, {},
+        {"file_path": "notes.md"}, {},
     ]  # fmt: skip
     from ragdefense.provenance import metadata_source
 
-    assert [metadata_source(m) for m in batch.metadata] == ["who.int", "uploads/q3.pdf", None]
+    assert [metadata_source(m) for m in batch.metadata] == [
+        "who.int", "uploads/q3.pdf", None, "notes.md", None
+    ]  # fmt: skip

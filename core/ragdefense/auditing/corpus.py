@@ -44,7 +44,7 @@ class Batch:
     texts: list[str]
     titles: list[str]
     vectors: np.ndarray | None = None
-    metadata: list[Mapping[str, Any] | None] | None = None
+    metadata: Sequence[Mapping[str, Any] | None] | None = None
 
     def __post_init__(self) -> None:
         n = len(self.ids)
@@ -208,8 +208,14 @@ _OWN_FIELDS = frozenset({"id", "text", "title", "embedding", "metadata"})
 
 
 def _metadata(record: dict[str, Any]) -> dict[str, Any]:
-    """A record's metadata: its other fields, and those of its ``metadata`` object (which win)."""
+    """A record's metadata: its other fields, and those of its ``metadata`` object (which win;
+    an object written as a JSON string, as Parquet exports often hold it, is read too)."""
     nested = record.get("metadata")
+    if isinstance(nested, str):
+        try:
+            nested = json.loads(nested)
+        except json.JSONDecodeError:
+            nested = None
     extra = {k: v for k, v in record.items() if k not in _OWN_FIELDS}
     return {**extra, **nested} if isinstance(nested, Mapping) else extra
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 
 from .steps import merged_hits
-from .workdir import Workdir, part_name, part_texts
+from .workdir import Workdir, part_name
 
 __all__ = [
     "Evidence",
@@ -27,6 +27,7 @@ __all__ = [
     "read_sources",
     "reasons",
     "score",
+    "scored",
     "source_support",
     "source_tally",
     "support_of",
@@ -67,9 +68,9 @@ class Scoring:
     the few sources an attacker controls (an upload, a site), so a chunk whose source's *other*
     chunks are mostly suspicious on their own evidence is suspicious too, whatever its wording.
     The support (:func:`support_of`) is the share ``suspicious others / (others + 2)`` (the 2:
-    a lone or paired chunk never condemns its neighbour) above the suspicious share of the rest
-    of the knowledge base (where most chunks look suspicious, a source that does proves
-    nothing), relative to ``source_threshold``. A source whose other chunks are mostly missed
+    at the shipped threshold one suspicious chunk never condemns another of its source; two of
+    three can) above the suspicious share of the rest of the knowledge base (where most chunks
+    look suspicious, a source that does proves nothing), relative to ``source_threshold``. A source whose other chunks are mostly missed
     gives no such evidence, nor does a source shared with many honest documents.
 
     Attributes:
@@ -147,16 +148,16 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
 
 def read_sources(wd: Workdir, chunk_parts: int) -> tuple[np.ndarray | None, list[str]]:
     """Per chunk position: its source as a number into the returned names (``-1``: none);
-    ``(None, [])`` when no chunk has one."""
+    ``(None, [])`` when no chunk has one. Reads the parts' small source files only."""
+    if not wd.noted("sourced"):
+        return None, []
     numbers: dict[str, int] = {}
     codes = []
-    for part in range(chunk_parts):
-        data = part_texts(wd, part)
-        found = data.get("sources") or [""] * len(data["ids"])
+    for part, size in enumerate(wd.noted("part_sizes")[:chunk_parts]):
+        name = f"{part_name('chunks', part)}.sources.json"
+        found = wd.read_json(name) if wd.has(name) else [""] * size
         part_codes = [numbers.setdefault(s, len(numbers)) if s else -1 for s in found]
         codes.append(np.asarray(part_codes, dtype=np.int64))
-    if not numbers:
-        return None, []
     return np.concatenate(codes), list(numbers)
 
 
@@ -354,12 +355,22 @@ def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     """Per position: ``(1 - w) x isolation + w x flag rate`` (the share of the probes that
     retrieved the chunk on which ``primary`` removed it), ``w = scoring.probe_weight``; or the
     source support, where it is further past its own threshold."""
-    own = own_score(evidence, primary, scoring)
-    support = source_support(evidence, own >= scoring.threshold)
-    if support is None or scoring.source_threshold <= 0:
-        return own
-    out: np.ndarray = np.maximum(own, support * scoring.threshold / scoring.source_threshold)
-    return out
+    return scored(evidence, primary, scoring)[0]
+
+
+def scored(
+    evidence: Evidence, primary: str, scoring: Scoring
+) -> tuple[np.ndarray, np.ndarray, SourceTally | None]:
+    """:func:`score`, whether each position is suspicious on its own evidence, and the
+    :class:`SourceTally` of that (``None`` without sources)."""
+    own_values = own_score(evidence, primary, scoring)
+    own = own_values >= scoring.threshold
+    tally = source_tally(evidence, own)
+    if tally is None or evidence.source is None or scoring.source_threshold <= 0:
+        return own_values, own, tally
+    support = tally.support(evidence.source, own)
+    out = np.maximum(own_values, support * scoring.threshold / scoring.source_threshold)
+    return out, own, tally
 
 
 def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
@@ -379,17 +390,35 @@ SOURCE_PRIOR = 2
 @dataclass(frozen=True)
 class SourceTally:
     """Per source number: its chunks, how many of them are suspicious on their own evidence,
-    and the suspicious share of the chunks of every other source (1 when there is none)."""
+    and the suspicious share of every chunk not from it, with a source or without (1 when
+    there is none)."""
 
     size: np.ndarray
     bad: np.ndarray
     rest: np.ndarray
 
+    def others(
+        self, source: np.ndarray, suspicious: np.ndarray
+    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """For chunks of the sources ``source`` (numbers, or -1: none), each ``suspicious``
+        on its own or not: the suspicious among the other chunks of its source, the number of
+        those others, and its source's ``rest`` (0, 0 and 1 without a source)."""
+        known = source >= 0
+        at = np.where(known, source, 0)
+        bad = np.where(known, self.bad[at] - suspicious, 0)
+        others = np.where(known, self.size[at] - 1, 0)
+        return bad, others, np.where(known, self.rest[at], 1.0)
+
+    def support(self, source: np.ndarray, suspicious: np.ndarray) -> np.ndarray:
+        """:func:`support_of` each chunk's source (0 without a source)."""
+        out: np.ndarray = support_of(*self.others(source, suspicious))
+        return out
+
     def condemned(self, threshold: float) -> np.ndarray:
         """Per source: whether one of its chunks is suspicious on the others' evidence alone
         (a chunk that is not suspicious on its own, where it has one)."""
-        clean = (self.bad < self.size).astype(np.int64)
-        found: np.ndarray = support_of(self.bad - 1 + clean, self.size - 1, self.rest) >= threshold
+        every = np.arange(len(self.size))
+        found: np.ndarray = self.support(every, self.bad == self.size) >= threshold
         return found & (threshold > 0)
 
 
@@ -412,8 +441,8 @@ def source_tally(evidence: Evidence, suspicious: np.ndarray) -> SourceTally | No
 def support_of(bad: Any, others: Any, rest: Any) -> Any:
     """How much more suspicious a chunk's source is than the rest of the knowledge base:
     ``share = bad / (others + SOURCE_PRIOR)`` (``bad`` of the source's ``others`` other chunks
-    suspicious), chance-corrected by ``rest``, the suspicious share of the chunks of every other
-    source: ``(share - rest) / (1 - rest)``, at least 0 (elementwise on arrays)."""
+    suspicious), chance-corrected by ``rest``, the suspicious share of the chunks not from
+    that source: ``(share - rest) / (1 - rest)``, at least 0 (elementwise on arrays)."""
     share = np.asarray(bad) / (np.asarray(others) + SOURCE_PRIOR)
     rest = np.asarray(rest, dtype=np.float64)
     room = np.where(rest < 1, 1 - rest, 1.0)
@@ -421,18 +450,12 @@ def support_of(bad: Any, others: Any, rest: Any) -> Any:
 
 
 def source_support(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray | None:
-    """Per position: :func:`support_of` its source (0 without a source); ``None`` when no
-    chunk has a source."""
+    """Per position: :func:`support_of` its source (0 without a source), ``suspicious`` per
+    position on its own evidence; ``None`` when no chunk has a source."""
     tally = source_tally(evidence, suspicious)
     if tally is None or evidence.source is None:
         return None
-    known = evidence.source >= 0
-    mine = evidence.source[known]
-    out: np.ndarray = np.zeros(len(evidence.source))
-    out[known] = support_of(
-        tally.bad[mine] - suspicious[known], tally.size[mine] - 1, tally.rest[mine]
-    )
-    return out
+    return tally.support(evidence.source, suspicious)
 
 
 def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:

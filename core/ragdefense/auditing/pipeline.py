@@ -35,10 +35,8 @@ from .evidence import (
     SourceTally,
     assess,
     flag_examples,
-    own_score,
     reasons,
-    score,
-    source_tally,
+    scored,
     targeted,
 )
 from .probes import derive_probes
@@ -214,7 +212,6 @@ def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> t
             "queries": None if queries is None else len(queries),
             "embedder": None if embedder is None else repr(type(embedder)),
             "index": settings.index,
-            "source_key": settings.source_key,
         },
         fresh=options.fresh,
     )
@@ -256,10 +253,9 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     return n_shards, kind
 
 
-def _digest(ids: Sequence[str], texts: Sequence[str], sources: Sequence[str] | None) -> str:
-    """A part's identity: a hash of its ids, texts and (when known) sources."""
-    parts = [*ids, *texts, *(sources or [])]
-    return hashlib.sha256("\0".join(parts).encode("utf-8")).hexdigest()[:32]
+def _digest(ids: Sequence[str], texts: Sequence[str]) -> str:
+    """A part's identity: a hash of its ids and texts."""
+    return hashlib.sha256("\0".join([*ids, *texts]).encode("utf-8")).hexdigest()[:32]
 
 
 def _sources(batch: Batch, source_key: str | None) -> list[str] | None:
@@ -273,27 +269,35 @@ def _sources(batch: Batch, source_key: str | None) -> list[str] | None:
 def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) -> list[int]:
     """Write the corpus as parts (skipping parts already written); the part sizes. Every part
     already in the folder must hold what the knowledge base holds now: an audit resumed on a
-    changed knowledge base (the same size, other texts or sources) is refused, never silently
-    mixed."""
+    changed knowledge base (the same size, other texts) is refused, never silently mixed. The
+    chunks' sources feed the report only: they are written again on every run (a resumed audit
+    reports the sources the metadata and ``source_key`` give now)."""
     known = wd.noted("part_digests")
-    sizes, digests = [], []
+    sizes, digests, sourced = [], [], False
     for part, batch in enumerate(corpus.batches(part_size)):
         name = part_name("chunks", part)
-        sources = _sources(batch, source_key)
-        digest = _digest(batch.ids, batch.texts, sources)
+        digest = _digest(batch.ids, batch.texts)
         if wd.has(f"{name}.json"):
             written = part_texts(wd, part)
-            if _digest(written["ids"], written["texts"], written.get("sources")) != digest:
+            if _digest(written["ids"], written["texts"]) != digest:
                 raise ValueError(_changed(wd, part))
         else:
             if known is not None:  # the knowledge base grew since the audit read it
                 raise ValueError(_changed(wd, part))
             if batch.vectors is not None:
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
-            data = {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
-            wd.write_json(f"{name}.json", data if sources is None else {**data, "sources": sources})
+            wd.write_json(
+                f"{name}.json", {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
+            )
+        sources = _sources(batch, source_key)
+        if sources is not None:
+            wd.write_json(f"{name}.sources.json", sources)
+        elif wd.has(f"{name}.sources.json"):
+            (wd.path / f"{name}.sources.json").unlink()
+        sourced = sourced or sources is not None
         sizes.append(len(batch.ids))
         digests.append(digest)
+    wd.note("sourced", sourced)
     if not sizes:
         raise ValueError("the knowledge base is empty")
     if known is not None and known != digests:
@@ -377,13 +381,22 @@ def _source_of(
     evidence: Evidence, tally: SourceTally | None, own: np.ndarray, i: int
 ) -> tuple[str, int, int, float] | None:
     """Position ``i``'s source, the suspicious among the source's other chunks (on their own
-    evidence), the number of those others, and the suspicious share of the chunks of every
-    other source; ``None`` without a source."""
+    evidence), the number of those others, and the rest's suspicious share; ``None`` without
+    a source."""
     if tally is None or evidence.source is None or evidence.source[i] < 0:
         return None
-    c = int(evidence.source[i])
-    others = int(tally.size[c]) - 1
-    return evidence.source_names[c], int(tally.bad[c]) - int(own[i]), others, float(tally.rest[c])
+    bad, others, rest = tally.others(evidence.source[i : i + 1], own[i : i + 1])
+    name = evidence.source_names[int(evidence.source[i])]
+    return name, int(bad[0]), int(others[0]), float(rest[0])
+
+
+def _condemned(evidence: Evidence, tally: SourceTally | None, scoring: Scoring) -> np.ndarray:
+    """Per position: whether its source is condemned (:meth:`SourceTally.condemned`)."""
+    if tally is None or evidence.source is None:
+        return np.zeros(len(evidence.retrieved), dtype=bool)
+    bad = tally.condemned(scoring.source_threshold)
+    out: np.ndarray = (evidence.source >= 0) & bad[np.maximum(evidence.source, 0)]
+    return out
 
 
 def _suspect_sources(
@@ -411,11 +424,15 @@ def _report(
     wd: Workdir, sizes: list[int], names: list[str], scoring: Scoring, report_top: int
 ) -> AuditReport:
     evidence = assess(wd, names, scoring)
-    scores = score(evidence, names[0], scoring)
-    own = own_score(evidence, names[0], scoring) >= scoring.threshold
-    tally = source_tally(evidence, own)
+    scores, own, tally = scored(evidence, names[0], scoring)
     suspicious = int((scores >= scoring.threshold).sum())
-    victims = targeted(evidence, scores >= scoring.threshold)
+    condemned = _condemned(evidence, tally, scoring)
+    # a chunk of a condemned source is the attacker's, not an honest victim of its groups
+    victims = {
+        i: group
+        for i, group in targeted(evidence, scores >= scoring.threshold).items()
+        if not condemned[i]
+    }
     # the report lists every suspicious chunk and at least the `report_top` highest scores
     chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))

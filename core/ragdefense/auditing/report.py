@@ -105,13 +105,13 @@ class AuditReport:
         suspect = s.get("suspect_sources") or []
         if suspect:
             named = ", ".join(
-                f"{_shown(str(r['source']))} ({r['suspicious']} of {r['chunks']} chunks)"
+                f"{_shown(str(r['source']))} ({r['on_own_evidence']} of {r['chunks']} chunks on "
+                f"their own evidence, {r['suspicious']} in all)"
                 for r in suspect[:10]
             )
             more = f" and {len(suspect) - 10} more" if len(suspect) > 10 else ""
             lines += [
-                "Sources most of whose chunks are suspicious on their own evidence (their other "
-                f"chunks are suspicious too): {named}{more}.",
+                f"Sources condemned by their chunks (most look planted): {named}{more}.",
                 "",
             ]
         lines += [

@@ -62,7 +62,9 @@ class AuditSettings:
             raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
         if self.wide_neighbours < 0 or 0 < self.wide_neighbours <= self.neighbours:
             raise ValueError("wide_neighbours must be 0 (off) or more than neighbours")
-        if self.source_key is not None and not isinstance(self.source_key, str):
+        if self.source_key is not None and not (
+            isinstance(self.source_key, str) and self.source_key.strip()
+        ):
             raise ValueError("source_key must be a metadata key, 'auto' or None")
         if not self.defenses:
             raise ValueError("give at least one defense")

@@ -206,8 +206,7 @@ def _part_texts(path: str, version: tuple[int, int, int]) -> dict[str, list[str]
 
 
 def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
-    """The ids, texts and titles of chunk part ``part`` (and ``sources`` where a chunk of it
-    has one)."""
+    """The ids, texts and titles of chunk part ``part``."""
     path = workdir.path / f"{part_name('chunks', part)}.json"
     stat = path.stat()
     return _part_texts(str(path), (stat.st_ino, stat.st_size, stat.st_mtime_ns))

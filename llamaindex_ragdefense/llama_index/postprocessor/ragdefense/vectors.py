@@ -20,7 +20,14 @@ from llama_index.core.vector_stores.utils import metadata_dict_to_node
 from ragdefense.auditing import Batch
 from ragdefense.integration import vectors as core_vectors
 
-__all__ = ["IndexCorpus", "index_corpus", "index_nodes", "store_kind", "stored_vectors"]
+__all__ = [
+    "IndexCorpus",
+    "index_corpus",
+    "index_nodes",
+    "store_kind",
+    "stored_vectors",
+    "with_document",
+]
 
 
 def stored_vectors(store: Any, node_ids: Sequence[str]) -> list[Any | None]:
