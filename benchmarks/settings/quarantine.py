@@ -12,7 +12,8 @@ score: with probes
 derived from the corpus (never the target questions), and with the target questions as its
 query log (the users asked them: that is why they were attacked); and, derived probes again,
 over the chunks with sources in their metadata (the benign chunks' own; the planted ones from 5
-attacker sites, or from a site per target: the audit benchmark's layouts); nothing here was
+attacker sites, from a site per target, or each on an honest chunk's site, where a condemned
+source would take honest chunks with it: the audit benchmark's layouts); nothing here was
 tuned.
 """
 
@@ -37,7 +38,7 @@ __all__ = ["COUNTS", "quarantine_table"]
 
 COUNTS = (5, 10, 20, 30)
 #: the planted-source layouts an audit with sources is run on (the benign chunks keep theirs)
-SOURCE_LAYOUTS = ("5 attacker sites", "a site per target")
+SOURCE_LAYOUTS = ("5 attacker sites", "a site per target", "in honest sites")
 K = 5
 
 
