@@ -70,8 +70,9 @@ class Scoring:
     The support (:func:`support_of`) is the share ``suspicious others / (others + 2)`` (the 2:
     at the shipped threshold one suspicious chunk never condemns another of its source; two of
     three can) above the suspicious share of the rest of the knowledge base (where most chunks
-    look suspicious, a source that does proves nothing), relative to ``source_threshold``. A source whose other chunks are mostly missed
-    gives no such evidence, nor does a source shared with many honest documents.
+    look suspicious, a source that does proves nothing), relative to ``source_threshold``. A
+    source whose other chunks are mostly missed gives no such evidence, nor does a source
+    shared with many honest documents.
 
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
