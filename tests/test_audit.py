@@ -884,7 +884,7 @@ def test_sources_feed_the_report_only_a_resumed_audit_reads_them_again(
 def test_a_source_is_condemned_when_one_chunk_is_suspicious_on_the_others_evidence() -> None:
     """A source whose chunks are all suspicious is condemned as one with a clean chunk is:
     by the evidence of the others on one of them; one or two suspicious chunks never do."""
-    from ragdefense.auditing.evidence import SourceTally
+    from ragdefense.auditing.sources import SourceTally
 
     size = np.array([5, 5, 2, 3, 1, 100])
     bad = np.array([5, 3, 2, 3, 1, 0])
@@ -900,7 +900,8 @@ def test_source_support_is_a_sources_suspicious_share_above_the_rest() -> None:
     honest ones counted: a lone or paired chunk never condemns its neighbour) above the
     suspicious share of every other source's chunks; where most chunks look suspicious, a source
     that does proves nothing."""
-    from ragdefense.auditing.evidence import Evidence, source_support
+    from ragdefense.auditing.evidence import Evidence
+    from ragdefense.auditing.sources import source_support
 
     def support(source: list[int], suspicious: list[bool]) -> list[float]:
         n = len(source)

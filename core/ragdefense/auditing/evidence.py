@@ -5,33 +5,29 @@ that ranks them. Streams over the part files; memory grows with the number of ch
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
+from .records import counts
+from .sources import SourceTally, read_sources, source_reason, source_tally
 from .steps import merged_hits
-from .workdir import Workdir, part_name
+from .workdir import Workdir
 
 __all__ = [
     "Evidence",
     "Scoring",
-    "SourceTally",
     "assess",
     "closest_queries",
     "find_groups",
-    "flag_examples",
     "isolation",
     "own_score",
-    "read_sources",
     "reasons",
     "score",
     "scored",
-    "source_support",
-    "source_tally",
-    "support_of",
     "targeted",
+    "victim_reason",
 ]
 
 
@@ -131,7 +127,7 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     """All the evidence in a finished audit's folder (its sizes, shards and neighbours as the
     manifest records them)."""
     sizes = wd.noted("part_sizes")
-    retrieved, flagged = _counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
+    retrieved, flagged = counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
     params = wd.read_json("manifest.json")["params"]
     group_of, groups, isolated, wide, near, nearest = find_groups(
         wd, len(sizes), wd.noted("shards"), params["neighbours"], scoring,
@@ -145,21 +141,6 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
         retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe,
         source, names,
     )  # fmt: skip
-
-
-def read_sources(wd: Workdir, chunk_parts: int) -> tuple[np.ndarray | None, list[str]]:
-    """Per chunk position: its source as a number into the returned names (``-1``: none);
-    ``(None, [])`` when no chunk has one. Reads the parts' small source files only."""
-    if not wd.noted("sourced"):
-        return None, []
-    numbers: dict[str, int] = {}
-    codes = []
-    for part, size in enumerate(wd.noted("part_sizes")[:chunk_parts]):
-        name = f"{part_name('chunks', part)}.sources.json"
-        found = wd.read_json(name) if wd.has(name) else [""] * size
-        part_codes = [numbers.setdefault(s, len(numbers)) if s else -1 for s in found]
-        codes.append(np.asarray(part_codes, dtype=np.int64))
-    return np.concatenate(codes), list(numbers)
 
 
 def closest_queries(
@@ -180,79 +161,6 @@ def closest_queries(
         which[at[won]] = row[won]
         start += len(positions)
     return best, which
-
-
-def _records(
-    wd: Workdir, probe_parts: int, n_chunks: int
-) -> Iterator[tuple[dict[str, Any], dict[str, str]]]:
-    """Each probe's record, with the probe texts of its part by id. A part that parses but does
-    not hold one well-formed record per probe (cut short, edited, another audit's) is refused
-    by name: counted as it is, it would quietly lower every chunk's evidence."""
-    for part in range(probe_parts):
-        probes = wd.read_json(f"{part_name('probes', part)}.json")
-        texts = dict(zip(probes["ids"], probes["texts"], strict=True))
-        name = f"{part_name('probed', part)}.json"
-        records = wd.read_json(name)
-        problem = _malformed(records, probes["ids"], n_chunks)
-        if problem:
-            raise ValueError(
-                f"{wd.path / name}: damaged ({problem}); run the audit again with fresh=True "
-                "(--fresh) to redo it"
-            )
-        yield from ((record, texts) for record in records)
-
-
-def _malformed(records: Any, probe_ids: list[str], n_chunks: int) -> str:
-    """What is wrong with a ``probed`` part ('' when nothing): one record per probe, in order,
-    each with chunk positions in range and, per defense, the removed positions among its hits."""
-    if not isinstance(records, list) or len(records) != len(probe_ids):
-        size = len(records) if isinstance(records, list) else type(records).__name__
-        return f"{size} records for {len(probe_ids)} probes"
-    for record, probe in zip(records, probe_ids, strict=True):
-        if not isinstance(record, dict) or record.get("probe") != probe:
-            return f"no record of probe {probe!r} in its place"
-        hits, flags = record.get("hits"), record.get("flags")
-        if not isinstance(hits, list) or not all(
-            type(h) is int and 0 <= h < n_chunks for h in hits
-        ):
-            return f"probe {probe!r}: hits are not chunk positions"
-        if not isinstance(flags, dict) or not all(
-            isinstance(removed, dict) and set(removed) <= {str(h) for h in hits}
-            for removed in flags.values()
-        ):
-            return f"probe {probe!r}: flags are not among its hits"
-    return ""
-
-
-def _counts(
-    wd: Workdir, n_chunks: int, probe_parts: int, defenses: list[str]
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """How often each chunk was retrieved, and removed by each defense."""
-    retrieved = np.zeros(n_chunks, dtype=np.int64)
-    flagged = {d: np.zeros(n_chunks, dtype=np.int64) for d in defenses}
-    for record, _ in _records(wd, probe_parts, n_chunks):
-        np.add.at(retrieved, np.asarray(record["hits"], dtype=np.int64), 1)
-        for defense, removed in record["flags"].items():
-            for position in removed:
-                flagged[defense][int(position)] += 1
-    return retrieved, flagged
-
-
-def flag_examples(
-    wd: Workdir, probe_parts: int, positions: set[int], most: int = 3
-) -> dict[int, list[dict[str, str]]]:
-    """Up to ``most`` probes that flagged each of ``positions``, with the defense's reason (a
-    second pass over the records, for the chunks a report lists: memory stays a few numbers per
-    chunk)."""
-    examples: dict[int, list[dict[str, str]]] = {}
-    for record, texts in _records(wd, probe_parts, sum(wd.noted("part_sizes"))):
-        for defense, removed in record["flags"].items():
-            for position, reason in removed.items():
-                i = int(position)
-                if i in positions and len(examples.setdefault(i, [])) < most:
-                    probe = texts.get(record["probe"], record["probe"])
-                    examples[i].append({"probe": probe, "defense": defense, "reason": reason})
-    return examples
 
 
 def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
@@ -352,6 +260,16 @@ def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
     return out
 
 
+def victim_reason(group: str | None) -> list[str]:
+    """Why a chunk :func:`targeted` names may be an honest victim (none when it is not)."""
+    if group is None:
+        return []
+    return [
+        f"in no near-duplicate group, next to group {group} (most of it suspicious): it may be "
+        "the honest passage that group targets; check it before removing it"
+    ]
+
+
 def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     """Per position: ``(1 - w) x isolation + w x flag rate`` (the share of the probes that
     retrieved the chunk on which ``primary`` removed it), ``w = scoring.probe_weight``; or the
@@ -382,81 +300,6 @@ def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     w = scoring.probe_weight
     out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
     return out
-
-
-#: unseen chunks counted, as not suspicious, with every source's others (see :class:`Scoring`)
-SOURCE_PRIOR = 2
-
-
-@dataclass(frozen=True)
-class SourceTally:
-    """Per source number: its chunks, how many of them are suspicious on their own evidence,
-    and the suspicious share of every chunk not from it, with a source or without (1 when
-    there is none)."""
-
-    size: np.ndarray
-    bad: np.ndarray
-    rest: np.ndarray
-
-    def others(
-        self, source: np.ndarray, suspicious: np.ndarray
-    ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """For chunks of the sources ``source`` (numbers, or -1: none), each ``suspicious``
-        on its own or not: the suspicious among the other chunks of its source, the number of
-        those others, and its source's ``rest`` (0, 0 and 1 without a source)."""
-        known = source >= 0
-        at = np.where(known, source, 0)
-        bad = np.where(known, self.bad[at] - suspicious, 0)
-        others = np.where(known, self.size[at] - 1, 0)
-        return bad, others, np.where(known, self.rest[at], 1.0)
-
-    def support(self, source: np.ndarray, suspicious: np.ndarray) -> np.ndarray:
-        """:func:`support_of` each chunk's source (0 without a source)."""
-        out: np.ndarray = support_of(*self.others(source, suspicious))
-        return out
-
-    def condemned(self, threshold: float) -> np.ndarray:
-        """Per source: whether one of its chunks is suspicious on the others' evidence alone
-        (a chunk that is not suspicious on its own, where it has one)."""
-        every = np.arange(len(self.size))
-        found: np.ndarray = self.support(every, self.bad == self.size) >= threshold
-        return found & (threshold > 0)
-
-
-def source_tally(evidence: Evidence, suspicious: np.ndarray) -> SourceTally | None:
-    """The :class:`SourceTally` of the knowledge base, ``suspicious`` per chunk position on its
-    own evidence; ``None`` when no chunk has a source."""
-    source = evidence.source
-    if source is None:
-        return None
-    known = source >= 0
-    size = np.bincount(source[known], minlength=len(evidence.source_names))
-    bad = np.bincount(source[known], weights=suspicious[known], minlength=len(size))
-    bad = bad.astype(np.int64)
-    outside = len(source) - size
-    n_bad = int(suspicious.sum())
-    rest = np.divide(n_bad - bad, outside, out=np.ones(len(size)), where=outside > 0)
-    return SourceTally(size, bad, rest)
-
-
-def support_of(bad: Any, others: Any, rest: Any) -> Any:
-    """How much more suspicious a chunk's source is than the rest of the knowledge base:
-    ``share = bad / (others + SOURCE_PRIOR)`` (``bad`` of the source's ``others`` other chunks
-    suspicious), chance-corrected by ``rest``, the suspicious share of the chunks not from
-    that source: ``(share - rest) / (1 - rest)``, at least 0 (elementwise on arrays)."""
-    share = np.asarray(bad) / (np.asarray(others) + SOURCE_PRIOR)
-    rest = np.asarray(rest, dtype=np.float64)
-    room = np.where(rest < 1, 1 - rest, 1.0)
-    return np.where(rest < 1, np.maximum(share - rest, 0.0) / room, 0.0)
-
-
-def source_support(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray | None:
-    """Per position: :func:`support_of` its source (0 without a source), ``suspicious`` per
-    position on its own evidence; ``None`` when no chunk has a source."""
-    tally = source_tally(evidence, suspicious)
-    if tally is None or evidence.source is None:
-        return None
-    return tally.support(evidence.source, suspicious)
 
 
 def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:
@@ -509,16 +352,7 @@ def reasons(
             "answers it; check which"
         )
     if source is not None:
-        name, bad, others, rest = source
-        support = float(support_of(bad, others, rest))
-        if scoring.source_threshold > 0 and support >= scoring.source_threshold:
-            why.append(
-                f"from source {name!r}, {bad} of whose {others} other chunks are suspicious on "
-                f"their own evidence (against {rest:.1%} of the rest of the knowledge base): "
-                "planted passages arrive together, from the sources an attacker controls"
-            )
-        else:
-            why.append(f"from source {name!r} ({bad} of its {others} other chunks suspicious)")
+        why.append(source_reason(source, scoring.source_threshold))
     if group is not None:
         why.append(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"

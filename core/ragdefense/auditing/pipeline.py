@@ -26,22 +26,14 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..provenance import metadata_source
-from .corpus import Batch, Corpus, as_corpus, fingerprint, read_queries
+from .corpus import Corpus, as_corpus, fingerprint, read_queries
 from .engines import Engine, LocalEngine, make_engine
-from .evidence import (
-    Evidence,
-    Scoring,
-    SourceTally,
-    assess,
-    flag_examples,
-    reasons,
-    scored,
-    targeted,
-)
+from .evidence import Scoring, assess, reasons, scored, targeted, victim_reason
 from .probes import derive_probes
+from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
 from .settings import AuditSettings
+from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
 from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
@@ -258,14 +250,6 @@ def _digest(ids: Sequence[str], texts: Sequence[str]) -> str:
     return hashlib.sha256("\0".join([*ids, *texts]).encode("utf-8")).hexdigest()[:32]
 
 
-def _sources(batch: Batch, source_key: str | None) -> list[str] | None:
-    """Each chunk's source (``""``: none), or ``None`` when no chunk of the batch has one."""
-    if batch.metadata is None or source_key is None:
-        return None
-    found = [metadata_source(m, source_key) or "" for m in batch.metadata]
-    return found if any(found) else None
-
-
 def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) -> list[int]:
     """Write the corpus as parts (skipping parts already written); the part sizes. Every part
     already in the folder must hold what the knowledge base holds now: an audit resumed on a
@@ -289,7 +273,7 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
             wd.write_json(
                 f"{name}.json", {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
             )
-        sources = _sources(batch, source_key)
+        sources = batch_sources(batch, source_key)
         if sources is not None:
             wd.write_json(f"{name}.sources.json", sources)
         elif wd.has(f"{name}.sources.json"):
@@ -351,98 +335,26 @@ def _probes(
     return parts
 
 
-def _victim(group: str | None) -> list[str]:
-    if group is None:
-        return []
-    return [
-        f"in no near-duplicate group, next to group {group} (most of it suspicious): it may be "
-        "the honest passage that group targets; check it before removing it"
-    ]
-
-
-def _closest_questions(
-    wd: Workdir, closest: np.ndarray | None, positions: Sequence[int]
-) -> dict[int, str]:
-    """The logged question closest to each of ``positions`` (those a question retrieved)."""
-    if closest is None:
-        return {}
-    wanted = {i: int(closest[i]) for i in positions if closest[i] >= 0}
-    texts: dict[int, str] = {}
-    start = 0
-    for part in range(wd.noted("probe_parts")):
-        data = wd.read_json(f"{part_name('probes', part)}.json")
-        end = start + len(data["texts"])
-        texts.update({q: data["texts"][q - start] for q in wanted.values() if start <= q < end})
-        start = end
-    return {i: texts[q] for i, q in wanted.items() if q in texts}
-
-
-def _source_of(
-    evidence: Evidence, tally: SourceTally | None, own: np.ndarray, i: int
-) -> tuple[str, int, int, float] | None:
-    """Position ``i``'s source, the suspicious among the source's other chunks (on their own
-    evidence), the number of those others, and the rest's suspicious share; ``None`` without
-    a source."""
-    if tally is None or evidence.source is None or evidence.source[i] < 0:
-        return None
-    bad, others, rest = tally.others(evidence.source[i : i + 1], own[i : i + 1])
-    name = evidence.source_names[int(evidence.source[i])]
-    return name, int(bad[0]), int(others[0]), float(rest[0])
-
-
-def _condemned(evidence: Evidence, tally: SourceTally | None, scoring: Scoring) -> np.ndarray:
-    """Per position: whether its source is condemned (:meth:`SourceTally.condemned`)."""
-    if tally is None or evidence.source is None:
-        return np.zeros(len(evidence.retrieved), dtype=bool)
-    bad = tally.condemned(scoring.source_threshold)
-    out: np.ndarray = (evidence.source >= 0) & bad[np.maximum(evidence.source, 0)]
-    return out
-
-
-def _suspect_sources(
-    evidence: Evidence, tally: SourceTally | None, suspicious: np.ndarray, scoring: Scoring
-) -> list[dict[str, Any]]:
-    """The sources one of whose chunks is suspicious on the others' evidence alone, most
-    chunks first: ``{source, chunks, suspicious, on_own_evidence}``."""
-    if tally is None or evidence.source is None:
-        return []
-    known = evidence.source >= 0
-    total = np.bincount(evidence.source[suspicious & known], minlength=len(tally.size))
-    rows = [
-        {
-            "source": evidence.source_names[c],
-            "chunks": int(tally.size[c]),
-            "suspicious": int(total[c]),
-            "on_own_evidence": int(tally.bad[c]),
-        }
-        for c in np.flatnonzero(tally.condemned(scoring.source_threshold))
-    ]
-    return sorted(rows, key=lambda r: (-r["chunks"], r["source"]))
-
-
 def _report(
     wd: Workdir, sizes: list[int], names: list[str], scoring: Scoring, report_top: int
 ) -> AuditReport:
     evidence = assess(wd, names, scoring)
     scores, own, tally = scored(evidence, names[0], scoring)
     suspicious = int((scores >= scoring.threshold).sum())
-    condemned = _condemned(evidence, tally, scoring)
     # a chunk of a condemned source is the attacker's, not an honest victim of its groups
-    victims = {
-        i: group
-        for i, group in targeted(evidence, scores >= scoring.threshold).items()
-        if not condemned[i]
-    }
+    condemned = condemned_positions(evidence, tally, scoring.source_threshold)
+    victims = targeted(evidence, scores >= scoring.threshold)
+    victims = {i: group for i, group in victims.items() if not condemned[i]}
     # the report lists every suspicious chunk and at least the `report_top` highest scores
     chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
-    asked = _closest_questions(wd, evidence.closest_probe, chosen)
+    asked = closest_questions(wd, evidence.closest_probe, chosen)
     starts = part_starts(sizes)
     findings = []
     for i in sorted(chosen):  # part by part
         part, offset = locate(starts, i)
         data = part_texts(wd, part)
-        source = _source_of(evidence, tally, own, i)
+        source = chunk_source(evidence, tally, own, i)
         findings.append(
             Finding(
                 id=data["ids"][offset],
@@ -450,7 +362,7 @@ def _report(
                 score=float(scores[i]),
                 suspicious=bool(scores[i] >= scoring.threshold),
                 reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
-                + _victim(victims.get(i)),
+                + victim_reason(victims.get(i)),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
@@ -473,6 +385,8 @@ def _report(
         else int((evidence.targeting >= scoring.target_threshold).sum()),
         "scoring": asdict(scoring),
         "sources": len(evidence.source_names),
-        "suspect_sources": _suspect_sources(evidence, tally, scores >= scoring.threshold, scoring),
+        "suspect_sources": suspect_sources(
+            evidence, tally, scores >= scoring.threshold, scoring.source_threshold
+        ),
     }
     return AuditReport(findings, scoring.threshold, stats)
