@@ -6,9 +6,12 @@ bundles' gold passages; duplicates dropped), with poison planted for 100 target 
 from each of RealtimeQA, NQ, MS MARCO, HotpotQA), the attack families of
 :mod:`ragdefense.attacks` in turn and 1, 3 or 5 passages per target. Probes are derived from the
 corpus (not the target questions); a second run gives the target questions as the query log.
-Each run is also made with sources in the chunks' metadata: the benign chunks' own (RealtimeQA's
-web results' links, counted per host; each gold passage of the other datasets a document of its
-own), the planted ones' in each of :data:`LAYOUTS`.
+Recall and benign chunks flagged are also shown by kind of data (:data:`KINDS`): web results,
+where several outlets report one story and a planted set sits among honest near-duplicates, and
+the bundles' gold passages, where the benign chunks are the very passages the planted ones
+contradict. Each run is also made with sources in the chunks' metadata: the benign chunks' own
+(RealtimeQA's web results' links, counted per host; each gold passage of the other datasets a
+document of its own), the planted ones' in each of :data:`LAYOUTS`.
 
 What was looked at while choosing the scoring (:class:`~ragdefense.auditing.evidence.Scoring`):
 the *tuning* part: targets from RealtimeQA and NQ attacked by ``poisonedrag``, ``injection`` or
@@ -178,6 +181,16 @@ def _split(dataset: str, family: str) -> str:
     return "held out: family" if family not in TUNING_FAMILIES else "held out: dataset"
 
 
+#: the corpus's two kinds of data: RealtimeQA's web results (about 49 per question, several
+#: outlets on one story), and the RAGDefender bundles' gold passages (one or two per question:
+#: the passages the planted ones contradict)
+KINDS = ("web (realtimeqa)", "gold (bundles)")
+
+
+def _kind(dataset: str) -> str:
+    return KINDS[0] if dataset == "realtimeqa" else KINDS[1]
+
+
 def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> dict[str, Any]:
     """One table row: recall per split, benign flagged, precision."""
     parts: dict[str, list[str]] = {}
@@ -185,6 +198,7 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
         parts.setdefault(_split(dataset, family), []).append(chunk)
         parts.setdefault(f"{count} per target", []).append(chunk)
         parts.setdefault(family, []).append(chunk)
+        parts.setdefault(_kind(dataset), []).append(chunk)
     benign = len(kb.ids) - len(kb.planted)
     false = len(flagged - set(kb.planted))
     row: dict[str, Any] = {
@@ -192,12 +206,16 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
         "scoring": variant,
         "recall": len(flagged & set(kb.planted)) / len(kb.planted),
     }
-    for name in ("tuning", "held out: family", "held out: dataset", *ATTACKS, *[
+    for name in ("tuning", "held out: family", "held out: dataset", *KINDS, *ATTACKS, *[
         f"{c} per target" for c in COUNTS
     ]):  # fmt: skip
         chunks = parts.get(name, [])
         row[name] = sum(c in flagged for c in chunks) / len(chunks) if chunks else ""
     row["benign flagged"] = f"{false} ({false / benign:.2%})"
+    for kind in KINDS:
+        honest = [i for i, d in kb.sources.items() if _kind(d) == kind]
+        wrong = sum(i in flagged for i in honest)
+        row[f"benign flagged: {kind}"] = f"{wrong} ({wrong / len(honest):.2%})" if honest else ""
     row["precision"] = (len(flagged) - false) / len(flagged) if flagged else 0.0
     return row
 
@@ -259,8 +277,9 @@ def audit_quality(
             rows.append({**_recall_rows(kb, flagged, run, variant), "threshold": threshold,
                          "sources": "none"})  # fmt: skip
     columns = ["run", "scoring", "sources", "threshold", "recall", "tuning", "held out: family"]
-    columns += ["held out: dataset", *ATTACKS, *[f"{c} per target" for c in COUNTS]]
-    columns += ["benign flagged", "precision", "possible victims", "seconds"]
+    columns += ["held out: dataset", *KINDS, *ATTACKS, *[f"{c} per target" for c in COUNTS]]
+    columns += ["benign flagged", *[f"benign flagged: {k}" for k in KINDS]]
+    columns += ["precision", "possible victims", "seconds"]
     head = (
         f"{len(kb.ids)} chunks ({len(kb.planted)} planted for {len(kb.questions)} targets); "
         f"embedded once in {embed_seconds:.1f} s ({len(kb.ids) / embed_seconds:.0f} chunks/s, "
