@@ -163,6 +163,28 @@ def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible
     )
 
 
+def test_the_defenses_flags_on_logged_questions_count_only_when_asked_and_gated() -> None:
+    """With a query log and ``flag_threshold``, a chunk the defense removed on the logged
+    questions that retrieved it is suspicious, if its own score reaches ``flag_gate``; derived
+    probes and the default scoring give the flags no weight."""
+    from ragdefense.auditing.evidence import Evidence, reasons, score
+
+    def evidence(logged: bool) -> Evidence:
+        return Evidence(
+            retrieved=np.array([2, 2, 2, 0]), flagged={"consensus": np.array([2, 2, 0, 0])},
+            isolated=np.array([0.2, 0.05, 0.2, 0.0]), group_of=np.full(4, -1), groups=[],
+            nearest=np.full(4, 0.9), closest_query=np.full(4, 0.5) if logged else None,
+        )  # fmt: skip
+
+    asked = Scoring(flag_threshold=0.5, flag_gate=0.1, wide_threshold=0)
+    assert score(evidence(True), "consensus", asked).tolist() == pytest.approx([0.6, 0.05, 0.2, 0])
+    assert score(evidence(False), "consensus", asked).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
+    off = Scoring(wide_threshold=0)  # the default: off
+    assert score(evidence(True), "consensus", off).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
+    why = reasons(0, evidence(True), "consensus", asked)
+    assert any("removed it on 2 of the 2 logged questions" in r for r in why)
+
+
 def test_isolation_of_a_tight_small_group() -> None:
     flat = np.full((1, 10), 0.5)
     group = np.array([[0.95, 0.94, 0.93, 0.93, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])

@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from .records import counts
+from .records import closest_queries, counts
 from .sources import SourceTally, read_sources, source_reason, source_tally
 from .steps import merged_hits
 from .workdir import Workdir
@@ -19,7 +19,6 @@ __all__ = [
     "Evidence",
     "Scoring",
     "assess",
-    "closest_queries",
     "find_groups",
     "isolation",
     "own_score",
@@ -70,6 +69,13 @@ class Scoring:
     source whose other chunks are mostly missed gives no such evidence, nor does a source
     shared with many honest documents.
 
+    With a query log, *the defense's flags* (off by default: ``flag_threshold=0``): the share of
+    the logged questions retrieving a chunk on which the first defense removed it, relative to
+    ``flag_threshold``, for chunks whose own score is at least ``flag_gate`` (some isolation or
+    targeting). It is what the users asking those questions are spared at answer time; run the
+    default defense on them (``defenses=("consensus",)``): RAGDefender's flags remove many
+    honest chunks too. Derived probes give no such evidence.
+
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
         probe_weight: Weight of the probe evidence (0-1).
@@ -77,6 +83,9 @@ class Scoring:
         wide_threshold: The wide isolation that counts as ``threshold``.
         target_threshold: The targeting that counts as ``threshold`` (0 turns it off).
         source_threshold: The source support that counts as ``threshold`` (0 turns it off).
+        flag_threshold: With a query log, the first defense's flag rate that counts as
+            ``threshold`` (0 turns it off).
+        flag_gate: The own score a chunk needs for its flags to count.
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
         max_group: Larger near-duplicate components are topics, not groups (not shown).
     """
@@ -87,6 +96,8 @@ class Scoring:
     wide_threshold: float = 0.48
     target_threshold: float = 0.1
     source_threshold: float = 0.5
+    flag_threshold: float = 0.0
+    flag_gate: float = 0.1
     group_similarity: float = 0.8
     max_group: int = 30
 
@@ -141,26 +152,6 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
         retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe,
         source, names,
     )  # fmt: skip
-
-
-def closest_queries(
-    wd: Workdir, n_chunks: int, n_shards: int, top_m: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Per chunk position: the best cosine to a probe whose top ``top_m`` holds it (``-inf``
-    where none does), and that probe's number (``-1``)."""
-    best = np.full(n_chunks, -np.inf)
-    which = np.full(n_chunks, -1, dtype=np.int64)
-    start = 0
-    for part in range(wd.noted("probe_parts")):
-        sims, positions = merged_hits(wd, "probes", part, n_shards, top_m)
-        rows = np.broadcast_to(start + np.arange(len(positions))[:, None], positions.shape)
-        valid = positions >= 0
-        at, cos, row = positions[valid], sims[valid].astype(np.float64), rows[valid]
-        np.maximum.at(best, at, cos)
-        won = cos >= best[at]  # this part's probe is the closest (so far)
-        which[at[won]] = row[won]
-        start += len(positions)
-    return best, which
 
 
 def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
@@ -294,12 +285,25 @@ def scored(
 
 def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     """The score on a chunk's own evidence (no source support)."""
-    flags = evidence.flagged[primary]
-    retrieved = evidence.retrieved
-    rate = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
+    rate = _flag_rate(evidence, primary)
     w = scoring.probe_weight
     out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
+    if _flags_count(evidence, scoring):
+        gated = np.where(out >= scoring.flag_gate, rate, 0.0)
+        out = np.maximum(out, gated * scoring.threshold / scoring.flag_threshold)
     return out
+
+
+def _flag_rate(evidence: Evidence, primary: str) -> np.ndarray:
+    """Per position: the share of the probes retrieving it on which ``primary`` removed it."""
+    flags, retrieved = evidence.flagged[primary], evidence.retrieved
+    out: np.ndarray = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
+    return out
+
+
+def _flags_count(evidence: Evidence, scoring: Scoring) -> bool:
+    """Whether the defense's flags are evidence: asked for, and the probes are a query log."""
+    return scoring.flag_threshold > 0 and evidence.closest_query is not None
 
 
 def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:
@@ -357,7 +361,13 @@ def reasons(
         why.append(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"
         )
-    if flags:
+    if flags and _flags_count(evidence, scoring):
+        why.append(
+            f"{primary} removed it on {flags} of the {retrieved} logged questions that retrieved "
+            f"it (counted from {scoring.flag_threshold:.0%}, where its own score is at least "
+            f"{scoring.flag_gate})"
+        )
+    elif flags:
         why.append(f"{primary} removed it on {flags} of the {retrieved} probes that retrieved it")
     elif retrieved:
         why.append(f"kept by {primary} on all {retrieved} probes that retrieved it")

@@ -1,5 +1,6 @@
 """The defenses' records of each probe (which chunks it retrieved, which each defense removed
-and why) and the probe texts, read back a part at a time for the evidence and the report."""
+and why), the probe texts, and each chunk's closest logged question, read back a part at a
+time for the evidence and the report."""
 
 from __future__ import annotations
 
@@ -8,9 +9,16 @@ from typing import Any
 
 import numpy as np
 
+from .steps import merged_hits
 from .workdir import Workdir, part_name
 
-__all__ = ["closest_questions", "counts", "flag_examples", "probe_records"]
+__all__ = [
+    "closest_queries",
+    "closest_questions",
+    "counts",
+    "flag_examples",
+    "probe_records",
+]
 
 
 def probe_records(
@@ -101,3 +109,23 @@ def closest_questions(
         texts.update({q: data["texts"][q - start] for q in wanted.values() if start <= q < end})
         start = end
     return {i: texts[q] for i, q in wanted.items() if q in texts}
+
+
+def closest_queries(
+    wd: Workdir, n_chunks: int, n_shards: int, top_m: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk position: the best cosine to a probe whose top ``top_m`` holds it (``-inf``
+    where none does), and that probe's number (``-1``)."""
+    best = np.full(n_chunks, -np.inf)
+    which = np.full(n_chunks, -1, dtype=np.int64)
+    start = 0
+    for part in range(wd.noted("probe_parts")):
+        sims, positions = merged_hits(wd, "probes", part, n_shards, top_m)
+        rows = np.broadcast_to(start + np.arange(len(positions))[:, None], positions.shape)
+        valid = positions >= 0
+        at, cos, row = positions[valid], sims[valid].astype(np.float64), rows[valid]
+        np.maximum.at(best, at, cos)
+        won = cos >= best[at]  # this part's probe is the closest (so far)
+        which[at[won]] = row[won]
+        start += len(positions)
+    return best, which
