@@ -223,13 +223,17 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     """Scores of every chunk under the ablation's variants, from an audit's working folder:
     the shipped evidence (isolation, and targeting with a query log), isolation alone, probe
-    evidence only (flag rate), and isolation and probe evidence mixed 0.7 / 0.3."""
+    evidence only (flag rate), isolation and probe evidence mixed 0.7 / 0.3, and (a query log
+    audited with the default defense too) the default's flags on the logged questions, gated
+    (``Scoring(flag_threshold=0.5)``, the default's flags; its gate 0.1 was the tuning part's
+    best at 1% of its benign chunks, among 0.1, 0.15 and 0.2, with every split printed)."""
     from ragdefense.auditing.evidence import Scoring, assess, score
     from ragdefense.auditing.workdir import Workdir, part_texts
 
     wd = Workdir(workdir)
     ids = [i for p in range(len(wd.noted("part_sizes"))) for i in part_texts(wd, p)["ids"]]
-    evidence = assess(wd, ["ragdefender"], Scoring())
+    defenses = wd.read_json("manifest.json")["params"]["defenses"]
+    evidence = assess(wd, defenses, Scoring())
     variants = {
         "isolation + targeting": Scoring(),
         "isolation": Scoring(target_threshold=0),
@@ -242,6 +246,11 @@ def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
             continue  # derived probes: no targeting
         values = score(evidence, "ragdefender", scoring)
         out[name] = dict(zip(ids, values.tolist(), strict=True))
+    if "consensus" in defenses and evidence.targeting is not None:
+        flagged = score(evidence, "consensus", Scoring(flag_threshold=0.5))
+        out["isolation + targeting + the default's flags"] = dict(
+            zip(ids, flagged.tolist(), strict=True)
+        )
     return out
 
 
@@ -263,8 +272,11 @@ def audit_quality(
         work = Path(workdir) / run.replace(" ", "-")
         for layout in (None, *LAYOUTS):
             folder = work if layout is None else work.with_name(f"{work.name}-{_slug(layout)}")
+            # the logged questions are also put to the default defense (an ablation row)
+            both = queries is not None and layout is None
+            defenses = ("ragdefender", "consensus") if both else ("ragdefender",)
             report = audit(kb.corpus(vectors, layout), queries=queries, workdir=folder,
-                           engine=engine, progress=progress)  # fmt: skip
+                           engine=engine, progress=progress, defenses=defenses)  # fmt: skip
             row = _recall_rows(kb, {f.id for f in report.suspicious}, run, "shipped default")
             found = {f.id for f in report.findings if any("honest passage" in r for r in f.reasons)}
             shown = f"{len(found - set(kb.planted))} / {len(found & set(kb.planted))}"
