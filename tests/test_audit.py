@@ -923,7 +923,7 @@ def test_source_support_is_a_sources_suspicious_share_above_the_rest() -> None:
     suspicious share of every other source's chunks; where most chunks look suspicious, a source
     that does proves nothing."""
     from ragdefense.auditing.evidence import Evidence
-    from ragdefense.auditing.sources import source_support
+    from ragdefense.auditing.sources import source_tally
 
     def support(source: list[int], suspicious: list[bool]) -> list[float]:
         n = len(source)
@@ -932,9 +932,9 @@ def test_source_support_is_a_sources_suspicious_share_above_the_rest() -> None:
             group_of=np.full(n, -1), groups=[], source=np.array(source),
             source_names=[str(s) for s in range(max(source) + 1)],
         )  # fmt: skip
-        found = source_support(evidence, np.array(suspicious))
-        assert found is not None
-        return [float(x) for x in found]
+        tally = source_tally(evidence, np.array(suspicious))
+        assert tally is not None and evidence.source is not None
+        return [float(x) for x in tally.support(evidence.source, np.array(suspicious))]
 
     source = [0, 0, 1, 1, 1, 2, -1]
     suspicious = [True, False, True, True, False, True, True]
@@ -947,7 +947,7 @@ def test_source_support_is_a_sources_suspicious_share_above_the_rest() -> None:
     )  # fmt: skip
     assert honest[7:] == [0.0] * 20
     evidence = Evidence(np.zeros(1, dtype=np.int64), {}, np.zeros(1), np.full(1, -1), [])
-    assert source_support(evidence, np.array([True])) is None  # no sources
+    assert source_tally(evidence, np.array([True])) is None  # no sources
 
 
 def test_sources_are_read_from_files_as_the_defenses_read_them(tmp_path: Path) -> None:

@@ -26,7 +26,6 @@ __all__ = [
     "condemned_positions",
     "read_sources",
     "source_reason",
-    "source_support",
     "source_tally",
     "support_of",
     "suspect_sources",
@@ -98,15 +97,6 @@ def support_of(bad: Any, others: Any, rest: Any) -> Any:
     rest = np.asarray(rest, dtype=np.float64)
     room = np.where(rest < 1, 1 - rest, 1.0)
     return np.where(rest < 1, np.maximum(share - rest, 0.0) / room, 0.0)
-
-
-def source_support(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray | None:
-    """Per position: :func:`support_of` its source (0 without a source), ``suspicious`` per
-    position on its own evidence; ``None`` when no chunk has a source."""
-    tally = source_tally(evidence, suspicious)
-    if tally is None or evidence.source is None:
-        return None
-    return tally.support(evidence.source, suspicious)
 
 
 def read_sources(wd: Workdir, chunk_parts: int) -> tuple[np.ndarray | None, list[str]]:
