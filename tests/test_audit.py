@@ -872,6 +872,9 @@ def test_a_chunk_from_a_source_whose_other_chunks_look_planted_is_suspicious(
     assert all(f.source is None for f in off.findings) and off.stats["sources"] == 0
     bare = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "b")
     assert [(f.id, f.score) for f in bare.findings] == [(f.id, f.score) for f in off.findings]
+    one = [{"source": "uploads/everything.pdf"}] * len(texts)  # a single-source knowledge base
+    single = audit(ListCorpus(texts, ids, metadata=one), embedder=toy, workdir=tmp_path / "1")
+    assert [(f.id, f.score) for f in single.findings] == [(f.id, f.score) for f in bare.findings]
 
 
 def test_sources_feed_the_report_only_a_resumed_audit_reads_them_again(
