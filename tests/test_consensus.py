@@ -232,6 +232,34 @@ def test_six_passages_on_the_topic_are_a_support_vote() -> None:
     assert 0 in result.removed_indices  # the lone passage mimicking the query is unsupported
 
 
+def _scattered(share: float, seed: int = 3, d: int = 256) -> tuple:
+    """A pool of 8 on one subject: the best answer and seven facts whose query similarity is
+    ``share`` and whose cosine to each other is about ``share ** 2``."""
+    rng = np.random.default_rng(seed)
+    q = _unit(rng.normal(size=d))
+    answer = _unit(q + 0.6 * _unit(rng.normal(size=d)))
+    noise = _unit(rng.normal(size=(7, d)))
+    facts = _unit(share * q + np.sqrt(1 - share**2) * noise)
+    texts = ["who won the match? the visitors won the match"]
+    texts += [f"a fact number {i} about the sport" for i in range(7)]
+    return [Passage(t) for t in texts], np.vstack([answer, facts]), q
+
+
+def test_passages_that_agree_on_nothing_are_no_support_vote() -> None:
+    # facts sharing a subject but no story (a small store's scattered pool): "the others'
+    # support" ranks nothing, and the best answer stays
+    passages, emb, q = _scattered(0.5)
+    result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
+    assert result.removed == []
+    assert "agree on nothing" in result.estimates["support"]
+    assert "min_agreement=0.35" in result.estimates["support"]
+    # the same pool telling one story: the vote runs, and the answer mimicking the query is
+    # unsupported there (what the vote is for)
+    passages, emb, q = _scattered(0.8)
+    told = Consensus().defend_embeddings("who won the match?", passages, emb, q)
+    assert "support" not in told.estimates and 0 in told.removed_indices
+
+
 def test_bad_parameters_and_too_few_passages() -> None:
     with pytest.raises(ValueError, match="absorb"):
         Consensus(absorb=2.0)
@@ -283,6 +311,20 @@ def test_demo_knowledge_base_with_minilm(minilm: object) -> None:
     assert totals[("poisonedrag", "default + sources")]["hijacked"] == 0
     reworded = totals[("reworded", "default + sources")]["planted"]
     assert reworded < totals[("reworded", "default")]["planted"] / 2
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sources", [False, True])
+def test_demo_clean_questions_lose_no_context_passage(minilm: object, sources: bool) -> None:
+    """The demo knowledge base without its planted passages: each question's context (the top
+    4 of the 8 retrieved, as the demo shows it) is what no defense would give."""
+    from ragdefense.cases import demo_cases
+
+    lost = []
+    for case in demo_cases(minilm, 8, poisoned=False, sources=sources):
+        result = Consensus().defend(case.question, case.passages)
+        lost += [(case.question, v.reason) for v in result.verdicts[:4] if not v.kept]
+    assert lost == []
 
 
 def test_untrusted_passages_contradicting_the_trusted_ones_are_removed() -> None:

@@ -29,7 +29,10 @@ of four pieces of evidence:
    ones or more on the query's topic: over fewer "the bottom half" says little, and a small
    store's lone planted passage then passes this step), and only passages at least half as
    similar to the query as the best one take part (the rest of a small store's pool is about
-   other topics, which HRSIM would otherwise reward for being unlike the query).
+   other topics, which HRSIM would otherwise reward for being unlike the query). Those passages
+   must also agree on something (mean cosine ``min_agreement`` or more): facts that merely
+   share a subject support nothing in particular, and the best answer is then as "unsupported"
+   as anything else.
    ``support=False`` turns it off: a lone poisoned passage then passes.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
@@ -92,6 +95,9 @@ class Consensus:
     #: fewer, "the bottom half" is one or two passages, and the best answer, which resembles
     #: the query most, lands there about as often as a planted one
     min_support = 6
+    #: least mean cosine among the passages voting in step 4: below it they share a subject
+    #: but no story (a small store's scattered facts), and their support ranks nothing
+    min_agreement = 0.35
     uses_embeddings = True
 
     def __init__(
@@ -272,6 +278,14 @@ class Consensus:
             estimates["support"] = (
                 f"skipped: {len(left)} passages on the query's topic left after the earlier "
                 f"steps, fewer than min_passages={self.min_passages}"
+            )
+            return
+        sim = pool.sim[np.ix_(left, left)]
+        agreement = float(sim[np.triu_indices(len(left), 1)].mean())
+        if agreement < self.min_agreement:
+            estimates["support"] = (
+                f"skipped: the {len(left)} passages on the query's topic agree on nothing "
+                f"(mean cosine {agreement:.3f}, below min_agreement={self.min_agreement})"
             )
             return
         ranked = self._grada.defend_embeddings(query, items, exclude={**aside, **removed})
