@@ -120,6 +120,23 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
+@pytest.mark.parametrize("pages", [2, 3])
+def test_two_pages_of_one_outlet_are_no_voice_three_can_be(pages: int) -> None:
+    # an outlet's article and its update agree with each other as closely as planted passages
+    # do: a voice needs Consensus.min_voice passages of its source on the topic
+    passages, emb, q, _ = _pool(5, n_benign=4, n_poison=pages, lift=-0.3)
+    sources = ["https://a.org/1", "https://b.org/2", "https://c.org/3", "https://a.org/4"]
+    sources += [f"https://outlet.example/story/{i}" for i in range(pages)]
+    passages = [replace(p, metadata={"source": s}) for p, s in zip(passages, sources, strict=True)]
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert Consensus.min_voice == 3
+    if pages < Consensus.min_voice:
+        assert result.removed == [] and "voices" not in result.estimates
+    else:
+        assert result.estimates["voices"] == ["outlet.example"]
+        assert result.removed_indices == [4, 5, 6]
+
+
 def _upload(
     seed: int, grouped: int, scattered: int, spread: float, source: str
 ) -> tuple[list[Passage], np.ndarray, np.ndarray]:
