@@ -120,21 +120,33 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
-@pytest.mark.parametrize("pages", [2, 3])
-def test_two_pages_of_one_outlet_are_no_voice_three_can_be(pages: int) -> None:
-    # an outlet's article and its update agree with each other as closely as planted passages
-    # do: a voice needs Consensus.min_voice passages of its source on the topic
-    passages, emb, q, _ = _pool(5, n_benign=4, n_poison=pages, lift=-0.3)
+@pytest.mark.parametrize("spread", [0.05, 0.45])
+def test_a_pair_from_one_source_is_one_voice_only_when_nearly_one_text(spread: float) -> None:
+    # an outlet's article and its update agree with each other, apart from the other sources,
+    # as often as a planted pair does: a pair is one voice only as tight as a coordinated group
+    rng = np.random.default_rng(5)
+    d = 32
+    topic = _unit(rng.normal(size=d))
+    q = _unit(topic + 0.3 * _unit(rng.normal(size=d)))
+    benign = _unit(topic + 0.9 * _unit(rng.normal(size=(4, d))))
+    claim = _unit(topic + 0.5 * _unit(rng.normal(size=d)) - 0.3 * q)
+    pair = _unit(claim + spread * _unit(rng.normal(size=(2, d))))
     sources = ["https://a.org/1", "https://b.org/2", "https://c.org/3", "https://a.org/4"]
-    sources += [f"https://outlet.example/story/{i}" for i in range(pages)]
-    passages = [replace(p, metadata={"source": s}) for p, s in zip(passages, sources, strict=True)]
+    sources += ["https://outlet.example/story", "https://outlet.example/story-updated"]
+    passages = [Passage(f"passage {i}", metadata={"source": s}) for i, s in enumerate(sources)]
+    emb = np.vstack([benign, pair])
+    inner = float(emb[4] @ emb[5])
     result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
-    assert Consensus.min_voice == 3
-    if pages < Consensus.min_voice:
-        assert result.removed == [] and "voices" not in result.estimates
-    else:
+    if inner >= Consensus().tightness:
+        assert spread == 0.05
         assert result.estimates["voices"] == ["outlet.example"]
-        assert result.removed_indices == [4, 5, 6]
+        assert result.removed_indices == [4, 5]
+    else:
+        assert spread == 0.45
+        assert result.removed == [] and "voices" not in result.estimates
+        # the same pair apart from the rest: only its tightness keeps it
+        loose = Consensus(support=False, tightness=0.5).defend_embeddings("q", passages, emb, q)
+        assert loose.removed_indices == [4, 5]
 
 
 def _upload(

@@ -13,12 +13,13 @@ of four pieces of evidence:
    claim (cosine ``absorb`` or more to one of its members) and rank with it go too.
 2. **One voice repeating itself** (only with provenance): the passages of one source that
    agree with each other more than with every other source, in a pool where at least two other
-   independent sources speak (passages on the query's topic only, see step 4), from a source
-   with ``min_voice`` passages or more there (two pages of one outlet on one story agree as
-   closely as planted passages do). Chunks of one long document are not removed for being one
-   source: they must also repeat one claim apart from the rest. A source more than half of
-   whose passages step 1 already removed is judged on all of them, so the one planted passage
-   that escaped its group goes with it.
+   independent sources speak (passages on the query's topic only, see step 4). Two passages
+   are one voice only when nearly one text (``tightness``, as a coordinated group): two pages of
+   one outlet on one story agree with each other, apart from the rest, as often as a planted
+   pair does. Chunks of one long document are not removed for being one source: they must
+   also repeat one claim apart from the rest. A source more than half of whose passages step 1
+   already removed is judged on all of them, so the one planted passage that escaped its group
+   goes with it.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays.
@@ -66,7 +67,8 @@ class Consensus:
     Args:
         embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: the packaged
             all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
-        tightness: Least average cosine within a coordinated group.
+        tightness: Least average cosine within a coordinated group, and between the two
+            passages of a source that make one voice.
         min_group: Fewest passages a coordinated group holds (a pair is as often one
             document's two chunks that answer the question as a planted pair).
         margin: Least query similarity by which a coordinated group must exceed the rest.
@@ -100,9 +102,6 @@ class Consensus:
     #: least mean cosine among the passages voting in step 4: below it they share a subject
     #: but no story (a small store's scattered facts), and their support ranks nothing
     min_agreement = 0.35
-    #: fewest passages of one source on the query's topic that can be one voice (step 2): an
-    #: outlet's article and its update agree with each other as closely as planted passages do
-    min_voice = 3
     uses_embeddings = True
 
     def __init__(
@@ -341,13 +340,12 @@ class Consensus:
             standing = [i for i in own if i not in removed]
             if 2 * len(standing) >= len(own):  # half or more still stand
                 own = standing
-            too_few = len(own) < self.min_voice or n_rest < 2
-            if too_few or not standing or any(trusted[i] for i in own):
+            if len(own) < 2 or n_rest < 2 or not standing or any(trusted[i] for i in own):
                 continue
             inner = float(sim[np.ix_(own, own)][np.triu_indices(len(own), 1)].mean())
             across = float(sim[np.ix_(own, rest)].mean())
-            if inner - across < self.voice:
-                continue
+            if inner - across < self.voice or (len(own) == 2 and inner < self.tightness):
+                continue  # a pair is one voice only when it repeats one text (a group's tightness)
             found.append(s)
             for i in standing:  # the rest keep the reason they were removed for
                 removed[i] = (
