@@ -146,7 +146,13 @@ def test_a_pair_from_one_source_is_one_voice_only_when_nearly_one_text(spread: f
         assert result.removed == [] and "voices" not in result.estimates
         # the same pair apart from the rest: only its tightness keeps it
         loose = Consensus(support=False, tightness=0.5).defend_embeddings("q", passages, emb, q)
-        assert loose.removed_indices == [4, 5]
+        assert loose.removed_indices == [4, 5] and loose.estimates["voices"] == ["outlet.example"]
+        # three such passages are judged as any voice: agreement apart from the rest
+        third = _unit(claim + spread * _unit(rng.normal(size=d)))
+        three = [*passages, Passage("passage 6", metadata={"source": sources[-1]})]
+        more = Consensus(support=False).defend_embeddings("q", three, np.vstack([emb, third]), q)
+        assert more.estimates["voices"] == ["outlet.example"]
+        assert more.removed_indices == [4, 5, 6]
 
 
 def _upload(

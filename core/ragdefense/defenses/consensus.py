@@ -13,13 +13,11 @@ of four pieces of evidence:
    claim (cosine ``absorb`` or more to one of its members) and rank with it go too.
 2. **One voice repeating itself** (only with provenance): the passages of one source that
    agree with each other more than with every other source, in a pool where at least two other
-   independent sources speak (passages on the query's topic only, see step 4). Two passages
-   are one voice only when nearly one text (``tightness``, as a coordinated group): two pages of
-   one outlet on one story agree with each other, apart from the rest, as often as a planted
-   pair does. Chunks of one long document are not removed for being one source: they must
-   also repeat one claim apart from the rest. A source more than half of whose passages step 1
-   already removed is judged on all of them, so the one planted passage that escaped its group
-   goes with it.
+   independent sources speak (passages on the query's topic only, see step 4); a source judged
+   on two passages only when they are nearly one text (``tightness``): two pages of one outlet
+   on one story stand apart from the rest as often as a planted pair. Chunks of one long
+   document must also repeat one claim apart from the rest. A source more than half of whose
+   passages step 1 already removed is judged on all of them (its escaped planted passage goes).
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays.
@@ -32,11 +30,10 @@ of four pieces of evidence:
    ones or more on the query's topic: over fewer "the bottom half" says little, and a small
    store's lone planted passage then passes this step), and only passages at least half as
    similar to the query as the best one take part (the rest of a small store's pool is about
-   other topics, which HRSIM would otherwise reward for being unlike the query). Those passages
-   must also agree on something (mean cosine ``min_agreement`` or more): facts that merely
-   share a subject support nothing in particular, and the best answer is then as "unsupported"
-   as anything else.
-   ``support=False`` turns it off: a lone poisoned passage then passes.
+   other topics, which HRSIM would otherwise reward for being unlike the query), and they must
+   agree on something (mean cosine ``min_agreement`` or more: facts that merely share a subject
+   support nothing in particular). ``support=False`` turns it off: a lone poisoned passage
+   then passes.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance. That is
@@ -99,8 +96,7 @@ class Consensus:
     #: fewer, "the bottom half" is one or two passages, and the best answer, which resembles
     #: the query most, lands there about as often as a planted one
     min_support = 6
-    #: least mean cosine among the passages voting in step 4: below it they share a subject
-    #: but no story (a small store's scattered facts), and their support ranks nothing
+    #: least mean cosine among the passages voting in step 4: scattered facts rank nothing
     min_agreement = 0.35
     uses_embeddings = True
 
@@ -271,7 +267,7 @@ class Consensus:
         others' support (GRADA's PageRank) ranks in the bottom half is dropped: it resembles the
         query more than anything the other passages say. Lower-ranked passages are never
         dropped here, so a context is never refilled from below at their expense."""
-        _, qs, trusted, removed, estimates = pool.unpacked()
+        sim, qs, trusted, removed, estimates = pool.unpacked()
         items = pool.items
         # passages less than half as similar to the query as the best one are about something
         # else (a small store's other topics): they neither vote nor are judged here
@@ -284,8 +280,7 @@ class Consensus:
                 f"steps, fewer than min_passages={self.min_passages}"
             )
             return
-        sim = pool.sim[np.ix_(left, left)]
-        agreement = float(sim[np.triu_indices(len(left), 1)].mean())
+        agreement = float(sim[np.ix_(left, left)][np.triu_indices(len(left), 1)].mean())
         if agreement < self.min_agreement:
             estimates["support"] = (
                 f"skipped: the {len(left)} passages on the query's topic agree on nothing "
@@ -344,14 +339,16 @@ class Consensus:
                 continue
             inner = float(sim[np.ix_(own, own)][np.triu_indices(len(own), 1)].mean())
             across = float(sim[np.ix_(own, rest)].mean())
-            if inner - across < self.voice or (len(own) == 2 and inner < self.tightness):
-                continue  # a pair is one voice only when it repeats one text (a group's tightness)
+            pair = len(own) == 2  # one voice only when nearly one text
+            if inner - across < self.voice or (pair and inner < self.tightness):
+                continue
             found.append(s)
             for i in standing:  # the rest keep the reason they were removed for
                 removed[i] = (
                     f"one voice: {len(own)} passages of source {s!r} agree with each other "
-                    f"(mean cosine {inner:.3f}) more than with {n_rest} other sources "
-                    f"({across:.3f}) by {inner - across:.3f} >= {self.voice}"
+                    f"(mean cosine {inner:.3f}{f' >= {self.tightness}' if pair else ''}) more "
+                    f"than with {n_rest} other sources ({across:.3f}) by {inner - across:.3f} >= "
+                    f"{self.voice}"
                 )
         if found:
             estimates["voices"] = found
