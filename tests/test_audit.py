@@ -163,10 +163,10 @@ def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible
     )
 
 
-def test_the_defenses_flags_on_logged_questions_count_only_when_asked_and_gated() -> None:
-    """With a query log and ``flag_threshold``, a chunk the defense removed on the logged
-    questions that retrieved it is suspicious, if its own score reaches ``flag_gate``; derived
-    probes and the default scoring give the flags no weight."""
+def test_the_defenses_flags_on_logged_questions_count_by_default_gated() -> None:
+    """With a query log, a chunk the defense removed on the logged questions that retrieved it
+    is suspicious (by default), if its own score reaches ``flag_gate``; derived probes and
+    ``flag_threshold=0`` give the flags no weight."""
     from ragdefense.auditing.evidence import Evidence, reasons, score
 
     def evidence(logged: bool) -> Evidence:
@@ -176,10 +176,11 @@ def test_the_defenses_flags_on_logged_questions_count_only_when_asked_and_gated(
             nearest=np.full(4, 0.9), closest_query=np.full(4, 0.5) if logged else None,
         )  # fmt: skip
 
-    asked = Scoring(flag_threshold=0.5, flag_gate=0.1, wide_threshold=0)
+    asked = Scoring(wide_threshold=0)  # the default: flag_threshold=0.5, flag_gate=0.1
+    assert (asked.flag_threshold, asked.flag_gate) == (0.5, 0.1)
     assert score(evidence(True), "consensus", asked).tolist() == pytest.approx([0.6, 0.05, 0.2, 0])
     assert score(evidence(False), "consensus", asked).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
-    off = Scoring(wide_threshold=0)  # the default: off
+    off = Scoring(wide_threshold=0, flag_threshold=0)
     assert score(evidence(True), "consensus", off).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
     why = reasons(0, evidence(True), "consensus", asked)
     assert any("removed it on 2 of the 2 logged questions" in r for r in why)
@@ -218,7 +219,7 @@ def test_audit_ranks_the_planted_groups_first_and_explains(
     assert {f.id for f in report.suspicious} >= planted
     first = report.findings[0]
     assert first.reasons[0].startswith("isolation") and first.group and first.group["size"] == 5
-    assert first.retrieved > 0 and "ragdefender" in first.flagged
+    assert first.retrieved > 0 and "consensus" in first.flagged
     assert report.stats["chunks"] == len(texts) and report.stats["probes"] > 0
     written = report.write(tmp_path / "out", ["md", "json", "csv", "parquet", "png"])
     assert [p.name for p in written] == [
@@ -571,7 +572,7 @@ def test_audit_settings_are_checked_when_made() -> None:
     with pytest.raises(ValueError, match="top_m"):
         audit(["a b c"], AuditSettings(), top_m=1)  # an override is checked as well
     assert ragdefense.AuditSettings is AuditSettings
-    assert AuditSettings() == AuditSettings(("ragdefender",), 10, None, 10, None, 512, "auto", 1000)
+    assert AuditSettings() == AuditSettings(("consensus",), 10, None, 10, None, 512, "auto", 1000)
 
 
 def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_path: Path) -> None:
@@ -609,7 +610,7 @@ def test_query_log_probes(toy: CallableEmbedder, tmp_path: Path) -> None:
         workdir=tmp_path / "w",
     )
     assert report.stats["probes"] == 2 and report.stats["probe_source"] == "query log"
-    flagged = {f.id for f in report.findings if f.flagged["ragdefender"]}
+    flagged = {f.id for f in report.findings if f.flagged["consensus"]}
     assert flagged & planted
 
 

@@ -20,7 +20,10 @@ other family. The targeting threshold is the round margin above the 99.8th perce
 tuning part's benign chunks; the tuning part holds six single planted passages, too few to
 choose by, and the held-out recall of margins from 0.05 to 0.3 was seen while comparing them.
 The source threshold and prior were chosen on the tuning part's numbers in the layouts (the
-first grid printed every split; see docs/concepts/tuning.md).
+first grid printed every split; see docs/concepts/tuning.md). With a query log the shipped score
+also counts the audit's defense's (the per-query default's) flags on the logged questions, for
+chunks with some isolation or targeting; that gate is the tuning part's best at 1% of its benign
+chunks.
 """
 
 from __future__ import annotations
@@ -221,12 +224,12 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
 
 
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
-    """Scores of every chunk under the ablation's variants, from an audit's working folder:
-    the shipped evidence (isolation, and targeting with a query log), isolation alone, probe
-    evidence only (flag rate), isolation and probe evidence mixed 0.7 / 0.3, and (a query log
-    audited with the default defense too) the default's flags on the logged questions, gated
-    (``Scoring(flag_threshold=0.5)``, the default's flags; its gate 0.1 was the tuning part's
-    best at 1% of its benign chunks, among 0.1, 0.15 and 0.2, with every split printed)."""
+    """Scores of every chunk under the ablation's variants, from an audit's working folder (the
+    audit's defense: the default): isolation and targeting (with a query log), isolation
+    alone, probe evidence only (flag rate), isolation and probe evidence mixed 0.7 / 0.3, and
+    with a query log the shipped score, which adds the default's flags on the logged questions
+    (gated at 0.1, the tuning part's best at 1% of its benign chunks among 0.1, 0.15 and 0.2,
+    with every split printed)."""
     from ragdefense.auditing.evidence import Scoring, assess, score
     from ragdefense.auditing.workdir import Workdir, part_texts
 
@@ -235,22 +238,18 @@ def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     defenses = wd.read_json("manifest.json")["params"]["defenses"]
     evidence = assess(wd, defenses, Scoring())
     variants = {
-        "isolation + targeting": Scoring(),
-        "isolation": Scoring(target_threshold=0),
-        "probe flags": Scoring(probe_weight=1.0, target_threshold=0),
-        "mixed 0.3": Scoring(probe_weight=0.3, target_threshold=0),
+        "isolation + targeting": Scoring(flag_threshold=0),
+        "isolation": Scoring(target_threshold=0, flag_threshold=0),
+        "probe flags": Scoring(probe_weight=1.0, target_threshold=0, flag_threshold=0),
+        "mixed 0.3": Scoring(probe_weight=0.3, target_threshold=0, flag_threshold=0),
+        "isolation + targeting + the default's flags": Scoring(),
     }
     out = {}
     for name, scoring in variants.items():
-        if name == "isolation + targeting" and evidence.targeting is None:
-            continue  # derived probes: no targeting
-        values = score(evidence, "ragdefender", scoring)
+        if "targeting" in name and evidence.targeting is None:
+            continue  # derived probes: no targeting, no flags on logged questions
+        values = score(evidence, defenses[0], scoring)
         out[name] = dict(zip(ids, values.tolist(), strict=True))
-    if "consensus" in defenses and evidence.targeting is not None:
-        flagged = score(evidence, "consensus", Scoring(flag_threshold=0.5))
-        out["isolation + targeting + the default's flags"] = dict(
-            zip(ids, flagged.tolist(), strict=True)
-        )
     return out
 
 
@@ -272,11 +271,8 @@ def audit_quality(
         work = Path(workdir) / run.replace(" ", "-")
         for layout in (None, *LAYOUTS):
             folder = work if layout is None else work.with_name(f"{work.name}-{_slug(layout)}")
-            # the logged questions are also put to the default defense (an ablation row)
-            both = queries is not None and layout is None
-            defenses = ("ragdefender", "consensus") if both else ("ragdefender",)
             report = audit(kb.corpus(vectors, layout), queries=queries, workdir=folder,
-                           engine=engine, progress=progress, defenses=defenses)  # fmt: skip
+                           engine=engine, progress=progress)  # fmt: skip
             row = _recall_rows(kb, {f.id for f in report.suspicious}, run, "shipped default")
             found = {f.id for f in report.findings if any("honest passage" in r for r in f.reasons)}
             shown = f"{len(found - set(kb.planted))} / {len(found & set(kb.planted))}"

@@ -66,7 +66,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         source = source() if callable(source) else source
     try:
         settings = AuditSettings(
-            defenses=args.defense or ["ragdefender"],
+            defenses=args.defense or ["consensus"],
             top_m=args.top_m,
             max_probes=args.max_probes,
             source_key=None if args.source_key.lower() == "none" else args.source_key,
@@ -112,7 +112,7 @@ def add_audit_parser(sub: Any) -> None:
         "--defense",
         action="append",
         default=None,
-        help="defense run on each probe's top M (repeatable; default ragdefender)",
+        help="defense run on each probe's top M (repeatable; default consensus)",
     )
     parser.add_argument("--top-m", type=positive, default=10, help="chunks per probe (default 10)")
     parser.add_argument(

@@ -69,12 +69,13 @@ class Scoring:
     source whose other chunks are mostly missed gives no such evidence, nor does a source
     shared with many honest documents.
 
-    With a query log, *the defense's flags* (off by default: ``flag_threshold=0``): the share of
-    the logged questions retrieving a chunk on which the first defense removed it, relative to
-    ``flag_threshold``, for chunks whose own score is at least ``flag_gate`` (some isolation or
-    targeting). It is what the users asking those questions are spared at answer time; run the
-    default defense on them (``defenses=("consensus",)``): RAGDefender's flags remove many
-    honest chunks too. Derived probes give no such evidence.
+    With a query log, *the defense's flags*: the share of the logged questions retrieving a
+    chunk on which the first defense (the per-query default unless told otherwise) removed it,
+    relative to ``flag_threshold``, for chunks whose own score is at least ``flag_gate`` (some
+    isolation or targeting). It is what the users asking those questions are spared at answer
+    time. Count it only for a defense that removes on evidence: RAGDefender's flags remove
+    many honest chunks too (with it first, set ``flag_threshold=0``). Derived probes give no
+    such evidence.
 
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
@@ -96,7 +97,7 @@ class Scoring:
     wide_threshold: float = 0.48
     target_threshold: float = 0.1
     source_threshold: float = 0.5
-    flag_threshold: float = 0.0
+    flag_threshold: float = 0.5
     flag_gate: float = 0.1
     group_similarity: float = 0.8
     max_group: int = 30

@@ -25,8 +25,9 @@ class AuditSettings:
     """What :func:`~ragdefense.auditing.audit` computes; checked when made (``ValueError``).
 
     Attributes:
-        defenses: Registry names or defense objects run on each probe's top ``top_m``; the
-            first one's flags score the chunks.
+        defenses: Registry names or defense objects run on each probe's top ``top_m``
+            (default: the per-query default, ``"consensus"``); with a query log, the first
+            one's flags are evidence (``Scoring.flag_threshold``).
         top_m: Chunks retrieved per probe.
         max_probes: At most this many derived probes (a seeded sample).
         neighbours: Nearest neighbours per chunk for the near-duplicate groups and the
@@ -46,7 +47,7 @@ class AuditSettings:
             it; ``None``: provenance off). Chunks without one have no source evidence.
     """
 
-    defenses: Sequence[Any] = ("ragdefender",)
+    defenses: Sequence[Any] = ("consensus",)
     top_m: int = 10
     max_probes: int | None = None
     neighbours: int = 10
