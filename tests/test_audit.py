@@ -627,6 +627,8 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert (tmp_path / "w" / "report.md").is_file() and (tmp_path / "w" / "report.csv").is_file()
     assert "Knowledge-base audit" in capsys.readouterr().out
+    manifest = json.loads((tmp_path / "w" / "manifest.json").read_text())
+    assert manifest["params"]["defenses"] == ["consensus"]  # the per-query default
     with (tmp_path / "w" / "report.csv").open() as f:
         assert {row["source"] for row in csv.DictReader(f)} == {
             f"{q.id}.org" for q in load_demo_kb()
