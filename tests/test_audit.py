@@ -183,7 +183,31 @@ def test_the_defenses_flags_on_logged_questions_count_by_default_gated() -> None
     off = Scoring(wide_threshold=0, flag_threshold=0)
     assert score(evidence(True), "consensus", off).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
     why = reasons(0, evidence(True), "consensus", asked)
-    assert any("removed it on 2 of the 2 logged questions" in r for r in why)
+    assert any("removed it on 2 of the 2 logged questions that retrieved it, 2 with a set" in r
+               for r in why)  # fmt: skip
+    # removals by the lone-passage veto alone are no evidence of a set
+    lone = evidence(True)
+    lone.with_set = {"consensus": np.array([0, 2, 0, 0])}
+    assert score(lone, "consensus", asked).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
+    assert any("0 with a set" in r for r in reasons(0, lone, "consensus", asked))
+
+
+def test_the_lone_removal_prefix_is_consensus_own() -> None:
+    """The audit tells Consensus's unsupported veto from its set evidence by the reason's
+    start: pinned here, so a reworded reason cannot quietly make every flag count."""
+    from ragdefense import Consensus, Passage
+    from ragdefense.auditing.records import LONE_REMOVAL
+
+    rng = np.random.default_rng(11)
+    unit = lambda v: v / np.linalg.norm(v, axis=-1, keepdims=True)  # noqa: E731
+    topic = unit(rng.normal(size=32))
+    q = unit(topic + 0.4 * unit(rng.normal(size=32)))
+    emb = np.vstack([unit(topic + 0.7 * unit(rng.normal(size=(9, 32)))), unit(q + 0.05 * topic)])
+    texts = [f"the topic passage number {i} on the subject" for i in range(9)]
+    passages = [Passage(t) for t in [*texts, "who won the match? the visitors won the match"]]
+    result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
+    assert result.verdicts[9].reason.startswith(LONE_REMOVAL)
+    assert not any(v.reason.startswith(LONE_REMOVAL) for v in result.verdicts if v.kept)
 
 
 def test_isolation_of_a_tight_small_group() -> None:

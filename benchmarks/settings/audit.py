@@ -21,9 +21,9 @@ tuning part's benign chunks; the tuning part holds six single planted passages, 
 choose by, and the held-out recall of margins from 0.05 to 0.3 was seen while comparing them.
 The source threshold and prior were chosen on the tuning part's numbers in the layouts (the
 first grid printed every split; see docs/concepts/tuning.md). With a query log the shipped score
-also counts the audit's defense's (the per-query default's) flags on the logged questions, for
-chunks with some isolation or targeting; that gate is the tuning part's best at 1% of its benign
-chunks.
+also counts the audit's defense's (the per-query default's) removals with a set on the logged
+questions (not its lone-passage veto), for chunks with some isolation or targeting; that gate is
+the tuning part's best at 1% of its benign chunks.
 """
 
 from __future__ import annotations

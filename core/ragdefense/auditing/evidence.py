@@ -70,12 +70,12 @@ class Scoring:
     shared with many honest documents.
 
     With a query log, *the defense's flags*: the share of the logged questions retrieving a
-    chunk on which the first defense (the per-query default unless told otherwise) removed it,
-    relative to ``flag_threshold``, for chunks whose own score is at least ``flag_gate`` (some
-    isolation or targeting). It is what the users asking those questions are spared at answer
-    time. Count it only for a defense that removes on evidence: RAGDefender's flags remove
-    many honest chunks too (with it first, set ``flag_threshold=0``). Derived probes give no
-    such evidence.
+    chunk on which the first defense (the per-query default unless told otherwise) removed it
+    with a set (any reason but the lone-passage veto, :data:`~.records.LONE_REMOVAL`, which in
+    a poisoned pool removes the honest minority), relative to ``flag_threshold``, for chunks
+    whose own score is at least ``flag_gate`` (some isolation or targeting). Count it only for
+    a defense that removes on evidence: RAGDefender's flags remove many honest chunks too (with
+    it first, set ``flag_threshold=0``). Derived probes give no such evidence.
 
     Attributes:
         min_group: Smallest group (the chunk and ``min_group - 1`` neighbours) that counts.
@@ -120,6 +120,7 @@ class Evidence:
     closest_probe: np.ndarray | None = None  # that question's probe number (-1: none)
     source: np.ndarray | None = None  # each chunk's source, a number (-1: none; None: no sources)
     source_names: list[str] = field(default_factory=list)  # the sources, by number
+    with_set: dict[str, np.ndarray] | None = None  # removals with a set (None: as flagged)
     #: cosine to the closest logged question that retrieved it minus cosine to its nearest
     #: chunk (``None`` without a query log; -1 where no question retrieved it, or it has no
     #: other chunk to be nearer to)
@@ -139,7 +140,7 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     """All the evidence in a finished audit's folder (its sizes, shards and neighbours as the
     manifest records them)."""
     sizes = wd.noted("part_sizes")
-    retrieved, flagged = counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
+    retrieved, flagged, with_set = counts(wd, sum(sizes), wd.noted("probe_parts"), defenses)
     params = wd.read_json("manifest.json")["params"]
     group_of, groups, isolated, wide, near, nearest = find_groups(
         wd, len(sizes), wd.noted("shards"), params["neighbours"], scoring,
@@ -151,7 +152,7 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     source, names = read_sources(wd, len(sizes))
     return Evidence(
         retrieved, flagged, isolated, group_of, groups, wide, near, nearest, closest, probe,
-        source, names,
+        source, names, with_set,
     )  # fmt: skip
 
 
@@ -286,18 +287,19 @@ def scored(
 
 def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     """The score on a chunk's own evidence (no source support)."""
-    rate = _flag_rate(evidence, primary)
+    rate = _flag_rate(evidence, evidence.flagged[primary])
     w = scoring.probe_weight
     out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
     if _flags_count(evidence, scoring):
-        gated = np.where(out >= scoring.flag_gate, rate, 0.0)
+        sets = _flag_rate(evidence, (evidence.with_set or evidence.flagged)[primary])
+        gated = np.where(out >= scoring.flag_gate, sets, 0.0)
         out = np.maximum(out, gated * scoring.threshold / scoring.flag_threshold)
     return out
 
 
-def _flag_rate(evidence: Evidence, primary: str) -> np.ndarray:
-    """Per position: the share of the probes retrieving it on which ``primary`` removed it."""
-    flags, retrieved = evidence.flagged[primary], evidence.retrieved
+def _flag_rate(evidence: Evidence, flags: np.ndarray) -> np.ndarray:
+    """Per position: the share of the probes retrieving it that removed it (``flags``)."""
+    retrieved = evidence.retrieved
     out: np.ndarray = np.divide(flags, retrieved, out=np.zeros(len(flags)), where=retrieved > 0)
     return out
 
@@ -363,10 +365,11 @@ def reasons(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"
         )
     if flags and _flags_count(evidence, scoring):
+        sets = int((evidence.with_set or evidence.flagged)[primary][i])
         why.append(
             f"{primary} removed it on {flags} of the {retrieved} logged questions that retrieved "
-            f"it (counted from {scoring.flag_threshold:.0%}, where its own score is at least "
-            f"{scoring.flag_gate})"
+            f"it, {sets} with a set (counted from {scoring.flag_threshold:.0%}, where its own "
+            f"score is at least {scoring.flag_gate})"
         )
     elif flags:
         why.append(f"{primary} removed it on {flags} of the {retrieved} probes that retrieved it")

@@ -13,6 +13,7 @@ from .steps import merged_hits
 from .workdir import Workdir, part_name
 
 __all__ = [
+    "LONE_REMOVAL",
     "closest_queries",
     "closest_questions",
     "counts",
@@ -63,18 +64,26 @@ def _malformed(records: Any, probe_ids: list[str], n_chunks: int) -> str:
     return ""
 
 
+#: how a removal on one pool's difference alone begins (Consensus's unsupported veto): it is
+#: no evidence of a planted set, and in a poisoned pool it removes the honest minority
+LONE_REMOVAL = "removed: unsupported"
+
+
 def counts(
     wd: Workdir, n_chunks: int, probe_parts: int, defenses: list[str]
-) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    """How often each chunk was retrieved, and removed by each defense."""
+) -> tuple[np.ndarray, dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """How often each chunk was retrieved, removed by each defense, and removed by each defense
+    with a set (any reason but :data:`LONE_REMOVAL`)."""
     retrieved = np.zeros(n_chunks, dtype=np.int64)
     flagged = {d: np.zeros(n_chunks, dtype=np.int64) for d in defenses}
+    with_set = {d: np.zeros(n_chunks, dtype=np.int64) for d in defenses}
     for record, _ in probe_records(wd, probe_parts, n_chunks):
         np.add.at(retrieved, np.asarray(record["hits"], dtype=np.int64), 1)
         for defense, removed in record["flags"].items():
-            for position in removed:
+            for position, reason in removed.items():
                 flagged[defense][int(position)] += 1
-    return retrieved, flagged
+                with_set[defense][int(position)] += not reason.startswith(LONE_REMOVAL)
+    return retrieved, flagged, with_set
 
 
 def flag_examples(
