@@ -636,6 +636,20 @@ def test_query_log_probes(toy: CallableEmbedder, tmp_path: Path) -> None:
     assert report.stats["probes"] == 2 and report.stats["probe_source"] == "query log"
     flagged = {f.id for f in report.findings if f.flagged["consensus"]}
     assert flagged & planted
+    # removals with a set, as the flag evidence reads them: every reason but the lone veto's
+    from ragdefense.auditing.evidence import assess
+    from ragdefense.auditing.records import LONE_REMOVAL, probe_records
+    from ragdefense.auditing.workdir import Workdir
+
+    wd = Workdir(tmp_path / "w")
+    evidence = assess(wd, ["consensus"], Scoring())
+    tally = np.zeros(len(evidence.retrieved), dtype=np.int64)
+    for record, _ in probe_records(wd, wd.noted("probe_parts"), len(tally)):
+        for position, reason in record["flags"]["consensus"].items():
+            tally[int(position)] += not reason.startswith(LONE_REMOVAL)
+    assert evidence.with_set is not None and tally.sum() > 0
+    assert evidence.with_set["consensus"].tolist() == tally.tolist()
+    assert (evidence.flagged["consensus"] >= tally).all()
 
 
 def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

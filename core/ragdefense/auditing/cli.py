@@ -66,7 +66,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         source = source() if callable(source) else source
     try:
         settings = AuditSettings(
-            defenses=args.defense or ["consensus"],
+            defenses=args.defense or AuditSettings().defenses,
             top_m=args.top_m,
             max_probes=args.max_probes,
             source_key=None if args.source_key.lower() == "none" else args.source_key,

@@ -84,8 +84,8 @@ class Scoring:
         wide_threshold: The wide isolation that counts as ``threshold``.
         target_threshold: The targeting that counts as ``threshold`` (0 turns it off).
         source_threshold: The source support that counts as ``threshold`` (0 turns it off).
-        flag_threshold: With a query log, the first defense's flag rate that counts as
-            ``threshold`` (0 turns it off).
+        flag_threshold: With a query log, the first defense's rate of removals with a set
+            that counts as ``threshold`` (0 turns it off).
         flag_gate: The own score a chunk needs for its flags to count.
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
         max_group: Larger near-duplicate components are topics, not groups (not shown).

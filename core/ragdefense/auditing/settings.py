@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from ..defenses.registry import DEFAULT_DEFENSE
 from .evidence import Scoring
 
 __all__ = ["AuditSettings"]
@@ -26,7 +27,7 @@ class AuditSettings:
 
     Attributes:
         defenses: Registry names or defense objects run on each probe's top ``top_m``
-            (default: the per-query default, ``"consensus"``); with a query log, the first
+            (default: the per-query default, ``DEFAULT_DEFENSE``); with a query log, the first
             one's flags are evidence (``Scoring.flag_threshold``).
         top_m: Chunks retrieved per probe.
         max_probes: At most this many derived probes (a seeded sample).
@@ -47,7 +48,7 @@ class AuditSettings:
             it; ``None``: provenance off). Chunks without one have no source evidence.
     """
 
-    defenses: Sequence[Any] = ("consensus",)
+    defenses: Sequence[Any] = (DEFAULT_DEFENSE,)
     top_m: int = 10
     max_probes: int | None = None
     neighbours: int = 10
