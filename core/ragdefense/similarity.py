@@ -33,7 +33,7 @@ import numpy as np
 
 from .text import tokenize
 
-__all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "unit_rows"]
+__all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "pairs_among", "unit_rows"]
 
 
 def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
@@ -63,6 +63,13 @@ def cosine_matrix(emb: np.ndarray) -> np.ndarray:
     sim: np.ndarray = unit @ unit.T
     clipped: np.ndarray = np.clip(sim, -1.0, 1.0)
     return clipped
+
+
+def pairs_among(sim: np.ndarray, idx: Sequence[int] | np.ndarray) -> np.ndarray:
+    """The similarities of every pair among the rows ``idx`` of the square matrix ``sim``
+    (each pair once; empty for fewer than two)."""
+    at = np.asarray(idx, dtype=np.intp)
+    return np.asarray(sim[np.ix_(at, at)][np.triu_indices(len(at), 1)])
 
 
 def pagerank(

@@ -131,6 +131,10 @@ class Evidence:
             known = np.isfinite(self.closest_query) & np.isfinite(self.nearest)
             self.targeting = np.where(known, self.closest_query - self.nearest, -1.0)
 
+    def removed_with_set(self, primary: str) -> np.ndarray:
+        """Per position: ``primary``'s removals with a set (all of them when not counted apart)."""
+        return (self.with_set or self.flagged)[primary]
+
     def group(self, i: int) -> dict[str, Any] | None:
         """The near-duplicate group of position ``i`` (``None`` when it has none)."""
         return self.groups[self.group_of[i]] if self.group_of[i] >= 0 else None
@@ -291,7 +295,7 @@ def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
     w = scoring.probe_weight
     out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
     if _flags_count(evidence, scoring):
-        sets = _flag_rate(evidence, (evidence.with_set or evidence.flagged)[primary])
+        sets = _flag_rate(evidence, evidence.removed_with_set(primary))
         gated = np.where(out >= scoring.flag_gate, sets, 0.0)
         out = np.maximum(out, gated * scoring.threshold / scoring.flag_threshold)
     return out
@@ -365,7 +369,7 @@ def reasons(
             f"one of {group['size']} near-duplicates (mean similarity {group['similarity']:.2f})"
         )
     if flags and _flags_count(evidence, scoring):
-        sets = int((evidence.with_set or evidence.flagged)[primary][i])
+        sets = int(evidence.removed_with_set(primary)[i])
         why.append(
             f"{primary} removed it on {flags} of the {retrieved} logged questions that retrieved "
             f"it, {sets} with a set (counted from {scoring.flag_threshold:.0%}, where its own "

@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 
 from ..embedders import passage_and_query_embeddings
-from ..similarity import cosine_matrix, cosine_to
+from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, CoordinatedGroup, coordinated_groups
 from .ragdefender import RAGDefender
@@ -237,7 +237,7 @@ def _least_pairwise(sim: np.ndarray, idx: list[int]) -> float | None:
     """The least cosine between two of ``idx`` (``None`` for fewer than two)."""
     if len(idx) < 2:
         return None
-    return float(sim[np.ix_(idx, idx)][np.triu_indices(len(idx), 1)].min())
+    return float(pairs_among(sim, idx).min())
 
 
 def _relabel(

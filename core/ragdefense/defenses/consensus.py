@@ -49,7 +49,7 @@ import numpy as np
 
 from ..embedders import passage_and_query_embeddings
 from ..provenance import AUTO, Trust, is_trusted_by, sources_of
-from ..similarity import cosine_matrix, cosine_to
+from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 from .grada import GRADA, coordinated_groups
 from .pool import Pool, distinct, map_back
@@ -280,7 +280,7 @@ class Consensus:
                 f"steps, fewer than min_passages={self.min_passages}"
             )
             return
-        agreement = float(sim[np.ix_(left, left)][np.triu_indices(len(left), 1)].mean())
+        agreement = float(pairs_among(sim, left).mean())
         if agreement < self.min_agreement:
             estimates["support"] = (
                 f"skipped: the {len(left)} passages on the query's topic agree on nothing "
@@ -337,7 +337,7 @@ class Consensus:
                 own = standing
             if len(own) < 2 or n_rest < 2 or not standing or any(trusted[i] for i in own):
                 continue
-            inner = float(sim[np.ix_(own, own)][np.triu_indices(len(own), 1)].mean())
+            inner = float(pairs_among(sim, own).mean())
             across = float(sim[np.ix_(own, rest)].mean())
             pair = len(own) == 2  # one voice only when nearly one text
             if inner - across < self.voice or (pair and inner < self.tightness):

@@ -30,7 +30,7 @@ from scipy.cluster.hierarchy import linkage
 from scipy.spatial.distance import squareform
 
 from ..embedders import passage_and_query_embeddings
-from ..similarity import BM25, cosine_matrix, cosine_to, cut, pagerank
+from ..similarity import BM25, cosine_matrix, cosine_to, cut, pagerank, pairs_among
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
@@ -87,7 +87,7 @@ def coordinated_groups(
         if best is None or best[0] < margin:
             break
         lift, members = best
-        inner = sim[np.ix_(members, members)][np.triu_indices(len(members), 1)]
+        inner = pairs_among(sim, members)
         groups.append(CoordinatedGroup(tuple(int(i) for i in members), float(inner.mean()), lift))
         alive[members] = False
     return groups
