@@ -20,7 +20,9 @@ of four pieces of evidence:
    passages step 1 already removed is judged on all of them (its escaped planted passage goes).
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
-   way; one that agrees with or adds to the trusted passages stays.
+   way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
+   a trusted passage (cosine ``tightness`` or more) that the retriever ranks above it goes:
+   a trusted text edited toward the query (a faithful copy adds nothing the original lacks).
 4. **Unsupported** (GRADA's signal, used as a veto): a passage the retriever ranks in the top
    half of what is left while the other passages' support (HRSIM PageRank over BM25) ranks it
    in the bottom half. A lone passage written for the query mimics the query and nothing
@@ -50,9 +52,9 @@ import numpy as np
 from ..embedders import passage_and_query_embeddings
 from ..provenance import AUTO, Trust, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
-from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
-from .pool import Pool, distinct, map_back
+from .pool import Pool, consensus_result, distinct, map_back
 
 __all__ = ["Consensus"]
 
@@ -64,8 +66,9 @@ class Consensus:
     Args:
         embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: the packaged
             all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
-        tightness: Least average cosine within a coordinated group, and between the two
-            passages of a source that make one voice.
+        tightness: Least average cosine within a coordinated group, between the two passages
+            of a source that make one voice, and from an untrusted passage to the trusted one
+            it copies.
         min_group: Fewest passages a coordinated group holds (a pair is as often one
             document's two chunks that answer the question as a planted pair).
         margin: Least query similarity by which a coordinated group must exceed the rest.
@@ -163,13 +166,19 @@ class Consensus:
         trusted = [self._is_trusted(p, s) for p, s in zip(items, sources, strict=True)]
         if m < self.min_passages:
             why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
-            return self._result(query, items, np.zeros(m), sources, trusted, {}, {"note": why})
+            note = {"note": why}
+            return consensus_result(
+                self.name, query, items, np.zeros(m), sources, trusted, {}, note
+            )
         emb, q_emb = passage_and_query_embeddings(
             query, items, self.embedder, embeddings, query_embedding
         )
         if not np.abs(emb).any() or not np.abs(q_emb).any():
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
-            return self._result(query, items, np.zeros(m), sources, trusted, {}, {"note": why})
+            note = {"note": why}
+            return consensus_result(
+                self.name, query, items, np.zeros(m), sources, trusted, {}, note
+            )
         full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's
@@ -198,7 +207,9 @@ class Consensus:
         estimates["sources"] = len(set(known)) if known else None
         if any(trusted):
             estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
-        return self._result(query, items, full_qs, sources, trusted, removed, estimates)
+        return consensus_result(
+            self.name, query, items, full_qs, sources, trusted, removed, estimates
+        )
 
     def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
@@ -241,24 +252,35 @@ class Consensus:
 
     def _contradicting(self, pool: Pool) -> None:
         """Evidence 3: untrusted passages answering the query apart from every trusted one
-        (trusted passages about something else, below the query's topic, are no reference)."""
+        (trusted passages about something else, below the query's topic, are no reference), and
+        near-copies of a trusted passage ranked above it (a trusted text edited toward the
+        query; a faithful copy says nothing the trusted one does not)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
-        topical = set(pool.topical)
-        anchors = [i for i, t in enumerate(trusted) if t and i in topical]
-        if self.anchor is None or not anchors:
-            return
+        every = [i for i, t in enumerate(trusted) if t]
+        topical = set(pool.topical) if self.anchor is not None else set()
+        anchors = [i for i in every if i in topical]
         found = []
-        for i in range(len(qs)):
+        for i in range(len(qs)) if every else ():
             if trusted[i] or i in removed:
                 continue
-            nearest = float(sim[i, anchors].max())
-            if qs[i] - nearest >= self.anchor:
-                found.append(i)
+            copied = [j for j in every if sim[i, j] >= self.tightness and qs[i] > qs[j]]
+            nearest = float(sim[i, anchors].max()) if anchors else 1.0
+            if copied:
+                j = max(copied, key=lambda j: sim[i, j])
+                removed[i] = (
+                    f"an edited copy of a trusted passage: cosine {sim[i, j]:.3f} >= "
+                    f"{self.tightness} to it, ranked above it (query similarity {qs[i]:.3f} > "
+                    f"{qs[j]:.3f})"
+                )
+            elif self.anchor is not None and qs[i] - nearest >= self.anchor:
                 removed[i] = (
                     f"contradicts the trusted passages: query similarity {qs[i]:.3f} exceeds "
                     f"its best cosine to a trusted passage ({nearest:.3f}) by "
                     f"{qs[i] - nearest:.3f} >= {self.anchor}"
                 )
+            else:
+                continue
+            found.append(i)
         if found:
             estimates["contradicting"] = found
 
@@ -352,49 +374,3 @@ class Consensus:
                 )
         if found:
             estimates["voices"] = found
-
-    def _result(
-        self,
-        query: str,
-        items: list[Any],
-        qs: np.ndarray,
-        sources: list[str | None],
-        trusted: list[bool],
-        removed: dict[int, str],
-        estimates: dict[str, Any],
-    ) -> DefenseResult:
-        note = estimates.get("note")
-        verdicts = []
-        rank = 0
-        for i, passage in enumerate(items):
-            kept = i not in removed
-            src = (
-                f" (source {sources[i]!r}{', trusted' if trusted[i] else ''})" if sources[i] else ""
-            )
-            if not kept:
-                reason = f"removed: {removed[i]}"
-            elif note:
-                reason = f"kept: {note}"
-            elif trusted[i]:
-                reason = "kept: trusted"
-            else:
-                reason = "kept: no evidence of a coordinated attack"
-            verdicts.append(
-                Verdict(
-                    index=i,
-                    passage=passage,
-                    kept=kept,
-                    score=float(qs[i]),
-                    reason=reason + src,
-                    rank=rank if kept else None,
-                    details={"trusted": float(trusted[i])},
-                )
-            )
-            rank += kept
-        return DefenseResult(
-            defense=self.name,
-            query=query,
-            verdicts=tuple(verdicts),
-            score_name="query_sim",
-            estimates=estimates,
-        )

@@ -9,7 +9,9 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["Pool", "distinct", "map_back", "on_topic"]
+from ..types import DefenseResult, Verdict
+
+__all__ = ["Pool", "consensus_result", "distinct", "map_back", "on_topic"]
 
 
 def on_topic(qs: np.ndarray) -> list[int]:
@@ -87,3 +89,49 @@ class Pool:
         """What most steps read: similarities, query similarities, trust, and the two results
         they add to (shared, not copied)."""
         return self.sim, self.qs, self.trusted, self.removed, self.estimates
+
+
+def consensus_result(
+    defense: str,
+    query: str,
+    items: list[Any],
+    qs: np.ndarray,
+    sources: list[str | None],
+    trusted: list[bool],
+    removed: dict[int, str],
+    estimates: dict[str, Any],
+) -> DefenseResult:
+    """Consensus's verdicts: each passage kept or removed with why, its source and trust."""
+    note = estimates.get("note")
+    verdicts = []
+    rank = 0
+    for i, passage in enumerate(items):
+        kept = i not in removed
+        src = f" (source {sources[i]!r}{', trusted' if trusted[i] else ''})" if sources[i] else ""
+        if not kept:
+            reason = f"removed: {removed[i]}"
+        elif note:
+            reason = f"kept: {note}"
+        elif trusted[i]:
+            reason = "kept: trusted"
+        else:
+            reason = "kept: no evidence of a coordinated attack"
+        verdicts.append(
+            Verdict(
+                index=i,
+                passage=passage,
+                kept=kept,
+                score=float(qs[i]),
+                reason=reason + src,
+                rank=rank if kept else None,
+                details={"trusted": float(trusted[i])},
+            )
+        )
+        rank += kept
+    return DefenseResult(
+        defense=defense,
+        query=query,
+        verdicts=tuple(verdicts),
+        score_name="query_sim",
+        estimates=estimates,
+    )
