@@ -180,6 +180,8 @@ def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
     assert {k[0] for k in gold} == set(GOLD_ROWS) and set(GOLD_ROWS) < set(THREAT_ROWS)
     assert any(k[2].endswith("S=1, a tie") for k in gold)  # MS MARCO: one gold passage
     assert "gold sources against attacker sources" in table
+    # the trusted row cell by cell: a line per bundle and ratio, naming its worst family
+    assert "| nq 1x | " in table and "| hotpotqa 6x | " in table and "no-prefix: " in table
 
 
 @pytest.mark.data

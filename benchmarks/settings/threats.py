@@ -19,7 +19,8 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
   independent sources than the attacker, as many (a tie), or fewer.
 
 Trusted rows trust the two top-ranked web results (RealtimeQA) and the gold passages (the
-RAGDefender setting). Families: :data:`~benchmarks.settings.default.TUNING` and
+RAGDefender setting); the trusted row's poisoned majority is also shown bundle by bundle and
+ratio by ratio, with its worst held-out family. Families: :data:`~benchmarks.settings.default.TUNING` and
 :data:`~benchmarks.settings.default.HELD_OUT`; cells show the tuning family
 ``poisonedrag`` and the mean over the held-out ones.
 """
@@ -333,6 +334,19 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         )
         for s in (1, 2)
     )
+    trusted = []
+    for setting in majority:  # the trusted row cell by cell: every bundle and ratio
+        key = ("default, trusted sources", "majority", setting)
+        worst = max(held, key=lambda f: by.get((*key, f), {}).get("poison_share", -1.0))
+        trusted.append(
+            [
+                setting,
+                _cell(by, key[0], key[1], [setting], TUNING[0]),
+                _cell(by, key[0], key[1], [setting], held),
+                f"{worst}: {_cell(by, key[0], key[1], [setting], worst)}",
+            ]
+        )
+    trusted_header = ["bundle", TUNING[0], "held out", "worst held-out family"]
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
@@ -346,6 +360,11 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "(a poisoned top 8, and 5 of a top 10):",
         "",
         *markdown_table(curve_header, curve),
+        "",
+        "The RAGDefender setting (a poisoned majority, no sources) with the gold passages "
+        "trusted, cell by cell (context 5 NQ / 2 others):",
+        "",
+        *markdown_table(trusted_header, trusted),
         "",
         "The RAGDefender setting (a poisoned majority) with each gold passage its own source and "
         "the planted passages from S attacker sources, by how many independent sources each "
