@@ -59,6 +59,8 @@ def test_a_coordinated_group_above_the_rest_is_removed_with_its_evidence() -> No
 
 
 def test_a_group_holding_a_trusted_passage_is_not_evidence() -> None:
+    """No group step: the group holding a trusted passage agrees with it. Only its members
+    ranked above the trusted one go, as edited copies of it (step 3)."""
     passages, emb, q, _ = _pool(1, n_benign=6, n_poison=3)
     passages[7] = replace(passages[7], metadata={"source": "https://www.who.int/a"})
     result = Consensus(support=False, anchor=None, trusted={"who.int"}).defend_embeddings(
@@ -410,6 +412,14 @@ def test_an_untrusted_copy_of_a_trusted_passage_ranked_above_it_is_removed() -> 
     assert "an edited copy of a trusted passage" in result.verdicts[1].reason
     assert result.estimates["contradicting"] == [1]
     assert Consensus(anchor=None).defend_embeddings("q", passages, emb, q).removed == []
+    # with the default anchor too; and a copy of the edited passage placed first is its copy
+    doubled = [replace(passages[1], metadata={"source": "mirror-2.example"}), *passages]
+    again = Consensus(trusted={"who.int"}).defend_embeddings(
+        "q", doubled, np.vstack([edited, emb]), q
+    )
+    assert again.removed_indices == [0, 2], again.to_table()
+    assert again.estimates["contradicting"] == [0]
+    assert "a copy of passage 0" in again.verdicts[2].reason
 
 
 def test_an_edited_copy_of_a_trusted_page_is_removed_with_minilm(minilm: object) -> None:

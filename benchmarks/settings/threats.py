@@ -20,9 +20,9 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
 
 Trusted rows trust the two top-ranked web results (RealtimeQA) and the gold passages (the
 RAGDefender setting); the trusted row's poisoned majority is also shown bundle by bundle and
-ratio by ratio, with its worst held-out family. Families: :data:`~benchmarks.settings.default.TUNING` and
-:data:`~benchmarks.settings.default.HELD_OUT`; cells show the tuning family
-``poisonedrag`` and the mean over the held-out ones.
+ratio by ratio, with its worst held-out family. Families:
+:data:`~benchmarks.settings.default.TUNING` and :data:`~benchmarks.settings.default.HELD_OUT`;
+cells show the tuning family ``poisonedrag`` and the mean over the held-out ones.
 """
 
 from __future__ import annotations
@@ -335,15 +335,16 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         for s in (1, 2)
     )
     trusted = []
+    row, scenario = "default, trusted sources", "majority"
     for setting in majority:  # the trusted row cell by cell: every bundle and ratio
-        key = ("default, trusted sources", "majority", setting)
-        worst = max(held, key=lambda f: by.get((*key, f), {}).get("poison_share", -1.0))
+        share = {f: by.get((row, scenario, setting, f), {}).get("poison_share", -1.0) for f in held}
+        worst = max(held, key=share.__getitem__, default=None)
         trusted.append(
             [
                 setting,
-                _cell(by, key[0], key[1], [setting], TUNING[0]),
-                _cell(by, key[0], key[1], [setting], held),
-                f"{worst}: {_cell(by, key[0], key[1], [setting], worst)}",
+                _cell(by, row, scenario, [setting], TUNING[0]),
+                _cell(by, row, scenario, [setting], held),
+                f"{worst}: {_cell(by, row, scenario, [setting], worst)}" if worst else "-",
             ]
         )
     trusted_header = ["bundle", TUNING[0], "held out", "worst held-out family"]

@@ -80,7 +80,8 @@ class Consensus:
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
         trusted: Sources never removed, or a predicate on a passage's metadata.
         anchor: Least excess of an untrusted passage's query similarity over its best cosine
-            to a trusted passage for it to count as contradicting them (``None``: never).
+            to a trusted passage for it to count as contradicting them (``None``: never; the
+            edited-copy rule of step 3 does not use it).
         support: Drop the top-ranked passages the others do not support (step 4).
         min_passages: Below this many passages nothing is removed.
 
@@ -251,28 +252,30 @@ class Consensus:
             estimates["groups"] = found
 
     def _contradicting(self, pool: Pool) -> None:
-        """Evidence 3: untrusted passages answering the query apart from every trusted one
-        (trusted passages about something else, below the query's topic, are no reference), and
-        near-copies of a trusted passage ranked above it (a trusted text edited toward the
-        query; a faithful copy says nothing the trusted one does not)."""
+        """Evidence 3: untrusted passages answering the query apart from every trusted one on
+        the query's topic (trusted passages about something else are no reference for that),
+        and near-copies of any trusted passage ranked above it (a trusted text edited toward
+        the query; a faithful copy says nothing the trusted one does not)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
         every = [i for i, t in enumerate(trusted) if t]
+        if not every:
+            return
         topical = set(pool.topical) if self.anchor is not None else set()
         anchors = [i for i in every if i in topical]
         found = []
-        for i in range(len(qs)) if every else ():
+        for i in range(len(qs)):
             if trusted[i] or i in removed:
                 continue
             copied = [j for j in every if sim[i, j] >= self.tightness and qs[i] > qs[j]]
-            nearest = float(sim[i, anchors].max()) if anchors else 1.0
+            nearest = float(sim[i, anchors].max()) if anchors else 0.0
             if copied:
-                j = max(copied, key=lambda j: sim[i, j])
+                j = max(copied, key=lambda t: float(sim[i, t]))
                 removed[i] = (
                     f"an edited copy of a trusted passage: cosine {sim[i, j]:.3f} >= "
                     f"{self.tightness} to it, ranked above it (query similarity {qs[i]:.3f} > "
                     f"{qs[j]:.3f})"
                 )
-            elif self.anchor is not None and qs[i] - nearest >= self.anchor:
+            elif anchors and self.anchor is not None and qs[i] - nearest >= self.anchor:
                 removed[i] = (
                     f"contradicts the trusted passages: query similarity {qs[i]:.3f} exceeds "
                     f"its best cosine to a trusted passage ({nearest:.3f}) by "

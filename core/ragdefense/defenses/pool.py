@@ -1,5 +1,6 @@
 """The retrieved pool as Consensus reads it: copies of one passage counted once, and the
-passages on the query's topic (a small store's pool reaches other topics)."""
+passages on the query's topic (a small store's pool reaches other topics); and the verdicts
+Consensus returns for it."""
 
 from __future__ import annotations
 
