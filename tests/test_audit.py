@@ -611,7 +611,7 @@ def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_
     assert manifests[0]["params"] == manifests[1]["params"]
     assert list(manifests[0]["params"]) == [
         "knowledge_base", "defenses", "top_m", "max_probes", "neighbours", "wide_neighbours",
-        "part_size", "queries", "embedder", "index",
+        "part_size", "queries", "embedder", "index", "shards", "route",
     ]  # fmt: skip
     assert manifests[0]["params"]["part_size"] == 32
     overridden = audit(
@@ -792,6 +792,11 @@ def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
         )
         on_ray = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "r",
                        part_size=16, engine="ray", workers=2)  # fmt: skip
+        # routed: the routes, the search and the recheck of suspects run as Ray tasks too
+        routed = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "rr",
+                       part_size=16, engine="ray", workers=2, shards=4, route=2)  # fmt: skip
+        routed_here = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "lr",
+                            part_size=16, shards=4, route=2)  # fmt: skip
         # one part may take longer than Ray Data's no-progress limit (30 min, made 1 s here):
         # a shard's index built and searched yields nothing until it is done
         context = ray.data.DataContext.get_current()
@@ -807,6 +812,10 @@ def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
         (f.id, round(f.score, 5)) for f in local.findings
     ]
     assert {f.id for f in on_ray.top(len(planted))} == planted
+    assert "recheck" in routed.stats["stage_seconds"]
+    assert [(f.id, round(f.score, 5)) for f in routed.findings] == [
+        (f.id, round(f.score, 5)) for f in routed_here.findings
+    ]
 
 
 def test_audit_is_exported_lazily() -> None:

@@ -70,6 +70,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             top_m=args.top_m,
             max_probes=args.max_probes,
             source_key=None if args.source_key.lower() == "none" else args.source_key,
+            shards=args.shards,
+            route=args.route,
         )
         report = audit(
             source,
@@ -135,6 +137,15 @@ def add_audit_parser(sub: Any) -> None:
         "--address", default=None, help="ray: a running cluster (default $RAY_ADDRESS, else local)"
     )
     parser.add_argument("--workers", type=positive, default=None, help="ray: actors per step")
+    parser.add_argument(
+        "--shards", type=positive, default=None, help="index shards (default one per worker)"
+    )
+    parser.add_argument(
+        "--route",
+        type=positive,
+        default=None,
+        help="search each chunk in its ROUTE nearest k-means shards only (default every shard)",
+    )
     parser.add_argument(
         "--format",
         type=_formats,

@@ -32,6 +32,7 @@ from .evidence import Scoring, assess, reasons, scored, targeted, victim_reason
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
+from .routing import recheck_suspects, route_parts
 from .settings import AuditSettings
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
@@ -40,6 +41,10 @@ from .workdir import Workdir, locate, part_name, part_starts, part_texts
 __all__ = ["audit"]
 
 logger = logging.getLogger("ragdefense")
+_CHANGED = (
+    "{}: the knowledge base changed since this audit read it (chunk part {} differs): "
+    "give fresh=True (--fresh) to start over, or another folder"
+)
 
 
 def audit(
@@ -168,6 +173,9 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
     )
     job.map(defend, n_probe_parts, "defend")
     lap("defend")
+    if job.wd.noted("route"):  # the suspects of a routed search, searched in every shard
+        recheck_suspects(job.wd, job.names, settings, kind, job.map)
+        lap("recheck")
     report = _report(job.wd, sizes, job.names, settings.scoring or Scoring(), settings.report_top)
     lap("report")
     engine = options.engine
@@ -177,6 +185,7 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
         probe_source="query log" if job.queries is not None else "derived from the corpus",
         engine=engine if isinstance(engine, str) else type(engine).__name__,
         shards=n_shards,
+        route=job.wd.noted("route"),
         index=kind,
         seconds=round(time.perf_counter() - started, 2),
         stage_seconds=stages,
@@ -204,6 +213,8 @@ def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> t
             "queries": None if queries is None else len(queries),
             "embedder": None if embedder is None else repr(type(embedder)),
             "index": settings.index,
+            "shards": settings.shards,
+            "route": settings.route,
         },
         fresh=options.fresh,
     )
@@ -228,10 +239,14 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
             f"the stored vectors have {wd.noted('dim')} dimensions but the embedder gives "
             f"{probe_dim}: pass embedder=, the model the knowledge base was embedded with"
         )
-    # a resumed audit keeps the shards it started with, whatever its workers now: each shard is
-    # a task of its own, and the parts searched already stay valid
-    n_shards = int(wd.noted("shards") or max(1, min(job.runner.workers, len(sizes))))
+    # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
+    n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
+    route = settings.route if settings.route and settings.route < n_shards <= sum(sizes) else None
+    n_shards = n_shards if route else max(1, min(n_shards, len(sizes)))  # contiguous: by part
     wd.note("shards", n_shards)
+    wd.note("route", route)
+    if route:
+        route_parts(wd, sizes, n_probe_parts, n_shards, route, job.map)
     kind = settings.index
     if kind == "auto":
         kind = "flat" if sum(sizes) / n_shards <= 200_000 else "hnsw"
@@ -239,8 +254,8 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         ("probes", n_probe_parts, settings.top_m),
         ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),
     ]
-    local = isinstance(job.runner, LocalEngine)  # a Ray actor's bar would go to its log only
-    step = ShardSearchStep(str(wd.path), n_shards, searches, kind, job.options.progress and local)
+    bars = job.options.progress and isinstance(job.runner, LocalEngine)  # not a Ray actor's log
+    step = ShardSearchStep(str(wd.path), n_shards, searches, kind, bars, route)
     job.map(step, n_shards, "search (a shard per worker)")
     return n_shards, kind
 
@@ -264,10 +279,10 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
         if wd.has(f"{name}.json"):
             written = part_texts(wd, part)
             if _digest(written["ids"], written["texts"]) != digest:
-                raise ValueError(_changed(wd, part))
+                raise ValueError(_CHANGED.format(wd.path, part))
         else:
             if known is not None:  # the knowledge base grew since the audit read it
-                raise ValueError(_changed(wd, part))
+                raise ValueError(_CHANGED.format(wd.path, part))
             if batch.vectors is not None:
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
             wd.write_json(
@@ -285,18 +300,11 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
     if not sizes:
         raise ValueError("the knowledge base is empty")
     if known is not None and known != digests:
-        raise ValueError(_changed(wd, len(digests)))
+        raise ValueError(_CHANGED.format(wd.path, len(digests)))
     if known is None:
         wd.note("part_sizes", sizes)
         wd.note("part_digests", digests)
     return sizes
-
-
-def _changed(wd: Workdir, part: int) -> str:
-    return (
-        f"{wd.path}: the knowledge base changed since this audit read it (chunk part {part} "
-        "differs): give fresh=True (--fresh) to start over, or another folder"
-    )
 
 
 def _probes(

@@ -46,6 +46,14 @@ class AuditSettings:
         source_key: The metadata key naming a chunk's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` it has, as the per-query defenses read
             it; ``None``: provenance off). Chunks without one have no source evidence.
+        shards: Shards of the index (default: one per worker); each is one task, its index
+            built once.
+        route: Search each chunk and probe in the ``route`` shards nearest it only, the
+            shards cut by a k-means of the vectors (:mod:`ragdefense.auditing.routing`):
+            ``route`` searches per vector instead of one per shard, for knowledge bases too
+            large to search every shard; approximate where a neighbour lies in a farther
+            cell, except for the suspects, which are searched again in every shard before
+            the report. ``None`` (or ``route >= shards``): every shard, exhaustive.
     """
 
     defenses: Sequence[Any] = (DEFAULT_DEFENSE,)
@@ -58,8 +66,14 @@ class AuditSettings:
     report_top: int = 1000
     wide_neighbours: int = 40
     source_key: str | None = "auto"
+    shards: int | None = None
+    route: int | None = None
 
     def __post_init__(self) -> None:
+        if (self.shards is not None and self.shards < 1) or (
+            self.route is not None and self.route < 1
+        ):
+            raise ValueError("shards and route must be None or >= 1")
         if self.top_m < 2 or self.neighbours < 1 or self.part_size < 1:
             raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
         if self.wide_neighbours < 0 or 0 < self.wide_neighbours <= self.neighbours:

@@ -6,7 +6,9 @@ picklable object that loads its models and index once per process.
 1. :class:`EmbedStep`: embed a part of chunks (or of probes) and store unit vectors.
 2. :class:`SearchStep`: search a part's vectors in one shard of the index (FAISS when installed,
    else exact numpy) and store the shard's top hits; :class:`ShardSearchStep` runs it on every
-   part for one shard, so that a worker builds that shard's index once.
+   part for one shard, so that a worker builds that shard's index once. Routed
+   (:mod:`ragdefense.auditing.routing`), a shard holds the chunks of one k-means cell and
+   searches only the vectors routed to it.
 3. :class:`DefendStep`: merge a probe part's hits over all shards into its top M, run each
    defense on them with the stored vectors, store who was flagged and why.
 """
@@ -20,7 +22,7 @@ import numpy as np
 
 from ..embedders import Embedder
 from ..similarity import unit_rows
-from .workdir import Workdir, locate, part_name, part_starts, part_texts
+from .workdir import Workdir, locate, part_name, part_starts, part_texts, route_file
 
 __all__ = [
     "DefendStep",
@@ -33,6 +35,7 @@ __all__ = [
 ]
 
 _ADD_BLOCK = 65_536  # vectors handed to FAISS at once while a shard's index is built
+_EF_SEARCH = 64  # HNSW's search width
 _CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shard indexes
 
 
@@ -88,35 +91,60 @@ class EmbedStep:
 
 class _Shard:
     """The vectors of some chunk parts, searchable: FAISS (flat inner product, or HNSW for
-    large shards) when installed, else exact numpy blocks."""
+    large shards) when installed, else exact numpy blocks. Routed (``cell`` given), only the
+    rows of those parts whose own shard is ``cell``."""
 
-    def __init__(self, wd: Workdir, parts: range, sizes: list[int], index: str) -> None:
-        self.offset = part_starts(sizes)[parts.start]
-        self.size = sum(sizes[p] for p in parts)
+    def __init__(
+        self,
+        wd: Workdir,
+        parts: range,
+        sizes: list[int],
+        index: str,
+        cell: int | None = None,
+        build: bool = True,
+    ) -> None:
+        starts = part_starts(sizes)
+        self.ids: np.ndarray | None = None  # global positions of the rows (routed shards)
+        if cell is None:
+            self.offset, self.size = starts[parts.start], sum(sizes[p] for p in parts)
+            blocks: Any = (np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy"))
+                           for p in parts)  # fmt: skip
+        else:
+            homes = {p: np.flatnonzero(wd.read_array(route_file("chunks", p))[:, 0] == cell)
+                     for p in parts}  # fmt: skip
+            self.offset, self.size = 0, sum(len(rows) for rows in homes.values())
+            found = [(starts[p] + rows).astype(np.int64) for p, rows in homes.items()]
+            self.ids = np.concatenate(found or [np.zeros(0, np.int64)])
+            blocks = (np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")[rows])
+                      for p, rows in homes.items() if len(rows))  # fmt: skip
         dim = int(wd.noted("dim"))
         self.vectors = np.zeros((0, dim), np.float32)  # the numpy fallback's copy
         self.faiss: Any = None
+        if not build:  # the caller sets a saved index
+            return
         try:
             import faiss
         except ImportError:
-            blocks = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")) for p in parts]
-            if blocks:
-                self.vectors = np.concatenate(blocks)
+            loaded = list(blocks)
+            if loaded:
+                self.vectors = np.concatenate(loaded)
             return
         if index == "hnsw":
             # The graph bounds recall: a denser build (efConstruction) finds the neighbours a
             # wider search (efSearch) on FAISS's default graph still misses, at less search time.
             self.faiss = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
             self.faiss.hnsw.efConstruction = 100
-            self.faiss.hnsw.efSearch = 64
+            self.faiss.hnsw.efSearch = _EF_SEARCH
         else:
             self.faiss = faiss.IndexFlatIP(dim)
         pending: list[np.ndarray] = []  # added a block at a time: FAISS keeps the only copy
-        for i, p in enumerate(parts):
-            pending.append(np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy")))
-            if sum(map(len, pending)) >= _ADD_BLOCK or i == len(parts) - 1:
+        for block in blocks:
+            pending.append(block)
+            if sum(map(len, pending)) >= _ADD_BLOCK:
                 self.faiss.add(np.ascontiguousarray(np.concatenate(pending), dtype=np.float32))
                 pending = []
+        if pending:
+            self.faiss.add(np.ascontiguousarray(np.concatenate(pending), dtype=np.float32))
 
     def search(self, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top ``k`` (similarities, global positions) per query; position -1 pads."""
@@ -130,13 +158,19 @@ class _Shard:
             scores = queries @ self.vectors.T
             idx = np.argsort(-scores, axis=1, kind="stable")[:, :k]
             sims = np.take_along_axis(scores, idx, axis=1)
-        positions = np.where(idx >= 0, idx + self.offset, -1)
+        found = idx >= 0
+        if self.ids is not None:
+            positions = np.where(found, self.ids[np.where(found, idx, 0)], -1)
+        else:
+            positions = np.where(found, idx + self.offset, -1)
         return sims.astype(np.float32), positions.astype(np.int64)
 
 
 @dataclass
 class SearchStep:
-    """Search part ``part`` of ``kind`` in shard ``shard`` of ``n_shards``; keep the top ``k``."""
+    """Search part ``part`` of ``kind`` in shard ``shard`` of ``n_shards``; keep the top ``k``.
+    Routed (``route`` shards per vector), only the part's rows routed to this shard are
+    searched; the others get no hits here (position -1)."""
 
     workdir: str
     kind: str
@@ -144,6 +178,7 @@ class SearchStep:
     n_shards: int
     k: int
     index: str = "flat"
+    route: int | None = None
 
     def output(self, part: int) -> str:
         """The file this step writes for ``part``."""
@@ -152,19 +187,30 @@ class SearchStep:
     def key(self, run: str) -> tuple[Any, ...]:
         """Where this process keeps the shard's index (one per audit run, shard and kind of
         index; the probes and chunks of a shard share it)."""
-        return ("shard", self.workdir, run, self.shard, self.n_shards, self.index)
+        return ("shard", self.workdir, run, self.shard, self.n_shards, self.index, self.route)
 
     def __call__(self, part: int) -> int:
         wd = Workdir(self.workdir)
         key = self.key(wd.run)
         if key not in _CACHE:
             sizes = wd.noted("part_sizes")
-            parts = shard_parts(len(sizes), self.n_shards, self.shard)
-            _CACHE[key] = _Shard(wd, parts, sizes, self.index)
+            if self.route:
+                _CACHE[key] = _Shard(wd, range(len(sizes)), sizes, self.index, self.shard)
+            else:
+                parts = shard_parts(len(sizes), self.n_shards, self.shard)
+                _CACHE[key] = _Shard(wd, parts, sizes, self.index)
+        shard: _Shard = _CACHE[key]
         queries = np.asarray(wd.read_array(f"{part_name(self.kind, part)}.npy"))
-        sims, positions = _CACHE[key].search(queries, self.k)
-        wd.write_arrays(self.output(part), sims=sims, positions=positions)
-        return len(queries)
+        if not self.route:
+            sims, positions = shard.search(queries, self.k)
+            wd.write_arrays(self.output(part), sims=sims, positions=positions)
+            return len(queries)
+        routed = np.flatnonzero(
+            (np.asarray(wd.read_array(route_file(self.kind, part))) == self.shard).any(axis=1)
+        )
+        sims, positions = shard.search(queries[routed], self.k)  # the routed rows only
+        write_routed(wd, self.output(part), len(queries), routed, sims, positions)
+        return len(routed)
 
 
 @dataclass
@@ -178,6 +224,7 @@ class ShardSearchStep:
     searches: list[tuple[str, int, int]]
     index: str = "flat"
     progress: bool = False
+    route: int | None = None
 
     def output(self, shard: int) -> str:
         """The file this step writes, last, for ``shard``."""
@@ -187,7 +234,7 @@ class ShardSearchStep:
         from ..progress import progress_bar
 
         wd = Workdir(self.workdir)
-        steps = [SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index)
+        steps = [SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index, self.route)
                  for kind, _, k in self.searches]  # fmt: skip
         todo = [
             (step, part)
@@ -198,10 +245,27 @@ class ShardSearchStep:
         desc = f"search shard {shard + 1}/{self.n_shards}" if self.progress else None
         try:
             done = int(sum(step(part) for step, part in progress_bar(todo, desc)))
+            built = _CACHE.get(steps[0].key(wd.run))
+            if self.route and self.index == "hnsw" and built is not None and built.faiss:
+                _save_index(wd, _index_file(shard, self.n_shards), built.faiss)  # for recheck
         finally:  # the index is this shard's: free it for the next, also after a failure
             _CACHE.pop(steps[0].key(wd.run), None)
         wd.write_json(self.output(shard), {"searched": done})
         return done
+
+
+def _index_file(shard: int, n_shards: int) -> str:
+    return f"search/{shard}-of-{n_shards}/index.faiss"
+
+
+def _save_index(wd: Workdir, name: str, index: Any) -> None:
+    """Write a FAISS index into the working folder, atomically."""
+    import faiss
+
+    target = wd.path / name
+    tmp = target.with_name(f".{target.name}.tmp")
+    faiss.write_index(index, str(tmp))
+    tmp.replace(target)
 
 
 def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
@@ -210,11 +274,31 @@ def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
     return f"search/{shard}-of-{n_shards}/{kind}-{part:05d}.npz"
 
 
+def write_routed(
+    wd: Workdir, name: str, n: int, rows: np.ndarray, sims: np.ndarray, positions: np.ndarray
+) -> None:
+    """A routed shard's hits for a part of ``n`` rows: only the ``rows`` searched there."""
+    wd.write_arrays(name, n=np.asarray(n), rows=rows, sims=sims, positions=positions)
+
+
+def shard_hits(wd: Workdir, name: str) -> tuple[np.ndarray, np.ndarray]:
+    """A shard's hits for a part, one row per vector (rows a routed shard did not search: no
+    hits, position -1)."""
+    found = wd.read_arrays(name)
+    if "rows" not in found:
+        return found["sims"], found["positions"]
+    n, width = int(found["n"]), found["sims"].shape[1]
+    sims = np.full((n, width), -np.inf, dtype=np.float32)
+    positions = np.full((n, width), -1, dtype=np.int64)
+    sims[found["rows"]], positions[found["rows"]] = found["sims"], found["positions"]
+    return sims, positions
+
+
 def merged_hits(wd: Workdir, kind: str, part: int, n_shards: int, k: int) -> tuple[Any, Any]:
     """A part's top ``k`` over every shard: (similarities, global positions), best first."""
-    found = [wd.read_arrays(_search_file(s, n_shards, kind, part)) for s in range(n_shards)]
-    sims = np.concatenate([f["sims"] for f in found], axis=1)
-    positions = np.concatenate([f["positions"] for f in found], axis=1)
+    found = [shard_hits(wd, _search_file(s, n_shards, kind, part)) for s in range(n_shards)]
+    sims = np.concatenate([f[0] for f in found], axis=1)
+    positions = np.concatenate([f[1] for f in found], axis=1)
     sims = np.where(positions >= 0, sims, -np.inf)
     order = np.argsort(-sims, axis=1, kind="stable")[:, :k]
     return np.take_along_axis(sims, order, axis=1), np.take_along_axis(positions, order, axis=1)

@@ -6,6 +6,7 @@ manifest.json                  the parameters the files were made with (a restar
 chunks/00000.json              ids, texts, titles of one part of the knowledge base
 chunks/00000.npy               their vectors (unit length, float32)
 probes/00000.json, .npy        a part of the probe questions and their vectors
+route/                         routed search only: shard centres, routes, suspects
 search/<s>-of-<n>/<kind>-00000.npz  the top hits of a part's vectors in index shard s of n
 probed/00000.json              what each defense decided on each probe's retrieved chunks
 ```
@@ -29,7 +30,16 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["AUDIT_ENTRIES", "MARKER", "Workdir", "locate", "part_name", "part_starts", "part_texts"]
+__all__ = [
+    "AUDIT_ENTRIES",
+    "MARKER",
+    "Workdir",
+    "locate",
+    "part_name",
+    "part_starts",
+    "part_texts",
+    "route_file",
+]
 
 #: the key of the manifest that says "this folder holds a ragdefense audit"
 MARKER = "ragdefense_audit"
@@ -38,6 +48,7 @@ AUDIT_ENTRIES = (
     "manifest.json",
     "chunks",
     "probes",
+    "route",
     "search",
     "probed",
     *(f"report.{fmt}" for fmt in ("md", "json", "csv", "parquet", "png")),
@@ -48,6 +59,12 @@ def part_name(kind: str, part: int) -> str:
     """``chunks/00003``, ``probes/00003``, ``probed/00003``: where a part of ``kind`` lives
     (without suffix)."""
     return f"{kind}/{part:05d}"
+
+
+def route_file(kind: str, part: int) -> str:
+    """Where the routes of a part of ``kind`` (``chunks`` or ``probes``) are kept (routed
+    search: :mod:`ragdefense.auditing.routing`)."""
+    return f"route/{kind}-{part:05d}.npy"
 
 
 def part_starts(sizes: list[int]) -> list[int]:

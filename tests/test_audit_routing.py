@@ -1,0 +1,230 @@
+"""Routed search (``AuditSettings(route=r)``): shards cut by k-means of the vectors, each chunk
+and probe searched in its ``r`` nearest shards only; the same findings as the exhaustive search
+where the neighbours share cells, a partition of the chunks, and resumable like the rest."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from benchmarks.settings.audit_scale import SyntheticCorpus, neighbour_recall
+from ragdefense import CallableEmbedder
+from ragdefense.auditing import AuditSettings, ListCorpus, audit
+from ragdefense.auditing.routing import centroids, nearest_shards
+from ragdefense.auditing.steps import _Shard, shard_hits
+from ragdefense.auditing.workdir import Workdir, part_name, route_file
+from tests.conftest import bag_of_words
+from tests.test_audit import toy_corpus
+
+
+@pytest.fixture
+def toy() -> CallableEmbedder:
+    return CallableEmbedder(bag_of_words)
+
+
+def test_nearest_shards_are_ordered_and_the_first_is_the_own_shard() -> None:
+    centres = np.eye(4, dtype=np.float32)
+    vectors = np.array([[0.1, 0.9, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0]], dtype=np.float32)
+    np.testing.assert_array_equal(nearest_shards(vectors, centres, 3), [[1, 2, 0], [0, 1, 2]])
+
+
+def test_routed_shards_partition_the_chunks_and_a_shard_searches_only_its_own(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, _ = toy_corpus()
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16, shards=4,
+          route=2)  # fmt: skip
+    wd = Workdir(tmp_path / "w")
+    sizes = wd.noted("part_sizes")
+    centres = np.asarray(wd.read_array("route/centroids.npy"))
+    assert centres.shape == (4, wd.noted("dim"))
+    np.testing.assert_allclose(np.linalg.norm(centres, axis=1), 1, atol=1e-5)
+    shards = [_Shard(wd, range(len(sizes)), sizes, "flat", cell) for cell in range(4)]
+    held = np.concatenate([s.ids for s in shards if s.ids is not None])
+    assert sorted(held.tolist()) == list(range(len(texts)))  # every chunk in exactly one shard
+    every = np.concatenate([wd.read_array(f"{part_name('chunks', p)}.npy") for p in range(2)])
+    own = np.concatenate([wd.read_array(route_file("chunks", p))[:, 0] for p in range(len(sizes))])
+    for cell, shard in enumerate(shards):
+        _, positions = shard.search(every, 3)
+        assert set(np.asarray(own)[positions[positions >= 0]]) <= {cell}
+    # a chunk was searched in its two shards and no other, a suspect in every shard
+    suspects = set(np.asarray(wd.read_array("route/suspects.npy")).tolist())
+    assert suspects and len(suspects) < len(texts) // 4
+    filled = [s for s in range(4) if shards[s].size]
+    start = 0
+    for p in range(len(sizes)):
+        hits = [shard_hits(wd, f"search/{s}-of-4/chunks-{p:05d}.npz")[1] for s in filled]
+        searched = sum((h[:, 0] >= 0).astype(int) for h in hits)
+        stored = [wd.read_arrays(f"search/{s}-of-4/chunks-{p:05d}.npz")["rows"] for s in filled]
+        assert sum(map(len, stored)) == searched.sum()  # a shard keeps the rows it searched
+        suspect = np.isin(np.arange(start, start + sizes[p]), list(suspects))
+        assert np.all(searched[suspect] == len(filled))
+        assert np.all(searched[~suspect] <= 2) and np.all(searched[~suspect] >= 1)
+        start += sizes[p]
+
+
+def test_a_routed_audit_finds_what_the_exhaustive_one_finds(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, planted = toy_corpus()
+    whole = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "a", part_size=16)
+    routed = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "r", part_size=16,
+                   shards=6, route=2)  # fmt: skip
+    assert routed.stats["shards"] == 6 and routed.stats["route"] == 2
+    assert whole.stats["route"] is None
+    assert {f.id for f in routed.top(len(planted))} == planted
+    assert {f.id for f in routed.suspicious} >= planted
+
+
+def test_routing_keeps_the_neighbours_of_clustered_vectors(minilm: object, tmp_path: Path) -> None:
+    """On the audit-scale corpus (topics of about 50 chunks), 8 k-means shards searched 3 at a
+    time keep nearly every exact neighbour and every planted set of 3-5 the exhaustive audit
+    flags."""
+    corpus = SyntheticCorpus(6_000, spacing=1_000)
+    settings = AuditSettings(max_probes=50, part_size=500, index="flat")
+    report = audit(corpus, settings, workdir=tmp_path / "w", shards=8, route=3)
+    assert report.stats["route"] == 3
+    assert neighbour_recall(tmp_path / "w", n_shards=8, sample=400) >= 0.9
+    flagged = {f.id for f in report.suspicious}
+    sets = [i for size in (3, 5) for i in corpus.planted[size]]
+    assert sum(i in flagged for i in sets) >= 0.9 * len(sets)
+
+
+def test_route_is_checked_recorded_and_off_when_it_covers_every_shard(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    with pytest.raises(ValueError, match="route"):
+        AuditSettings(route=0)
+    with pytest.raises(ValueError, match="shards"):
+        AuditSettings(shards=0)
+    texts, ids, _ = toy_corpus()
+    every = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
+                  shards=2, route=2)  # fmt: skip
+    assert every.stats["route"] is None and not (tmp_path / "w" / "route").exists()
+    with pytest.raises(ValueError, match="route"):  # a resumed audit keeps its search
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
+              shards=2, route=1)  # fmt: skip
+    again = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
+                  shards=2, route=1, fresh=True)  # fmt: skip
+    assert again.stats["route"] == 1 and (tmp_path / "w" / "route" / "centroids.npy").exists()
+
+
+def test_contiguous_shards_are_at_most_one_per_part(toy: CallableEmbedder, tmp_path: Path) -> None:
+    texts, ids, _ = toy_corpus()
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", shards=50)
+    assert report.stats["shards"] == 1  # one part of 512
+
+
+def test_centroids_are_seeded(toy: CallableEmbedder, tmp_path: Path) -> None:
+    texts, ids, _ = toy_corpus()
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16)
+    wd = Workdir(tmp_path / "w")
+    sizes = wd.noted("part_sizes")
+    first, again = centroids(wd, sizes, 5), centroids(wd, sizes, 5)
+    np.testing.assert_array_equal(first, again)
+    assert not np.array_equal(first, centroids(wd, sizes, 5, seed=1))
+
+
+def test_cli_routes_when_asked(tmp_path: Path) -> None:
+    import json
+
+    from ragdefense.cli import main
+    from ragdefense.data import demo_documents
+
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text(
+        "".join(
+            json.dumps({"id": str(i), "text": t}) + "\n"
+            for i, (t, _) in enumerate(demo_documents())
+        )
+    )
+    args = ["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--format", "json"]
+    assert main([*args, "--shards", "4", "--route", "2"]) == 0
+    manifest = json.loads((tmp_path / "w" / "manifest.json").read_text())
+    assert manifest["params"]["shards"] == 4 and manifest["params"]["route"] == 2
+    report = json.loads((tmp_path / "w" / "report.json").read_text())
+    assert report["stats"]["route"] == 2 and report["stats"]["shards"] == 4
+
+
+def _merged(folder: Path, positions: list[int], k: int) -> dict[int, list[int]]:
+    """The merged neighbour lists (positions) of ``positions`` in an audit's folder."""
+    from ragdefense.auditing.steps import merged_hits
+    from ragdefense.auditing.workdir import locate, part_starts
+
+    wd = Workdir(folder)
+    starts = part_starts(wd.noted("part_sizes"))
+    out = {}
+    for position in positions:
+        part, offset = locate(starts, position)
+        _, found = merged_hits(wd, "chunks", part, int(wd.noted("shards")), k)
+        out[position] = [int(x) for x in found[offset]]
+    return out
+
+
+def test_suspects_are_rechecked_in_every_shard_and_scored_on_exact_neighbours(
+    minilm: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Routing misses neighbours of the scattered synthetic topics, and a chunk whose neighbours
+    were missed looks isolated: without the recheck the routed audit flags benign chunks the
+    exhaustive one does not; with it, every suspect's neighbours are the exhaustive ones and
+    those false flags go."""
+    from ragdefense.auditing import pipeline
+
+    corpus = SyntheticCorpus(6_000, spacing=1_000)
+    settings = AuditSettings(max_probes=50, part_size=500, index="flat", wide_neighbours=0)
+    exact = audit(corpus, settings, workdir=tmp_path / "e")
+    routed = audit(corpus, settings, workdir=tmp_path / "r", shards=12, route=2)
+    assert "recheck" in routed.stats["stage_seconds"]
+    suspects = np.asarray(Workdir(tmp_path / "r").read_array("route/suspects.npy")).tolist()
+    assert suspects
+    assert _merged(tmp_path / "r", suspects, 11) == _merged(tmp_path / "e", suspects, 11)
+    monkeypatch.setattr(pipeline, "recheck_suspects", lambda *a, **k: None)
+    unchecked = audit(corpus, settings, workdir=tmp_path / "u", shards=12, route=2)
+    planted = {i for ids in corpus.planted.values() for i in ids}
+
+    def benign(report: Any) -> set[str]:
+        return {f.id for f in report.suspicious} - planted
+
+    assert len(benign(unchecked)) > len(benign(routed)) >= 0
+    assert benign(routed) <= benign(unchecked) | benign(exact)
+
+
+def test_a_saved_hnsw_index_is_read_back_for_the_recheck_then_removed(
+    toy: CallableEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragdefense.auditing import steps
+
+    pytest.importorskip("faiss")
+    texts, ids, planted = toy_corpus()
+    built: list[bool] = []
+    original = steps._Shard.__init__
+
+    def spy(self: Any, *args: Any, **kwargs: Any) -> None:
+        built.append(kwargs.get("build", args[5] if len(args) > 5 else True))
+        original(self, *args, **kwargs)
+
+    monkeypatch.setattr(steps._Shard, "__init__", spy)
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
+                   shards=4, route=1, index="hnsw")  # fmt: skip
+    assert {f.id for f in report.top(len(planted))} == planted
+    assert False in built  # a recheck read a saved index instead of building one
+    assert not list((tmp_path / "w" / "search").glob("*/index.faiss"))  # removed once used
+    again = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
+                  shards=4, route=1, index="hnsw")  # fmt: skip
+    assert [f.id for f in again.findings] == [f.id for f in report.findings]  # resumed
+
+
+def test_more_shards_than_distinct_vectors_leaves_empty_shards_that_search_nothing(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """Ten copies of two texts in eight shards: most cells stay empty, and the audit still runs
+    and finds each text's copies as a group."""
+    texts = ["volcano lava eruption magma crater"] * 10 + ["piano concert orchestra violin"] * 10
+    ids = [f"c{i}" for i in range(20)]
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=4,
+                   shards=8, route=2, wide_neighbours=0, neighbours=5)  # fmt: skip
+    assert report.stats["route"] == 2 and len(report.findings) == 20
+    assert all(f.group and f.group["size"] == 10 for f in report.findings)
