@@ -32,7 +32,7 @@ from .evidence import Scoring, assess, reasons, scored, targeted, victim_reason
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
-from .routing import recheck_suspects, route_parts
+from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
@@ -241,15 +241,14 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         )
     # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
-    route = settings.route if settings.route and settings.route < n_shards <= sum(sizes) else None
+    route = effective_route(settings.route, n_shards, sum(sizes))
     n_shards = n_shards if route else max(1, min(n_shards, len(sizes)))  # contiguous: by part
     wd.note("shards", n_shards)
     wd.note("route", route)
-    if route:
-        route_parts(wd, sizes, n_probe_parts, n_shards, route, job.map)
+    largest = route_parts(wd, sizes, n_probe_parts, n_shards, route, job.map) if route else None
     kind = settings.index
-    if kind == "auto":
-        kind = "flat" if sum(sizes) / n_shards <= 200_000 else "hnsw"
+    if kind == "auto":  # exact search up to 200,000 chunks in the largest shard
+        kind = "flat" if (largest or sum(sizes) / n_shards) <= 200_000 else "hnsw"
     searches = [
         ("probes", n_probe_parts, settings.top_m),
         ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),

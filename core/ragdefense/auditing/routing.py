@@ -24,12 +24,15 @@ route/suspects.npy         the chunks searched again in every shard (positions)
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
+from ..similarity import unit_rows
 from .steps import _EF_SEARCH, _index_file, _search_file, _Shard, write_routed
 from .workdir import Workdir, part_name, part_starts, route_file
 
@@ -37,6 +40,7 @@ __all__ = [
     "RecheckStep",
     "RouteStep",
     "centroids",
+    "effective_route",
     "nearest_shards",
     "recheck_suspects",
     "route_parts",
@@ -45,43 +49,70 @@ __all__ = [
 _SAMPLE_PER_SHARD = 256  # k-means sample: enough per centre (FAISS's rule of thumb is 39-256)
 _MAX_SAMPLE = 200_000
 _ITERATIONS = 20
+_BLOCK = 65_536  # rows scored against the centres at once
+
+logger = logging.getLogger("ragdefense")
+
+
+def effective_route(route: int | None, n_shards: int, chunks: int) -> int | None:
+    """``route`` where it routes (fewer than the shards, and the shards no more than the
+    chunks), else ``None``: every shard searched, with a warning when a route was asked for."""
+    if route and route < n_shards <= chunks:
+        return route
+    if route:
+        logger.warning(
+            "route=%d with %d shards and %d chunks: every shard is searched (routing needs "
+            "more shards than route, and no more shards than chunks: give shards=)",
+            route, n_shards, chunks,
+        )  # fmt: skip
+    return None
 
 
 def nearest_shards(vectors: np.ndarray, centres: np.ndarray, route: int) -> np.ndarray:
     """The ``route`` centres nearest each row (highest inner product first, ties by index):
-    an ``(n, route)`` int32 array; column 0 is the row's own shard."""
-    scores = np.asarray(vectors, dtype=np.float32) @ centres.T
-    order = np.argsort(-scores, axis=1, kind="stable")[:, :route]
-    return order.astype(np.int32)
+    an ``(n, route)`` int32 array, scored a block of rows at a time; column 0 is the row's own
+    shard."""
+    rows = np.asarray(vectors, dtype=np.float32)
+    out = np.zeros((len(rows), min(route, len(centres))), dtype=np.int32)
+    for start in range(0, len(rows), _BLOCK):
+        scores = rows[start : start + _BLOCK] @ centres.T
+        out[start : start + _BLOCK] = np.argsort(-scores, axis=1, kind="stable")[:, :route]
+    return out
 
 
 def centroids(wd: Workdir, sizes: list[int], n_shards: int, seed: int = 0) -> np.ndarray:
-    """Spherical k-means of a seeded sample of the chunk vectors into ``n_shards`` unit centres.
+    """Spherical k-means of a seeded sample of the chunk vectors into ``n_shards`` unit centres;
+    notes the largest cell's share of the sample (``largest_cell``), which sets the index kind.
 
     The sample is spread over every part and read part by part (memory: the sample only). A
-    centre whose cell empties keeps its last position, so every shard keeps a centre."""
+    centre whose cell empties is moved to a sample vector drawn at random."""
+    from scipy.sparse import csr_matrix
+
     rng = np.random.default_rng(seed)
-    total = sum(sizes)
-    want = min(total, max(n_shards, min(_MAX_SAMPLE, _SAMPLE_PER_SHARD * n_shards)))
-    chosen = np.sort(rng.choice(total, size=want, replace=False))
-    rows, start = [], 0
-    for part, size in enumerate(sizes):
-        inside = chosen[(chosen >= start) & (chosen < start + size)] - start
-        if len(inside):
-            rows.append(np.asarray(wd.read_array(f"{part_name('chunks', part)}.npy"))[inside])
-        start += size
-    sample = np.concatenate(rows).astype(np.float32)
+    starts = part_starts(sizes)
+    want = min(starts[-1], max(n_shards, min(_MAX_SAMPLE, _SAMPLE_PER_SHARD * n_shards)))
+    chosen = np.sort(rng.choice(starts[-1], size=want, replace=False))
+    bounds = np.searchsorted(chosen, starts)
+    sample = np.concatenate([
+        np.asarray(wd.read_array(f"{part_name('chunks', part)}.npy"))[chosen[a:b] - starts[part]]
+        for part, (a, b) in enumerate(pairwise(bounds)) if b > a
+    ]).astype(np.float32)  # fmt: skip
     centres = sample[rng.choice(len(sample), size=n_shards, replace=False)].copy()
+    cell = nearest_shards(sample, centres, 1)[:, 0]
     for _ in range(_ITERATIONS):
-        cell = np.argmax(sample @ centres.T, axis=1)
-        sums = np.zeros_like(centres)
-        np.add.at(sums, cell, sample)
-        norms = np.linalg.norm(sums, axis=1, keepdims=True)
-        filled = norms[:, 0] > 0
-        moved = np.where(filled[:, None], sums / np.where(norms > 0, norms, 1), centres)
-        if np.allclose(moved, centres, atol=1e-6):
+        members = csr_matrix(
+            (np.ones(len(cell), np.float32), (cell, np.arange(len(cell)))),
+            shape=(n_shards, len(sample)),
+        )
+        sums = np.asarray(members @ sample)
+        empty = np.flatnonzero(np.bincount(cell, minlength=n_shards) == 0)
+        sums[empty] = sample[rng.choice(len(sample), size=len(empty), replace=False)]
+        centres = unit_rows(sums, np.float32)
+        moved = nearest_shards(sample, centres, 1)[:, 0]
+        if np.array_equal(moved, cell):
             break
-        centres = moved.astype(np.float32)
+        cell = moved
+    wd.note("largest_cell", float(np.bincount(cell, minlength=n_shards).max() / len(cell)))
     return np.asarray(centres, dtype=np.float32)
 
 
@@ -112,49 +143,53 @@ def route_parts(
     n_shards: int,
     route: int,
     run: Callable[[Any, int, str], None],
-) -> None:
+) -> float:
     """Cut the shards (the centres, once per audit) and route every chunk and probe part;
-    ``run(step, parts, desc)`` runs a step on the parts not done yet."""
+    ``run(step, parts, desc)`` runs a step on the parts not done yet. The chunks in the
+    largest shard, as the k-means sample estimates them."""
     if not wd.has("route/centroids.npy"):
         wd.write_array("route/centroids.npy", centroids(wd, sizes, n_shards))
     run(RouteStep(str(wd.path), "chunks", route), len(sizes), "route chunks")
     run(RouteStep(str(wd.path), "probes", route), n_probe_parts, "route probes")
+    return float(wd.noted("largest_cell")) * sum(sizes)
 
 
 @dataclass
 class RecheckStep:
-    """Routed search only: search the suspects (``route/suspects.npy``, chunk positions) in
-    shard ``shard`` where they were not routed, and write their hits into the part's hit file
-    there, so that a suspect's neighbours are the exhaustive search's. A chunk whose neighbours
-    lie beyond its nearest cells looks more isolated than it is; this clears it (and only
-    suspects pay for a search of every shard). The shard's HNSW index saved by the search is
-    read back, else the shard is built again."""
+    """Routed search only: search the suspects (``route/suspects.npy``, sorted chunk positions)
+    in shard ``shard`` where they were not searched yet, and add their hits to the part's hit
+    file there, so that a suspect's neighbours are those of a search of every shard. A chunk
+    whose neighbours lie beyond its nearest cells looks more isolated than it is; this clears
+    it, and only suspects pay for a search of every shard. An HNSW shard's index, saved by the
+    search, is read back; a flat one is built again (adding its vectors)."""
 
     workdir: str
     n_shards: int
     k: int
     index: str = "flat"
+    round: int = 1  # the suspects' version: a new list (another threshold) is a new round
 
     def output(self, shard: int) -> str:
         """The file this step writes, last, for ``shard``."""
-        return f"search/{shard}-of-{self.n_shards}/rechecked.json"
+        return f"search/{shard}-of-{self.n_shards}/rechecked-{self.round}.json"
 
     def __call__(self, shard: int) -> int:
         wd = Workdir(self.workdir)
         suspects = np.asarray(wd.read_array("route/suspects.npy"))
-        sizes = wd.noted("part_sizes")
-        starts = part_starts(sizes)
+        starts = part_starts(wd.noted("part_sizes"))
+        bounds = np.searchsorted(suspects, starts)
         todo: dict[int, np.ndarray] = {}
-        for part in range(len(sizes)):
-            rows = suspects[(suspects >= starts[part]) & (suspects < starts[part + 1])]
-            rows = rows - starts[part]
-            if len(rows):
-                routes = np.asarray(wd.read_array(route_file("chunks", part)))[rows]
-                rows = rows[~(routes == shard).any(axis=1)]  # not searched here yet
+        for part in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
+            rows = suspects[bounds[part] : bounds[part + 1]] - starts[part]
+            routes = np.asarray(wd.read_array(route_file("chunks", part)))[rows]
+            rows = rows[~(routes == shard).any(axis=1)]  # not routed here
+            done = wd.read_arrays(_search_file(shard, self.n_shards, "chunks", part))["rows"]
+            rows = rows[~np.isin(rows, done)]  # nor searched here by an earlier recheck
             if len(rows):
                 todo[part] = rows
         saved = wd.path / _index_file(shard, self.n_shards)
         if todo:
+            sizes = wd.noted("part_sizes")
             built = _Shard(wd, range(len(sizes)), sizes, self.index, shard, not saved.is_file())
             if saved.is_file():
                 import faiss
@@ -164,31 +199,39 @@ class RecheckStep:
             for part, rows in todo.items():
                 name = _search_file(shard, self.n_shards, "chunks", part)
                 hits = wd.read_arrays(name)
-                rows = rows[~np.isin(rows, hits["rows"])]  # a resumed recheck: once per row
                 vectors = np.asarray(wd.read_array(f"{part_name('chunks', part)}.npy"))[rows]
                 sims, positions = built.search(vectors, self.k)
                 write_routed(wd, name, int(hits["n"]), np.concatenate([hits["rows"], rows]),
                              np.concatenate([hits["sims"], sims]),
                              np.concatenate([hits["positions"], positions]))  # fmt: skip
         wd.write_json(self.output(shard), {"rechecked": sum(map(len, todo.values()))})
-        saved.unlink(missing_ok=True)
         return sum(map(len, todo.values()))
 
 
 def recheck_suspects(
     wd: Workdir, names: list[str], settings: Any, index: str, run: Callable[[Any, int, str], None]
 ) -> None:
-    """After a routed search and the defenses: the chunks suspicious on that evidence (kept in
-    ``route/suspects.npy``, once) are searched in every shard they were not routed to
-    (:class:`RecheckStep`), so that the report scores them on exhaustive neighbours."""
+    """After a routed search and the defenses: the chunks suspicious on that evidence are
+    searched in every shard they were not routed to (:class:`RecheckStep`), so that the report
+    scores them on the neighbours a search of every shard finds. The suspects are kept
+    (``route/suspects.npy``) with the threshold that chose them; a resumed audit scored with
+    another threshold adds its own suspects, and only those are searched. The shards' saved
+    HNSW indexes are removed once every shard is rechecked."""
     from .evidence import Scoring, assess, scored
 
     scoring = settings.scoring or Scoring()
     k = max(settings.neighbours, settings.wide_neighbours) + 1  # as the search's
-
-    if not wd.has("route/suspects.npy"):
+    n_shards = int(wd.noted("shards"))
+    round_ = int(wd.noted("recheck_round") or 0)
+    if wd.noted("recheck_threshold") != scoring.threshold:
         scores = scored(assess(wd, names, scoring), names[0], scoring)[0]
         suspects = np.flatnonzero(scores >= scoring.threshold).astype(np.int64)
+        if wd.has("route/suspects.npy"):
+            suspects = np.union1d(np.asarray(wd.read_array("route/suspects.npy")), suspects)
         wd.write_array("route/suspects.npy", suspects)
-    n_shards = int(wd.noted("shards"))
-    run(RecheckStep(str(wd.path), n_shards, k, index), n_shards, "recheck suspects")
+        round_ += 1
+        wd.note("recheck_round", round_)
+        wd.note("recheck_threshold", scoring.threshold)
+    run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
+    for saved in wd.path.glob(f"search/*-of-{n_shards}/index.faiss"):
+        saved.unlink()

@@ -47,13 +47,15 @@ class AuditSettings:
             :data:`ragdefense.provenance.SOURCE_KEYS` it has, as the per-query defenses read
             it; ``None``: provenance off). Chunks without one have no source evidence.
         shards: Shards of the index (default: one per worker); each is one task, its index
-            built once.
-        route: Search each chunk and probe in the ``route`` shards nearest it only, the
-            shards cut by a k-means of the vectors (:mod:`ragdefense.auditing.routing`):
-            ``route`` searches per vector instead of one per shard, for knowledge bases too
-            large to search every shard; approximate where a neighbour lies in a farther
-            cell, except for the suspects, which are searched again in every shard before
-            the report. ``None`` (or ``route >= shards``): every shard, exhaustive.
+            built once. Without ``route`` they are contiguous ranges of parts (at most one
+            per part); with it, the cells of a k-means of the vectors (an IVF index's lists).
+        route: Search each chunk and probe in the ``route`` shards nearest it only (an IVF
+            index's ``nprobe``; :mod:`ragdefense.auditing.routing`): ``route`` searches per
+            vector instead of one per shard, for knowledge bases too large to search every
+            shard. Approximate where a neighbour lies in a farther cell; the chunks
+            suspicious on that evidence are searched again in every shard before the
+            report. ``None``: every shard searched. Needs ``shards`` above ``route``
+            (ignored, with a warning, otherwise).
     """
 
     defenses: Sequence[Any] = (DEFAULT_DEFENSE,)

@@ -15,6 +15,8 @@ picklable object that loads its models and index once per process.
 
 from __future__ import annotations
 
+import os
+import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -259,13 +261,19 @@ def _index_file(shard: int, n_shards: int) -> str:
 
 
 def _save_index(wd: Workdir, name: str, index: Any) -> None:
-    """Write a FAISS index into the working folder, atomically."""
+    """Write a FAISS index into the working folder, atomically (a temporary file renamed,
+    removed on failure)."""
     import faiss
 
     target = wd.path / name
-    tmp = target.with_name(f".{target.name}.tmp")
-    faiss.write_index(index, str(tmp))
-    tmp.replace(target)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        faiss.write_index(index, tmp)
+        os.replace(tmp, target)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
