@@ -139,10 +139,17 @@ def _audit(args: argparse.Namespace) -> Table:
 def _audit_scale(args: argparse.Namespace) -> Table:
     import tempfile
 
-    from .settings.audit_scale import audit_scale
+    from .settings.audit_scale import ENGINES, audit_scale
 
+    kept: list[dict[str, Any]] = []
+    last = Path(args.out or "") / "audit-scale.json"
+    if args.keep and args.out and last.is_file():  # rows of an earlier run, dated
+        record = json.loads(last.read_text(encoding="utf-8"))
+        when = record.get("date", "")
+        kept = [{"date": when, **row, "kept": True} for row in record.get("rows", [])]
+    engines = _split(args.engines) or list(ENGINES)
     with tempfile.TemporaryDirectory(prefix="ragdefense-bench-scale-") as tmp:
-        table, rows = audit_scale(tmp, sizes=args.sizes)
+        table, rows = audit_scale(tmp, sizes=args.sizes, engines=engines, kept=kept)
     return rows, table
 
 
@@ -228,6 +235,12 @@ def build_parser() -> argparse.ArgumentParser:
         made[name].add_argument("--poison", type=counts, default=None, help="poison per question")
     made["audit-scale"].add_argument(
         "--sizes", type=counts, default=[100_000, 300_000, 1_000_000], help="corpus sizes"
+    )
+    made["audit-scale"].add_argument(
+        "--engines", default=None, help="local, ray, ray-routed (default: all)"
+    )
+    made["audit-scale"].add_argument(
+        "--keep", action="store_true", help="keep --out's rows of the setups not run now"
     )
     made["default"].add_argument("--candidate", default=DEFAULT_DEFENSE, help="defense judged")
     suite = made["suite"]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import os
 import re
 import zlib
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,6 +33,23 @@ def bag_of_words(texts: list[str], dim: int = 256) -> np.ndarray:
 @pytest.fixture
 def toy_embedder() -> CallableEmbedder:
     return CallableEmbedder(bag_of_words)
+
+
+@pytest.fixture
+def no_faiss() -> Iterator[None]:
+    """While active, ``import faiss`` fails: the numpy fallbacks run."""
+    import builtins
+
+    real_import = builtins.__import__
+
+    def refuse(name: str, *args: Any, **kwargs: Any) -> Any:
+        if name == "faiss":
+            raise ImportError("no faiss here")
+        return real_import(name, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(builtins, "__import__", refuse)
+        yield
 
 
 @pytest.fixture(scope="session")

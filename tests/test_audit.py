@@ -255,22 +255,12 @@ def test_audit_ranks_the_planted_groups_first_and_explains(
 
 
 def test_hnsw_index_and_numpy_fallback_agree_on_the_top(
-    toy: CallableEmbedder, tmp_path: Path
+    toy: CallableEmbedder, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    import builtins
-
     texts, ids, planted = toy_corpus()
     hnsw = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "h", index="hnsw")
-    real_import = builtins.__import__
-
-    def no_faiss(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "faiss":
-            raise ImportError("no faiss here")
-        return real_import(name, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(builtins, "__import__", no_faiss)
-        exact = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "n")
+    request.getfixturevalue("no_faiss")  # from here on
+    exact = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "n")
     assert hnsw.stats["index"] == "hnsw"
     for report in (hnsw, exact):
         assert {f.id for f in report.top(len(planted))} == planted

@@ -257,21 +257,10 @@ def test_a_recheck_resumed_or_rescored_searches_each_row_once(
     assert {f.id for f in lower.suspicious} >= planted
 
 
-def test_routed_search_without_faiss(toy: CallableEmbedder, tmp_path: Path) -> None:
-    import builtins
-
+def test_routed_search_without_faiss(toy: CallableEmbedder, tmp_path: Path, no_faiss: None) -> None:
     texts, ids, planted = toy_corpus()
-    real_import = builtins.__import__
-
-    def no_faiss(name: str, *args: Any, **kwargs: Any) -> Any:
-        if name == "faiss":
-            raise ImportError("no faiss here")
-        return real_import(name, *args, **kwargs)
-
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(builtins, "__import__", no_faiss)
-        report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "n",
-                       part_size=16, shards=4, route=2)  # fmt: skip
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "n",
+                   part_size=16, shards=4, route=2)  # fmt: skip
     assert report.stats["route"] == 2
     assert {f.id for f in report.top(len(planted))} == planted
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from benchmarks.settings.audit_scale import SyntheticCorpus, neighbour_recall, plan
+from benchmarks.settings.audit_scale import SyntheticCorpus, neighbour_recall, plan, scale_table
 from ragdefense.auditing import audit
 
 
@@ -65,3 +65,17 @@ def test_plan_for_100m_follows_the_measured_rate() -> None:
     # log(1.5625e6) / log(5e5)
     assert everywhere == pytest.approx(1e8 * 64 / 1_000 / 64 / 3600 * 1.0868, rel=0.01)
     assert routed == pytest.approx(everywhere * 3 / 64, rel=0.05)
+
+
+def test_plan_names_a_measured_routed_run_and_old_rows_search_every_shard() -> None:
+    rows = _rows(1_000.0)
+    base = {"chunks": 300_000, "engine": "ray x2", "setup": "ray", "search s": 500.0}
+    routed = {**base, "setup": "ray-routed", "search s": 400.0, "shards": 16, "route": 3}
+    routed.update({"largest shard": 1.4, "neighbour recall@10": 0.7, "search": "3 of 16 shards"})
+    text = "\n".join(plan([*rows, base, routed]))
+    assert "16 shards searched 3 per chunk: 400.0 s" in text
+    assert "against 500.0 s searching every shard" in text and "recall@10 0.7" in text
+    # the routed run never stands for the every-shard rate
+    assert "\n".join(plan(rows)).split("Search, routed")[0] == text.split("Search, routed")[0]
+    table = scale_table([{**rows[0], "shards": 1}, routed])
+    assert "| every shard (1) |" in table and "| 3 of 16 shards |" in table

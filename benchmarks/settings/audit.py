@@ -253,6 +253,10 @@ def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     return out
 
 
+#: the routed run's (shards, route): as the audit-scale benchmark's routed setup
+ROUTED = (16, 3)
+
+
 def audit_quality(
     folder: str | Path, workdir: str | Path, engine: str = "local", progress: bool = True
 ) -> tuple[str, list[dict[str, Any]]]:
@@ -260,7 +264,10 @@ def audit_quality(
     over vectors embedded once as a store holds them; the ablation of the score's evidence,
     each variant's threshold set at 1% of the tuning part's benign chunks."""
     from ragdefense.auditing.evidence import Scoring
+    from ragdefense.auditing.workdir import Workdir
     from ragdefense.embedders import default_embedder
+
+    from .audit_scale import neighbour_recall
 
     kb = audit_corpus(folder)
     t0 = time.perf_counter()
@@ -278,6 +285,17 @@ def audit_quality(
             shown = f"{len(found - set(kb.planted))} / {len(found & set(kb.planted))}"
             rows.append({**row, "sources": layout or "none", "seconds": report.stats["seconds"],
                          "possible victims": shown})  # fmt: skip
+        if queries is None:  # the same audit, its search routed: what approximate search costs
+            exact = neighbour_recall(work, int(Workdir(work).noted("shards")))
+            rows[-1 - len(LAYOUTS)]["neighbour recall@10"] = exact
+            routed = work.with_name(f"{work.name}-routed")
+            report = audit(kb.corpus(vectors), workdir=routed, engine=engine, progress=progress,
+                           shards=ROUTED[0], route=ROUTED[1])  # fmt: skip
+            variant = f"shipped default, search routed ({ROUTED[1]} of {ROUTED[0]} shards)"
+            row = _recall_rows(kb, {f.id for f in report.suspicious}, run, variant)
+            recall = neighbour_recall(routed, ROUTED[0])
+            rows.append({**row, "sources": "none", "seconds": report.stats["seconds"],
+                         "neighbour recall@10": recall})  # fmt: skip
         for variant, scores in _variants(kb, work).items():
             tuning_benign = [v for i, v in scores.items() if i not in kb.planted and kb.tuning(i)]
             threshold = float(np.quantile(tuning_benign, 0.99))
@@ -287,7 +305,7 @@ def audit_quality(
     columns = ["run", "scoring", "sources", "threshold", "recall", "tuning", "held out: family"]
     columns += ["held out: dataset", *KINDS, *ATTACKS, *[f"{c} per target" for c in COUNTS]]
     columns += ["benign flagged", *[f"benign flagged: {k}" for k in KINDS]]
-    columns += ["precision", "possible victims", "seconds"]
+    columns += ["precision", "possible victims", "neighbour recall@10", "seconds"]
     head = (
         f"{len(kb.ids)} chunks ({len(kb.planted)} planted for {len(kb.questions)} targets); "
         f"embedded once in {embed_seconds:.1f} s ({len(kb.ids) / embed_seconds:.0f} chunks/s, "

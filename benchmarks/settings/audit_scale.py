@@ -32,9 +32,16 @@ from ..report import markdown_table
 __all__ = ["SyntheticCorpus", "audit_scale"]
 
 #: the stages timed in the table (``stats["stage_seconds"]`` of an audit)
-STAGES = ("read", "probes", "search", "defend", "report")
+STAGES = ("read", "probes", "search", "defend", "recheck", "report")
 SIZES = (100_000, 300_000, 1_000_000)
-ENGINES = (("local", 1), ("ray", 2))
+#: name: (engine, workers, shards, route); shards None: one per worker, route None: every shard
+ENGINES: dict[str, tuple[str, int, int | None, int | None]] = {
+    "local": ("local", 1, None, None),
+    "ray": ("ray", 2, None, None),
+    "ray-routed": ("ray", 2, 16, 3),
+}
+#: the routed setup's shards are small enough for exact search: beyond this it is not run
+ROUTED_UP_TO = 300_000
 
 
 class SyntheticCorpus:
@@ -128,13 +135,15 @@ class _WorkerPeaks:
         return round(max(self.peaks.values(), default=0) / 2**20)
 
 
-def _run(n: int, engine: str, workers: int, workdir: str, max_probes: int) -> dict[str, Any]:
-    """One timed audit of ``n`` synthetic chunks (in a fresh process)."""
+def _run(n: int, name: str, workdir: str, max_probes: int, date: str = "") -> dict[str, Any]:
+    """One timed audit of ``n`` synthetic chunks on ``ENGINES[name]`` (in a fresh process)."""
+    engine, workers, shards, route = ENGINES[name]
     corpus = SyntheticCorpus(n)
     peaks = _WorkerPeaks() if engine == "ray" else None
     t0 = time.perf_counter()
-    report = audit(corpus, AuditSettings(max_probes=max_probes), fresh=True, engine=engine,
-                   workdir=Path(workdir) / f"{n}-{engine}-{workers}", workers=workers)  # fmt: skip
+    settings = AuditSettings(max_probes=max_probes, shards=shards, route=route)
+    wd = Path(workdir) / f"{n}-{name}"
+    report = audit(corpus, settings, fresh=True, engine=engine, workdir=wd, workers=workers)
     seconds = time.perf_counter() - t0
     worker_mb = peaks.stop() if peaks is not None else None
     if engine == "ray":
@@ -149,24 +158,49 @@ def _run(n: int, engine: str, workers: int, workdir: str, max_probes: int) -> di
         ids = [i for size in sizes for i in corpus.planted.get(size, [])]
         return round(sum(i in flagged for i in ids) / len(ids), 3) if ids else float("nan")
 
-    wd = Path(workdir) / f"{n}-{engine}-{workers}"
+    n_shards = int(report.stats["shards"])
+    routed = report.stats.get("route")
     return {
         "chunks": n,
         "engine": f"ray x{workers}" if engine == "ray" else engine,
         "index": report.stats["index"],
+        "search": f"{routed} of {n_shards} shards" if routed else f"every shard ({n_shards})",
         "probes": int(report.stats["probes"]),
         "total s": round(seconds, 1),
         **{f"{stage} s": round(stages.get(stage, 0.0), 1) for stage in STAGES},
         "chunks/s": round(n / seconds),
         "peak MB (driver)": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024),
         "peak MB (worker)": "" if worker_mb is None else worker_mb,
-        "shards": int(report.stats["shards"]),
-        "neighbour recall@10": neighbour_recall(wd, int(report.stats["shards"])),
+        "shards": n_shards,
+        "route": routed,
+        "largest shard": _balance(wd, n_shards) if routed else "",
+        "rechecked": _rechecked(wd, n) if routed else "",
+        "neighbour recall@10": neighbour_recall(wd, n_shards),
         "flagged: sets of 3-5": found((3, 5)),
         "flagged: sets of 10-20": found((10, 20)),
         "flagged: single": found((1,)),
         "benign flagged": f"{len(flagged - planted) / (n - len(planted)):.2%}",
+        "setup": name,
+        "date": date,
     }
+
+
+def _balance(workdir: Path, n_shards: int) -> float:
+    """The largest routed shard's size over the mean shard's."""
+    from ragdefense.auditing.workdir import Workdir, route_file
+
+    wd = Workdir(workdir)
+    own = [np.asarray(wd.read_array(route_file("chunks", p)))[:, 0]
+           for p in range(len(wd.noted("part_sizes")))]  # fmt: skip
+    counts = np.bincount(np.concatenate(own), minlength=n_shards)
+    return round(float(counts.max() / counts.mean()), 2)
+
+
+def _rechecked(workdir: Path, n: int) -> str:
+    """The share of the chunks a routed audit searched again in every shard (its suspects)."""
+    from ragdefense.auditing.workdir import Workdir
+
+    return f"{len(Workdir(workdir).read_array('route/suspects.npy')) / n:.2%}"
 
 
 def neighbour_recall(workdir: Path, n_shards: int, k: int = 10, sample: int = 2_000) -> float:
@@ -209,43 +243,74 @@ def neighbour_recall(workdir: Path, n_shards: int, k: int = 10, sample: int = 2_
 def audit_scale(
     workdir: str | Path,
     sizes: Sequence[int] = SIZES,
-    engines: Sequence[tuple[str, int]] = ENGINES,
+    engines: Sequence[str] = tuple(ENGINES),
     max_probes: int = 5_000,
+    kept: Sequence[dict[str, Any]] = (),
 ) -> tuple[str, list[dict[str, Any]]]:
-    """Audit synthetic corpora of ``sizes`` chunks on each engine, each run in a fresh process
-    (its working folder removed afterwards); the table and its rows."""
+    """Audit synthetic corpora of ``sizes`` chunks on each of ``engines`` (names of
+    :data:`ENGINES`), each run in a fresh process (its working folder removed afterwards); the
+    table and its rows, with the rows of ``kept`` (an earlier run's) that were not run again."""
+    import datetime
     import shutil
     from concurrent.futures import ProcessPoolExecutor
     from multiprocessing import get_context
 
+    unknown = [name for name in engines if name not in ENGINES]
+    if unknown:
+        raise ValueError(f"unknown setup {', '.join(unknown)}: use {', '.join(ENGINES)}")
+    today = datetime.date.today().isoformat()
     rows = []
     for n in sizes:
-        for engine, workers in engines:
+        for name in engines:
+            if ENGINES[name][3] and n > ROUTED_UP_TO:
+                continue
             with ProcessPoolExecutor(1, mp_context=get_context("spawn")) as pool:
-                args = (n, engine, workers, str(workdir), max_probes)
-                rows.append(pool.submit(_run, *args).result())
-            shutil.rmtree(Path(workdir) / f"{n}-{engine}-{workers}", ignore_errors=True)
+                rows.append(pool.submit(_run, n, name, str(workdir), max_probes, today).result())
+            shutil.rmtree(Path(workdir) / f"{n}-{name}", ignore_errors=True)
+    done = {(r["chunks"], r["setup"]) for r in rows}
+    rows += [r for r in kept if (r["chunks"], r.get("setup", _setup(r))) not in done]
+    rows.sort(key=lambda r: (r["chunks"], list(ENGINES).index(r.get("setup", _setup(r)))))
     return scale_table(rows), rows
 
 
-COLUMNS = ["chunks", "engine", "index", "probes", "total s", *[f"{s} s" for s in STAGES]]
-COLUMNS += ["chunks/s", "peak MB (driver)", "peak MB (worker)", "neighbour recall@10"]
+def _setup(row: dict[str, Any]) -> str:
+    """The :data:`ENGINES` name of a row written before rows named theirs."""
+    return "local" if row["engine"] == "local" else "ray"
+
+
+COLUMNS = ["chunks", "engine", "search", "index", "probes", "total s"]
+COLUMNS += [f"{s} s" for s in STAGES]
+COLUMNS += ["chunks/s", "peak MB (driver)", "peak MB (worker)", "neighbour recall@10", "rechecked"]
 COLUMNS += ["flagged: sets of 3-5", "flagged: sets of 10-20", "flagged: single", "benign flagged"]
 
 
 def scale_table(rows: Sequence[dict[str, Any]]) -> str:
     """The table of the runs, then the plan for 100M chunks worked out from its largest runs."""
-    cells = [[_show(r.get(c, "")) for c in COLUMNS] for r in rows]
-    return "\n".join([*markdown_table(COLUMNS, cells), "", *plan(rows)])
+    cells = [[_show(r.get(c) or _every(r, c)) for c in COLUMNS] for r in rows]
+    dates: dict[str, list[str]] = {}
+    for r in (r for r in rows if r.get("kept")):
+        setup = f"{r['chunks']:,} {r.get('setup', _setup(r))}"
+        dates.setdefault(str(r.get("date") or "an earlier date"), []).append(setup)
+    when = [] if not dates else [
+        "Rows kept from an earlier run of this benchmark (`--keep`): "
+        + "; ".join(f"{', '.join(setups)} ({day})" for day, setups in sorted(dates.items()))
+        + ".", "",
+    ]  # fmt: skip
+    return "\n".join([*markdown_table(COLUMNS, cells), "", *when, *plan(rows)])
+
+
+def _every(row: dict[str, Any], column: str) -> Any:
+    """A cell a row has no value for (a row written before routing: every shard searched)."""
+    return f"every shard ({row.get('shards', '')})" if column == "search" else row.get(column, "")
 
 
 def plan(
     rows: Sequence[dict[str, Any]], target: int = 100_000_000, workers: int = 64, routed: int = 3
 ) -> list[str]:
     """A plan for auditing ``target`` chunks on a Ray cluster of ``workers`` one-CPU actors,
-    from the measured per-worker search throughput (paragraphs of Markdown; none without a
-    Ray run)."""
-    ray = [r for r in rows if str(r["engine"]).startswith("ray")]
+    from the measured per-worker search throughput, every shard searched and, where a routed
+    Ray run was measured, routed (paragraphs of Markdown; none without a Ray run)."""
+    ray = [r for r in rows if str(r["engine"]).startswith("ray") and not r.get("route")]
     local = [r for r in rows if r["engine"] == "local"]
     if not ray:
         return []
@@ -256,7 +321,6 @@ def plan(
     shard = -(-target // workers)  # the audit makes one shard per worker
     growth = np.log(shard) / np.log(n / shards)  # a search's cost grows with log(shard size)
     everywhere = target * workers * growth / rate / workers / 3600
-    routed_h = target * routed * growth / rate / workers / 3600
     lines = [
         f"**Plan for {target / 1e6:.0f}M chunks on a Ray cluster.** Measured here: at "
         f"{n:,} chunks on Ray with {w} one-CPU workers ({shards} shards of {n // shards:,}), "
@@ -273,24 +337,57 @@ def plan(
     lines += [
         "",
         f"- **Shards.** {target / 1e6:.0f}M vectors of 384 floats are about "
-        f"{target * 384 * 4 / 1e9:.0f} GB. The audit makes one shard per worker, and each "
-        f"worker builds its shard's index once: on {workers} workers "
-        f'(`audit(..., engine="ray", workers={workers})`), shards of {shard / 1e6:.1f}M '
-        f"vectors, an HNSW index of about {shard * (384 * 4 + 32 * 2 * 4) / 1e9:.1f} GB each; "
-        "the working folder on storage every machine reads (a bucket or NFS).",
-        f"- **Search.** Every chunk is searched in every shard: {workers} searches per chunk, "
-        f"about {everywhere:,.0f} hours at the measured rate (slowed {growth:.2f}x for shards "
-        f"{shard * shards / n:.1f}x larger: an HNSW search costs about the logarithm of the "
-        "shard's size). That is the step to change first: shards cut by a coarse k-means of a "
-        f"sample, each chunk searched in its own shard and the {routed - 1} nearest others (as "
-        f"an IVF index routes a query), would be {routed} searches per chunk, about "
-        f"{routed_h:,.1f} hours.",
+        f"{target * 384 * 4 / 1e9:.0f} GB. Each worker builds its shards' indexes once: on "
+        f"{workers} workers, shards of {shard / 1e6:.1f}M vectors, an HNSW index of about "
+        f"{shard * (384 * 4 + 32 * 2 * 4) / 1e9:.1f} GB each; the working folder on storage "
+        "every machine reads (a bucket or NFS).",
+        f'- **Search, every shard** (`audit(..., engine="ray", workers={workers})`): '
+        f"{workers} searches per chunk, about {everywhere:,.0f} hours at the measured rate "
+        f"(slowed {growth:.2f}x for shards {shard * shards / n:.1f}x larger: an HNSW search "
+        "costs about the logarithm of the shard's size).",
+        _routed(rows, target, workers, routed, rate, growth),
         "- **Defend and report.** The probes are capped (`max_probes`), so the defend stage "
         "does not grow with the corpus. The report keeps ten neighbours and a few numbers per "
         f"chunk: about {target * 200 / 1e9:.0f} GB for {target / 1e6:.0f}M chunks on the "
         "driver, to be split by shard before that size.",
     ]
     return lines
+
+
+def _routed(
+    rows: Sequence[dict[str, Any]], target: int, workers: int, route: int, rate: float, grow: float
+) -> str:
+    """The plan's routed search, worked out from the every-shard ``rate`` (a routed search
+    costs what any search in a shard of that size does; slowed ``grow`` for the target's
+    shards), with what a routed Ray run in ``rows`` measured: its time against every shard's
+    at its size, the balance of its cells, the neighbours it kept and the share of suspects
+    it searched again in every shard."""
+    hours = target * route * grow / rate / workers / 3600
+    text = (
+        f'- **Search, routed** (`audit(..., engine="ray", workers={workers}, '
+        f"shards={workers}, route={route})`): shards cut by a k-means of a sample, each chunk "
+        f"searched in its own shard and the {route - 1} nearest others (as an IVF index routes "
+        f"a query): {route} searches per chunk, about {hours:,.1f} hours at that rate"
+    )
+    measured = [r for r in rows if str(r["engine"]).startswith("ray") and r.get("route")]
+    if not measured:
+        return f"{text}."
+    big = max(measured, key=lambda r: r["chunks"])
+    share = float(str(big.get("rechecked") or "0%").rstrip("%")) / 100
+    again = target * share * (workers - route) * grow / rate / workers / 3600
+    base = [r for r in rows if r["chunks"] == big["chunks"] and r.get("setup") == "ray"]
+    against = f" against {base[0]['search s']} s searching every shard" if base else ""
+    return (
+        f"{text}, and the suspects searched again in every other shard ({big.get('rechecked')} "
+        f"of the chunks here), about {again:,.1f} hours more. Measured here at "
+        f"{int(big['chunks']):,} chunks on {big['engine']}, {big['shards']} shards searched "
+        f"{big['route']} per chunk: {big['search s']} s (routing included){against}, and "
+        f"{big.get('recheck s', '?')} s for the recheck; the largest cell holds "
+        f"{big.get('largest shard', '?')}x the mean (its worker finishes last); neighbour "
+        f"recall@10 {big['neighbour recall@10']}. That recall is this synthetic corpus's, "
+        "whose topics are scattered at random with no structure above them, the worst case for "
+        "cells; on real MiniLM vectors see the routed row of the [audit page](audit.md)."
+    )
 
 
 def _show(v: Any) -> str:
