@@ -306,17 +306,17 @@ def test_a_search_killed_on_one_shard_resumes_with_its_shards_whatever_the_worke
     texts, ids, _ = toy_corpus()
     whole = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "a", part_size=16)
     searched: list[int] = []
-    original = steps.SearchStep.__call__
+    original = steps.SearchStep.batch
     killed: list[bool] = []
 
-    def dies_on_shard_1(self: steps.SearchStep, part: int) -> int:
-        if self.shard == 1 and part == 2 and not killed:
+    def dies_on_shard_1(self: steps.SearchStep, parts: list[int]) -> int:
+        if self.shard == 1 and 2 in parts and not killed:
             killed.append(True)
             raise KeyboardInterrupt
         searched.append(self.shard)
-        return original(self, part)
+        return original(self, parts)
 
-    monkeypatch.setattr(steps.SearchStep, "__call__", dies_on_shard_1)
+    monkeypatch.setattr(steps.SearchStep, "batch", dies_on_shard_1)
     with pytest.raises(KeyboardInterrupt):
         audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
               engine=TwoWorkers())  # fmt: skip

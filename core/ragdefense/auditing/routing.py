@@ -50,6 +50,7 @@ _SAMPLE_PER_SHARD = 256  # k-means sample: enough per centre (FAISS's rule of th
 _MAX_SAMPLE = 200_000
 _ITERATIONS = 20
 _BLOCK = 65_536  # rows scored against the centres at once
+_RECHECK_PARTS = 256  # parts whose suspects are searched together
 
 logger = logging.getLogger("ragdefense")
 
@@ -196,16 +197,35 @@ class RecheckStep:
 
                 built.faiss = faiss.read_index(str(saved))
                 built.faiss.hnsw.efSearch = _EF_SEARCH
-            for part, rows in todo.items():
-                name = _search_file(shard, self.n_shards, "chunks", part)
-                hits = wd.read_arrays(name)
-                vectors = np.asarray(wd.read_array(f"{part_name('chunks', part)}.npy"))[rows]
-                sims, positions = built.search(vectors, self.k)
-                write_routed(wd, name, int(hits["n"]), np.concatenate([hits["rows"], rows]),
-                             np.concatenate([hits["sims"], sims]),
-                             np.concatenate([hits["positions"], positions]))  # fmt: skip
+            parts = list(todo)
+            for first in range(0, len(parts), _RECHECK_PARTS):  # a few searches, not one a part
+                chosen = parts[first : first + _RECHECK_PARTS]
+                vectors = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy"))[todo[p]]
+                           for p in chosen]  # fmt: skip
+                sims, positions = built.search(np.concatenate(vectors), self.k)
+                at = 0
+                for part in chosen:
+                    end = at + len(todo[part])
+                    name = _search_file(shard, self.n_shards, "chunks", part)
+                    _append(wd, name, todo[part], sims[at:end], positions[at:end])
+                    at = end
         wd.write_json(self.output(shard), {"rechecked": sum(map(len, todo.values()))})
         return sum(map(len, todo.values()))
+
+
+def _append(
+    wd: Workdir, name: str, rows: np.ndarray, sims: np.ndarray, positions: np.ndarray
+) -> None:
+    """Add the hits of ``rows`` (searched by the recheck) to a routed shard's hit file."""
+    hits = wd.read_arrays(name)
+    write_routed(
+        wd,
+        name,
+        int(hits["n"]),
+        np.concatenate([hits["rows"], rows]),
+        np.concatenate([hits["sims"], sims]),
+        np.concatenate([hits["positions"], positions]),
+    )
 
 
 def recheck_suspects(

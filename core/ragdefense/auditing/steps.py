@@ -192,6 +192,10 @@ class SearchStep:
         return ("shard", self.workdir, run, self.shard, self.n_shards, self.index, self.route)
 
     def __call__(self, part: int) -> int:
+        return self.batch([part])
+
+    def batch(self, parts: list[int]) -> int:
+        """Search ``parts`` (routed: their routed rows in one search); the rows searched."""
         wd = Workdir(self.workdir)
         key = self.key(wd.run)
         if key not in _CACHE:
@@ -199,20 +203,29 @@ class SearchStep:
             if self.route:
                 _CACHE[key] = _Shard(wd, range(len(sizes)), sizes, self.index, self.shard)
             else:
-                parts = shard_parts(len(sizes), self.n_shards, self.shard)
-                _CACHE[key] = _Shard(wd, parts, sizes, self.index)
+                _CACHE[key] = _Shard(wd, shard_parts(len(sizes), self.n_shards, self.shard),
+                                     sizes, self.index)  # fmt: skip
         shard: _Shard = _CACHE[key]
-        queries = np.asarray(wd.read_array(f"{part_name(self.kind, part)}.npy"))
+        vectors = [np.asarray(wd.read_array(f"{part_name(self.kind, p)}.npy")) for p in parts]
         if not self.route:
-            sims, positions = shard.search(queries, self.k)
-            wd.write_arrays(self.output(part), sims=sims, positions=positions)
-            return len(queries)
-        routed = np.flatnonzero(
-            (np.asarray(wd.read_array(route_file(self.kind, part))) == self.shard).any(axis=1)
-        )
-        sims, positions = shard.search(queries[routed], self.k)  # the routed rows only
-        write_routed(wd, self.output(part), len(queries), routed, sims, positions)
-        return len(routed)
+            for part, queries in zip(parts, vectors, strict=True):
+                sims, positions = shard.search(queries, self.k)
+                wd.write_arrays(self.output(part), sims=sims, positions=positions)
+            return sum(map(len, vectors))
+        rows = [
+            np.flatnonzero((np.asarray(wd.read_array(route_file(self.kind, p))) == self.shard)
+                           .any(axis=1))
+            for p in parts
+        ]  # fmt: skip
+        queries = np.concatenate([v[r] for v, r in zip(vectors, rows, strict=True)])
+        sims, positions = shard.search(queries, self.k)
+        at = 0
+        for part, queries, routed in zip(parts, vectors, rows, strict=True):
+            end = at + len(routed)
+            write_routed(wd, self.output(part), len(queries), routed, sims[at:end],
+                         positions[at:end])  # fmt: skip
+            at = end
+        return at
 
 
 @dataclass
@@ -238,15 +251,15 @@ class ShardSearchStep:
         wd = Workdir(self.workdir)
         steps = [SearchStep(self.workdir, kind, shard, self.n_shards, k, self.index, self.route)
                  for kind, _, k in self.searches]  # fmt: skip
-        todo = [
-            (step, part)
-            for step, (_, parts, _) in zip(steps, self.searches, strict=True)
-            for part in range(parts)
-            if not wd.has(step.output(part))
-        ]
+        # routed, a shard searches a few rows of each part: parts go together, one search
+        group = max(1, 4 * self.n_shards // self.route) if self.route else 1
+        todo = []
+        for step, (_, parts, _) in zip(steps, self.searches, strict=True):
+            left = [part for part in range(parts) if not wd.has(step.output(part))]
+            todo += [(step, left[i : i + group]) for i in range(0, len(left), group)]
         desc = f"search shard {shard + 1}/{self.n_shards}" if self.progress else None
         try:
-            done = int(sum(step(part) for step, part in progress_bar(todo, desc)))
+            done = int(sum(step.batch(parts) for step, parts in progress_bar(todo, desc)))
             built = _CACHE.get(steps[0].key(wd.run))
             if self.route and self.index == "hnsw" and built is not None and built.faiss:
                 _save_index(wd, _index_file(shard, self.n_shards), built.faiss)  # for recheck
