@@ -41,7 +41,7 @@ ENGINES: dict[str, tuple[str, int, int | None, int | None]] = {
     "ray-routed": ("ray", 2, 16, 3),
 }
 #: the routed setup's shards are small enough for exact search: beyond this it is not run
-ROUTED_UP_TO = 300_000
+ROUTED_UP_TO = 1_000_000
 
 
 class SyntheticCorpus:
