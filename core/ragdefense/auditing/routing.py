@@ -179,53 +179,52 @@ class RecheckStep:
         suspects = np.asarray(wd.read_array("route/suspects.npy"))
         starts = part_starts(wd.noted("part_sizes"))
         bounds = np.searchsorted(suspects, starts)
-        todo: dict[int, np.ndarray] = {}
-        for part in np.flatnonzero(bounds[1:] > bounds[:-1]).tolist():
-            rows = suspects[bounds[part] : bounds[part + 1]] - starts[part]
-            routes = np.asarray(wd.read_array(route_file("chunks", part)))[rows]
-            rows = rows[~(routes == shard).any(axis=1)]  # not routed here
-            done = wd.read_arrays(_search_file(shard, self.n_shards, "chunks", part))["rows"]
-            rows = rows[~np.isin(rows, done)]  # nor searched here by an earlier recheck
-            if len(rows):
-                todo[part] = rows
+        parts = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
+        built: _Shard | None = None  # built (or read back) on the first row to search
+        total = 0
+        for first in range(0, len(parts), _RECHECK_PARTS):  # a few searches, not one a part
+            todo = []  # (hit file, its hits, the rows to search, their vectors)
+            for part in parts[first : first + _RECHECK_PARTS]:
+                rows = suspects[bounds[part] : bounds[part + 1]] - starts[part]
+                routes = np.asarray(wd.read_array(route_file("chunks", part)))[rows]
+                rows = rows[~(routes == shard).any(axis=1)]  # not routed here
+                name = _search_file(shard, self.n_shards, "chunks", part)
+                hits = wd.read_arrays(name)
+                rows = rows[~np.isin(rows, hits["rows"])]  # nor searched by an earlier recheck
+                if len(rows):
+                    vectors = np.asarray(wd.read_array(f"{part_name('chunks', part)}.npy"))[rows]
+                    todo.append((name, hits, rows, vectors))
+            if not todo:
+                continue
+            built = built or self._index(wd, shard)
+            sims, positions = built.search(np.concatenate([t[3] for t in todo]), self.k)
+            at = 0
+            for name, hits, rows, _ in todo:
+                end = at + len(rows)
+                write_routed(
+                    wd,
+                    name,
+                    int(hits["n"]),
+                    np.concatenate([hits["rows"], rows]),
+                    np.concatenate([hits["sims"], sims[at:end]]),
+                    np.concatenate([hits["positions"], positions[at:end]]),
+                )
+                at = end
+            total += at
+        wd.write_json(self.output(shard), {"rechecked": total})
+        return total
+
+    def _index(self, wd: Workdir, shard: int) -> _Shard:
+        """The shard's index: the HNSW index its search saved, else built again."""
+        sizes = wd.noted("part_sizes")
         saved = wd.path / _index_file(shard, self.n_shards)
-        if todo:
-            sizes = wd.noted("part_sizes")
-            built = _Shard(wd, range(len(sizes)), sizes, self.index, shard, not saved.is_file())
-            if saved.is_file():
-                import faiss
+        built = _Shard(wd, range(len(sizes)), sizes, self.index, shard, not saved.is_file())
+        if saved.is_file():
+            import faiss
 
-                built.faiss = faiss.read_index(str(saved))
-                built.faiss.hnsw.efSearch = _EF_SEARCH
-            parts = list(todo)
-            for first in range(0, len(parts), _RECHECK_PARTS):  # a few searches, not one a part
-                chosen = parts[first : first + _RECHECK_PARTS]
-                vectors = [np.asarray(wd.read_array(f"{part_name('chunks', p)}.npy"))[todo[p]]
-                           for p in chosen]  # fmt: skip
-                sims, positions = built.search(np.concatenate(vectors), self.k)
-                at = 0
-                for part in chosen:
-                    end = at + len(todo[part])
-                    name = _search_file(shard, self.n_shards, "chunks", part)
-                    _append(wd, name, todo[part], sims[at:end], positions[at:end])
-                    at = end
-        wd.write_json(self.output(shard), {"rechecked": sum(map(len, todo.values()))})
-        return sum(map(len, todo.values()))
-
-
-def _append(
-    wd: Workdir, name: str, rows: np.ndarray, sims: np.ndarray, positions: np.ndarray
-) -> None:
-    """Add the hits of ``rows`` (searched by the recheck) to a routed shard's hit file."""
-    hits = wd.read_arrays(name)
-    write_routed(
-        wd,
-        name,
-        int(hits["n"]),
-        np.concatenate([hits["rows"], rows]),
-        np.concatenate([hits["sims"], sims]),
-        np.concatenate([hits["positions"], positions]),
-    )
+            built.faiss = faiss.read_index(str(saved))
+            built.faiss.hnsw.efSearch = _EF_SEARCH
+        return built
 
 
 def recheck_suspects(

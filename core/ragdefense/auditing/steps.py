@@ -15,8 +15,6 @@ picklable object that loads its models and index once per process.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from dataclasses import dataclass
 from typing import Any
 
@@ -274,19 +272,11 @@ def _index_file(shard: int, n_shards: int) -> str:
 
 
 def _save_index(wd: Workdir, name: str, index: Any) -> None:
-    """Write a FAISS index into the working folder, atomically (a temporary file renamed,
-    removed on failure)."""
+    """Write a FAISS index into the working folder, atomically, as every file of it is."""
     import faiss
 
-    target = wd.path / name
-    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        faiss.write_index(index, tmp)
-        os.replace(tmp, target)
-    except BaseException:
-        os.unlink(tmp)
-        raise
+    writer = faiss.PyCallbackIOWriter  # type: ignore[attr-defined]  # not in FAISS's stubs
+    wd.write_stream(name, lambda f: faiss.write_index(index, writer(f.write)))
 
 
 def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:

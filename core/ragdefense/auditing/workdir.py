@@ -107,6 +107,11 @@ class Workdir:
         """Write one array (``.npy``)."""
         self._atomic(self.path / name, lambda f: np.save(f, array, allow_pickle=False))
 
+    def write_stream(self, name: str, write: Any) -> None:
+        """Write ``name`` by calling ``write`` on its open binary file (a temporary file,
+        renamed once complete)."""
+        self._atomic(self.path / name, write)
+
     def write_arrays(self, name: str, **arrays: np.ndarray) -> None:
         """Write named arrays (``.npz``)."""
         self._atomic(self.path / name, lambda f: np.savez(f, allow_pickle=False, **arrays))
