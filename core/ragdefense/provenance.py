@@ -19,6 +19,7 @@ __all__ = [
     "AUTO",
     "SOURCE_KEYS",
     "Trust",
+    "document_of",
     "is_trusted_by",
     "metadata_source",
     "source_of",
@@ -78,6 +79,25 @@ def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         True
     """
     return metadata_source(passage.metadata, source_key)
+
+
+def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
+    """The document ``passage`` belongs to: the value :func:`source_of` reads, *not* reduced
+    to its host (two pages of one site are two documents of one source; the chunks of one file
+    share their document). ``None`` when it has no source.
+
+    Examples:
+        >>> document_of(Passage("...", metadata={"url": "https://www.who.int/news/1"}))
+        'https://www.who.int/news/1'
+    """
+    if source_key is None:
+        return None
+    meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
+    keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
+    for key in keys:
+        if _normal(meta.get(key)) is not None:
+            return str(meta[key]).strip()
+    return None
 
 
 def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:

@@ -18,6 +18,9 @@ of four pieces of evidence:
    on one story stand apart from the rest as often as a planted pair. Chunks of one long
    document must also repeat one claim apart from the rest. A source more than half of whose
    passages step 1 already removed is judged on all of them (its escaped planted passage goes).
+   Copies of one text count once everywhere else; here they count once per document of the
+   source that holds them (:func:`~ragdefense.provenance.document_of`): one page or file
+   ingested twice repeats nothing, one site posting one text on five pages repeats itself.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
@@ -50,11 +53,19 @@ from typing import Any
 import numpy as np
 
 from ..embedders import passage_and_query_embeddings
-from ..provenance import AUTO, Trust, is_trusted_by, sources_of
+from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
-from .pool import Pool, consensus_result, distinct, map_back
+from .pool import (
+    Pool,
+    agreement_among,
+    agreement_between,
+    consensus_result,
+    distinct,
+    map_back,
+    repeats,
+)
 
 __all__ = ["Consensus"]
 
@@ -190,6 +201,7 @@ class Consensus:
             full_qs[keep],
             [sources[i] for i in keep],
             [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep],
+            repeats(keep, copy_of, sources, [document_of(p, self.source_key) for p in items]),
         )
         self._groups(pool)
         self._voices(pool)
@@ -338,6 +350,7 @@ class Consensus:
         """Evidence 2: one source repeating one claim apart from every other source."""
         sim, _, trusted, removed, estimates = pool.unpacked()
         sources = pool.sources
+        weights = pool.weights if pool.weights is not None else np.ones(len(sources))
         if self.voice is None:
             return
         # on the query's topic only: one upload planting claims for many questions is judged
@@ -360,17 +373,20 @@ class Consensus:
             standing = [i for i in own if i not in removed]
             if 2 * len(standing) >= len(own):  # half or more still stand
                 own = standing
-            if len(own) < 2 or n_rest < 2 or not standing or any(trusted[i] for i in own):
+            # a text on several pages of the source counts once per page (pool.repeats)
+            pages = int(weights[own].sum())
+            if pages < 2 or n_rest < 2 or not standing or any(trusted[i] for i in own):
                 continue
-            inner = float(pairs_among(sim, own).mean())
-            across = float(sim[np.ix_(own, rest)].mean())
-            pair = len(own) == 2  # one voice only when nearly one text
+            inner = agreement_among(sim, own, weights)
+            across = agreement_between(sim, own, rest, weights)
+            pair = pages == 2  # one voice only when nearly one text
             if inner - across < self.voice or (pair and inner < self.tightness):
                 continue
             found.append(s)
+            copies = f" ({len(own)} distinct)" if pages > len(own) else ""
             for i in standing:  # the rest keep the reason they were removed for
                 removed[i] = (
-                    f"one voice: {len(own)} passages of source {s!r} agree with each other "
+                    f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
                     f"(mean cosine {inner:.3f}{f' >= {self.tightness}' if pair else ''}) more "
                     f"than with {n_rest} other sources ({across:.3f}) by {inner - across:.3f} >= "
                     f"{self.voice}"

@@ -12,7 +12,16 @@ import numpy as np
 
 from ..types import DefenseResult, Verdict
 
-__all__ = ["Pool", "consensus_result", "distinct", "map_back", "on_topic"]
+__all__ = [
+    "Pool",
+    "agreement_among",
+    "agreement_between",
+    "consensus_result",
+    "distinct",
+    "map_back",
+    "on_topic",
+    "repeats",
+]
 
 
 def on_topic(qs: np.ndarray) -> list[int]:
@@ -40,6 +49,41 @@ def distinct(items: list[Any], sim: np.ndarray) -> tuple[list[int], dict[int, li
         else:
             copy_of.setdefault(first, []).append(i)
     return keep, copy_of
+
+
+def repeats(
+    keep: list[int],
+    copy_of: dict[int, list[int]],
+    sources: list[str | None],
+    documents: list[str | None],
+) -> np.ndarray:
+    """Per distinct passage: in how many documents of its own source its text stands (1 without
+    a source). The same document ingested twice is one; the same text on several pages of one
+    site, or in several uploads of one user, is that source repeating itself."""
+    out = np.ones(len(keep))
+    for k, first in enumerate(keep):
+        source = sources[first]
+        if source is None or documents[first] is None:
+            continue
+        same = [c for c in copy_of.get(first, []) if sources[c] == source]
+        out[k] = len({documents[first], *(documents[c] for c in same)} - {None})
+    return out
+
+
+def agreement_among(sim: np.ndarray, own: list[int], w: np.ndarray) -> float:
+    """Mean cosine over the pairs of documents among the ``own`` passages, passage ``i``
+    standing in ``w[i]`` documents (its copies agree with each other fully). With every weight
+    1: the mean over pairs of passages."""
+    a = w[own]
+    n = float(a.sum())
+    total = float(a @ sim[np.ix_(own, own)] @ a) - float((a * a * np.diag(sim)[own]).sum())
+    return (total + float((a * (a - 1)).sum())) / max(n * (n - 1), 1.0)
+
+
+def agreement_between(sim: np.ndarray, own: list[int], rest: list[int], w: np.ndarray) -> float:
+    """Mean cosine between the documents of ``own`` and those of ``rest`` (weights ``w``)."""
+    a, b = w[own], w[rest]
+    return float(a @ sim[np.ix_(own, rest)] @ b) / max(float(a.sum() * b.sum()), 1.0)
 
 
 def map_back(
@@ -78,6 +122,8 @@ class Pool:
     qs: np.ndarray
     sources: list[str | None]
     trusted: list[bool]
+    #: per passage: the documents of its source that hold its text (:func:`repeats`)
+    weights: np.ndarray | None = None
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
 
