@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ __all__ = [
     "Case",
     "attack_passages",
     "demo_cases",
+    "provenance_case",
     "ragdefender_cases",
     "realtimeqa_cases",
     "retrieved_case",
@@ -212,3 +214,77 @@ def suite_cases(
                 )
             )
     return cases
+
+
+def _attacker(j: int, hosts: int) -> str:
+    return f"https://attacker-{j % hosts + 1}.example/post/{j}"
+
+
+def provenance_case(
+    record: QARecord,
+    poison: Sequence[str],
+    embedder: Embedder,
+    *,
+    benign_top: int | None,
+    k: int,
+    m: int | None = None,
+    hosts: int = 1,
+    trusted_top: int = 2,
+    one_document: int = 0,
+    setting: str = "",
+) -> dict[str, Case]:
+    """One question as three cases ``plain`` / ``sources`` / ``trusted``: its benign passages
+    (the top ``benign_top`` by query similarity, all when ``None``) and ``poison`` ranked
+    together, the top ``m`` retrieved (all when ``None``), context ``k``. ``sources`` carry
+    ``metadata["source"]`` (the record's links, or one source per gold passage; the poison
+    from ``hosts`` attacker hosts);
+    ``trusted`` also marks the ``trusted_top`` best-ranked benign passages (RealtimeQA) or the
+    gold passages (``metadata["trusted"]``). ``one_document``: that many of the best-ranked
+    benign passages are chunks of one document (one source)."""
+    q = embedder.embed_query(record.question)
+    benign = list(record.benign)
+    links = list(record.sources) or [
+        f"https://gold-{i}.{record.dataset.replace('/', '-')}.example/" for i in range(len(benign))
+    ]
+    if benign_top is not None and benign:
+        sims = embedder.embed(benign) @ q
+        order = np.argsort(-sims, kind="stable")[:benign_top]
+        benign = [benign[i] for i in order]
+        links = [links[i] for i in order]
+        gold = [record.gold[i] for i in order]
+    else:
+        gold = list(record.gold)
+    flags = gold + [False] * len(poison)
+    base = retrieved_case(
+        record.dataset,
+        setting,
+        record.id,
+        record.question,
+        benign,
+        poison,
+        flags,
+        embedder,
+        q,
+        k,
+        m,
+        {"answers": record.answers},
+    )
+    # the retrieved benign passages, best-ranked first (the case is ordered by query similarity)
+    ranked = [p.id for p, bad in zip(base.passages, base.is_poison, strict=True) if not bad]
+    # trusted: the best-ranked web results, or every gold passage
+    trusted_ids = set(ranked[:trusted_top]) if record.sources else set(ranked)
+    joined = set(ranked[:one_document])
+    out = {"plain": base}
+    for kind in ("sources", "trusted"):
+        passages = []
+        for p in base.passages:
+            i = int(p.id or 0)
+            link = links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
+            if p.id in joined:
+                link = "uploads/web-results-joined.pdf"
+            meta: dict[str, Any] = {"source": link}
+            if kind == "trusted" and p.id in trusted_ids:
+                meta["trusted"] = True
+            passages.append(replace(p, metadata=meta))
+        out[kind] = replace(base, passages=passages, extra=dict(base.extra))
+    return out

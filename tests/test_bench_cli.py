@@ -222,8 +222,8 @@ def test_gold_passages_are_each_their_own_source(data_dir: Path, minilm: object)
     """In the RAGDefender setting every gold passage is its own source (a host of its own) and
     the planted passages come from ``hosts`` attacker hosts: the layout the provenance rows and
     the end-to-end NQ row claim."""
+    from benchmarks.cases import provenance_case
     from benchmarks.datasets import load_qa
-    from benchmarks.settings.threats import provenance_case
     from ragdefense.provenance import sources_of
 
     record = next(r for r in load_qa(data_dir, "ragdefender/nq", None) if sum(r.gold) >= 2)

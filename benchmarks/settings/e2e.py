@@ -27,11 +27,10 @@ from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT
 from ragdefense.text import contains_answer
 
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages
+from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, provenance_case
 from ..datasets import DataError, load_qa
 from ..report import markdown_table
 from ..runner import context_indices, on_case, run_case
-from .threats import provenance_case
 
 __all__ = ["E2E_ROWS", "e2e_table"]
 

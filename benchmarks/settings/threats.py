@@ -22,7 +22,8 @@ Trusted rows trust the two top-ranked web results (RealtimeQA) and the gold pass
 RAGDefender setting); the trusted row's poisoned majority is also shown bundle by bundle and
 ratio by ratio, with its worst held-out family. Families:
 :data:`~benchmarks.settings.default.TUNING` and :data:`~benchmarks.settings.default.HELD_OUT`;
-cells show the tuning family ``poisonedrag`` and the mean over the held-out ones.
+cells show the tuning family ``poisonedrag`` and the mean over the held-out ones; a last
+table shows every tuning family on its own.
 """
 
 from __future__ import annotations
@@ -30,22 +31,19 @@ from __future__ import annotations
 import os
 import statistics
 from collections.abc import Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
-
-import numpy as np
 
 from ragdefense.defenses import registry
 from ragdefense.embedders import Embedder, as_embedder
 
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, retrieved_case
+from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, provenance_case
 from ..datasets import QARecord, load_qa
 from ..report import markdown_table
 from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize
 from .default import HELD_OUT, TUNING
 
-__all__ = ["THREAT_ROWS", "provenance_case", "threats_table"]
+__all__ = ["THREAT_ROWS", "threats_table"]
 
 #: rows of the table: label -> (defense name, params, whether cases carry sources / trust)
 THREAT_ROWS: dict[str, tuple[str, dict[str, Any], str]] = {
@@ -63,80 +61,6 @@ THREAT_ROWS: dict[str, tuple[str, dict[str, Any], str]] = {
 
 #: the rows of the gold-as-sources table
 GOLD_ROWS = ("none", "default (text only)", "default with sources")
-
-
-def _attacker(j: int, hosts: int) -> str:
-    return f"https://attacker-{j % hosts + 1}.example/post/{j}"
-
-
-def provenance_case(
-    record: QARecord,
-    poison: Sequence[str],
-    embedder: Embedder,
-    *,
-    benign_top: int | None,
-    k: int,
-    m: int | None = None,
-    hosts: int = 1,
-    trusted_top: int = 2,
-    one_document: int = 0,
-    setting: str = "",
-) -> dict[str, Case]:
-    """One question as three cases ``plain`` / ``sources`` / ``trusted``: its benign passages
-    (the top ``benign_top`` by query similarity, all when ``None``) and ``poison`` ranked
-    together, the top ``m`` retrieved (all when ``None``), context ``k``. ``sources`` carry
-    ``metadata["source"]`` (the record's links, or one source per gold passage; the poison
-    from ``hosts`` attacker hosts);
-    ``trusted`` also marks the ``trusted_top`` best-ranked benign passages (RealtimeQA) or the
-    gold passages (``metadata["trusted"]``). ``one_document``: that many of the best-ranked
-    benign passages are chunks of one document (one source)."""
-    q = embedder.embed_query(record.question)
-    benign = list(record.benign)
-    links = list(record.sources) or [
-        f"https://gold-{i}.{record.dataset.replace('/', '-')}.example/" for i in range(len(benign))
-    ]
-    if benign_top is not None and benign:
-        sims = embedder.embed(benign) @ q
-        order = np.argsort(-sims, kind="stable")[:benign_top]
-        benign = [benign[i] for i in order]
-        links = [links[i] for i in order]
-        gold = [record.gold[i] for i in order]
-    else:
-        gold = list(record.gold)
-    flags = gold + [False] * len(poison)
-    base = retrieved_case(
-        record.dataset,
-        setting,
-        record.id,
-        record.question,
-        benign,
-        poison,
-        flags,
-        embedder,
-        q,
-        k,
-        m,
-        {"answers": record.answers},
-    )
-    # the retrieved benign passages, best-ranked first (the case is ordered by query similarity)
-    ranked = [p.id for p, bad in zip(base.passages, base.is_poison, strict=True) if not bad]
-    # trusted: the best-ranked web results, or every gold passage
-    trusted_ids = set(ranked[:trusted_top]) if record.sources else set(ranked)
-    joined = set(ranked[:one_document])
-    out = {"plain": base}
-    for kind in ("sources", "trusted"):
-        passages = []
-        for p in base.passages:
-            i = int(p.id or 0)
-            link = links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
-            if p.id in joined:
-                link = "uploads/web-results-joined.pdf"
-            meta: dict[str, Any] = {"source": link}
-            if kind == "trusted" and p.id in trusted_ids:
-                meta["trusted"] = True
-            passages.append(replace(p, metadata=meta))
-        out[kind] = replace(base, passages=passages, extra=dict(base.extra))
-    return out
 
 
 def _family_poison(records: Sequence[QARecord], family: str, count: int) -> dict[str, list[str]]:
@@ -208,7 +132,7 @@ def _defense(name: str, params: dict[str, Any]) -> CaseDefense:
 
 def threats_table(
     folder: str | os.PathLike[str],
-    families: Sequence[str] = (TUNING[0], *HELD_OUT),
+    families: Sequence[str] = (*TUNING, *HELD_OUT),
     limit: int | None = None,
     embedder: Any = None,
 ) -> tuple[list[dict[str, Any]], str]:
@@ -260,7 +184,8 @@ def _cell(
 
 
 def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]:
-    held = [f for f in families if f != TUNING[0]]
+    held = [f for f in families if f not in TUNING]
+    tuning = [f for f in families if f in TUNING]
     majority = [f"{d} {r}x" for d in ("nq", "msmarco", "hotpotqa") for r in (1, 2, 4, 6)]
     one = ["top 8, S=1"]
     table = []
@@ -348,6 +273,23 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
             ]
         )
     trusted_header = ["bundle", TUNING[0], "held out", "worst held-out family"]
+    # every tuning family on its own: where the tables above show PoisonedRAG's wording only
+    by_family = [
+        [
+            label,
+            family,
+            *(_cell(by, label, "minority", [f"{c}p"], family) for c in (1, 3, 5)),
+            _cell(by, label, "majority", majority, family),
+            *(
+                _cell(by, label, "majority+sources", [f"top {top}, S={s}"], family)
+                for top, s in ((8, 1), (10, 1), (8, 2))
+            ),
+        ]
+        for label in list(THREAT_ROWS)[1:4]
+        for family in tuning
+    ]
+    family_header = ["row", "family", "minority 1p", "minority 3p", "minority 5p"]
+    family_header += ["majority, no sources", "top 8, S=1", "top 10, S=1", "top 8, S=2"]
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
@@ -373,6 +315,12 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "cell pools the bundles and ratios where that side occurs):",
         "",
         *markdown_table(gold_header, gold),
+        "",
+        "Every tuning family on its own (the tables above show the tuning family "
+        f"{TUNING[0]} only; the majority with sources: five planted passages among the top "
+        "web results, from S attacker sources):",
+        "",
+        *markdown_table(family_header, by_family),
         "",
         f"Cases per family (more gold sources / a tie / more attacker sources): {cases}. The "
         "rule that judges a source on the passages an earlier step removed was kept after its "
