@@ -530,6 +530,61 @@ def test_one_document_ingested_twice_is_not_one_voice() -> None:
     assert Consensus(support=False).defend_embeddings("q", passages, emb, q).removed == []
 
 
+@pytest.mark.parametrize(
+    "pages",
+    [
+        ["https://news.example/x", "https://news.example/x/"],
+        ["https://news.example/x?utm_source=feed", "http://WWW.news.example/x#top"],
+        ["https://news.example/x", "https://news.example/amp/x"],  # two pages, one text
+    ],
+)
+def test_one_honest_text_on_two_pages_is_no_voice(pages: list[str]) -> None:
+    """One page under two spellings of its address is one document; one text on two pages of
+    a site (an article and its AMP copy) is as often one article twice: neither is a voice."""
+    passages, emb, q = _copied_pool(pages)
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert result.removed == [] and "voices" not in result.estimates
+
+
+def test_two_loose_texts_are_no_voice_whatever_their_copies() -> None:
+    """Two pages of one outlet that say different things stay when one is also at a second
+    address: a pair of texts is judged by the pair's own cosine, not by its copies."""
+    passages, emb, q = _copied_pool(["https://outlet.example/a", "https://outlet.example/a2"])
+    rng = np.random.default_rng(3)
+    other = _unit(emb[4] + 1.2 * _unit(rng.normal(size=emb.shape[1])))
+    assert float(other @ emb[4]) < Consensus().tightness
+    loose = Passage("another story", metadata={"source": "https://outlet.example/b"})
+    result = Consensus(support=False).defend_embeddings(
+        "q", [*passages, loose], np.vstack([emb, other]), q
+    )
+    assert result.removed == [], result.to_table()
+
+
+def test_copies_on_two_attacker_sites_are_judged_per_site() -> None:
+    """Five copies, three on one site and two on another: the three-page site is one voice
+    whichever copy comes first; the two-page one is judged with it."""
+    pages = [f"https://attacker-{j % 2 + 1}.example/post/{j}" for j in (1, 0, 2, 3, 4)]
+    passages, emb, q = _copied_pool(pages)
+    result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
+    assert result.removed_indices == [4, 5, 6, 7, 8], result.to_table()
+    assert result.estimates["voices"] == ["attacker-1.example"]
+
+
+def test_document_of_compares_addresses_by_host_and_path() -> None:
+    from ragdefense.provenance import document_of
+
+    def doc(**meta: object) -> str | None:
+        return document_of(Passage("...", metadata=meta))
+
+    assert doc(url="https://www.who.int/news/1/?s=2#top") == doc(url="http://WHO.int/news/1")
+    assert doc(url="https://who.int/news/1") != doc(url="https://who.int/news/2")
+    assert doc(source="www.who.int") == doc(source="WHO.int") == "who.int"
+    assert doc(file_path="reports/q3.pdf") == "reports/q3.pdf"
+    assert doc(tenant="acme") is None
+    assert document_of(Passage("...", metadata={"tenant": "acme"}), source_key="tenant") == "acme"
+    assert document_of(Passage("...", metadata={"url": "https://a.org/x"}), source_key=None) is None
+
+
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 7))
 def test_agreement_with_unit_weights_is_the_mean_over_pairs(seed: int, n: int) -> None:
@@ -552,6 +607,9 @@ def test_agreement_with_unit_weights_is_the_mean_over_pairs(seed: int, n: int) -
     big[:3, :3] = 1.0  # copies agree fully
     expected = float(pairs_among(big, range(n + 2)).mean())
     assert agreement_among(sim, own, w) == pytest.approx(expected)
+    # across: each of the 3 copies against the rest
+    across = float(sim[np.ix_(expanded, rest)].mean())
+    assert agreement_between(sim, own, rest, w) == pytest.approx(across)
 
 
 def test_a_trusted_passage_on_another_topic_is_no_reference() -> None:

@@ -82,35 +82,45 @@ def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
 
 
 def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
-    """The document ``passage`` belongs to: the value :func:`source_of` reads, *not* reduced
-    to its host (two pages of one site are two documents of one source; the chunks of one file
-    share their document). ``None`` when it has no source.
+    """The document ``passage`` belongs to, within its :func:`source_of`: for a web address its
+    host and path (scheme, ``www.``, query, fragment and a trailing ``/`` dropped: two pages of
+    one site are two documents of one source, one page under two spellings is one); any other
+    value is its source (the chunks of one file share their document). ``None`` when it has no
+    source.
 
     Examples:
-        >>> document_of(Passage("...", metadata={"url": "https://www.who.int/news/1"}))
-        'https://www.who.int/news/1'
+        >>> document_of(Passage("...", metadata={"url": "https://www.who.int/news/1/?s=2#top"}))
+        'who.int/news/1'
+        >>> document_of(Passage("...", metadata={"file_path": "reports/q3.pdf"}))
+        'reports/q3.pdf'
     """
-    if source_key is None:
-        return None
-    meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-    keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
-    for key in keys:
-        if _normal(meta.get(key)) is not None:
-            return str(meta[key]).strip()
-    return None
+    value = _source_value(passage.metadata, source_key)
+    host = _normal(value)
+    if host is None or "://" not in str(value):
+        return host
+    try:
+        path = urlsplit(str(value).strip()).path.rstrip("/")
+    except ValueError:
+        return host
+    return f"{host}{path}"
 
 
 def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
     """:func:`source_of` for a bare metadata mapping (a stored chunk's, before it is a
     passage); ``None`` when ``metadata`` is not a mapping."""
+    return _normal(_source_value(metadata, source_key))
+
+
+def _source_value(metadata: Any, source_key: str | None) -> Any:
+    """The metadata value a source is read from: ``source_key``'s, or the first of
+    :data:`SOURCE_KEYS` that names one (``None``: none, or provenance off)."""
     if source_key is None:
         return None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
     for key in keys:
-        found = _normal(meta.get(key))
-        if found is not None:
-            return found
+        if _normal(meta.get(key)) is not None:
+            return meta[key]
     return None
 
 

@@ -20,7 +20,8 @@ of four pieces of evidence:
    passages step 1 already removed is judged on all of them (its escaped planted passage goes).
    Copies of one text count once everywhere else; here they count once per document of the
    source that holds them (:func:`~ragdefense.provenance.document_of`): one page or file
-   ingested twice repeats nothing, one site posting one text on five pages repeats itself.
+   ingested twice repeats nothing, one site posting one text on three pages or more repeats
+   itself.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
@@ -63,8 +64,9 @@ from .pool import (
     agreement_between,
     consensus_result,
     distinct,
+    holders,
     map_back,
-    repeats,
+    weights_for,
 )
 
 __all__ = ["Consensus"]
@@ -201,7 +203,7 @@ class Consensus:
             full_qs[keep],
             [sources[i] for i in keep],
             [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep],
-            repeats(keep, copy_of, sources, [document_of(p, self.source_key) for p in items]),
+            holders(keep, copy_of, sources, [document_of(p, self.source_key) for p in items]),
         )
         self._groups(pool)
         self._voices(pool)
@@ -349,8 +351,7 @@ class Consensus:
     def _voices(self, pool: Pool) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
         sim, _, trusted, removed, estimates = pool.unpacked()
-        sources = pool.sources
-        weights = pool.weights if pool.weights is not None else np.ones(len(sources))
+        held = pool.held or [{s: 1} if s is not None else {} for s in pool.sources]
         if self.voice is None:
             return
         # on the query's topic only: one upload planting claims for many questions is judged
@@ -361,35 +362,39 @@ class Consensus:
         alive = [i for i in pool.topical if i not in removed]
         by_source: dict[str, list[int]] = {}
         for i in pool.topical:
-            s = sources[i]
-            if s is not None:
+            for s in held[i]:  # a text copied onto several sites is each one's
                 by_source.setdefault(s, []).append(i)
         if len(by_source) < 2:
             return  # one source (or none): support cannot be counted per source
         found = []
         for s, own in by_source.items():
-            rest = [i for i in alive if sources[i] != s]
-            n_rest = len({sources[i] for i in rest if sources[i] is not None})
+            rest = [i for i in alive if s not in held[i]]
+            n_rest = len({t for i in rest for t in held[i]})
+            weights = weights_for(held, s)
             standing = [i for i in own if i not in removed]
-            if 2 * len(standing) >= len(own):  # half or more still stand
+            if 2 * weights[standing].sum() >= weights[own].sum():  # half or more still stand
                 own = standing
-            # a text on several pages of the source counts once per page (pool.repeats)
-            pages = int(weights[own].sum())
-            if pages < 2 or n_rest < 2 or not standing or any(trusted[i] for i in own):
+            # a text on several pages of the source counts once per page (pool.holders); one
+            # text is a voice only on three pages or more (a page and a copy of it elsewhere on
+            # the site are as often one article twice), two texts only when nearly one text
+            pages, texts = int(weights[own].sum()), len(own)
+            if (texts == 1 and pages < 3) or pages < 2 or n_rest < 2 or not standing:
+                continue
+            pair = float(sim[own[0], own[1]]) if texts == 2 else None
+            if any(trusted[i] for i in own) or (pair is not None and pair < self.tightness):
                 continue
             inner = agreement_among(sim, own, weights)
             across = agreement_between(sim, own, rest, weights)
-            pair = pages == 2  # one voice only when nearly one text
-            if inner - across < self.voice or (pair and inner < self.tightness):
+            if inner - across < self.voice:
                 continue
             found.append(s)
-            copies = f" ({len(own)} distinct)" if pages > len(own) else ""
+            copies = f" ({texts} distinct)" if pages > texts else ""
+            tight = "" if pair is None else f"; the two texts {pair:.3f} >= {self.tightness}"
             for i in standing:  # the rest keep the reason they were removed for
                 removed[i] = (
                     f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
-                    f"(mean cosine {inner:.3f}{f' >= {self.tightness}' if pair else ''}) more "
-                    f"than with {n_rest} other sources ({across:.3f}) by {inner - across:.3f} >= "
-                    f"{self.voice}"
+                    f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
+                    f"({across:.3f}) by {inner - across:.3f} >= {self.voice}"
                 )
         if found:
             estimates["voices"] = found

@@ -18,9 +18,10 @@ __all__ = [
     "agreement_between",
     "consensus_result",
     "distinct",
+    "holders",
     "map_back",
     "on_topic",
-    "repeats",
+    "weights_for",
 ]
 
 
@@ -51,23 +52,31 @@ def distinct(items: list[Any], sim: np.ndarray) -> tuple[list[int], dict[int, li
     return keep, copy_of
 
 
-def repeats(
+def holders(
     keep: list[int],
     copy_of: dict[int, list[int]],
     sources: list[str | None],
     documents: list[str | None],
-) -> np.ndarray:
-    """Per distinct passage: in how many documents of its own source its text stands (1 without
-    a source). The same document ingested twice is one; the same text on several pages of one
-    site, or in several uploads of one user, is that source repeating itself."""
-    out = np.ones(len(keep))
-    for k, first in enumerate(keep):
-        source = sources[first]
-        if source is None or documents[first] is None:
-            continue
-        same = [c for c in copy_of.get(first, []) if sources[c] == source]
-        out[k] = len({documents[first], *(documents[c] for c in same)} - {None})
+) -> list[dict[str, int]]:
+    """Per distinct passage: each source holding its text (the passage's and its copies'), with
+    in how many of that source's documents (:func:`~ragdefense.provenance.document_of`). The
+    same document ingested twice is one; the same text on several pages of one site is that
+    site repeating itself. Sources that are files or ids are their own single document."""
+    out = []
+    for first in keep:
+        docs: dict[str, set[str | None]] = {}
+        for i in (first, *copy_of.get(first, [])):
+            source = sources[i]
+            if source is not None:
+                docs.setdefault(source, set()).add(documents[i])
+        out.append({source: len(found) for source, found in docs.items()})
     return out
+
+
+def weights_for(held: list[dict[str, int]], source: str) -> np.ndarray:
+    """Per passage, how often it counts when ``source`` is judged: its pages of ``source``; any
+    other passage once (the other sources' copies count once, as in every other step)."""
+    return np.array([h.get(source, 1) for h in held], dtype=float)
 
 
 def agreement_among(sim: np.ndarray, own: list[int], w: np.ndarray) -> float:
@@ -122,8 +131,8 @@ class Pool:
     qs: np.ndarray
     sources: list[str | None]
     trusted: list[bool]
-    #: per passage: the documents of its source that hold its text (:func:`repeats`)
-    weights: np.ndarray | None = None
+    #: per passage: the sources holding its text, with how many documents each (:func:`holders`)
+    held: list[dict[str, int]] | None = None
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
 
