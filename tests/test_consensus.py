@@ -588,7 +588,7 @@ def test_document_of_compares_addresses_by_host_and_path() -> None:
 @settings(max_examples=30, deadline=None)
 @given(seed=st.integers(0, 10_000), n=st.integers(2, 7))
 def test_agreement_with_unit_weights_is_the_mean_over_pairs(seed: int, n: int) -> None:
-    from ragdefense.defenses.pool import agreement_among, agreement_between
+    from ragdefense.defenses.voices import agreement_among, agreement_between
     from ragdefense.similarity import cosine_matrix, pairs_among
 
     rng = np.random.default_rng(seed)

@@ -58,16 +58,8 @@ from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
-from .pool import (
-    Pool,
-    agreement_among,
-    agreement_between,
-    consensus_result,
-    distinct,
-    holders,
-    map_back,
-    weights_for,
-)
+from .pool import Pool, consensus_result, distinct, map_back
+from .voices import holders, one_voices
 
 __all__ = ["Consensus"]
 
@@ -350,51 +342,5 @@ class Consensus:
 
     def _voices(self, pool: Pool) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
-        sim, _, trusted, removed, estimates = pool.unpacked()
-        held = pool.held or [{s: 1} if s is not None else {} for s in pool.sources]
-        if self.voice is None:
-            return
-        # on the query's topic only: one upload planting claims for many questions is judged
-        # on the claim it makes here. A source most of whose passages an earlier step removed
-        # is judged on all of them (the lone survivor of a planted group still repeats it);
-        # any other on what still stands (two chunks of a long document taken for a group do
-        # not make the whole document one voice). Support is what still stands
-        alive = [i for i in pool.topical if i not in removed]
-        by_source: dict[str, list[int]] = {}
-        for i in pool.topical:
-            for s in held[i]:  # a text copied onto several sites is each one's
-                by_source.setdefault(s, []).append(i)
-        if len(by_source) < 2:
-            return  # one source (or none): support cannot be counted per source
-        found = []
-        for s, own in by_source.items():
-            rest = [i for i in alive if s not in held[i]]
-            n_rest = len({t for i in rest for t in held[i]})
-            weights = weights_for(held, s)
-            standing = [i for i in own if i not in removed]
-            if 2 * weights[standing].sum() >= weights[own].sum():  # half or more still stand
-                own = standing
-            # a text on several pages of the source counts once per page (pool.holders); one
-            # text is a voice only on three pages or more (a page and a copy of it elsewhere on
-            # the site are as often one article twice), two texts only when nearly one text
-            pages, texts = int(weights[own].sum()), len(own)
-            if (texts == 1 and pages < 3) or pages < 2 or n_rest < 2 or not standing:
-                continue
-            pair = float(sim[own[0], own[1]]) if texts == 2 else None
-            if any(trusted[i] for i in own) or (pair is not None and pair < self.tightness):
-                continue
-            inner = agreement_among(sim, own, weights)
-            across = agreement_between(sim, own, rest, weights)
-            if inner - across < self.voice:
-                continue
-            found.append(s)
-            copies = f" ({texts} distinct)" if pages > texts else ""
-            tight = "" if pair is None else f"; the two texts {pair:.3f} >= {self.tightness}"
-            for i in standing:  # the rest keep the reason they were removed for
-                removed[i] = (
-                    f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
-                    f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
-                    f"({across:.3f}) by {inner - across:.3f} >= {self.voice}"
-                )
-        if found:
-            estimates["voices"] = found
+        if self.voice is not None:
+            one_voices(pool, self.voice, self.tightness)

@@ -14,14 +14,10 @@ from ..types import DefenseResult, Verdict
 
 __all__ = [
     "Pool",
-    "agreement_among",
-    "agreement_between",
     "consensus_result",
     "distinct",
-    "holders",
     "map_back",
     "on_topic",
-    "weights_for",
 ]
 
 
@@ -50,49 +46,6 @@ def distinct(items: list[Any], sim: np.ndarray) -> tuple[list[int], dict[int, li
         else:
             copy_of.setdefault(first, []).append(i)
     return keep, copy_of
-
-
-def holders(
-    keep: list[int],
-    copy_of: dict[int, list[int]],
-    sources: list[str | None],
-    documents: list[str | None],
-) -> list[dict[str, int]]:
-    """Per distinct passage: each source holding its text (the passage's and its copies'), with
-    in how many of that source's documents (:func:`~ragdefense.provenance.document_of`). The
-    same document ingested twice is one; the same text on several pages of one site is that
-    site repeating itself. Sources that are files or ids are their own single document."""
-    out = []
-    for first in keep:
-        docs: dict[str, set[str | None]] = {}
-        for i in (first, *copy_of.get(first, [])):
-            source = sources[i]
-            if source is not None:
-                docs.setdefault(source, set()).add(documents[i])
-        out.append({source: len(found) for source, found in docs.items()})
-    return out
-
-
-def weights_for(held: list[dict[str, int]], source: str) -> np.ndarray:
-    """Per passage, how often it counts when ``source`` is judged: its pages of ``source``; any
-    other passage once (the other sources' copies count once, as in every other step)."""
-    return np.array([h.get(source, 1) for h in held], dtype=float)
-
-
-def agreement_among(sim: np.ndarray, own: list[int], w: np.ndarray) -> float:
-    """Mean cosine over the pairs of documents among the ``own`` passages, passage ``i``
-    standing in ``w[i]`` documents (its copies agree with each other fully). With every weight
-    1: the mean over pairs of passages."""
-    a = w[own]
-    n = float(a.sum())
-    total = float(a @ sim[np.ix_(own, own)] @ a) - float((a * a * np.diag(sim)[own]).sum())
-    return (total + float((a * (a - 1)).sum())) / max(n * (n - 1), 1.0)
-
-
-def agreement_between(sim: np.ndarray, own: list[int], rest: list[int], w: np.ndarray) -> float:
-    """Mean cosine between the documents of ``own`` and those of ``rest`` (weights ``w``)."""
-    a, b = w[own], w[rest]
-    return float(a @ sim[np.ix_(own, rest)] @ b) / max(float(a.sum() * b.sum()), 1.0)
 
 
 def map_back(
@@ -131,7 +84,8 @@ class Pool:
     qs: np.ndarray
     sources: list[str | None]
     trusted: list[bool]
-    #: per passage: the sources holding its text, with how many documents each (:func:`holders`)
+    #: per passage: the sources holding its text, with how many documents each
+    #: (:func:`~ragdefense.defenses.voices.holders`)
     held: list[dict[str, int]] | None = None
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)

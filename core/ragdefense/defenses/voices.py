@@ -1,0 +1,105 @@
+"""Evidence from provenance: one source repeating one claim apart from every other source
+(Consensus's step 2), with a text counted once per page of each site that holds it."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .pool import Pool
+
+__all__ = ["agreement_among", "agreement_between", "holders", "one_voices", "weights_for"]
+
+
+def holders(
+    keep: list[int],
+    copy_of: dict[int, list[int]],
+    sources: list[str | None],
+    documents: list[str | None],
+) -> list[dict[str, int]]:
+    """Per distinct passage: each source holding its text (the passage's and its copies'), with
+    in how many of that source's documents (:func:`~ragdefense.provenance.document_of`). The
+    same document ingested twice is one; the same text on several pages of one site is that
+    site repeating itself. Sources that are files or ids are their own single document."""
+    out = []
+    for first in keep:
+        docs: dict[str, set[str | None]] = {}
+        for i in (first, *copy_of.get(first, [])):
+            source = sources[i]
+            if source is not None:
+                docs.setdefault(source, set()).add(documents[i])
+        out.append({source: len(found) for source, found in docs.items()})
+    return out
+
+
+def weights_for(held: list[dict[str, int]], source: str) -> np.ndarray:
+    """Per passage, how often it counts when ``source`` is judged: its pages of ``source``; any
+    other passage once (the other sources' copies count once, as in every other step)."""
+    return np.array([h.get(source, 1) for h in held], dtype=float)
+
+
+def agreement_among(sim: np.ndarray, own: list[int], w: np.ndarray) -> float:
+    """Mean cosine over the pairs of documents among the ``own`` passages, passage ``i``
+    standing in ``w[i]`` documents (its copies agree with each other fully). With every weight
+    1: the mean over pairs of passages."""
+    a = w[own]
+    n = float(a.sum())
+    total = float(a @ sim[np.ix_(own, own)] @ a) - float((a * a * np.diag(sim)[own]).sum())
+    return (total + float((a * (a - 1)).sum())) / max(n * (n - 1), 1.0)
+
+
+def agreement_between(sim: np.ndarray, own: list[int], rest: list[int], w: np.ndarray) -> float:
+    """Mean cosine between the documents of ``own`` and those of ``rest`` (weights ``w``)."""
+    a, b = w[own], w[rest]
+    return float(a @ sim[np.ix_(own, rest)] @ b) / max(float(a.sum() * b.sum()), 1.0)
+
+
+def one_voices(pool: Pool, voice: float, tightness: float) -> None:
+    """Mark the passages of each source on the query's topic that agree with each other more
+    than with the other sources by ``voice`` or more (a pair of texts only when their cosine is
+    ``tightness`` or more), where two other independent sources still speak."""
+    sim, _, trusted, removed, estimates = pool.unpacked()
+    held = pool.held or [{s: 1} if s is not None else {} for s in pool.sources]
+    # on the query's topic only: one upload planting claims for many questions is judged
+    # on the claim it makes here. A source most of whose passages an earlier step removed
+    # is judged on all of them (the lone survivor of a planted group still repeats it);
+    # any other on what still stands (two chunks of a long document taken for a group do
+    # not make the whole document one voice). Support is what still stands
+    alive = [i for i in pool.topical if i not in removed]
+    by_source: dict[str, list[int]] = {}
+    for i in pool.topical:
+        for s in held[i]:  # a text copied onto several sites is each one's
+            by_source.setdefault(s, []).append(i)
+    if len(by_source) < 2:
+        return  # one source (or none): support cannot be counted per source
+    found = []
+    for s, own in by_source.items():
+        rest = [i for i in alive if s not in held[i]]
+        n_rest = len({t for i in rest for t in held[i]})
+        weights = weights_for(held, s)
+        standing = [i for i in own if i not in removed]
+        if 2 * weights[standing].sum() >= weights[own].sum():  # half or more still stand
+            own = standing
+        # a text on several pages of the source counts once per page (holders); one
+        # text is a voice only on three pages or more (a page and a copy of it elsewhere on
+        # the site are as often one article twice), two texts only when nearly one text
+        pages, texts = int(weights[own].sum()), len(own)
+        if (texts == 1 and pages < 3) or pages < 2 or n_rest < 2 or not standing:
+            continue
+        pair = float(sim[own[0], own[1]]) if texts == 2 else None
+        if any(trusted[i] for i in own) or (pair is not None and pair < tightness):
+            continue
+        inner = agreement_among(sim, own, weights)
+        across = agreement_between(sim, own, rest, weights)
+        if inner - across < voice:
+            continue
+        found.append(s)
+        copies = f" ({texts} distinct)" if pages > texts else ""
+        tight = "" if pair is None else f"; the two texts {pair:.3f} >= {tightness}"
+        for i in standing:  # the rest keep the reason they were removed for
+            removed[i] = (
+                f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
+                f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
+                f"({across:.3f}) by {inner - across:.3f} >= {voice}"
+            )
+    if found:
+        estimates["voices"] = found
