@@ -172,11 +172,14 @@ README_BLOCK = (
 
 
 def readme_block(record: dict[str, Any]) -> str:
-    """The README's threat-model table: the first table of the threats result, with the command,
-    date and machine that produced it."""
+    """The README's threat-model table: the first table of the threats result and the note
+    under it (a paragraph that introduces no further table), with the command, date and machine
+    that produced it."""
     text = _rst_to_markdown(str(record["table"]))
     lead, _, rest = text.partition("\n\n")
-    table = rest.split("\n\n")[0]
+    table, *after = rest.split("\n\n")
+    if after and not after[0].startswith("|") and not after[0].rstrip().endswith(":"):
+        table = f"{table}\n\n{after[0]}"
     return (
         f"{lead}\n\n{table}\n\nProduced by `{record['command']}` on {record['date']}, "
         f"{record['machine']}; the S curve and every other setting: "

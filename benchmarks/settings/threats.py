@@ -293,11 +293,19 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
+    removed = ", ".join(
+        f"{label} {by[(label, 'clean', '0p', '-')]['benign_removed']:.1f}"
+        for label in THREAT_ROWS
+        if "benign_removed" in by.get((label, "clean", "0p", "-"), {})
+    )
     return [
         "Choose your threat model (cells: poison share of the context / share of queries whose "
         f"context holds an answer; tuning family {TUNING[0]}, held out: {', '.join(held)}):",
         "",
         *markdown_table(header, table),
+        "",
+        "Passages removed per clean question (of the 10 retrieved; the context takes the next "
+        f"ones in their place): {removed}.",
         "",
         "Five planted passages from S attacker sources among RealtimeQA's top web results "
         "(a poisoned top 8, and 5 of a top 10):",
