@@ -61,6 +61,8 @@ THREAT_ROWS: dict[str, tuple[str, dict[str, Any], str]] = {
 
 #: the rows of the gold-as-sources table
 GOLD_ROWS = ("none", "default (text only)", "default with sources")
+#: the default's rows (the table of every tuning family on its own)
+DEFAULT_ROWS = ("default (text only)", "default with sources", "default, trusted sources")
 
 
 def _family_poison(records: Sequence[QARecord], family: str, count: int) -> dict[str, list[str]]:
@@ -285,7 +287,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
                 for top, s in ((8, 1), (10, 1), (8, 2))
             ),
         ]
-        for label in list(THREAT_ROWS)[1:4]
+        for label in DEFAULT_ROWS
         for family in tuning
     ]
     family_header = ["row", "family", "minority 1p", "minority 3p", "minority 5p"]

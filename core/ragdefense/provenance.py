@@ -94,8 +94,7 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         >>> document_of(Passage("...", metadata={"file_path": "reports/q3.pdf"}))
         'reports/q3.pdf'
     """
-    value = _source_value(passage.metadata, source_key)
-    host = _normal(value)
+    host, value = _source_value(passage.metadata, source_key)
     if host is None or "://" not in str(value):
         return host
     try:
@@ -108,20 +107,21 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
 def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
     """:func:`source_of` for a bare metadata mapping (a stored chunk's, before it is a
     passage); ``None`` when ``metadata`` is not a mapping."""
-    return _normal(_source_value(metadata, source_key))
+    return _source_value(metadata, source_key)[0]
 
 
-def _source_value(metadata: Any, source_key: str | None) -> Any:
-    """The metadata value a source is read from: ``source_key``'s, or the first of
-    :data:`SOURCE_KEYS` that names one (``None``: none, or provenance off)."""
+def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, Any]:
+    """The source and the metadata value it is read from: ``source_key``'s, or the first of
+    :data:`SOURCE_KEYS` that names one (``(None, None)``: none, or provenance off)."""
     if source_key is None:
-        return None
+        return None, None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
     for key in keys:
-        if _normal(meta.get(key)) is not None:
-            return meta[key]
-    return None
+        found = _normal(meta.get(key))
+        if found is not None:
+            return found, meta[key]
+    return None, None
 
 
 def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> list[str | None]:

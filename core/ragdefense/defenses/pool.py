@@ -12,13 +12,7 @@ import numpy as np
 
 from ..types import DefenseResult, Verdict
 
-__all__ = [
-    "Pool",
-    "consensus_result",
-    "distinct",
-    "map_back",
-    "on_topic",
-]
+__all__ = ["Pool", "consensus_result", "distinct", "map_back", "on_topic"]
 
 
 def on_topic(qs: np.ndarray) -> list[int]:
@@ -86,7 +80,7 @@ class Pool:
     trusted: list[bool]
     #: per passage: the sources holding its text, with how many documents each
     #: (:func:`~ragdefense.defenses.voices.holders`)
-    held: list[dict[str, int]] | None = None
+    held: list[dict[str, int]]
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
 

@@ -58,7 +58,7 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     than with the other sources by ``voice`` or more (a pair of texts only when their cosine is
     ``tightness`` or more), where two other independent sources still speak."""
     sim, _, trusted, removed, estimates = pool.unpacked()
-    held = pool.held or [{s: 1} if s is not None else {} for s in pool.sources]
+    held = pool.held
     # on the query's topic only: one upload planting claims for many questions is judged
     # on the claim it makes here. A source most of whose passages an earlier step removed
     # is judged on all of them (the lone survivor of a planted group still repeats it);
