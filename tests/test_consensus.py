@@ -126,6 +126,26 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
+def test_a_tie_with_a_trusted_source_is_decided_for_it() -> None:
+    # one honest site against one upload: without trust the tie is no evidence; with the site
+    # trusted, the upload repeating one claim apart from it is one voice
+    passages, emb, q = _voices_pool()
+    site = [f"https://a.org/{i}" for i in range(4)] + ["uploads/notes.pdf"] * 4
+    tie = [replace(p, metadata={"source": s}) for p, s in zip(passages, site, strict=True)]
+    plain = Consensus(support=False, anchor=None)
+    assert plain.defend_embeddings("q", tie, emb, q).removed == []
+    trusting = Consensus(support=False, anchor=None, trusted={"a.org"})
+    result = trusting.defend_embeddings("q", tie, emb, q)
+    assert result.removed_indices == [4, 5, 6, 7]
+    assert result.estimates["voices"] == ["uploads/notes.pdf"]
+    assert "one voice" in result.verdicts[4].reason
+    # an untrusted site saying what the trusted one says is no voice apart from it
+    agreeing = ["https://a.org/0", "https://b.org/1", "https://b.org/2", "https://b.org/3"]
+    honest = [replace(p, metadata={"source": s}) for p, s in zip(passages, agreeing, strict=False)]
+    kept = trusting.defend_embeddings("q", honest, emb[:4], q)
+    assert kept.removed == [] and "voices" not in kept.estimates
+
+
 @pytest.mark.parametrize("spread", [0.05, 0.45])
 def test_a_pair_from_one_source_is_one_voice_only_when_nearly_one_text(spread: float) -> None:
     # an outlet's article and its update agree with each other, apart from the other sources,

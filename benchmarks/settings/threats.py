@@ -307,15 +307,18 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         *markdown_table(header, table),
         "",
         "Passages removed per clean question (of the 10 retrieved; the context takes the next "
-        f"ones in their place): {removed}.",
+        f"ones in their place): {removed}. In the trusted row the poisoned majority's "
+        "passages carry sources (trust is given by source): each gold passage its own, the "
+        "planted ones one attacker host's.",
         "",
         "Five planted passages from S attacker sources among RealtimeQA's top web results "
         "(a poisoned top 8, and 5 of a top 10):",
         "",
         *markdown_table(curve_header, curve),
         "",
-        "The RAGDefender setting (a poisoned majority, no sources) with the gold passages "
-        "trusted, cell by cell (context 5 NQ / 2 others):",
+        "The RAGDefender setting (a poisoned majority) with the gold passages trusted, each "
+        "its own source, and the planted ones from one attacker host, cell by cell (context 5 "
+        "NQ / 2 others):",
         "",
         *markdown_table(trusted_header, trusted),
         "",
