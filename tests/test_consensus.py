@@ -126,24 +126,40 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
-def test_a_tie_with_a_trusted_source_is_decided_for_it() -> None:
-    # one honest site against one upload: without trust the tie is no evidence; with the site
-    # trusted, the upload repeating one claim apart from it is one voice
-    passages, emb, q = _voices_pool()
-    site = [f"https://a.org/{i}" for i in range(4)] + ["uploads/notes.pdf"] * 4
-    tie = [replace(p, metadata={"source": s}) for p, s in zip(passages, site, strict=True)]
-    plain = Consensus(support=False, anchor=None)
-    assert plain.defend_embeddings("q", tie, emb, q).removed == []
-    trusting = Consensus(support=False, anchor=None, trusted={"a.org"})
-    result = trusting.defend_embeddings("q", tie, emb, q)
-    assert result.removed_indices == [4, 5, 6, 7]
-    assert result.estimates["voices"] == ["uploads/notes.pdf"]
-    assert "one voice" in result.verdicts[4].reason
-    # an untrusted site saying what the trusted one says is no voice apart from it
-    agreeing = ["https://a.org/0", "https://b.org/1", "https://b.org/2", "https://b.org/3"]
-    honest = [replace(p, metadata={"source": s}) for p, s in zip(passages, agreeing, strict=False)]
-    kept = trusting.defend_embeddings("q", honest, emb[:4], q)
-    assert kept.removed == [] and "voices" not in kept.estimates
+_HANDBOOK = [
+    "Employees accrue 25 days of paid annual leave per calendar year, prorated for part-time.",
+    "Annual leave requests must be submitted through the HR portal two weeks in advance.",
+    "Unused annual leave of up to five days may be carried over into the next year's first "
+    "quarter.",
+    "Sick leave is separate from annual leave and needs a doctor's note after three days.",
+    "Public holidays are not deducted from the annual leave allowance.",
+    "Managers approve leave requests based on team coverage during peak periods.",
+]
+_WIKI = [
+    "Team wiki, Time off: we follow the company allowance of 25 days; add yours to the calendar.",
+    "Team wiki, Time off: put your time off in the team calendar and tell the on-call lead.",
+    "Team wiki, Time off: during release weeks the team calendar is frozen, plan around them.",
+    "Team wiki, Time off: on-call rotation swaps are arranged in the team channel beforehand.",
+    "Team wiki, Time off: leftover days (up to five) roll into next year per company policy.",
+]
+
+
+@pytest.mark.parametrize(
+    "question",
+    ["How many vacation days do employees get per year?", "Can vacation days be carried over?"],
+)
+def test_an_honest_wiki_beside_a_trusted_handbook_stays(minilm: object, question: str) -> None:
+    # one trusted file and one untrusted wiki whose chunks share a heading and agree with it:
+    # the wiki stands apart from the handbook as a planted upload would, so a tie with a
+    # trusted source is no evidence either (only two or more other sources make a voice)
+    passages = [Passage(t, metadata={"file_path": "handbook.pdf"}) for t in _HANDBOOK]
+    passages += [
+        Passage(t, metadata={"url": f"https://wiki.internal/time-off#{i}"})
+        for i, t in enumerate(_WIKI)
+    ]
+    result = Consensus(embedder=minilm, trusted={"handbook.pdf"}).defend(question, passages)
+    assert "voices" not in result.estimates
+    assert result.removed == []
 
 
 @pytest.mark.parametrize("spread", [0.05, 0.45])

@@ -13,8 +13,7 @@ of four pieces of evidence:
    claim (cosine ``absorb`` or more to one of its members) and rank with it go too.
 2. **One voice repeating itself** (only with provenance): the passages of one source that
    agree with each other more than with every other source, in a pool where at least two other
-   independent sources speak, or one trusted source (a tie with what you trust is decided for
-   it; passages on the query's topic only, see step 4); a source judged
+   independent sources speak (passages on the query's topic only, see step 4); a source judged
    on two passages only when they are nearly one text (``tightness``): two pages of one outlet
    on one story stand apart from the rest as often as a planted pair. Chunks of one long
    document must also repeat one claim apart from the rest. A source more than half of whose

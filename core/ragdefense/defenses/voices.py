@@ -56,8 +56,7 @@ def agreement_between(sim: np.ndarray, own: list[int], rest: list[int], w: np.nd
 def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     """Mark the passages of each source on the query's topic that agree with each other more
     than with the other sources by ``voice`` or more (a pair of texts only when their cosine is
-    ``tightness`` or more), where two other independent sources still speak, or one trusted
-    source (a trusted source outweighs any other: a tie with it is decided for it)."""
+    ``tightness`` or more), where two other independent sources still speak."""
     sim, _, trusted, removed, estimates = pool.unpacked()
     held = pool.held
     # on the query's topic only: one upload planting claims for many questions is judged
@@ -84,9 +83,7 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
         # text is a voice only on three pages or more (a page and a copy of it elsewhere on
         # the site are as often one article twice), two texts only when nearly one text
         pages, texts = int(weights[own].sum()), len(own)
-        # a trusted source outweighs any other: against it, one other source is enough
-        judged = n_rest >= 2 or (n_rest == 1 and any(trusted[i] for i in rest))
-        if (texts == 1 and pages < 3) or pages < 2 or not judged or not standing:
+        if (texts == 1 and pages < 3) or pages < 2 or n_rest < 2 or not standing:
             continue
         pair = float(sim[own[0], own[1]]) if texts == 2 else None
         if any(trusted[i] for i in own) or (pair is not None and pair < tightness):
