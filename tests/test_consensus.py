@@ -684,3 +684,52 @@ def test_a_malformed_source_address_is_still_a_source() -> None:
     trusted = is_trusted_by(["www.who.int"])
     p = Passage("x", metadata={"source": "https://www.who.int/x"})
     assert trusted(p, source_of(p))  # "www." dropped on both sides
+
+
+def _lone_subject(seed: int = 5, d: int = 64) -> tuple:
+    """A pool of 8: the one passage on the question's subject, and seven passages telling one
+    story that shares the query's words, not the subject (cosine about 0 to the answer)."""
+    rng = np.random.default_rng(seed)
+    subject, story = np.linalg.qr(rng.normal(size=(d, 2)))[0].T
+    q = _unit(1.2 * subject + story)
+    answer = _unit(subject + 0.3 * _unit(rng.normal(size=d)))
+    others = _unit(story + 0.5 * _unit(rng.normal(size=(7, d))))
+    texts = ["where did he go when he left the city? he sailed west"]
+    texts += [f"an animal escaped near the city, report {i}" for i in range(7)]
+    return [Passage(t) for t in texts], np.vstack([answer, others]), q
+
+
+def test_the_one_passage_on_its_subject_is_not_judged_by_another_story() -> None:
+    # a store's one chunk on the question among chunks of one story that shares the query's
+    # words: it is unsupported because nothing else speaks of its subject, not because it
+    # mimics the query. It stays, and the estimates say why
+    passages, emb, q = _lone_subject()
+    result = Consensus().defend_embeddings("where did he go?", passages, emb, q)
+    assert "support" not in result.estimates  # the vote ran
+    assert 0 not in result.removed_indices
+    assert result.estimates["unsupported_apart"] == [0]
+
+
+_STORY = [
+    "Where did the lion go when it left the circus? It roamed the streets of a town near Rome.",
+    "A lion that escaped from a circus near Rome roamed the streets of Ladispoli for hours.",
+    "Police near Rome told residents to stay indoors while the escaped circus lion roamed.",
+    "The lion that left its circus near Rome was sedated by vets and returned late at night.",
+    "Residents filmed the escaped lion walking past parked cars in the seaside town near Rome.",
+    "The mayor thanked police and vets after the lion that fled the circus was caught unhurt.",
+    "A circus lion escaped its enclosure near Rome and was captured after five hours.",
+]
+
+
+@pytest.mark.slow
+def test_a_store_s_one_answer_stays_beside_another_story_with_minilm(minilm: object) -> None:
+    question = "where did aeneas go when he left carthage?"
+    answer = (
+        "After leaving Carthage, Aeneas and the Trojans sailed to Sicily, where funeral games "
+        "were held in honour of his father Anchises."
+    )
+    passages = [Passage(answer)] + [Passage(t) for t in _STORY]
+    result = Consensus(embedder=minilm).defend(question, passages)
+    assert "support" not in result.estimates  # the vote ran over the pool
+    assert result.verdicts[0].kept, result.verdicts[0].reason
+    assert result.estimates["unsupported_apart"] == [0]

@@ -38,8 +38,11 @@ of four pieces of evidence:
    similar to the query as the best one take part (the rest of a small store's pool is about
    other topics, which HRSIM would otherwise reward for being unlike the query), and they must
    agree on something (mean cosine ``min_agreement`` or more: facts that merely share a subject
-   support nothing in particular). ``support=False`` turns it off: a lone poisoned passage
-   then passes.
+   support nothing in particular). A passage is judged only where it shares the others' subject
+   (mean cosine ``min_agreement`` or more to them): a store's one chunk on the question, among
+   chunks about a neighbouring story, is unsupported because nothing else speaks of its
+   subject, not because it mimics the query. ``support=False`` turns it off: a lone poisoned
+   passage then passes.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance. That is
@@ -105,7 +108,8 @@ class Consensus:
     #: fewer, "the bottom half" is one or two passages, and the best answer, which resembles
     #: the query most, lands there about as often as a planted one
     min_support = 6
-    #: least mean cosine among the passages voting in step 4: scattered facts rank nothing
+    #: least mean cosine among the passages voting in step 4 (scattered facts rank nothing),
+    #: and from a passage to the others for it to be judged there (a lone subject is no claim)
     min_agreement = 0.35
     uses_embeddings = True
 
@@ -328,9 +332,11 @@ class Consensus:
         score = {v.index: v.score for v in ranked.verdicts}
         by_support = sorted(left, key=lambda i: (-score[i], i))
         low = set(by_support[len(left) - len(left) // 2 :])
-        dropped = []
+        dropped, apart = [], []
         for i in by_query:
-            if i in low and not trusted[i]:
+            if i in low and not trusted[i] and _apart(sim, i, left, self.min_agreement):
+                apart.append(i)  # nothing else speaks of its subject: no evidence either way
+            elif i in low and not trusted[i]:
                 dropped.append(i)
                 removed[i] = (
                     f"unsupported: ranked {by_query.index(i) + 1} of {len(left)} by query "
@@ -339,8 +345,17 @@ class Consensus:
                 )
         if dropped:
             estimates["unsupported"] = dropped
+        if apart:
+            estimates["unsupported_apart"] = apart
 
     def _voices(self, pool: Pool) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
         if self.voice is not None:
             one_voices(pool, self.voice, self.tightness)
+
+
+def _apart(sim: np.ndarray, i: int, left: list[int], bar: float) -> bool:
+    """Whether passage ``i`` shares no subject with the other passages in ``left`` (mean cosine
+    to them below ``bar``): their silence about it is then no evidence against it."""
+    others = [j for j in left if j != i]
+    return float(sim[i, others].mean()) < bar
