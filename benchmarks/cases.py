@@ -30,6 +30,7 @@ __all__ = [
     "ragdefender_cases",
     "realtimeqa_cases",
     "retrieved_case",
+    "store_cases",
     "suite_cases",
 ]
 
@@ -287,4 +288,59 @@ def provenance_case(
                 meta["trusted"] = True
             passages.append(replace(p, metadata=meta))
         out[kind] = replace(base, passages=passages, extra=dict(base.extra))
+    return out
+
+
+def store_cases(
+    records: Sequence[QARecord], embedder: Embedder, pool: int = 8, k: int = 4
+) -> dict[str, list[Case]]:
+    """Clean retrieval from one store holding every benign passage of ``records`` (copies
+    once): each question retrieves its top ``pool`` from the whole store (what the one line
+    fetches), context ``k``. A question of a bundle has its gold passages as answers; a
+    RealtimeQA question any passage holding one of its answers. As :func:`provenance_case`,
+    three kinds: ``plain``, ``sources`` (web results their link, each gold passage its own)
+    and ``trusted`` (``sources`` with the bundles' passages trusted, the web results not)."""
+    texts: list[str] = []
+    links: list[str] = []
+    reference: list[bool] = []  # a bundle's passage (the store's reference part), not the web's
+    seen: dict[str, int] = {}
+    for r in records:
+        for j, text in enumerate(r.benign):
+            if text.strip() and text not in seen:
+                seen[text] = len(texts)
+                texts.append(text)
+                links.append(r.sources[j] if r.sources else f"https://gold-{len(texts)}.example/")
+                reference.append(not r.sources)
+    emb = np.asarray(embedder.embed(texts), dtype=float)
+    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    out: dict[str, list[Case]] = {"plain": [], "sources": [], "trusted": []}
+    for r in records:
+        q = np.asarray(embedder.embed_query(r.question), dtype=float)
+        qs = unit @ (q / np.linalg.norm(q))
+        top = np.argsort(-qs, kind="stable")[:pool]
+        gold = {seen[t] for t, g in zip(r.benign, r.gold, strict=True) if g and t in seen}
+        is_gold = [
+            contains_answer(texts[i], r.answers) if r.sources else int(i) in gold for i in top
+        ]
+        base = Case(
+            dataset=r.dataset,
+            setting=f"store, context {k}",
+            qid=r.id,
+            question=r.question,
+            passages=[Passage(texts[i], id=str(i), embedding=emb[i]) for i in top],
+            is_poison=[False] * len(top),
+            is_gold=is_gold,
+            query_sim=qs[top],
+            k=k,
+            extra={"query_embedding": q, "answers": r.answers},
+        )
+        out["plain"].append(base)
+        for kind in ("sources", "trusted"):
+            passages = []
+            for p, i in zip(base.passages, top, strict=True):
+                meta: dict[str, Any] = {"source": links[i]}
+                if kind == "trusted" and reference[i]:
+                    meta["trusted"] = True
+                passages.append(replace(p, metadata=meta))
+            out[kind].append(replace(base, passages=passages, extra=dict(base.extra)))
     return out

@@ -182,6 +182,35 @@ def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
     assert "gold sources against attacker sources" in table
     # the trusted row cell by cell: a line per bundle and ratio, naming its worst family
     assert "| nq 1x | " in table and "| hotpotqa 6x | " in table and "no-prefix: " in table
+    # one store: every row, each framework's context, no poison
+    store = [r for k, r in by.items() if k[1] == "store" and k[0] == "default (text only)"]
+    assert {r["setting"] for r in store} >= {"realtimeqa, context 4", "ragdefender/nq, context 2"}
+    assert all(r["poison_share"] == 0 for r in store) and "clean, one store" in table
+
+
+@pytest.mark.data
+def test_one_store_mixes_every_question_s_passages(data_dir: Path, minilm: object) -> None:
+    """The one-store scenario: each question's pool of 8 comes from one store of every
+    record's benign passages (a bundle question's answer is its gold passages, found among
+    other questions' passages); only the bundles' passages are trusted in the trusted kind."""
+    from benchmarks.cases import store_cases
+    from benchmarks.datasets import load_qa
+
+    records = [*load_qa(data_dir, "realtimeqa", 3), *load_qa(data_dir, "ragdefender/nq", 3)]
+    found = store_cases(records, minilm, pool=8, k=4)
+    assert [len(v) for v in found.values()] == [6, 6, 6]
+    nq = {r.question: r for r in records[3:]}
+    for case, trusted in zip(found["plain"], found["trusted"], strict=True):
+        assert len(case.passages) == 8 and case.k == 4 and not any(case.is_poison)
+        assert all(not p.metadata for p in case.passages)
+        if case.question in nq:
+            gold = set(nq[case.question].benign)
+            assert any(case.is_gold) and sum(case.is_gold) <= len(gold) < 8  # others' passages
+            assert [p.text in gold for p in case.passages] == case.is_gold
+        bundle = {t for r in records[3:] for t in r.benign}
+        assert [bool(p.metadata.get("trusted")) for p in trusted.passages] == [
+            p.text in bundle for p in trusted.passages
+        ]
 
 
 @pytest.mark.data

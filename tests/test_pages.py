@@ -58,9 +58,10 @@ def _threats_rows() -> list[dict[str, Any]]:
     cells += [("minority", f"{c}p", f) for c in (1, 3, 5) for f in ("poisonedrag", "synonym")]
     cells += [("majority", f"nq {r}x", "poisonedrag") for r in (1, 6)]
     cells += [("majority+sources", f"top 8, S={s}", "poisonedrag") for s in (1, 2)]
+    cells += [("store", f"ragdefender/nq, context {k}", "-") for k in (4, 2)]
     return [
         {"row": label, "scenario": sc, "setting": st, "family": f}
-        | _metrics(0.0 if sc == "clean" else 0.5 / (1 + i), 0.8 - 0.1 * i)
+        | _metrics(0.0 if sc in ("clean", "store") else 0.5 / (1 + i), 0.8 - 0.1 * i)
         for i, label in enumerate(labels)
         for sc, st, f in cells
     ]

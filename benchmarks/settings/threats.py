@@ -7,7 +7,8 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
 ``S`` attacker hosts (``attacker-1.example`` ...), round robin. Scenarios:
 
 * clean: RealtimeQA top 10, context 5, no poison; and the same with its 8 best-ranked results
-  joined as one document (one source filling most of the pool);
+  joined as one document (one source filling most of the pool); and one store of every benign
+  passage, each question's pool of 8 (what the one line fetches) at each framework's default k;
 * minority: RealtimeQA top 10 with 1 / 3 / 5 poison, context 5 (poison share averaged);
 * majority, no sources: the RAGDefender setting (gold + poison at 1x-6x, every passage
   retrieved, context 5 NQ / 2 others), without metadata whatever the row;
@@ -37,7 +38,14 @@ from typing import Any
 from ragdefense.defenses import registry
 from ragdefense.embedders import Embedder, as_embedder
 
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, provenance_case
+from ..cases import (
+    RAGDEFENDER_BASE,
+    RAGDEFENDER_K,
+    Case,
+    attack_passages,
+    provenance_case,
+    store_cases,
+)
 from ..datasets import QARecord, load_qa
 from ..report import markdown_table
 from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize
@@ -100,8 +108,10 @@ def _cases(
                         r, poison[r.id], embedder, benign_top=top - 5, k=5, hosts=hosts
                     )
                     add("majority+sources", f"top {top}, S={hosts}", family, found)
+    store = list(rt)
     for ds in ("nq", "msmarco", "hotpotqa"):
         records = load_qa(folder, f"ragdefender/{ds}", limit)
+        store += records
         for family in families:
             for ratio in (1, 2, 4, 6):
                 poison = _family_poison(records, family, RAGDEFENDER_BASE[ds] * ratio)
@@ -118,7 +128,22 @@ def _cases(
                         setting = f"S={hosts}, {_sides(sum(r.gold), hosts)}"
                         pair = {kind: found[kind] for kind in ("plain", "sources")}
                         add("majority, gold sources", setting, family, pair)
+    for k in STORE_CONTEXTS:  # LangChain's as_retriever() k, LlamaIndex's similarity_top_k
+        for kind, cases in store_cases(store, embedder, pool=8, k=k).items():
+            for case in cases:
+                key = ("store", f"{case.dataset}, context {k}", "-", kind)
+                out.setdefault(key, []).append(case)
     return out
+
+
+#: the one-store scenario's contexts: each framework's default k (the pool: 8 for both)
+STORE_CONTEXTS = (4, 2)
+STORE_DATASETS = ("realtimeqa", "ragdefender/nq", "ragdefender/msmarco", "ragdefender/hotpotqa")
+
+
+def _answer(by: dict[Any, dict[str, Any]], key: tuple[str, str, str, str]) -> str:
+    """A cell's share of questions whose context holds an answer ("-" where it did not run)."""
+    return f"{by[key]['gold_in_context']:.2f}" if key in by else "-"
 
 
 def _sides(gold_sources: int, attacker_sources: int) -> str:
@@ -197,13 +222,17 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         ms = [
             by[k]["ms_p50"]
             for k in by
-            if k[0] == label and k[1] != "majority, gold sources" and "ms_p50" in by[k]
+            if k[0] == label
+            and k[1] not in ("majority, gold sources", "store")
+            and "ms_p50" in by[k]
         ]
+        stored = [f"{d}, context {STORE_CONTEXTS[0]}" for d in STORE_DATASETS]
         table.append(
             [
                 label,
                 f"{clean.get('gold_in_context', float('nan')):.2f}",
                 f"{joined.get('gold_in_context', float('nan')):.2f}",
+                f"{_mean(by, [(label, 'store', st, '-') for st in stored], 'gold_in_context'):.2f}",
                 *(_cell(by, label, "minority", [f"{c}p"], TUNING[0]) for c in (1, 3, 5)),
                 _cell(by, label, "minority", ["1p", "3p", "5p"], held),
                 _cell(by, label, "majority", majority, TUNING[0]),
@@ -217,6 +246,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "row",
         "clean answer",
         "clean, one document",
+        "clean, one store",
         "minority 1p",
         "minority 3p",
         "minority 5p",
@@ -295,6 +325,14 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
+    at = {d: [f"{d}, context {k}" for k in STORE_CONTEXTS] for d in STORE_DATASETS}
+    store = [
+        [lb, *(" / ".join(_answer(by, (lb, "store", st, "-")) for st in at[d]) for d in at)]
+        for lb in THREAT_ROWS
+    ]
+    contexts = " / ".join(map(str, STORE_CONTEXTS))
+    store_header = ["row", *(f"{d.split('/')[-1]} (context {contexts})" for d in STORE_DATASETS)]
+    questions = sum(by.get(("none", "store", at[d][0], "-"), {}).get("cases", 0) for d in at)
     removed = ", ".join(
         f"{label} {by[(label, 'clean', '0p', '-')]['benign_removed']:.1f}"
         for label in THREAT_ROWS
@@ -310,6 +348,16 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         f"ones in their place): {removed}. In the trusted row the poisoned majority's "
         "passages carry sources (trust is given by source): each gold passage its own, the "
         "planted ones one attacker host's.",
+        "",
+        'Clean retrieval from one store (column "clean, one store"): every benign passage '
+        "of the data in one store, RealtimeQA's web results and the bundles' gold passages; "
+        f"each of {questions} questions fetches the pool of 8 the one line fetches, its answer "
+        "a gold passage (bundles) or a passage holding an answer (RealtimeQA). Most questions "
+        "find one passage or two on their subject, the rest of the pool about neighbouring "
+        "ones. Share of questions whose context holds an answer, at LangChain's context (4) / "
+        "LlamaIndex's (2); the trusted row trusts the bundles' passages, not the web's:",
+        "",
+        *markdown_table(store_header, store),
         "",
         "Five planted passages from S attacker sources among RealtimeQA's top web results "
         "(a poisoned top 8, and 5 of a top 10):",
