@@ -296,8 +296,9 @@ def store_cases(
 ) -> dict[str, list[Case]]:
     """Clean retrieval from one store holding every benign passage of ``records`` (copies
     once): each question retrieves its top ``pool`` from the whole store (what the one line
-    fetches), context ``k``. A question of a bundle has its gold passages as answers; a
-    RealtimeQA question any passage holding one of its answers. As :func:`provenance_case`,
+    fetches), context ``k``. A question's answers are its own answer passages (a bundle's gold
+    passages, the RealtimeQA results that hold an answer; another question's passage that
+    happens to hold a short answer string does not count). As :func:`provenance_case`,
     three kinds: ``plain``, ``sources`` (web results their link, each gold passage its own)
     and ``trusted`` (``sources`` with the bundles' passages trusted, the web results not)."""
     texts: list[str] = []
@@ -319,9 +320,7 @@ def store_cases(
         qs = unit @ (q / np.linalg.norm(q))
         top = np.argsort(-qs, kind="stable")[:pool]
         gold = {seen[t] for t, g in zip(r.benign, r.gold, strict=True) if g and t in seen}
-        is_gold = [
-            contains_answer(texts[i], r.answers) if r.sources else int(i) in gold for i in top
-        ]
+        is_gold = [int(i) in gold for i in top]
         base = Case(
             dataset=r.dataset,
             setting=f"store, context {k}",

@@ -708,6 +708,13 @@ def test_the_one_passage_on_its_subject_is_not_judged_by_another_story() -> None
     assert "support" not in result.estimates  # the vote ran
     assert 0 not in result.removed_indices
     assert result.estimates["unsupported_apart"] == [0]
+    assert "shares no subject" in result.verdicts[0].reason
+    # copies ahead of it (a story chunk ingested twice, the answer too): input positions
+    doubled = [passages[1], passages[1], passages[0], passages[0], *passages[2:]]
+    emb2 = np.vstack([emb[1], emb[1], emb[0], emb[0], emb[2:]])
+    again = Consensus().defend_embeddings("where did he go?", doubled, emb2, q)
+    assert again.estimates["unsupported_apart"] == [2, 3]
+    assert all("shares no subject" in again.verdicts[i].reason for i in (2, 3))
 
 
 _STORY = [
@@ -731,5 +738,6 @@ def test_a_store_s_one_answer_stays_beside_another_story_with_minilm(minilm: obj
     passages = [Passage(answer)] + [Passage(t) for t in _STORY]
     result = Consensus(embedder=minilm).defend(question, passages)
     assert "support" not in result.estimates  # the vote ran over the pool
+    # (MiniLM puts the answer at mean cosine 0.334 to the story, the gate at 0.35)
     assert result.verdicts[0].kept, result.verdicts[0].reason
     assert result.estimates["unsupported_apart"] == [0]

@@ -37,6 +37,7 @@ from typing import Any
 
 from ragdefense.defenses import registry
 from ragdefense.embedders import Embedder, as_embedder
+from ragdefense.integration.retrieval import pool_size
 
 from ..cases import (
     RAGDEFENDER_BASE,
@@ -129,7 +130,8 @@ def _cases(
                         pair = {kind: found[kind] for kind in ("plain", "sources")}
                         add("majority, gold sources", setting, family, pair)
     for k in STORE_CONTEXTS:  # LangChain's as_retriever() k, LlamaIndex's similarity_top_k
-        for kind, cases in store_cases(store, embedder, pool=8, k=k).items():
+        pool = pool_size(registry.defense(registry.DEFAULT_DEFENSE), k)  # what defend() fetches
+        for kind, cases in store_cases(store, embedder, pool=pool, k=k).items():
             for case in cases:
                 key = ("store", f"{case.dataset}, context {k}", "-", kind)
                 out.setdefault(key, []).append(case)
@@ -352,10 +354,11 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         'Clean retrieval from one store (column "clean, one store"): every benign passage '
         "of the data in one store, RealtimeQA's web results and the bundles' gold passages; "
         f"each of {questions} questions fetches the pool of 8 the one line fetches, its answer "
-        "a gold passage (bundles) or a passage holding an answer (RealtimeQA). Most questions "
-        "find one passage or two on their subject, the rest of the pool about neighbouring "
-        "ones. Share of questions whose context holds an answer, at LangChain's context (4) / "
-        "LlamaIndex's (2); the trusted row trusts the bundles' passages, not the web's:",
+        "its own gold passages (bundles) or its own results holding an answer (RealtimeQA). "
+        "A bundle's question finds one passage or two on its subject, the rest of the pool "
+        "about neighbouring ones; a RealtimeQA question finds its own web results. Share of "
+        "questions whose context holds an answer, at LangChain's context (4) / LlamaIndex's "
+        "(2); the trusted row trusts the bundles' passages, not the web's:",
         "",
         *markdown_table(store_header, store),
         "",

@@ -41,8 +41,10 @@ of four pieces of evidence:
    support nothing in particular). A passage is judged only where it shares the others' subject
    (mean cosine ``min_agreement`` or more to them): a store's one chunk on the question, among
    chunks about a neighbouring story, is unsupported because nothing else speaks of its
-   subject, not because it mimics the query. ``support=False`` turns it off: a lone poisoned
-   passage then passes.
+   subject, not because it mimics the query; a lone planted passage kept apart from the
+   others' subject passes this step for the same reason (and where the store holds no honest
+   passage on the question, the vote has nothing to go by). ``support=False`` turns it off: a
+   lone poisoned passage then passes.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance. That is

@@ -64,6 +64,11 @@ def map_back(
                 if key == "groups"
                 else [keep[i] for i in value]
             )
+    if "unsupported_apart" in estimates:  # spared passages: their copies are spared with them
+        spared = [keep[i] for i in estimates["unsupported_apart"]]
+        estimates["unsupported_apart"] = sorted(
+            spared + [c for i in spared for c in copy_of.get(i, [])]
+        )
     if copy_of:
         estimates["copies"] = {first: copies for first, copies in copy_of.items()}
     return out
@@ -107,6 +112,7 @@ def consensus_result(
 ) -> DefenseResult:
     """Consensus's verdicts: each passage kept or removed with why, its source and trust."""
     note = estimates.get("note")
+    apart = set(estimates.get("unsupported_apart", ()))
     verdicts = []
     rank = 0
     for i, passage in enumerate(items):
@@ -118,6 +124,12 @@ def consensus_result(
             reason = f"kept: {note}"
         elif trusted[i]:
             reason = "kept: trusted"
+        elif i in apart:
+            reason = (
+                "kept: ranked high by query similarity and low by the others' support, but it "
+                "shares no subject with them (mean cosine below min_agreement), so their "
+                "silence is no evidence against it"
+            )
         else:
             reason = "kept: no evidence of a coordinated attack"
         verdicts.append(
