@@ -5,7 +5,7 @@ demo knowledge base, the suite's datasets x attacks)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -13,8 +13,10 @@ import numpy as np
 
 from ragdefense.attacks import make_poison, poisonedrag
 from ragdefense.cases import Case, demo_cases
+from ragdefense.defenses import registry
 from ragdefense.embedders import Embedder
-from ragdefense.similarity import cosine_to
+from ragdefense.integration.retrieval import pool_size
+from ragdefense.similarity import cosine_to, unit_rows
 from ragdefense.text import contains_answer, normalize, split_sentences
 from ragdefense.types import Passage
 
@@ -26,6 +28,7 @@ __all__ = [
     "Case",
     "attack_passages",
     "demo_cases",
+    "one_line_pool",
     "provenance_case",
     "ragdefender_cases",
     "realtimeqa_cases",
@@ -275,32 +278,49 @@ def provenance_case(
     # trusted: the best-ranked web results, or every gold passage
     trusted_ids = set(ranked[:trusted_top]) if record.sources else set(ranked)
     joined = set(ranked[:one_document])
+
+    def source(p: Passage) -> str:
+        i = int(p.id or 0)
+        if p.id in joined:
+            return "uploads/web-results-joined.pdf"
+        return links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
+
+    return _kinds(base, source, lambda p: p.id in trusted_ids)
+
+
+def _kinds(
+    base: Case, source: Callable[[Passage], str], trusted: Callable[[Passage], bool]
+) -> dict[str, Case]:
+    """``base`` as the three kinds: ``plain`` as it is, ``sources`` with each passage's
+    ``metadata["source"]``, ``trusted`` with ``metadata["trusted"]`` too where ``trusted``."""
     out = {"plain": base}
     for kind in ("sources", "trusted"):
         passages = []
         for p in base.passages:
-            i = int(p.id or 0)
-            link = links[i] if i < len(benign) else _attacker(i - len(benign), hosts)
-            if p.id in joined:
-                link = "uploads/web-results-joined.pdf"
-            meta: dict[str, Any] = {"source": link}
-            if kind == "trusted" and p.id in trusted_ids:
+            meta: dict[str, Any] = {"source": source(p)}
+            if kind == "trusted" and trusted(p):
                 meta["trusted"] = True
             passages.append(replace(p, metadata=meta))
         out[kind] = replace(base, passages=passages, extra=dict(base.extra))
     return out
 
 
+def one_line_pool(k: int) -> int:
+    """The pool ``defend()`` fetches for a retriever of ``k`` with the default defense."""
+    return pool_size(registry.defense(registry.DEFAULT_DEFENSE), k)
+
+
 def store_cases(
-    records: Sequence[QARecord], embedder: Embedder, pool: int = 8, k: int = 4
+    records: Sequence[QARecord], embedder: Embedder, k: int = 4, pool: int | None = None
 ) -> dict[str, list[Case]]:
     """Clean retrieval from one store holding every benign passage of ``records`` (copies
-    once): each question retrieves its top ``pool`` from the whole store (what the one line
-    fetches), context ``k``. A question's answers are its own answer passages (a bundle's gold
-    passages, the RealtimeQA results that hold an answer; another question's passage that
-    happens to hold a short answer string does not count). As :func:`provenance_case`,
-    three kinds: ``plain``, ``sources`` (web results their link, each gold passage its own)
-    and ``trusted`` (``sources`` with the bundles' passages trusted, the web results not)."""
+    once): each question retrieves its top ``pool`` from the whole store (``None``: what the
+    one line fetches, :func:`one_line_pool`), context ``k``. A question's answers are its own
+    answer passages (a bundle's gold passages, the RealtimeQA results that hold an answer;
+    another question's passage holding a short answer string does not count). As
+    :func:`provenance_case`, three kinds: ``plain``, ``sources`` (web results their link, each
+    gold passage its own) and ``trusted`` (``sources`` with the bundles' passages trusted, the
+    web results not)."""
     texts: list[str] = []
     links: list[str] = []
     reference: list[bool] = []  # a bundle's passage (the store's reference part), not the web's
@@ -313,8 +333,9 @@ def store_cases(
                 links.append(r.sources[j] if r.sources else f"https://gold-{len(texts)}.example/")
                 reference.append(not r.sources)
     emb = np.asarray(embedder.embed(texts), dtype=float)
-    unit = emb / np.linalg.norm(emb, axis=1, keepdims=True)
+    unit = unit_rows(emb)
     out: dict[str, list[Case]] = {"plain": [], "sources": [], "trusted": []}
+    pool = one_line_pool(k) if pool is None else pool
     for r in records:
         q = np.asarray(embedder.embed_query(r.question), dtype=float)
         qs = unit @ (q / np.linalg.norm(q))
@@ -333,13 +354,7 @@ def store_cases(
             k=k,
             extra={"query_embedding": q, "answers": r.answers},
         )
-        out["plain"].append(base)
-        for kind in ("sources", "trusted"):
-            passages = []
-            for p, i in zip(base.passages, top, strict=True):
-                meta: dict[str, Any] = {"source": links[i]}
-                if kind == "trusted" and reference[i]:
-                    meta["trusted"] = True
-                passages.append(replace(p, metadata=meta))
-            out[kind].append(replace(base, passages=passages, extra=dict(base.extra)))
+        found = _kinds(base, lambda p: links[int(p.id or 0)], lambda p: reference[int(p.id or 0)])
+        for kind, case in found.items():
+            out[kind].append(case)
     return out

@@ -37,13 +37,13 @@ from typing import Any
 
 from ragdefense.defenses import registry
 from ragdefense.embedders import Embedder, as_embedder
-from ragdefense.integration.retrieval import pool_size
 
 from ..cases import (
     RAGDEFENDER_BASE,
     RAGDEFENDER_K,
     Case,
     attack_passages,
+    one_line_pool,
     provenance_case,
     store_cases,
 )
@@ -130,17 +130,20 @@ def _cases(
                         pair = {kind: found[kind] for kind in ("plain", "sources")}
                         add("majority, gold sources", setting, family, pair)
     for k in STORE_CONTEXTS:  # LangChain's as_retriever() k, LlamaIndex's similarity_top_k
-        pool = pool_size(registry.defense(registry.DEFAULT_DEFENSE), k)  # what defend() fetches
-        for kind, cases in store_cases(store, embedder, pool=pool, k=k).items():
+        for kind, cases in store_cases(store, embedder, k=k).items():
             for case in cases:
-                key = ("store", f"{case.dataset}, context {k}", "-", kind)
+                key = ("store", _store_setting(case.dataset, k), "-", kind)
                 out.setdefault(key, []).append(case)
     return out
 
 
-#: the one-store scenario's contexts: each framework's default k (the pool: 8 for both)
+#: the one-store scenario's contexts: each framework's default k
 STORE_CONTEXTS = (4, 2)
 STORE_DATASETS = ("realtimeqa", "ragdefender/nq", "ragdefender/msmarco", "ragdefender/hotpotqa")
+
+
+def _store_setting(dataset: str, k: int) -> str:
+    return f"{dataset}, context {k}"
 
 
 def _answer(by: dict[Any, dict[str, Any]], key: tuple[str, str, str, str]) -> str:
@@ -217,6 +220,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     tuning = [f for f in families if f in TUNING]
     majority = [f"{d} {r}x" for d in ("nq", "msmarco", "hotpotqa") for r in (1, 2, 4, 6)]
     one = ["top 8, S=1"]
+    stored = [_store_setting(d, STORE_CONTEXTS[0]) for d in STORE_DATASETS]
     table = []
     for label in THREAT_ROWS:
         clean = by.get((label, "clean", "0p", "-"), {})
@@ -228,7 +232,6 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
             and k[1] not in ("majority, gold sources", "store")
             and "ms_p50" in by[k]
         ]
-        stored = [f"{d}, context {STORE_CONTEXTS[0]}" for d in STORE_DATASETS]
         table.append(
             [
                 label,
@@ -327,7 +330,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
-    at = {d: [f"{d}, context {k}" for k in STORE_CONTEXTS] for d in STORE_DATASETS}
+    at = {d: [_store_setting(d, k) for k in STORE_CONTEXTS] for d in STORE_DATASETS}
     store = [
         [lb, *(" / ".join(_answer(by, (lb, "store", st, "-")) for st in at[d]) for d in at)]
         for lb in THREAT_ROWS
@@ -353,7 +356,8 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "",
         'Clean retrieval from one store (column "clean, one store"): every benign passage '
         "of the data in one store, RealtimeQA's web results and the bundles' gold passages; "
-        f"each of {questions} questions fetches the pool of 8 the one line fetches, its answer "
+        f"each of {questions} questions fetches the pool the one line fetches "
+        f"({' / '.join(str(one_line_pool(k)) for k in STORE_CONTEXTS)}), its answer "
         "its own gold passages (bundles) or its own results holding an answer (RealtimeQA). "
         "A bundle's question finds one passage or two on its subject, the rest of the pool "
         "about neighbouring ones; a RealtimeQA question finds its own web results. Share of "

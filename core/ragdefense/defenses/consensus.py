@@ -336,9 +336,11 @@ class Consensus:
         low = set(by_support[len(left) - len(left) // 2 :])
         dropped, apart = [], []
         for i in by_query:
-            if i in low and not trusted[i] and _apart(sim, i, left, self.min_agreement):
+            if i not in low or trusted[i]:
+                continue
+            if _apart(sim, i, left, self.min_agreement):
                 apart.append(i)  # nothing else speaks of its subject: no evidence either way
-            elif i in low and not trusted[i]:
+            else:
                 dropped.append(i)
                 removed[i] = (
                     f"unsupported: ranked {by_query.index(i) + 1} of {len(left)} by query "
