@@ -5,7 +5,7 @@ demo knowledge base, the suite's datasets x attacks)."""
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -311,7 +311,11 @@ def one_line_pool(k: int) -> int:
 
 
 def store_cases(
-    records: Sequence[QARecord], embedder: Embedder, k: int = 4, pool: int | None = None
+    records: Sequence[QARecord],
+    embedder: Embedder,
+    k: int = 4,
+    pool: int | None = None,
+    planted: Mapping[tuple[str, str], Sequence[str]] | None = None,
 ) -> dict[str, list[Case]]:
     """Clean retrieval from one store holding every benign passage of ``records`` (copies
     once): each question retrieves its top ``pool`` from the whole store (``None``: what the
@@ -320,7 +324,8 @@ def store_cases(
     another question's passage holding a short answer string does not count). As
     :func:`provenance_case`, three kinds: ``plain``, ``sources`` (web results their link, each
     gold passage its own) and ``trusted`` (``sources`` with the bundles' passages trusted, the
-    web results not)."""
+    web results not). ``planted``: per question ``(dataset, id)``, passages planted in the same
+    store (every question's at once, from one attacker host; any of them in a pool is poison)."""
     texts: list[str] = []
     links: list[str] = []
     reference: list[bool] = []  # a bundle's passage (the store's reference part), not the web's
@@ -332,6 +337,14 @@ def store_cases(
                 texts.append(text)
                 links.append(r.sources[j] if r.sources else f"https://gold-{len(texts)}.example/")
                 reference.append(not r.sources)
+    benign = len(texts)
+    extra = [t for r in records for t in (planted or {}).get((r.dataset, r.id), ())]
+    for j, text in enumerate(extra):
+        seen.setdefault(text, len(texts))  # a planted text also found benign stays benign
+        if seen[text] == len(texts):
+            texts.append(text)
+            links.append(_attacker(j, 1))
+            reference.append(False)
     emb = np.asarray(embedder.embed(texts), dtype=float)
     unit = unit_rows(emb)
     out: dict[str, list[Case]] = {"plain": [], "sources": [], "trusted": []}
@@ -348,7 +361,7 @@ def store_cases(
             qid=r.id,
             question=r.question,
             passages=[Passage(texts[i], id=str(i), embedding=emb[i]) for i in top],
-            is_poison=[False] * len(top),
+            is_poison=[int(i) >= benign for i in top],
             is_gold=is_gold,
             query_sim=qs[top],
             k=k,

@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import numpy as np
@@ -186,6 +187,11 @@ def test_threats_table_smoke(data_dir: Path, minilm: object) -> None:
     store = [r for k, r in by.items() if k[1] == "store" and k[0] == "default (text only)"]
     assert {r["setting"] for r in store} >= {"realtimeqa, context 4", "ragdefender/nq, context 2"}
     assert all(r["poison_share"] == 0 for r in store) and "clean, one store" in table
+    # ... and with one planted passage per question, family by family: it reaches the pools
+    planted = {k: r for k, r in by.items() if k[1] == "store, 1 planted" and k[0] == "none"}
+    assert {k[3] for k in planted} == {"poisonedrag", "no-prefix"}
+    assert statistics.fmean(r["poison_share"] for r in planted.values()) > 0.1
+    assert "one store, 1 planted" in table
 
 
 @pytest.mark.data
@@ -198,6 +204,15 @@ def test_one_store_mixes_every_question_s_passages(data_dir: Path, minilm: objec
 
     records = [*load_qa(data_dir, "realtimeqa", 3), *load_qa(data_dir, "ragdefender/nq", 3)]
     found = store_cases(records, minilm, pool=8, k=4)
+    # one planted passage per question, all in the store at once: poison wherever retrieved
+    planted = {(r.dataset, r.id): [f"{r.question} It is {r.wrong_answer}."] for r in records}
+    poisoned = store_cases(records, minilm, pool=8, k=4, planted=planted)
+    bad = {t for texts in planted.values() for t in texts}
+    for case in poisoned["sources"]:
+        assert case.is_poison == [p.text in bad for p in case.passages]
+        assert any(case.is_poison)  # its own, which restates it, ranks in its pool
+        hosts = {p.metadata["source"] for p in case.passages if p.text in bad}
+        assert len(hosts) == 1 and "attacker" in hosts.pop()
     assert [len(v) for v in found.values()] == [6, 6, 6]
     nq = {r.question: r for r in records[3:]}
     for case, trusted in zip(found["plain"], found["trusted"], strict=True):

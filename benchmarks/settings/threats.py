@@ -8,7 +8,8 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
 
 * clean: RealtimeQA top 10, context 5, no poison; and the same with its 8 best-ranked results
   joined as one document (one source filling most of the pool); and one store of every benign
-  passage, each question's pool of 8 (what the one line fetches) at each framework's default k;
+  passage, each question's pool of 8 (what the one line fetches) at each framework's default k
+  (:mod:`~benchmarks.settings.onestore`, also with one planted passage per question);
 * minority: RealtimeQA top 10 with 1 / 3 / 5 poison, context 5 (poison share averaged);
 * majority, no sources: the RAGDefender setting (gold + poison at 1x-6x, every passage
   retrieved, context 5 NQ / 2 others), without metadata whatever the row;
@@ -43,14 +44,21 @@ from ..cases import (
     RAGDEFENDER_K,
     Case,
     attack_passages,
-    one_line_pool,
     provenance_case,
-    store_cases,
 )
 from ..datasets import QARecord, load_qa
 from ..report import markdown_table
 from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize
 from .default import HELD_OUT, TUNING
+from .onestore import (
+    CLEAN,
+    PLANTED,
+    STORE_CONTEXTS,
+    STORE_DATASETS,
+    store_groups,
+    store_lines,
+    store_setting,
+)
 
 __all__ = ["THREAT_ROWS", "threats_table"]
 
@@ -129,26 +137,7 @@ def _cases(
                         setting = f"S={hosts}, {_sides(sum(r.gold), hosts)}"
                         pair = {kind: found[kind] for kind in ("plain", "sources")}
                         add("majority, gold sources", setting, family, pair)
-    for k in STORE_CONTEXTS:  # LangChain's as_retriever() k, LlamaIndex's similarity_top_k
-        for kind, cases in store_cases(store, embedder, k=k).items():
-            for case in cases:
-                key = ("store", _store_setting(case.dataset, k), "-", kind)
-                out.setdefault(key, []).append(case)
-    return out
-
-
-#: the one-store scenario's contexts: each framework's default k
-STORE_CONTEXTS = (4, 2)
-STORE_DATASETS = ("realtimeqa", "ragdefender/nq", "ragdefender/msmarco", "ragdefender/hotpotqa")
-
-
-def _store_setting(dataset: str, k: int) -> str:
-    return f"{dataset}, context {k}"
-
-
-def _answer(by: dict[Any, dict[str, Any]], key: tuple[str, str, str, str]) -> str:
-    """A cell's share of questions whose context holds an answer ("-" where it did not run)."""
-    return f"{by[key]['gold_in_context']:.2f}" if key in by else "-"
+    return out | store_groups(store, embedder, families, lambda rs, f: _family_poison(rs, f, 1))
 
 
 def _sides(gold_sources: int, attacker_sources: int) -> str:
@@ -220,7 +209,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     tuning = [f for f in families if f in TUNING]
     majority = [f"{d} {r}x" for d in ("nq", "msmarco", "hotpotqa") for r in (1, 2, 4, 6)]
     one = ["top 8, S=1"]
-    stored = [_store_setting(d, STORE_CONTEXTS[0]) for d in STORE_DATASETS]
+    stored = [store_setting(d, STORE_CONTEXTS[0]) for d in STORE_DATASETS]
     table = []
     for label in THREAT_ROWS:
         clean = by.get((label, "clean", "0p", "-"), {})
@@ -229,7 +218,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
             by[k]["ms_p50"]
             for k in by
             if k[0] == label
-            and k[1] not in ("majority, gold sources", "store")
+            and k[1] not in ("majority, gold sources", CLEAN, PLANTED)
             and "ms_p50" in by[k]
         ]
         table.append(
@@ -237,7 +226,8 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
                 label,
                 f"{clean.get('gold_in_context', float('nan')):.2f}",
                 f"{joined.get('gold_in_context', float('nan')):.2f}",
-                f"{_mean(by, [(label, 'store', st, '-') for st in stored], 'gold_in_context'):.2f}",
+                f"{_mean(by, [(label, CLEAN, st, '-') for st in stored], 'gold_in_context'):.2f}",
+                _cell(by, label, PLANTED, stored, TUNING[0]),
                 *(_cell(by, label, "minority", [f"{c}p"], TUNING[0]) for c in (1, 3, 5)),
                 _cell(by, label, "minority", ["1p", "3p", "5p"], held),
                 _cell(by, label, "majority", majority, TUNING[0]),
@@ -252,6 +242,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "clean answer",
         "clean, one document",
         "clean, one store",
+        "one store, 1 planted",
         "minority 1p",
         "minority 3p",
         "minority 5p",
@@ -330,14 +321,6 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
     gold_header = ["row", "gold sources against attacker sources"] + [
         f"S={s}{' held out' if h else ''}" for s in (1, 2) for h in (False, True)
     ]
-    at = {d: [_store_setting(d, k) for k in STORE_CONTEXTS] for d in STORE_DATASETS}
-    store = [
-        [lb, *(" / ".join(_answer(by, (lb, "store", st, "-")) for st in at[d]) for d in at)]
-        for lb in THREAT_ROWS
-    ]
-    contexts = " / ".join(map(str, STORE_CONTEXTS))
-    store_header = ["row", *(f"{d.split('/')[-1]} (context {contexts})" for d in STORE_DATASETS)]
-    questions = sum(by.get(("none", "store", at[d][0], "-"), {}).get("cases", 0) for d in at)
     removed = ", ".join(
         f"{label} {by[(label, 'clean', '0p', '-')]['benign_removed']:.1f}"
         for label in THREAT_ROWS
@@ -354,17 +337,7 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "passages carry sources (trust is given by source): each gold passage its own, the "
         "planted ones one attacker host's.",
         "",
-        'Clean retrieval from one store (column "clean, one store"): every benign passage '
-        "of the data in one store, RealtimeQA's web results and the bundles' gold passages; "
-        f"each of {questions} questions fetches the pool the one line fetches "
-        f"({' / '.join(str(one_line_pool(k)) for k in STORE_CONTEXTS)}), its answer "
-        "its own gold passages (bundles) or its own results holding an answer (RealtimeQA). "
-        "A bundle's question finds one passage or two on its subject, the rest of the pool "
-        "about neighbouring ones; a RealtimeQA question finds its own web results. Share of "
-        "questions whose context holds an answer, at LangChain's context (4) / LlamaIndex's "
-        "(2); the trusted row trusts the bundles' passages, not the web's:",
-        "",
-        *markdown_table(store_header, store),
+        *store_lines(by, list(THREAT_ROWS), lambda *a: _cell(by, *a), TUNING[0], held),
         "",
         "Five planted passages from S attacker sources among RealtimeQA's top web results "
         "(a poisoned top 8, and 5 of a top 10):",
