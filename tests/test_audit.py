@@ -148,7 +148,8 @@ def test_a_chunk_with_no_other_chunk_is_not_targeted(toy: CallableEmbedder, tmp_
 def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible_victim() -> None:
     """(#30) the honest passage a planted set targets sits right next to it and is flagged with
     it; the report says so instead of listing it as one more planted chunk."""
-    from ragdefense.auditing.evidence import Evidence, targeted
+    from ragdefense.auditing.evidence import Evidence
+    from ragdefense.auditing.victims import targeted
 
     group_of = np.array([0, 0, 0, -1, -1, -1, 1, 1])
     near = np.array([[1, 2], [0, 2], [0, 1], [0, 5], [5, -1], [0, 3], [7, 4], [6, 4]])
@@ -161,6 +162,49 @@ def test_a_lone_suspect_next_to_a_planted_looking_group_is_shown_as_its_possible
     assert (
         targeted(Evidence(np.zeros(8), {}, np.zeros(8), group_of, [], None, None), suspicious) == {}
     )
+
+
+def test_the_honest_passage_inside_a_planted_group_is_named_its_victim(tmp_path: Path) -> None:
+    """A planted set copies the subject of the passage it contradicts, which joins the set's
+    near-duplicate group without its wording: the report names that member as the passage the
+    group may target (its verdict stays: a planted set of varied wording has members that look
+    the same way); a set with no such member has none named."""
+    rng = np.random.default_rng(1)
+    centre, other = rng.normal(size=(2, 16))
+    honest = centre + 0.45 * np.linalg.norm(centre) * _orthogonal(rng, centre)
+    vectors = np.vstack(
+        [
+            rng.normal(size=(400, 16)),
+            centre + 0.1 * rng.normal(size=(4, 16)),  # planted, with the honest one
+            honest[None, :],
+            other + 0.1 * rng.normal(size=(4, 16)),  # planted, alone
+        ]
+    ).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    ids = [f"b{i}" for i in range(400)] + [f"p{i}" for i in range(4)] + ["truth"]
+    ids += [f"q{i}" for i in range(4)]
+    corpus = ListCorpus([f"a stored chunk {i}" for i in ids], ids, None, vectors)
+
+    def embed(batch: list[str]) -> np.ndarray:
+        return np.vstack([np.random.default_rng(len(t)).normal(size=16) for t in batch])
+
+    report = audit(corpus, embedder=embed, workdir=tmp_path / "a")
+    flagged = {f.id for f in report.suspicious}
+    assert {f"p{i}" for i in range(4)} | {f"q{i}" for i in range(4)} | {"truth"} <= flagged
+    named = [f.id for f in report.findings if any("stands apart" in r for r in f.reasons)]
+    assert named == ["truth"] and report.stats["possible_victims"] == 1
+    truth = next(f for f in report.suspicious if f.id == "truth")
+    assert truth.group is not None and any("check it before removing" in r for r in truth.reasons)
+    off = audit(corpus, embedder=embed, workdir=tmp_path / "b", scoring=Scoring(apart=0))
+    assert "truth" in {f.id for f in off.suspicious} and off.stats["possible_victims"] == 0
+
+
+def _orthogonal(rng: np.random.Generator, v: np.ndarray) -> np.ndarray:
+    """A random unit vector orthogonal to ``v``."""
+    u = rng.normal(size=v.shape)
+    u -= (u @ v) / (v @ v) * v
+    out: np.ndarray = u / np.linalg.norm(u)
+    return out
 
 
 def test_the_defenses_flags_on_logged_questions_count_by_default_gated() -> None:

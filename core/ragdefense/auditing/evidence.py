@@ -25,8 +25,6 @@ __all__ = [
     "reasons",
     "score",
     "scored",
-    "targeted",
-    "victim_reason",
 ]
 
 
@@ -89,6 +87,9 @@ class Scoring:
         flag_gate: The own score a chunk needs for its flags to count.
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
         max_group: Larger near-duplicate components are topics, not groups (not shown).
+        apart: Least excess of a suspicious group's agreement among its other members over
+            their agreement with one member for the report to name that member as the honest
+            passage the group may target (:func:`~.victims.apart_in_groups`; 0 turns it off).
     """
 
     min_group: int = 3
@@ -101,6 +102,7 @@ class Scoring:
     flag_gate: float = 0.1
     group_similarity: float = 0.8
     max_group: int = 30
+    apart: float = 0.05
 
 
 @dataclass
@@ -235,36 +237,6 @@ def find_groups(
     isolation_all = np.concatenate(isolated) if isolated else np.zeros(0)
     nearest = np.concatenate(firsts) if firsts else np.zeros(0)
     return group_of, info, isolation_all, wide_isolation, near_all, nearest
-
-
-def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
-    """Suspicious chunks in no near-duplicate group but next to a group most of whose members
-    are suspicious, with that group's id: as often the honest passage a planted set targets (its
-    victim) as a planted one, and shown so, never deleted on that evidence alone."""
-    if evidence.near is None or not len(evidence.groups):
-        return {}
-    grouped = evidence.group_of >= 0
-    n_groups = len(evidence.groups)
-    members = np.bincount(evidence.group_of[grouped], minlength=n_groups)
-    flagged = np.bincount(evidence.group_of[grouped & suspicious], minlength=n_groups)
-    planted_like = flagged * 2 >= np.maximum(members, 1)
-    out: dict[int, str] = {}
-    for i in np.flatnonzero(suspicious & ~grouped):
-        near = evidence.near[i][evidence.near[i] >= 0]
-        hits = [g for g in evidence.group_of[near] if g >= 0 and planted_like[g]]
-        if hits:
-            out[int(i)] = evidence.groups[int(hits[0])]["id"]
-    return out
-
-
-def victim_reason(group: str | None) -> list[str]:
-    """Why a chunk :func:`targeted` names may be an honest victim (none when it is not)."""
-    if group is None:
-        return []
-    return [
-        f"in no near-duplicate group, next to group {group} (most of it suspicious): it may be "
-        "the honest passage that group targets; check it before removing it"
-    ]
 
 
 def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:

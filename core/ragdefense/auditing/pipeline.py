@@ -28,7 +28,7 @@ import numpy as np
 
 from .corpus import Corpus, as_corpus, fingerprint, read_queries
 from .engines import Engine, LocalEngine, make_engine
-from .evidence import Scoring, assess, reasons, scored, targeted, victim_reason
+from .evidence import Scoring, assess, reasons, scored
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
@@ -36,6 +36,7 @@ from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
+from .victims import apart_reason, possible_victims, victim_reason
 from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
 __all__ = ["audit"]
@@ -347,11 +348,10 @@ def _report(
 ) -> AuditReport:
     evidence = assess(wd, names, scoring)
     scores, own, tally = scored(evidence, names[0], scoring)
-    suspicious = int((scores >= scoring.threshold).sum())
-    # a chunk of a condemned source is the attacker's, not an honest victim of its groups
+    above = scores >= scoring.threshold
     condemned = condemned_positions(evidence, tally, scoring.source_threshold)
-    victims = targeted(evidence, scores >= scoring.threshold)
-    victims = {i: group for i, group in victims.items() if not condemned[i]}
+    victims, apart = possible_victims(wd, evidence, above, condemned, scoring.apart)
+    suspicious = int(above.sum())
     # the report lists every suspicious chunk and at least the `report_top` highest scores
     chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
@@ -367,9 +367,10 @@ def _report(
                 id=data["ids"][offset],
                 text=data["texts"][offset],
                 score=float(scores[i]),
-                suspicious=bool(scores[i] >= scoring.threshold),
+                suspicious=bool(above[i]),
                 reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
-                + victim_reason(victims.get(i)),
+                + victim_reason(victims.get(i))
+                + ([apart_reason(apart[i])] if i in apart else []),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
@@ -386,14 +387,12 @@ def _report(
         "retrieved_at_least_once": int((evidence.retrieved > 0).sum()),
         "flagged_at_least_once": int((evidence.flagged[names[0]] > 0).sum()),
         "groups": len(evidence.groups),
-        "possible_victims": len(victims),
+        "possible_victims": len(victims) + len(apart),
         "targeted": 0
         if evidence.targeting is None or scoring.target_threshold <= 0
         else int((evidence.targeting >= scoring.target_threshold).sum()),
         "scoring": asdict(scoring),
         "sources": len(evidence.source_names),
-        "suspect_sources": suspect_sources(
-            evidence, tally, scores >= scoring.threshold, scoring.source_threshold
-        ),
+        "suspect_sources": suspect_sources(evidence, tally, above, scoring.source_threshold),
     }
     return AuditReport(findings, scoring.threshold, stats)

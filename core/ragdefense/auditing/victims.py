@@ -1,0 +1,119 @@
+"""The honest passages a planted set targets: a planted set copies the subject of the passage it
+contradicts, so that passage lands in or next to the set's near-duplicate group and is flagged
+with it. The report names it as the set's possible victim, for a reviewer to check before
+removing it (a planted set of varied wording has members that look the same way, so the
+verdict stays).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .evidence import Evidence
+from .workdir import Workdir, locate, part_name, part_starts
+
+__all__ = ["apart_in_groups", "apart_reason", "possible_victims", "targeted", "victim_reason"]
+
+
+def possible_victims(
+    wd: Workdir, evidence: Evidence, above: np.ndarray, condemned: np.ndarray, bar: float
+) -> tuple[dict[int, str], dict[int, tuple[str, float, float]]]:
+    """The chunks shown as possible victims of a planted set, :func:`targeted` and
+    :func:`apart_in_groups` (``above``: scored past the threshold), none of a ``condemned``
+    source: such a chunk is the attacker's, not an honest victim of its groups."""
+    near = {i: g for i, g in targeted(evidence, above).items() if not condemned[i]}
+    apart = apart_in_groups(wd, evidence, above, bar)
+    return near, {i: found for i, found in apart.items() if not condemned[i]}
+
+
+def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
+    """Suspicious chunks in no near-duplicate group but next to a group most of whose members
+    are suspicious, with that group's id: as often the honest passage a planted set targets (its
+    victim) as a planted one, and shown so, never deleted on that evidence alone."""
+    if evidence.near is None or not len(evidence.groups):
+        return {}
+    grouped = evidence.group_of >= 0
+    planted_like = _mostly(evidence, suspicious)
+    out: dict[int, str] = {}
+    for i in np.flatnonzero(suspicious & ~grouped):
+        near = evidence.near[i][evidence.near[i] >= 0]
+        hits = [g for g in evidence.group_of[near] if g >= 0 and planted_like[g]]
+        if hits:
+            out[int(i)] = evidence.groups[int(hits[0])]["id"]
+    return out
+
+
+def victim_reason(group: str | None) -> list[str]:
+    """Why a chunk :func:`targeted` names may be an honest victim (none when it is not)."""
+    if group is None:
+        return []
+    return [
+        f"in no near-duplicate group, next to group {group} (most of it suspicious): it may be "
+        "the honest passage that group targets; check it before removing it"
+    ]
+
+
+def apart_in_groups(
+    wd: Workdir, evidence: Evidence, suspicious: np.ndarray, bar: float
+) -> dict[int, tuple[str, float, float]]:
+    """Per position: the member of a near-duplicate group of three or more, most of it
+    suspicious, that the others agree with least, where they agree among themselves by ``bar``
+    (mean cosine) or more above their agreement with it: ``(group id, its mean cosine to the
+    others, theirs among themselves)``. A planted set is written from one template or one
+    prompt; the honest passage whose subject it copies joins its group without its wording.
+    Reads the members' vectors only (``bar <= 0``: none)."""
+    if bar <= 0 or not len(evidence.groups):
+        return {}
+    sizes = np.bincount(evidence.group_of[evidence.group_of >= 0], minlength=len(evidence.groups))
+    chosen = np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious))
+    members = {g: np.flatnonzero(evidence.group_of == g) for g in chosen}
+    vectors = _vectors(wd, sorted(int(i) for m in members.values() for i in m))
+    out: dict[int, tuple[str, float, float]] = {}
+    for g, positions in members.items():
+        unit = np.stack([vectors[int(i)] for i in positions])
+        sim = unit @ unit.T
+        n = len(positions)
+        total = sim.sum() - np.trace(sim)
+        to_others = (sim.sum(axis=1) - np.diag(sim)) / (n - 1)
+        among = (total - 2 * to_others * (n - 1)) / ((n - 1) * (n - 2))
+        k = int(np.argmax(among - to_others))
+        if among[k] - to_others[k] >= bar:
+            out[int(positions[k])] = (
+                evidence.groups[g]["id"],
+                float(to_others[k]),
+                float(among[k]),
+            )
+    return out
+
+
+def apart_reason(found: tuple[str, float, float]) -> str:
+    """Why :func:`apart_in_groups` named a chunk."""
+    group, mine, theirs = found
+    return (
+        f"stands apart in group {group}: mean cosine {mine:.2f} to the others, who agree "
+        f"{theirs:.2f} among themselves; it shares their subject, not their wording: it may be "
+        "the honest passage that group targets; check it before removing it"
+    )
+
+
+def _mostly(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray:
+    """Per group: whether at least half of its members are suspicious."""
+    grouped = evidence.group_of >= 0
+    n_groups = len(evidence.groups)
+    members = np.bincount(evidence.group_of[grouped], minlength=n_groups)
+    flagged = np.bincount(evidence.group_of[grouped & suspicious], minlength=n_groups)
+    out: np.ndarray = flagged * 2 >= np.maximum(members, 1)
+    return out
+
+
+def _vectors(wd: Workdir, positions: list[int]) -> dict[int, np.ndarray]:
+    """The stored unit vectors of chunk ``positions`` (sorted), part by part."""
+    starts = part_starts(wd.noted("part_sizes"))
+    out: dict[int, np.ndarray] = {}
+    loaded: tuple[int, np.ndarray] | None = None
+    for i in positions:
+        part, offset = locate(starts, i)
+        if loaded is None or loaded[0] != part:
+            loaded = (part, wd.read_array(f"{part_name('chunks', part)}.npy"))
+        out[i] = np.asarray(loaded[1][offset], dtype=float)
+    return out
