@@ -338,7 +338,7 @@ def store_cases(
                 links.append(r.sources[j] if r.sources else f"https://gold-{len(texts)}.example/")
                 reference.append(not r.sources)
     benign = len(texts)
-    extra = [t for r in records for t in (planted or {}).get((r.dataset, r.id), ())]
+    extra = [t for r in records for t in (planted or {}).get((r.dataset, r.id), ()) if t.strip()]
     for j, text in enumerate(extra):
         seen.setdefault(text, len(texts))  # a planted text also found benign stays benign
         if seen[text] == len(texts):

@@ -199,6 +199,35 @@ def test_the_honest_passage_inside_a_planted_group_is_named_its_victim(tmp_path:
     assert "truth" in {f.id for f in off.suspicious} and off.stats["possible_victims"] == 0
 
 
+def test_the_member_named_apart_is_a_suspect_the_others_agree_with_least(tmp_path: Path) -> None:
+    """On fixed vectors in two parts: in a group of four, three agree (cosine 1 among them) and
+    the fourth sits at 0.8 to each: it is named with those means; not when it is no suspect,
+    nor in a group most of which is not suspicious, nor below the bar."""
+    from ragdefense.auditing.evidence import Evidence
+    from ragdefense.auditing.victims import apart_in_groups
+    from ragdefense.auditing.workdir import Workdir
+
+    a, b = np.eye(3)[0], np.eye(3)[1]
+    apart = 0.8 * a + 0.6 * b  # cosine 0.8 to a
+    vectors = np.array([b, a, a, a, apart, b])  # positions 1-4: the group; 0 and 5 outside
+    wd = Workdir(tmp_path)
+    wd.write_json("manifest.json", {"part_sizes": [3, 3]})
+    wd.write_array("chunks/00000.npy", vectors[:3])
+    wd.write_array("chunks/00001.npy", vectors[3:])
+    group_of = np.array([-1, 0, 0, 0, 0, -1])
+    evidence = Evidence(np.zeros(6), {}, np.zeros(6), group_of, [{"id": "g0"}], None, None)
+    every = np.array([False, True, True, True, True, False])
+    found = apart_in_groups(wd, evidence, every, 0.05)
+    assert list(found) == [4] and found[4][0] == "g0"
+    assert found[4][1:] == pytest.approx((0.8, 1.0))
+    assert apart_in_groups(wd, evidence, every, 0.25) == {}  # 0.2 apart: below the bar
+    not_it = every.copy()
+    not_it[4] = False
+    assert apart_in_groups(wd, evidence, not_it, 0.05) == {}  # a label for suspects only
+    few = np.array([False, False, False, False, True, False])
+    assert apart_in_groups(wd, evidence, few, 0.05) == {}  # less than half the group is suspicious
+
+
 def _orthogonal(rng: np.random.Generator, v: np.ndarray) -> np.ndarray:
     """A random unit vector orthogonal to ``v``."""
     u = rng.normal(size=v.shape)

@@ -107,7 +107,8 @@ def store_lines(
         *markdown_table(clean_header, clean),
         "",
         'The same store with one planted passage per question (column "one store, 1 planted"; '
-        "every question's at once, from one attacker host): poison share of the context / "
+        "every question's at once, from one attacker host, and another question's planted "
+        "passage in a pool counts as poison too): poison share of the context / "
         f"share whose context holds an answer; {tuning} by dataset at context 4, then every "
         "dataset: the held-out families at context 4, and "
         f"{tuning} at context 2:",

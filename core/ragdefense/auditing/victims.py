@@ -56,17 +56,20 @@ def victim_reason(group: str | None) -> list[str]:
 def apart_in_groups(
     wd: Workdir, evidence: Evidence, suspicious: np.ndarray, bar: float
 ) -> dict[int, tuple[str, float, float]]:
-    """Per position: the member of a near-duplicate group of three or more, most of it
-    suspicious, that the others agree with least, where they agree among themselves by ``bar``
-    (mean cosine) or more above their agreement with it: ``(group id, its mean cosine to the
-    others, theirs among themselves)``. A planted set is written from one template or one
-    prompt; the honest passage whose subject it copies joins its group without its wording.
-    Reads the members' vectors only (``bar <= 0``: none)."""
+    """Per position: the suspicious member of a near-duplicate group of three or more, most of
+    it suspicious, that the others agree with least, where they agree among themselves by
+    ``bar`` (mean cosine) or more above their agreement with it: ``(group id, its mean cosine
+    to the others, theirs among themselves)``. A planted set is written from one template or
+    one prompt; the honest passage whose subject it copies joins its group without its
+    wording. Reads the members' vectors only (``bar <= 0``: none)."""
     if bar <= 0 or not len(evidence.groups):
         return {}
-    sizes = np.bincount(evidence.group_of[evidence.group_of >= 0], minlength=len(evidence.groups))
-    chosen = np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious))
-    members = {g: np.flatnonzero(evidence.group_of == g) for g in chosen}
+    group_of = evidence.group_of
+    sizes = np.bincount(group_of[group_of >= 0], minlength=len(evidence.groups))
+    chosen = set(np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious)).tolist())
+    order = np.argsort(group_of, kind="stable")  # members of each group together, one pass
+    bounds = np.searchsorted(group_of[order], np.arange(len(sizes) + 1))
+    members = {g: order[bounds[g] : bounds[g + 1]] for g in sorted(chosen)}
     vectors = _vectors(wd, sorted(int(i) for m in members.values() for i in m))
     out: dict[int, tuple[str, float, float]] = {}
     for g, positions in members.items():
@@ -77,7 +80,7 @@ def apart_in_groups(
         to_others = (sim.sum(axis=1) - np.diag(sim)) / (n - 1)
         among = (total - 2 * to_others * (n - 1)) / ((n - 1) * (n - 2))
         k = int(np.argmax(among - to_others))
-        if among[k] - to_others[k] >= bar:
+        if among[k] - to_others[k] >= bar and suspicious[positions[k]]:
             out[int(positions[k])] = (
                 evidence.groups[g]["id"],
                 float(to_others[k]),
