@@ -370,7 +370,7 @@ def _report(
                 suspicious=bool(above[i]),
                 reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
                 + victim_reason(victims.get(i))
-                + ([apart_reason(apart[i])] if i in apart else []),
+                + apart_reason(apart.get(i)),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),

@@ -27,14 +27,13 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
-from itertools import pairwise
 from typing import Any
 
 import numpy as np
 
 from ..similarity import unit_rows
 from .steps import _EF_SEARCH, _index_file, _search_file, _Shard, write_routed
-from .workdir import Workdir, part_name, part_starts, route_file
+from .workdir import Workdir, part_name, part_starts, route_file, rows_at
 
 __all__ = [
     "RecheckStep",
@@ -93,11 +92,7 @@ def centroids(wd: Workdir, sizes: list[int], n_shards: int, seed: int = 0) -> np
     starts = part_starts(sizes)
     want = min(starts[-1], max(n_shards, min(_MAX_SAMPLE, _SAMPLE_PER_SHARD * n_shards)))
     chosen = np.sort(rng.choice(starts[-1], size=want, replace=False))
-    bounds = np.searchsorted(chosen, starts)
-    sample = np.concatenate([
-        np.asarray(wd.read_array(f"{part_name('chunks', part)}.npy"))[chosen[a:b] - starts[part]]
-        for part, (a, b) in enumerate(pairwise(bounds)) if b > a
-    ]).astype(np.float32)  # fmt: skip
+    sample = rows_at(wd, "chunks", sizes, chosen).astype(np.float32)
     centres = sample[rng.choice(len(sample), size=n_shards, replace=False)].copy()
     cell = nearest_shards(sample, centres, 1)[:, 0]
     for _ in range(_ITERATIONS):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import numpy as np
 
 from .evidence import Evidence
-from .workdir import Workdir, locate, part_name, part_starts
+from .workdir import Workdir, rows_at
 
 __all__ = ["apart_in_groups", "apart_reason", "possible_victims", "targeted", "victim_reason"]
 
@@ -70,10 +70,13 @@ def apart_in_groups(
     order = np.argsort(group_of, kind="stable")  # members of each group together, one pass
     bounds = np.searchsorted(group_of[order], np.arange(len(sizes) + 1))
     members = {g: order[bounds[g] : bounds[g + 1]] for g in sorted(chosen)}
-    vectors = _vectors(wd, sorted(int(i) for m in members.values() for i in m))
+    if not members:
+        return {}
+    every = np.sort(np.concatenate(list(members.values())))
+    vectors = np.asarray(rows_at(wd, "chunks", wd.noted("part_sizes"), every), dtype=float)
     out: dict[int, tuple[str, float, float]] = {}
     for g, positions in members.items():
-        unit = np.stack([vectors[int(i)] for i in positions])
+        unit = vectors[np.searchsorted(every, positions)]
         sim = unit @ unit.T
         n = len(positions)
         total = sim.sum() - np.trace(sim)
@@ -89,14 +92,16 @@ def apart_in_groups(
     return out
 
 
-def apart_reason(found: tuple[str, float, float]) -> str:
-    """Why :func:`apart_in_groups` named a chunk."""
+def apart_reason(found: tuple[str, float, float] | None) -> list[str]:
+    """Why :func:`apart_in_groups` named a chunk (none when it did not)."""
+    if found is None:
+        return []
     group, mine, theirs = found
-    return (
+    return [
         f"stands apart in group {group}: mean cosine {mine:.2f} to the others, who agree "
         f"{theirs:.2f} among themselves; it shares their subject, not their wording: it may be "
         "the honest passage that group targets; check it before removing it"
-    )
+    ]
 
 
 def _mostly(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray:
@@ -106,17 +111,4 @@ def _mostly(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray:
     members = np.bincount(evidence.group_of[grouped], minlength=n_groups)
     flagged = np.bincount(evidence.group_of[grouped & suspicious], minlength=n_groups)
     out: np.ndarray = flagged * 2 >= np.maximum(members, 1)
-    return out
-
-
-def _vectors(wd: Workdir, positions: list[int]) -> dict[int, np.ndarray]:
-    """The stored unit vectors of chunk ``positions`` (sorted), part by part."""
-    starts = part_starts(wd.noted("part_sizes"))
-    out: dict[int, np.ndarray] = {}
-    loaded: tuple[int, np.ndarray] | None = None
-    for i in positions:
-        part, offset = locate(starts, i)
-        if loaded is None or loaded[0] != part:
-            loaded = (part, wd.read_array(f"{part_name('chunks', part)}.npy"))
-        out[i] = np.asarray(loaded[1][offset], dtype=float)
     return out

@@ -24,7 +24,7 @@ import zipfile
 from bisect import bisect_right
 from collections.abc import Iterator
 from functools import lru_cache
-from itertools import accumulate
+from itertools import accumulate, pairwise
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,7 @@ __all__ = [
     "part_starts",
     "part_texts",
     "route_file",
+    "rows_at",
 ]
 
 #: the key of the manifest that says "this folder holds a ragdefense audit"
@@ -232,3 +233,14 @@ def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
     path = workdir.path / f"{part_name('chunks', part)}.json"
     stat = path.stat()
     return _part_texts(str(path), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+
+
+def rows_at(wd: Workdir, kind: str, sizes: list[int], positions: np.ndarray) -> np.ndarray:
+    """The stored vectors of ``kind`` (``chunks``, ``probes``) at sorted ``positions``, read part
+    by part (memory: those rows only; at least one position)."""
+    starts = part_starts(sizes)
+    bounds = np.searchsorted(positions, starts)
+    return np.concatenate([
+        np.asarray(wd.read_array(f"{part_name(kind, part)}.npy"))[positions[a:b] - starts[part]]
+        for part, (a, b) in enumerate(pairwise(bounds)) if b > a
+    ])  # fmt: skip
