@@ -353,7 +353,7 @@ def test_a_shard_index_built_block_by_block_holds_every_vector_once(
     audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", index="flat", part_size=16)
     wd = Workdir(tmp_path / "w")
     sizes = wd.noted("part_sizes")
-    shard = steps._Shard(wd, range(len(sizes)), sizes, "flat")
+    shard = steps.ShardIndex(wd, range(len(sizes)), sizes, "flat")
     assert shard.faiss.ntotal == len(texts) == shard.size and len(shard.vectors) == 0
     every = np.concatenate([wd.read_array(f"{part_name('chunks', p)}.npy") for p in range(3)])
     sims, positions = shard.search(every, 5)

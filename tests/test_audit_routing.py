@@ -14,7 +14,7 @@ from benchmarks.settings.audit_scale import SyntheticCorpus, neighbour_recall
 from ragdefense import CallableEmbedder
 from ragdefense.auditing import AuditSettings, ListCorpus, Scoring, audit
 from ragdefense.auditing.routing import centroids, nearest_shards
-from ragdefense.auditing.steps import _Shard, shard_hits
+from ragdefense.auditing.steps import ShardIndex, shard_hits
 from ragdefense.auditing.workdir import Workdir, part_name, route_file
 from tests.conftest import bag_of_words
 from tests.test_audit import toy_corpus
@@ -42,7 +42,7 @@ def test_routed_shards_partition_the_chunks_and_a_shard_searches_only_its_own(
     centres = np.asarray(wd.read_array("route/centroids.npy"))
     assert centres.shape == (4, wd.noted("dim"))
     np.testing.assert_allclose(np.linalg.norm(centres, axis=1), 1, atol=1e-5)
-    shards = [_Shard(wd, range(len(sizes)), sizes, "flat", cell) for cell in range(4)]
+    shards = [ShardIndex(wd, range(len(sizes)), sizes, "flat", cell) for cell in range(4)]
     held = np.concatenate([s.ids for s in shards if s.ids is not None])
     assert sorted(held.tolist()) == list(range(len(texts)))  # every chunk in exactly one shard
     every = np.concatenate([wd.read_array(f"{part_name('chunks', p)}.npy") for p in range(2)])
@@ -200,13 +200,13 @@ def test_a_saved_hnsw_index_is_read_back_for_the_recheck_then_removed(
     pytest.importorskip("faiss")
     texts, ids, planted = toy_corpus()
     built: list[bool] = []
-    original = steps._Shard.__init__
+    original = steps.ShardIndex.__init__
 
     def spy(self: Any, *args: Any, **kwargs: Any) -> None:
         built.append(kwargs.get("build", args[5] if len(args) > 5 else True))
         original(self, *args, **kwargs)
 
-    monkeypatch.setattr(steps._Shard, "__init__", spy)
+    monkeypatch.setattr(steps.ShardIndex, "__init__", spy)
     report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
                    shards=4, route=1, index="hnsw")  # fmt: skip
     assert {f.id for f in report.top(len(planted))} == planted

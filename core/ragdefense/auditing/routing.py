@@ -32,8 +32,16 @@ from typing import Any
 import numpy as np
 
 from ..similarity import unit_rows
-from .steps import _EF_SEARCH, _index_file, _search_file, _Shard, write_routed
-from .workdir import Workdir, part_name, part_starts, route_file, rows_at
+from .steps import EF_SEARCH, ShardIndex, write_routed
+from .workdir import (
+    Workdir,
+    index_file,
+    part_name,
+    part_starts,
+    route_file,
+    rows_at,
+    search_file,
+)
 
 __all__ = [
     "RecheckStep",
@@ -175,7 +183,7 @@ class RecheckStep:
         starts = part_starts(wd.noted("part_sizes"))
         bounds = np.searchsorted(suspects, starts)
         parts = np.flatnonzero(bounds[1:] > bounds[:-1]).tolist()
-        built: _Shard | None = None  # built (or read back) on the first row to search
+        built: ShardIndex | None = None  # built (or read back) on the first row to search
         total = 0
         for first in range(0, len(parts), _RECHECK_PARTS):  # a few searches, not one a part
             todo = []  # (hit file, its hits, the rows to search, their vectors)
@@ -183,7 +191,7 @@ class RecheckStep:
                 rows = suspects[bounds[part] : bounds[part + 1]] - starts[part]
                 routes = np.asarray(wd.read_array(route_file("chunks", part)))[rows]
                 rows = rows[~(routes == shard).any(axis=1)]  # not routed here
-                name = _search_file(shard, self.n_shards, "chunks", part)
+                name = search_file(shard, self.n_shards, "chunks", part)
                 hits = wd.read_arrays(name)
                 rows = rows[~np.isin(rows, hits["rows"])]  # nor searched by an earlier recheck
                 if len(rows):
@@ -209,16 +217,16 @@ class RecheckStep:
         wd.write_json(self.output(shard), {"rechecked": total})
         return total
 
-    def _index(self, wd: Workdir, shard: int) -> _Shard:
+    def _index(self, wd: Workdir, shard: int) -> ShardIndex:
         """The shard's index: the HNSW index its search saved, else built again."""
         sizes = wd.noted("part_sizes")
-        saved = wd.path / _index_file(shard, self.n_shards)
-        built = _Shard(wd, range(len(sizes)), sizes, self.index, shard, not saved.is_file())
+        saved = wd.path / index_file(shard, self.n_shards)
+        built = ShardIndex(wd, range(len(sizes)), sizes, self.index, shard, not saved.is_file())
         if saved.is_file():
             import faiss
 
             built.faiss = faiss.read_index(str(saved))
-            built.faiss.hnsw.efSearch = _EF_SEARCH
+            built.faiss.hnsw.efSearch = EF_SEARCH
         return built
 
 

@@ -22,20 +22,33 @@ import numpy as np
 
 from ..embedders import Embedder
 from ..similarity import unit_rows
-from .workdir import Workdir, locate, part_name, part_starts, part_texts, route_file
+from .workdir import (
+    Workdir,
+    index_file,
+    locate,
+    part_name,
+    part_starts,
+    part_texts,
+    route_file,
+    search_file,
+)
 
 __all__ = [
+    "EF_SEARCH",
     "DefendStep",
     "EmbedStep",
     "SearchStep",
+    "ShardIndex",
     "ShardSearchStep",
     "merged_hits",
+    "shard_hits",
     "shard_parts",
     "unit",
+    "write_routed",
 ]
 
 _ADD_BLOCK = 65_536  # vectors handed to FAISS at once while a shard's index is built
-_EF_SEARCH = 64  # HNSW's search width
+EF_SEARCH = 64  # HNSW's search width
 _CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shard indexes
 
 
@@ -89,7 +102,7 @@ class EmbedStep:
         return len(texts)
 
 
-class _Shard:
+class ShardIndex:
     """The vectors of some chunk parts, searchable: FAISS (flat inner product, or HNSW for
     large shards) when installed, else exact numpy blocks. Routed (``cell`` given), only the
     rows of those parts whose own shard is ``cell``."""
@@ -134,7 +147,7 @@ class _Shard:
             # wider search (efSearch) on FAISS's default graph still misses, at less search time.
             self.faiss = faiss.IndexHNSWFlat(dim, 32, faiss.METRIC_INNER_PRODUCT)
             self.faiss.hnsw.efConstruction = 100
-            self.faiss.hnsw.efSearch = _EF_SEARCH
+            self.faiss.hnsw.efSearch = EF_SEARCH
         else:
             self.faiss = faiss.IndexFlatIP(dim)
         pending: list[np.ndarray] = []  # added a block at a time: FAISS keeps the only copy
@@ -182,7 +195,7 @@ class SearchStep:
 
     def output(self, part: int) -> str:
         """The file this step writes for ``part``."""
-        return _search_file(self.shard, self.n_shards, self.kind, part)
+        return search_file(self.shard, self.n_shards, self.kind, part)
 
     def key(self, run: str) -> tuple[Any, ...]:
         """Where this process keeps the shard's index (one per audit run, shard and kind of
@@ -199,11 +212,11 @@ class SearchStep:
         if key not in _CACHE:
             sizes = wd.noted("part_sizes")
             if self.route:
-                _CACHE[key] = _Shard(wd, range(len(sizes)), sizes, self.index, self.shard)
+                _CACHE[key] = ShardIndex(wd, range(len(sizes)), sizes, self.index, self.shard)
             else:
-                _CACHE[key] = _Shard(wd, shard_parts(len(sizes), self.n_shards, self.shard),
+                _CACHE[key] = ShardIndex(wd, shard_parts(len(sizes), self.n_shards, self.shard),
                                      sizes, self.index)  # fmt: skip
-        shard: _Shard = _CACHE[key]
+        shard: ShardIndex = _CACHE[key]
         vectors = [np.asarray(wd.read_array(f"{part_name(self.kind, p)}.npy")) for p in parts]
         if not self.route:
             for part, queries in zip(parts, vectors, strict=True):
@@ -260,15 +273,11 @@ class ShardSearchStep:
             done = int(sum(step.batch(parts) for step, parts in progress_bar(todo, desc)))
             built = _CACHE.get(steps[0].key(wd.run))
             if self.route and self.index == "hnsw" and built is not None and built.faiss:
-                _save_index(wd, _index_file(shard, self.n_shards), built.faiss)  # for recheck
+                _save_index(wd, index_file(shard, self.n_shards), built.faiss)  # for recheck
         finally:  # the index is this shard's: free it for the next, also after a failure
             _CACHE.pop(steps[0].key(wd.run), None)
         wd.write_json(self.output(shard), {"searched": done})
         return done
-
-
-def _index_file(shard: int, n_shards: int) -> str:
-    return f"search/{shard}-of-{n_shards}/index.faiss"
 
 
 def _save_index(wd: Workdir, name: str, index: Any) -> None:
@@ -277,12 +286,6 @@ def _save_index(wd: Workdir, name: str, index: Any) -> None:
 
     writer = faiss.PyCallbackIOWriter  # type: ignore[attr-defined]  # not in FAISS's stubs
     wd.write_stream(name, lambda f: faiss.write_index(index, writer(f.write)))
-
-
-def _search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
-    """Where a shard's hits for a part are kept (a resumed audit with another number of
-    shards writes new files instead of mixing)."""
-    return f"search/{shard}-of-{n_shards}/{kind}-{part:05d}.npz"
 
 
 def write_routed(
@@ -307,7 +310,7 @@ def shard_hits(wd: Workdir, name: str) -> tuple[np.ndarray, np.ndarray]:
 
 def merged_hits(wd: Workdir, kind: str, part: int, n_shards: int, k: int) -> tuple[Any, Any]:
     """A part's top ``k`` over every shard: (similarities, global positions), best first."""
-    found = [shard_hits(wd, _search_file(s, n_shards, kind, part)) for s in range(n_shards)]
+    found = [shard_hits(wd, search_file(s, n_shards, kind, part)) for s in range(n_shards)]
     sims = np.concatenate([f[0] for f in found], axis=1)
     positions = np.concatenate([f[1] for f in found], axis=1)
     sims = np.where(positions >= 0, sims, -np.inf)

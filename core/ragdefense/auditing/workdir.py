@@ -34,12 +34,14 @@ __all__ = [
     "AUDIT_ENTRIES",
     "MARKER",
     "Workdir",
+    "index_file",
     "locate",
     "part_name",
     "part_starts",
     "part_texts",
     "route_file",
     "rows_at",
+    "search_file",
 ]
 
 #: the key of the manifest that says "this folder holds a ragdefense audit"
@@ -66,6 +68,17 @@ def route_file(kind: str, part: int) -> str:
     """Where the routes of a part of ``kind`` (``chunks`` or ``probes``) are kept (routed
     search: :mod:`ragdefense.auditing.routing`)."""
     return f"route/{kind}-{part:05d}.npy"
+
+
+def index_file(shard: int, n_shards: int) -> str:
+    """Where a routed shard's FAISS index is saved (read back by the recheck)."""
+    return f"search/{shard}-of-{n_shards}/index.faiss"
+
+
+def search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
+    """Where a shard's hits for a part are kept (a resumed audit with another number of
+    shards writes new files instead of mixing)."""
+    return f"search/{shard}-of-{n_shards}/{kind}-{part:05d}.npz"
 
 
 def part_starts(sizes: list[int]) -> list[int]:
