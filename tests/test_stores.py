@@ -81,6 +81,33 @@ def test_langchain_one_line_defense_reuses_the_stored_vectors(
     assert docs and not any(d.page_content in POISON for d in docs)
 
 
+@pytest.mark.parametrize("kind", ["chroma", "faiss"])
+def test_stored_vectors_stay_each_documents_own_after_edits(
+    kind: str, minilm: Any, tmp_path: Path
+) -> None:
+    """A delete then an add leaves a FAISS store as large as before, its positions shifted: the
+    vectors read back are still each document's own. An id asked twice (one document retrieved
+    twice) is read, not refused."""
+    import numpy as np
+    from langchain_core.documents import Document
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from langchain_ragdefense.vectors import stored_vectors
+
+    embeddings = RagdefenseEmbeddings(minilm)
+    store = _lc_store(kind, embeddings, tmp_path)
+    stored_vectors(store, store.similarity_search(QUESTION.question, k=8))  # cached positions
+    first = store.similarity_search(TEXTS[0], k=1)[0]
+    store.delete([first.id])
+    store.add_documents([Document("A passage about volcanoes in Iceland.")])
+    pool = store.similarity_search(QUESTION.question, k=8)
+    pool.append(pool[0])
+    got = stored_vectors(store, pool)
+    own = embeddings.embed_documents([d.page_content for d in pool])
+    pairs = zip(got, own, strict=True)
+    assert all(g is not None and np.allclose(g, t, atol=1e-4) for g, t in pairs)
+
+
 @pytest.mark.parametrize("kind", ["simple", "chroma"])
 def test_llamaindex_postprocessor_reuses_the_stored_vectors(
     kind: str, minilm: Any, tmp_path: Path

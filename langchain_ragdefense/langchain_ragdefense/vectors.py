@@ -22,10 +22,8 @@ from ._private import chroma_collection
 
 __all__ = ["StoreCorpus", "store_corpus", "store_kind", "stored_vectors"]
 
-# FAISS store -> (entries when built, docstore id -> index position): rebuilt only when it grows
-_FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[int, dict[str, int]]] = (
-    weakref.WeakKeyDictionary()
-)
+# FAISS store -> docstore id -> index position, rebuilt when a looked-up id is not where it says
+_FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
 
 
 def stored_vectors(store: VectorStore, documents: Sequence[Document]) -> list[Any | None]:
@@ -53,19 +51,21 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
         got = store.get(ids=ids, include=["embeddings"])
         return dict(zip(got["ids"], got["embeddings"], strict=True))
     if kind == "faiss":
-        position = _faiss_positions(store)  # its index and id map are public attributes
+        position = _faiss_positions(store, ids)  # its index and id map are public attributes
         return {i: store.index.reconstruct(position[i]) for i in ids if i in position}
     return None
 
 
-def _faiss_positions(store: Any) -> dict[str, int]:
-    """Docstore id -> index position of a FAISS store, kept between queries."""
+def _faiss_positions(store: Any, ids: list[str]) -> dict[str, int]:
+    """Docstore id -> index position of a FAISS store, kept between queries and built again
+    when any of ``ids`` is missing or no longer where it says (a delete shifts the positions
+    after it, and an add can restore the count)."""
     entries = store.index_to_docstore_id
     known = _FAISS_POSITIONS.get(store)
-    if known is None or known[0] != len(entries):
-        known = (len(entries), {doc_id: pos for pos, doc_id in entries.items()})
+    if known is None or any(entries.get(known.get(i, -1)) != i for i in ids):
+        known = {doc_id: pos for pos, doc_id in entries.items()}
         _FAISS_POSITIONS[store] = known
-    return known[1]
+    return known
 
 
 class StoreCorpus:

@@ -24,7 +24,7 @@ def stored_vectors(
     is the adapter's reader for the stores it knows, returning ``None`` for a store it does not.
     Where no vector can be read the defense embeds the passages itself, and a warning says so
     once per store type."""
-    wanted = [i for i in ids if i]
+    wanted = list(dict.fromkeys(i for i in ids if i))  # a store may refuse an id twice
     try:
         found = lookup(store, wanted)
         why = "it is not one whose vectors ragdefense can read"
