@@ -771,15 +771,19 @@ def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path:
             enumerate(texts)]  # fmt: skip
     client = chromadb.PersistentClient(path=str(tmp_path / "chroma"))
     lc = RagdefenseEmbeddings(minilm)
+    nodes = [  # the source is not embedded (LlamaIndex embeds metadata unless told not to)
+        TextNode(text=t, metadata=m, excluded_embed_metadata_keys=["source"])
+        for t, m in zip(texts, meta, strict=True)
+    ]
     stores: list[Any] = [
         InMemoryVectorStore.from_texts(texts, lc, metadatas=meta),
         Chroma.from_texts(texts, lc, metadatas=meta, client=client, collection_name="lc-kb"),
         VectorStoreIndex(
-            [TextNode(text=t, metadata=m) for t, m in zip(texts, meta, strict=True)],
+            nodes,
             embed_model=RagdefenseEmbedding(minilm),
         ),
         VectorStoreIndex(
-            [TextNode(text=t, metadata=m) for t, m in zip(texts, meta, strict=True)],
+            nodes,
             storage_context=StorageContext.from_defaults(
                 vector_store=ChromaVectorStore(client.get_or_create_collection("li-kb"))
             ),

@@ -6,7 +6,7 @@ from typing import Any
 from uuid import UUID
 
 import pytest
-from langchain_core.callbacks import BaseCallbackHandler
+from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import FakeListChatModel
@@ -304,3 +304,58 @@ def test_defend_fetches_the_defense_pool_and_returns_k(toy_embedder: Any) -> Non
         assert asked[-1] == 20
     finally:
         type(store).similarity_search = original  # type: ignore[method-assign]
+
+
+class _OwnK(BaseRetriever):
+    """A retriever with its own ``k`` that drops a ``k`` passed per call (as BM25's and
+    TF-IDF's do)."""
+
+    store: Any
+    k: int = 4
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return self.store.similarity_search(query, k=self.k)  # type: ignore[no-any-return]
+
+
+class _Fixed(BaseRetriever):
+    """A retriever that cannot be asked for more: it returns what it was given."""
+
+    docs: list[Document]
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return list(self.docs)
+
+
+@pytest.mark.slow
+def test_defend_widens_retrievers_with_their_own_k_and_mmr(store: InMemoryVectorStore) -> None:
+    """A retriever with its own ``k`` is asked for the pool through a copy (a ``k`` passed per
+    call is dropped); an MMR retriever for MMR over exactly the pool (MMR over more candidates
+    spreads the planted near-copies out of the defense's sight); one that cannot be widened
+    warns that the defense sees too few documents."""
+    own = _OwnK(store=store)
+    mmr = store.as_retriever(search_type="mmr")
+    for retriever in (own, mmr):
+        assert poison(retriever.invoke(QUESTION.question)) >= 1  # the attack works
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+            docs = defend(retriever).invoke(QUESTION.question)
+        assert 1 <= len(docs) <= 4 and poison(docs) == 0
+    assert own.k == 4 and mmr.search_kwargs == {}  # the caller's retrievers are not changed
+    few = _Fixed(docs=store.similarity_search(QUESTION.question, k=4))
+    with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8"):
+        defend(few, k=2).invoke(QUESTION.question)
+
+
+@pytest.mark.slow
+def test_defend_with_other_embeddings_than_the_store(embeddings: RagdefenseEmbeddings) -> None:
+    """``embeddings`` other than the store's embed the retrieved documents themselves: the
+    store's vectors are another space (here another size)."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    docs = [Document(text, metadata=meta) for text, meta in demo_documents()]
+    other = InMemoryVectorStore.from_documents(docs, DeterministicFakeEmbedding(size=64))
+    assert defend(other.as_retriever(), embeddings=embeddings).invoke(QUESTION.question)

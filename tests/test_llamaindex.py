@@ -7,6 +7,7 @@ from typing import Any
 
 import pytest
 from llama_index.core import VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.llms import CompletionResponse, CompletionResponseGen, CustomLLM, LLMMetadata
@@ -24,7 +25,7 @@ from llama_index.postprocessor.ragdefense import (
     defend,
 )
 from ragdefense import DefenseFailed
-from ragdefense.data import load_demo_kb
+from ragdefense.data import demo_documents, load_demo_kb
 
 KB = load_demo_kb()
 QUESTION = KB[1]  # capital of Australia
@@ -73,10 +74,18 @@ def embed(minilm: Any) -> RagdefenseEmbedding:
 
 @pytest.fixture(scope="module")
 def index(embed: RagdefenseEmbedding) -> VectorStoreIndex:
-    nodes = []
-    for q in KB:
-        nodes += [TextNode(text=t, metadata={"q": q.id, "poison": False}) for t in q.benign]
-        nodes += [TextNode(text=t, metadata={"q": q.id, "poison": True}) for t in q.poison]
+    # as a reader writes them: a source per node (the demo's benign passages come from reference
+    # sites, its planted ones from one upload), kept out of the embedded and prompted text (the
+    # labels must not reach the vectors the defense compares)
+    nodes = [
+        TextNode(
+            text=text,
+            metadata=meta,
+            excluded_embed_metadata_keys=list(meta),
+            excluded_llm_metadata_keys=list(meta),
+        )
+        for text, meta in demo_documents()
+    ]
     return VectorStoreIndex(nodes, embed_model=embed)
 
 
@@ -332,3 +341,55 @@ def test_defend_retriever_bad_arguments(toy_embedder: Any) -> None:
     with pytest.raises(ValueError, match="unknown defense"):
         defend(index, "nope")
     assert defend(index, "grada", k=2, fetch_k=3).fetch_k == 3
+
+
+class _Fixed(BaseRetriever):
+    """A retriever with no ``similarity_top_k``: it returns what it was given."""
+
+    def __init__(self, nodes: list[NodeWithScore]) -> None:
+        self.nodes = nodes
+        super().__init__()
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        return list(self.nodes)
+
+
+@pytest.mark.slow
+def test_defend_widens_fusion_and_mmr_retrievers(index: VectorStoreIndex) -> None:
+    """A fusion retriever's own retrievers fetch the pool too, and an MMR retriever is asked for
+    the similarity pool (MMR spreads the planted near-copies out of the defense's sight); a
+    retriever that cannot be widened warns that the defense sees too few nodes."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.retrievers import QueryFusionRetriever
+
+    inner = index.as_retriever(similarity_top_k=4)
+    fusion = QueryFusionRetriever(
+        [inner], llm=MockLLM(), num_queries=1, similarity_top_k=4, use_async=False
+    )
+    mmr = index.as_retriever(vector_store_query_mode="mmr", similarity_top_k=4)
+    for retriever in (fusion, mmr):
+        assert poison(retriever.retrieve(QUESTION.question)) >= 2  # the attack works
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+            nodes = defend(retriever).retrieve(QUESTION.question)
+        assert 1 <= len(nodes) <= 4 and poison(nodes) == 0
+    assert inner.similarity_top_k == 4 and fusion.similarity_top_k == 4  # type: ignore[attr-defined]
+    four = index.as_retriever(similarity_top_k=4).retrieve(QUESTION.question)
+    with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8"):
+        defend(_Fixed(four), k=2).retrieve(QUESTION.question)
+    # the pool a retriever fetched is per call: the same postprocessor used alone still warns
+    post = DefensePostprocessor(embed_model=index._embed_model, vector_store=index.vector_store)
+    defend(index, post).retrieve(QUESTION.question)
+    with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8"):
+        post.postprocess_nodes(four, query_str=QUESTION.question)
+
+
+@pytest.mark.slow
+def test_defend_with_another_embed_model_than_the_index(embed: RagdefenseEmbedding) -> None:
+    """An ``embed_model`` other than the index's embeds the retrieved nodes itself: the index's
+    vectors are another space (here another size)."""
+    from llama_index.core.embeddings import MockEmbedding
+
+    nodes = [TextNode(text=t) for q in KB for t in q.benign]
+    index = VectorStoreIndex(nodes, embed_model=MockEmbedding(embed_dim=64))
+    assert len(defend(index, embed_model=embed).retrieve(QUESTION.question)) >= 1

@@ -11,8 +11,10 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
-from pydantic import ConfigDict, Field
+from langchain_core.vectorstores import VectorStoreRetriever
+from pydantic import BaseModel, ConfigDict, Field
 
+from ragdefense.integration.adapter import pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     fetched_enough,
@@ -32,7 +34,7 @@ class DefendedRetriever(BaseRetriever):
         base_retriever: The retriever to protect.
         compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
         k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
-        fetch_k: Documents first asked of the base retriever (passed as ``k``); by default the
+        fetch_k: Documents first asked of the base retriever (how: :func:`widened`); by default the
             defense's pool for ``k`` (:func:`ragdefense.integration.retrieval.pool_size`:
             twice ``k`` for GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the
             retrieved set; and at least what the defense needs to compare). When the defense
@@ -58,8 +60,6 @@ class DefendedRetriever(BaseRetriever):
             fetch: int | None = pool_size(core, k) if core is not None else 2 * k
         else:
             fetch = self.fetch_k
-        if fetch and ours is not None:
-            ours._core.pooled = True  # fewer than its pool is then all the store has: no warning
         return k, fetch, kwargs
 
     def _get_relevant_documents(
@@ -68,9 +68,10 @@ class DefendedRetriever(BaseRetriever):
         k, fetch, extra = self._plan(kwargs)
         child = run_manager.get_child()
         for _ in range(self.max_rounds):
-            args = ({"k": fetch} if fetch else {}) | extra
-            docs = self.base_retriever.invoke(query, config={"callbacks": child}, **args)
-            kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
+            base, args, honoured = widened(self.base_retriever, fetch)
+            docs = base.invoke(query, config={"callbacks": child}, **(args | extra))
+            with pooled(honoured):
+                kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
@@ -82,13 +83,45 @@ class DefendedRetriever(BaseRetriever):
         k, fetch, extra = self._plan(kwargs)
         child = run_manager.get_child()
         for _ in range(self.max_rounds):
-            args = ({"k": fetch} if fetch else {}) | extra
-            docs = await self.base_retriever.ainvoke(query, config={"callbacks": child}, **args)
-            kept = list(await self.compressor.acompress_documents(docs, query, callbacks=child))
+            base, args, honoured = widened(self.base_retriever, fetch)
+            docs = await base.ainvoke(query, config={"callbacks": child}, **(args | extra))
+            with pooled(honoured):
+                compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
+            kept = list(compressed)
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[:k] if k else kept
+
+
+def widened(
+    retriever: BaseRetriever, fetch: int | None
+) -> tuple[BaseRetriever, dict[str, Any], bool]:
+    """How to ask ``retriever`` for ``fetch`` documents: the retriever to call (a copy when a
+    setting must change; the caller's is never changed), the arguments to call it with, and
+    whether it then returns ``fetch`` whenever its store holds that many.
+
+    A vector store retriever takes ``k`` per call; with ``search_type="mmr"`` it is asked for
+    MMR over exactly the pool (``k = fetch_k = fetch``: the similarity top ``fetch`` in MMR's
+    order), as MMR over a wider candidate set would spread out the near-copies the defense
+    must see together. A retriever with its own ``k`` setting (BM25, TF-IDF, most custom ones)
+    drops a ``k`` passed per call: a copy with ``k`` raised is asked. One with
+    ``search_kwargs`` (a parent-document retriever) is asked for more chunks, but may return
+    fewer documents. Any other gets ``k`` and may ignore it."""
+    if fetch is None:
+        return retriever, {}, False
+    if isinstance(retriever, VectorStoreRetriever):
+        if retriever.search_type == "mmr":
+            wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
+            return retriever.model_copy(update={"search_kwargs": wider}), {}, True
+        return retriever, {"k": fetch}, True
+    if isinstance(retriever, BaseModel) and positive_int(getattr(retriever, "k", None)):
+        return retriever.model_copy(update={"k": fetch}), {}, True
+    search_kwargs = getattr(retriever, "search_kwargs", None)
+    if isinstance(retriever, BaseModel) and isinstance(search_kwargs, dict):
+        wider = search_kwargs | {"k": fetch}
+        return retriever.model_copy(update={"search_kwargs": wider}), {}, False
+    return retriever, {"k": fetch}, False
 
 
 def _retriever_k(retriever: BaseRetriever) -> int | None:
@@ -125,7 +158,9 @@ def defend(
             and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
-            the store already holds for the retrieved documents are used as they are.
+            the store already holds for the retrieved documents are used as they are, unless
+            ``embeddings`` is another model than the store's (the defense then embeds the
+            retrieved documents with it: one space for the query and the passages).
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
             ``trusted=``); unknown ones, or any given with a defense object, are an error.
 
@@ -144,12 +179,14 @@ def defend(
             )
         compressor = defense
     else:
+        own = getattr(store, "embeddings", None)
         compressor = DefenseCompressor(
             defense=defense,
             params=params,
-            embeddings=embeddings or getattr(store, "embeddings", None),
+            embeddings=embeddings or own,
             fail_open=fail_open,
-            vectorstore=store,
+            # another model's vectors are another space: the store's are read only for its own
+            vectorstore=store if embeddings is None or embeddings is own else None,
         )
     return DefendedRetriever(
         base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k, max_rounds=rounds

@@ -58,7 +58,7 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
 
 def _faiss_positions(store: Any, ids: list[str]) -> dict[str, int]:
     """Docstore id -> index position of a FAISS store, kept between queries and built again
-    when any of ``ids`` is missing or no longer where it says (a delete shifts the positions
+    when any of ``ids`` is missing or not where it says (a delete shifts the positions
     after it, and an add can restore the count)."""
     entries = store.index_to_docstore_id
     known = _FAISS_POSITIONS.get(store)

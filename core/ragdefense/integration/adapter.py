@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import logging
 import warnings
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
@@ -25,10 +27,28 @@ __all__ = [
     "defense_fields",
     "plain_params",
     "plain_value",
+    "pooled",
     "robust_engine",
 ]
 
 logger = logging.getLogger("ragdefense")
+
+#: whether the passages being defended are the pool an adapter retriever asked for and got
+#: (fewer than the defense's pool is then all the store holds): per call, not per adapter
+_POOLED: ContextVar[bool] = ContextVar("ragdefense_pooled", default=False)
+
+
+@contextmanager
+def pooled(fetched: bool = True) -> Iterator[None]:
+    """Within this block, the passages an adapter defends are the pool its retriever fetched
+    (``fetched``): the small-pool warning then does not fire on fewer than the defense's pool,
+    which is all the store holds. A retriever that ignores the size it is asked for is not
+    pooled, and a compressor or postprocessor used on its own never is."""
+    token = _POOLED.set(fetched)
+    try:
+        yield
+    finally:
+        _POOLED.reset(token)
 
 
 class AdapterCore:
@@ -41,8 +61,6 @@ class AdapterCore:
         self._owner = id(owner) if owner is not None else None
         self._key: tuple[Any, ...] | None = None
         self._core: Defense | None = None
-        #: an adapter retriever fetches the defense's pool itself (fewer is all the store has)
-        self.pooled = False
         self._warned = False
 
     @classmethod
@@ -91,7 +109,7 @@ class AdapterCore:
 
         Handed fewer passages than the defense's ``min_passages`` (they pass unchecked), or
         fewer than its ``min_pool`` where no adapter retriever fetched the pool
-        (:attr:`pooled`), it warns once for this adapter, adding ``too_few``: how to retrieve
+        (:func:`pooled`), it warns once for this adapter, adding ``too_few``: how to retrieve
         more in the caller's framework (a postprocessor cannot widen retrieval itself)."""
         if not passages:
             return None
@@ -116,7 +134,7 @@ class AdapterCore:
             what = (
                 f"fewer than the {need} it needs to compare: they pass unchecked, poison included."
             )
-        elif n < floor and not self.pooled:
+        elif n < floor and not _POOLED.get():
             what = (
                 f"fewer than the pool of {floor} it filters from: in so few passages a poisoned "
                 "majority can be all of them and pass."

@@ -15,7 +15,9 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
+from ragdefense.integration.adapter import pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     fetched_enough,
@@ -33,13 +35,36 @@ def _top_k(retriever: BaseRetriever) -> int | None:
     return positive_int(getattr(retriever, "similarity_top_k", None))
 
 
+def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever, bool]:
+    """The retriever asked for ``fetch`` nodes, and whether it then returns ``fetch`` whenever
+    the index holds that many: a copy with ``similarity_top_k`` raised (the caller's is never
+    changed); a fusion retriever's own retrievers raised too (they fetch its candidates). An
+    MMR retriever is asked for the similarity pool (MMR would spread out the near-copies the
+    defense must see together; the survivors come in similarity order). One without
+    ``similarity_top_k`` is used as it is, and may return fewer."""
+    if fetch is None or _top_k(retriever) is None:
+        return retriever, False
+    pool: Any = copy.copy(retriever)
+    pool.similarity_top_k = fetch
+    honoured = True
+    inner = getattr(retriever, "_retrievers", None)
+    if isinstance(inner, list) and inner:
+        found = [widened(r, fetch) for r in inner]
+        pool._retrievers = [r for r, _ in found]
+        honoured = all(ok for _, ok in found)
+    if getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.MMR:
+        pool._vector_store_query_mode = VectorStoreQueryMode.DEFAULT
+    return pool, honoured
+
+
 class DefendedRetriever(BaseRetriever):
     """Retrieves a pool with ``retriever``, applies ``postprocessor`` (a defense), returns ``k``.
 
     Args:
         retriever: The retriever to protect; one with a ``similarity_top_k`` (e.g.
             ``index.as_retriever()``) is asked for the pool by a copy with that value raised
-            (the caller's retriever is never changed). Others are used as they are.
+            (the caller's retriever is never changed; see :func:`widened`). Others are used as
+            they are.
         postprocessor: A :class:`DefensePostprocessor`.
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (LlamaIndex's
             default 2), else all kept.
@@ -70,25 +95,16 @@ class DefendedRetriever(BaseRetriever):
         self.postprocessor = postprocessor
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
 
-    def _pool(self, fetch: int | None) -> BaseRetriever:
-        """The retriever asked for ``fetch`` nodes: a copy with ``similarity_top_k`` raised (the
-        caller's is never changed); one without that setting as it is."""
-        if fetch is None or _top_k(self.retriever) in (None, fetch):
-            return self.retriever
-        pool = copy.copy(self.retriever)
-        pool.similarity_top_k = fetch  # type: ignore[attr-defined]
-        return pool
-
     def _first_fetch(self) -> int | None:
-        if self.fetch_k:  # fewer than its pool is then all the index holds: no warning
-            self.postprocessor._core.pooled = True
         return self.fetch_k if _top_k(self.retriever) is not None else None
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         fetch = self._first_fetch()
         for _ in range(self.max_rounds):
-            pool = self._pool(fetch).retrieve(query_bundle)
-            kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
+            retriever, honoured = widened(self.retriever, fetch)
+            pool = retriever.retrieve(query_bundle)
+            with pooled(honoured):
+                kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
             if fetched_enough(self.k, fetch, len(pool), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
@@ -97,8 +113,10 @@ class DefendedRetriever(BaseRetriever):
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         fetch = self._first_fetch()
         for _ in range(self.max_rounds):
-            pool = await self._pool(fetch).aretrieve(query_bundle)
-            kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
+            retriever, honoured = widened(self.retriever, fetch)
+            pool = await retriever.aretrieve(query_bundle)
+            with pooled(honoured):
+                kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
             if fetched_enough(self.k, fetch, len(pool), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
@@ -127,7 +145,9 @@ def defend(
             when the defense removes some), else all kept. The retriever is asked for
             ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`).
         embed_model: Embeddings for the defense; by default the index's own (vectors the index
-            holds are reused, not recomputed), else the packaged all-MiniLM-L6-v2.
+            holds are reused, not recomputed), else the packaged all-MiniLM-L6-v2. Another
+            model than the index's embeds the retrieved nodes itself (one space for the query
+            and the passages).
         params: Parameters of the named defense (e.g. ``trusted=``); unknown ones, or any
             given with a defense object, are an error.
 
@@ -150,11 +170,13 @@ def defend(
             )
         post = defense
     else:
+        own = index_embed_model(index)
         post = DefensePostprocessor(
             defense=defense,
             params=params,
-            embed_model=embed_model or index_embed_model(index),
+            embed_model=embed_model or own,
             fail_open=fail_open,
-            vector_store=store,
+            # another model's vectors are another space: the index's are read only for its own
+            vector_store=store if embed_model is None or embed_model is own else None,
         )
     return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k, max_rounds=rounds)
