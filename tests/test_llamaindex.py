@@ -153,6 +153,18 @@ def test_node_embeddings_are_reused_and_nodes_not_mutated(toy_embedder: Any) -> 
     assert all(n.node.metadata == {"i": i} for i, n in enumerate(nodes))
     assert all("ragdefense" in n.node.metadata for n in out)
     assert all("ragdefense" in n.node.excluded_llm_metadata_keys for n in out)
+    # a later step editing a returned node leaves the caller's alone
+    from llama_index.core.schema import NodeRelationship, RelatedNodeInfo
+
+    source = RelatedNodeInfo(node_id="doc-1", metadata={"title": "t"})
+    nodes[0].node.relationships = {NodeRelationship.SOURCE: source}
+    first = GRADAPostprocessor(embed_model=Broken(toy_embedder), n=len(nodes))
+    copied = next(n.node for n in first.postprocess_nodes(nodes, query_str="capital of France")
+                  if n.node.node_id == nodes[0].node.node_id)  # fmt: skip
+    assert copied.embedding is not None
+    copied.embedding[0] += 1.0
+    copied.relationships[NodeRelationship.SOURCE].metadata["title"] = "edited"  # type: ignore[union-attr]
+    assert nodes[0].node.embedding == vecs[0].tolist() and source.metadata["title"] == "t"
 
 
 def test_grada_postprocessor_rescoring(toy_embedder: Any) -> None:

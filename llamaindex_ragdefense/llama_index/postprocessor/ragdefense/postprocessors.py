@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any, Literal
 
 from llama_index.core.bridge.pydantic import Field, PrivateAttr, SerializeAsAny, field_validator
@@ -72,12 +73,20 @@ class DefenseRemovedEvent(BaseEvent):
 
 
 def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> NodeWithScore:
-    """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder."""
+    """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder; its
+    embedding and relationships are copies too, so that a later step editing the returned node
+    leaves the caller's alone."""
     node = nws.node
     update: dict[str, Any] = {"metadata": tagged_metadata(node.metadata, record)}
     for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
         keys = list(getattr(node, attr, []) or [])
         update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
+    if node.embedding is not None:
+        update["embedding"] = list(node.embedding)
+    try:
+        update["relationships"] = copy.deepcopy(node.relationships)
+    except Exception:  # an object in a relation's metadata that cannot be copied: the outer dict
+        update["relationships"] = dict(node.relationships)
     return NodeWithScore(node=node.model_copy(update=update), score=score)
 
 
