@@ -116,7 +116,7 @@ def test_the_postprocessor_defend_builds_serializes(both: tuple[Any, Any]) -> No
     post = li_defend(li_retriever, "consensus", trusted={"docs.example.org"}).postprocessor
     data = post.to_dict()
     assert data["defense"] == "consensus" and "vector_store" not in data
-    back = DefensePostprocessor.from_json(post.to_json())
+    back = DefensePostprocessor.from_json(post.to_json(), embed_model=post.embed_model)
     assert type(back.core).__name__ == "Consensus"
     assert list(back.core.trusted) == back.params["trusted"] == ["docs.example.org"]
 
@@ -190,6 +190,20 @@ def test_the_postprocessor_round_trips_with_another_embedding_model(both: tuple[
         DefensePostprocessor.from_json(data)
     again = DefensePostprocessor.from_json(data, embed_model=Unknown(embed_dim=4))
     assert again.embed_model is not None
+    # our wrapper over another embedder: its JSON holds no model, so loading it needs one
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense.embeddings import PACKAGED
+
+    def eight(texts: list[str]) -> Any:
+        return [[1.0] * 8 for _ in texts]
+
+    custom = DefensePostprocessor(embed_model=RagdefenseEmbedding(eight)).to_json()
+    with pytest.raises(ValueError, match=r"custom: function.*pass embedder="):
+        DefensePostprocessor.from_json(custom)
+    model = RagdefenseEmbedding(eight)
+    assert DefensePostprocessor.from_json(custom, embed_model=model).embed_model is model
+    packaged = DefensePostprocessor(embed_model=RagdefenseEmbedding()).to_json()
+    assert DefensePostprocessor.from_json(packaged).embed_model.model_name == PACKAGED  # type: ignore[union-attr]
 
 
 def test_decoding_is_refused_where_the_framework_llm_cannot_serve_it() -> None:

@@ -168,7 +168,7 @@ def test_trusted_is_a_typed_field_of_both_consensus_adapters(toy_embedder: Any) 
     out = by_rule.postprocess_nodes(nodes, query_bundle=QueryBundle(QUERY))
     assert [n.node.id_ for n in out if n.node.metadata["ragdefense"]["trusted"]] == ["n4"]
     listed = ConsensusPostprocessor(embed_model=embed, trusted={"site-4.org"})
-    back = ConsensusPostprocessor.from_json(listed.to_json())
+    back = ConsensusPostprocessor.from_json(listed.to_json(), embed_model=embed)
     assert back.trusted == ["site-4.org"] and back.core.trusted == ["site-4.org"]
 
 

@@ -203,6 +203,8 @@ class SentenceTransformerEmbedder(Embedder):
         super().__init__(cache_size)
         self._model = model if not isinstance(model, (str, type(None))) else None
         self._path = model if isinstance(model, str) else None
+        #: whether this is the packaged all-MiniLM-L6-v2 (given neither a model nor a path)
+        self.packaged = model is None
         self.batch_size = batch_size
         self.device = device
         self._load_lock = threading.Lock()

@@ -8,18 +8,35 @@ from llama_index.core.embeddings import BaseEmbedding
 from pydantic import PrivateAttr
 
 from ragdefense import Embedder, as_embedder
+from ragdefense.embedders import SentenceTransformerEmbedder
 
-__all__ = ["RagdefenseEmbedding"]
+__all__ = ["PACKAGED", "RagdefenseEmbedding"]
+
+
+#: the ``model_name`` of the packaged all-MiniLM-L6-v2, the one model rebuilt from JSON alone
+PACKAGED = "ragdefense/all-MiniLM-L6-v2"
 
 
 class RagdefenseEmbedding(BaseEmbedding):
     """Offline embeddings for LlamaIndex indices, backed by a ragdefense embedder
-    (default: the packaged all-MiniLM-L6-v2; no model hub access needed)."""
+    (default: the packaged all-MiniLM-L6-v2; no model hub access needed).
+
+    Its ``model_name`` says which: the packaged model's name, or ``"custom: <type>"`` for
+    another embedder. JSON holds no model, so only the packaged one is rebuilt from it; loading
+    a custom one without ``embedder=`` is an error, never the packaged model in its place."""
 
     _embedder: Embedder = PrivateAttr()
 
     def __init__(self, embedder: Any = None, **kwargs: Any) -> None:
-        kwargs.setdefault("model_name", "ragdefense/all-MiniLM-L6-v2")
+        packaged = embedder is None or _is_packaged(as_embedder(embedder))
+        name = kwargs.setdefault(
+            "model_name", PACKAGED if packaged else f"custom: {type(embedder).__name__}"
+        )
+        if embedder is None and name != PACKAGED:
+            raise ValueError(
+                f"RagdefenseEmbedding {name!r} wraps a model its JSON does not hold: pass "
+                "embedder= (loading a postprocessor: embed_model= to from_json / from_dict)"
+            )
         super().__init__(**kwargs)
         self._embedder = as_embedder(embedder)
 
@@ -38,3 +55,8 @@ class RagdefenseEmbedding(BaseEmbedding):
 
     async def _aget_query_embedding(self, query: str) -> list[float]:
         return self._get_query_embedding(query)
+
+
+def _is_packaged(embedder: Embedder) -> bool:
+    """Whether ``embedder`` is the packaged all-MiniLM-L6-v2."""
+    return isinstance(embedder, SentenceTransformerEmbedder) and embedder.packaged
