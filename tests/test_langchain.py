@@ -345,6 +345,12 @@ def test_defend_widens_retrievers_with_their_own_k_and_mmr(store: InMemoryVector
             docs = defend(retriever).invoke(QUESTION.question)
         assert 1 <= len(docs) <= 4 and poison(docs) == 0
     assert own.k == 4 and mmr.search_kwargs == {}  # the caller's retrievers are not changed
+    # its own k is what it returns, whatever its search_kwargs (a time-weighted retriever's
+    # count its candidates)
+    candidates = _OwnK(store=store)
+    object.__setattr__(candidates, "vectorstore", store)
+    object.__setattr__(candidates, "search_kwargs", {"k": 100})
+    assert len(defend(candidates).invoke(QUESTION.question)) <= 4
     few = _Fixed(docs=store.similarity_search(QUESTION.question, k=4))
     with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8"):
         defend(few, k=2).invoke(QUESTION.question)

@@ -147,6 +147,32 @@ def test_llamaindex_postprocessor_reuses_the_stored_vectors(
     assert sum(n.node.get_content() in POISON for n in found) == 5
 
 
+def test_llamaindex_mmr_retriever_on_chroma_with_mmr_settings(minilm: Any, tmp_path: Path) -> None:
+    """An MMR retriever is asked for the similarity pool without its MMR settings, which Chroma
+    refuses outside MMR."""
+    import chromadb
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding, defend
+
+    collection = chromadb.PersistentClient(path=str(tmp_path)).get_or_create_collection("knowledge")
+    storage = StorageContext.from_defaults(vector_store=ChromaVectorStore(collection))
+    nodes = [TextNode(text=t, metadata={"source": SOURCE[t]}) for t in TEXTS]
+    index = VectorStoreIndex(
+        nodes, storage_context=storage, embed_model=RagdefenseEmbedding(minilm)
+    )
+    mmr = index.as_retriever(
+        vector_store_query_mode="mmr",
+        similarity_top_k=4,
+        vector_store_kwargs={"mmr_threshold": 0.5},
+    )
+    assert len(mmr.retrieve(QUESTION.question)) == 4
+    found = defend(mmr).retrieve(QUESTION.question)
+    assert found and not any(n.node.get_content() in POISON for n in found)
+
+
 def _targets() -> list[Any]:
     from ragdefense import AttackTarget
 

@@ -102,12 +102,12 @@ def widened(
     whether it then returns ``fetch`` whenever its store holds that many.
 
     A vector store retriever takes ``k`` per call; with ``search_type="mmr"`` it is asked for
-    MMR over exactly the pool (``k = fetch_k = fetch``: the similarity top ``fetch`` in MMR's
-    order), as MMR over a wider candidate set would spread out the near-copies the defense
-    must see together. A retriever with its own ``k`` setting (BM25, TF-IDF, most custom ones)
-    drops a ``k`` passed per call: a copy with ``k`` raised is asked. One with
-    ``search_kwargs`` (a parent-document retriever) is asked for more chunks, but may return
-    fewer documents. Any other gets ``k`` and may ignore it."""
+    MMR over the pool (``k = fetch_k = fetch``: the similarity top ``fetch`` in MMR's order;
+    FAISS with a ``filter`` draws from twice as many), as MMR over a wider candidate set would
+    spread out the near-copies the defense must see together. A retriever with its own ``k``
+    setting (BM25, TF-IDF, most custom ones) drops a ``k`` passed per call: a copy with ``k``
+    raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked for
+    more chunks, but may return fewer documents. Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):
@@ -125,13 +125,15 @@ def widened(
 
 
 def _retriever_k(retriever: BaseRetriever) -> int | None:
-    """How many documents ``retriever`` returns by default, when it says (``None`` otherwise)."""
+    """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
+    its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
+    its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
+    set), as :func:`widened` asks it."""
+    own = positive_int(getattr(retriever, "k", None))
     search_kwargs = getattr(retriever, "search_kwargs", None)
-    if isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
-        k = search_kwargs.get("k", 4)  # VectorStoreRetriever's default
-    else:
-        k = getattr(retriever, "k", None)
-    return positive_int(k)
+    if own is None and isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
+        return positive_int(search_kwargs.get("k", 4))  # VectorStoreRetriever's default
+    return own
 
 
 def defend(

@@ -54,6 +54,9 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
         honoured = all(ok for _, ok in found)
     if getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.MMR:
         pool._vector_store_query_mode = VectorStoreQueryMode.DEFAULT
+        kwargs = getattr(retriever, "_kwargs", None)  # its MMR settings: a store may refuse them
+        if isinstance(kwargs, dict):
+            pool._kwargs = {k: v for k, v in kwargs.items() if not k.startswith("mmr_")}
     return pool, honoured
 
 
