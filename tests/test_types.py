@@ -60,3 +60,7 @@ def test_result_table_and_dict() -> None:
     d = json.loads(json.dumps(r.to_dict()))
     assert d["verdicts"][1]["kept"] is False
     assert d["estimates"] == {"n_adv": 1}
+    assert all(len(line) <= 3 + 2 + 8 + 2 + 12 + 2 + 1 for line in r.to_table(1).splitlines()[2::2])
+    for bad in (0, -3, 2.5, True):
+        with pytest.raises(ValueError, match="width must be a positive int"):
+            r.to_table(bad)  # type: ignore[arg-type]

@@ -256,7 +256,10 @@ class DefenseResult:
         }
 
     def to_table(self, width: int = 48) -> str:
-        """A small plain-text table: one row per passage, then the estimates."""
+        """A small plain-text table: one row per passage (its text cut to ``width`` characters,
+        at least 1), then the estimates."""
+        if not isinstance(width, int) or isinstance(width, bool) or width < 1:
+            raise ValueError(f"width must be a positive int, got {width!r}")
         head = f"{self.defense}: kept {len(self.kept)} of {len(self.verdicts)}"
         rows = [head, f"{'#':>3}  {'decision':8}  {self.score_name:>12}  text / reason"]
         for v in self.verdicts:
