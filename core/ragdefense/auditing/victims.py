@@ -33,7 +33,7 @@ def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
     if evidence.near is None or not len(evidence.groups):
         return {}
     grouped = evidence.group_of >= 0
-    planted_like = _mostly(evidence, suspicious)
+    planted_like = _mostly(evidence, suspicious, _sizes(evidence))
     out: dict[int, str] = {}
     for i in np.flatnonzero(suspicious & ~grouped):
         near = evidence.near[i][evidence.near[i] >= 0]
@@ -64,11 +64,10 @@ def apart_in_groups(
     wording. Reads the members' vectors only (``bar <= 0``: none)."""
     if bar <= 0 or not len(evidence.groups):
         return {}
-    group_of = evidence.group_of
-    sizes = np.bincount(group_of[group_of >= 0], minlength=len(evidence.groups))
-    chosen = set(np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious)).tolist())
-    order = np.argsort(group_of, kind="stable")  # members of each group together, one pass
-    bounds = np.searchsorted(group_of[order], np.arange(len(sizes) + 1))
+    sizes = _sizes(evidence)
+    chosen = set(np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious, sizes)).tolist())
+    order = np.argsort(evidence.group_of, kind="stable")  # each group's members together
+    bounds = np.searchsorted(evidence.group_of[order], np.arange(len(sizes) + 1))
     members = {g: order[bounds[g] : bounds[g + 1]] for g in sorted(chosen)}
     if not members:
         return {}
@@ -104,11 +103,15 @@ def apart_reason(found: tuple[str, float, float] | None) -> list[str]:
     ]
 
 
-def _mostly(evidence: Evidence, suspicious: np.ndarray) -> np.ndarray:
-    """Per group: whether at least half of its members are suspicious."""
-    grouped = evidence.group_of >= 0
-    n_groups = len(evidence.groups)
-    members = np.bincount(evidence.group_of[grouped], minlength=n_groups)
-    flagged = np.bincount(evidence.group_of[grouped & suspicious], minlength=n_groups)
-    out: np.ndarray = flagged * 2 >= np.maximum(members, 1)
+def _sizes(evidence: Evidence) -> np.ndarray:
+    """Per group: how many members it has."""
+    group_of = evidence.group_of
+    return np.bincount(group_of[group_of >= 0], minlength=len(evidence.groups))
+
+
+def _mostly(evidence: Evidence, suspicious: np.ndarray, sizes: np.ndarray) -> np.ndarray:
+    """Per group of ``sizes`` members: whether at least half of them are suspicious."""
+    group_of = evidence.group_of
+    flagged = np.bincount(group_of[(group_of >= 0) & suspicious], minlength=len(sizes))
+    out: np.ndarray = flagged * 2 >= np.maximum(sizes, 1)
     return out
