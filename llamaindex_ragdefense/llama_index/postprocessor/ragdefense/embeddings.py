@@ -28,17 +28,16 @@ class RagdefenseEmbedding(BaseEmbedding):
     _embedder: Embedder = PrivateAttr()
 
     def __init__(self, embedder: Any = None, **kwargs: Any) -> None:
-        packaged = embedder is None or _is_packaged(as_embedder(embedder))
-        name = kwargs.setdefault(
-            "model_name", PACKAGED if packaged else f"custom: {type(embedder).__name__}"
-        )
+        wrapped = as_embedder(embedder)
+        custom = f"custom: {type(embedder).__name__}"
+        name = kwargs.setdefault("model_name", PACKAGED if _is_packaged(wrapped) else custom)
         if embedder is None and name != PACKAGED:
             raise ValueError(
                 f"RagdefenseEmbedding {name!r} wraps a model its JSON does not hold: pass "
                 "embedder= (loading a postprocessor: embed_model= to from_json / from_dict)"
             )
         super().__init__(**kwargs)
-        self._embedder = as_embedder(embedder)
+        self._embedder = wrapped
 
     @classmethod
     def class_name(cls) -> str:
