@@ -357,6 +357,25 @@ def test_defend_widens_retrievers_with_their_own_k_and_mmr(store: InMemoryVector
 
 
 @pytest.mark.slow
+def test_defend_widens_every_retriever_of_an_ensemble(store: InMemoryVectorStore) -> None:
+    """Hybrid search (an ensemble of a retriever with its own ``k`` and a vector store
+    retriever) passes no ``k`` on to its retrievers: a copy whose every retriever is widened
+    is asked, and the survivors are cut to the largest of their k."""
+    from langchain_classic.retrievers import EnsembleRetriever, MergerRetriever
+
+    own, vectors = _OwnK(store=store, k=3), store.as_retriever()
+    for kind in (EnsembleRetriever, MergerRetriever):
+        hybrid = kind(retrievers=[own, vectors])
+        assert poison(hybrid.invoke(QUESTION.question)) >= 1  # the attack works
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+            docs = defend(hybrid).invoke(QUESTION.question)
+        assert 1 <= len(docs) <= 4 and poison(docs) == 0
+        assert hybrid.retrievers == [own, vectors]
+    assert own.k == 3 and vectors.search_kwargs == {}  # the caller's retrievers are unchanged
+
+
+@pytest.mark.slow
 def test_defend_with_other_embeddings_than_the_store(embeddings: RagdefenseEmbeddings) -> None:
     """``embeddings`` other than the store's embed the retrieved documents themselves: the
     store's vectors are another space (here another size)."""

@@ -107,7 +107,9 @@ def widened(
     spread out the near-copies the defense must see together. A retriever with its own ``k``
     setting (BM25, TF-IDF, most custom ones) drops a ``k`` passed per call: a copy with ``k``
     raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked for
-    more chunks, but may return fewer documents. Any other gets ``k`` and may ignore it."""
+    more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
+    search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
+    so; it returns ``fetch`` when one of them does. Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):
@@ -115,6 +117,11 @@ def widened(
             wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
             return retriever.model_copy(update={"search_kwargs": wider}), {}, True
         return retriever, {"k": fetch}, True
+    children = getattr(retriever, "retrievers", None)
+    if isinstance(retriever, BaseModel) and isinstance(children, list) and children:
+        asked = [_settled(child, fetch) for child in children]
+        copy = retriever.model_copy(update={"retrievers": [child for child, _ in asked]})
+        return copy, {}, any(honoured for _, honoured in asked)
     if isinstance(retriever, BaseModel) and positive_int(getattr(retriever, "k", None)):
         return retriever.model_copy(update={"k": fetch}), {}, True
     search_kwargs = getattr(retriever, "search_kwargs", None)
@@ -124,11 +131,29 @@ def widened(
     return retriever, {"k": fetch}, False
 
 
+def _settled(child: Any, fetch: int) -> tuple[Any, bool]:
+    """``child`` of an ensemble asked for ``fetch`` with no argument per call (an ensemble
+    passes none on): the retriever to hold, and whether it returns ``fetch``."""
+    if not isinstance(child, BaseRetriever):
+        return child, False  # any runnable: used as it is
+    base, args, honoured = widened(child, fetch)
+    if not args:
+        return base, honoured
+    if isinstance(base, VectorStoreRetriever):
+        return base.model_copy(update={"search_kwargs": base.search_kwargs | args}), honoured
+    return child, False
+
+
 def _retriever_k(retriever: BaseRetriever) -> int | None:
     """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
     its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
     its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
-    set), as :func:`widened` asks it."""
+    set), as :func:`widened` asks it; an ensemble's, the largest of its retrievers' (it
+    returns their union, at least that many)."""
+    children = getattr(retriever, "retrievers", None)
+    if isinstance(retriever, BaseModel) and isinstance(children, list):
+        ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
+        return max((k for k in ks if k is not None), default=None)
     own = positive_int(getattr(retriever, "k", None))
     search_kwargs = getattr(retriever, "search_kwargs", None)
     if own is None and isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
@@ -154,8 +179,9 @@ def defend(
             or a ``BaseDocumentCompressor`` (configured already: ``embeddings``,
             ``fail_open`` and ``params`` are then an error).
         k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
-            vector store retriever's ``search_kwargs["k"]``, 4 unless set; no second fetch when
-            the defense removes some), else all kept. The base retriever is asked for
+            vector store retriever's ``search_kwargs["k"]``, 4 unless set; an ensemble's, the
+            largest of its retrievers'; no second fetch when the defense removes some), else
+            all kept. The base retriever is asked for
             ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`)
             and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
