@@ -350,6 +350,15 @@ def test_bad_parameters_and_too_few_passages() -> None:
     assert result.removed == [] and "nothing to compare" in result.verdicts[0].reason
 
 
+def test_a_blank_query_ranks_nothing_unless_its_embedding_is_given() -> None:
+    passages, emb, q, poison = _pool(1, n_benign=6, n_poison=3)
+    for query in ("", "  \n"):
+        result = Consensus().defend_embeddings(query, passages, emb)
+        assert result.removed == [] and "query is blank" in result.estimates["note"]
+    given = Consensus(support=False).defend_embeddings("", passages, emb, q)
+    assert set(given.removed_indices) == {i for i, p in enumerate(poison) if p}
+
+
 def test_sources_are_read_from_the_usual_keys() -> None:
     assert SOURCE_KEYS[0] == "source"
     p = Passage("x", metadata={"source": "https://www.Example.com/a?b=1", "file_path": "/f"})

@@ -93,7 +93,8 @@ class Consensus:
             to a trusted passage for it to count as contradicting them (``None``: never; the
             edited-copy rule of step 3 does not use it).
         support: Drop the top-ranked passages the others do not support (step 4).
-        min_passages: Below this many passages nothing is removed.
+        min_passages: Below this many passages nothing is removed (nor for a blank query
+            with no query embedding given: it ranks nothing), with a note saying so.
 
     Examples:
         >>> result = Consensus().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
@@ -176,8 +177,12 @@ class Consensus:
         m = len(items)
         sources = sources_of(items, self.source_key)
         trusted = [self._is_trusted(p, s) for p, s in zip(items, sources, strict=True)]
-        if m < self.min_passages:
+        # every step ranks by the query: a blank one (with no embedding given) ranks nothing
+        blank = not query.strip() and query_embedding is None
+        if m < self.min_passages or blank:
             why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
+            if blank:
+                why = "the query is blank: nothing to rank the passages by, all kept"
             note = {"note": why}
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note
