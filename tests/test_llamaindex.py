@@ -397,6 +397,36 @@ def test_defend_widens_fusion_and_mmr_retrievers(index: VectorStoreIndex) -> Non
 
 
 @pytest.mark.slow
+def test_defend_widens_an_auto_merging_retrievers_vector_retriever(
+    embed: RagdefenseEmbedding,
+) -> None:
+    """An auto-merging retriever has no ``similarity_top_k`` of its own: its vector retriever
+    is asked for the pool (through a copy), and what it merges is cut to that retriever's k."""
+    from llama_index.core import Document, StorageContext
+    from llama_index.core.node_parser import HierarchicalNodeParser, get_leaf_nodes
+    from llama_index.core.retrievers import AutoMergingRetriever
+
+    docs = [
+        Document(text=text, metadata=meta, excluded_embed_metadata_keys=list(meta))
+        for text, meta in demo_documents()
+    ]
+    nodes = HierarchicalNodeParser.from_defaults(chunk_sizes=[512, 128]).get_nodes_from_documents(
+        docs
+    )
+    storage = StorageContext.from_defaults()
+    storage.docstore.add_documents(nodes)
+    leaves = VectorStoreIndex(get_leaf_nodes(nodes), storage_context=storage, embed_model=embed)
+    merging = AutoMergingRetriever(leaves.as_retriever(similarity_top_k=4), storage)
+    assert poison(merging.retrieve(QUESTION.question)) >= 2  # the attack works
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+        defended = defend(merging)
+        nodes_out = defended.retrieve(QUESTION.question)
+    assert defended.k == 4 and 1 <= len(nodes_out) <= 4 and poison(nodes_out) == 0
+    assert merging._vector_retriever.similarity_top_k == 4  # the caller's is unchanged
+
+
+@pytest.mark.slow
 def test_defend_with_another_embed_model_than_the_index(embed: RagdefenseEmbedding) -> None:
     """An ``embed_model`` other than the index's embeds the retrieved nodes itself: the index's
     vectors are another space (here another size)."""

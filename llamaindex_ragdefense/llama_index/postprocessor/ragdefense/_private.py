@@ -8,12 +8,20 @@ from typing import Any
 
 from llama_index.core.embeddings import BaseEmbedding
 
-__all__ = ["index_embed_model", "retriever_index"]
+__all__ = ["index_embed_model", "merged_retriever", "retriever_index"]
+
+
+def merged_retriever(retriever: Any) -> Any:
+    """The retriever whose results an auto-merging retriever merges into their parents
+    (``AutoMergingRetriever._vector_retriever``)."""
+    return getattr(retriever, "_vector_retriever", None)
 
 
 def retriever_index(retriever: Any) -> Any:
-    """The index a retriever searches (``VectorIndexRetriever._index``)."""
-    return getattr(retriever, "_index", None)
+    """The index a retriever searches (``VectorIndexRetriever._index``; an auto-merging
+    retriever's, its vector retriever's)."""
+    inner = merged_retriever(retriever)
+    return getattr(retriever if inner is None else inner, "_index", None)
 
 
 def index_embed_model(index: Any) -> BaseEmbedding | None:

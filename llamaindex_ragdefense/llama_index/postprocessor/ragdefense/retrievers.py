@@ -25,13 +25,18 @@ from ragdefense.integration.retrieval import (
     positive_int,
 )
 
-from ._private import index_embed_model, retriever_index
+from ._private import index_embed_model, merged_retriever, retriever_index
 from .postprocessors import DefensePostprocessor
 
 __all__ = ["DefendedRetriever", "defend"]
 
 
 def _top_k(retriever: BaseRetriever) -> int | None:
+    """Its ``similarity_top_k``; an auto-merging retriever's, its vector retriever's (it
+    returns that many or fewer, merged)."""
+    inner = merged_retriever(retriever)
+    if inner is not None and not hasattr(retriever, "similarity_top_k"):
+        return _top_k(inner)
     return positive_int(getattr(retriever, "similarity_top_k", None))
 
 
@@ -40,11 +45,16 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
     the index holds that many: a copy with ``similarity_top_k`` raised (the caller's is never
     changed); a fusion retriever's own retrievers raised too (they fetch its candidates). An
     MMR retriever is asked for the similarity pool (MMR would spread out the near-copies the
-    defense must see together; the survivors come in similarity order). One without
-    ``similarity_top_k`` is used as it is, and may return fewer."""
+    defense must see together; the survivors come in similarity order). An auto-merging
+    retriever's vector retriever is asked, and it may return fewer (merged into parents). One
+    without ``similarity_top_k`` is used as it is, and may return fewer."""
     if fetch is None or _top_k(retriever) is None:
         return retriever, False
     pool: Any = copy.copy(retriever)
+    inner = merged_retriever(retriever)
+    if inner is not None and not hasattr(retriever, "similarity_top_k"):
+        pool._vector_retriever = widened(inner, fetch)[0]
+        return pool, False
     pool.similarity_top_k = fetch
     honoured = True
     inner = getattr(retriever, "_retrievers", None)
