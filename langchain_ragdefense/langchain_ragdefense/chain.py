@@ -54,11 +54,26 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     max_concurrency: int = 8
     certify: int | None = None
     _robust: RobustRAG | None = PrivateAttr(default=None)
+    _built_for: tuple[Any, Any] | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         """Build the engine now, so that a bad aggregation fails at construction."""
         super().model_post_init(context)
-        self._robust = robust_engine(self.robust, self.aggregation)
+        self._engine()
+
+    def _engine(self) -> RobustRAG:
+        """The core engine for the current ``robust`` and ``aggregation`` (built again when
+        either changes, as the compressors' defenses are)."""
+        fields = (self.robust, self.aggregation)
+        built = self._built_for
+        if (
+            self._robust is None
+            or built is None
+            or built[0] is not fields[0]
+            or built[1] != fields[1]
+        ):
+            self._robust, self._built_for = robust_engine(*fields), fields
+        return self._robust
 
     @classmethod
     def from_llm(
@@ -68,11 +83,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         return cls(llm=llm, retriever=retriever, **kwargs)
 
     def _core(self, config: RunnableConfig) -> RobustRAG:
-        if self._robust is None:
-            self._robust = robust_engine(self.robust, self.aggregation)
         # shares the spaCy pipeline; the LLM is bound to this run's config
-        return self._robust.with_llm(
-            LangChainLLM(self.llm, self.max_concurrency, config=dict(config))
+        return self._engine().with_llm(
+            LangChainLLM(self.llm, self.max_concurrency, timeout=None, config=dict(config))
         )
 
     @staticmethod

@@ -234,3 +234,12 @@ class LlamaIndexLLM(ConcurrentLLM):
 
     async def acall(self, prompt: str) -> Any:
         return (await self.llm.acomplete(prompt)).text
+
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        # LlamaIndex's CustomLLM (the base of most local models) answers ``acomplete`` by
+        # calling ``complete`` on the event loop, one call at a time: worker threads instead
+        if getattr(type(self.llm).acomplete, "__qualname__", "") == "CustomLLM.acomplete":
+            return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
+        return await super().agenerate(prompts, max_new_tokens, timeout)

@@ -6,6 +6,7 @@ call to the batch's observer (:mod:`.observe`)."""
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import threading
 import time
 from collections.abc import Awaitable, Callable, Sequence
@@ -94,6 +95,7 @@ def run_threads(
         return [timed_out(budget) for _ in prompts]
     slots = slots or threading.Semaphore(max(1, workers))
     end = time.monotonic() + budget
+    caller = contextvars.copy_context()  # each call sees the caller's context (tracing, spans)
     results: list[Generation | None] = [None] * len(prompts)
     pending = list(range(len(prompts)))[::-1]
     lock = threading.Lock()
@@ -116,7 +118,7 @@ def run_threads(
                     return
                 i = pending.pop()
             try:
-                value: Any = call(prompts[i])
+                value: Any = caller.copy().run(call, prompts[i])
             except Exception as exc:  # reported on this prompt
                 value = exc
             finally:

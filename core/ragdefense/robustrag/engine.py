@@ -133,6 +133,9 @@ class RobustRAG:
             raise TypeError(
                 f"aggregation must be an aggregation's settings or name, got {aggregation!r}"
             )
+        tokens: Any = max_new_tokens
+        if isinstance(tokens, bool) or not hasattr(tokens, "__index__"):
+            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
         if timeout is not None and not timeout > 0:
@@ -144,16 +147,20 @@ class RobustRAG:
         self.max_passage_chars = max_passage_chars
         self._llm = llm
         self._nlp = nlp
-        self.max_new_tokens = max_new_tokens
+        self.max_new_tokens = int(max_new_tokens)
         self.timeout = timeout
         self.isolated_prompt = isolated_prompt
         check_installed(llm, aggregation.name, nlp)
 
     @property
     def llm(self) -> LLM:
-        """The LLM backend (resolved on first use)."""
+        """The LLM backend (resolved on first use). A model wrapped here answers within this
+        engine's ``timeout`` alone; an :class:`~ragdefense.llm.LLM` given as it is keeps its
+        own ``timeout`` too (the tighter wins)."""
         if not isinstance(self._llm, LLM):
-            self._llm = as_llm(self._llm)
+            wrapped = copy.copy(as_llm(self._llm))  # a copy: the default one is shared
+            wrapped.timeout = None
+            self._llm = wrapped
         return self._llm
 
     @property
@@ -283,7 +290,7 @@ class RobustRAG:
         """How many LLM calls :meth:`certify` would make for ``result`` (0 when it is refused
         without asking, or decided without generation)."""
         check_attack(attack)
-        if _refusal(len(result.responses), k_prime) is not None:
+        if _refusal(len(result.responses), k_prime) is not None or _failed(result) is not None:
             return 0
         return int(self._bound().calls_needed(result, k_prime, attack))
 
@@ -326,6 +333,9 @@ class RobustRAG:
             check_certify(certify, attack, gold)
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation.name, (), "no passages were given")
+            if certify is not None:  # a certificate asked for is always given, here a refusal
+                why = "no passages were given: nothing to certify"
+                empty = replace(empty, certificate=Certificate(certify, attack, False, why))
             return (yield from local(empty))
         answer = self._bound().answer(query, items, choices)
         if progress is not None:  # before the first call, then as each call completes
@@ -346,8 +356,13 @@ class RobustRAG:
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         check_certify(k_prime, attack, gold)
+        if result.responses and result.aggregation != self.aggregation.name:
+            raise ValueError(
+                f"this answer was aggregated by {result.aggregation!r}: certify it with a "
+                f"RobustRAG whose aggregation is the same (this one's: {self.aggregation.name!r})"
+            )
         golds = [gold] if isinstance(gold, str) else list(gold or [])
-        refusal = _refusal(len(result.responses), k_prime)
+        refusal = _refusal(len(result.responses), k_prime) or _failed(result)
         if refusal is not None:
             cert = yield from local(Certificate(k_prime, attack, False, refusal))
         else:
@@ -358,6 +373,19 @@ class RobustRAG:
 
 def _left(end: float) -> float:
     return max(0.0, end - time.monotonic())
+
+
+def _failed(result: RobustAnswer) -> str | None:
+    """Why an answer some of whose isolated calls failed is not certified: what those passages
+    say is unknown (a slow injected passage can hold a shared deadline so that benign calls time
+    out), so no bound over the others holds."""
+    failed = sum(r.error is not None for r in result.responses)
+    if not failed:
+        return None
+    return (
+        f"{failed} of {len(result.responses)} isolated LLM call(s) failed: what those passages "
+        "say is unknown, so no certificate is possible"
+    )
 
 
 def _refusal(k: int, k_prime: int) -> str | None:

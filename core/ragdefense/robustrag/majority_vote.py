@@ -86,33 +86,43 @@ class _Majority:
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
     ) -> Flow[RobustAnswer]:
         gens = yield self.prompts(query, items, choices)
-        responses = self.responses(items, gens)
+        offered = tuple(check_choices(choices))
+        responses = self.responses(items, gens, len(offered))
         note = failures_note(responses)
         votes = Counter(r.choice for r in responses if r.choice and r.choice != NO_INFO)
         if not votes:
             why = "every isolated answer abstained (no information found)" + note
-            return RobustAnswer(query, IDK, "majority", responses, why)
+            return RobustAnswer(query, IDK, "majority", responses, why, choices=offered)
         ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
         winner, count = ranked[0]
         runner = ranked[1][1] if len(ranked) > 1 else 0
         why = f"{winner} has {count} of {sum(votes.values())} votes (runner-up {runner})" + note
-        idx = ord(winner) - ord("A")
-        text = f"{winner}. {choices[idx]}" if choices and idx < len(choices) else winner
+        text = f"{winner}. {offered[ord(winner) - ord('A')]}"
         return RobustAnswer(
-            query, text, "majority", responses, why, votes=dict(votes), choice=winner
+            query,
+            text,
+            "majority",
+            responses,
+            why,
+            votes=dict(votes),
+            choice=winner,
+            choices=offered,
         )
 
     @staticmethod
     def responses(
-        items: Sequence[Passage], gens: Sequence[Generation]
+        items: Sequence[Passage], gens: Sequence[Generation], n_choices: int
     ) -> tuple[IsolatedResponse, ...]:
+        """Each answer's letter; a letter no candidate has ("I don't know" reads as "I") is
+        no vote: an abstention, as "E. No information found" is."""
+        offered = {chr(ord("A") + i) for i in range(n_choices)}
         out = []
         for i, (p, g) in enumerate(zip(items, gens, strict=True)):
             if not g.ok:
                 out.append(IsolatedResponse(i, p, None, True, error=g.error))
                 continue
             m = _CHOICE.match(g.text or "")
-            letter = m.group(1) if m else NO_INFO
+            letter = m.group(1) if m and m.group(1) in offered else NO_INFO
             out.append(IsolatedResponse(i, p, g.text, letter == NO_INFO, choice=letter))
         return tuple(out)
 
@@ -136,6 +146,7 @@ class _Majority:
         need = k_prime if attack == "injection" else 2 * k_prime
         ok = a - b > need
         why = f"{winner} leads {a} to {b} among the benign votes; the attacker can move {need}"
+        golds = [_letter(g, result.choices) for g in golds]
         if ok and golds and winner not in golds:
             ok, why = False, why + f", but the certified winner {winner} is not the gold answer"
         elif ok and winner != result.choice:
@@ -145,3 +156,15 @@ class _Majority:
     def calls_needed(self, result: RobustAnswer, k_prime: int, attack: Attack) -> int:
         """Certifying a vote asks the LLM nothing."""
         return 0
+
+
+def _letter(gold: str, choices: Sequence[str]) -> str:
+    """A gold answer as its letter: given as the letter, the candidate's text or both
+    (``"A. Pacific"``), case and spacing aside; anything else as it is."""
+    said = " ".join(gold.split()).casefold()
+    for i, choice in enumerate(choices):
+        letter = chr(ord("A") + i)
+        text = " ".join(choice.split()).casefold()
+        if said in (letter.casefold(), text, f"{letter.casefold()}. {text}"):
+            return letter
+    return gold.strip()

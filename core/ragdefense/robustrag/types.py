@@ -126,6 +126,7 @@ class RobustAnswer:
     kept_keywords: tuple[str, ...] = ()
     votes: dict[str, int] = field(default_factory=dict)
     choice: str | None = None  # majority vote: the winning letter
+    choices: tuple[str, ...] = ()  # majority vote: the candidates, in letter order
     steps: tuple[DecodingStep, ...] = ()  # decoding aggregation: one per generated token
     certificate: Certificate | None = None
 

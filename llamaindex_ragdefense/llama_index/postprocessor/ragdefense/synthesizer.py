@@ -58,7 +58,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             raise ValueError("RobustRAGSynthesizer needs llm= (it never falls back to Settings)")
         super().__init__(llm=llm)
         self._robust = robust_engine(robust, aggregation).with_llm(
-            LlamaIndexLLM(llm, max_concurrency)
+            LlamaIndexLLM(llm, max_concurrency, timeout=None)  # the engine's timeout governs
         )
         self._certify = certify
 
@@ -115,6 +115,9 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         token = _report.set(None)  # this call's report only, never an earlier one's
         try:
             response = super().synthesize(query, nodes, additional_source_nodes, **response_kwargs)
+            if not nodes:  # LlamaIndex answers "Empty Response" without asking: our answer
+                self.get_response(_query_str(query), [], **response_kwargs)
+                response = _empty(response, _report.get())
             return _with_report(response, _report.get())
         finally:
             _report.reset(token)
@@ -132,9 +135,23 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             response = await super().asynthesize(
                 query, nodes, additional_source_nodes, **response_kwargs
             )
+            if not nodes:
+                await self.aget_response(_query_str(query), [], **response_kwargs)
+                response = _empty(response, _report.get())
             return _with_report(response, _report.get())
         finally:
             _report.reset(token)
+
+
+def _query_str(query: Any) -> str:
+    return query if isinstance(query, str) else str(getattr(query, "query_str", query))
+
+
+def _empty(response: RESPONSE_TYPE, report: RobustAnswer | None) -> RESPONSE_TYPE:
+    """LlamaIndex's empty response, holding RobustRAG's answer (and certificate) instead."""
+    if report is not None and hasattr(response, "response"):
+        response.response = report.answer
+    return response
 
 
 def _with_report(response: RESPONSE_TYPE, report: RobustAnswer | None) -> RESPONSE_TYPE:
@@ -153,6 +170,15 @@ class RobustRAGQueryEngine(CustomQueryEngine):
     @classmethod
     def class_name(cls) -> str:
         return "RobustRAGQueryEngine"
+
+    def model_post_init(self, context: Any, /) -> None:
+        """A query engine passes no ``choices``: majority vote would fail on every query."""
+        super().model_post_init(context)
+        if self.synthesizer.robust.aggregation.name == "majority":
+            raise ValueError(
+                "a query engine cannot pass choices, which majority vote needs: call "
+                "RobustRAGSynthesizer.get_response(query, chunks, choices=[...]) instead"
+            )
 
     @classmethod
     def from_args(

@@ -1,0 +1,158 @@
+"""RobustRAG at its edges, in the core and both adapters: what counts as a vote, when a
+certificate is refused, whose deadline applies, and what each isolated call sees."""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import threading
+from typing import Any, ClassVar
+
+import pytest
+
+from ragdefense.llm import CallableLLM
+from ragdefense.llm.base import DEFAULT_TIMEOUT
+from ragdefense.robustrag import RobustRAG
+
+Q = "What is the largest ocean?"
+CHOICES = ["Pacific", "Atlantic"]
+PASSAGES = ["The Pacific is the largest ocean.", "The Pacific Ocean is the largest.", "Oceans."]
+
+
+def test_a_letter_no_candidate_has_is_no_vote() -> None:
+    """An answer "I don't know" starts with the letter I: an abstention, not a vote."""
+    replies = iter(["I don't know", "I think it is A", "A. Pacific", "B. Atlantic", "I don't know"])
+    rag = RobustRAG(llm=lambda p: next(replies), aggregation="majority")
+    result = rag.answer(Q, [*PASSAGES, "more", "still more"], choices=CHOICES)
+    assert result.votes == {"A": 1, "B": 1} and result.abstentions == [0, 1, 4]
+
+
+def test_gold_may_be_the_letter_or_the_candidates_text() -> None:
+    rag = RobustRAG(llm=lambda p: "A. Pacific", aggregation="majority")
+    for gold in ("A", "Pacific", "a. pacific", ["Atlantic", "Pacific"]):
+        result = rag.answer(Q, PASSAGES * 2, choices=CHOICES, certify=1, gold=gold)
+        assert result.certificate is not None and result.certificate.certified, gold
+    wrong = rag.answer(Q, PASSAGES * 2, choices=CHOICES, certify=1, gold="Atlantic")
+    assert wrong.certificate is not None and not wrong.certificate.certified
+
+
+def test_a_failed_call_leaves_no_certificate() -> None:
+    """What a failed passage says is unknown (a slow injected passage can make benign calls
+    time out): no bound holds, whatever the others say."""
+
+    def flaky(prompt: str) -> str:
+        if "Oceans." in prompt:
+            raise ConnectionError("down")
+        return "A. Pacific"
+
+    rag = RobustRAG(llm=flaky, aggregation="majority")
+    result = rag.answer(Q, PASSAGES * 3, choices=CHOICES, certify=1)
+    assert result.answer == "A. Pacific" and result.certificate is not None
+    assert not result.certificate.certified and "3 of 9" in result.certificate.reason
+    assert rag.certify_calls(result, 1) == 0
+
+
+def test_an_answer_is_certified_only_by_its_own_aggregation() -> None:
+    keyword = RobustRAG(llm=lambda p: "Pacific Ocean").answer(Q, PASSAGES)
+    with pytest.raises(ValueError, match="aggregated by 'keyword'"):
+        RobustRAG(llm=lambda p: "A", aggregation="majority").certify(keyword, 1)
+
+
+def test_no_passages_with_certify_gives_a_refusal() -> None:
+    result = RobustRAG(llm=lambda p: "x").answer(Q, [], certify=1)
+    assert result.certificate is not None and not result.certificate.certified
+    assert "no passages" in result.certificate.reason
+
+
+def test_max_new_tokens_must_be_an_int() -> None:
+    for bad in (20.0, "20", True):
+        with pytest.raises(TypeError, match="max_new_tokens"):
+            RobustRAG(llm=lambda p: "x", max_new_tokens=bad)  # type: ignore[arg-type]
+
+
+def test_the_engines_timeout_alone_bounds_a_model_it_wraps() -> None:
+    """A model wrapped by the engine (or an adapter) answers within the engine's timeout,
+    ``None`` included; an LLM given already wrapped keeps its own too."""
+    for timeout, budget in ((None, float("inf")), (900.0, 900.0)):
+        rag = RobustRAG(llm=lambda p: "x", timeout=timeout)
+        assert rag.llm._deadline(rag.timeout) == budget
+    wrapped = CallableLLM(lambda p: "x")
+    assert RobustRAG(llm=wrapped, timeout=None).llm._deadline(None) == DEFAULT_TIMEOUT
+
+
+def test_each_isolated_call_sees_the_callers_context() -> None:
+    """Tracing (LangChain's run collectors, LlamaIndex's spans) lives in context variables:
+    the calls made from worker threads see the caller's."""
+    marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="lost")
+    seen: list[str] = []
+
+    def model(prompt: str) -> str:
+        seen.append(marker.get())
+        return "Pacific"
+
+    marker.set("the caller's")
+    RobustRAG(llm=model).answer(Q, PASSAGES)
+    assert seen and set(seen) == {"the caller's"}
+
+
+def test_langchain_chain_follows_its_fields() -> None:
+    from langchain_core.language_models import FakeListChatModel
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_ragdefense import RobustRAGChain
+
+    class Fixed(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Any]:
+            from langchain_core.documents import Document
+
+            return [Document(p) for p in PASSAGES]
+
+    chain = RobustRAGChain.from_llm(FakeListChatModel(responses=["A. Pacific"]), Fixed())
+    assert chain._core({}).llm.timeout is None  # the engine's timeout governs
+    chain.aggregation = "majority"
+    out = chain.invoke({"question": Q, "choices": CHOICES})
+    assert out["report"].aggregation == "majority"
+    copy = chain.model_copy(update={"aggregation": "keyword"})
+    assert copy.invoke(Q)["report"].aggregation == "keyword"
+
+
+def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> None:
+    from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
+
+    from llama_index.postprocessor.ragdefense import RobustRAGQueryEngine, RobustRAGSynthesizer
+
+    class Local(CustomLLM):
+        """A local model: LlamaIndex's CustomLLM answers acomplete by calling complete."""
+
+        threads: ClassVar[list[int]] = []
+
+        @property
+        def metadata(self) -> LLMMetadata:
+            return LLMMetadata()
+
+        def complete(self, prompt: str, formatted: bool = False, **kw: Any) -> CompletionResponse:
+            self.threads.append(threading.get_ident())
+            return CompletionResponse(text="Pacific")
+
+        def stream_complete(self, prompt: str, formatted: bool = False, **kw: Any) -> Any:
+            raise NotImplementedError
+
+    class Nothing(BaseRetriever):
+        def _retrieve(self, query_bundle: Any) -> list[Any]:
+            return []
+
+    llm = Local()
+    empty = RobustRAGQueryEngine.from_args(Nothing(), llm=llm, certify=1).query(Q)
+    report = empty.metadata["ragdefense"]  # type: ignore[index]
+    assert str(empty) == "I don't know" and not report.certificate.certified
+    with pytest.raises(ValueError, match="choices"):
+        RobustRAGQueryEngine.from_args(Nothing(), llm=llm, aggregation="majority")
+
+    async def on_the_loop() -> int:
+        await RobustRAGSynthesizer(llm=llm).aget_response(Q, PASSAGES)
+        return threading.get_ident()
+
+    loop_thread = asyncio.run(on_the_loop())
+    assert len(llm.threads) == len(PASSAGES) + 1  # the isolated calls and the keyword call
+    assert loop_thread not in llm.threads[: len(PASSAGES)]  # off the event loop
