@@ -67,12 +67,20 @@ def test_flagged_passages_go_first_with_the_audits_evidence() -> None:
     before = copy.deepcopy(passages)
     result = guard.defend("What is the capital of Australia?", passages)
     assert passages == before  # nothing changed
-    assert result.removed_indices[:2] == [3, 4]  # by id (d3) and by text (stored as zz)
+    assert result.removed_indices[:2] == [3, 4]  # by text, whatever the id (zz stored as d4)
     assert "quarantined" in result.verdicts[3].reason and "isolation" in result.verdicts[3].reason
     assert all(v.kept for v in result.verdicts[:3])
     assert result.defense == "Consensus + quarantine" and result.estimates["quarantined"] == [3, 4]
     assert isinstance(guard, Defense) and defense(guard) is guard  # a defense like any other
     assert (guard.pool_factor, guard.min_pool) == (guard.defense.pool_factor, 8)
+
+
+def test_an_id_alone_quarantines_nothing() -> None:
+    """Another store's numbering, or a chunk replaced in place: an honest text under a flagged
+    chunk's id stays; the flagged text, rewrapped, goes."""
+    guard = Quarantine.from_report(REPORT)
+    assert guard.reason(Passage(TEXTS[0], id="d3")) is None
+    assert guard.reason(Passage(f"  {TEXTS[3]}\n".replace(" ", "\n ", 1), id="x")) is not None
 
 
 def test_a_flagged_chunk_outside_any_group_is_left_to_the_defense_unless_asked() -> None:

@@ -8,10 +8,10 @@ one pool can decide. :class:`Quarantine` carries the audit's findings to answer 
 the audit flagged is removed before the wrapped defense runs, with the audit's evidence as its
 reason, and the defense decides about the rest as usual.
 
-A passage is matched to a finding by its id (the knowledge base's: a LangChain document id, a
-LlamaIndex node id, a file's record id) or, failing that, by its exact text, so a chunk stored
-again under a new id stays quarantined; a reworded chunk is a new chunk, which the next audit
-and the per-query defense judge.
+A passage is matched to a finding by its text (spacing aside), never by its id alone: a chunk
+stored again under a new id stays quarantined, while an honest chunk that happens to carry a
+flagged chunk's id (a store numbering its documents another way, a chunk replaced in place)
+does not; a reworded chunk is a new chunk, which the next audit and the per-query defense judge.
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ __all__ = ["Quarantine"]
 
 
 def _digest(text: str) -> str:
-    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+    """SHA-256 of ``text`` with its spacing normalised (a store may strip or rewrap it)."""
+    said = " ".join(text.split())
+    return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
 def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str]]:
@@ -70,9 +72,10 @@ class Quarantine:
 
     Attributes:
         defense: The per-query defense run on the passages left (any :class:`Defense`).
-        ids: Ids of the quarantined chunks.
-        digests: SHA-256 of their texts.
-        reasons: The audit's evidence per chunk, by id and by digest.
+        ids: Ids of the quarantined chunks, as the audit named them (for reading: matching
+            is by text).
+        digests: SHA-256 of their texts (spacing normalised): what passages are matched by.
+        reasons: The audit's evidence per chunk, by digest.
     """
 
     defense: Defense
@@ -102,7 +105,10 @@ class Quarantine:
                 or from a source the audit condemned (``stats["suspect_sources"]``: an upload
                 or site most of whose chunks look planted). Any other flagged chunk is as often
                 the honest passage a planted set sits next to (its victim) as a planted one, and
-                is left to the per-query defense; ``False`` quarantines it too.
+                is left to the per-query defense; ``False`` quarantines it too. A group's
+                member the report names as standing apart from it (possibly the honest passage
+                the group targets, for a person to check) is quarantined with its group: in a
+                large planted set it is as often one of the set's own variants.
 
         Raises:
             ValueError: The report cannot be read or is not an audit's.
@@ -125,7 +131,7 @@ class Quarantine:
             why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"
             score = float(f.get("score", float("nan")))
             reason = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
-            reasons[str(f.get("id"))] = reasons[_digest(str(f.get("text", "")))] = reason
+            reasons[_digest(str(f.get("text", "")))] = reason
         return cls(
             front_door(defense),
             frozenset(str(f.get("id")) for f in chosen),
@@ -151,9 +157,7 @@ class Quarantine:
         return self.defense.min_passages
 
     def reason(self, passage: Passage) -> str | None:
-        """Why ``passage`` is quarantined; ``None`` when it is not."""
-        if passage.id is not None and str(passage.id) in self.ids:
-            return self.reasons[str(passage.id)]
+        """Why ``passage`` is quarantined (its text is a flagged chunk's); ``None`` when not."""
         digest = _digest(passage.text)
         return self.reasons[digest] if digest in self.digests else None
 
