@@ -423,11 +423,12 @@ def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_p
         mp.setattr(EmbedStep, "__call__", dies_on_probes)
         with pytest.raises(KeyboardInterrupt):
             audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
-    assert calls["n"] == len(texts)
+    mark = 1  # the text that tells the model apart on resume (embedded once: it is cached)
+    assert calls["n"] == len(texts) + mark
     resumed = audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
-    assert calls["n"] - len(texts) == resumed.stats["probes"]  # only the probes, not the chunks
+    assert calls["n"] - len(texts) - mark == resumed.stats["probes"]  # the probes, no chunk
     again = audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
-    assert calls["n"] - len(texts) == resumed.stats["probes"]  # nothing at all
+    assert calls["n"] - len(texts) - mark == resumed.stats["probes"]  # nothing at all
     clean = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "c", part_size=32)
     assert [(f.id, round(f.score, 6)) for f in again.findings] == [
         (f.id, round(f.score, 6)) for f in clean.findings
@@ -445,6 +446,31 @@ def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_p
         with pytest.raises(ValueError, match="not empty and holds no audit"):
             audit(ListCorpus(texts, ids), embedder=toy, workdir=mine, fresh=clear)
     assert [p.name for p in mine.iterdir()] == ["notes.txt"]
+
+
+def test_a_resume_is_refused_for_another_query_log_model_or_defense(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """The manifest records what the query log, the embedding model and each defense's
+    settings are, not only how many or of which type: anything else would hand back the old
+    report."""
+    from ragdefense import Consensus
+
+    texts, ids, _ = toy_corpus()
+    kb, work = ListCorpus(texts, ids), tmp_path / "w"
+    log = ["who made the quantum toaster?", "what is the moon made of?"]
+    audit(kb, embedder=toy, workdir=work, part_size=32, queries=log)
+    audit(kb, embedder=CallableEmbedder(bag_of_words), workdir=work, part_size=32, queries=log)
+    with pytest.raises(ValueError, match=r"other parameters \(queries\)"):
+        audit(kb, embedder=toy, workdir=work, part_size=32, queries=log[::-1])
+    shifted = CallableEmbedder(lambda batch: np.roll(bag_of_words(batch), 1, axis=1))
+    with pytest.raises(ValueError, match=r"other parameters \(embedder\)"):
+        audit(kb, embedder=shifted, workdir=work, part_size=32, queries=log)
+    other = tmp_path / "d"
+    audit(kb, defenses=[Consensus(tightness=0.9)], embedder=toy, workdir=other, part_size=32)
+    audit(kb, defenses=[Consensus(tightness=0.9)], embedder=toy, workdir=other, part_size=32)
+    with pytest.raises(ValueError, match=r"other parameters \(defenses\)"):
+        audit(kb, defenses=[Consensus(tightness=0.8)], embedder=toy, workdir=other, part_size=32)
 
 
 def test_fresh_removes_only_the_audits_own_files(toy: CallableEmbedder, tmp_path: Path) -> None:

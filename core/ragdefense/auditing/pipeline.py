@@ -33,7 +33,7 @@ from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
-from .settings import AuditSettings
+from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
 from .victims import apart_reason, possible_victims, victim_reason
@@ -205,14 +205,14 @@ def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> t
     wd.start(
         {
             "knowledge_base": fingerprint(corpus),
-            "defenses": names,
+            "defenses": [defense_mark(d) for d in settings.defenses],
             "top_m": settings.top_m,
             "max_probes": settings.max_probes,
             "neighbours": settings.neighbours,
             "wide_neighbours": settings.wide_neighbours,
             "part_size": settings.part_size,
-            "queries": None if queries is None else len(queries),
-            "embedder": None if embedder is None else repr(type(embedder)),
+            "queries": None if queries is None else queries_mark(queries),
+            "embedder": embedder_mark(embedder, wd.recorded("embedder")),
             "index": settings.index,
             "shards": settings.shards,
             "route": settings.route,

@@ -11,14 +11,18 @@ report = audit("chunks.jsonl", settings, workdir="other/", part_size=256)  # one
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from ..defenses.registry import DEFAULT_DEFENSE
+from ..embedders import as_embedder
 from .evidence import Scoring
 
-__all__ = ["AuditSettings"]
+__all__ = ["AuditSettings", "defense_mark", "embedder_mark", "queries_mark"]
 
 
 @dataclass(frozen=True)
@@ -86,3 +90,47 @@ class AuditSettings:
             raise ValueError("source_key must be a metadata key, 'auto' or None")
         if not self.defenses:
             raise ValueError("give at least one defense")
+
+
+def queries_mark(texts: list[str]) -> str:
+    """How many texts, and a hash of them: what a resumed audit compares a query log by."""
+    joined = "\0".join(texts).encode("utf-8", errors="surrogatepass")
+    return f"{len(texts)} {hashlib.sha256(joined).hexdigest()[:16]}"
+
+
+#: the text whose vector tells one embedding model from another
+_PROBE = "ragdefense audit: which model embeds this text?"
+
+
+def embedder_mark(embedder: Any, recorded: Any = None) -> str | None:
+    """The embedder as a resumed audit compares it: its type and projections of its vector
+    for a fixed text (another model of the same type gives others), ``None`` for the
+    packaged default. ``recorded`` (an earlier run's mark) is returned when it is the same
+    model's, up to rounding (another machine computes the last digits otherwise)."""
+    if embedder is None:
+        return None
+    vector = np.asarray(as_embedder(embedder).embed([_PROBE]), dtype=np.float64).ravel()
+    vector = vector / (np.linalg.norm(vector) or 1.0)
+    # eight fixed projections of the whole vector: a few coordinates may be zero in any model
+    signature = vector @ np.random.default_rng(0).standard_normal((len(vector), 8))
+    mark = f"{type(embedder).__name__} " + " ".join(f"{v:.3f}" for v in signature)
+    if isinstance(recorded, str) and recorded.split(" ")[0] == mark.split(" ")[0]:
+        try:
+            before = np.array([float(v) for v in recorded.split(" ")[1:]])
+        except ValueError:
+            return mark
+        if before.shape == signature.shape and np.allclose(before, signature, atol=0.01):
+            return recorded
+    return mark
+
+
+def defense_mark(defense: Any) -> str:
+    """A defense as a resumed audit compares it: its name, or its type with its settings (the
+    plain values among its attributes)."""
+    if isinstance(defense, str):
+        return defense
+    plain = (bool, int, float, str, type(None))
+    settings = sorted(
+        (k, v) for k, v in vars(defense).items() if not k.startswith("_") and isinstance(v, plain)
+    )
+    return f"{type(defense).__name__}({', '.join(f'{k}={v!r}' for k, v in settings)})"

@@ -168,6 +168,15 @@ class Workdir:
 
     # ---- the manifest ----------------------------------------------------------------------
 
+    def recorded(self, param: str) -> Any:
+        """A parameter as an earlier run recorded it (``None``: none recorded, or unreadable;
+        :meth:`start` then says what is wrong)."""
+        try:
+            params = self.read_json("manifest.json")["params"] if self.has("manifest.json") else {}
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return params.get(param) if isinstance(params, dict) else None
+
     def _is_audit(self) -> bool:
         """Whether the folder's ``manifest.json`` is an audit's: it bears :data:`MARKER`, or
         records an audit's own stage (``part_sizes``)."""
