@@ -298,9 +298,14 @@ def test_probes_from_titles_and_first_sentences() -> None:
         ("2", "ignored text", "Eiffel Tower history"),
         ("3", "Too short. x", ""),
         ("4", "paris is the capital of FRANCE. Again.", ""),
+        ("5", "Jane Austen wrote Pride and Prejudice in 1813. More.", "Jane Austen"),
     ]
     probes = derive_probes(chunks)
-    assert probes == [("Paris is the capital of France.", "1"), ("Eiffel Tower history", "2")]
+    assert probes == [
+        ("Paris is the capital of France.", "1"),
+        ("Eiffel Tower history", "2"),
+        ("Jane Austen wrote Pride and Prejudice in 1813.", "5"),  # a name is no question
+    ]
     assert len(derive_probes(chunks * 3, max_probes=1)) == 1
 
 
@@ -775,6 +780,25 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert "no file" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["audit", str(kb), "--format", "docx"])
+
+
+def test_the_console_script_finds_a_module_in_the_current_folder(tmp_path: Path) -> None:
+    """``ragdefense audit mystore:store`` as the docs write it: the console script's path
+    holds its own folder, not the current one; a function needing arguments is a clear error."""
+    import subprocess
+    import sys
+
+    (tmp_path / "mystore.py").write_text("def store(path):\n    return path\n")
+    script = Path(sys.executable).with_name("ragdefense")
+    done = subprocess.run(
+        [str(script), "audit", "mystore:store", "--quiet"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 2, done.stderr
+    assert "calling it failed" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

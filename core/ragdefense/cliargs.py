@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
+import sys
 from typing import Any
 
 __all__ = ["UsageError", "counts", "import_object", "non_negative", "positive", "resolve"]
@@ -41,7 +43,11 @@ def counts(text: str) -> list[int]:
 
 
 def resolve(spec: str, what: str) -> Any:
-    """The object named by ``module:attribute`` (a dotted attribute path)."""
+    """The object named by ``module:attribute`` (a dotted attribute path) on the command line:
+    a module in the current folder is found, as ``python -m`` finds it (a console script's
+    path holds only its own folder)."""
+    if os.getcwd() not in sys.path and "" not in sys.path:
+        sys.path.insert(0, os.getcwd())
     try:
         return import_object(spec)
     except ValueError as exc:

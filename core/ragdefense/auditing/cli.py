@@ -62,8 +62,15 @@ def _cmd_audit(args: argparse.Namespace) -> int:
                 f"no file {source!r}: give a .jsonl / .parquet file of {{id, text}}, or "
                 "module:attribute of a LangChain vector store or LlamaIndex index"
             )
-        source = resolve(source, "knowledge base")
-        source = source() if callable(source) else source
+        named, source = source, resolve(source, "knowledge base")
+        if callable(source):
+            try:
+                source = source()
+            except TypeError as exc:
+                raise UsageError(
+                    f"knowledge base {named!r}: calling it failed ({exc}); name a store, an "
+                    "index, or a function that takes no arguments and returns one"
+                ) from None
     try:
         settings = AuditSettings(
             defenses=args.defense or AuditSettings().defenses,

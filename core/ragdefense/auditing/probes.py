@@ -18,13 +18,13 @@ MIN_WORDS = 3
 
 
 def probe_text(text: str, title: str = "") -> str | None:
-    """The probe for one chunk: its title, else its first sentence (at most 32 words); ``None``
-    when that leaves fewer than 3 words."""
-    source = title.strip() or _SENTENCE_END.split(text.strip(), maxsplit=1)[0]
-    words = _WORD.findall(source)
-    if len(words) < MIN_WORDS:
-        return None
-    return " ".join(words[:MAX_WORDS])
+    """The probe for one chunk: its title, else (no title, or one of fewer than 3 words, such as
+    a name) its first sentence, at most 32 words; ``None`` when that leaves fewer than 3."""
+    for source in (title.strip(), _SENTENCE_END.split(text.strip(), maxsplit=1)[0]):
+        words = _WORD.findall(source)
+        if len(words) >= MIN_WORDS:
+            return " ".join(words[:MAX_WORDS])
+    return None
 
 
 def derive_probes(
