@@ -782,6 +782,57 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         main(["audit", str(kb), "--format", "docx"])
 
 
+def test_parquet_without_pyarrow_is_refused_before_any_work(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import sys
+
+    (tmp_path / "chunks.parquet").write_bytes(b"PAR1")
+    monkeypatch.setitem(sys.modules, "pyarrow", None)
+    monkeypatch.setitem(sys.modules, "pyarrow.parquet", None)
+    work = tmp_path / "w"
+    assert main(["audit", str(tmp_path / "chunks.parquet"), "--workdir", str(work)]) == 2
+    assert "pip install" in capsys.readouterr().err and not work.exists()
+
+
+def test_an_index_over_a_store_no_adapter_reads_is_a_clear_error() -> None:
+    """Qdrant, pgvector, a custom store: the adapter says so (it cannot page through it)."""
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.core.schema import TextNode
+    from llama_index.core.vector_stores.types import (
+        BasePydanticVectorStore,
+        VectorStoreQueryResult,
+    )
+
+    class OtherStore(BasePydanticVectorStore):
+        """A store of another kind (this adapter reads the default one and Chroma)."""
+
+        stores_text: bool = True
+
+        @property
+        def client(self) -> Any:
+            return None
+
+        def add(self, nodes: Any, **kwargs: Any) -> list[str]:
+            return [n.node_id for n in nodes]
+
+        def delete(self, ref_doc_id: str, **kwargs: Any) -> None:
+            return None
+
+        def query(self, query: Any, **kwargs: Any) -> VectorStoreQueryResult:
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+
+    store = OtherStore()
+    index = VectorStoreIndex(
+        [TextNode(text="one"), TextNode(text="two")],
+        storage_context=StorageContext.from_defaults(vector_store=store),
+        embed_model=MockEmbedding(embed_dim=4),
+    )
+    with pytest.raises(TypeError, match=r"cannot read every node.*OtherStore.*JSONL"):
+        audit(index)
+
+
 def test_the_console_script_finds_a_module_in_the_current_folder(tmp_path: Path) -> None:
     """``ragdefense audit mystore:store`` as the docs write it: the console script's path
     holds its own folder, not the current one; a function needing arguments is a clear error."""

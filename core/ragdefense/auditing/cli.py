@@ -91,7 +91,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=not args.quiet,
         )
-    except (ValueError, FileNotFoundError, TypeError) as exc:
+    except (ValueError, FileNotFoundError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     written = report.write(args.workdir, args.format)
     print(report.to_markdown(top=args.show))

@@ -125,6 +125,17 @@ class ListCorpus:
             )
 
 
+def _parquet() -> Any:
+    """``pyarrow.parquet``, or an ``ImportError`` naming the install."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:
+        raise ImportError(
+            "reading Parquet needs pyarrow: pip install './core[audit]' (or pyarrow)"
+        ) from None
+    return pq
+
+
 class FileCorpus:
     """Chunks from a JSONL or Parquet file: one record per chunk with ``id`` and ``text``,
     optionally ``title``, ``embedding`` (a list of floats: used instead of embedding) and
@@ -139,6 +150,8 @@ class FileCorpus:
             raise FileNotFoundError(f"no knowledge base file at {self.path}")
         if self.path.suffix not in (".jsonl", ".parquet"):
             raise ValueError(f"{self.path}: expected a .jsonl or .parquet file of {{id, text}}")
+        if self.path.suffix == ".parquet":
+            _parquet()  # before any work: a missing pyarrow is a one-line error
 
     def fingerprint(self) -> str:
         """Path, size and modification time of the file."""
@@ -147,11 +160,7 @@ class FileCorpus:
 
     def _records(self) -> Iterator[dict[str, Any]]:
         if self.path.suffix == ".parquet":
-            try:
-                import pyarrow.parquet as pq
-            except ImportError:
-                raise ImportError("reading Parquet needs pyarrow: pip install pyarrow") from None
-            for record_batch in pq.ParquetFile(self.path).iter_batches(batch_size=4096):
+            for record_batch in _parquet().ParquetFile(self.path).iter_batches(batch_size=4096):
                 yield from record_batch.to_pylist()
             return
         with self.path.open(encoding="utf-8") as f:
@@ -233,11 +242,12 @@ def as_corpus(knowledge_base: Any) -> Corpus:
     from ..plugins import framework_of
 
     try:  # a framework's store, read by its adapter (registered as an entry point)
-        return framework_of(knowledge_base).corpus(knowledge_base)
+        framework = framework_of(knowledge_base)
     except TypeError as exc:
         if "pip install" in str(exc):
             raise
-
+    else:  # its adapter's own refusal (a store it cannot read) is the one to show
+        return framework.corpus(knowledge_base)
     raise TypeError(
         f"cannot audit a {type(knowledge_base).__name__}: pass a .jsonl / .parquet file of "
         "{id, text}, a list of texts, a LangChain vector store or a LlamaIndex index"

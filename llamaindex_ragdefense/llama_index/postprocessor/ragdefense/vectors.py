@@ -75,6 +75,12 @@ class IndexCorpus:
     or the Chroma collection), so memory holds one batch of nodes, not the index."""
 
     def __init__(self, index: VectorStoreIndex) -> None:
+        store = index.vector_store
+        if store_kind(store) not in ("simple", "chroma"):
+            raise TypeError(
+                f"ragdefense cannot read every node of an index over a {type(store).__name__}: "
+                "export it as a JSONL file of {id, text, embedding?} and audit that"
+            )
         self.index = index
 
     def fingerprint(self) -> str:
@@ -103,11 +109,6 @@ class IndexCorpus:
                         got["ids"], got["metadatas"], got["documents"], strict=True
                     )
                 ]
-        else:
-            raise TypeError(
-                f"ragdefense cannot read every node of an index over a {type(store).__name__}: "
-                "export it as a JSONL file of {id, text, embedding?} and audit that"
-            )
 
     def batches(self, size: int) -> Iterator[Batch]:
         store: Any = self.index.vector_store
