@@ -590,6 +590,21 @@ def test_a_probed_part_that_parses_but_is_damaged_is_refused(
     assert report.findings
 
 
+def test_a_truncated_chunk_part_or_manifest_is_named_with_the_way_out(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, _ = toy_corpus()
+    for name in ("chunks/00000.json", "manifest.json"):
+        work = tmp_path / name.replace("/", "_")
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+        damaged = work / name
+        damaged.write_text(damaged.read_text()[:14])
+        with pytest.raises(ValueError, match=rf"{damaged.name}: damaged.*fresh"):
+            audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+        again = audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
+        assert again.findings
+
+
 def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:
@@ -672,6 +687,12 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
     log = tmp_path / "log.jsonl"
     log.write_text('{"question": "a b c?"}\n{"query": "d e f?"}\n')
     assert read_queries(log) == ["a b c?", "d e f?"]
+    log.write_text('{"question": "a b c?"\n')
+    with pytest.raises(ValueError, match=r"log.jsonl: not JSONL"):
+        read_queries(log)
+    (tmp_path / "log.csv").write_text("question\nwho?\n")
+    with pytest.raises(ValueError, match=r"log.csv: a query log is a .txt, .jsonl or .json"):
+        read_queries(tmp_path / "log.csv")
 
 
 def test_audit_settings_are_checked_when_made() -> None:

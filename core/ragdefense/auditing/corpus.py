@@ -259,13 +259,21 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
     ``question`` or ``query`` field per line; ``.json`` a list of strings or such objects)."""
     if isinstance(queries, (str, Path)) and Path(queries).is_file():
         path = Path(queries)
+        if path.suffix not in (".txt", ".jsonl", ".json"):
+            raise ValueError(f"{path}: a query log is a .txt, .jsonl or .json file")
         text = path.read_text(encoding="utf-8")
+        items: list[Any]
         if path.suffix == ".txt":
-            items: list[Any] = text.splitlines()
-        elif path.suffix == ".jsonl":
-            items = [json.loads(line) for line in text.splitlines() if line.strip()]
+            items = text.splitlines()
         else:
-            items = json.loads(text)
+            try:
+                items = (
+                    [json.loads(line) for line in text.splitlines() if line.strip()]
+                    if path.suffix == ".jsonl"
+                    else json.loads(text)
+                )
+            except json.JSONDecodeError as exc:
+                raise ValueError(f"{path}: not {path.suffix[1:].upper()} ({exc})") from None
             items = list(items.values()) if isinstance(items, dict) else items
     elif isinstance(queries, (str, Path)):
         raise FileNotFoundError(f"no query log at {queries}")

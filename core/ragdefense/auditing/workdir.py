@@ -177,6 +177,21 @@ class Workdir:
             return None
         return params.get(param) if isinstance(params, dict) else None
 
+    def _damaged_audit(self) -> bool:
+        """Whether the folder is an audit's whose manifest cannot be read: a ``manifest.json``
+        that does not parse, beside nothing but the audit's own entries, its chunk parts
+        among them."""
+        names = {p.name for p in self.path.iterdir() if not p.name.startswith(".manifest.json.")}
+        if not self.has("manifest.json") or not names <= set(AUDIT_ENTRIES):
+            return False
+        if not (self.path / "chunks").is_dir():
+            return False
+        try:
+            json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            return True
+        return False
+
     def _is_audit(self) -> bool:
         """Whether the folder's ``manifest.json`` is an audit's: it bears :data:`MARKER`, or
         records an audit's own stage (``part_sizes``)."""
@@ -198,7 +213,13 @@ class Workdir:
         # a manifest's temporary file is the audit's own (killed before its first write)
         stray = [p for p in self.path.iterdir() if p.name.startswith(".manifest.json.")]
         others = [p for p in self.path.iterdir() if p not in stray]
-        if others and not self._is_audit():
+        if others and not self._is_audit() and self._damaged_audit():
+            if not fresh:
+                raise ValueError(
+                    f"{self.path / 'manifest.json'}: damaged, beside an audit's parts: run "
+                    "the audit again with fresh=True (--fresh) to redo it"
+                )
+        elif others and not self._is_audit():
             raise ValueError(
                 f"{self.path} is not empty and holds no audit: give a new or empty folder as the "
                 "working folder (nothing in it was touched)"
@@ -252,9 +273,10 @@ def _part_texts(path: str, version: tuple[int, int, int]) -> dict[str, list[str]
 
 def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
     """The ids, texts and titles of chunk part ``part``."""
-    path = workdir.path / f"{part_name('chunks', part)}.json"
-    stat = path.stat()
-    return _part_texts(str(path), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+    name = f"{part_name('chunks', part)}.json"
+    with workdir._damaged(name):
+        stat = (workdir.path / name).stat()
+        return _part_texts(str(workdir.path / name), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
 
 
 def rows_at(wd: Workdir, kind: str, sizes: list[int], positions: np.ndarray) -> np.ndarray:
