@@ -605,6 +605,16 @@ def test_a_truncated_chunk_part_or_manifest_is_named_with_the_way_out(
         assert again.findings
 
 
+def test_a_pipe_in_an_id_or_a_source_keeps_the_markdown_table(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    texts, ids, _ = toy_corpus()
+    kb = ListCorpus(texts, [f"kb|{i}" for i in ids], metadata=[{"source": "a|b"}] * len(texts))
+    shown = audit(kb, embedder=toy, workdir=tmp_path / "w", part_size=32).to_markdown(top=5)
+    rows = [r for r in shown.splitlines() if r.startswith("| ") and "---" not in r]
+    assert len(rows) == 6 and {r.replace("\\|", "").count("|") for r in rows} == {9}
+
+
 def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:

@@ -125,8 +125,8 @@ class AuditReport:
             group = f"{f.group['id']} ({f.group['size']})" if f.group else ""
             mark = "**" if f.suspicious else ""
             cells = [str(rank), f"{mark}{_shown(f.id)}{mark}", f"{f.score:.2f}", str(f.retrieved)]
-            cells += [flagged, group, _shown("; ".join(f.reasons)), text.replace("|", "\\|")]
-            lines.append("| " + " | ".join(cells) + " |")
+            cells += [flagged, group, _shown("; ".join(f.reasons)), text]
+            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
