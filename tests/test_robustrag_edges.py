@@ -64,10 +64,12 @@ def test_no_passages_with_certify_gives_a_refusal() -> None:
     assert "no passages" in result.certificate.reason
 
 
-def test_max_new_tokens_must_be_an_int() -> None:
+def test_max_new_tokens_must_be_an_int_and_nlp_a_pipeline() -> None:
     for bad in (20.0, "20", True):
         with pytest.raises(TypeError, match="max_new_tokens"):
             RobustRAG(llm=lambda p: "x", max_new_tokens=bad)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"spacy.load\('en_core_web_sm'\)"):
+        RobustRAG(llm=lambda p: "x", nlp="en_core_web_sm")  # before any LLM call
 
 
 def test_the_engines_timeout_alone_bounds_a_model_it_wraps() -> None:

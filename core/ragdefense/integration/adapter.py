@@ -107,7 +107,7 @@ class AdapterCore:
         the default) or, with ``fail_open``, warn and return ``None`` (the caller passes the
         passages through).
 
-        Handed fewer passages than the defense's ``min_passages`` (they pass unchecked), or
+        Handed fewer passages than the defense's ``min_passages`` (not compared), or
         fewer than its ``min_pool`` where no adapter retriever fetched the pool
         (:func:`pooled`), it warns once for this adapter, adding ``too_few``: how to retrieve
         more in the caller's framework (a postprocessor cannot widen retrieval itself)."""
@@ -132,7 +132,8 @@ class AdapterCore:
         need, floor = defense.min_passages, defense.min_pool
         if n < need:
             what = (
-                f"fewer than the {need} it needs to compare: they pass unchecked, poison included."
+                f"fewer than the {need} it needs to compare: what only a comparison would "
+                "catch passes."
             )
         elif n < floor and not _POOLED.get():
             what = (

@@ -14,6 +14,11 @@ def check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
     first answer it would be a raw ModuleNotFoundError, or every answer "I don't know")."""
     from importlib.util import find_spec
 
+    if nlp is not None and not callable(nlp):
+        raise TypeError(
+            f"nlp must be a loaded spaCy pipeline (spacy.load({nlp!r}) if a name), got "
+            f"{type(nlp).__name__}"
+        )
     if aggregation == "keyword" and nlp is None and find_spec("spacy") is None:
         raise ImportError(
             "RobustRAG's keyword aggregation extracts keywords with spaCy: pip install "
