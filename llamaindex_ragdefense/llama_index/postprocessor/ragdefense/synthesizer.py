@@ -34,6 +34,11 @@ class RobustRAGSynthesizer(BaseSynthesizer):
     The response's ``metadata["ragdefense"]`` holds the core :class:`ragdefense.RobustAnswer`
     (isolated answers, abstentions, keyword counts, threshold, certificate).
 
+    Each node reaches its isolated call as LlamaIndex hands nodes to any synthesizer: with the
+    metadata it shows the LLM (``excluded_llm_metadata_keys`` hides a key; metadata is as
+    much the attacker's as the text). LangChain's ``RobustRAGChain`` sends ``page_content``
+    only, so the same passages can get other answers there.
+
     Args:
         llm: The LlamaIndex LLM (required: nothing falls back to ``Settings``).
         aggregation: ``"keyword"`` / ``"majority"`` (pass ``choices=`` to ``get_response``),
