@@ -693,6 +693,16 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
         audit(["a b c"], top_m=1)
     with pytest.raises(ValueError, match="dimensions"):
         audit(ListCorpus(["one two three"] * 3, vectors=np.ones((3, 5))), embedder=toy)
+    with pytest.raises(ValueError, match=r"chunk '1': its text is not valid Unicode"):
+        ListCorpus(["fine text", "broken \ud800 text"])
+    with pytest.raises(ValueError, match="one row of numbers per chunk"):
+        ListCorpus(["a", "b"], vectors=[[1.0, 2.0], [1.0]])
+    ragged = tmp_path / "ragged.jsonl"
+    ragged.write_text('{"id": "a", "text": "x", "embedding": [1, 2]}\n')
+    with ragged.open("a") as f:
+        f.write('{"id": "b", "text": "y", "embedding": [1, 2, 3]}\n')
+    with pytest.raises(ValueError, match=r"record 2 \(id 'b'\) has an embedding of 3 numbers"):
+        list(FileCorpus(ragged).batches(10))
     assert read_queries(["  who?  ", ""]) == ["who?"]
     log = tmp_path / "log.jsonl"
     log.write_text('{"question": "a b c?"}\n{"query": "d e f?"}\n')

@@ -72,6 +72,18 @@ def fingerprint(corpus: Corpus) -> str:
     return str(own()) if callable(own) else type(corpus).__name__
 
 
+def _check_text(text: str, where: str) -> None:
+    """``ValueError`` naming the chunk when ``text`` is not valid Unicode (a lone surrogate, as
+    a broken export holds): it could be neither stored nor reported."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise ValueError(
+            f"{where}: its text is not valid Unicode (a lone surrogate at character "
+            f"{exc.start}): fix the export"
+        ) from None
+
+
 def _finite(vector: Any) -> bool:
     try:
         arr = np.asarray(vector, dtype=np.float64)
@@ -101,7 +113,14 @@ class ListCorpus:
         self.texts = [str(t) for t in texts]
         self.ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(len(texts))]
         self.titles = [str(t or "") for t in titles] if titles is not None else [""] * len(texts)
-        self.vectors = None if vectors is None else np.asarray(vectors, dtype=np.float32)
+        for chunk_id, text in zip(self.ids, self.texts, strict=False):
+            _check_text(text, f"chunk {chunk_id!r}")
+        try:
+            self.vectors = None if vectors is None else np.asarray(vectors, dtype=np.float32)
+        except (TypeError, ValueError) as exc:
+            raise ValueError(
+                f"vectors: not one row of numbers per chunk, all one size ({exc})"
+            ) from None
         self.metadata = None if metadata is None else list(metadata)
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("chunk ids must be unique")
@@ -178,6 +197,7 @@ class FileCorpus:
     def batches(self, size: int) -> Iterator[Batch]:
         rows: list[dict[str, Any]] = []
         seen: dict[str, int] = {}
+        dims: dict[str, int] = {}
         for n, record in enumerate(self._records()):
             if "text" not in record or not isinstance(record["text"], str):
                 raise ValueError(f"{self.path}: record {n + 1} has no text string")
@@ -189,11 +209,17 @@ class FileCorpus:
                     f"{chunk_id!r}: chunk ids must be unique"
                 )
             seen[chunk_id] = n + 1
+            _check_text(record["text"], f"{self.path}: record {n + 1} (id {chunk_id!r})")
             vector = record.get("embedding")
             if vector is not None and not _finite(vector):
                 raise ValueError(
                     f"{self.path}: record {n + 1} (id {chunk_id!r}) has an embedding that is "
                     "not a vector of finite numbers"
+                )
+            if vector is not None and len(vector) != dims.setdefault("first", len(vector)):
+                raise ValueError(
+                    f"{self.path}: record {n + 1} (id {chunk_id!r}) has an embedding of "
+                    f"{len(vector)} numbers, earlier ones {dims['first']}"
                 )
             rows.append({**record, "id": chunk_id})
             if len(rows) == size:
