@@ -58,6 +58,13 @@ def test_an_answer_is_certified_only_by_its_own_aggregation() -> None:
         RobustRAG(llm=lambda p: "A", aggregation="majority").certify(keyword, 1)
 
 
+def test_certify_calls_checks_k_prime_as_certify_does() -> None:
+    rag = RobustRAG(llm=lambda p: "Pacific Ocean")
+    result = rag.answer(Q, PASSAGES * 2)
+    with pytest.raises((TypeError, ValueError), match=r"k'|certify"):
+        rag.certify_calls(result, 1.5)  # type: ignore[arg-type]
+
+
 def test_no_passages_with_certify_gives_a_refusal() -> None:
     result = RobustRAG(llm=lambda p: "x").answer(Q, [], certify=1)
     assert result.certificate is not None and not result.certificate.certified

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
-from .checks import check_attack, check_certify, check_installed, check_templates
+from .checks import check_certify, check_installed, check_templates
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
@@ -289,7 +289,7 @@ class RobustRAG:
     ) -> int:
         """How many LLM calls :meth:`certify` would make for ``result`` (0 when it is refused
         without asking, or decided without generation)."""
-        check_attack(attack)
+        check_certify(k_prime, attack, None)
         if _refusal(len(result.responses), k_prime) is not None or _failed(result) is not None:
             return 0
         return int(self._bound().calls_needed(result, k_prime, attack))
