@@ -605,6 +605,52 @@ def test_a_truncated_chunk_part_or_manifest_is_named_with_the_way_out(
         assert again.findings
 
 
+def test_a_folder_with_a_broken_manifest_and_a_users_chunks_folder_is_never_cleared(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    mine = tmp_path / "mine"
+    (mine / "chunks").mkdir(parents=True)
+    (mine / "chunks" / "data.txt").write_text("my data")
+    (mine / "manifest.json").write_text("")
+    for clear in (False, True):
+        with pytest.raises(ValueError, match="holds no audit"):
+            audit(["one two three four"], embedder=toy, workdir=mine, fresh=clear)
+    assert (mine / "chunks" / "data.txt").read_text() == "my data"
+
+
+def test_resume_marks_tell_models_and_settings_apart_not_rounding() -> None:
+    from ragdefense import Consensus, Quarantine
+    from ragdefense.auditing.settings import defense_mark, embedder_mark
+
+    rng = np.random.default_rng(0)
+    base = rng.standard_normal(384)
+
+    def model(noise: float, seed: int = 0) -> CallableEmbedder:
+        jitter = np.random.default_rng(seed).standard_normal(384) * noise
+        return CallableEmbedder(lambda batch: np.array([base + jitter for _ in batch]))
+
+    first = embedder_mark(model(0.0))
+    assert embedder_mark(model(1e-3, seed=1), recorded=first) == first  # another machine
+    other = CallableEmbedder(lambda batch: rng.standard_normal((len(batch), 384)))
+    assert embedder_mark(other, recorded=first) != first  # another model of the same type
+    assert defense_mark(Consensus(trusted={"a"})) != defense_mark(Consensus(trusted={"b"}))
+    assert defense_mark(Consensus(trusted={"a", "b"})) == defense_mark(
+        Consensus(trusted={"b", "a"})
+    )
+    one = Quarantine.from_report(
+        {"findings": [{"id": "x", "text": "t", "suspicious": True}]}, grouped=False
+    )
+    assert defense_mark(one) != defense_mark(Quarantine.from_report({"findings": []}))
+
+    class Slotted:
+        __slots__ = ("tightness",)
+
+        def __init__(self) -> None:
+            self.tightness = 0.9
+
+    assert defense_mark(Slotted()) == "Slotted(tightness=0.9)"
+
+
 def test_a_pipe_in_an_id_or_a_source_keeps_the_markdown_table(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:
@@ -708,11 +754,13 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
     log.write_text('{"question": "a b c?"}\n{"query": "d e f?"}\n')
     assert read_queries(log) == ["a b c?", "d e f?"]
     log.write_text('{"question": "a b c?"\n')
-    with pytest.raises(ValueError, match=r"log.jsonl: not JSONL"):
+    with pytest.raises(ValueError, match=r"log.jsonl: not JSON lines"):
         read_queries(log)
     (tmp_path / "log.csv").write_text("question\nwho?\n")
-    with pytest.raises(ValueError, match=r"log.csv: a query log is a .txt, .jsonl or .json"):
+    with pytest.raises(ValueError, match=r"log.csv: not JSON \(.txt: one query per line\)"):
         read_queries(tmp_path / "log.csv")
+    (tmp_path / "log.LOG").write_text('["a b c?"]')
+    assert read_queries(tmp_path / "log.LOG") == ["a b c?"]  # JSON under any other name
 
 
 def test_audit_settings_are_checked_when_made() -> None:
@@ -890,7 +938,7 @@ def test_the_console_script_finds_a_module_in_the_current_folder(tmp_path: Path)
         timeout=120,
     )
     assert done.returncode == 2, done.stderr
-    assert "calling it failed" in done.stderr and "Traceback" not in done.stderr
+    assert "with no arguments failed" in done.stderr and "Traceback" not in done.stderr
 
 
 @pytest.mark.slow

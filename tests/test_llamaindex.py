@@ -233,8 +233,10 @@ def test_robustrag_synthesizer_with_and_without_poison(index: VectorStoreIndex) 
     aclean = asyncio.run(synth.asynthesize(QUESTION.question, nodes))
     assert str(aclean) == "Canberra"
     assert aclean.metadata["ragdefense"].keyword_counts["Sydney"] == 1
-    empty = synth.synthesize(QUESTION.question, [])  # no report, and never an earlier one's
-    assert "ragdefense" not in (empty.metadata or {})
+    empty = synth.synthesize(QUESTION.question, [])  # its own report, never an earlier one's
+    report = empty.metadata["ragdefense"]  # type: ignore[index]
+    assert report.responses == () and report.reason == "no passages were given"
+    assert str(empty) == "I don't know" and not report.certificate.certified
     with pytest.raises(ValueError, match="needs llm"):
         RobustRAGSynthesizer(llm=None)  # type: ignore[arg-type]
 

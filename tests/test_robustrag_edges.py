@@ -34,6 +34,10 @@ def test_gold_may_be_the_letter_or_the_candidates_text() -> None:
         assert result.certificate is not None and result.certificate.certified, gold
     wrong = rag.answer(Q, PASSAGES * 2, choices=CHOICES, certify=1, gold="Atlantic")
     assert wrong.certificate is not None and not wrong.certificate.certified
+    # candidates that are letters themselves: an offered letter is read as the letter
+    blood = RobustRAG(llm=lambda p: "B. A", aggregation="majority")
+    typed = blood.answer(Q, PASSAGES * 2, choices=["AB", "A", "B"], certify=1, gold="B")
+    assert typed.certificate is not None and typed.certificate.certified
 
 
 def test_a_failed_call_leaves_no_certificate() -> None:
@@ -91,17 +95,21 @@ def test_the_engines_timeout_alone_bounds_a_model_it_wraps() -> None:
 
 def test_each_isolated_call_sees_the_callers_context() -> None:
     """Tracing (LangChain's run collectors, LlamaIndex's spans) lives in context variables:
-    the calls made from worker threads see the caller's."""
+    the calls made from worker threads see the caller's, but not the batch's progress observer
+    (told by the caller's thread only, so a model running its own batch reports nothing up)."""
+    from ragdefense.llm.observe import observer
+
     marker: contextvars.ContextVar[str] = contextvars.ContextVar("marker", default="lost")
-    seen: list[str] = []
+    seen: list[tuple[str, object]] = []
 
     def model(prompt: str) -> str:
-        seen.append(marker.get())
+        seen.append((marker.get(), observer()))
         return "Pacific"
 
     marker.set("the caller's")
-    RobustRAG(llm=model).answer(Q, PASSAGES)
-    assert seen and set(seen) == {"the caller's"}
+    told: list[tuple[int, int]] = []
+    RobustRAG(llm=model).answer(Q, PASSAGES, progress=lambda d, t: told.append((d, t)))
+    assert seen and set(seen) == {("the caller's", None)} and told[-1] == (4, 4)
 
 
 def test_langchain_chain_follows_its_fields() -> None:
@@ -157,6 +165,13 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
     assert str(empty) == "I don't know" and not report.certificate.certified
     with pytest.raises(ValueError, match="choices"):
         RobustRAGQueryEngine.from_args(Nothing(), llm=llm, aggregation="majority")
+
+    class WithChoices(RobustRAGQueryEngine):
+        def custom_query(self, query_str: str) -> Any:
+            nodes = self.retriever.retrieve(query_str)
+            return self.synthesizer.synthesize(query_str, nodes, choices=CHOICES)
+
+    WithChoices(retriever=Nothing(), synthesizer=RobustRAGSynthesizer(llm, "majority"))
 
     async def on_the_loop() -> int:
         await RobustRAGSynthesizer(llm=llm).aget_response(Q, PASSAGES)

@@ -44,10 +44,10 @@ def counts(text: str) -> list[int]:
 
 def resolve(spec: str, what: str) -> Any:
     """The object named by ``module:attribute`` (a dotted attribute path) on the command line:
-    a module in the current folder is found, as ``python -m`` finds it (a console script's
-    path holds only its own folder)."""
+    a module in the current folder is found (a console script's path holds only its own
+    folder), searched after the installed packages, which a local file never shadows."""
     if os.getcwd() not in sys.path and "" not in sys.path:
-        sys.path.insert(0, os.getcwd())
+        sys.path.append(os.getcwd())
     try:
         return import_object(spec)
     except ValueError as exc:

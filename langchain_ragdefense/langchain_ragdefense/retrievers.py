@@ -148,12 +148,12 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
     """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
     its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
     its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
-    set), as :func:`widened` asks it; an ensemble's, the largest of its retrievers' (it
-    returns their union, at least that many)."""
+    set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
+    their union, at most that many)."""
     children = getattr(retriever, "retrievers", None)
     if isinstance(retriever, BaseModel) and isinstance(children, list):
         ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
-        return max((k for k in ks if k is not None), default=None)
+        return sum(k for k in ks if k is not None) or None
     own = positive_int(getattr(retriever, "k", None))
     search_kwargs = getattr(retriever, "search_kwargs", None)
     if own is None and isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
@@ -180,8 +180,8 @@ def defend(
             ``fail_open`` and ``params`` are then an error).
         k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
             vector store retriever's ``search_kwargs["k"]``, 4 unless set; an ensemble's, the
-            largest of its retrievers'; no second fetch when the defense removes some), else
-            all kept. The base retriever is asked for
+            sum of its retrievers'; no second fetch when the defense removes some), else all
+            kept. The base retriever is asked for
             ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`)
             and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the

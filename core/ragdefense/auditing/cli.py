@@ -68,8 +68,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
                 source = source()
             except TypeError as exc:
                 raise UsageError(
-                    f"knowledge base {named!r}: calling it failed ({exc}); name a store, an "
-                    "index, or a function that takes no arguments and returns one"
+                    f"knowledge base {named!r}: calling it with no arguments failed ({exc}); "
+                    "name a store, an index, or a function that takes none and returns one"
                 ) from None
     try:
         settings = AuditSettings(

@@ -150,7 +150,7 @@ def _parquet() -> Any:
         import pyarrow.parquet as pq
     except ImportError:
         raise ImportError(
-            "reading Parquet needs pyarrow: pip install './core[audit]' (or pyarrow)"
+            "reading Parquet needs pyarrow: pip install 'ragdefense[audit]' (or pyarrow)"
         ) from None
     return pq
 
@@ -285,21 +285,22 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
     ``question`` or ``query`` field per line; ``.json`` a list of strings or such objects)."""
     if isinstance(queries, (str, Path)) and Path(queries).is_file():
         path = Path(queries)
-        if path.suffix not in (".txt", ".jsonl", ".json"):
-            raise ValueError(f"{path}: a query log is a .txt, .jsonl or .json file")
         text = path.read_text(encoding="utf-8")
+        suffix = path.suffix.lower()
         items: list[Any]
-        if path.suffix == ".txt":
+        if suffix == ".txt":
             items = text.splitlines()
-        else:
+        else:  # .jsonl / .ndjson a record per line, anything else JSON
+            lines = suffix in (".jsonl", ".ndjson")
             try:
                 items = (
                     [json.loads(line) for line in text.splitlines() if line.strip()]
-                    if path.suffix == ".jsonl"
+                    if lines
                     else json.loads(text)
                 )
             except json.JSONDecodeError as exc:
-                raise ValueError(f"{path}: not {path.suffix[1:].upper()} ({exc})") from None
+                kind = "JSON lines" if lines else "JSON (.txt: one query per line)"
+                raise ValueError(f"{path}: not {kind} ({exc})") from None
             items = list(items.values()) if isinstance(items, dict) else items
     elif isinstance(queries, (str, Path)):
         raise FileNotFoundError(f"no query log at {queries}")

@@ -12,7 +12,7 @@ report = audit("chunks.jsonl", settings, workdir="other/", part_size=256)  # one
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,18 +119,40 @@ def embedder_mark(embedder: Any, recorded: Any = None) -> str | None:
             before = np.array([float(v) for v in recorded.split(" ")[1:]])
         except ValueError:
             return mark
-        if before.shape == signature.shape and np.allclose(before, signature, atol=0.01):
+        # another model's projections differ by about one each; the same model's on another
+        # machine or precision by hundredths
+        if before.shape == signature.shape and np.allclose(before, signature, atol=0.1):
             return recorded
     return mark
 
 
 def defense_mark(defense: Any) -> str:
-    """A defense as a resumed audit compares it: its name, or its type with its settings (the
-    plain values among its attributes)."""
+    """A defense as a resumed audit compares it: its name, or its type with its settings (its
+    public attributes: plain values, collections of them, callables by name, nested defenses
+    by their own mark)."""
     if isinstance(defense, str):
         return defense
-    plain = (bool, int, float, str, type(None))
-    settings = sorted(
-        (k, v) for k, v in vars(defense).items() if not k.startswith("_") and isinstance(v, plain)
-    )
-    return f"{type(defense).__name__}({', '.join(f'{k}={v!r}' for k, v in settings)})"
+    attrs = getattr(defense, "__dict__", None)
+    if attrs is None:  # __slots__
+        slots = getattr(type(defense), "__slots__", ())
+        attrs = {k: getattr(defense, k) for k in slots if hasattr(defense, k)}
+    settings = sorted((k, _setting(v)) for k, v in attrs.items() if not k.startswith("_"))
+    return f"{type(defense).__name__}({', '.join(f'{k}={v}' for k, v in settings)})"
+
+
+def _setting(value: Any) -> str:
+    """One attribute as :func:`defense_mark` writes it."""
+    if isinstance(value, (bool, int, float, str, type(None))):
+        return repr(value)
+    if isinstance(value, (list, tuple, set, frozenset)):
+        items = [_setting(v) for v in value]
+        return (
+            "[" + ", ".join(sorted(items) if isinstance(value, (set, frozenset)) else items) + "]"
+        )
+    if isinstance(value, Mapping):
+        return "{" + ", ".join(sorted(f"{k!r}: {_setting(v)}" for k, v in value.items())) + "}"
+    if callable(value) and hasattr(value, "__qualname__"):
+        return f"<{value.__qualname__}>"
+    if hasattr(value, "defend"):  # a nested defense (a quarantine's)
+        return defense_mark(value)
+    return f"<{type(value).__name__}>"  # a model or another object: its type

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import tempfile
 import uuid
@@ -184,7 +185,10 @@ class Workdir:
         names = {p.name for p in self.path.iterdir() if not p.name.startswith(".manifest.json.")}
         if not self.has("manifest.json") or not names <= set(AUDIT_ENTRIES):
             return False
-        if not (self.path / "chunks").is_dir():
+        chunks = self.path / "chunks"
+        if not chunks.is_dir() or not all(
+            re.fullmatch(r"\d{5}\.(json|npy)", p.name) for p in chunks.iterdir()
+        ):
             return False
         try:
             json.loads((self.path / "manifest.json").read_text(encoding="utf-8"))

@@ -13,7 +13,7 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .observe import observer
+from .observe import observer, quiet
 
 __all__ = [
     "CHARS_PER_TOKEN",
@@ -96,6 +96,7 @@ def run_threads(
     slots = slots or threading.Semaphore(max(1, workers))
     end = time.monotonic() + budget
     caller = contextvars.copy_context()  # each call sees the caller's context (tracing, spans)
+    caller.run(quiet)  # but not this batch's observer: it is told here, in the caller's thread
     results: list[Generation | None] = [None] * len(prompts)
     pending = list(range(len(prompts)))[::-1]
     lock = threading.Lock()

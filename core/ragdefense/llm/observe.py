@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["Observer", "observer", "reporting"]
+__all__ = ["Observer", "observer", "quiet", "reporting"]
 
 #: ``observer(done)``: calls of the current batch completed so far (answered, failed or late)
 Observer = Callable[[int], None]
@@ -30,3 +30,9 @@ def reporting(on_done: Observer | None) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+def quiet() -> None:
+    """No observer from here on in the current context (a copy handed to worker threads: the
+    batch's observer is told by the thread that started the batch)."""
+    _CURRENT.set(None)

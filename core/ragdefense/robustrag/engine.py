@@ -158,7 +158,7 @@ class RobustRAG:
         engine's ``timeout`` alone; an :class:`~ragdefense.llm.LLM` given as it is keeps its
         own ``timeout`` too (the tighter wins)."""
         if not isinstance(self._llm, LLM):
-            wrapped = copy.copy(as_llm(self._llm))  # a copy: the default one is shared
+            wrapped = copy.copy(as_llm(self._llm))  # a copy: never change an object given
             wrapped.timeout = None
             self._llm = wrapped
         return self._llm
@@ -225,7 +225,8 @@ class RobustRAG:
             certify: k', the number of injected (or modified) passages to certify against.
             attack: ``"injection"`` (k' passages pushed in, the bottom k' pushed out) or
                 ``"modification"`` (any k' passages rewritten).
-            gold: Correct answer string(s): certify correctness instead of stability.
+            gold: Correct answer string(s): certify correctness instead of stability (majority
+                vote: a candidate's letter, its text or both; an offered letter is a letter).
             progress: Called as ``progress(done, total)``: for the answer's own calls (``total``
                 is :meth:`answer_calls`) before the first and as each completes, then while
                 certification asks the LLM (``total`` is :meth:`certify_calls`). From the
@@ -376,9 +377,8 @@ def _left(end: float) -> float:
 
 
 def _failed(result: RobustAnswer) -> str | None:
-    """Why an answer some of whose isolated calls failed is not certified: what those passages
-    say is unknown (a slow injected passage can hold a shared deadline so that benign calls time
-    out), so no bound over the others holds."""
+    """Why an answer with failed isolated calls is not certified: what those passages say is
+    unknown (a slow injected passage can make benign calls time out on the shared deadline)."""
     failed = sum(r.error is not None for r in result.responses)
     if not failed:
         return None

@@ -159,9 +159,13 @@ class _Majority:
 
 
 def _letter(gold: str, choices: Sequence[str]) -> str:
-    """A gold answer as its letter: given as the letter, the candidate's text or both
+    """A gold answer as its letter: given as the letter (an offered letter is always read as
+    one, even where a candidate's text is a letter too), the candidate's text or both
     (``"A. Pacific"``), case and spacing aside; anything else as it is."""
     said = " ".join(gold.split()).casefold()
+    letters = [chr(ord("A") + i) for i in range(len(choices))]
+    if said.upper() in letters:
+        return said.upper()
     for i, choice in enumerate(choices):
         letter = chr(ord("A") + i)
         text = " ".join(choice.split()).casefold()

@@ -177,9 +177,12 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         return "RobustRAGQueryEngine"
 
     def model_post_init(self, context: Any, /) -> None:
-        """A query engine passes no ``choices``: majority vote would fail on every query."""
+        """This query engine passes no ``choices``: with majority vote every query would fail
+        (a subclass whose ``custom_query`` passes them is left to do so)."""
         super().model_post_init(context)
-        if self.synthesizer.robust.aggregation.name == "majority":
+        owner = next(c for c in type(self).__mro__ if "custom_query" in vars(c))
+        own = owner is RobustRAGQueryEngine  # not a subclass's
+        if own and self.synthesizer.robust.aggregation.name == "majority":
             raise ValueError(
                 "a query engine cannot pass choices, which majority vote needs: call "
                 "RobustRAGSynthesizer.get_response(query, chunks, choices=[...]) instead"
