@@ -8,7 +8,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .attacks import ATTACKS
 from .cliargs import UsageError
@@ -17,7 +17,27 @@ from .cliargs import resolve as _resolve
 from .defenses.registry import DEFAULT_DEFENSE, names
 from .offline import offline
 
-__all__ = ["UsageError", "build_parser", "main"]
+if TYPE_CHECKING:
+    from .redteam import AttackTarget
+
+__all__ = ["UsageError", "build_parser", "demo_targets", "main"]
+
+
+def demo_targets() -> list[AttackTarget]:
+    """The demo knowledge base's questions as red-team targets, with its planted claims (their
+    question prefix taken off: each attack writes its own)."""
+    from .data import load_demo_kb
+    from .redteam import AttackTarget
+
+    return [
+        AttackTarget(
+            q.question,
+            q.incorrect_answer,
+            q.correct_answer,
+            tuple(p.removeprefix(q.question).strip() for p in q.poison),
+        )
+        for q in load_demo_kb()
+    ]
 
 
 def _llm(spec: str | None) -> Any:
@@ -50,7 +70,7 @@ def _cmd_limits(args: argparse.Namespace) -> int:
 def _cmd_attack(args: argparse.Namespace) -> int:
     from .data import load_demo_kb
     from .defenses.registry import preset
-    from .redteam import AttackTarget, InMemoryKnowledgeBase, load_targets
+    from .redteam import InMemoryKnowledgeBase, load_targets
 
     _out_file(args.json)
     try:
@@ -60,13 +80,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     llm = _llm(args.llm)
     store: Any = _resolve(args.store, "--store") if args.store else None
     try:
-        if args.targets:
-            targets = load_targets(args.targets)
-        else:
-            targets = [
-                AttackTarget(q.question, q.incorrect_answer, q.correct_answer, tuple(q.poison))
-                for q in load_demo_kb()
-            ]
+        targets = load_targets(args.targets) if args.targets else demo_targets()
         options = {"defense": args.defense, "attack": args.attack, "n_poison": args.n_poison}
         if store is not None:
             from .plugins import framework_of

@@ -26,6 +26,7 @@ __all__ = [
     "InMemoryKnowledgeBase",
     "RedTeamReport",
     "TargetOutcome",
+    "check_red_team",
     "defense_label",
     "load_targets",
     "plant",
@@ -60,6 +61,37 @@ class AttackTarget:
             raise ValueError("an attack target needs a non-empty question")
         if not isinstance(self.wrong_answer, str) or not self.wrong_answer.strip():
             raise ValueError(f"target {self.question!r} needs a non-empty wrong_answer")
+        for name in ("poison", "alternatives"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(t, str) for t in value):
+                raise ValueError(
+                    f"target {self.question!r}: {name} must be a sequence of strings (one "
+                    f"passage is {name}=(text,))"
+                )
+            object.__setattr__(self, name, tuple(value))
+
+
+def check_red_team(targets: Sequence[AttackTarget], k: int) -> list[AttackTarget]:
+    """The targets of a red team, checked with ``k`` before any copy is made: at least one,
+    each an :class:`AttackTarget`, one per question (the poison planted is counted per
+    question), and ``k`` a positive int."""
+    found = list(targets)
+    if not found:
+        raise ValueError("no targets: give at least one AttackTarget")
+    wrong = next((t for t in found if not isinstance(t, AttackTarget)), None)
+    if wrong is not None:
+        raise TypeError(f"targets must be AttackTarget objects, got {type(wrong).__name__}")
+    seen: set[str] = set()
+    for t in found:
+        if t.question in seen:
+            raise ValueError(
+                f"two targets share the question {t.question!r}: one target per question (give "
+                "the other wrong answers as its alternatives)"
+            )
+        seen.add(t.question)
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be a positive int, got {k!r}")
+    return found
 
 
 def plant(target: AttackTarget, attack: str = "poisonedrag", n: int = 5) -> list[str]:
@@ -164,7 +196,7 @@ class TargetOutcome:
     retrieved: int
     poison_retrieved: int
     answer: str | None
-    hijacked: bool  # the answer states the wrong answer; without one: poison is most of the context
+    hijacked: bool  # the answer states a wrong answer; without one: poison is most of the context
     correct: bool | None  # the answer states the correct answer (None: unknown)
 
 
@@ -239,18 +271,19 @@ def run_red_team(
             They run over a knowledge base in which ``poison`` has been planted.
         poison: Question -> the poison passages planted for it (to count poison in the context).
         attack: The attack's name, for the report.
-        n_poison: Poison passages planted per target, for the report.
+        n_poison: Poison passages asked per target; the report states the most planted for one
+            (a target's own poison texts may be fewer).
     """
     planted = {t for texts in poison.values() for t in texts}
-    report = RedTeamReport(attack, n_poison)
+    report = RedTeamReport(attack, max((len(t) for t in poison.values()), default=n_poison))
     for name, pipeline in pipelines.items():
         for target in targets:
             context, answer = pipeline(target.question)
             n_bad = sum(t in planted for t in context)
             # without an answer, one planted passage among five decides nothing: poison must be
             # most of the context (the answer, when there is one, says what it decided)
-            hijacked = (
-                contains_answer(answer, [target.wrong_answer])
+            hijacked = (  # any of the attacker's answers (multi-answer plants several)
+                contains_answer(answer, [target.wrong_answer, *target.alternatives])
                 if answer is not None
                 else n_bad > len(context) / 2
             )
@@ -315,16 +348,20 @@ class InMemoryKnowledgeBase:
         answer: Callable[[str, list[str]], str] | None = None,
     ) -> RedTeamReport:
         """Plant ``n_poison`` passages of ``attack`` (see :func:`plant`) per target in a copy,
-        retrieve ``k`` with no defense and ``fetch_k`` (default ``2k``) filtered by ``defense``
-        down to ``k``; ``answer(question, context)`` (an LLM call) makes the verdict
-        answer-level."""
+        retrieve ``k`` with no defense and ``fetch_k`` (default: the pool the adapters'
+        ``defend()`` fetches, :func:`ragdefense.integration.retrieval.pool_size`) filtered by
+        ``defense`` down to ``k``; ``answer(question, context)`` (an LLM call) makes the
+        verdict answer-level."""
+        targets = check_red_team(targets, k)
         poison = {t.question: plant(t, attack, n_poison) for t in targets}
         kb = self.with_texts([p for texts in poison.values() for p in texts])
         from .defenses.registry import defense as front_door
 
         named = defense is None or isinstance(defense, str)
         guard = front_door(defense, embedder=self.embedder) if named else front_door(defense)
-        wide = fetch_k or 2 * k
+        from .integration.retrieval import pool_size
+
+        wide = fetch_k or pool_size(guard, k)
 
         def undefended(q: str) -> tuple[list[str], str | None]:
             ctx = kb.search(q, k)

@@ -14,7 +14,14 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
+from ragdefense.redteam import (
+    AttackTarget,
+    RedTeamReport,
+    check_red_team,
+    defense_label,
+    plant,
+    run_red_team,
+)
 
 from ._private import chroma_client, chroma_collection, faiss_documents, faiss_normalizes
 from .retrievers import defend
@@ -194,10 +201,13 @@ def red_team(
             :func:`ragdefense.redteam.plant`).
         n_poison: Poison passages planted per target.
         k: Documents in the context.
-        chain: ``retriever -> Runnable`` building the user's chain around a retriever; its output
-            (as a string) is the answer, and a target is hijacked when the answer states the
-            wrong answer. Without it, a target is hijacked when poison is most of the context.
+        chain: ``retriever -> Runnable`` building the user's chain around a retriever, asked
+            with the question as a string, or as ``{"input", "question", "query"}`` when it
+            takes a mapping (``create_retrieval_chain``); its output (its ``answer`` when a
+            mapping) is the answer, and a target is hijacked when the answer states a wrong
+            answer. Without it, a target is hijacked when poison is most of the context.
     """
+    targets = check_red_team(targets, k)  # before any copy is made
     poisoned = (copy_store or _copy)(store)
     if poisoned is store:
         raise ValueError("copy_store returned the store itself: the red team needs a copy")
@@ -236,7 +246,7 @@ def _red_team(
 
         def run(question: str) -> tuple[list[str], str | None]:
             context = [d.page_content for d in retriever.invoke(question)]
-            answer = runnable.invoke(question) if runnable is not None else None
+            answer = _ask(runnable, question) if runnable is not None else None
             return context, None if answer is None else _text(answer)
 
         return run
@@ -248,6 +258,16 @@ def _red_team(
         attack,
         n_poison,
     )
+
+
+def _ask(runnable: Runnable[Any, Any], question: str) -> Any:
+    """The chain's output for ``question``: given as a string, or, where the chain takes a
+    mapping (``create_retrieval_chain``'s ``{"input": ...}``), under the usual keys."""
+    try:
+        return runnable.invoke(question)
+    except (TypeError, ValueError, KeyError):
+        keyed = {"input": question, "question": question, "query": question}
+        return runnable.invoke(keyed)
 
 
 def _text(output: Any) -> str:

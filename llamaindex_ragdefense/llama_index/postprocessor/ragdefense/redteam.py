@@ -9,15 +9,24 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
-from ragdefense.redteam import AttackTarget, RedTeamReport, defense_label, plant, run_red_team
+from ragdefense.redteam import (
+    AttackTarget,
+    RedTeamReport,
+    check_red_team,
+    defense_label,
+    plant,
+    run_red_team,
+)
 
 from ._private import index_embed_model
 from .postprocessors import DefensePostprocessor
+from .retrievers import defend
 from .vectors import index_nodes, store_kind, stored_vectors
 
 __all__ = ["red_team"]
@@ -127,8 +136,8 @@ def red_team(
     copy_index: Callable[[VectorStoreIndex, list[TextNode]], VectorStoreIndex] | None = None,
 ) -> RedTeamReport:
     """Plant ``n_poison`` passages per target in a copy of ``index``; report which targets are
-    hijacked with no defense (top ``k``) and with ``defense`` (top ``2k`` through a
-    :class:`DefensePostprocessor`, then the first ``k`` kept).
+    hijacked with no defense (top ``k``) and with ``defense`` as :func:`defend` runs it (the
+    pool it fetches, the first ``k`` kept).
 
     Args:
         index: The user's index; over the default ``SimpleVectorStore`` or Chroma it is copied
@@ -147,6 +156,7 @@ def red_team(
         embed_model: The defense's embeddings (default: the index's own).
         copy_index: ``(index, nodes) -> a copy of index with nodes added``.
     """
+    targets = check_red_team(targets, k)
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
     poisoned = (copy_index or _copy)(index, [])
@@ -182,14 +192,13 @@ def _red_team(
     )
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 
-    def pipeline(fetch: int, defended: bool) -> Callable[[str], tuple[list[str], str | None]]:
-        retriever = poisoned.as_retriever(similarity_top_k=fetch)
+    def pipeline(defended: bool) -> Callable[[str], tuple[list[str], str | None]]:
+        retriever: BaseRetriever = poisoned.as_retriever(similarity_top_k=k)
+        if defended:  # what the one line runs: its pool, then the first k kept
+            retriever = defend(retriever, guard, k=k)
 
         def run(question: str) -> tuple[list[str], str | None]:
-            found: list[NodeWithScore] = retriever.retrieve(question)
-            if defended:
-                found = guard.postprocess_nodes(found, query_str=question)
-            found = found[:k]
+            found: list[NodeWithScore] = retriever.retrieve(question)[:k]
             context = [n.node.get_content(MetadataMode.NONE) for n in found]
             if synthesizer is None:
                 return context, None
@@ -199,7 +208,7 @@ def _red_team(
 
     return run_red_team(
         targets,
-        {"no defense": pipeline(k, False), defense_label(defense): pipeline(2 * k, True)},
+        {"no defense": pipeline(False), defense_label(defense): pipeline(True)},
         poison,
         attack,
         n_poison,

@@ -46,10 +46,13 @@ def store_kind(store: Any) -> Literal["simple", "chroma"] | None:
 
 def index_nodes(index: VectorStoreIndex) -> list[BaseNode] | None:
     """Every node of ``index`` over a store of :func:`store_kind` (``None`` for another store):
-    the docstore's own objects for the default store, fresh ones read from Chroma."""
+    for the default store, the docstore's own objects of the nodes the store holds vectors for
+    (a node deleted from the index, or another index's in a shared docstore, is not one); fresh
+    ones read from Chroma."""
     kind = store_kind(index.vector_store)
     if kind == "simple":
-        return list(index.docstore.docs.values())
+        held = list(index.vector_store.data.embedding_dict)  # type: ignore[attr-defined]
+        return list(index.docstore.get_nodes(held)) if held else []
     if kind == "chroma":
         nodes: list[BaseNode] = index.vector_store.get_nodes(None)
         return nodes
