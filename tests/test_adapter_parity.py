@@ -119,6 +119,9 @@ def test_the_postprocessor_defend_builds_serializes(both: tuple[Any, Any]) -> No
     back = DefensePostprocessor.from_json(post.to_json(), embed_model=post.embed_model)
     assert type(back.core).__name__ == "Consensus"
     assert list(back.core.trusted) == back.params["trusted"] == ["docs.example.org"]
+    for misplaced in ({"trusted": ["who.int"]}, {"defense": "grada", "n": 1}, {"trustd": []}):
+        with pytest.raises(ValueError, match="Extra inputs are not permitted"):
+            DefensePostprocessor(**misplaced)  # as the LangChain compressor refuses them
 
 
 def test_the_llamaindex_internals_the_adapter_reads_exist(both: tuple[Any, Any]) -> None:

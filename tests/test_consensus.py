@@ -750,3 +750,22 @@ def test_a_store_s_one_answer_stays_beside_another_story_with_minilm(minilm: obj
     # (MiniLM puts the answer at mean cosine 0.334 to the story, the gate at 0.35)
     assert result.verdicts[0].kept, result.verdicts[0].reason
     assert result.estimates["unsupported_apart"] == [0]
+
+
+def test_a_consensus_pickles_with_its_trust() -> None:
+    """Sent to another process (multiprocessing, Ray, a cache) with sources or a module-level
+    predicate as ``trusted``, or none."""
+    import pickle
+
+    from ragdefense import SentenceTransformerEmbedder
+
+    passage = Passage("x", metadata={"source": "https://who.int/a", "reviewed": True})
+    for trusted in (None, {"who.int"}, is_reviewed):
+        back = pickle.loads(pickle.dumps(Consensus(trusted=trusted)))
+        assert back._is_trusted(passage, source_of(passage)) == (trusted is not None)
+    embedder = pickle.loads(pickle.dumps(SentenceTransformerEmbedder()))
+    assert embedder.packaged and embedder._model is None  # loaded again where it is used
+
+
+def is_reviewed(metadata: dict[str, object]) -> bool:
+    return bool(metadata.get("reviewed"))

@@ -376,6 +376,23 @@ def test_defend_widens_every_retriever_of_an_ensemble(store: InMemoryVectorStore
     assert own.k == 3 and vectors.search_kwargs == {}  # the caller's retrievers are unchanged
 
 
+def test_a_compressor_given_a_store_embeds_the_query_with_the_stores_model() -> None:
+    """The store's vectors are its model's: a compressor given ``vectorstore`` and no
+    ``embeddings`` embeds the query with the store's (the packaged model would compare the
+    query with them in another space, silently where the sizes agree)."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+
+    from langchain_ragdefense import ConsensusCompressor
+
+    model = DeterministicFakeEmbedding(size=384)
+    store = InMemoryVectorStore(model)
+    embedder = ConsensusCompressor(vectorstore=store).core.embedder
+    assert getattr(embedder, "embeddings", None) is model
+    given = DeterministicFakeEmbedding(size=384)
+    kept = ConsensusCompressor(vectorstore=store, embeddings=given).core.embedder
+    assert getattr(kept, "embeddings", None) is given  # an explicit model wins
+
+
 @pytest.mark.slow
 def test_defend_with_other_embeddings_than_the_store(embeddings: RagdefenseEmbeddings) -> None:
     """``embeddings`` other than the store's embed the retrieved documents themselves: the

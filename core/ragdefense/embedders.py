@@ -209,6 +209,19 @@ class SentenceTransformerEmbedder(Embedder):
         self.device = device
         self._load_lock = threading.Lock()
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its locks and cache, and without the packaged model (loaded again
+        where it is used: every machine with the package has it)."""
+        state = super().__getstate__()
+        state["_load_lock"] = None
+        if self.packaged:
+            state["_model"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        self._load_lock = threading.Lock()
+
     @property
     def model(self) -> Any:
         """The underlying ``SentenceTransformer`` (loaded on first use)."""

@@ -10,6 +10,7 @@ count per host (``www.`` dropped); any other value is taken as it is.
 from __future__ import annotations
 
 from collections.abc import Callable, Collection, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -144,19 +145,33 @@ def is_trusted_by(trusted: Trust) -> Callable[[Passage, str | None], bool]:
         False
     """
     if trusted is None:
-        return lambda passage, source: False
+        return _Sources(frozenset())
     if callable(trusted):
-        predicate = trusted
-
-        def by_predicate(passage: Passage, source: str | None) -> bool:
-            meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-            return bool(predicate(meta))
-
-        return by_predicate
+        return _Predicate(trusted)
     if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Collection):
         raise TypeError(
             "trusted must be a collection of sources or a predicate on metadata, got "
             f"{type(trusted).__name__}"
         )
-    names = {_normal(t) for t in trusted} - {None}
-    return lambda passage, source: source is not None and source in names
+    return _Sources(frozenset(n for t in trusted if (n := _normal(t)) is not None))
+
+
+@dataclass(frozen=True)
+class _Sources:
+    """Trusted: a passage from one of ``names`` (a defense holding it pickles)."""
+
+    names: frozenset[str]
+
+    def __call__(self, passage: Passage, source: str | None) -> bool:
+        return source is not None and source in self.names
+
+
+@dataclass(frozen=True)
+class _Predicate:
+    """Trusted: a passage whose metadata ``predicate`` accepts (pickles when it does)."""
+
+    predicate: Callable[[Mapping[str, Any]], Any]
+
+    def __call__(self, passage: Passage, source: str | None) -> bool:
+        meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
+        return bool(self.predicate(meta))

@@ -67,7 +67,8 @@ class DefenseCompressor(BaseDocumentCompressor):
             raising :class:`ragdefense.DefenseFailed`.
         vectorstore: The store the documents come from: the vectors it holds for them are
             used instead of embedding them again (:func:`langchain_ragdefense.vectors.
-            stored_vectors`); ``defend(retriever)`` sets it.
+            stored_vectors`), and its embeddings embed the query unless ``embeddings`` is
+            given; ``defend(retriever)`` sets it.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -95,7 +96,9 @@ class DefenseCompressor(BaseDocumentCompressor):
         embedding cache across queries)."""
         params = adapter_params(self, DefenseCompressor)
         self._core = AdapterCore.claim(self._core, self)
-        return self._core.get(self.defense, params, self.embeddings, LangChainEmbedder)
+        # the store's vectors are its model's: the query must be embedded by the same one
+        embeddings = self.embeddings or getattr(self.vectorstore, "embeddings", None)
+        return self._core.get(self.defense, params, embeddings, LangChainEmbedder)
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")

@@ -8,7 +8,13 @@ import asyncio
 import copy
 from typing import Any, Literal
 
-from llama_index.core.bridge.pydantic import Field, PrivateAttr, SerializeAsAny, field_validator
+from llama_index.core.bridge.pydantic import (
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    SerializeAsAny,
+    field_validator,
+)
 from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
@@ -97,8 +103,12 @@ class DefensePostprocessor(BaseNodePostprocessor):
     Emits the standard rerank start / end instrumentation events (and the callback manager's
     ``RERANKING`` event), and a :class:`DefenseRemovedEvent` for what was removed.
     Serializes (``to_json`` / ``from_json``) when ``defense`` is a name and ``params`` plain
-    values; ``vector_store`` is not serialized.
+    values; ``vector_store`` is not serialized. An unknown keyword is an error (a misspelt or
+    misplaced setting, e.g. ``trusted=`` here rather than on :class:`ConsensusPostprocessor`
+    or in ``params``, would otherwise be dropped).
     """
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     defense: Any = Field(
         default=DEFAULT_DEFENSE,
@@ -118,7 +128,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
         default=None,
         exclude=True,
         description="the store the nodes come from (e.g. index.vector_store): the vectors it "
-        "holds are used for nodes that arrive without an embedding, instead of embedding them",
+        "holds are used for nodes that arrive without an embedding, instead of embedding them; "
+        "give embed_model= the index's model with it (the query must be embedded in the "
+        "store's space)",
     )
     _core: AdapterCore = PrivateAttr(default_factory=AdapterCore)
 
