@@ -210,12 +210,9 @@ class SentenceTransformerEmbedder(Embedder):
         self._load_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without its locks and cache, and without the packaged model (loaded again
-        where it is used: every machine with the package has it)."""
+        """Pickled without locks, cache and the packaged model (loaded again where used)."""
         state = super().__getstate__()
-        state["_load_lock"] = None
-        if self.packaged:
-            state["_model"] = None
+        state["_load_lock"], state["_model"] = None, None if self.packaged else self._model
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
