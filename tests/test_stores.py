@@ -257,6 +257,23 @@ def test_llamaindex_red_team_on_a_copy_of_each_store(
     _planted_and_defended(report)
 
 
+def test_a_red_team_copy_of_a_chroma_collection_keeps_its_distance(tmp_path: Path) -> None:
+    """Set in the configuration (Chroma 1.x) or in the metadata (``hnsw:space``): the copy
+    ranks as the user's collection does (made without it, Chroma measures L2)."""
+    import chromadb
+
+    from ragdefense.integration.vectors import chroma_copy_settings
+
+    client = chromadb.PersistentClient(path=str(tmp_path))
+    configured = client.create_collection("configured", configuration={"hnsw": {"space": "ip"}})
+    legacy = client.create_collection("legacy", metadata={"hnsw:space": "cosine"})
+    copies = chromadb.EphemeralClient()
+    for source, space in ((configured, "ip"), (legacy, "cosine")):
+        copy = copies.create_collection(f"copy-{space}", **chroma_copy_settings(source))
+        assert copy.configuration["hnsw"]["space"] == space
+        copies.delete_collection(copy.name)
+
+
 def test_a_store_that_cannot_be_copied_safely_is_refused(minilm: Any, tmp_path: Path) -> None:
     from langchain_core.vectorstores import InMemoryVectorStore
 

@@ -14,6 +14,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
+from ragdefense.integration.vectors import chroma_copy_settings
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -57,7 +58,7 @@ def _copy_chroma(store: Any) -> VectorStore:
     source = chroma_collection(store)
     client = chromadb.EphemeralClient()
     name = f"ragdefense-redteam-{uuid.uuid4().hex}"
-    target = client.create_collection(name, metadata=source.metadata)
+    target = client.create_collection(name, **chroma_copy_settings(source))
     ids = source.get(include=[])["ids"]
     batch = min(1000, client.get_max_batch_size())
     for start in range(0, len(ids), batch):

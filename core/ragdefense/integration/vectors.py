@@ -7,7 +7,7 @@ import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-__all__ = ["stored_vectors"]
+__all__ = ["chroma_copy_settings", "stored_vectors"]
 
 logger = logging.getLogger("ragdefense")
 
@@ -37,3 +37,19 @@ def stored_vectors(
             logger.warning("%s: the defense embeds the retrieved passages itself: %s", name, why)
         return [None] * len(ids)
     return [found.get(i) if i else None for i in ids]
+
+
+def chroma_copy_settings(collection: Any) -> dict[str, Any]:
+    """What a copy of a Chroma ``collection`` is created with to rank as it does: its metadata
+    and, where its distance is set in its configuration (not in the metadata's ``hnsw:space``),
+    that distance (a copy made without it measures L2)."""
+    metadata = collection.metadata
+    settings: dict[str, Any] = {"metadata": metadata}
+    if isinstance(metadata, Mapping) and "hnsw:space" in metadata:
+        return settings
+    configuration = getattr(collection, "configuration", None)
+    hnsw = configuration.get("hnsw") if isinstance(configuration, Mapping) else None
+    space = hnsw.get("space") if isinstance(hnsw, Mapping) else None
+    if isinstance(space, str):
+        settings["configuration"] = {"hnsw": {"space": space}}
+    return settings

@@ -15,6 +15,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
+from ragdefense.integration.vectors import chroma_copy_settings
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -57,7 +58,7 @@ def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
 
     source = store.client  # ChromaVectorStore.client is its Chroma collection
     target = chromadb.EphemeralClient().create_collection(
-        f"ragdefense-redteam-{uuid.uuid4().hex}", metadata=source.metadata
+        f"ragdefense-redteam-{uuid.uuid4().hex}", **chroma_copy_settings(source)
     )
     return _rebuilt(index, found, extra, ChromaVectorStore(target))
 
