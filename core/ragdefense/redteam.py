@@ -89,7 +89,9 @@ def check_red_team(targets: Sequence[AttackTarget], k: int) -> list[AttackTarget
                 "the other wrong answers as its alternatives)"
             )
         seen.add(t.question)
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+    from .integration.retrieval import positive_int
+
+    if positive_int(k) is None:
         raise ValueError(f"k must be a positive int, got {k!r}")
     return found
 

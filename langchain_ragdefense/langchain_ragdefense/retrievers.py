@@ -117,8 +117,8 @@ def widened(
             wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
             return retriever.model_copy(update={"search_kwargs": wider}), {}, True
         return retriever, {"k": fetch}, True
-    children = getattr(retriever, "retrievers", None)
-    if isinstance(retriever, BaseModel) and isinstance(children, list) and children:
+    children = _ensemble(retriever)
+    if children:
         asked = [_settled(child, fetch) for child in children]
         copy = retriever.model_copy(update={"retrievers": [child for child, _ in asked]})
         return copy, {}, any(honoured for _, honoured in asked)
@@ -129,6 +129,12 @@ def widened(
         wider = search_kwargs | {"k": fetch}
         return retriever.model_copy(update={"search_kwargs": wider}), {}, False
     return retriever, {"k": fetch}, False
+
+
+def _ensemble(retriever: BaseRetriever) -> list[Any] | None:
+    """The retrievers of an ensemble or merger (``retrievers``), ``None`` for another."""
+    children = getattr(retriever, "retrievers", None)
+    return children if isinstance(retriever, BaseModel) and isinstance(children, list) else None
 
 
 def _settled(child: Any, fetch: int) -> tuple[Any, bool]:
@@ -150,8 +156,8 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
     its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
     set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
     their union, at most that many)."""
-    children = getattr(retriever, "retrievers", None)
-    if isinstance(retriever, BaseModel) and isinstance(children, list):
+    children = _ensemble(retriever)
+    if children is not None:
         ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
         return sum(k for k in ks if k is not None) or None
     own = positive_int(getattr(retriever, "k", None))

@@ -178,12 +178,11 @@ class Workdir:
             return None
         return params.get(param) if isinstance(params, dict) else None
 
-    def _damaged_audit(self) -> bool:
-        """Whether the folder is an audit's whose manifest cannot be read: a ``manifest.json``
-        that does not parse, beside nothing but the audit's own entries, its chunk parts
-        among them."""
-        names = {p.name for p in self.path.iterdir() if not p.name.startswith(".manifest.json.")}
-        if not self.has("manifest.json") or not names <= set(AUDIT_ENTRIES):
+    def _damaged_audit(self, entries: list[Path]) -> bool:
+        """Whether the folder (its ``entries``, temporary manifests aside) is an audit's whose
+        manifest cannot be read: a ``manifest.json`` that does not parse, beside nothing but
+        the audit's own entries, its chunk parts among them."""
+        if not self.has("manifest.json") or not {p.name for p in entries} <= set(AUDIT_ENTRIES):
             return False
         chunks = self.path / "chunks"
         if not chunks.is_dir() or not all(
@@ -217,17 +216,17 @@ class Workdir:
         # a manifest's temporary file is the audit's own (killed before its first write)
         stray = [p for p in self.path.iterdir() if p.name.startswith(".manifest.json.")]
         others = [p for p in self.path.iterdir() if p not in stray]
-        if others and not self._is_audit() and self._damaged_audit():
+        if others and not self._is_audit():
+            if not self._damaged_audit(others):
+                raise ValueError(
+                    f"{self.path} is not empty and holds no audit: give a new or empty folder as "
+                    "the working folder (nothing in it was touched)"
+                )
             if not fresh:
                 raise ValueError(
                     f"{self.path / 'manifest.json'}: damaged, beside an audit's parts: run "
                     "the audit again with fresh=True (--fresh) to redo it"
                 )
-        elif others and not self._is_audit():
-            raise ValueError(
-                f"{self.path} is not empty and holds no audit: give a new or empty folder as the "
-                "working folder (nothing in it was touched)"
-            )
         if fresh:
             for tmp in stray:
                 tmp.unlink(missing_ok=True)

@@ -72,7 +72,7 @@ class _Majority:
     ) -> list[str]:
         """One multiple-choice prompt per passage."""
         choices = check_choices(choices)
-        letters = [chr(ord("A") + i) for i in range(len(choices))]
+        letters = _letters(len(choices))
         listing = "\n".join(f"{letter}. {c}" for letter, c in zip(letters, choices, strict=True))
         said = ", ".join(letters[:-1]) + f", or {letters[-1]}"
         return [
@@ -115,7 +115,7 @@ class _Majority:
     ) -> tuple[IsolatedResponse, ...]:
         """Each answer's letter; a letter no candidate has ("I don't know" reads as "I") is
         no vote: an abstention, as "E. No information found" is."""
-        offered = {chr(ord("A") + i) for i in range(n_choices)}
+        offered = set(_letters(n_choices))
         out = []
         for i, (p, g) in enumerate(zip(items, gens, strict=True)):
             if not g.ok:
@@ -163,12 +163,16 @@ def _letter(gold: str, choices: Sequence[str]) -> str:
     one, even where a candidate's text is a letter too), the candidate's text or both
     (``"A. Pacific"``), case and spacing aside; anything else as it is."""
     said = " ".join(gold.split()).casefold()
-    letters = [chr(ord("A") + i) for i in range(len(choices))]
+    letters = _letters(len(choices))
     if said.upper() in letters:
         return said.upper()
-    for i, choice in enumerate(choices):
-        letter = chr(ord("A") + i)
+    for letter, choice in zip(letters, choices, strict=True):
         text = " ".join(choice.split()).casefold()
-        if said in (letter.casefold(), text, f"{letter.casefold()}. {text}"):
+        if said in (text, f"{letter.casefold()}. {text}"):
             return letter
     return gold.strip()
+
+
+def _letters(n: int) -> list[str]:
+    """The letters of ``n`` candidates: A, B, ..."""
+    return [chr(ord("A") + i) for i in range(n)]

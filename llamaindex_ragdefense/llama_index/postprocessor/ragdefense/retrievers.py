@@ -34,10 +34,17 @@ __all__ = ["DefendedRetriever", "defend"]
 def _top_k(retriever: BaseRetriever) -> int | None:
     """Its ``similarity_top_k``; an auto-merging retriever's, its vector retriever's (it
     returns that many or fewer, merged)."""
-    inner = merged_retriever(retriever)
-    if inner is not None and not hasattr(retriever, "similarity_top_k"):
+    inner = _merging(retriever)
+    if inner is not None:
         return _top_k(inner)
     return positive_int(getattr(retriever, "similarity_top_k", None))
+
+
+def _merging(retriever: BaseRetriever) -> BaseRetriever | None:
+    """The vector retriever of an auto-merging retriever (one with no ``similarity_top_k`` of
+    its own), ``None`` for another."""
+    inner = merged_retriever(retriever)
+    return None if inner is None or hasattr(retriever, "similarity_top_k") else inner
 
 
 def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever, bool]:
@@ -51,8 +58,8 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
     if fetch is None or _top_k(retriever) is None:
         return retriever, False
     pool: Any = copy.copy(retriever)
-    inner = merged_retriever(retriever)
-    if inner is not None and not hasattr(retriever, "similarity_top_k"):
+    inner = _merging(retriever)
+    if inner is not None:
         pool._vector_retriever = widened(inner, fetch)[0]
         return pool, False
     pool.similarity_top_k = fetch
