@@ -568,6 +568,8 @@ def test_cli_rejects_bad_sizes_before_any_work(argv: list[str]) -> None:
         (["attack", "--store", "json:missing"], "--store 'json:missing': cannot import it"),
         (["attack", "--store", "no_such_module_x:store"], "cannot import it"),
         (["attack", "--defense", "nope"], "--defense: unknown defense 'nope'"),
+        (["attack", "--store", "json:dumps", "--kb", "kb.json"], "--kb is for the built-in"),
+        (["attack", "--store", "json:dumps", "--llm", "packaged"], "--llm is for the built-in"),
     ],
 )
 def test_cli_errors_are_one_line_exit_2_before_any_work(
