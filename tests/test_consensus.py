@@ -536,6 +536,24 @@ def test_copies_of_one_passage_are_no_coordinated_group() -> None:
     )
 
 
+def test_texts_that_differ_are_never_copies_whatever_their_embeddings() -> None:
+    """An embedder reads a window at each text's start: planted passages that share a long
+    honest opening embed alike but differ after it. They are a coordinated group, not copies
+    of one passage; a case or spacing difference is still a copy."""
+    passages, emb, q, _ = _pool(1, n_benign=6, n_poison=3)
+    planted = [
+        replace(p, text=f"the same long opening, then claim {i}")
+        for i, p in enumerate(passages[6:])
+    ]
+    emb3 = np.vstack([emb[:6], np.repeat(emb[6:7], 3, axis=0)])
+    result = Consensus(support=False).defend_embeddings("q", [*passages[:6], *planted], emb3, q)
+    assert result.estimates["groups"] == [[6, 7, 8]] and "copies" not in result.estimates
+    assert result.removed_indices == [6, 7, 8]
+    recased = [*passages[:6], *[replace(planted[0], text=planted[0].text.upper() + "  ")] * 3]
+    again = Consensus(support=False).defend_embeddings("q", recased, emb3, q)
+    assert "groups" not in again.estimates
+
+
 def _copied_pool(pages: list[str]) -> tuple[list[Passage], np.ndarray, np.ndarray]:
     """Four passages from three independent sites on the topic, and one text (not lifted above
     them: text alone sees one passage) stored once per entry of ``pages``."""

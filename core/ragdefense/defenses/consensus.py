@@ -199,7 +199,7 @@ class Consensus:
         full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's
-        keep, copy_of = distinct(items, full_sim)
+        keep, copy_of = distinct(items)
         pool = Pool(
             [items[i] for i in keep],
             full_sim[np.ix_(keep, keep)],

@@ -22,21 +22,19 @@ def on_topic(qs: np.ndarray) -> list[int]:
     return [i for i in range(len(qs)) if qs[i] >= bar]
 
 
-def distinct(items: list[Any], sim: np.ndarray) -> tuple[list[int], dict[int, list[int]]]:
-    """The first of each set of copies (the same text, or embeddings that coincide), and each
-    first one's later copies."""
+def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
+    """The first of each set of copies (the same text up to spacing and case), and each first
+    one's later copies. Texts that differ are never copies, even where their embeddings
+    coincide: an embedder reads a window of each text, and what follows it may differ."""
     keep: list[int] = []
     copy_of: dict[int, list[int]] = {}
     seen: dict[str, int] = {}
     for i, passage in enumerate(items):
-        text = " ".join(passage.text.split())
+        text = " ".join(passage.text.split()).casefold()
         first = seen.get(text)
-        if first is None and keep:
-            hits = np.flatnonzero(sim[i, keep] > 1 - 1e-6)
-            first = keep[int(hits[0])] if hits.size else None
         if first is None:
             keep.append(i)
-            seen.setdefault(text, i)
+            seen[text] = i
         else:
             copy_of.setdefault(first, []).append(i)
     return keep, copy_of
