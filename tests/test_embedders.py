@@ -80,12 +80,49 @@ def test_all_carried_never_resolves_the_embedder() -> None:
         ([[1.0, 0.0], [1.0, 0.0, 0.0]], "different sizes"),
         ([[1.0, float("nan")], [1.0, 0.0]], "passage 0: embedding contains NaN"),
         ([[[1.0]], [1.0]], "passage 0: embedding must be a 1-D vector"),
+        ([[1.0, 0.0], [1j, 0.0]], "passage 1: embedding must be a 1-D vector of real"),
+        ([["1.0", "0.0"], [1.0, 0.0]], "passage 0: embedding must be a 1-D vector of real"),
     ],
 )
 def test_bad_carried_embeddings(embeddings: list[object], message: str) -> None:
     ps = [Passage(str(i), embedding=e) for i, e in enumerate(embeddings)]  # type: ignore[arg-type]
     with pytest.raises(DefenseInputError, match=message):
         embed_passages(ps)
+
+
+@pytest.mark.parametrize("carried", ["same", "rotated", "wider"])
+def test_carried_embeddings_of_another_model_are_named(minilm: object, carried: str) -> None:
+    """Passages carrying a store's vectors, with no embedder given: the packaged MiniLM embeds
+    the query (and any passage carrying none), so the carried ones must be its own. Another
+    model's, of the same size or not, would compare meaninglessly: a clear error, not a
+    defense silently comparing two spaces."""
+    from ragdefense import Consensus
+    from ragdefense.data import load_demo_kb
+
+    record = load_demo_kb()[0]
+    texts = [*record.benign, *record.poison]
+    vecs = default_embedder().embed(texts)
+    if carried == "rotated":  # another model of the same size
+        rotation, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(384, 384)))
+        vecs = vecs @ rotation.astype(np.float32)
+    if carried == "wider":
+        vecs = np.tile(vecs, 4)
+    passages = [Passage(t, embedding=v) for t, v in zip(texts, vecs, strict=True)]
+    if carried == "same":
+        assert Consensus().defend(record.question, passages).removed_indices == [3, 4, 5, 6, 7]
+        # some carried, some computed: still one space
+        mixed = [passages[0], Passage(texts[1]), *passages[2:]]
+        assert len(embed_passages(mixed)) == len(texts)
+        return
+    for run in (
+        lambda: Consensus().defend(record.question, passages),
+        lambda: embed_passages([*passages[:3], Passage(texts[3])]),
+    ):
+        with pytest.raises(DefenseInputError, match="another model than the default embedder"):
+            run()
+    # the model named, or the query given in its space: no check, nothing embedded
+    q = vecs[0] + vecs[1]
+    assert Consensus().defend_embeddings(record.question, passages, query_embedding=q).verdicts
 
 
 @pytest.mark.parametrize(

@@ -649,7 +649,7 @@ def test_metadata_that_cannot_be_copied_passes_through_both_adapters(toy_embedde
     ("query_embedding", "message"),
     [
         ("x", "1-D vector of real numbers"),
-        ([float("nan")] * 4, "NaN"),
+        ([float("nan")] * 4, "query_embedding contains NaN"),
         ([1.0, 2.0], "size 2, passages 4"),
         ([1 + 2j, 0j, 1j, 2j], "1-D vector of real numbers"),
         ([[1.0, 0.0, 0.0, 0.0]], "1-D vector"),
@@ -667,9 +667,14 @@ def test_a_bad_query_embedding_is_a_clear_error_in_every_defense(
 
     emb = np.eye(6, 4) + 0.1
     passages = [f"passage {i}" for i in range(6)]
-    for name in ("consensus", "ragdefender", "grada-peel", "auto"):
+    for name in ("consensus", "ragdefender", "grada-peel", "auto", "grada"):
         with pytest.raises(DefenseInputError, match=message):
             build(name).defend_embeddings("q", passages, emb, query_embedding)
+    # GRADA over BM25 uses no embedding, and still names bad ones it is given
+    bad = emb.copy()
+    bad[2, 0] = np.nan
+    with pytest.raises(DefenseInputError, match=r"passage\(s\) \[2\] contain NaN"):
+        build("grada").defend_embeddings("q", passages, bad)
 
 
 def test_complex_and_zero_embeddings_are_named() -> None:

@@ -21,7 +21,14 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .similarity import cosine_matrix, cosine_to
-from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
+from .types import (
+    DefenseInputError,
+    Passage,
+    carried_vector,
+    check_carried,
+    check_embeddings,
+    check_query_embedding,
+)
 
 __all__ = [
     "CallableEmbedder",
@@ -342,39 +349,30 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
     """Embeddings of ``passages``: carried ones as is, the rest in one call to the embedder.
 
     The embedder is only resolved (and the default model only loaded) if some passage carries
-    no embedding.
+    no embedding. Beside carried embeddings, the default model must be the one that made them.
 
     Raises:
-        DefenseInputError: a carried embedding is not a finite 1-D vector of the common size.
+        DefenseInputError: a carried embedding is not a finite 1-D vector of the common size,
+            or not the default model's where that model embeds the others.
         EmbeddingError: the embedding model failed.
     """
     if not passages:
         return np.zeros((0, 0), dtype=np.float32)
-    vecs: list[np.ndarray | None] = []
-    for i, p in enumerate(passages):
-        if p.embedding is None:
-            vecs.append(None)
-            continue
-        try:
-            v = np.asarray(p.embedding, dtype=np.float32)
-        except (TypeError, ValueError) as exc:
-            raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
-        if v.ndim != 1 or v.size == 0:
-            raise DefenseInputError(f"passage {i}: embedding must be a 1-D vector, got {v.shape}")
-        if not np.isfinite(v).all():
-            raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
-        vecs.append(v)
+    vecs: list[np.ndarray | None] = [
+        None if p.embedding is None else carried_vector(i, p.embedding)
+        for i, p in enumerate(passages)
+    ]
     todo = [i for i, v in enumerate(vecs) if v is None]
     if todo:
         fresh = as_embedder(embedder).embed([passages[i].text for i in todo])
         for i, v in zip(todo, fresh, strict=True):
             vecs[i] = v
+        if len(todo) < len(vecs):
+            check_carried(passages, vecs, embedder, default_embedder().embed)
     dims = {v.shape[0] for v in vecs if v is not None}
     if len(dims) > 1:
         sizes = [v.shape[0] if v is not None else None for v in vecs]
-        raise DefenseInputError(
-            f"embeddings have different sizes {sorted(dims)}: per passage {sizes}"
-        )
+        raise DefenseInputError(f"embeddings of different sizes {sorted(dims)}: {sizes}")
     return np.stack([v for v in vecs if v is not None])
 
 
@@ -388,10 +386,12 @@ def passage_and_query_embeddings(
     """The passages' (M, d) and the query's (d,) embeddings: the given ones checked, the
     missing ones computed with ``embedder`` (see :func:`embed_passages`)."""
     m = len(passages)
-    if embeddings is None:
+    if carried := embeddings is None:
         embeddings = embed_passages(passages, embedder)
     emb = check_embeddings(embeddings, m)
     if query_embedding is None:
+        if carried:
+            check_carried(passages, list(emb), embedder, default_embedder().embed)
         query_embedding = as_embedder(embedder).embed_query(query)
     q = check_query_embedding(query_embedding)[None, :]
     if q.shape[1] != emb.shape[1]:

@@ -150,10 +150,56 @@ def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.nd
             f"query_embedding must be a 1-D vector of real numbers, got {kind} of shape "
             f"{raw.shape} and dtype {raw.dtype}"
         )
-    q: np.ndarray = check_embeddings(raw[None, :], 1)[0]
+    try:
+        q: np.ndarray = raw.astype(np.float64)
+    except (TypeError, ValueError) as exc:
+        raise DefenseInputError(f"query_embedding is not a vector of real numbers ({exc})") from exc
+    if not np.isfinite(q).all():
+        raise DefenseInputError("query_embedding contains NaN or infinite values")
     if dim is not None and q.shape[0] != dim:
         raise DefenseInputError(f"query embedding has size {q.shape[0]}, passages {dim}")
     return q
+
+
+def carried_vector(i: int, embedding: Any) -> np.ndarray:
+    """The embedding passage ``i`` carries, as a finite float32 vector, else
+    :class:`DefenseInputError` naming the passage."""
+    try:
+        raw = np.asarray(embedding)
+    except (TypeError, ValueError) as exc:
+        raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
+    if raw.ndim != 1 or raw.size == 0 or raw.dtype.kind not in "iufO":
+        raise DefenseInputError(
+            f"passage {i}: embedding must be a 1-D vector of real numbers, got shape "
+            f"{raw.shape} and dtype {raw.dtype}"
+        )
+    try:
+        v = raw.astype(np.float32)
+    except (TypeError, ValueError) as exc:
+        raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
+    if not np.isfinite(v).all():
+        raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
+    return v
+
+
+def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any) -> None:
+    """Where the default model (``embed``) embeds beside embeddings the passages carry (the
+    query, or the passages carrying none), the carried ones must be that model's: a vector
+    store's of another model, of the same size, would compare meaninglessly. The longest
+    carried text is checked (a store may have embedded it with its metadata: the longer, the
+    less that moves it); another model's vector stands near orthogonal to this one's."""
+    carried = [j for j, p in enumerate(passages) if p.embedding is not None and vecs[j].any()]
+    if embedder is not None or not carried:
+        return
+    i = max(carried, key=lambda j: len(passages[j].text))
+    own, vec = np.asarray(embed([passages[i].text]))[0], np.asarray(vecs[i])
+    if own.shape != vec.shape or own @ vec < 0.2 * np.linalg.norm(own) * np.linalg.norm(vec):
+        raise DefenseInputError(
+            f"passage {i} carries an embedding of another model than the default embedder "
+            "(the packaged all-MiniLM-L6-v2, which embeds the query and the passages carrying "
+            "none): pass the model that made it as embedder=, or the query's embedding by it "
+            "to defend_embeddings(query_embedding=)"
+        )
 
 
 def check_query(query: object) -> str:
