@@ -31,6 +31,29 @@ def test_bad_parameters_fail_at_construction_with_the_names() -> None:
     assert build("grada-bm25", n=3).n == 3  # preset values and the caller's both apply
 
 
+@pytest.mark.parametrize(
+    ("name", "params", "message"),
+    [
+        ("consensus", {"margin": None}, "margin must be a number, got None"),
+        ("consensus", {"tightness": "0.9"}, "tightness must be a number"),
+        ("consensus", {"embedder": 5}, "cannot use int as an embedder"),
+        ("grada-peel", {"peel_margin": None}, "peel_margin must be a number"),
+        ("auto", {"peel_margin": None}, "peel_margin must be a number"),
+        ("ragdefender", {"m": 2.5}, "m must be an int, got 2.5"),
+        ("grada", {"max_iter": 1.5}, "max_iter must be an int"),
+        ("grada", {"n": True}, "n must be an int or None, got True"),
+        ("grada", {"alpha": float("nan")}, "alpha must be a number, got nan"),
+        ("grada", {"max_iter": 0}, "max_iter >= 1"),
+    ],
+)
+def test_a_parameter_of_the_wrong_type_fails_at_construction(
+    name: str, params: dict[str, Any], message: str
+) -> None:
+    """Each was accepted, then failed inside numpy at the first defend() (or ran oddly)."""
+    with pytest.raises((TypeError, ValueError), match=message):
+        build(name, **params)
+
+
 @pytest.mark.parametrize("cls", [RAGDefender, GRADA, AutoDefense])
 def test_every_parameter_is_described(cls: type) -> None:
     described = parameters(cls, simple_only=False)

@@ -63,6 +63,7 @@ from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
+from .params import check_embedder, integers, reals
 from .pool import Pool, consensus_result, distinct, map_back
 from .voices import holders, one_voices
 
@@ -131,6 +132,10 @@ class Consensus:
         support: bool = True,
         min_passages: int = 3,
     ) -> None:
+        reals(("absorb", "voice", "anchor"), tightness=tightness, margin=margin, absorb=absorb)
+        reals(("absorb", "voice", "anchor"), voice=voice, anchor=anchor)
+        integers(min_group=min_group, min_passages=min_passages)
+        check_embedder(embedder)
         for label, value in (("tightness", tightness), ("absorb", absorb)):
             if value is not None and not -1 <= value <= 1:
                 raise ValueError(f"{label} is a cosine similarity in [-1, 1], got {value}")

@@ -31,7 +31,16 @@ from scipy.spatial.distance import squareform
 
 from ..embedders import passage_and_query_embeddings
 from ..similarity import BM25, cosine_matrix, cosine_to, cut, pagerank, pairs_among
-from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+from ..types import (
+    DefenseResult,
+    PassageLike,
+    Verdict,
+    check_embeddings,
+    check_query,
+    check_query_embedding,
+    to_passages,
+)
+from .params import check_embedder, integers, reals
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
@@ -160,6 +169,14 @@ class GRADA:
             raise ValueError(f"similarity must be 'hrsim', 'bm25' or 'ebd', got {similarity!r}")
         if hrsim_base not in ("bm25", "ebd"):
             raise ValueError(f"hrsim_base must be 'bm25' or 'ebd', got {hrsim_base!r}")
+        reals(alpha=alpha, damping=damping, tol=tol)
+        reals(peel_tightness=peel_tightness, peel_margin=peel_margin)
+        integers(("n",), n=n, max_iter=max_iter)
+        check_embedder(embedder)
+        if tol <= 0 or max_iter < 1:
+            raise ValueError(f"tol must be > 0 and max_iter >= 1, got {tol} and {max_iter}")
+        if not 0 <= peel_margin <= 2:
+            raise ValueError(f"peel_margin is a difference of cosines in [0, 2], got {peel_margin}")
         if n is not None and n < 1:
             raise ValueError(f"n must be >= 1 (or None for M // 2), got {n}")
         if not 0 < damping < 1:
@@ -237,6 +254,10 @@ class GRADA:
             emb, q_emb = passage_and_query_embeddings(
                 query, items, self.embedder, embeddings, query_embedding
             )
+        elif embeddings is not None or query_embedding is not None:  # unused here, still checked
+            given = None if embeddings is None else check_embeddings(embeddings, m)
+            if query_embedding is not None:
+                check_query_embedding(query_embedding, None if given is None else given.shape[1])
         if self.peel:
             assert emb is not None and q_emb is not None
             rest = [i for i in range(m) if i not in peeled]

@@ -37,6 +37,7 @@ from ..similarity import cosine_matrix, cut
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
+from .params import check_embedder, integers, reals
 
 __all__ = [
     "RAGDefender",
@@ -199,6 +200,9 @@ class RAGDefender:
         min_passages: int = 3,
         off_topic: float | None = 0.2,
     ) -> None:
+        reals(("off_topic",), p=p, off_topic=off_topic)
+        integers(m=m, min_passages=min_passages)
+        check_embedder(embedder)
         if task_type not in _TASK_TYPES:
             raise ValueError(f"task_type must be one of {_TASK_TYPES}, got {task_type!r}")
         if not p > 0:
