@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ragdefense import Consensus, Passage
+from ragdefense import Consensus, DefenseInputError, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.defenses.registry import defense as build
 from ragdefense.provenance import SOURCE_KEYS, is_trusted_by, source_of, sources_of
@@ -370,6 +370,63 @@ def test_sources_are_read_from_the_usual_keys() -> None:
     assert sources_of([Passage("x"), Passage("y", metadata={"source": " "})]) == [None, None]
     trusted = is_trusted_by(["https://www.example.com/"])
     assert trusted(p, source_of(p)) and not trusted(Passage("x"), None)
+
+
+@pytest.mark.parametrize("missing", [float("nan"), np.float32("nan"), "None", "null", "N/A", "nan"])
+def test_a_missing_value_is_no_source(missing: object) -> None:
+    """A source column with gaps, as pandas (NaN), str(None) or a CSV export writes them: no
+    source, not one source "nan" whose passages are one voice."""
+    assert source_of(Passage("x", metadata={"source": missing, "url": "https://a.org/1"})) == (
+        "a.org"
+    )
+    passages, emb, q, _ = _pool(3, n_benign=8)
+    gaps = [
+        replace(p, metadata={"source": missing if i < 3 else f"https://s{i}.org"})
+        for i, p in enumerate(passages)
+    ]
+    with_gaps = Consensus().defend_embeddings("q", gaps, emb, q)
+    without = Consensus().defend_embeddings(
+        "q", [*[passages[i] for i in range(3)], *gaps[3:]], emb, q
+    )
+    assert with_gaps.removed_indices == without.removed_indices
+
+
+def test_trust_by_address_is_by_host_or_by_page_and_below() -> None:
+    """A trusted address with a path trusts its pages, not a shared host's other users."""
+
+    def page(url: str) -> Passage:
+        return Passage("x", metadata={"source": url})
+
+    ours = is_trusted_by({"https://github.com/acme/handbook/"})
+    urls = {
+        "https://github.com/acme/handbook": True,
+        "https://github.com/acme/handbook/a/b": True,
+        "https://www.github.com/acme/handbook?x=1": True,
+        "https://github.com/evil/x": False,
+        "https://github.com/acme/handbook-fake": False,
+        "https://github.com/acme": False,
+    }
+    for url, expected in urls.items():
+        assert ours(page(url), source_of(page(url))) is expected, url
+    host = is_trusted_by({"who.int"})
+    assert host(page("https://who.int/a"), "who.int")
+    assert not host(page("https://apps.who.int/a"), "apps.who.int")  # exact host only
+    by_key = is_trusted_by({"https://wiki.acme.org/hr"}, source_key="origin")
+    doc = Passage("x", metadata={"origin": "https://wiki.acme.org/hr/leave"})
+    assert by_key(doc, source_of(doc, "origin"))
+
+
+def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:
+    with pytest.raises(ValueError, match="source_key=None turns off"):
+        Consensus(trusted={"noaa.gov"}, source_key=None)
+    assert Consensus(trusted=lambda m: True, source_key=None).trusted is not None
+    passages, emb, q, _ = _pool(1, n_benign=6)
+    result = Consensus(trusted={"noaa.gov"}).defend_embeddings("q", passages, emb, q)
+    assert result.estimates["trusted"] == []  # configured, and no passage matched: said
+    with pytest.raises(
+        DefenseInputError, match=r"trusted= failed on passage 0's metadata.*KeyError"
+    ):
+        Consensus(trusted=lambda m: m["reviewed"]).defend_embeddings("q", passages, emb, q)
 
 
 def test_the_verdicts_explain_and_the_callers_passages_are_untouched() -> None:

@@ -47,11 +47,15 @@ AUTO = "auto"
 Trust = Collection[str] | Callable[[Mapping[str, Any]], bool] | None
 
 
+#: values that say "no source" (a missing value as pandas, JSON or str(None) writes it)
+_MISSING = frozenset({"nan", "none", "null", "n/a"})
+
+
 def _normal(value: Any) -> str | None:
-    if value is None or isinstance(value, bool):
+    if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
         return None
     text = str(value).strip()
-    if not text:
+    if not text or text.casefold() in _MISSING:
         return None
     if "://" in text:
         try:
@@ -130,15 +134,24 @@ def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> li
     return [source_of(p, source_key) for p in passages]
 
 
-def is_trusted_by(trusted: Trust) -> Callable[[Passage, str | None], bool]:
-    """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources
-    (compared after the same reduction as :func:`source_of`: ``"https://www.who.int/x"`` and
-    ``"who.int"`` are one), or a predicate on the passage's metadata. ``None``: nothing is.
+def is_trusted_by(
+    trusted: Trust, source_key: str | None = AUTO
+) -> Callable[[Passage, str | None], bool]:
+    """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources,
+    or a predicate on the passage's metadata. ``None``: nothing is.
+
+    A source is compared after the same reduction as :func:`source_of`: ``"who.int"`` and
+    ``"https://www.who.int/"`` trust that host exactly (not ``apps.who.int``: a predicate can
+    match more). An address with a path trusts that page and the pages under it
+    (:func:`document_of` read with ``source_key``), not its whole host: a shared host (a code
+    forge, a blog platform) serves anyone's pages.
 
     Examples:
         >>> passage = Passage("...", metadata={"source": "https://who.int/x", "reviewed": True})
         >>> is_trusted_by({"https://www.who.int/"})(passage, source_of(passage))
         True
+        >>> is_trusted_by({"https://who.int/news"})(passage, source_of(passage))
+        False
         >>> is_trusted_by(lambda metadata: metadata.get("reviewed", False))(passage, None)
         True
         >>> is_trusted_by(None)(passage, "who.int")
@@ -153,17 +166,41 @@ def is_trusted_by(trusted: Trust) -> Callable[[Passage, str | None], bool]:
             "trusted must be a collection of sources or a predicate on metadata, got "
             f"{type(trusted).__name__}"
         )
-    return _Sources(frozenset(n for t in trusted if (n := _normal(t)) is not None))
+    pages = {t: _page(t) for t in trusted}
+    names = frozenset(n for t, p in pages.items() if not p and (n := _normal(t)) is not None)
+    return _Sources(names, frozenset(p for p in pages.values() if p), source_key)
+
+
+def _page(entry: Any) -> str | None:
+    """``host/path`` of a web address with a path, ``None`` for any other entry."""
+    text = str(entry).strip()
+    if "://" not in text:
+        return None
+    try:
+        parts = urlsplit(text)
+    except ValueError:
+        return None
+    path = parts.path.rstrip("/")
+    host = (parts.hostname or "").lower().removeprefix("www.")
+    return f"{host}{path}" if host and path else None
 
 
 @dataclass(frozen=True)
 class _Sources:
-    """Trusted: a passage from one of ``names`` (a defense holding it pickles)."""
+    """Trusted: a passage from one of ``names``, or from one of ``pages`` or under it (a
+    defense holding it pickles)."""
 
     names: frozenset[str]
+    pages: frozenset[str] = frozenset()
+    source_key: str | None = AUTO
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
-        return source is not None and source in self.names
+        if source is None:
+            return False
+        if source in self.names:
+            return True
+        doc = document_of(passage, self.source_key) if self.pages else None
+        return doc is not None and any(doc == p or doc.startswith(p + "/") for p in self.pages)
 
 
 @dataclass(frozen=True)

@@ -61,7 +61,7 @@ import numpy as np
 from ..embedders import passage_and_query_embeddings
 from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
-from ..types import DefenseResult, PassageLike, check_query, to_passages
+from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, integers, reals
 from .pool import Pool, consensus_result, distinct, map_back
@@ -154,7 +154,12 @@ class Consensus:
         self.voice = voice
         self.source_key = source_key
         self.trusted = trusted
-        self._is_trusted = is_trusted_by(trusted)
+        self._is_trusted = is_trusted_by(trusted, source_key)
+        if source_key is None and trusted is not None and not callable(trusted):
+            raise ValueError(
+                "trusted sources need provenance, which source_key=None turns off: name the "
+                "metadata key with source_key=, or pass a predicate on the metadata"
+            )
         self.anchor = anchor
         self.support = support
         self.min_passages = min_passages
@@ -181,7 +186,7 @@ class Consensus:
         items = to_passages(passages)
         m = len(items)
         sources = sources_of(items, self.source_key)
-        trusted = [self._is_trusted(p, s) for p, s in zip(items, sources, strict=True)]
+        trusted = [self._trust(i, p, sources[i]) for i, p in enumerate(items)]
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         if m < self.min_passages or blank:
@@ -228,11 +233,17 @@ class Consensus:
         removed = map_back(pool.removed, keep, copy_of, estimates)
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
-        if any(trusted):
+        if any(trusted) or self.trusted is not None:  # none found is said too
             estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
         return consensus_result(
             self.name, query, items, full_qs, sources, trusted, removed, estimates
         )
+
+    def _trust(self, i: int, passage: Passage, source: str | None) -> bool:
+        try:
+            return self._is_trusted(passage, source)
+        except Exception as exc:  # the user's predicate
+            raise DefenseInputError(f"trusted= failed on passage {i}'s metadata: {exc!r}") from exc
 
     def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
