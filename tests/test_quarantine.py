@@ -182,3 +182,32 @@ def test_an_audited_store_keeps_the_planted_sets_out_of_the_contexts(tmp_path: P
     # the planted sets go; a planted chunk with no near-duplicate is left to the defense
     assert max(left["langchain"], left["llamaindex"]) <= left["text only"] // 3
     assert answered >= len(load_demo_kb()) - 1  # and the honest passages are still there
+
+
+def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
+    """Quarantined passages ahead of the pool: the inner defense's groups, copies and reasons
+    name input positions, not positions among the passages it was handed."""
+    from dataclasses import replace
+
+    from ragdefense import Consensus
+
+    rng = np.random.default_rng(1)
+    topic = rng.normal(size=32)
+    query = topic + 0.3 * rng.normal(size=32)
+    benign = [topic + 0.9 * np.linalg.norm(topic) * rng.normal(size=32) / 5.6 for _ in range(6)]
+    claim = topic + 0.5 * rng.normal(size=32) + 0.3 * query
+    planted = [claim + 0.02 * rng.normal(size=32) for _ in range(3)]
+    pool = [Passage(f"benign {i}") for i in range(6)] + [Passage(f"planted {i}") for i in range(3)]
+    pool.append(replace(pool[6]))  # a copy of the first planted passage
+    vecs = [*benign, *planted, planted[0]]
+    held = [Passage(TEXTS[3]), Passage(TEXTS[4])]
+    guard = Quarantine.from_report(REPORT, Consensus(support=False))
+    emb = np.vstack([rng.normal(size=(2, 32)), *vecs])
+    result = guard.defend_embeddings("q", [*held, *pool], emb, query)
+    alone = Consensus(support=False).defend_embeddings("q", pool, np.vstack(vecs), query)
+    assert alone.estimates["groups"] == [[6, 7, 8]] and alone.estimates["copies"] == {6: [9]}
+    assert result.estimates["quarantined"] == [0, 1]
+    assert result.estimates["groups"] == [[8, 9, 10]]
+    assert result.estimates["copies"] == {8: [11]}
+    assert result.removed_indices == [0, 1, 8, 9, 10, 11]
+    assert result.verdicts[11].reason.endswith("a copy of passage 8")

@@ -19,6 +19,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -210,8 +211,9 @@ class Quarantine:
         if inner is not None:
             for v in inner.verdicts:
                 at = rest[v.index]
-                verdicts[at] = replace(v, index=at, passage=items[at])
-            estimates.update(inner.estimates)
+                why = re.sub(r"(?<=passage )\d+", lambda m: str(rest[int(m[0])]), v.reason)
+                verdicts[at] = replace(v, index=at, passage=items[at], reason=why)
+            estimates.update(_positions(inner.estimates, rest))
         return DefenseResult(
             self.name,
             query,
@@ -220,3 +222,21 @@ class Quarantine:
             estimates,
             inner.reranked if inner is not None else False,
         )
+
+
+#: the estimates that hold passage positions (a list of them; groups: lists; copies: a mapping)
+_POSITIONS = ("unsupported", "unsupported_apart", "contradicting", "trusted", "peeled", "off_topic")
+
+
+def _positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
+    """The inner defense's ``estimates`` with its positions (among the passages left after the
+    quarantine) as input positions."""
+    out = dict(estimates)
+    for key in _POSITIONS:
+        if isinstance(out.get(key), list):
+            out[key] = [rest[i] for i in out[key]]
+    if "groups" in out:
+        out["groups"] = [[rest[i] for i in g] for g in out["groups"]]
+    if "copies" in out:
+        out["copies"] = {rest[i]: [rest[c] for c in cs] for i, cs in out["copies"].items()}
+    return out
