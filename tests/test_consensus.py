@@ -348,6 +348,8 @@ def test_bad_parameters_and_too_few_passages() -> None:
         Consensus(trusted="who.int")  # type: ignore[arg-type]
     result = Consensus().defend("q", ["only one", "and two"])
     assert result.removed == [] and "nothing to compare" in result.verdicts[0].reason
+    same = Consensus().defend("q", ["One text.", "one  TEXT."] * 4)  # never embedded
+    assert same.removed == [] and same.estimates["note"].startswith("only copies of 1 passage")
 
 
 def test_a_blank_query_ranks_nothing_unless_its_embedding_is_given() -> None:
@@ -448,12 +450,12 @@ def test_demo_knowledge_base_with_minilm(minilm: object) -> None:
     for attack in ("poisonedrag", "reworded"):
         none = totals[(attack, "no defense")]
         assert none["planted"] >= 40  # the attack works without defense
-        for label in ("default", "default + sources"):
+        for label in ("default, text only", "default + sources"):
             assert totals[(attack, label)]["planted"] <= none["planted"]
     # provenance adds what the text cannot see: one upload repeating the attacker's claim
     assert totals[("poisonedrag", "default + sources")]["hijacked"] == 0
     reworded = totals[("reworded", "default + sources")]["planted"]
-    assert reworded < totals[("reworded", "default")]["planted"] / 2
+    assert reworded < totals[("reworded", "default, text only")]["planted"] / 2
 
 
 @pytest.mark.slow

@@ -47,7 +47,7 @@ def run_demo(
     context = max(1, k // 2)
     _introduce(kb, k, context, say)
     default = registry.defense(DEFAULT_DEFENSE, embedder=embedder)
-    rows = {"no defense": None, "default": default, "default + sources": default}
+    rows = {"no defense": None, "default, text only": default, "default + sources": default}
     totals: dict[tuple[str, str], dict[str, int]] = {}
     for attack, title in ATTACKS.items():
         reworded = attack == "reworded"
@@ -65,6 +65,9 @@ def run_demo(
                 result = None if defense is None else _defended(defense, given)
                 line = _tally(case, result, context, totals[(attack, label)])
                 say(f"  {label:18}: {line}")
+                for i in [] if result is None else result.removed_indices:
+                    if not case.is_poison[i]:  # what the defense cost, and why
+                        say(f"  {'':18}  benign {result.verdicts[i].reason}")
         say()
     _summarize(totals, context, len(kb), say)
     say(f"time: {time.perf_counter() - t0:.1f} s (model load, embedding, retrieval, defense)")
@@ -79,7 +82,8 @@ def _introduce(kb: list[QARecord], k: int, context: int, say: Callable[[str], No
         f"Knowledge base: {n_benign + n_poison} passages for {len(kb)} questions: {n_benign} from "
         f"three reference sites, {n_poison} planted by an attacker, all in one upload "
         f"({upload}). Each question retrieves its top {k}; the context is the top {context} "
-        "passages left.\n"
+        f"passages the defense leaves (fewer where it leaves fewer of the {k}). P: a planted "
+        "passage, b: a benign one; hijacked: most of the context planted.\n"
     )
 
 
@@ -120,8 +124,11 @@ def _summarize(
             f"{t['benign_removed']:>15} {t['hijacked']:>6} of {n_questions}"
         )
     say(
-        "\nThe default reads the text for coordinated groups ranked above the rest, and the "
-        "documents' sources when they carry them (LangChain metadata['source'], LlamaIndex "
-        "file_path / url / ref_doc_id): one upload repeating one claim is one voice, however "
-        "many passages it holds."
+        "\nThe default, text only, removes coordinated groups ranked above the rest: the "
+        "question written in front of each planted passage gives them away. Reworded, they read "
+        "as one on-topic majority, which text alone cannot tell from the truth. With the "
+        "documents' sources (LangChain metadata['source'], LlamaIndex file_path / file_name / "
+        "url / ref_doc_id), one upload whose passages agree with each other more than with the "
+        "other sources is one voice, however many passages it holds; the planted passages it "
+        "does not tie together stay."
     )

@@ -189,8 +189,12 @@ class Consensus:
         trusted = [self._trust(i, p, sources[i]) for i, p in enumerate(items)]
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
-        if m < self.min_passages or blank:
-            why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
+        # copies of one passage (a document ingested twice) are one passage here: they are no
+        # coordinated group, and their verdict is their original's
+        keep, copy_of = distinct(items)
+        if m < self.min_passages or len(keep) == 1 or blank:
+            count = f"{m} passage(s)" if m < self.min_passages else "copies of 1 passage"
+            why = f"only {count}: nothing to compare (min_passages={self.min_passages})"
             if blank:
                 why = "the query is blank: nothing to rank the passages by, all kept"
             note = {"note": why}
@@ -207,9 +211,6 @@ class Consensus:
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note
             )
         full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
-        # copies of one passage (a document ingested twice) are one passage here: they are no
-        # coordinated group, and their verdict is their original's
-        keep, copy_of = distinct(items)
         pool = Pool(
             [items[i] for i in keep],
             full_sim[np.ix_(keep, keep)],
