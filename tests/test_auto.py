@@ -113,7 +113,7 @@ def test_few_passages_bad_input_and_names() -> None:
     assert r.estimates["regime"] == "too few passages" and r.kept_indices == [0]
     with pytest.raises(DefenseInputError, match="shape"):
         AutoDefense().defend_embeddings(Q, TEXTS, np.ones((3, 4)), QV)
-    with pytest.raises(DefenseInputError, match="query embedding has size"):
+    with pytest.raises(DefenseInputError, match="query embedding size"):
         AutoDefense().defend_embeddings(Q, TEXTS, unit(*GROUP, *SPREAD), np.ones(3))
     with pytest.raises(ValueError, match="absorb"):
         AutoDefense(absorb=2.0)

@@ -211,3 +211,15 @@ def test_packaged_minilm_offline(minilm: Embedder) -> None:
     wrapped = as_embedder(minilm.model)  # type: ignore[attr-defined]
     assert isinstance(wrapped, SentenceTransformerEmbedder)
     np.testing.assert_allclose(wrapped.embed(["Bananas are yellow."])[0], out[2], atol=1e-5)
+
+
+def test_a_query_embedded_by_another_model_than_the_vectors_names_the_fix() -> None:
+    from ragdefense import Consensus
+
+    small = CallableEmbedder(lambda texts: np.ones((len(texts), 3)))
+    vectors = np.eye(6, 5) + 0.1
+    texts = [f"passage {i}" for i in range(6)]
+    with pytest.raises(DefenseInputError, match=r"size 3, passages 5: pass query_embedding="):
+        Consensus(small).defend_embeddings("q", texts, vectors)
+    with pytest.raises(DefenseInputError, match=r"size 3, passages 5$"):  # given: no advice
+        Consensus(small).defend_embeddings("q", texts, vectors, np.ones(3))

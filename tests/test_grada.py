@@ -159,7 +159,7 @@ def test_embedding_variants(toy_embedder: Embedder) -> None:
     q = bag_of_words([Q])[0]
     r2 = GRADA(similarity="hrsim", hrsim_base="ebd").defend_embeddings(Q, texts, emb, q)
     assert r2.estimates["similarity"] == "hrsim/ebd"
-    with pytest.raises(ValueError, match="query embedding has size"):
+    with pytest.raises(ValueError, match="query embedding size"):
         GRADA(similarity="ebd").defend_embeddings(Q, texts, emb, q[:10])
     with pytest.raises(DefenseInputError, match="NaN"):
         GRADA(similarity="ebd").defend_embeddings(Q, texts, emb * np.nan, q)

@@ -279,6 +279,12 @@ def test_too_few_documents_warn_once_naming_the_fix(toy_embedder: Any) -> None:
     )
     with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8.*defend\(retriever\)"):
         wider.invoke("capital of France?")
+    # defend() on a store of two: it asked for more, so the warning says the store has no more
+    tiny = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    tiny.add_texts(["capital of France is Paris", "capital of France is Lyon"])
+    with pytest.warns(UserWarning, match=r"2 passage\(s\).*the store returned no more") as seen:
+        defend(tiny.as_retriever()).invoke("capital of France?")
+    assert "use defend(retriever)" not in str(seen[0].message)
 
 
 def test_defend_fetches_the_defense_pool_and_returns_k(toy_embedder: Any) -> None:

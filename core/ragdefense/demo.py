@@ -65,9 +65,9 @@ def run_demo(
                 result = None if defense is None else _defended(defense, given)
                 line = _tally(case, result, context, totals[(attack, label)])
                 say(f"  {label:18}: {line}")
-                for i in [] if result is None else result.removed_indices:
-                    if not case.is_poison[i]:  # what the defense cost, and why
-                        say(f"  {'':18}  benign {result.verdicts[i].reason}")
+                for v in [] if result is None else result.verdicts:
+                    if not v.kept and not case.is_poison[v.index]:  # what it cost, and why
+                        say(f"  {'':18}  benign {v.reason}")
         say()
     _summarize(totals, context, len(kb), say)
     say(f"time: {time.perf_counter() - t0:.1f} s (model load, embedding, retrieval, defense)")

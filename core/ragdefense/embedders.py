@@ -385,15 +385,16 @@ def passage_and_query_embeddings(
 ) -> tuple[np.ndarray, np.ndarray]:
     """The passages' (M, d) and the query's (d,) embeddings: the given ones checked, the
     missing ones computed with ``embedder`` (see :func:`embed_passages`)."""
-    m = len(passages)
     if carried := embeddings is None:
         embeddings = embed_passages(passages, embedder)
-    emb = check_embeddings(embeddings, m)
+    emb = check_embeddings(embeddings, len(passages))
+    fix = ""
     if query_embedding is None:
         if carried:
             check_carried(passages, list(emb), embedder, default_embedder().embed)
         query_embedding = as_embedder(embedder).embed_query(query)
-    q = check_query_embedding(query_embedding)[None, :]
-    if q.shape[1] != emb.shape[1]:
-        raise DefenseInputError(f"query embedding has size {q.shape[1]}, passages {emb.shape[1]}")
-    return emb, q[0]
+        fix = ": pass query_embedding= by the passages' model, or that model as embedder="
+    q = check_query_embedding(query_embedding)
+    if q.shape[0] != emb.shape[1]:
+        raise DefenseInputError(f"query embedding size {q.shape[0]}, passages {emb.shape[1]}{fix}")
+    return emb, q

@@ -157,7 +157,7 @@ def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.nd
     if not np.isfinite(q).all():
         raise DefenseInputError("query_embedding contains NaN or infinite values")
     if dim is not None and q.shape[0] != dim:
-        raise DefenseInputError(f"query embedding has size {q.shape[0]}, passages {dim}")
+        raise DefenseInputError(f"query embedding size {q.shape[0]}, passages {dim}")
     return q
 
 

@@ -145,6 +145,8 @@ class AdapterCore:
         if self._warned:
             return
         self._warned = True
+        if _POOLED.get():  # defend() asked for the pool already
+            fix = "defend() asked for more: the store returned no more."
         message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
         warnings.warn(message, stacklevel=5)
         logger.info("%s", message)  # INFO: the warning above already shows it once
