@@ -156,20 +156,26 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument(
         "--kb",
         default=None,
-        help="built-in knowledge base: a JSON list of passages (default: demo)",
+        help="instead of the demo knowledge base, a JSON file of passage strings to red-team "
+        "in memory (not with --store)",
     )
     attack.add_argument(
         "--defense",
         default=DEFAULT_DEFENSE,
         help=f"{', '.join(names())} (default {DEFAULT_DEFENSE})",
     )
-    attack.add_argument("--attack", default="poisonedrag", choices=list(ATTACKS))
     attack.add_argument(
-        "--n-poison", type=_positive, default=5, help="poison passages per question"
+        "--attack", default="poisonedrag", choices=list(ATTACKS), help="default poisonedrag"
+    )
+    attack.add_argument(
+        "--n-poison", type=_positive, default=5, help="poison passages per question (default 5)"
     )
     attack.add_argument("-k", type=_positive, default=5, help="passages in the context (default 5)")
     attack.add_argument(
-        "--llm", default=None, help="built-in knowledge base: 'packaged' to judge the answers"
+        "--llm",
+        default=None,
+        help="judge the answers with an LLM: 'packaged' (SmolLM2) or module:attribute (not "
+        "with --store)",
     )
     attack.add_argument("--json", default=None, help="write the report as JSON here")
     attack.set_defaults(func=_cmd_attack)
