@@ -268,6 +268,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.out is not None and Path(args.out).exists() and not Path(args.out).is_dir():
         print(f"error: --out {args.out}: a file is there; name a folder", file=sys.stderr)
         return 2
+    try:  # made before the work: a run's results are never lost to a folder it cannot make
+        if args.out is not None:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        print(f"error: --out {args.out}: cannot make it ({exc.strerror})", file=sys.stderr)
+        return 2
+    if getattr(args, "keep", False) and not args.out:
+        print("error: --keep keeps --out's earlier rows: give --out", file=sys.stderr)
+        return 2
     args.embedder = None
     if args.embed_cache:
         from .embedcache import DiskCachedEmbedder

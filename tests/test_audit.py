@@ -603,6 +603,16 @@ def test_a_truncated_chunk_part_or_manifest_is_named_with_the_way_out(
             audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
         again = audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
         assert again.findings
+    # chunks with sources keep them beside each part: still an audit's folder, fresh clears it
+    meta = [{"source": f"site-{i % 3}"} for i in range(len(texts))]
+    work = tmp_path / "sourced"
+    audit(ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=work, part_size=32)
+    assert any(p.name.endswith(".sources.json") for p in (work / "chunks").iterdir())
+    (work / "manifest.json").write_text("{")
+    with pytest.raises(ValueError, match=r"manifest.json: damaged.*fresh"):
+        audit(ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=work, part_size=32)
+    kb = ListCorpus(texts, ids, metadata=meta)
+    assert audit(kb, embedder=toy, workdir=work, part_size=32, fresh=True).findings
 
 
 def test_a_folder_with_a_broken_manifest_and_a_users_chunks_folder_is_never_cleared(
@@ -724,6 +734,20 @@ def test_files_jsonl_and_parquet_with_stored_vectors(toy: CallableEmbedder, tmp_
         assert {f.id for f in report.top(len(planted))} == planted
     batch = next(FileCorpus(jsonl).batches(4))
     assert batch.vectors is not None and batch.vectors.shape == (4, vectors.shape[1])
+    # vectors on some records only: refused (a part missing one was embedded again, others not)
+    lines = jsonl.read_text().splitlines()
+    gap = json.loads(lines[5])
+    del gap["embedding"]
+    mixed = tmp_path / "mixed.jsonl"
+    mixed.write_text("\n".join([*lines[:5], json.dumps(gap), *lines[6:]]) + "\n")
+    with pytest.raises(ValueError, match=r"record 6 \(id .*\) has no embedding, unlike record 1"):
+        audit(mixed, embedder=toy, workdir=tmp_path / "m")
+
+
+def _has_pyarrow() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("pyarrow") is not None
 
 
 def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
@@ -731,6 +755,15 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
     bad.write_text('{"id": 1, "text": "fine"}\nnot json\n')
     with pytest.raises(ValueError, match=r"kb\.jsonl:2: not JSON"):
         audit(bad, embedder=toy, workdir=tmp_path / "w")
+    latin = tmp_path / "latin.jsonl"
+    latin.write_bytes(b'{"id": 1, "text": "fine"}\n{"id": 2, "text": "caf\xe9"}\n')
+    with pytest.raises(ValueError, match=r"latin\.jsonl:2: not UTF-8 \(byte 23 of the line\)"):
+        audit(latin, embedder=toy, workdir=tmp_path / "w2")
+    if _has_pyarrow():
+        broken = tmp_path / "broken.parquet"
+        broken.write_bytes(b"PAR1 not really")
+        with pytest.raises(ValueError, match=r"broken\.parquet: not a readable Parquet file"):
+            audit(broken, embedder=toy, workdir=tmp_path / "w3")
     with pytest.raises(FileNotFoundError):
         audit(tmp_path / "missing.jsonl")
     with pytest.raises(TypeError, match="cannot audit a int"):
@@ -753,6 +786,9 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
     log = tmp_path / "log.jsonl"
     log.write_text('{"question": "a b c?"}\n{"query": "d e f?"}\n')
     assert read_queries(log) == ["a b c?", "d e f?"]
+    log.write_text('{"question": "a b c?"}\n{"text": "d e f?"}\n')  # never dropped silently
+    with pytest.raises(ValueError, match="query log item 2: expected a question"):
+        read_queries(log)
     log.write_text('{"question": "a b c?"\n')
     with pytest.raises(ValueError, match=r"log.jsonl: not JSON lines"):
         read_queries(log)
@@ -1031,6 +1067,10 @@ def _slow_part(part: int) -> int:
     return part
 
 
+def _damaged_part(part: int) -> int:
+    raise ValueError(f"part {part} is damaged")
+
+
 @pytest.mark.slow
 def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
     pytest.importorskip("ray")
@@ -1062,6 +1102,13 @@ def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
             assert RayEngine(workers=1).map(_slow_part, [1, 2], "slow", progress=False) == 3
         finally:
             context.execution_no_progress_timeout_s = limit
+        # a step's own error is raised as in process, not inside Ray's task error
+        with pytest.raises(ValueError, match=r"^part 1 is damaged$"):
+            RayEngine(workers=1).map(_damaged_part, [1], "damaged", progress=False)
+        bars = ray.data.DataContext.get_current().enable_progress_bars
+        with pytest.warns(UserWarning, match="already initialised here: address"):
+            RayEngine("ray://elsewhere:10001", workers=1)
+        assert ray.data.DataContext.get_current().enable_progress_bars == bars  # the user's
     finally:
         ray.shutdown()
     assert on_ray.stats["shards"] == 2 and on_ray.stats["engine"] == "ray"

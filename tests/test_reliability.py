@@ -589,6 +589,11 @@ def test_cli_checks_output_paths_first(tmp_path: Any, capsys: pytest.CaptureFixt
     taken.write_text("a file")
     assert bench_main(["demo", "--out", str(taken)]) == 2
     assert "a file is there" in capsys.readouterr().err
+    t0 = time.monotonic()  # a folder under a file: refused before the work, not after it
+    assert bench_main(["demo", "--out", str(taken / "sub")]) == 2
+    assert "cannot make it" in capsys.readouterr().err and time.monotonic() - t0 < 5
+    assert bench_main(["audit-scale", "--keep"]) == 2
+    assert "give --out" in capsys.readouterr().err
     assert main(["attack", "--json", str(tmp_path / "missing" / "r.json")]) == 2
     assert "existing folder" in capsys.readouterr().err
 
@@ -719,6 +724,22 @@ def test_cli_refuses_what_it_cannot_do_before_any_work(
     for extra, message in cases:
         assert main(["audit", str(kb), "--workdir", str(tmp_path / "w"), *extra]) == 2
         assert message in capsys.readouterr().err
+    assert main(["audit", "./kbstores:store", "--workdir", str(tmp_path / "w")]) == 2
+    assert "name a module (kb:store), not a path" in capsys.readouterr().err
+    from ragdefense.auditing.workdir import Workdir
+
+    with pytest.raises(ValueError, match=r"cannot make the working folder .*not-a-folder/sub"):
+        Workdir(a_file / "sub")  # a folder under a file: named (was a NotADirectoryError)
+    monkeypatch.chdir(tmp_path)
+    assert Workdir("relative").path == tmp_path / "relative"  # Ray workers find it too
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline, "audit", interrupted)
+    assert main(["audit", str(kb), "--workdir", str(tmp_path / "w")]) == 2
+    assert "interrupted: the parts done are kept" in capsys.readouterr().err
+    monkeypatch.setattr(pipeline, "audit", no_work)
     real_has = audit_cli._has
     monkeypatch.setattr(audit_cli, "_has", lambda m: m not in ("matplotlib", "ray") and real_has(m))
     for extra, message in [

@@ -66,4 +66,6 @@ def import_object(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{spec!r}: cannot import it ({exc})") from None
+    except TypeError:  # "./kb:store": a relative import
+        raise ValueError(f"{spec!r}: name a module (kb:store), not a path") from None
     return obj

@@ -91,8 +91,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=not args.quiet,
         )
-    except (ValueError, FileNotFoundError, TypeError, ImportError) as exc:
+    except (ValueError, OSError, TypeError, ImportError) as exc:  # OSError: Ray's connection too
         raise UsageError(str(exc)) from None
+    except KeyboardInterrupt:
+        raise UsageError(
+            f"interrupted: the parts done are kept in {args.workdir}; the same command resumes"
+        ) from None
     written = report.write(args.workdir, args.format)
     print(report.to_markdown(top=args.show))
     print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)
@@ -145,7 +149,10 @@ def add_audit_parser(sub: Any) -> None:
     )
     parser.add_argument("--workers", type=positive, default=None, help="ray: actors per step")
     parser.add_argument(
-        "--shards", type=positive, default=None, help="index shards (default one per worker)"
+        "--shards",
+        type=positive,
+        default=None,
+        help="index shards (default one per worker, at most one per part of chunks)",
     )
     parser.add_argument(
         "--route",

@@ -2,7 +2,8 @@
 metadata)``, from files (JSONL / Parquet), memory, or a framework's store (read by the
 adapters), and the probe questions of a query log.
 
-Everything here streams: a batch at a time, so memory stays bounded by the batch size.
+Everything here streams a batch at a time: the texts and vectors held are bounded by the batch
+size; a file's reader also keeps every id it has read, to refuse a repeated one.
 """
 
 from __future__ import annotations
@@ -179,11 +180,21 @@ class FileCorpus:
 
     def _records(self) -> Iterator[dict[str, Any]]:
         if self.path.suffix == ".parquet":
-            for record_batch in _parquet().ParquetFile(self.path).iter_batches(batch_size=4096):
-                yield from record_batch.to_pylist()
+            try:
+                parts = _parquet().ParquetFile(self.path).iter_batches(batch_size=4096)
+                for record_batch in parts:
+                    yield from record_batch.to_pylist()
+            except Exception as exc:  # pyarrow's, on a damaged file
+                raise ValueError(f"{self.path}: not a readable Parquet file ({exc})") from None
             return
-        with self.path.open(encoding="utf-8") as f:
-            for line_no, line in enumerate(f, 1):
+        with self.path.open("rb") as f:
+            for line_no, raw in enumerate(f, 1):
+                try:
+                    line = raw.decode("utf-8")
+                except UnicodeDecodeError as exc:
+                    raise ValueError(
+                        f"{self.path}:{line_no}: not UTF-8 (byte {exc.start + 1} of the line)"
+                    ) from None
                 if not line.strip():
                     continue
                 try:
@@ -211,6 +222,12 @@ class FileCorpus:
             seen[chunk_id] = n + 1
             _check_text(record["text"], f"{self.path}: record {n + 1} (id {chunk_id!r})")
             vector = record.get("embedding")
+            if (vector is None) != dims.setdefault("none", vector is None):  # mixed: one space
+                has = "no embedding" if vector is None else "an embedding"
+                raise ValueError(
+                    f"{self.path}: record {n + 1} (id {chunk_id!r}) has {has}, unlike record 1: "
+                    "give an embedding on every record (one model's) or on none"
+                )
             if vector is not None and not _finite(vector):
                 raise ValueError(
                     f"{self.path}: record {n + 1} (id {chunk_id!r}) has an embedding that is "
@@ -307,10 +324,12 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
     else:
         items = list(queries)
     out = []
-    for item in items:
+    for n, item in enumerate(items, 1):
         if isinstance(item, dict):
-            item = item.get("question", item.get("query", ""))
-        if isinstance(item, str) and item.strip():
+            item = item.get("question", item.get("query"))
+        if not isinstance(item, str):  # a record with neither field, a number: never dropped
+            raise ValueError(f"query log item {n}: expected a question, or a record with one")
+        if item.strip():
             out.append(item.strip())
     if not out:
         raise ValueError("the query log holds no query")

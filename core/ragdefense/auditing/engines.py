@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import logging
 import os
+import pickle
+import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -20,6 +22,10 @@ __all__ = ["Engine", "LocalEngine", "RayEngine", "make_engine"]
 logger = logging.getLogger("ragdefense")
 
 Step = Callable[[int], int]
+
+#: the errors a step raises on bad input or files (a damaged part, a missing file): on Ray they
+#: reach the caller as they do in process, not inside Ray's task error
+_OWN = (ValueError, TypeError, OSError, ImportError)
 
 
 class Engine(Protocol):
@@ -52,8 +58,15 @@ class _RayStep:
     def __call__(self, batch: dict[str, Any]) -> dict[str, Any]:
         import numpy as np
 
-        done = [self.step(int(p)) for p in batch["part"]]
-        return {"part": batch["part"], "items": np.asarray(done)}
+        done, errors = [], []
+        for p in batch["part"]:
+            try:
+                done.append(self.step(int(p)))
+                errors.append("")
+            except _OWN as exc:  # handed back as data: Ray's wrapper would lose it
+                done.append(0)
+                errors.append(pickle.dumps(exc).hex())  # text: a column Ray keeps whole
+        return {"part": batch["part"], "items": np.asarray(done), "error": np.asarray(errors)}
 
 
 class RayEngine:
@@ -72,6 +85,10 @@ class RayEngine:
             raise ImportError(
                 "the Ray engine needs Ray Data: pip install 'ray[data]' (or 'ragdefense[ray]')"
             ) from None
+        if ray.is_initialized() and address:
+            warnings.warn(
+                f"Ray is already initialised here: address {address!r} unused", stacklevel=3
+            )
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
             os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # quiet core-worker logs
@@ -81,8 +98,6 @@ class RayEngine:
                 log_to_driver=False,
                 logging_level=logging.ERROR,
             )
-        logging.getLogger("ray.data").setLevel(logging.ERROR)
-        ray.data.DataContext.get_current().enable_progress_bars = False
         cpus = ray.cluster_resources().get("CPU", 1)  # type: ignore[no-untyped-call]
         self.workers = workers or max(1, int(cpus))
 
@@ -94,6 +109,7 @@ class RayEngine:
         if not parts:
             return 0
         dataset = ray.data.from_items([{"part": int(p)} for p in parts])
+        dataset.context.enable_progress_bars = False  # ours is shown; the user's context stays
         if hasattr(dataset.context, "execution_no_progress_timeout_s"):
             # one part can legitimately outlast Ray Data's no-progress limit (a shard's index
             # built and searched for every chunk yields nothing until it is done)
@@ -111,8 +127,16 @@ class RayEngine:
         )
         total = 0
         rows: Any = results.iter_rows()
-        for row in progress_bar(rows, desc if progress else None, total=len(parts)):
-            total += int(row["items"])
+        log = logging.getLogger("ray.data")  # quiet while it runs, as the user had it after
+        level = log.level
+        log.setLevel(logging.ERROR)
+        try:
+            for row in progress_bar(rows, desc if progress else None, total=len(parts)):
+                if row["error"]:  # a step's own error, raised here as in process
+                    raise pickle.loads(bytes.fromhex(row["error"]))
+                total += int(row["items"])
+        finally:
+            log.setLevel(level)
         return total
 
 

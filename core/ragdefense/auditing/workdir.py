@@ -97,8 +97,12 @@ class Workdir:
     """One audit's folder (created when missing)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.path.mkdir(parents=True, exist_ok=True)
+        # absolute: steps run elsewhere (a Ray worker's own folder) must find it
+        self.path = Path(path).absolute()
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise ValueError(f"cannot make the working folder {path}: {exc.strerror}") from None
 
     # ---- writing, atomically ---------------------------------------------------------------
 
@@ -186,7 +190,7 @@ class Workdir:
             return False
         chunks = self.path / "chunks"
         if not chunks.is_dir() or not all(
-            re.fullmatch(r"\d{5}\.(json|npy)", p.name) for p in chunks.iterdir()
+            re.fullmatch(r"\d{5}\.(json|npy|sources\.json)", p.name) for p in chunks.iterdir()
         ):
             return False
         try:
