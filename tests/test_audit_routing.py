@@ -273,3 +273,15 @@ def test_a_route_that_cannot_route_is_named(
         report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", route=2)
     assert report.stats["route"] is None  # one worker here: one shard
     assert "every shard is searched" in caplog.text and "shards=" in caplog.text
+
+
+def test_a_route_reaching_fewer_chunks_than_the_neighbours_is_named(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from ragdefense.auditing.routing import effective_route
+
+    with caplog.at_level("WARNING", logger="ragdefense"):
+        assert effective_route(2, 8, 800, needed=41) == 2  # about 200 chunks per search
+        assert "neighbours" not in caplog.text
+        assert effective_route(1, 96, 96, needed=41) == 1  # one chunk per shard: isolated
+    assert "reaches about 1 chunks per search, fewer than the 41 neighbours" in caplog.text

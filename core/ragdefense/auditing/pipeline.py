@@ -242,7 +242,8 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         )
     # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
-    route = effective_route(settings.route, n_shards, sum(sizes))
+    needed = max(settings.neighbours, settings.wide_neighbours) + 1
+    route = effective_route(settings.route, n_shards, sum(sizes), needed)
     n_shards = n_shards if route else max(1, min(n_shards, len(sizes)))  # contiguous: by part
     wd.note("shards", n_shards)
     wd.note("route", route)
@@ -252,7 +253,7 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         kind = "flat" if (largest or sum(sizes) / n_shards) <= 200_000 else "hnsw"
     searches = [
         ("probes", n_probe_parts, settings.top_m),
-        ("chunks", len(sizes), max(settings.neighbours, settings.wide_neighbours) + 1),
+        ("chunks", len(sizes), needed),
     ]
     bars = job.options.progress and isinstance(job.runner, LocalEngine)  # not a Ray actor's log
     step = ShardSearchStep(str(wd.path), n_shards, searches, kind, bars, route)

@@ -62,10 +62,18 @@ _RECHECK_PARTS = 256  # parts whose suspects are searched together
 logger = logging.getLogger("ragdefense")
 
 
-def effective_route(route: int | None, n_shards: int, chunks: int) -> int | None:
+def effective_route(route: int | None, n_shards: int, chunks: int, needed: int = 0) -> int | None:
     """``route`` where it routes (fewer than the shards, and the shards no more than the
-    chunks), else ``None``: every shard searched, with a warning when a route was asked for."""
+    chunks), else ``None``: every shard searched, with a warning when a route was asked for.
+    Also warned: routes that reach fewer chunks than the ``needed`` neighbours a chunk's
+    isolation reads (it would look isolated among too few)."""
     if route and route < n_shards <= chunks:
+        if route * chunks / n_shards < needed:
+            logger.warning(
+                "route=%d over %d shards of %d chunks reaches about %d chunks per search, "
+                "fewer than the %d neighbours the audit reads: give fewer shards or a larger "
+                "route", route, n_shards, chunks, route * chunks // n_shards, needed,
+            )  # fmt: skip
         return route
     if route:
         logger.warning(
