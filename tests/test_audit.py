@@ -1107,7 +1107,8 @@ def test_ray_engine_runs_the_same_audit(tmp_path: Path) -> None:
             RayEngine(workers=1).map(_damaged_part, [1], "damaged", progress=False)
         bars = ray.data.DataContext.get_current().enable_progress_bars
         with pytest.warns(UserWarning, match="already initialised here: address"):
-            RayEngine("ray://elsewhere:10001", workers=1)
+            engine = RayEngine("ray://elsewhere:10001", workers=1)
+        assert engine.map(_slow_part, [0], "bars", progress=False) == 0
         assert ray.data.DataContext.get_current().enable_progress_bars == bars  # the user's
     finally:
         ray.shutdown()

@@ -349,7 +349,7 @@ def test_bad_parameters_and_too_few_passages() -> None:
     result = Consensus().defend("q", ["only one", "and two"])
     assert result.removed == [] and "nothing to compare" in result.verdicts[0].reason
     same = Consensus().defend("q", ["One text.", "one  TEXT."] * 4)  # never embedded
-    assert same.removed == [] and same.estimates["note"].startswith("only copies of 1 passage")
+    assert same.removed == [] and same.estimates["note"].startswith("only copies of one passage")
 
 
 def test_a_blank_query_ranks_nothing_unless_its_embedding_is_given() -> None:
@@ -413,6 +413,15 @@ def test_trust_by_address_is_by_host_or_by_page_and_below() -> None:
     host = is_trusted_by({"who.int"})
     assert host(page("https://who.int/a"), "who.int")
     assert not host(page("https://apps.who.int/a"), "apps.who.int")  # exact host only
+    for entry in ("github.com/acme/handbook", "https://github.com/acme/x/../handbook"):
+        bare = is_trusted_by({entry})  # no scheme, or dot segments: the same page
+        assert bare(page("https://github.com/acme/handbook/a"), "github.com")
+        assert not bare(page("https://github.com/evil/x"), "github.com")
+    climb = "https://github.com/acme/handbook/../../evil/x"
+    assert not ours(page(climb), "github.com")  # cannot climb out of the trusted page
+    assert not ours(page("https://github.com/acme/handbook/%2e%2e/%2e%2e/evil"), "github.com")
+    with pytest.raises(ValueError, match="a query is not a page prefix"):
+        is_trusted_by({"https://forum.example.com/viewtopic.php?t=123"})
     by_key = is_trusted_by({"https://wiki.acme.org/hr"}, source_key="origin")
     doc = Passage("x", metadata={"origin": "https://wiki.acme.org/hr/leave"})
     assert by_key(doc, source_of(doc, "origin"))
@@ -425,6 +434,8 @@ def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:
     passages, emb, q, _ = _pool(1, n_benign=6)
     result = Consensus(trusted={"noaa.gov"}).defend_embeddings("q", passages, emb, q)
     assert result.estimates["trusted"] == []  # configured, and no passage matched: said
+    few = Consensus(trusted={"noaa.gov"}).defend("q", ["one", "two"])
+    assert few.estimates["trusted"] == [] and "nothing to compare" in few.estimates["note"]
     with pytest.raises(
         DefenseInputError, match=r"trusted= failed on passage 0's metadata.*KeyError"
     ):
@@ -611,6 +622,14 @@ def test_texts_that_differ_are_never_copies_whatever_their_embeddings() -> None:
     recased = [*passages[:6], *[replace(planted[0], text=planted[0].text.upper() + "  ")] * 3]
     again = Consensus(support=False).defend_embeddings("q", recased, emb3, q)
     assert "groups" not in again.estimates
+    # one text ingested twice in two Unicode forms, or with and without accents: copies too
+    nfc, nfd = "Café in Zürich, 1900.", "Cafe\u0301 in Zu\u0308rich, 1900."
+    forms = [
+        *passages[:6],
+        *[replace(planted[0], text=t) for t in (nfc, nfd, "CAFE IN ZURICH, 1900.")],
+    ]
+    twice = Consensus(support=False).defend_embeddings("q", forms, emb3, q)
+    assert twice.estimates["copies"] == {6: [7, 8]} and "groups" not in twice.estimates
 
 
 def _copied_pool(pages: list[str]) -> tuple[list[Passage], np.ndarray, np.ndarray]:

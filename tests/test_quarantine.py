@@ -211,3 +211,16 @@ def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
     assert result.estimates["copies"] == {8: [11]}
     assert result.removed_indices == [0, 1, 8, 9, 10, 11]
     assert result.verdicts[11].reason.endswith("a copy of passage 8")
+    # a source's own words are never read as a position (one naming "passage 40" crashed)
+    named = [replace(p, metadata={"source": f"bible passage {40 + i}"}) for i, p in enumerate(pool)]
+    sourced = guard.defend_embeddings("q", [*held, *named], emb, query)
+    assert "(source 'bible passage 40')" in sourced.verdicts[2].reason
+    # AutoDefense's evidence holds positions too
+    from ragdefense import AutoDefense
+
+    auto = Quarantine.from_report(REPORT, AutoDefense()).defend_embeddings(
+        "q", [*held, *pool], emb, query
+    )
+    peeled = auto.estimates["peeled"]
+    assert peeled and all(i >= 2 for i in peeled)
+    assert sorted(i for g in auto.estimates["evidence"]["groups"] for i in g) == sorted(peeled)

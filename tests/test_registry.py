@@ -34,16 +34,19 @@ def test_bad_parameters_fail_at_construction_with_the_names() -> None:
 @pytest.mark.parametrize(
     ("name", "params", "message"),
     [
-        ("consensus", {"margin": None}, "margin must be a number, got None"),
-        ("consensus", {"tightness": "0.9"}, "tightness must be a number"),
+        ("consensus", {"margin": None}, "margin must be a finite number, got None"),
+        ("consensus", {"tightness": "0.9"}, "tightness must be a finite number"),
         ("consensus", {"embedder": 5}, "cannot use int as an embedder"),
-        ("grada-peel", {"peel_margin": None}, "peel_margin must be a number"),
-        ("auto", {"peel_margin": None}, "peel_margin must be a number"),
+        ("grada-peel", {"peel_margin": None}, "peel_margin must be a finite number"),
+        ("auto", {"peel_margin": None}, "peel_margin must be a finite number"),
         ("ragdefender", {"m": 2.5}, "m must be an int, got 2.5"),
         ("grada", {"max_iter": 1.5}, "max_iter must be an int"),
         ("grada", {"n": True}, "n must be an int or None, got True"),
-        ("grada", {"alpha": float("nan")}, "alpha must be a number, got nan"),
+        ("grada", {"alpha": float("nan")}, "alpha must be a finite number, got nan"),
         ("grada", {"max_iter": 0}, "max_iter >= 1"),
+        ("ragdefender", {"p": float("inf")}, "p must be a finite number"),
+        ("consensus", {"support": "no"}, "support must be True or False"),
+        ("grada", {"peel": "no"}, "peel must be True or False"),
     ],
 )
 def test_a_parameter_of_the_wrong_type_fails_at_construction(
@@ -52,6 +55,14 @@ def test_a_parameter_of_the_wrong_type_fails_at_construction(
     """Each was accepted, then failed inside numpy at the first defend() (or ran oddly)."""
     with pytest.raises((TypeError, ValueError), match=message):
         build(name, **params)
+
+
+def test_whole_numbers_from_a_config_file_are_counts() -> None:
+    """``{"n": 4.0}`` as JSON or YAML writes it: taken as the count 4."""
+    assert build("grada", n=4.0, max_iter=50.0).n == 4
+    assert build("ragdefender", m=5.0).m == 5 and build("consensus", min_group=3.0).min_group == 3
+    with pytest.raises(TypeError, match="n must be an int or None, got 4.5"):
+        build("grada", n=4.5)
 
 
 @pytest.mark.parametrize("cls", [RAGDefender, GRADA, AutoDefense])

@@ -737,7 +737,7 @@ def test_cli_refuses_what_it_cannot_do_before_any_work(
         raise KeyboardInterrupt
 
     monkeypatch.setattr(pipeline, "audit", interrupted)
-    assert main(["audit", str(kb), "--workdir", str(tmp_path / "w")]) == 2
+    assert main(["audit", str(kb), "--workdir", str(tmp_path / "w")]) == 130
     assert "interrupted: the parts done are kept" in capsys.readouterr().err
     monkeypatch.setattr(pipeline, "audit", no_work)
     real_has = audit_cli._has
@@ -1065,3 +1065,16 @@ def test_loading_the_packaged_models_prints_nothing() -> None:
     )
     assert "Loading weights" not in done.stderr, done.stderr[-500:]
     assert "bars restored: True" in done.stdout
+
+
+def test_a_module_that_fails_to_import_is_named_with_its_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from ragdefense.cliargs import import_object
+
+    (tmp_path / "buggykb.py").write_text("store = len(1)\n")  # a TypeError at import
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=r"cannot import it \(TypeError: object of type"):
+        import_object("buggykb:store")
+    with pytest.raises(ValueError, match="name a module"):
+        import_object("./buggykb:store")

@@ -66,6 +66,8 @@ def import_object(spec: str) -> Any:
             obj = getattr(obj, part)
     except (ImportError, AttributeError) as exc:
         raise ValueError(f"{spec!r}: cannot import it ({exc})") from None
-    except TypeError:  # "./kb:store": a relative import
-        raise ValueError(f"{spec!r}: name a module (kb:store), not a path") from None
+    except TypeError as exc:  # "./kb:store" asks for a relative import; else the module's own
+        if module.startswith(".") or any(c in module for c in "/\\"):
+            raise ValueError(f"{spec!r}: name a module (kb:store), not a path") from None
+        raise ValueError(f"{spec!r}: cannot import it (TypeError: {exc})") from exc
     return obj

@@ -9,10 +9,11 @@ count per host (``www.`` dropped); any other value is taken as it is.
 
 from __future__ import annotations
 
+import posixpath
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .types import Passage
 
@@ -142,9 +143,10 @@ def is_trusted_by(
 
     A source is compared after the same reduction as :func:`source_of`: ``"who.int"`` and
     ``"https://www.who.int/"`` trust that host exactly (not ``apps.who.int``: a predicate can
-    match more). An address with a path trusts that page and the pages under it
-    (:func:`document_of` read with ``source_key``), not its whole host: a shared host (a code
-    forge, a blog platform) serves anyone's pages.
+    match more). An address with a path, with or without its scheme, trusts that page and the
+    pages under it (:func:`document_of` read with ``source_key``, dot segments resolved), not
+    its whole host: a shared host (a code forge, a blog platform) serves anyone's pages. One
+    with a query (``?t=1``) is refused: a path prefix cannot tell one thread from another.
 
     Examples:
         >>> passage = Passage("...", metadata={"source": "https://who.int/x", "reviewed": True})
@@ -172,17 +174,34 @@ def is_trusted_by(
 
 
 def _page(entry: Any) -> str | None:
-    """``host/path`` of a web address with a path, ``None`` for any other entry."""
+    """``host/path`` of a web address with a path (its scheme may be left out), the path's
+    dot segments resolved; ``None`` for any other entry. One with a query is refused: a query
+    names a page among a site's pages, and a path prefix cannot say which."""
     text = str(entry).strip()
     if "://" not in text:
-        return None
+        head, slash, _ = text.partition("/")
+        if not slash or "." not in head or any(c in text for c in " \\"):
+            return None
+        text = f"https://{text}"
     try:
         parts = urlsplit(text)
     except ValueError:
         return None
-    path = parts.path.rstrip("/")
+    if parts.query:
+        raise ValueError(
+            f"trusted {entry!r}: an address with a query is not a page prefix; trust such "
+            "pages with a predicate on the metadata"
+        )
+    path = _clean(parts.path)
     host = (parts.hostname or "").lower().removeprefix("www.")
     return f"{host}{path}" if host and path else None
+
+
+def _clean(path: str) -> str:
+    """A web address's path percent-decoded and its dot segments resolved (``/a/../b`` is
+    ``/b``), without a trailing ``/`` (the root is ``""``)."""
+    resolved = posixpath.normpath("/" + unquote(path).lstrip("/"))
+    return "" if resolved == "/" else resolved
 
 
 @dataclass(frozen=True)
@@ -200,7 +219,11 @@ class _Sources:
         if source in self.names:
             return True
         doc = document_of(passage, self.source_key) if self.pages else None
-        return doc is not None and any(doc == p or doc.startswith(p + "/") for p in self.pages)
+        if doc is None:
+            return False
+        host, _, path = doc.partition("/")
+        doc = host + _clean(path)  # "../" cannot climb out of a trusted page
+        return any(doc == p or doc.startswith(p + "/") for p in self.pages)
 
 
 @dataclass(frozen=True)

@@ -182,24 +182,31 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
     return v
 
 
-def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any) -> None:
-    """Where the default model (``embed``) embeds beside embeddings the passages carry (the
-    query, or the passages carrying none), the carried ones must be that model's: a vector
-    store's of another model, of the same size, would compare meaninglessly. The longest
-    carried text is checked (a store may have embedded it with its metadata: the longer, the
-    less that moves it); another model's vector stands near orthogonal to this one's."""
+def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any) -> None:
+    """Where the default model (no ``embedder``) embeds beside embeddings the passages carry
+    (the query, or the passages carrying none), the carried ones must be that model's: another
+    model's, of the same size, would compare meaninglessly. The three longest carried texts
+    are checked (a store may have embedded them with their metadata: the longer, the less that
+    moves them), and most must agree; another model's vector stands near orthogonal."""
     carried = [j for j, p in enumerate(passages) if p.embedding is not None and vecs[j].any()]
     if embedder is not None or not carried:
         return
-    i = max(carried, key=lambda j: len(passages[j].text))
-    own, vec = np.asarray(embed([passages[i].text]))[0], np.asarray(vecs[i])
-    if own.shape != vec.shape or own @ vec < 0.2 * np.linalg.norm(own) * np.linalg.norm(vec):
-        raise DefenseInputError(
-            f"passage {i} carries an embedding of another model than the default embedder "
-            "(the packaged all-MiniLM-L6-v2, which embeds the query and the passages carrying "
-            "none): pass the model that made it as embedder=, or the query's embedding by it "
-            "to defend_embeddings(query_embedding=)"
-        )
+    from .embedders import default_embedder  # the embedders build on these types
+
+    longest = sorted(carried, key=lambda j: -len(passages[j].text))[:3]
+    own = np.asarray(default_embedder().embed([passages[j].text for j in longest]), np.float64)
+    theirs = [np.asarray(vecs[j], dtype=np.float64) for j in longest]
+    if all(t.shape == own.shape[1:] for t in theirs):
+        norms = np.linalg.norm(own, axis=1) * np.linalg.norm(theirs, axis=1)
+        cos = np.einsum("ij,ij->i", own, np.asarray(theirs)) / np.maximum(norms, 1e-12)
+        if np.median(cos) >= 0.2:
+            return
+    raise DefenseInputError(
+        f"passage {longest[0]} carries an embedding of another model than the default embedder "
+        "(the packaged all-MiniLM-L6-v2, which embeds the query and the passages carrying none): "
+        "give the defense the model that made it (embedder=; in the adapters embeddings= or "
+        "embed_model=), or the query's embedding by it (defend_embeddings(query_embedding=))"
+    )
 
 
 def check_query(query: object) -> str:

@@ -94,9 +94,12 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     except (ValueError, OSError, TypeError, ImportError) as exc:  # OSError: Ray's connection too
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
-        raise UsageError(
-            f"interrupted: the parts done are kept in {args.workdir}; the same command resumes"
-        ) from None
+        print(
+            f"interrupted: the parts done are kept in {args.workdir}; the same command without "
+            "--fresh resumes",
+            file=sys.stderr,
+        )
+        return 130
     written = report.write(args.workdir, args.format)
     print(report.to_markdown(top=args.show))
     print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)

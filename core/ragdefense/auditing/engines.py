@@ -65,7 +65,10 @@ class _RayStep:
                 errors.append("")
             except _OWN as exc:  # handed back as data: Ray's wrapper would lose it
                 done.append(0)
-                errors.append(pickle.dumps(exc).hex())  # text: a column Ray keeps whole
+                try:
+                    errors.append(pickle.dumps(exc).hex())  # text: a column Ray keeps whole
+                except Exception:  # an error holding what does not pickle: its words
+                    errors.append(pickle.dumps(ValueError(f"{type(exc).__name__}: {exc}")).hex())
         return {"part": batch["part"], "items": np.asarray(done), "error": np.asarray(errors)}
 
 

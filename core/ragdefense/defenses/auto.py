@@ -33,7 +33,7 @@ from ..embedders import passage_and_query_embeddings
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, CoordinatedGroup, coordinated_groups
-from .params import reals
+from .params import flags, reals
 from .ragdefender import RAGDefender
 
 __all__ = ["AutoDefense"]
@@ -84,6 +84,7 @@ class AutoDefense:
         optional = ("absorb", "majority_tightness")
         reals(optional, peel_tightness=peel_tightness, peel_margin=peel_margin, absorb=absorb)
         reals(optional, majority_tightness=majority_tightness)
+        flags(peel=peel)
         if not 0 <= peel_margin <= 2:
             raise ValueError(f"peel_margin is a difference of cosines in [0, 2], got {peel_margin}")
         for label, value in (

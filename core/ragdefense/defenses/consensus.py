@@ -63,7 +63,7 @@ from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
-from .params import check_embedder, integers, reals
+from .params import check_embedder, flags, integers, reals
 from .pool import Pool, consensus_result, distinct, map_back
 from .voices import holders, one_voices
 
@@ -135,6 +135,7 @@ class Consensus:
         reals(("absorb", "voice", "anchor"), tightness=tightness, margin=margin, absorb=absorb)
         reals(("absorb", "voice", "anchor"), voice=voice, anchor=anchor)
         integers(min_group=min_group, min_passages=min_passages)
+        flags(support=support)
         check_embedder(embedder)
         for label, value in (("tightness", tightness), ("absorb", absorb)):
             if value is not None and not -1 <= value <= 1:
@@ -149,7 +150,7 @@ class Consensus:
         self.embedder = embedder
         self.tightness = tightness
         self.margin = margin
-        self.min_group = min_group
+        self.min_group = int(min_group)
         self.absorb = absorb
         self.voice = voice
         self.source_key = source_key
@@ -162,7 +163,7 @@ class Consensus:
             )
         self.anchor = anchor
         self.support = support
-        self.min_passages = min_passages
+        self.min_passages = int(min_passages)
         self._grada = GRADA()
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
@@ -187,17 +188,21 @@ class Consensus:
         m = len(items)
         sources = sources_of(items, self.source_key)
         trusted = [self._trust(i, p, sources[i]) for i, p in enumerate(items)]
+        # with trust given, which passages it found is said (none found too)
+        found = [i for i, t in enumerate(trusted) if t]
+        said = {"trusted": found} if found or self.trusted is not None else {}
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's
         keep, copy_of = distinct(items)
         if m < self.min_passages or len(keep) == 1 or blank:
-            count = f"{m} passage(s)" if m < self.min_passages else "copies of 1 passage"
-            why = f"only {count}: nothing to compare (min_passages={self.min_passages})"
+            why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
+            if m >= self.min_passages:
+                why = "only copies of one passage: nothing to compare"
             if blank:
                 why = "the query is blank: nothing to rank the passages by, all kept"
-            note = {"note": why}
+            note = {"note": why, **said}
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note
             )
@@ -206,7 +211,7 @@ class Consensus:
         )
         if not np.abs(emb).any() or not np.abs(q_emb).any():
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
-            note = {"note": why}
+            note = {"note": why, **said}
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note
             )
@@ -234,8 +239,7 @@ class Consensus:
         removed = map_back(pool.removed, keep, copy_of, estimates)
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
-        if any(trusted) or self.trusted is not None:  # none found is said too
-            estimates["trusted"] = [i for i, t in enumerate(trusted) if t]
+        estimates.update(said)
         return consensus_result(
             self.name, query, items, full_qs, sources, trusted, removed, estimates
         )

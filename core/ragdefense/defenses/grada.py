@@ -40,7 +40,7 @@ from ..types import (
     check_query_embedding,
     to_passages,
 )
-from .params import check_embedder, integers, reals
+from .params import check_embedder, flags, integers, reals
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
@@ -172,6 +172,7 @@ class GRADA:
         reals(alpha=alpha, damping=damping, tol=tol)
         reals(peel_tightness=peel_tightness, peel_margin=peel_margin)
         integers(("n",), n=n, max_iter=max_iter)
+        flags(peel=peel)
         check_embedder(embedder)
         if tol <= 0 or max_iter < 1:
             raise ValueError(f"tol must be > 0 and max_iter >= 1, got {tol} and {max_iter}")
@@ -188,10 +189,10 @@ class GRADA:
         self.similarity: Similarity = similarity
         self.hrsim_base = hrsim_base
         self.alpha = alpha
-        self.n = n
+        self.n = None if n is None else int(n)
         self.damping = damping
         self.tol = tol
-        self.max_iter = max_iter
+        self.max_iter = int(max_iter)
         self.bm25 = bm25 or BM25()
         self.embedder = embedder
         self.peel = peel

@@ -3,33 +3,47 @@ naming the parameter, never later inside numpy."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Collection
 from numbers import Integral, Real
 from typing import Any
 
+import numpy as np
+
 from ..embedders import as_embedder
 
-__all__ = ["check_embedder", "integers", "reals"]
+__all__ = ["check_embedder", "flags", "integers", "reals"]
 
 
 def reals(optional: Collection[str] = (), **values: Any) -> None:
-    """Each of ``values`` a real number, not NaN (those named in ``optional`` may be None)."""
+    """Each of ``values`` a finite real number (those named in ``optional`` may be None)."""
     for label, value in values.items():
         if value is None and label in optional:
             continue
-        if isinstance(value, bool) or not isinstance(value, Real) or value != value:
-            kind = "a number or None" if label in optional else "a number"
+        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+            kind = "a finite number or None" if label in optional else "a finite number"
             raise TypeError(f"{label} must be {kind}, got {value!r}")
 
 
 def integers(optional: Collection[str] = (), **values: Any) -> None:
-    """Each of ``values`` an integer (those named in ``optional`` may be None)."""
+    """Each of ``values`` a whole number (``4.0`` from a config file too; the caller stores
+    ``int(value)``); those named in ``optional`` may be None."""
     for label, value in values.items():
         if value is None and label in optional:
             continue
-        if isinstance(value, bool) or not isinstance(value, Integral):
+        whole = isinstance(value, Integral) or (
+            isinstance(value, Real) and math.isfinite(value) and float(value).is_integer()
+        )
+        if isinstance(value, bool) or not whole:
             kind = "an int or None" if label in optional else "an int"
             raise TypeError(f"{label} must be {kind}, got {value!r}")
+
+
+def flags(**values: Any) -> None:
+    """Each of ``values`` a bool (a string such as "no" would read as true)."""
+    for label, value in values.items():
+        if not isinstance(value, (bool, np.bool_)):
+            raise TypeError(f"{label} must be True or False, got {value!r}")
 
 
 def check_embedder(embedder: Any) -> None:

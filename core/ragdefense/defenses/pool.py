@@ -4,6 +4,7 @@ Consensus returns for it."""
 
 from __future__ import annotations
 
+import unicodedata
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
@@ -23,14 +24,15 @@ def on_topic(qs: np.ndarray) -> list[int]:
 
 
 def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
-    """The first of each set of copies (the same text up to spacing and case), and each first
-    one's later copies. Texts that differ are never copies, even where their embeddings
-    coincide: an embedder reads a window of each text, and what follows it may differ."""
+    """The first of each set of copies (the same text up to spacing, case, accents and Unicode
+    form: what an uncased embedder ignores too), and each first one's later copies. Texts that
+    differ otherwise are never copies, even where their embeddings coincide: an embedder reads
+    a window of each text, and what follows it may differ."""
     keep: list[int] = []
     copy_of: dict[int, list[int]] = {}
     seen: dict[str, int] = {}
     for i, passage in enumerate(items):
-        text = " ".join(passage.text.split()).casefold()
+        text = _plain(passage.text)
         first = seen.get(text)
         if first is None:
             keep.append(i)
@@ -38,6 +40,12 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
         else:
             copy_of.setdefault(first, []).append(i)
     return keep, copy_of
+
+
+def _plain(text: str) -> str:
+    """``text`` with spacing, case, accents and Unicode form left out."""
+    bare = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
+    return " ".join(bare.casefold().split())
 
 
 def map_back(

@@ -211,8 +211,9 @@ class Quarantine:
         if inner is not None:
             for v in inner.verdicts:
                 at = rest[v.index]
-                why = re.sub(r"(?<=passage )\d+", lambda m: str(rest[int(m[0])]), v.reason)
-                verdicts[at] = replace(v, index=at, passage=items[at], reason=why)
+                verdicts[at] = replace(
+                    v, index=at, passage=items[at], reason=_copy_of(v.reason, rest)
+                )
             estimates.update(_positions(inner.estimates, rest))
         return DefenseResult(
             self.name,
@@ -224,8 +225,18 @@ class Quarantine:
         )
 
 
-#: the estimates that hold passage positions (a list of them; groups: lists; copies: a mapping)
-_POSITIONS = ("unsupported", "unsupported_apart", "contradicting", "trusted", "peeled", "off_topic")
+#: the estimates that hold passage positions (a list of them; groups: lists; copies: a mapping;
+#: AutoDefense's ``evidence`` holds some too)
+_POSITIONS = (
+    "unsupported",
+    "unsupported_apart",
+    "contradicting",
+    "trusted",
+    "peeled",
+    "off_topic",
+    "ragdefender_flagged",
+    "not_absorbed",
+)
 
 
 def _positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
@@ -235,8 +246,20 @@ def _positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
     for key in _POSITIONS:
         if isinstance(out.get(key), list):
             out[key] = [rest[i] for i in out[key]]
-    if "groups" in out:
+    if isinstance(out.get("groups"), list):
         out["groups"] = [[rest[i] for i in g] for g in out["groups"]]
-    if "copies" in out:
+    if isinstance(out.get("copies"), dict):
         out["copies"] = {rest[i]: [rest[c] for c in cs] for i, cs in out["copies"].items()}
+    if isinstance(out.get("evidence"), Mapping):
+        out["evidence"] = _positions(out["evidence"], rest)
     return out
+
+
+def _copy_of(reason: str, rest: list[int]) -> str:
+    """``reason`` with the passage a copy follows (Consensus's "; a copy of passage N") as its
+    input position; nothing else in it is read (a source may hold any words)."""
+    found = re.search(r"; a copy of passage (\d+)", reason)
+    if found is None or int(found[1]) >= len(rest):
+        return reason
+    start, end = found.span(1)
+    return reason[:start] + str(rest[int(found[1])]) + reason[end:]

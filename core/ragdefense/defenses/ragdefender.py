@@ -35,7 +35,7 @@ from scipy.cluster.hierarchy import linkage
 from ..embedders import as_embedder, check_embeddings, check_query_embedding, embed_passages
 from ..similarity import cosine_matrix, cut
 from ..text import summed_tfidf, tokenize
-from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+from ..types import DefenseResult, PassageLike, Verdict, check_carried, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
 from .params import check_embedder, integers, reals
 
@@ -214,8 +214,7 @@ class RAGDefender:
         self.embedder = embedder
         self.task_type: TaskType = task_type
         self.p = p
-        self.m = m
-        self.min_passages = min_passages
+        self.m, self.min_passages = int(m), int(min_passages)
         if off_topic is not None and not -1 <= off_topic <= 1:
             raise ValueError(f"off_topic is a cosine similarity in [-1, 1], got {off_topic}")
         self.off_topic = off_topic
@@ -242,6 +241,7 @@ class RAGDefender:
         emb = embed_passages(items, self.embedder)
 
         def query_vector() -> Any:  # embedded only if an outlier candidate needs it
+            check_carried(items, list(emb), self.embedder)
             return as_embedder(self.embedder).embed_query(query)
 
         return self._defend(query, items, emb, lazy_query_sim(query_vector, emb), task_type)
@@ -263,9 +263,8 @@ class RAGDefender:
         emb = check_embeddings(embeddings, len(items))
         if query_embedding is not None:  # given: it must be right, never silently skipped
             query_embedding = check_query_embedding(query_embedding, emb.shape[1])
-        return self._defend(
-            query, items, emb, lazy_query_sim(lambda: query_embedding, emb), task_type
-        )
+        given = lazy_query_sim(lambda: query_embedding, emb)
+        return self._defend(query, items, emb, given, task_type)
 
     def _defend(
         self,
