@@ -143,6 +143,12 @@ def test_auto_in_a_real_pipeline(embeddings: RagdefenseEmbeddings) -> None:
     )
     with pytest.raises(TypeError):
         defend(store.as_retriever(), "auto", no_such_parameter=1)
+    # a store, or a retriever already wrapped for configuration: named, not a pydantic error
+    with pytest.raises(TypeError, match=r"got InMemoryVectorStore: pass store.as_retriever"):
+        defend(store)
+    with pytest.raises(TypeError, match=r"then configure what defend\(\) returns"):
+        defend(store.as_retriever().with_config(tags=["x"]))
+    assert defend(store.as_retriever()).with_config(tags=["x"]).invoke(Q)
 
 
 def test_documents_are_never_mutated(toy_embedder: Any) -> None:

@@ -396,6 +396,16 @@ def test_defend_widens_fusion_and_mmr_retrievers(index: VectorStoreIndex) -> Non
     defend(index, post).retrieve(QUESTION.question)
     with pytest.warns(UserWarning, match=r"4 passage\(s\).*pool of 8"):
         post.postprocess_nodes(four, query_str=QUESTION.question)
+    # hybrid mode: a hybrid store returns hybrid_top_k, fused from sparse_top_k candidates
+    from llama_index.postprocessor.ragdefense.retrievers import _top_k, widened
+
+    hybrid = index.as_retriever(
+        vector_store_query_mode="hybrid", similarity_top_k=4, hybrid_top_k=3, sparse_top_k=10
+    )
+    pool, _ = widened(hybrid, 16)
+    assert _top_k(hybrid) == 3  # what it returns, so what defend() returns
+    assert (pool._hybrid_top_k, pool._sparse_top_k, pool.similarity_top_k) == (16, 16, 16)
+    assert (hybrid._hybrid_top_k, hybrid._sparse_top_k) == (3, 10)  # the caller's unchanged
 
 
 @pytest.mark.slow

@@ -61,7 +61,7 @@ def test_whole_numbers_from_a_config_file_are_counts() -> None:
     """``{"n": 4.0}`` as JSON or YAML writes it: taken as the count 4."""
     assert build("grada", n=4.0, max_iter=50.0).n == 4
     assert build("ragdefender", m=5.0).m == 5 and build("consensus", min_group=3.0).min_group == 3
-    with pytest.raises(TypeError, match="n must be an int or None, got 4.5"):
+    with pytest.raises(TypeError, match=r"n must be an int or None, got 4\.5"):
         build("grada", n=4.5)
 
 

@@ -81,6 +81,40 @@ def test_langchain_one_line_defense_reuses_the_stored_vectors(
     assert docs and not any(d.page_content in POISON for d in docs)
 
 
+@pytest.mark.parametrize("search_type", ["similarity", "mmr"])
+def test_langchain_faiss_with_a_filter_is_asked_for_candidates(
+    search_type: str, minilm: Any, tmp_path: Path
+) -> None:
+    """FAISS filters after its search (``fetch_k`` candidates): one tenant's pool comes from
+    candidates in the user's proportion, and an MMR retriever is asked for the similarity pool
+    over the filter. Other tenants' documents never reach the defense."""
+    from langchain_core.documents import Document
+
+    from langchain_ragdefense import RagdefenseEmbeddings, defend
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.vectorstores import FAISS
+    docs = [
+        Document(t, metadata={"source": SOURCE[t], "tenant": f"t{n}"})
+        for t in TEXTS
+        for n in range(4)
+    ]
+    store = FAISS.from_documents(docs, RagdefenseEmbeddings(minilm))
+    kwargs: dict[str, Any] = {"k": 4, "filter": {"tenant": "t2"}}  # FAISS's fetch_k: 20
+    if search_type == "mmr":
+        kwargs["fetch_k"] = 100  # the user's, for their filter: kept
+    retriever = store.as_retriever(search_type=search_type, search_kwargs=kwargs)
+    assert sum(d.page_content in POISON for d in retriever.invoke(QUESTION.question)) >= 1
+    seen: list[Any] = []
+    with warnings.catch_warnings(record=True):
+        out = defend(retriever).invoke(QUESTION.question)
+        seen = defend(retriever, k=8).invoke(QUESTION.question)
+    assert out and not any(d.page_content in POISON for d in out)
+    assert len(seen) == 8 and all(d.metadata["tenant"] == "t2" for d in [*out, *seen])
+    assert retriever.search_kwargs == kwargs and retriever.search_type == search_type
+
+
 @pytest.mark.parametrize("kind", ["chroma", "faiss"])
 def test_stored_vectors_stay_each_documents_own_after_edits(
     kind: str, minilm: Any, tmp_path: Path

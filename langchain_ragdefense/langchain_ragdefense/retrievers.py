@@ -109,10 +109,13 @@ def widened(
     raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked for
     more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
-    so; it returns ``fetch`` when one of them does. Any other gets ``k`` and may ignore it."""
+    so; it returns ``fetch`` when one of them does. FAISS with a ``filter`` is asked for more
+    candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):
+        if "filter" in retriever.search_kwargs and type(retriever.vectorstore).__name__ == "FAISS":
+            return _filtered_faiss(retriever, fetch)
         if retriever.search_type == "mmr":
             wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
             return retriever.model_copy(update={"search_kwargs": wider}), {}, True
@@ -129,6 +132,23 @@ def widened(
         wider = search_kwargs | {"k": fetch}
         return retriever.model_copy(update={"search_kwargs": wider}), {}, False
     return retriever, {"k": fetch}, False
+
+
+def _filtered_faiss(
+    retriever: VectorStoreRetriever, fetch: int
+) -> tuple[BaseRetriever, dict[str, Any], bool]:
+    """FAISS with a ``filter`` searches ``fetch_k`` candidates, then filters them: it returns
+    fewer than asked while it holds more. It is asked for ``fetch`` with candidates in the
+    user's proportion (FAISS's default 20 for 4), MMR as the similarity pool over the filter
+    (the survivors in similarity order), and promises nothing."""
+    kwargs = retriever.search_kwargs
+    own = positive_int(kwargs.get("fetch_k")) or 20
+    wide = max(own, -(-own * fetch // (positive_int(kwargs.get("k")) or 4)))
+    if retriever.search_type == "mmr":
+        similar = {k: v for k, v in kwargs.items() if k != "lambda_mult"}
+        update = {"search_type": "similarity", "search_kwargs": similar}
+        retriever = retriever.model_copy(update=update)
+    return retriever, {"k": fetch, "fetch_k": wide}, False
 
 
 def _ensemble(retriever: BaseRetriever) -> list[Any] | None:
@@ -200,6 +220,14 @@ def defend(
 
     The same signature and fetch policy as the LlamaIndex adapter's ``defend``.
     """
+    if not isinstance(retriever, BaseRetriever):
+        hint = (
+            "store.as_retriever(...)"
+            if hasattr(retriever, "as_retriever")
+            else "the retriever itself, then configure what defend() returns (its .with_config, "
+            ".configurable_fields(base_retriever=...))"
+        )
+        raise TypeError(f"defend() takes a retriever, got {type(retriever).__name__}: pass {hint}")
     store = getattr(retriever, "vectorstore", None)
     rounds = FETCH_ROUNDS
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)

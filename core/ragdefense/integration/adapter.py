@@ -34,8 +34,9 @@ __all__ = [
 logger = logging.getLogger("ragdefense")
 
 #: whether the passages being defended are the pool an adapter retriever asked for and got
-#: (fewer than the defense's pool is then all the store holds): per call, not per adapter
-_POOLED: ContextVar[bool] = ContextVar("ragdefense_pooled", default=False)
+#: (fewer than the defense's pool is then all the store holds); ``False``: an adapter retriever
+#: could not ask for it; ``None``: a compressor or postprocessor used alone. Per call.
+_POOLED: ContextVar[bool | None] = ContextVar("ragdefense_pooled", default=None)
 
 
 @contextmanager
@@ -147,6 +148,11 @@ class AdapterCore:
         self._warned = True
         if _POOLED.get():  # defend() asked for the pool already
             fix = "defend() asked for more: the store returned no more."
+        elif _POOLED.get() is False:
+            fix = (
+                "defend() could not ask this retriever for that many (no size setting it reads, "
+                "or a store that filters after its search): widen the retriever itself."
+            )
         message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
         warnings.warn(message, stacklevel=5)
         logger.info("%s", message)  # INFO: the warning above already shows it once

@@ -32,11 +32,18 @@ __all__ = ["DefendedRetriever", "defend"]
 
 
 def _top_k(retriever: BaseRetriever) -> int | None:
-    """Its ``similarity_top_k``; an auto-merging retriever's, its vector retriever's (it
-    returns that many or fewer, merged)."""
+    """Its ``similarity_top_k`` (in hybrid mode its ``hybrid_top_k`` where set: what a hybrid
+    store returns); an auto-merging retriever's, its vector retriever's (it returns that many
+    or fewer, merged)."""
     inner = _merging(retriever)
     if inner is not None:
         return _top_k(inner)
+    hybrid = positive_int(getattr(retriever, "_hybrid_top_k", None))
+    if (
+        hybrid
+        and getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.HYBRID
+    ):
+        return hybrid
     return positive_int(getattr(retriever, "similarity_top_k", None))
 
 
@@ -52,7 +59,8 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
     the index holds that many: a copy with ``similarity_top_k`` raised (the caller's is never
     changed); a fusion retriever's own retrievers raised too (they fetch its candidates). An
     MMR retriever is asked for the similarity pool (MMR would spread out the near-copies the
-    defense must see together; the survivors come in similarity order). An auto-merging
+    defense must see together; the survivors come in similarity order). A hybrid retriever's
+    ``hybrid_top_k`` and ``sparse_top_k``, where set, are raised with it. An auto-merging
     retriever's vector retriever is asked, and it may return fewer (merged into parents). One
     without ``similarity_top_k`` is used as it is, and may return fewer."""
     if fetch is None or _top_k(retriever) is None:
@@ -63,6 +71,10 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
         pool._vector_retriever = widened(inner, fetch)[0]
         return pool, False
     pool.similarity_top_k = fetch
+    if getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.HYBRID:
+        for name in ("_hybrid_top_k", "_sparse_top_k"):  # what a hybrid store returns, fuses
+            if (own := positive_int(getattr(retriever, name, None))) is not None:
+                setattr(pool, name, max(own, fetch) if name == "_sparse_top_k" else fetch)
     honoured = True
     inner = getattr(retriever, "_retrievers", None)
     if isinstance(inner, list) and inner:
