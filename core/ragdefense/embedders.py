@@ -368,7 +368,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
         for i, v in zip(todo, fresh, strict=True):
             vecs[i] = v
         if len(todo) < len(vecs):
-            check_carried(passages, vecs, embedder)
+            check_carried(passages, vecs, embedder, default_embedder().embed)
     dims = {v.shape[0] for v in vecs if v is not None}
     if len(dims) > 1:
         sizes = [v.shape[0] if v is not None else None for v in vecs]
@@ -391,7 +391,7 @@ def passage_and_query_embeddings(
     fix = ""
     if query_embedding is None:
         if carried:
-            check_carried(passages, list(emb), embedder)
+            check_carried(passages, list(emb), embedder, default_embedder().embed)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="
     q = check_query_embedding(query_embedding)

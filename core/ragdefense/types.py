@@ -182,19 +182,17 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
     return v
 
 
-def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any) -> None:
-    """Where the default model (no ``embedder``) embeds beside embeddings the passages carry
-    (the query, or the passages carrying none), the carried ones must be that model's: another
+def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any) -> None:
+    """Where the default model (no ``embedder``; ``embed``) embeds beside embeddings passages
+    carry (the query, or the passages carrying none), the carried ones must be its: another
     model's, of the same size, would compare meaninglessly. The three longest carried texts
     are checked (a store may have embedded them with their metadata: the longer, the less that
     moves them), and most must agree; another model's vector stands near orthogonal."""
     carried = [j for j, p in enumerate(passages) if p.embedding is not None and vecs[j].any()]
     if embedder is not None or not carried:
         return
-    from .embedders import default_embedder  # the embedders build on these types
-
     longest = sorted(carried, key=lambda j: -len(passages[j].text))[:3]
-    own = np.asarray(default_embedder().embed([passages[j].text for j in longest]), np.float64)
+    own = np.asarray(embed([passages[j].text for j in longest]), np.float64)
     theirs = [np.asarray(vecs[j], dtype=np.float64) for j in longest]
     if all(t.shape == own.shape[1:] for t in theirs):
         norms = np.linalg.norm(own, axis=1) * np.linalg.norm(theirs, axis=1)
