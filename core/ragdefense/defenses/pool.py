@@ -4,6 +4,7 @@ Consensus returns for it."""
 
 from __future__ import annotations
 
+import re
 import unicodedata
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -42,10 +43,15 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
     return keep, copy_of
 
 
+#: the combining diacritical marks (accents) that Unicode decomposition splits off letters
+_ACCENTS = re.compile("[\u0300-\u036f]")
+
+
 def _plain(text: str) -> str:
     """``text`` with spacing, case, accents and Unicode form left out."""
-    bare = "".join(c for c in unicodedata.normalize("NFKD", text) if not unicodedata.combining(c))
-    return " ".join(bare.casefold().split())
+    if not text.isascii():  # ASCII has no accents or other forms
+        text = _ACCENTS.sub("", unicodedata.normalize("NFKD", text))
+    return " ".join(text.casefold().split())
 
 
 def map_back(
