@@ -374,7 +374,9 @@ def test_sources_are_read_from_the_usual_keys() -> None:
     assert trusted(p, source_of(p)) and not trusted(Passage("x"), None)
 
 
-@pytest.mark.parametrize("missing", [float("nan"), np.float32("nan"), "None", "null", "N/A", "nan"])
+@pytest.mark.parametrize(
+    "missing", [float("nan"), np.float32("nan"), "None", "null", "N/A", "nan", "<NA>", "NaT"]
+)
 def test_a_missing_value_is_no_source(missing: object) -> None:
     """A source column with gaps, as pandas (NaN), str(None) or a CSV export writes them: no
     source, not one source "nan" whose passages are one voice."""

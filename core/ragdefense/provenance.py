@@ -49,7 +49,7 @@ Trust = Collection[str] | Callable[[Mapping[str, Any]], bool] | None
 
 
 #: values that say "no source" (a missing value as pandas, JSON or str(None) writes it)
-_MISSING = frozenset({"nan", "none", "null", "n/a"})
+_MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 
 
 def _normal(value: Any) -> str | None:
