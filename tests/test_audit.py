@@ -1330,3 +1330,21 @@ def test_sources_are_read_from_files_as_the_defenses_read_them(tmp_path: Path) -
     assert [metadata_source(m) for m in batch.metadata] == [
         "who.int", "uploads/q3.pdf", None, "notes.md", None
     ]  # fmt: skip
+
+
+def test_an_unreachable_ray_cluster_is_named_at_once() -> None:
+    """``ray.init`` waits on an address nothing answers without end: checked first."""
+    import socket
+
+    from ragdefense.auditing.engines import _reachable
+
+    with socket.socket() as free:
+        free.bind(("127.0.0.1", 0))
+        port = free.getsockname()[1]  # closed again below: nothing listens there
+    t0 = time.monotonic()
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        with pytest.raises(ConnectionError, match="cannot reach the Ray cluster"):
+            _reachable(address)
+    assert time.monotonic() - t0 < 5
+    for address in (None, "auto", "local"):
+        _reachable(address)  # Ray's own forms: left to Ray

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import socket
 import warnings
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -94,6 +95,7 @@ class RayEngine:
             )
         if not ray.is_initialized():
             address = address or os.environ.get("RAY_ADDRESS")
+            _reachable(address)
             os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # quiet core-worker logs
             ray.init(
                 address=address,
@@ -141,6 +143,20 @@ class RayEngine:
         finally:
             log.setLevel(level)
         return total
+
+
+def _reachable(address: str | None, timeout: float = 10.0) -> None:
+    """A cluster ``host:port`` (or ``ray://host:port``) answers a connection, else a
+    ``ConnectionError`` now: ``ray.init`` waits on an unreachable one without end."""
+    if not address or address == "auto" or address.startswith("local"):
+        return
+    host, _, port = address.removeprefix("ray://").rpartition(":")
+    if not host or not port.isdigit():
+        return  # a form Ray reads its own way
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
 def make_engine(engine: str | Engine, address: str | None, workers: int | None) -> Engine:
