@@ -207,6 +207,11 @@ def test_the_postprocessor_round_trips_with_another_embedding_model(both: tuple[
     assert DefensePostprocessor.from_json(custom, embed_model=model).embed_model is model
     packaged = DefensePostprocessor(embed_model=RagdefenseEmbedding()).to_json()
     assert DefensePostprocessor.from_json(packaged).embed_model.model_name == PACKAGED  # type: ignore[union-attr]
+    # a defense object or a trusted predicate does not serialize: said so, with the way out
+    from ragdefense import GRADA
+
+    with pytest.raises(TypeError, match=r"defense= a name and plain values.*GRADA"):
+        DefensePostprocessor(defense=GRADA()).to_json()
 
 
 def test_decoding_is_refused_where_the_framework_llm_cannot_serve_it() -> None:

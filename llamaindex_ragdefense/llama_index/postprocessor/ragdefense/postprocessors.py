@@ -138,6 +138,17 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def class_name(cls) -> str:
         return cls.__name__
 
+    def to_json(self, **kwargs: Any) -> str:
+        """The settings as JSON: ``defense`` a name, ``params`` and fields plain values (an
+        object or a function, such as a ``trusted`` predicate, is refused, saying so)."""
+        try:
+            return super().to_json(**kwargs)
+        except TypeError as exc:
+            raise TypeError(
+                f"{type(self).__name__} serializes with defense= a name and plain values, not "
+                f"objects or functions ({exc}): give the defense by name and trusted= as a set"
+            ) from exc
+
     @field_validator("params", mode="after")
     @classmethod
     def _plain(cls, params: dict[str, Any]) -> dict[str, Any]:
