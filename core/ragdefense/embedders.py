@@ -390,7 +390,7 @@ def passage_and_query_embeddings(
     emb = check_embeddings(embeddings, len(passages))
     fix = ""
     if query_embedding is None:
-        if carried:
+        if carried and all(p.embedding is not None for p in passages):  # else checked there
             check_carried(passages, list(emb), embedder, default_embedder().embed)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="

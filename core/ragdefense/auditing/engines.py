@@ -89,11 +89,12 @@ class RayEngine:
             raise ImportError(
                 "the Ray engine needs Ray Data: pip install 'ray[data]' (or 'ragdefense[ray]')"
             ) from None
-        if ray.is_initialized() and address:
-            warnings.warn(
-                f"Ray is already initialised here: address {address!r} unused", stacklevel=3
-            )
-        if not ray.is_initialized():
+        if ray.is_initialized():
+            if address:
+                warnings.warn(
+                    f"Ray is already initialised here: address {address!r} unused", stacklevel=3
+                )
+        else:
             address = address or os.environ.get("RAY_ADDRESS")
             _reachable(address)
             os.environ.setdefault("RAY_BACKEND_LOG_LEVEL", "error")  # quiet core-worker logs

@@ -33,7 +33,7 @@ from ..embedders import passage_and_query_embeddings
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, CoordinatedGroup, coordinated_groups
-from .params import flags, reals
+from .params import cosines, differences, flags, reals
 from .ragdefender import RAGDefender
 
 __all__ = ["AutoDefense"]
@@ -85,15 +85,8 @@ class AutoDefense:
         reals(optional, peel_tightness=peel_tightness, peel_margin=peel_margin, absorb=absorb)
         reals(optional, majority_tightness=majority_tightness)
         flags(peel=peel)
-        if not 0 <= peel_margin <= 2:
-            raise ValueError(f"peel_margin is a difference of cosines in [0, 2], got {peel_margin}")
-        for label, value in (
-            ("peel_tightness", peel_tightness),
-            ("absorb", absorb),
-            ("majority_tightness", majority_tightness),
-        ):
-            if value is not None and not -1 <= value <= 1:
-                raise ValueError(f"{label} is a cosine similarity in [-1, 1], got {value}")
+        differences(peel_margin=peel_margin)
+        cosines(peel_tightness=peel_tightness, absorb=absorb, majority_tightness=majority_tightness)
         self.embedder = embedder
         self.peel_tightness = peel_tightness
         self.peel_margin = peel_margin

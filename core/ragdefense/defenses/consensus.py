@@ -63,7 +63,7 @@ from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, coordinated_groups
-from .params import check_embedder, flags, integers, reals
+from .params import check_embedder, cosines, differences, flags, integers, reals
 from .pool import Pool, consensus_result, distinct, map_back
 from .voices import holders, one_voices
 
@@ -137,12 +137,8 @@ class Consensus:
         integers(min_group=min_group, min_passages=min_passages)
         flags(support=support)
         check_embedder(embedder)
-        for label, value in (("tightness", tightness), ("absorb", absorb)):
-            if value is not None and not -1 <= value <= 1:
-                raise ValueError(f"{label} is a cosine similarity in [-1, 1], got {value}")
-        for label, value in (("margin", margin), ("voice", voice), ("anchor", anchor)):
-            if value is not None and not 0 <= value <= 2:
-                raise ValueError(f"{label} is a difference of cosines in [0, 2], got {value}")
+        cosines(tightness=tightness, absorb=absorb)
+        differences(margin=margin, voice=voice, anchor=anchor)
         if source_key is not None and not isinstance(source_key, str):
             raise TypeError(f"source_key must be a str or None, got {type(source_key).__name__}")
         if min_passages < 2 or min_group < 2:

@@ -40,7 +40,7 @@ from ..types import (
     check_query_embedding,
     to_passages,
 )
-from .params import check_embedder, flags, integers, reals
+from .params import check_embedder, differences, flags, integers, reals
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
@@ -176,8 +176,7 @@ class GRADA:
         check_embedder(embedder)
         if tol <= 0 or max_iter < 1:
             raise ValueError(f"tol must be > 0 and max_iter >= 1, got {tol} and {max_iter}")
-        if not 0 <= peel_margin <= 2:
-            raise ValueError(f"peel_margin is a difference of cosines in [0, 2], got {peel_margin}")
+        differences(peel_margin=peel_margin)
         if n is not None and n < 1:
             raise ValueError(f"n must be >= 1 (or None for M // 2), got {n}")
         if not 0 < damping < 1:

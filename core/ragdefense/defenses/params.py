@@ -12,7 +12,7 @@ import numpy as np
 
 from ..embedders import as_embedder
 
-__all__ = ["check_embedder", "flags", "integers", "reals"]
+__all__ = ["check_embedder", "cosines", "differences", "flags", "integers", "reals"]
 
 
 def reals(optional: Collection[str] = (), **values: Any) -> None:
@@ -44,6 +44,20 @@ def flags(**values: Any) -> None:
     for label, value in values.items():
         if not isinstance(value, (bool, np.bool_)):
             raise TypeError(f"{label} must be True or False, got {value!r}")
+
+
+def cosines(**values: Any) -> None:
+    """Each of ``values`` (``None``: not set) a cosine similarity, in [-1, 1]."""
+    for label, value in values.items():
+        if value is not None and not -1 <= value <= 1:
+            raise ValueError(f"{label} is a cosine similarity in [-1, 1], got {value}")
+
+
+def differences(**values: Any) -> None:
+    """Each of ``values`` (``None``: not set) a difference of cosines, in [0, 2]."""
+    for label, value in values.items():
+        if value is not None and not 0 <= value <= 2:
+            raise ValueError(f"{label} is a difference of cosines in [0, 2], got {value}")
 
 
 def check_embedder(embedder: Any) -> None:

@@ -37,7 +37,7 @@ from ..similarity import cosine_matrix, cut
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_carried, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
-from .params import check_embedder, integers, reals
+from .params import check_embedder, cosines, integers, reals
 
 __all__ = [
     "RAGDefender",
@@ -215,8 +215,7 @@ class RAGDefender:
         self.task_type: TaskType = task_type
         self.p = p
         self.m, self.min_passages = int(m), int(min_passages)
-        if off_topic is not None and not -1 <= off_topic <= 1:
-            raise ValueError(f"off_topic is a cosine similarity in [-1, 1], got {off_topic}")
+        cosines(off_topic=off_topic)
         self.off_topic = off_topic
 
     def defend(

@@ -39,12 +39,14 @@ def _top_k(retriever: BaseRetriever) -> int | None:
     if inner is not None:
         return _top_k(inner)
     hybrid = positive_int(getattr(retriever, "_hybrid_top_k", None))
-    if (
-        hybrid
-        and getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.HYBRID
-    ):
+    if hybrid and _mode(retriever) == VectorStoreQueryMode.HYBRID:
         return hybrid
     return positive_int(getattr(retriever, "similarity_top_k", None))
+
+
+def _mode(retriever: BaseRetriever) -> Any:
+    """A vector index retriever's query mode (``None`` for another retriever)."""
+    return getattr(retriever, "_vector_store_query_mode", None)
 
 
 def _merging(retriever: BaseRetriever) -> BaseRetriever | None:
@@ -71,17 +73,18 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
         pool._vector_retriever = widened(inner, fetch)[0]
         return pool, False
     pool.similarity_top_k = fetch
-    if getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.HYBRID:
-        for name in ("_hybrid_top_k", "_sparse_top_k"):  # what a hybrid store returns, fuses
-            if (own := positive_int(getattr(retriever, name, None))) is not None:
-                setattr(pool, name, max(own, fetch) if name == "_sparse_top_k" else fetch)
+    if _mode(retriever) == VectorStoreQueryMode.HYBRID:  # what it returns, and fuses from
+        if positive_int(getattr(retriever, "_hybrid_top_k", None)):
+            pool._hybrid_top_k = fetch
+        if sparse := positive_int(getattr(retriever, "_sparse_top_k", None)):
+            pool._sparse_top_k = max(sparse, fetch)
     honoured = True
     inner = getattr(retriever, "_retrievers", None)
     if isinstance(inner, list) and inner:
         found = [widened(r, fetch) for r in inner]
         pool._retrievers = [r for r, _ in found]
         honoured = all(ok for _, ok in found)
-    if getattr(retriever, "_vector_store_query_mode", None) == VectorStoreQueryMode.MMR:
+    if _mode(retriever) == VectorStoreQueryMode.MMR:
         pool._vector_store_query_mode = VectorStoreQueryMode.DEFAULT
         kwargs = getattr(retriever, "_kwargs", None)  # its MMR settings: a store may refuse them
         if isinstance(kwargs, dict):
