@@ -21,7 +21,10 @@ of four pieces of evidence:
    Copies of one text count once everywhere else; here they count once per document of the
    source that holds them (:func:`~ragdefense.provenance.document_of`): one page or file
    ingested twice repeats nothing, one site posting one text on three pages or more repeats
-   itself.
+   itself. Beside the embeddings, the words (:mod:`~ragdefense.defenses.claims`): a term
+   that a source says on nearly every one of its pages, and no other source says, where the
+   silent sources outnumber those saying it (a planted answer must be stated, whatever the
+   wording around it). Documents count, not chunks: a long file repeats its own subject.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
@@ -62,6 +65,7 @@ from ..embedders import passage_and_query_embeddings
 from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, check_query, to_passages
+from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, cosines, differences, flags, integers, reals
 from .pool import Pool, consensus_result, distinct, map_back
@@ -87,6 +91,7 @@ class Consensus:
             group is removed with it (``None``: never).
         voice: Least excess of a source's own agreement over its agreement with the other
             sources for its passages to count as one voice repeating itself (``None``: never).
+        claims: Judge sources by the terms they repeat alone too (step 2, with provenance).
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
         trusted: Sources never removed, or a predicate on a passage's metadata.
@@ -126,6 +131,7 @@ class Consensus:
         min_group: int = 2,
         absorb: float | None = 0.85,
         voice: float | None = 0.15,
+        claims: bool = True,
         source_key: str | None = AUTO,
         trusted: Trust = None,
         anchor: float | None = 0.05,
@@ -135,7 +141,7 @@ class Consensus:
         reals(("absorb", "voice", "anchor"), tightness=tightness, margin=margin, absorb=absorb)
         reals(("absorb", "voice", "anchor"), voice=voice, anchor=anchor)
         integers(min_group=min_group, min_passages=min_passages)
-        flags(support=support)
+        flags(support=support, claims=claims)
         check_embedder(embedder)
         cosines(tightness=tightness, absorb=absorb)
         differences(margin=margin, voice=voice, anchor=anchor)
@@ -149,6 +155,7 @@ class Consensus:
         self.min_group = int(min_group)
         self.absorb = absorb
         self.voice = voice
+        self.claims = claims
         self.source_key = source_key
         self.trusted = trusted
         self._is_trusted = is_trusted_by(trusted, source_key)
@@ -221,7 +228,7 @@ class Consensus:
             holders(keep, copy_of, sources, [document_of(p, self.source_key) for p in items]),
         )
         self._groups(pool)
-        self._voices(pool)
+        self._voices(pool, query)
         self._contradicting(pool)
         estimates = pool.estimates
         if self.support and m < self.min_pool:
@@ -374,10 +381,12 @@ class Consensus:
         if apart:
             estimates["unsupported_apart"] = apart
 
-    def _voices(self, pool: Pool) -> None:
+    def _voices(self, pool: Pool, query: str) -> None:
         """Evidence 2: one source repeating one claim apart from every other source."""
         if self.voice is not None:
             one_voices(pool, self.voice, self.tightness)
+        if self.claims:
+            repeated_claims(pool, query)
 
 
 def _apart(sim: np.ndarray, i: int, left: list[int], bar: float) -> bool:

@@ -95,9 +95,9 @@ class Pool:
     qs: np.ndarray
     sources: list[str | None]
     trusted: list[bool]
-    #: per passage: the sources holding its text, with how many documents each
+    #: per passage: the sources holding its text, with the documents of each that hold it
     #: (:func:`~ragdefense.defenses.voices.holders`)
-    held: list[dict[str, int]]
+    held: list[dict[str, frozenset[str | None]]]
     removed: dict[int, str] = field(default_factory=dict)
     estimates: dict[str, Any] = field(default_factory=dict)
 

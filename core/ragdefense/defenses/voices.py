@@ -15,9 +15,9 @@ def holders(
     copy_of: dict[int, list[int]],
     sources: list[str | None],
     documents: list[str | None],
-) -> list[dict[str, int]]:
+) -> list[dict[str, frozenset[str | None]]]:
     """Per distinct passage: each source holding its text (the passage's and its copies'), with
-    in how many of that source's documents (:func:`~ragdefense.provenance.document_of`). The
+    the documents of that source that hold it (:func:`~ragdefense.provenance.document_of`). The
     same document ingested twice is one; the same text on several pages of one site is that
     site repeating itself. Sources that are files or ids are their own single document."""
     out = []
@@ -27,14 +27,14 @@ def holders(
             source = sources[i]
             if source is not None:
                 docs.setdefault(source, set()).add(documents[i])
-        out.append({source: len(found) for source, found in docs.items()})
+        out.append({source: frozenset(found) for source, found in docs.items()})
     return out
 
 
-def weights_for(held: list[dict[str, int]], source: str) -> np.ndarray:
+def weights_for(held: list[dict[str, frozenset[str | None]]], source: str) -> np.ndarray:
     """Per passage, how often it counts when ``source`` is judged: its pages of ``source``; any
     other passage once (the other sources' copies count once, as in every other step)."""
-    return np.array([h.get(source, 1) for h in held], dtype=float)
+    return np.array([len(h[source]) if source in h else 1 for h in held], dtype=float)
 
 
 def agreement_among(sim: np.ndarray, own: list[int], w: np.ndarray) -> float:

@@ -290,6 +290,7 @@ class ConsensusPostprocessor(DefensePostprocessor):
     min_group: int = _field("consensus", "min_group")
     absorb: float | None = _field("consensus", "absorb")
     voice: float | None = _field("consensus", "voice")
+    claims: bool = _field("consensus", "claims")
     source_key: str | None = _field("consensus", "source_key")
     trusted: TrustedField = _field("consensus", "trusted")
     anchor: float | None = _field("consensus", "anchor")
