@@ -126,3 +126,17 @@ def test_with_minilm(minilm: object, planted_from: str) -> None:
     else:
         assert claims == {}  # one document: the words are no evidence (other steps may act)
     assert not set(result.removed_indices) & {0, 1, 3}, result.to_table()
+
+
+def test_a_judged_sites_pages_below_the_topic_bar_go_when_they_say_the_claim() -> None:
+    """The topic bar is relative to the best passage: a planted page ranked low falls below it
+    yet still states the claim, and goes with its site; one that does not state it stays."""
+    texts = [*HONEST, *PLANTED, "Butterflies again.", "Opening hours of the museum shop."]
+    passages = _passages([*HONEST_SITES, *ATTACKER, *ATTACKER[:2]], texts)
+    emb, q = _scattered(len(passages))
+    far = np.linalg.qr(np.column_stack([q, np.random.default_rng(1).normal(size=(32, 2))]))[0]
+    emb[8:] = far[:, 1:].T  # orthogonal to the query: below the bar
+    result = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
+        QUERY, passages, emb, q
+    )
+    assert result.removed_indices == [4, 5, 6, 7, 8], result.to_table()

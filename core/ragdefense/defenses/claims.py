@@ -46,7 +46,8 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
     query's topic that says it says it in all of its documents but one, in two or more of them,
     in ``min_documents`` or more in all; and the sources that never say it number two or more,
     and more than those that do. Sources holding a trusted passage are never judged. Every
-    passage of a judged source on the query's topic goes: a source is one voice.
+    passage of a judged source on the query's topic goes (a source is one voice), and any other
+    of its passages that says the claim.
     """
     _, _, trusted, removed, estimates = pool.unpacked()
     asked = claim_terms(query)
@@ -79,8 +80,10 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
         for s in by:
             found.setdefault(s, []).append(term)
     for s, claimed in found.items():
-        for i in own[s]:
-            if i not in removed:
+        # its passages on the topic, and those below the topic bar that still say the claim
+        said = [i for i in range(len(pool.items)) if s in pool.held[i] and i not in removed]
+        for i in said:
+            if i in terms or claim_terms(pool.items[i].text) & set(claimed):
                 removed[i] = (
                     f"repeats a claim alone: source {s!r} says {_listed(claimed)} on "
                     f"{_pages(saying, claimed[0], s)} of its {len(documents[s])} documents on "
