@@ -63,18 +63,27 @@ def test_a_claim_one_site_repeats_on_every_page_is_removed_only_with_provenance(
     assert result.removed_indices == [4, 5, 6, 7], result.to_table()
     assert result.estimates["claims"] == {"attacker.example": ["butterfly"]}
     why = result.verdicts[4].reason
-    assert "repeats a claim alone: source 'attacker.example' says 'butterfly' on 4 of" in why
-    assert "which 4 other sources never say" in why
+    assert "repeats a claim alone: source 'attacker.example' states 'butterfly' on 4 of" in why
+    assert "which 4 other sources never mention" in why
     # text alone, or the step turned off: no evidence in these vectors
     assert _defend(passages, source_key=None).removed == []
     assert _defend(passages, claims=False).removed == []
 
 
-def test_one_page_that_does_not_say_it_is_tolerated_two_are_not() -> None:
-    texts = HONEST + PLANTED[:3] + ["Females of many insects avoid males in several ways."]
+def test_one_page_that_does_not_state_it_is_tolerated_two_are_not() -> None:
+    other = "Females of many insects avoid males in several ways."
+    texts = [*HONEST, *PLANTED[:3], other]
     assert _defend(_passages(HONEST_SITES + ATTACKER, texts)).removed_indices == [4, 5, 6, 7]
-    texts = HONEST + PLANTED[:2] + [HONEST[2].replace("dragonflies", "moths")] * 2
-    assert _defend(_passages(HONEST_SITES + ATTACKER, texts)).removed == []
+    five = [*ATTACKER, "https://attacker.example/post/4"]
+    texts = [*HONEST, *PLANTED[:3], other, other.replace("insects", "birds")]
+    assert _defend(_passages(HONEST_SITES + five, texts)).removed == []
+
+
+def test_a_site_with_one_page_is_never_judged() -> None:
+    """Two pages or more per site: one page stating a term nobody else states is one voice
+    saying one thing once, however many sites do the same."""
+    sites = [f"https://blog-{j}.example/p" for j in range(4)]
+    assert _defend(_passages(HONEST_SITES + sites)).removed == []
 
 
 def test_chunks_of_one_document_repeat_its_subject_not_a_claim() -> None:
@@ -84,10 +93,10 @@ def test_chunks_of_one_document_repeat_its_subject_not_a_claim() -> None:
     assert result.removed == [] and "claims" not in result.estimates
 
 
-def test_silent_sources_must_outnumber_those_saying_it() -> None:
-    # against one other source: a tie, nothing to count
-    one = _passages(["https://a.org/1"] * 4 + ATTACKER)
-    assert _defend(one).removed == []
+def test_silent_sources_must_be_three_and_outnumber_those_saying_it() -> None:
+    # against one other source (a tie) or two (a word two sources happen not to use): nothing
+    for others in (["https://a.org/1"] * 4, ["https://a.org/1", "https://b.org/2"] * 2):
+        assert _defend(_passages(others + ATTACKER)).removed == []
     # two sites saying it (3 and 2 pages) against three silent sources: both go
     split = [*ATTACKER[:3], "https://other.example/p/1", "https://other.example/p/2"]
     texts = HONEST[:3] + PLANTED + [PLANTED[0].replace("colours", "wings")]
@@ -95,7 +104,9 @@ def test_silent_sources_must_outnumber_those_saying_it() -> None:
     assert result.removed_indices == [3, 4, 5, 6, 7], result.to_table()
     assert set(result.estimates["claims"]) == {"attacker.example", "other.example"}
     # ... but not against two
-    result = _defend(_passages(HONEST_SITES[:2] + split, HONEST[:2] + texts[3:]))
+    result = _defend(_passages([*HONEST_SITES[:3], *split], [*HONEST[:3], *texts[3:]]))
+    assert result.removed_indices == [3, 4, 5, 6, 7]
+    result = _defend(_passages([*HONEST_SITES[:2], *split], [*HONEST[:2], *texts[3:]]))
     assert result.removed == []
 
 
@@ -107,10 +118,45 @@ def test_a_term_of_the_query_is_no_claim() -> None:
     assert result.removed == []
 
 
-def test_a_source_holding_a_trusted_passage_is_not_judged() -> None:
+def test_trust_is_per_passage() -> None:
+    """A trusted passage is never removed, and a term it mentions is no lone claim; the other
+    pages of its host are judged like any (trusting one page of a shared host trusts that page)."""
     passages = _passages(HONEST_SITES + ATTACKER)
-    result = _defend(passages, trusted={"attacker.example"})
-    assert result.removed == []
+    assert _defend(passages, trusted={"attacker.example"}).removed == []
+    assert _defend(passages, trusted={"https://attacker.example/post/0"}).removed == []
+    texts = [*HONEST, *PLANTED, "Frogs fake death to avoid males, says our reviewed guide."]
+    shared = [*HONEST_SITES, *ATTACKER, "https://attacker.example/guide"]
+    result = _defend(_passages(shared, texts), trusted={"https://attacker.example/guide"})
+    assert result.removed_indices == [4, 5, 6, 7], result.to_table()
+
+
+def test_a_text_another_source_holds_too_stays() -> None:
+    """A judged site's page copying an honest passage cannot take the honest copy with it."""
+    sites = [*HONEST_SITES, *ATTACKER, "https://attacker.example/post/9"]
+    passages = _passages(sites, [*HONEST, *PLANTED, HONEST[0]])
+    emb, q = _scattered(len(passages))
+    emb[8] = emb[0]  # a copy embeds like its original
+    result = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
+        QUERY, passages, emb, q
+    )
+    assert result.removed_indices == [4, 5, 6, 7], result.to_table()
+    assert result.estimates["claims"] == {"attacker.example": ["butterfly"]}
+
+
+@pytest.mark.parametrize(
+    "template",
+    [
+        "{city} (Reuters) - {text}",  # a site's name in its datelines
+        "Updated 2024. {text}",  # a byline: a sentence without the query's words
+    ],
+)
+def test_a_sites_name_and_its_bylines_are_no_claim(template: str) -> None:
+    pages = ["https://reuters.com/a", "https://reuters.com/b", "https://reuters.com/c"]
+    dated = zip(["LONDON", "PARIS", "BERLIN"], (0, 1, 3), strict=True)
+    texts = [template.format(city=c, text=HONEST[i]) for c, i in dated]
+    others = ["Frogs fake death.", "Toads fake death.", "Newts fake death, too."]
+    passages = _passages([*pages, *HONEST_SITES[1:]], [*texts, *others])
+    assert "claims" not in _defend(passages).estimates
 
 
 @pytest.mark.parametrize("planted_from", ["one site", "one document"])
@@ -131,7 +177,7 @@ def test_with_minilm(minilm: object, planted_from: str) -> None:
 def test_a_judged_sites_pages_below_the_topic_bar_go_when_they_say_the_claim() -> None:
     """The topic bar is relative to the best passage: a planted page ranked low falls below it
     yet still states the claim, and goes with its site; one that does not state it stays."""
-    texts = [*HONEST, *PLANTED, "Butterflies again.", "Opening hours of the museum shop."]
+    texts = [*HONEST, *PLANTED, "Butterflies fake death again.", "Opening hours of the shop."]
     passages = _passages([*HONEST_SITES, *ATTACKER, *ATTACKER[:2]], texts)
     emb, q = _scattered(len(passages))
     far = np.linalg.qr(np.column_stack([q, np.random.default_rng(1).normal(size=(32, 2))]))[0]

@@ -3,22 +3,24 @@ their documents, that no other source on the query's topic makes (Consensus's st
 
 A planted answer has to be stated to work, so a campaign states it again and again: on every
 page an attacker's site posts for the question, whatever the wording around it. Honest sources
-that never state it, and outnumber the sources that do, are the evidence. The unit is the
+that never mention it, and outnumber the sources that do, are the evidence. The unit is the
 *document* (a page of a site, a file), never the chunk: a long document repeats its own subject
-in every chunk, and that is no campaign.
+in every chunk, and that is no campaign. A term counts as stated only in a sentence that also
+uses the query's words (an answer is stated about the question's subject; a byline, a dateline
+or another language's function words are not), and a site's own name is never its claim.
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable
 
-from ..text import tokenize
+from ..text import split_sentences, tokenize
 from .pool import Pool
 
 __all__ = ["claim_terms", "repeated_claims"]
 
 _PLURAL = re.compile(r"(?<=[^s])s$")
+_PARTS = re.compile(r"[^\W_]+")
 
 
 def claim_terms(text: str) -> set[str]:
@@ -39,15 +41,32 @@ def _singular(token: str) -> str:
     return _PLURAL.sub("", token) if len(token) > 3 else token
 
 
+def stated_terms(text: str, asked: set[str]) -> set[str]:
+    """The :func:`claim_terms` of the sentences of ``text`` that use a word of the query
+    (``asked``), the query's own words left out."""
+    found: set[str] = set()
+    for sentence in split_sentences(text) or [text]:
+        terms = claim_terms(sentence)
+        if terms & asked:
+            found |= terms
+    return found - asked
+
+
+#: fewest sources on the query's topic that never mention a term for it to be a lone claim:
+#: two sources that happen not to use a word a third uses on every page say little
+MIN_SILENT = 3
+
+
 def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
     """Mark the passages of the sources that repeat a claim alone.
 
-    A term (:func:`claim_terms`, not the query's) is a repeated claim when every source on the
-    query's topic that says it says it in all of its documents but one, in two or more of them,
-    in ``min_documents`` or more in all; and the sources that never say it number two or more,
-    and more than those that do. Sources holding a trusted passage are never judged. Every
-    passage of a judged source on the query's topic goes (a source is one voice), and any other
-    of its passages that says the claim.
+    A term is a repeated claim when every source on the query's topic that mentions it states
+    it (:func:`stated_terms`) in all of its documents but one, in two or more of them, in
+    ``min_documents`` or more in all; when the sources that never mention it number
+    :data:`MIN_SILENT` or more, and more than those that do; when no trusted passage mentions
+    it; and when it is not part of a speaking source's own name. The judged sources' passages
+    on the query's topic go (a source is one voice), and their other passages stating the
+    claim; never a trusted passage, nor a text that a source not judged holds too.
     """
     _, _, trusted, removed, estimates = pool.unpacked()
     asked = claim_terms(query)
@@ -56,50 +75,53 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
     for i in topical:
         for s in pool.held[i]:  # a text copied onto several sites is each one's
             own.setdefault(s, []).append(i)
-    if len(own) < 3:
-        return  # a claim against one other source is a tie: nothing to count
-    terms = {i: claim_terms(pool.items[i].text) - asked for i in topical}
-    # per source: its documents, and the documents saying each term
-    documents = {s: _documents(pool, s, idx) for s, idx in own.items()}
+    if len(own) < MIN_SILENT + 1 or not asked:
+        return
+    mentioned = {i: claim_terms(pool.items[i].text) - asked for i in topical}
+    stated = {i: stated_terms(pool.items[i].text, asked) for i in topical}
+    untrustworthy = set().union(*(mentioned[i] for i in topical if trusted[i]))
+    documents = {s: set().union(*(pool.held[i][s] for i in idx)) for s, idx in own.items()}
+    # per term: the sources mentioning it, with the documents of each that state it
     saying: dict[str, dict[str, set[str | None]]] = {}
     for s, idx in own.items():
         for i in idx:
-            for t in terms[i]:
-                saying.setdefault(t, {}).setdefault(s, set()).update(pool.held[i][s])
+            for t in mentioned[i]:
+                saying.setdefault(t, {}).setdefault(s, set())
+            for t in stated[i]:
+                saying[t][s].update(pool.held[i][s])
     found: dict[str, list[str]] = {}
-    for term in sorted(saying):
+    for term in sorted(set(saying) - untrustworthy):
         by = saying[term]
-        total = sum(len(d) for d in by.values())
         silent = len(own) - len(by)
-        if total < min_documents or silent < max(2, len(by) + 1):
+        if sum(len(d) for d in by.values()) < min_documents or silent < max(
+            MIN_SILENT, len(by) + 1
+        ):
             continue
         if any(len(d) < max(2, len(documents[s]) - 1) for s, d in by.items()):
-            continue  # a source saying it on one page, or not on nearly all of its pages
-        if any(trusted[i] for s in by for i in own[s]):
-            continue
+            continue  # a source stating it on one page, or not on nearly all of its pages
+        if any(term in _name_parts(s) for s in by):
+            continue  # a site naming itself (a dateline, a byline) states nothing
         for s in by:
             found.setdefault(s, []).append(term)
     for s, claimed in found.items():
-        # its passages on the topic, and those below the topic bar that still say the claim
-        said = [i for i in range(len(pool.items)) if s in pool.held[i] and i not in removed]
-        for i in said:
-            if i in terms or claim_terms(pool.items[i].text) & set(claimed):
+        for i, held in enumerate(pool.held):
+            if s not in held or i in removed or trusted[i] or set(held) - set(found):
+                continue  # another source, already gone, trusted, or also held by a voice
+            if i in stated or stated_terms(pool.items[i].text, asked) & set(claimed):
+                first = claimed[0]
                 removed[i] = (
-                    f"repeats a claim alone: source {s!r} says {_listed(claimed)} on "
-                    f"{_pages(saying, claimed[0], s)} of its {len(documents[s])} documents on "
-                    f"the query's topic, which {len(own) - len(saying[claimed[0]])} other "
-                    "sources never say"
+                    f"repeats a claim alone: source {s!r} states {_listed(claimed)} on "
+                    f"{len(saying[first][s])} of its {len(documents[s])} documents on the "
+                    f"query's topic, which {len(own) - len(saying[first])} other sources "
+                    "never mention"
                 )
     if found:
-        estimates["claims"] = {s: claimed for s, claimed in found.items()}
+        estimates["claims"] = found
 
 
-def _documents(pool: Pool, source: str, idx: Iterable[int]) -> set[str | None]:
-    return set().union(*(pool.held[i][source] for i in idx))
-
-
-def _pages(saying: dict[str, dict[str, set[str | None]]], term: str, source: str) -> int:
-    return len(saying[term][source])
+def _name_parts(source: str) -> set[str]:
+    """The words of a source's name (``reuters.com``: ``reuter``, ``com``)."""
+    return {_singular(p) for p in _PARTS.findall(source.lower())}
 
 
 def _listed(terms: list[str], most: int = 3) -> str:

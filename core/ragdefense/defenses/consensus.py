@@ -22,9 +22,10 @@ of four pieces of evidence:
    source that holds them (:func:`~ragdefense.provenance.document_of`): one page or file
    ingested twice repeats nothing, one site posting one text on three pages or more repeats
    itself. Beside the embeddings, the words (:mod:`~ragdefense.defenses.claims`): a term
-   that a source says on nearly every one of its pages, and no other source says, where the
-   silent sources outnumber those saying it (a planted answer must be stated, whatever the
-   wording around it). Documents count, not chunks: a long file repeats its own subject.
+   that a source states on nearly every one of its pages, and no other source mentions,
+   where three or more silent sources outnumber those stating it (a planted answer must be
+   stated, whatever the wording around it). Documents count, not chunks: a long file repeats
+   its own subject.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
