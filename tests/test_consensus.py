@@ -867,3 +867,25 @@ def test_a_consensus_pickles_with_its_trust() -> None:
 
 def is_reviewed(metadata: dict[str, object]) -> bool:
     return bool(metadata.get("reviewed"))
+
+
+def test_trusting_one_page_of_a_host_leaves_its_other_pages_judged() -> None:
+    """Trust is per passage: an address with a path trusts that page, not the host, so the
+    host's other pages are still one voice when they repeat one claim."""
+    passages, emb, q = _voices_pool()
+    pages = [f"https://forge.example/evil/{j}" for j in range(4)]
+    guide = Passage("the guide", metadata={"source": "https://forge.example/acme/guide"})
+    passages = [
+        *passages[:4],
+        *(replace(p, metadata={"source": u}) for p, u in zip(passages[4:], pages, strict=True)),
+        guide,
+    ]
+    emb = np.vstack([emb, emb[1]])  # the guide reads like an honest passage
+    trusted = {"https://forge.example/acme/guide"}
+    result = Consensus(support=False, anchor=None, trusted=trusted).defend_embeddings(
+        "q", passages, emb, q
+    )
+    assert result.removed_indices == [4, 5, 6, 7], result.to_table()
+    assert result.estimates["voices"] == ["forge.example"]
+    whole = Consensus(support=False, anchor=None, trusted={"forge.example"})
+    assert whole.defend_embeddings("q", passages, emb, q).removed == []

@@ -56,7 +56,8 @@ def agreement_between(sim: np.ndarray, own: list[int], rest: list[int], w: np.nd
 def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     """Mark the passages of each source on the query's topic that agree with each other more
     than with the other sources by ``voice`` or more (a pair of texts only when their cosine is
-    ``tightness`` or more), where two other independent sources still speak."""
+    ``tightness`` or more), where two other independent sources still speak. Trusted passages
+    are neither judged nor removed; a source's other passages are."""
     sim, _, trusted, removed, estimates = pool.unpacked()
     held = pool.held
     # on the query's topic only: one upload planting claims for many questions is judged
@@ -72,7 +73,8 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     if len(by_source) < 2:
         return  # one source (or none): support cannot be counted per source
     found = []
-    for s, own in by_source.items():
+    for s, every in by_source.items():
+        own = [i for i in every if not trusted[i]]  # trust is per passage: a page, not a host
         rest = [i for i in alive if s not in held[i]]
         n_rest = len({t for i in rest for t in held[i]})
         weights = weights_for(held, s)
@@ -86,7 +88,7 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
         if (texts == 1 and pages < 3) or pages < 2 or n_rest < 2 or not standing:
             continue
         pair = float(sim[own[0], own[1]]) if texts == 2 else None
-        if any(trusted[i] for i in own) or (pair is not None and pair < tightness):
+        if pair is not None and pair < tightness:
             continue
         inner = agreement_among(sim, own, weights)
         across = agreement_between(sim, own, rest, weights)
