@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import random
 import time
 from pathlib import Path
@@ -531,6 +532,28 @@ def test_a_changed_knowledge_base_of_the_same_size_is_refused_on_resume(
     report = audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
     assert {f.text for f in report.findings} <= set(changed)
     assert audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32).findings
+
+
+def test_a_knowledge_base_file_resumes_by_its_content(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """A file touched or moved with the same bytes resumes; one edited in place, even to the
+    same size, is refused (the fingerprint hashes the bytes, not the path or the mtime)."""
+    texts, ids, _ = toy_corpus()
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text(
+        "\n".join(json.dumps({"id": i, "text": t}) for i, t in zip(ids, texts, strict=True))
+    )
+    work = tmp_path / "w"
+    first = audit(kb, embedder=toy, workdir=work, part_size=32)
+    os.utime(kb, ns=(1, 1))  # touched: the same bytes
+    moved = kb.rename(tmp_path / "moved.jsonl")
+    again = audit(moved, embedder=toy, workdir=work, part_size=32)
+    assert [f.id for f in again.findings] == [f.id for f in first.findings]
+    data = moved.read_bytes()
+    moved.write_bytes(data.replace(b"the", b"THE", 1))  # same size, other content
+    with pytest.raises(ValueError, match=r"other parameters \(knowledge_base\).*fresh"):
+        audit(moved, embedder=toy, workdir=work, part_size=32)
 
 
 def test_file_input_and_damaged_parts_are_named(toy: CallableEmbedder, tmp_path: Path) -> None:

@@ -174,9 +174,13 @@ class FileCorpus:
             _parquet()  # before any work: a missing pyarrow is a one-line error
 
     def fingerprint(self) -> str:
-        """Path, size and modification time of the file."""
-        stat = self.path.stat()
-        return f"{self.path.resolve()} {stat.st_size} {stat.st_mtime_ns}"
+        """Size and a hash of the file's bytes: the same content resumes, wherever it lies and
+        whenever it was last written (a copy, a ``touch``); other content does not."""
+        digest = hashlib.sha256()
+        with self.path.open("rb") as f:
+            while block := f.read(1 << 20):
+                digest.update(block)
+        return f"{self.path.stat().st_size} bytes {digest.hexdigest()[:16]}"
 
     def _records(self) -> Iterator[dict[str, Any]]:
         if self.path.suffix == ".parquet":
