@@ -2,12 +2,13 @@ from __future__ import annotations
 
 import asyncio
 import warnings
+from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
-from langchain_core.documents import Document
+from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import FakeListChatModel
 from langchain_core.retrievers import BaseRetriever
@@ -386,6 +387,42 @@ def test_defend_widens_every_retriever_of_an_ensemble(store: InMemoryVectorStore
         assert 4 < len(docs) <= 7 and poison(docs) == 0
         assert hybrid.retrievers == [own, vectors]
     assert own.k == 3 and vectors.search_kwargs == {}  # the caller's retrievers are unchanged
+
+
+class _TopN(BaseDocumentCompressor):
+    """A reranker as LangChain's are: keeps the first ``top_n`` documents (``None``: all)."""
+
+    top_n: int | None = None
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Any = None
+    ) -> Sequence[Document]:
+        return list(documents)[: self.top_n]
+
+
+@pytest.mark.slow
+def test_defend_widens_the_base_of_a_compression_retriever(store: InMemoryVectorStore) -> None:
+    """A ``ContextualCompressionRetriever`` passes no ``k`` on: a copy whose base retriever is
+    asked for the pool is called, and the survivors are cut to what its compressor keeps (a
+    reranker's ``top_n``, else the base's k)."""
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    base = store.as_retriever()
+    for top_n, k in ((None, 4), (3, 3)):
+        piped = ContextualCompressionRetriever(
+            base_compressor=_TopN(top_n=top_n), base_retriever=base
+        )
+        assert poison(piped.invoke(QUESTION.question)) >= 1  # the attack works
+        if top_n is None:
+            with warnings.catch_warnings():
+                warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+                docs = defend(piped).invoke(QUESTION.question)
+            assert 1 <= len(docs) <= k and poison(docs) == 0
+        else:  # the reranker keeps 3 of the pool: the defense sees too few, and says so
+            with pytest.warns(UserWarning, match=r"3 passage\(s\)"):
+                assert len(defend(piped).invoke(QUESTION.question)) <= k
+        assert defend(piped).k == k
+        assert piped.base_retriever is base and base.search_kwargs == {}  # the caller's
 
 
 def test_a_compressor_given_a_store_embeds_the_query_with_the_stores_model() -> None:

@@ -109,7 +109,9 @@ def widened(
     raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked for
     more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
-    so; it returns ``fetch`` when one of them does. FAISS with a ``filter`` is asked for more
+    so; it returns ``fetch`` when one of them does. A ``ContextualCompressionRetriever`` is a
+    copy whose base retriever is asked so; its compressor may keep fewer (a reranker's
+    ``top_n``). FAISS with a ``filter`` is asked for more
     candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
@@ -120,6 +122,9 @@ def widened(
             wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
             return retriever.model_copy(update={"search_kwargs": wider}), {}, True
         return retriever, {"k": fetch}, True
+    base = _compressed(retriever)
+    if base is not None:  # a compression pipeline: its base asked, what it keeps unpromised
+        return retriever.model_copy(update={"base_retriever": _settled(base, fetch)[0]}), {}, False
     children = _ensemble(retriever)
     if children:
         asked = [_settled(child, fetch) for child in children]
@@ -151,6 +156,14 @@ def _filtered_faiss(
     return retriever, {"k": fetch, "fetch_k": wide}, False
 
 
+def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:
+    """The base retriever of a ``ContextualCompressionRetriever`` (a ``base_retriever`` beside a
+    ``base_compressor``), ``None`` for another."""
+    base = getattr(retriever, "base_retriever", None)
+    compressing = hasattr(retriever, "base_compressor") and isinstance(retriever, BaseModel)
+    return base if compressing and isinstance(base, BaseRetriever) else None
+
+
 def _ensemble(retriever: BaseRetriever) -> list[Any] | None:
     """The retrievers of an ensemble or merger (``retrievers``), ``None`` for another."""
     children = getattr(retriever, "retrievers", None)
@@ -175,7 +188,12 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
     its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
     its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
     set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
-    their union, at most that many)."""
+    their union, at most that many); a compression retriever's, its compressor's ``top_n``,
+    else its base retriever's."""
+    base = _compressed(retriever)
+    if base is not None:  # what its compressor keeps at most: a reranker's top_n, else all
+        top_n = positive_int(getattr(getattr(retriever, "base_compressor", None), "top_n", None))
+        return top_n or _retriever_k(base)
     children = _ensemble(retriever)
     if children is not None:
         ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
