@@ -889,3 +889,9 @@ def test_trusting_one_page_of_a_host_leaves_its_other_pages_judged() -> None:
     assert result.estimates["voices"] == ["forge.example"]
     whole = Consensus(support=False, anchor=None, trusted={"forge.example"})
     assert whole.defend_embeddings("q", passages, emb, q).removed == []
+    # pages that agree with the trusted page as much as with each other are no voice of their own
+    emb[8] = emb[4]
+    agreeing = Consensus(support=False, anchor=None, trusted=trusted).defend_embeddings(
+        "q", passages, emb, q
+    )
+    assert "voices" not in agreeing.estimates, agreeing.to_table()

@@ -400,29 +400,46 @@ class _TopN(BaseDocumentCompressor):
         return list(documents)[: self.top_n]
 
 
+class _PerCallK(BaseRetriever):
+    """A retriever that takes ``k`` per call only (no setting to copy)."""
+
+    store: Any
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun, k: int = 4
+    ) -> list[Document]:
+        return self.store.similarity_search(query, k=k)  # type: ignore[no-any-return]
+
+
 @pytest.mark.slow
 def test_defend_widens_the_base_of_a_compression_retriever(store: InMemoryVectorStore) -> None:
-    """A ``ContextualCompressionRetriever`` passes no ``k`` on: a copy whose base retriever is
-    asked for the pool is called, and the survivors are cut to what its compressor keeps (a
-    reranker's ``top_n``, else the base's k)."""
+    """A ``ContextualCompressionRetriever`` is asked through a copy whose base retriever
+    fetches the pool (a setting raised, or ``k`` per call, which it passes on) and whose
+    reranker keeps it (``top_n`` raised); the survivors are cut to what the pipeline returns:
+    its base's k, at most the reranker's ``top_n``."""
     from langchain_classic.retrievers import ContextualCompressionRetriever
 
-    base = store.as_retriever()
-    for top_n, k in ((None, 4), (3, 3)):
-        piped = ContextualCompressionRetriever(
-            base_compressor=_TopN(top_n=top_n), base_retriever=base
-        )
+    # (base, top_n, k): a base that says no k leaves the reranker's top_n, or nothing, to go by
+    unknown = _PerCallK(store=store)
+    cases = [(store.as_retriever(), t, k) for t, k in ((None, 4), (3, 3), (100, 4))]
+    cases += [(unknown, None, None), (unknown, 3, 3)]
+    for base, top_n, k in cases:
+        reranker = _TopN(top_n=top_n)
+        piped = ContextualCompressionRetriever(base_compressor=reranker, base_retriever=base)
         assert poison(piped.invoke(QUESTION.question)) >= 1  # the attack works
-        if top_n is None:
-            with warnings.catch_warnings():
-                warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
-                docs = defend(piped).invoke(QUESTION.question)
-            assert 1 <= len(docs) <= k and poison(docs) == 0
-        else:  # the reranker keeps 3 of the pool: the defense sees too few, and says so
-            with pytest.warns(UserWarning, match=r"3 passage\(s\)"):
-                assert len(defend(piped).invoke(QUESTION.question)) <= k
-        assert defend(piped).k == k
-        assert piped.base_retriever is base and base.search_kwargs == {}  # the caller's
+        defended = defend(piped)
+        assert defended.k == k
+        if k is None:  # no k to size a pool by: used as it is, as any such retriever
+            with pytest.warns(UserWarning, match=r"4 passage\(s\)"):
+                defended.invoke(QUESTION.question)
+            continue
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+            docs = defended.invoke(QUESTION.question)
+        assert 1 <= len(docs) <= k and poison(docs) == 0
+        assert piped.base_retriever is base and piped.base_compressor is reranker
+        assert reranker.top_n == top_n  # the caller's are not changed
+    assert store.as_retriever().search_kwargs == {}
 
 
 def test_a_compressor_given_a_store_embeds_the_query_with_the_stores_model() -> None:

@@ -110,8 +110,8 @@ def widened(
     more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
     so; it returns ``fetch`` when one of them does. A ``ContextualCompressionRetriever`` is a
-    copy whose base retriever is asked so; its compressor may keep fewer (a reranker's
-    ``top_n``). FAISS with a ``filter`` is asked for more
+    copy whose base retriever is asked so and whose reranker (a compressor with ``top_n``)
+    keeps the pool; another compressor may keep fewer. FAISS with a ``filter`` is asked for more
     candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
@@ -123,8 +123,14 @@ def widened(
             return retriever.model_copy(update={"search_kwargs": wider}), {}, True
         return retriever, {"k": fetch}, True
     base = _compressed(retriever)
-    if base is not None:  # a compression pipeline: its base asked, what it keeps unpromised
-        return retriever.model_copy(update={"base_retriever": _settled(base, fetch)[0]}), {}, False
+    if base is not None:  # a compression pipeline: its base asked (it passes call arguments
+        # on), a reranker's top_n raised to the pool; what the compressor keeps is unpromised
+        inner, args, _ = widened(base, fetch)
+        update: dict[str, Any] = {"base_retriever": inner}
+        compressor = getattr(retriever, "base_compressor", None)
+        if isinstance(compressor, BaseModel) and positive_int(getattr(compressor, "top_n", None)):
+            update["base_compressor"] = compressor.model_copy(update={"top_n": fetch})
+        return retriever.model_copy(update=update), args, False
     children = _ensemble(retriever)
     if children:
         asked = [_settled(child, fetch) for child in children]
@@ -188,12 +194,13 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
     its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
     its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
     set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
-    their union, at most that many); a compression retriever's, its compressor's ``top_n``,
-    else its base retriever's."""
+    their union, at most that many); a compression retriever's, its base retriever's, at most
+    its compressor's ``top_n``."""
     base = _compressed(retriever)
-    if base is not None:  # what its compressor keeps at most: a reranker's top_n, else all
+    if base is not None:  # what its compressor keeps of its base's: at most a reranker's top_n
         top_n = positive_int(getattr(getattr(retriever, "base_compressor", None), "top_n", None))
-        return top_n or _retriever_k(base)
+        under = _retriever_k(base)
+        return min(top_n, under) if top_n and under else top_n or under
     children = _ensemble(retriever)
     if children is not None:
         ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
@@ -224,7 +231,8 @@ def defend(
             ``fail_open`` and ``params`` are then an error).
         k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
             vector store retriever's ``search_kwargs["k"]``, 4 unless set; an ensemble's, the
-            sum of its retrievers'; no second fetch when the defense removes some), else all
+            sum of its retrievers'; a compression retriever's, its base's at most its
+            reranker's ``top_n``; no second fetch when the defense removes some), else all
             kept. The base retriever is asked for
             ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`)
             and the survivors are cut to ``k``.

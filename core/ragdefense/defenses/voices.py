@@ -57,7 +57,8 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     """Mark the passages of each source on the query's topic that agree with each other more
     than with the other sources by ``voice`` or more (a pair of texts only when their cosine is
     ``tightness`` or more), where two other independent sources still speak. Trusted passages
-    are neither judged nor removed; a source's other passages are."""
+    are neither judged nor removed; a source's other passages are, unless they agree with one
+    of its trusted passages as much as with each other."""
     sim, _, trusted, removed, estimates = pool.unpacked()
     held = pool.held
     # on the query's topic only: one upload planting claims for many questions is judged
@@ -92,7 +93,9 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
             continue
         inner = agreement_among(sim, own, weights)
         across = agreement_between(sim, own, rest, weights)
-        if inner - across < voice:
+        # a trusted page of its own that its other pages agree with as much: no lone voice
+        vouched = [float(sim[own, t].mean()) for t in every if trusted[t]]
+        if inner - max([across, *vouched]) < voice:
             continue
         found.append(s)
         copies = f" ({texts} distinct)" if pages > texts else ""
