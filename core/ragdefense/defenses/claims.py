@@ -17,7 +17,7 @@ import re
 from ..text import split_sentences, tokenize
 from .pool import Pool
 
-__all__ = ["claim_terms", "repeated_claims"]
+__all__ = ["claim_terms", "repeated_claims", "stated_terms"]
 
 _PLURAL = re.compile(r"(?<=[^s])s$")
 _PARTS = re.compile(r"[^\W_]+")
@@ -44,12 +44,21 @@ def _singular(token: str) -> str:
 def stated_terms(text: str, asked: set[str]) -> set[str]:
     """The :func:`claim_terms` of the sentences of ``text`` that use a word of the query
     (``asked``), the query's own words left out."""
-    found: set[str] = set()
+    return _read(text, asked)[1]
+
+
+def _read(text: str, asked: set[str]) -> tuple[set[str], set[str]]:
+    """The terms ``text`` mentions and those it states (:func:`stated_terms`), the query's
+    left out, in one pass over its sentences (a sentence break is white space, so the
+    sentences' terms are the text's)."""
+    mentioned: set[str] = set()
+    stated: set[str] = set()
     for sentence in split_sentences(text) or [text]:
         terms = claim_terms(sentence)
+        mentioned |= terms
         if terms & asked:
-            found |= terms
-    return found - asked
+            stated |= terms
+    return mentioned - asked, stated - asked
 
 
 #: fewest sources on the query's topic that never mention a term for it to be a lone claim:
@@ -77,8 +86,9 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
             own.setdefault(s, []).append(i)
     if len(own) < MIN_SILENT + 1 or not asked:
         return
-    mentioned = {i: claim_terms(pool.items[i].text) - asked for i in topical}
-    stated = {i: stated_terms(pool.items[i].text, asked) for i in topical}
+    read = {i: _read(pool.items[i].text, asked) for i in topical}
+    mentioned = {i: terms for i, (terms, _) in read.items()}
+    stated = {i: terms for i, (_, terms) in read.items()}
     untrustworthy = set().union(*(mentioned[i] for i in topical if trusted[i]))
     documents = {s: set().union(*(pool.held[i][s] for i in idx)) for s, idx in own.items()}
     # per term: the sources mentioning it, with the documents of each that state it
@@ -89,6 +99,7 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
                 saying.setdefault(t, {}).setdefault(s, set())
             for t in stated[i]:
                 saying[t][s].update(pool.held[i][s])
+    names = {s: _name_parts(s) for s in own}
     found: dict[str, list[str]] = {}
     for term in sorted(set(saying) - untrustworthy):
         by = saying[term]
@@ -99,7 +110,7 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
             continue
         if any(len(d) < max(2, len(documents[s]) - 1) for s, d in by.items()):
             continue  # a source stating it on one page, or not on nearly all of its pages
-        if any(term in _name_parts(s) for s in by):
+        if any(term in names[s] for s in by):
             continue  # a site naming itself (a dateline, a byline) states nothing
         for s in by:
             found.setdefault(s, []).append(term)
