@@ -24,8 +24,8 @@ of four pieces of evidence:
    itself. Beside the embeddings, the words (:mod:`~ragdefense.defenses.claims`): a term
    that a source states on nearly every one of its pages, and no other source mentions,
    where three or more silent sources outnumber those stating it (a planted answer must be
-   stated, whatever the wording around it), or a trusted source is silent on what a source
-   states on most of its pages. Documents count, not chunks: a long file repeats its own subject.
+   stated, whatever the wording around it). Documents count, not chunks: a long file repeats
+   its own subject.
 3. **Contradicting what you trust** (only with ``trusted=``): an untrusted passage closer to
    the query than to every trusted passage by ``anchor`` or more answers the question its own
    way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
