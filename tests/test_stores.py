@@ -142,6 +142,29 @@ def test_stored_vectors_stay_each_documents_own_after_edits(
     assert all(g is not None and np.allclose(g, t, atol=1e-4) for g, t in pairs)
 
 
+def test_faiss_positions_are_built_again_only_when_the_store_changes(
+    minilm: Any, tmp_path: Path
+) -> None:
+    """A document the store does not hold (no id, or another store's) is absent, and costs no
+    rebuild of the id map on every query; an add or a delete does rebuild it."""
+    from langchain_core.documents import Document
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from langchain_ragdefense.vectors import _faiss_positions, stored_vectors
+
+    store = _lc_store("faiss", RagdefenseEmbeddings(minilm), tmp_path)
+    pool = [*store.similarity_search(QUESTION.question, k=4), Document("elsewhere", id="x-1")]
+    got = stored_vectors(store, pool)
+    assert got[-1] is None and all(v is not None for v in got[:-1])
+    known = _faiss_positions(store, ["x-1"])
+    assert _faiss_positions(store, ["x-1", pool[0].id or ""]) is known  # no rebuild
+    store.add_documents([Document("A passage about volcanoes in Iceland.", id="v-1")])
+    grown = _faiss_positions(store, ["v-1"])
+    assert grown is not known and "v-1" in grown
+    store.delete([pool[0].id or ""])
+    assert pool[0].id not in _faiss_positions(store, [pool[1].id or ""])
+
+
 @pytest.mark.parametrize("kind", ["simple", "chroma"])
 def test_llamaindex_postprocessor_reuses_the_stored_vectors(
     kind: str, minilm: Any, tmp_path: Path

@@ -22,8 +22,11 @@ from ._private import chroma_collection
 
 __all__ = ["StoreCorpus", "store_corpus", "store_kind", "stored_vectors"]
 
-# FAISS store -> docstore id -> index position, rebuilt when a looked-up id is not where it says
-_FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, dict[str, int]] = weakref.WeakKeyDictionary()
+# FAISS store -> (its id map as read, that map's size, docstore id -> index position), built
+# again when the store's id map changed
+_FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], int, dict[str, int]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 def stored_vectors(store: VectorStore, documents: Sequence[Document]) -> list[Any | None]:
@@ -58,13 +61,19 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
 
 def _faiss_positions(store: Any, ids: list[str]) -> dict[str, int]:
     """Docstore id -> index position of a FAISS store, kept between queries and built again
-    when any of ``ids`` is missing or not where it says (a delete shifts the positions
-    after it, and an add can restore the count)."""
+    when the store's id map changed: another map (a delete replaces it, shifting the positions
+    after the deleted ones), another size (an add), or one of ``ids`` not where it says (the
+    map edited in place). An id the store does not hold is simply absent: it costs no
+    rebuild."""
     entries = store.index_to_docstore_id
-    known = _FAISS_POSITIONS.get(store)
-    if known is None or any(entries.get(known.get(i, -1)) != i for i in ids):
-        known = {doc_id: pos for pos, doc_id in entries.items()}
-        _FAISS_POSITIONS[store] = known
+    cached = _FAISS_POSITIONS.get(store)
+    if cached is not None:
+        seen, size, known = cached
+        same = seen is entries and size == len(entries)
+        if same and all(entries.get(known[i]) == i for i in ids if i in known):
+            return known
+    known = {doc_id: pos for pos, doc_id in entries.items()}
+    _FAISS_POSITIONS[store] = (entries, len(entries), known)
     return known
 
 
