@@ -59,6 +59,70 @@ def test_cached_texts_evicted_by_the_same_call_are_still_returned() -> None:
     np.testing.assert_array_equal(out, bag_of_words(["a", "b", "c", "d"]))
 
 
+def test_the_last_queries_are_kept_apart_from_the_passages() -> None:
+    """A query asked again (the store's retrieval, then the defense's check) is embedded once;
+    apart from the passages (an asymmetric model embeds a query otherwise), bounded, as copies
+    (a caller editing its vector in place edits nobody else's), and off with the cache."""
+    queries = Counting()
+    emb = CallableEmbedder(bag_of_words, query_fn=lambda t: queries([t])[0] + 1.0)
+    first = emb.embed_query("who wrote it?")
+    first += 100.0
+    again = emb.embed_query("who wrote it?")
+    assert queries.seen == [["who wrote it?"]]
+    np.testing.assert_array_equal(again, bag_of_words(["who wrote it?"])[0] + 1.0)
+    passage = emb.embed(["who wrote it?"])[0]  # a passage of the same text: the passages' model
+    np.testing.assert_array_equal(passage, bag_of_words(["who wrote it?"])[0])
+    for i in range(Embedder.query_cache):
+        emb.embed_query(f"question {i}")
+    emb.embed_query("who wrote it?")  # evicted by the newer ones
+    assert queries.seen[-1] == ["who wrote it?"]
+    emb.clear_cache()
+    emb.embed_query("who wrote it?")
+    assert len(queries.seen) == Embedder.query_cache + 3
+    off = CallableEmbedder(bag_of_words, query_fn=lambda t: queries([t])[0], cache_size=0)
+    off.embed_query("q")
+    off.embed_query("q")
+    assert queries.seen[-2:] == [["q"], ["q"]]
+
+
+@pytest.mark.parametrize("framework", ["langchain", "llamaindex"])
+def test_the_one_line_embeds_the_query_once(minilm: Embedder, framework: str) -> None:
+    """The store retrieving and the defense checking share the embedder: one model call for
+    the query, not two."""
+    from ragdefense.data import demo_documents
+
+    asked: list[str] = []
+    model = minilm.with_cache(4096)  # its own caches; the same model
+    plain = model._embed_query
+
+    def counted(text: str) -> object:
+        asked.append(text)
+        return plain(text)
+
+    model._embed_query = counted  # type: ignore[method-assign,assignment]
+    question = "Who painted the Mona Lisa, and when?"
+    if framework == "langchain":
+        from langchain_core.documents import Document
+        from langchain_core.vectorstores import InMemoryVectorStore
+
+        from langchain_ragdefense import RagdefenseEmbeddings, defend
+
+        docs = [Document(text, metadata=meta) for text, meta in demo_documents()]
+        store = InMemoryVectorStore.from_documents(docs, RagdefenseEmbeddings(model))
+        assert defend(store.as_retriever()).invoke(question)
+    else:
+        from llama_index.core import VectorStoreIndex
+        from llama_index.core.schema import TextNode
+
+        from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+        from llama_index.postprocessor.ragdefense import defend as defend_index
+
+        nodes = [TextNode(text=text, metadata=meta) for text, meta in demo_documents()]
+        index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(model))
+        assert defend_index(index).retrieve(question)
+    assert asked == [question]
+
+
 def test_carried_embeddings_are_used_as_is() -> None:
     fn = Counting()
     vec = np.arange(256, dtype=np.float32)

@@ -60,14 +60,19 @@ class Embedder(ABC):
     call, serve repeated texts from the cache, and validate the model's output.
 
     Args:
-        cache_size: Number of text embeddings kept (0 disables the cache).
+        cache_size: Number of text embeddings kept (0 disables the cache); the last
+            :attr:`query_cache` queries are kept apart (none when 0).
     """
+
+    #: queries kept: a vector store and the defense sharing this embedder embed a query once
+    query_cache = 32
 
     def __init__(self, cache_size: int = 4096) -> None:
         if cache_size < 0:
             raise ValueError("cache_size must be >= 0")
         self.cache_size = cache_size
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()
         self.calls = 0  # model calls made (for tests and benchmarks)
         self.texts_embedded = 0  # texts sent to the model
@@ -106,12 +111,25 @@ class Embedder(ABC):
         return np.stack(rows)
 
     def embed_query(self, text: str) -> np.ndarray:
-        """Embed a query: a float32 vector (not cached: queries rarely repeat)."""
+        """Embed a query: a float32 vector. The last few queries are kept apart from the
+        passages (an asymmetric model embeds them otherwise): the store that retrieves for a
+        query and the defense that checks its pool, given this one embedder, embed it once."""
+        with self._lock:
+            known = self._queries.get(text)
+            if known is not None:
+                self._queries.move_to_end(text)
+                kept: np.ndarray = known.copy()
+                return kept
         try:
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
         vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
+        if self.cache_size:
+            with self._lock:
+                self._queries[text] = vec.copy()
+                while len(self._queries) > self.query_cache:
+                    self._queries.popitem(last=False)
         return vec
 
     def __getstate__(self) -> dict[str, Any]:
@@ -119,11 +137,13 @@ class Embedder(ABC):
         state = self.__dict__.copy()
         state["_lock"] = None
         state["_cache"] = OrderedDict()
+        state["_queries"] = OrderedDict()
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._lock = threading.Lock()
+        self.__dict__.setdefault("_queries", OrderedDict())  # pickled before queries were kept
 
     def with_cache(self, cache_size: int) -> Embedder:
         """A copy using the same model, with an empty cache of its own of ``cache_size`` texts
@@ -133,9 +153,10 @@ class Embedder(ABC):
         return other
 
     def clear_cache(self) -> None:
-        """Forget all cached embeddings."""
+        """Forget all cached embeddings, the queries' too."""
         with self._lock:
             self._cache.clear()
+            self._queries.clear()
 
     def _remember(self, text: str, vec: np.ndarray) -> None:
         if self.cache_size == 0:
