@@ -318,3 +318,44 @@ def test_a_query_embedded_by_another_model_than_the_vectors_names_the_fix() -> N
         Consensus(small).defend_embeddings("q", texts, vectors)
     with pytest.raises(DefenseInputError, match=r"size 3, passages 5$"):  # given: no advice
         Consensus(small).defend_embeddings("q", texts, vectors, np.ones(3))
+
+
+def test_llamaindex_hands_the_defense_the_retrievers_query_vector(minilm: Embedder) -> None:
+    """With another model than ragdefense's (nothing shared to cache), the defense takes the
+    query's vector LlamaIndex's retriever computed: one query embedding per call, the same
+    verdicts as embedding it again."""
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.embeddings import BaseEmbedding
+    from llama_index.core.schema import QueryBundle, TextNode
+
+    from llama_index.postprocessor.ragdefense import defend as defend_index
+    from ragdefense.data import demo_documents
+
+    class Counted(BaseEmbedding):
+        asked: list[str] = []
+
+        def _get_query_embedding(self, query: str) -> list[float]:
+            self.asked.append(query)
+            return [float(x) for x in minilm.with_cache(0).embed_query(query)]
+
+        async def _aget_query_embedding(self, query: str) -> list[float]:
+            return self._get_query_embedding(query)
+
+        def _get_text_embedding(self, text: str) -> list[float]:
+            return [float(x) for x in minilm.embed([text])[0]]
+
+    nodes = [TextNode(text=text, metadata=meta) for text, meta in demo_documents()]
+    model = Counted()
+    index = VectorStoreIndex(nodes, embed_model=model)
+    question = "Who painted the Mona Lisa?"
+    retriever = defend_index(index)
+    assert retriever.retrieve(question) and model.asked == [question]
+    post = retriever.postprocessor
+    pool = index.as_retriever(similarity_top_k=8).retrieve(question)
+    vector = model.get_query_embedding(question)
+    asked = len(model.asked)
+    given = post.postprocess_nodes(pool, query_bundle=QueryBundle(question, embedding=vector))
+    assert len(model.asked) == asked
+    anew = post.postprocess_nodes(pool, query_bundle=QueryBundle(question))  # no vector: embed
+    assert len(model.asked) == asked + 1
+    assert [(n.node.node_id, n.score) for n in given] == [(n.node.node_id, n.score) for n in anew]

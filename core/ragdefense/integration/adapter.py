@@ -103,10 +103,13 @@ class AdapterCore:
         passages: Sequence[Passage],
         fail_open: bool = False,
         too_few: str = "",
+        query_embedding: Any = None,
     ) -> DefenseResult | None:
         """Run ``defense``; on failure raise :class:`~ragdefense.DefenseFailed` (fail closed,
         the default) or, with ``fail_open``, warn and return ``None`` (the caller passes the
-        passages through).
+        passages through). ``query_embedding``: the query's vector by the defense's own model,
+        as the retriever computed it (a defense that ``uses_embeddings`` then does not embed
+        the query again; any other ignores it).
 
         Handed fewer passages than the defense's ``min_passages`` (not compared), or
         fewer than its ``min_pool`` where no adapter retriever fetched the pool
@@ -116,7 +119,11 @@ class AdapterCore:
             return None
         self._warn_small_pool(defense, len(passages), too_few)
         try:
-            return defense.defend(query, passages)
+            if query_embedding is None or not getattr(defense, "uses_embeddings", False):
+                return defense.defend(query, passages)
+            # its defend() with the query's vector given: the passages it embeds as before
+            run = defense.defend_embeddings  # type: ignore[attr-defined]
+            return run(query, passages, None, query_embedding)  # type: ignore[no-any-return]
         except Exception as exc:
             message = (
                 f"{defense.name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"

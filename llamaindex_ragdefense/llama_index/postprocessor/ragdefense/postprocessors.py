@@ -185,7 +185,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
         self._core = AdapterCore.claim(self._core, self)
         return self._core.get(self.defense, params, self.embed_model, LlamaIndexEmbedder)
 
-    def _run(self, nodes: list[NodeWithScore], query: str) -> DefenseResult | None:
+    def _run(
+        self, nodes: list[NodeWithScore], query: str, query_embedding: Any = None
+    ) -> DefenseResult | None:
         vectors: list[Any] = [n.node.embedding for n in nodes]
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing and self.vector_store is not None:
@@ -202,7 +204,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
             )
             for n, v in zip(nodes, vectors, strict=True)
         ]
-        return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW)
+        return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW, query_embedding)
 
     def _output(
         self, nodes: list[NodeWithScore], result: DefenseResult | None
@@ -255,8 +257,11 @@ class DefensePostprocessor(BaseNodePostprocessor):
             EventPayload.QUERY_STR: query,
             EventPayload.TOP_K: len(nodes),
         }
+        # the store's model is the defense's (vector_store's contract): the vector the retriever
+        # computed for the query (LlamaIndex keeps it in the bundle) is the defense's too
+        vector = None if self.vector_store is None else getattr(query_bundle, "embedding", None)
         with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
-            out = self._output(nodes, self._run(nodes, query))
+            out = self._output(nodes, self._run(nodes, query, vector))
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out
