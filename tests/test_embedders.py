@@ -328,14 +328,20 @@ def test_llamaindex_hands_the_defense_the_retrievers_query_vector(minilm: Embedd
     from llama_index.core.embeddings import BaseEmbedding
     from llama_index.core.schema import QueryBundle, TextNode
 
+    from llama_index.postprocessor.ragdefense import DefensePostprocessor
     from llama_index.postprocessor.ragdefense import defend as defend_index
+    from ragdefense import Consensus
     from ragdefense.data import demo_documents
 
+    asked_by_all: list[str] = []
+
     class Counted(BaseEmbedding):
-        asked: list[str] = []
+        @property
+        def asked(self) -> list[str]:
+            return asked_by_all
 
         def _get_query_embedding(self, query: str) -> list[float]:
-            self.asked.append(query)
+            asked_by_all.append(query)
             return [float(x) for x in minilm.with_cache(0).embed_query(query)]
 
         async def _aget_query_embedding(self, query: str) -> list[float]:
@@ -358,4 +364,15 @@ def test_llamaindex_hands_the_defense_the_retrievers_query_vector(minilm: Embedd
     assert len(model.asked) == asked
     anew = post.postprocess_nodes(pool, query_bundle=QueryBundle(question))  # no vector: embed
     assert len(model.asked) == asked + 1
-    assert [(n.node.node_id, n.score) for n in given] == [(n.node.node_id, n.score) for n in anew]
+    assert [(n.node.node_id, n.score, n.node.metadata["ragdefense"]) for n in given] == [
+        (n.node.node_id, n.score, n.node.metadata["ragdefense"]) for n in anew
+    ]
+    # handed over only where it is the defense's own model's vector of the query's text
+    bundle = QueryBundle(question, embedding=vector)
+    assert post._query_vector(bundle).dtype == np.float32
+    hyde = QueryBundle(question, custom_embedding_strs=["A hypothetical answer."], embedding=vector)
+    assert post._query_vector(hyde) is None
+    own_model = defend_index(index, Consensus()).postprocessor  # an object: its own embedder
+    assert own_model._query_vector(bundle) is None
+    by_hand = DefensePostprocessor(vector_store=index.vector_store)  # no embed_model: MiniLM
+    assert by_hand._query_vector(bundle) is None

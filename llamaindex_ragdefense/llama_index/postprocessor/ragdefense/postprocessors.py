@@ -8,6 +8,7 @@ import asyncio
 import copy
 from typing import Any, Literal
 
+import numpy as np
 from llama_index.core.bridge.pydantic import (
     ConfigDict,
     Field,
@@ -239,6 +240,21 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def _name(self) -> str:
         return self.core.name
 
+    def _query_vector(self, bundle: QueryBundle | None) -> Any:
+        """The vector the retriever computed for the query (LlamaIndex leaves it in the
+        bundle), where it is the defense's: a defense built here by name on ``embed_model``
+        with ``vector_store`` given (that field's contract: the store's model), and a vector
+        of the query's own text (not of a hypothetical answer, HyDE). Else ``None``: the
+        defense embeds the query itself."""
+        vector = getattr(bundle, "embedding", None)
+        named = self.defense is None or isinstance(self.defense, str)  # None: the default's
+        mine = named and self.embed_model is not None
+        if vector is None or self.vector_store is None or not mine or bundle is None:
+            return None
+        if list(bundle.embedding_strs) != [bundle.query_str]:
+            return None
+        return np.asarray(vector, dtype=np.float32)
+
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
@@ -257,11 +273,8 @@ class DefensePostprocessor(BaseNodePostprocessor):
             EventPayload.QUERY_STR: query,
             EventPayload.TOP_K: len(nodes),
         }
-        # the store's model is the defense's (vector_store's contract): the vector the retriever
-        # computed for the query (LlamaIndex keeps it in the bundle) is the defense's too
-        vector = None if self.vector_store is None else getattr(query_bundle, "embedding", None)
         with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
-            out = self._output(nodes, self._run(nodes, query, vector))
+            out = self._output(nodes, self._run(nodes, query, self._query_vector(query_bundle)))
             event.on_end(payload={EventPayload.NODES: out})
         dispatcher.event(ReRankEndEvent(nodes=out))
         return out
