@@ -91,7 +91,7 @@ class Embedder(ABC):
         """Embed passages: a float32 array of shape (len(texts), d)."""
         texts = list(texts)
         with self._lock:  # looked up first: remembering new ones below may evict them
-            cached = {t: self._lookup(t) for t in dict.fromkeys(texts) if t in self._cache}
+            cached = {t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache}
         missing = [t for t in dict.fromkeys(texts) if t not in cached]
         fresh: dict[str, np.ndarray] = {}
         if missing:
@@ -105,7 +105,7 @@ class Embedder(ABC):
             fresh = dict(zip(missing, arr, strict=True))
         with self._lock:
             for t, v in fresh.items():
-                self._remember(t, v)
+                _keep(self._cache, t, v, self.cache_size)
         rows = [fresh[t] if t in fresh else cached[t] for t in texts]
         if not rows:
             return np.zeros((0, 0), dtype=np.float32)
@@ -115,22 +115,20 @@ class Embedder(ABC):
         """Embed a query: a float32 vector. The last :attr:`query_cache` queries are kept apart
         from the passages (an asymmetric model embeds them otherwise): a store retrieving for a
         query and the defense checking its pool, given this one embedder, embed it once."""
-        kept = self.__dict__.get("_queries")  # None: a subclass that skipped __init__
-        if kept is not None and self.cache_size:
+        # None: no cache (cache_size=0), or a subclass that skipped Embedder.__init__
+        kept = self.__dict__.get("_queries") if self.cache_size else None
+        if kept is not None:
             with self._lock:
                 if text in kept:
-                    kept.move_to_end(text)
-                    return np.array(kept[text])
+                    return np.array(_kept(kept, text))
         try:
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
         vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
-        if kept is not None and self.cache_size:
+        if kept is not None:
             with self._lock:
-                kept[text] = vec.copy()
-                while len(kept) > self.query_cache:
-                    kept.popitem(last=False)
+                _keep(kept, text, vec.copy(), self.query_cache)
         return vec
 
     def __getstate__(self) -> dict[str, Any]:
@@ -159,18 +157,20 @@ class Embedder(ABC):
             self._cache.clear()
             self.__dict__.get("_queries", {}).clear()
 
-    def _remember(self, text: str, vec: np.ndarray) -> None:
-        if self.cache_size == 0:
-            return
-        self._cache[text] = vec
-        self._cache.move_to_end(text)
-        while len(self._cache) > self.cache_size:
-            self._cache.popitem(last=False)
 
-    def _lookup(self, text: str) -> np.ndarray:
-        vec = self._cache[text]
-        self._cache.move_to_end(text)
-        return vec
+def _keep(cache: OrderedDict[str, np.ndarray], text: str, vec: np.ndarray, bound: int) -> None:
+    """Remember ``vec`` for ``text`` as the most recent of at most ``bound`` (0: none)."""
+    if bound:
+        cache[text] = vec
+        cache.move_to_end(text)
+    while len(cache) > bound:
+        cache.popitem(last=False)
+
+
+def _kept(cache: OrderedDict[str, np.ndarray], text: str) -> np.ndarray:
+    """The vector remembered for ``text``, now the most recent."""
+    cache.move_to_end(text)
+    return cache[text]
 
 
 def _as_matrix(raw: Any, expected_rows: int) -> np.ndarray:

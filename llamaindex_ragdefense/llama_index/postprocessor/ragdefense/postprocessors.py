@@ -246,14 +246,12 @@ class DefensePostprocessor(BaseNodePostprocessor):
         with ``vector_store`` given (that field's contract: the store's model), and a vector
         of the query's own text (not of a hypothetical answer, HyDE). Else ``None``: the
         defense embeds the query itself."""
-        vector = getattr(bundle, "embedding", None)
+        if bundle is None or bundle.embedding is None or self.vector_store is None:
+            return None
         named = self.defense is None or isinstance(self.defense, str)  # None: the default's
-        mine = named and self.embed_model is not None
-        if vector is None or self.vector_store is None or not mine or bundle is None:
+        if not named or self.embed_model is None or bundle.embedding_strs != [bundle.query_str]:
             return None
-        if list(bundle.embedding_strs) != [bundle.query_str]:
-            return None
-        return np.asarray(vector, dtype=np.float32)
+        return np.asarray(bundle.embedding, dtype=np.float32)
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
