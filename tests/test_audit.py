@@ -1371,3 +1371,45 @@ def test_an_unreachable_ray_cluster_is_named_at_once() -> None:
     assert time.monotonic() - t0 < 5
     for address in (None, "auto", "local"):
         _reachable(address)  # Ray's own forms: left to Ray
+
+
+def test_a_large_component_is_cut_tighter_its_near_copies_one_group(tmp_path: Path) -> None:
+    """A near-duplicate component larger than ``max_group`` is cut again at tighter
+    similarities: 35 near-copies joined by one looser edge to the honest passage they copy come
+    out as one group of 35 without it (before, the whole component was a "topic" and nothing was
+    a group, so a planted set of more than ``max_group`` escaped quarantine); a loose topic of 40
+    falls apart into small groups, none larger than ``max_group``."""
+    rng = np.random.default_rng(3)
+    dim = 64
+
+    def unit(v: np.ndarray) -> np.ndarray:
+        out: np.ndarray = v / np.linalg.norm(v, axis=-1, keepdims=True)
+        return out
+
+    planted, topic = unit(rng.normal(size=(2, dim)))
+    copies = unit(planted + 0.05 * unit(rng.normal(size=(35, dim))))
+    honest = unit(planted + 0.75 * _orthogonal(rng, planted))  # cosine 0.8 to the copies
+    loose = unit(topic + 0.45 * unit(rng.normal(size=(40, dim))))  # pairwise cosine ~0.83
+    vectors = np.vstack([unit(rng.normal(size=(300, dim))), copies, honest, loose])
+    assert (vectors[300:335] @ honest).max() >= 0.8  # one component with the copies at 0.8
+    ids = [f"b{i}" for i in range(300)] + [f"p{i}" for i in range(35)] + ["truth"]
+    ids += [f"t{i}" for i in range(40)]
+    texts = [f"a stored chunk {i}" for i in ids]
+    corpus = ListCorpus(texts, ids, None, vectors.astype(np.float32))
+
+    def embed(batch: list[str]) -> np.ndarray:
+        return np.vstack([np.random.default_rng(len(t)).normal(size=dim) for t in batch])
+
+    report = audit(corpus, embedder=embed, workdir=tmp_path / "a", scoring=Scoring(apart=0))
+    group = {f.id: f.group for f in report.findings}
+    assert len(group) == len(ids)
+    assert {group[f"p{i}"]["id"] for i in range(35)} == {group["p0"]["id"]}  # one group ...
+    assert group["p0"]["size"] == 35 and group["truth"] is None  # ... without the honest one
+    topical = [group[f"t{i}"] for i in range(40)]
+    assert all(g is None or g["size"] <= 30 for g in topical)
+    # with a larger max_group nothing is cut: the honest passage is in the copies' group
+    whole = audit(
+        corpus, embedder=embed, workdir=tmp_path / "b", scoring=Scoring(apart=0, max_group=36)
+    )
+    joined = {f.id: f.group for f in whole.findings}
+    assert joined["truth"] is not None and joined["truth"]["size"] == 36

@@ -76,10 +76,11 @@ def apart_in_groups(
     out: dict[int, tuple[str, float, float]] = {}
     for g, positions in members.items():
         unit = vectors[np.searchsorted(every, positions)]
-        sim = unit @ unit.T
         n = len(positions)
-        total = sim.sum() - np.trace(sim)
-        to_others = (sim.sum(axis=1) - np.diag(sim)) / (n - 1)
+        summed = unit.sum(axis=0)  # sums of cosines, without the n x n matrix of a large group
+        own = np.einsum("ij,ij->i", unit, unit)
+        total = float(summed @ summed) - own.sum()
+        to_others = (unit @ summed - own) / (n - 1)
         among = (total - 2 * to_others * (n - 1)) / ((n - 1) * (n - 2))
         k = int(np.argmax(among - to_others))
         if among[k] - to_others[k] >= bar and suspicious[positions[k]]:
