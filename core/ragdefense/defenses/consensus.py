@@ -10,7 +10,10 @@ of four pieces of evidence:
    passages nearly identical to each other that the retriever also ranks above the others.
    Benign near-duplicates (syndicated news) form tight groups too, but are not lifted above
    their neighbours; passages written for the query are. Passages that restate a removed group's
-   claim (cosine ``absorb`` or more to one of its members) and rank with it go too.
+   claim (cosine ``absorb`` or more to one of its members) and rank with it go too. And, by
+   the words (:mod:`~ragdefense.defenses.quotes`): three or more different passages quoting a
+   query of six words or more word for word, as PoisonedRAG's passages open with the question
+   they target (where the user words it otherwise, nothing is quoted).
 2. **One voice repeating itself** (only with provenance): the passages of one source that
    agree with each other more than with every other source, in a pool where at least two other
    independent sources speak (passages on the query's topic only, see step 4); a source judged
@@ -69,7 +72,8 @@ from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, chec
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, cosines, differences, flags, integers, reals
-from .pool import Pool, consensus_result, distinct, map_back
+from .pool import Pool, apart_from, consensus_result, distinct, map_back
+from .quotes import quoting
 from .voices import holders, one_voices
 
 __all__ = ["Consensus"]
@@ -93,6 +97,7 @@ class Consensus:
         voice: Least excess of a source's own agreement over its agreement with the other
             sources for its passages to count as one voice repeating itself (``None``: never).
         claims: Judge sources by the terms they repeat alone too (step 2, with provenance).
+        quotes: Remove three or more passages quoting the query word for word (step 1).
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
         trusted: Sources never removed, or a predicate on a passage's metadata.
@@ -133,6 +138,7 @@ class Consensus:
         absorb: float | None = 0.85,
         voice: float | None = 0.15,
         claims: bool = True,
+        quotes: bool = True,
         source_key: str | None = AUTO,
         trusted: Trust = None,
         anchor: float | None = 0.05,
@@ -142,7 +148,7 @@ class Consensus:
         reals(("absorb", "voice", "anchor"), tightness=tightness, margin=margin, absorb=absorb)
         reals(("absorb", "voice", "anchor"), voice=voice, anchor=anchor)
         integers(min_group=min_group, min_passages=min_passages)
-        flags(support=support, claims=claims)
+        flags(support=support, claims=claims, quotes=quotes)
         check_embedder(embedder)
         cosines(tightness=tightness, absorb=absorb)
         differences(margin=margin, voice=voice, anchor=anchor)
@@ -157,6 +163,7 @@ class Consensus:
         self.absorb = absorb
         self.voice = voice
         self.claims = claims
+        self.quotes = quotes
         self.source_key = source_key
         self.trusted = trusted
         self._is_trusted = is_trusted_by(trusted, source_key)
@@ -229,6 +236,8 @@ class Consensus:
             holders(keep, copy_of, sources, [document_of(p, self.source_key) for p in items]),
         )
         self._groups(pool)
+        if self.quotes:
+            quoting(pool, query)
         self._voices(pool, query)
         self._contradicting(pool)
         estimates = pool.estimates
@@ -368,7 +377,7 @@ class Consensus:
         for i in by_query:
             if i not in low or trusted[i]:
                 continue
-            if _apart(sim, i, left, self.min_agreement):
+            if apart_from(sim, i, left, self.min_agreement):
                 apart.append(i)  # nothing else speaks of its subject: no evidence either way
             else:
                 dropped.append(i)
@@ -388,10 +397,3 @@ class Consensus:
             one_voices(pool, self.voice, self.tightness)
         if self.claims:
             repeated_claims(pool, query)
-
-
-def _apart(sim: np.ndarray, i: int, left: list[int], bar: float) -> bool:
-    """Whether passage ``i`` shares no subject with the other passages in ``left`` (mean cosine
-    to them below ``bar``): their silence about it is then no evidence against it."""
-    others = [j for j in left if j != i]
-    return float(sim[i, others].mean()) < bar

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..types import DefenseResult, Verdict
 
-__all__ = ["Pool", "consensus_result", "distinct", "map_back", "on_topic"]
+__all__ = ["Pool", "apart_from", "consensus_result", "distinct", "map_back", "on_topic"]
 
 
 def on_topic(qs: np.ndarray) -> list[int]:
@@ -68,7 +68,7 @@ def map_back(
         out[first] = why
         for c in copy_of.get(first, []):
             out[c] = f"{why}; a copy of passage {first}"
-    for key in ("groups", "unsupported", "contradicting"):
+    for key in ("groups", "unsupported", "contradicting", "quoting"):
         if key in estimates:
             value = estimates[key]
             estimates[key] = (
@@ -163,3 +163,10 @@ def consensus_result(
         score_name="query_sim",
         estimates=estimates,
     )
+
+
+def apart_from(sim: np.ndarray, i: int, left: list[int], bar: float) -> bool:
+    """Whether passage ``i`` shares no subject with the other passages in ``left`` (mean cosine
+    to them below ``bar``): their silence about it is then no evidence against it."""
+    others = [j for j in left if j != i]
+    return float(sim[i, others].mean()) < bar

@@ -231,6 +231,7 @@ _POSITIONS = (
     "unsupported",
     "unsupported_apart",
     "contradicting",
+    "quoting",
     "trusted",
     "peeled",
     "off_topic",

@@ -307,6 +307,7 @@ class ConsensusPostprocessor(DefensePostprocessor):
     absorb: float | None = _field("consensus", "absorb")
     voice: float | None = _field("consensus", "voice")
     claims: bool = _field("consensus", "claims")
+    quotes: bool = _field("consensus", "quotes")
     source_key: str | None = _field("consensus", "source_key")
     trusted: TrustedField = _field("consensus", "trusted")
     anchor: float | None = _field("consensus", "anchor")
