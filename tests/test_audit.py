@@ -1373,12 +1373,13 @@ def test_an_unreachable_ray_cluster_is_named_at_once() -> None:
         _reachable(address)  # Ray's own forms: left to Ray
 
 
-def test_a_large_component_is_cut_tighter_its_near_copies_one_group(tmp_path: Path) -> None:
-    """A near-duplicate component larger than ``max_group`` is cut again at tighter
-    similarities: 35 near-copies joined by one looser edge to the honest passage they copy come
-    out as one group of 35 without it (before, the whole component was a "topic" and nothing was
-    a group, so a planted set of more than ``max_group`` escaped quarantine); a loose topic of 40
-    falls apart into small groups, none larger than ``max_group``."""
+def test_in_a_component_larger_than_max_group_only_near_copies_are_groups(tmp_path: Path) -> None:
+    """A near-duplicate component larger than ``max_group`` is a topic: within it only
+    near-copies (cosine 0.95 or more) form groups, of any size. 35 near-copies joined by a looser
+    edge to the honest passage they copy come out as one group of 35 without it (before, the
+    whole component was a topic and nothing was a group, so a planted set of more than
+    ``max_group`` escaped quarantine); a loose topic of 40 holding one pair of near-copies
+    gives that pair, and no group of its looser articles."""
     rng = np.random.default_rng(3)
     dim = 64
 
@@ -1390,26 +1391,33 @@ def test_a_large_component_is_cut_tighter_its_near_copies_one_group(tmp_path: Pa
     copies = unit(planted + 0.05 * unit(rng.normal(size=(35, dim))))
     honest = unit(planted + 0.75 * _orthogonal(rng, planted))  # cosine 0.8 to the copies
     loose = unit(topic + 0.45 * unit(rng.normal(size=(40, dim))))  # pairwise cosine ~0.83
-    vectors = np.vstack([unit(rng.normal(size=(300, dim))), copies, honest, loose])
+    loose[1] = unit(loose[0] + 0.1 * _orthogonal(rng, loose[0]))  # a pair of near-copies
+    small = unit(unit(rng.normal(size=dim)) + 0.4 * unit(rng.normal(size=(3, dim))))
+    vectors = np.vstack([unit(rng.normal(size=(300, dim))), copies, honest, loose, small])
     assert (vectors[300:335] @ honest).max() >= 0.8  # one component with the copies at 0.8
     ids = [f"b{i}" for i in range(300)] + [f"p{i}" for i in range(35)] + ["truth"]
-    ids += [f"t{i}" for i in range(40)]
+    ids += [f"t{i}" for i in range(40)] + ["s0", "s1", "s2"]
     texts = [f"a stored chunk {i}" for i in ids]
     corpus = ListCorpus(texts, ids, None, vectors.astype(np.float32))
 
     def embed(batch: list[str]) -> np.ndarray:
         return np.vstack([np.random.default_rng(len(t)).normal(size=dim) for t in batch])
 
-    report = audit(corpus, embedder=embed, workdir=tmp_path / "a", scoring=Scoring(apart=0))
-    group = {f.id: f.group for f in report.findings}
-    assert len(group) == len(ids)
+    def groups(folder: str, **scoring: Any) -> dict[str, Any]:
+        report = audit(corpus, embedder=embed, workdir=tmp_path / folder,
+                       scoring=Scoring(apart=0, **scoring))  # fmt: skip
+        found = {f.id: f.group for f in report.findings}
+        assert len(found) == len(ids)
+        return found
+
+    group = groups("a")
     assert {group[f"p{i}"]["id"] for i in range(35)} == {group["p0"]["id"]}  # one group ...
     assert group["p0"]["size"] == 35 and group["truth"] is None  # ... without the honest one
-    topical = [group[f"t{i}"] for i in range(40)]
-    assert all(g is None or g["size"] <= 30 for g in topical)
+    assert group["t0"]["size"] == 2 and group["t1"] == group["t0"]  # the topic's near-copies
+    assert all(group[f"t{i}"] is None for i in range(2, 40))  # and no group of its articles
+    assert group["s0"]["size"] == 3  # a small component is a group at 0.8, as before
     # with a larger max_group nothing is cut: the honest passage is in the copies' group
-    whole = audit(
-        corpus, embedder=embed, workdir=tmp_path / "b", scoring=Scoring(apart=0, max_group=36)
-    )
-    joined = {f.id: f.group for f in whole.findings}
+    joined = groups("b", max_group=36)
     assert joined["truth"] is not None and joined["truth"]["size"] == 36
+    # near-copies are a group however large, whatever the groups' own similarity
+    assert groups("c", group_similarity=0.95)["p0"]["size"] == 35

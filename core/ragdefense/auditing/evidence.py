@@ -86,8 +86,9 @@ class Scoring:
             that counts as ``threshold`` (0 turns it off).
         flag_gate: The own score a chunk needs for its flags to count.
         group_similarity: Near-duplicates shown together in the report (cosine similarity).
-        max_group: Larger near-duplicate components are topics, not groups: they are cut
-            again at tighter similarities, and their near-copies shown as groups.
+        max_group: Larger near-duplicate components are topics: within them only near-copies
+            (cosine :data:`NEAR_COPIES` or more) form groups, of any size (group similarities
+            there are the mean of those edges only).
         apart: Least excess of a suspicious group's agreement among its other members over
             their agreement with one member for the report to name that member as the honest
             passage the group may target (:func:`~.victims.apart_in_groups`; 0 turns it off).
@@ -179,17 +180,18 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
     return best
 
 
-#: the similarities a near-duplicate component larger than ``Scoring.max_group`` is cut again at
-_TIGHTER = (0.85, 0.9, 0.95)
+#: the least cosine between near-copies: within a near-duplicate component larger than
+#: ``Scoring.max_group`` (a topic), only chunks this close to each other form groups
+NEAR_COPIES = 0.95
 
 
 def find_groups(
     wd: Workdir, chunk_parts: int, n_shards: int, k: int, scoring: Scoring, wide: int = 0
 ) -> tuple[np.ndarray, list[dict[str, Any]], np.ndarray, np.ndarray | None, np.ndarray, np.ndarray]:
     """Connected components of the near-duplicate graph (each chunk's ``k`` nearest neighbours
-    with similarity >= ``scoring.group_similarity``), of size 2 to ``scoring.max_group`` (a
-    larger one is cut again at each of :data:`_TIGHTER` in turn; what is still larger at the
-    last is a set of near-copies, a group however large), and each chunk's :func:`isolation`
+    with similarity >= ``scoring.group_similarity``) of 2 or more; within a component larger
+    than ``scoring.max_group`` (a topic), only the edges of :data:`NEAR_COPIES` or more (a
+    set of near-copies is a group however large), and each chunk's :func:`isolation`
     over ``k`` and (when ``wide``) over ``wide`` neighbours: ``(group index per position or -1,
     [{id, size, similarity}] per group, isolation per position, wide isolation per position or
     None, each position's k nearest neighbours, its cosine to the nearest or NaN when it has
@@ -228,22 +230,16 @@ def find_groups(
         return labels
 
     labels = components(r, c)
-    # a component larger than max_group is cut again at each tighter similarity in turn: a
-    # topic falls apart into its near-copies, and a planted set joined to the topic around it
-    # (or to the honest passage it copies) by one looser edge comes out whole
-    split = np.zeros(n, dtype=bool)
-    for tighter in (t for t in _TIGHTER if t > scoring.group_similarity):
-        oversized = np.bincount(labels, minlength=n)[labels] > scoring.max_group if n else split
-        if not oversized.any():
-            break
-        split |= oversized
-        keep = ~oversized[r] | (w >= tighter)
+    # a component larger than max_group is a topic: within it only near-copies form groups (a
+    # planted set joined to the topic, or to the honest passage it copies, by looser edges comes
+    # out whole, of any size); a looser cut would make groups of a topic's honest articles
+    oversized = np.bincount(labels, minlength=n)[labels] > scoring.max_group if n else None
+    if oversized is not None and oversized.any():
+        keep = ~oversized[r] | (w >= NEAR_COPIES)
         r, c, w = r[keep], c[keep], w[keep]
         labels = components(r, c)
     sizes = np.bincount(labels, minlength=labels.max() + 1 if n else 0)
-    # what is still larger at the tightest cut is one text's copies, not a topic: a group
-    tight = np.bincount(labels[split], minlength=len(sizes)) > 0 if split.any() else sizes < 0
-    kept = (sizes >= 2) & ((sizes <= scoring.max_group) | tight)
+    kept = sizes >= 2
     number = np.cumsum(kept) - 1  # component label -> group number (where kept)
     group_of = np.where(kept[labels], number[labels], -1).astype(np.int64)
     edge_group = group_of[r] if len(r) else np.zeros(0, dtype=np.int64)

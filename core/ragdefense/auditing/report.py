@@ -30,7 +30,7 @@ class Finding:
         retrieved: Probes whose top M held the chunk.
         flagged: Per defense, the probes on which it removed the chunk.
         probes: A few probes that flagged it, with the defense's reason.
-        group: The tight near-duplicate group it belongs to (id, size, similarity, flagged share),
+        group: The tight near-duplicate group it belongs to (id, size, similarity),
             or ``None``.
         source: Where it comes from (its metadata's source, as the defenses read it), or
             ``None``.
