@@ -1,6 +1,6 @@
-"""Consensus's quote evidence (no provenance needed): three or more different passages holding
-the user's whole question word for word. Hand-made vectors that show no group and no veto
-(the words are the evidence), then the real MiniLM."""
+"""Consensus's quote evidence: three or more documents (texts, without provenance) holding the
+user's whole question word for word. Hand-made vectors that show no group and
+no veto (the words are the evidence), then the real MiniLM."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def test_three_passages_quoting_the_query_go_whatever_the_case_and_punctuation()
     result = Consensus(support=False).defend_embeddings(QUERY, texts, emb, q)
     gone = [v for v in result.verdicts if not v.kept]
     assert [v.index for v in gone] == [5, 6, 7]
-    assert all("quotes the query word for word, as 3 passages do" in v.reason for v in gone)
+    assert all("quotes the question word for word, as 3 documents do" in v.reason for v in gone)
     assert result.estimates["quoting"] == [5, 6, 7]
     assert _removed(texts, quotes=False) == []
 
@@ -89,11 +89,70 @@ def test_with_minilm(minilm: object) -> None:
     result = Consensus(minilm).defend(QUERY, [Passage(t) for t in texts])
     gone = {v.index for v in result.verdicts if not v.kept}
     assert {5, 6, 7} <= gone
-    assert not any("quotes the query" in result.verdicts[i].reason for i in range(5))
+    assert not any("quotes the question" in result.verdicts[i].reason for i in range(5))
 
 
 @pytest.mark.parametrize("words", [5, 6])
-def test_the_quote_needs_six_words(words: int) -> None:
-    query = " ".join(["alpha", "beta", "gamma", "delta", "epsilon", "zeta"][:words])
-    texts = HONEST + [f"{query} claim {i}." for i in range(3)]
+def test_the_quote_needs_a_question_of_six_words(words: int) -> None:
+    query = " ".join(["who", "won", "the", "big", "prize", "today"][:words]) + "?"
+    texts = HONEST + [f"{query} Claim number {i}." for i in range(3)]
     assert _removed(texts, query) == ([5, 6, 7] if words == 6 else [])
+
+
+def test_a_name_a_title_or_an_error_message_is_no_question() -> None:
+    """Honest passages quote a name or a title as a matter of course."""
+    for query in (
+        "Health Insurance Portability and Accountability Act",
+        "Harry Potter and the Philosopher's Stone",
+        "TypeError: 'NoneType' object is not subscriptable at line 3",
+    ):
+        texts = HONEST + [f"{query} is discussed in chapter {i}." for i in range(4)]
+        assert _removed(texts, query) == [], query
+
+
+def test_with_sources_quotes_count_per_document() -> None:
+    """Chunks of one document that each begin with its title (the question) are one quote;
+    three pages are three, of one site or not."""
+    question = "How do I reset the password of my account?"
+    parts = ["Open the settings page.", "Choose security.", "Follow the link we email you."]
+    others = [f"Our support team answers within a day on topic {i}." for i in range(4)]
+    texts = others + [f"{question} {part}" for part in parts]
+    emb, q = _scattered(len(texts))
+    meta = [{"source": f"https://forum{i}.example/t"} for i in range(4)]
+    chunked = meta + [{"source": "https://help.example.com/reset"}] * 3
+    passages = [Passage(t, metadata=m) for t, m in zip(texts, chunked, strict=True)]
+    result = Consensus(support=False).defend_embeddings(question, passages, emb, q)
+    assert all(v.kept for v in result.verdicts)
+    pages = meta + [{"source": f"https://help.example.com/{n}"} for n in range(3)]
+    passages = [Passage(t, metadata=m) for t, m in zip(texts, pages, strict=True)]
+    result = Consensus(support=False).defend_embeddings(question, passages, emb, q)
+    assert [v.index for v in result.verdicts if not v.kept] == [4, 5, 6]
+    assert "as 3 documents do" in result.verdicts[4].reason
+
+
+def test_every_passage_on_the_topic_quoting_is_no_evidence() -> None:
+    texts = [f"{QUERY} Note {i}: {t}" for i, t in enumerate(HONEST)]
+    assert _removed(texts) == []
+
+
+def test_words_match_whole_and_whatever_the_accents_or_invisible_characters() -> None:
+    query = "Which café won the 2023 Booker Prize for fiction?"
+    plain = [f"which cafe\u200d won the 2023 booker prize for fiction {t}" for t in "abc"]
+    assert _removed(HONEST + plain, query) == [5, 6, 7]
+    longer = [f"Which café won the 2023 Booker Prizes for fiction? {t}" for t in "abc"]
+    assert _removed(HONEST + longer, query) == []  # "prizes" is another word
+
+
+def test_chunks_sharing_the_words_before_the_quote_are_one_text() -> None:
+    """Only the words before the quote are shared (each chunk ends otherwise): one text; with
+    three different leads, three texts."""
+    question = "How do I reset the password of my account?"
+    ends = ["Open settings.", "", "Or call us."]
+
+    def chunks(leads: list[str]) -> list[str]:
+        return [f"{lead} {question} {end}" for lead, end in zip(leads, ends, strict=True)]
+
+    same = ["Billing questions are answered elsewhere."] * 3
+    assert _removed(HONEST + chunks(same), question) == []
+    other = ["Our guide says this:", "A reader wrote to us:", "From the forum, last week:"]
+    assert _removed(HONEST + chunks(other), question) == [5, 6, 7]
