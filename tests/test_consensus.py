@@ -898,3 +898,24 @@ def test_trusting_one_page_of_a_host_leaves_its_other_pages_judged() -> None:
         "q", passages, emb, q
     )
     assert "voices" not in agreeing.estimates, agreeing.to_table()
+
+
+def test_the_vote_stands_down_over_three_left(minilm: object) -> None:
+    """The demo knowledge base read as text alone, each question's 3 honest and 5 planted
+    passages: once an earlier step removed the planted set, the vote over the 3 honest ones
+    left removed one of them (the least supported of three is often an answer). With
+    ``min_vote`` it stands down: no honest passage goes."""
+    from ragdefense.data import load_demo_kb
+
+    def honest_removed(min_vote: int) -> int:
+        defense = Consensus(minilm)
+        defense.min_vote = min_vote
+        lost = 0
+        for r in load_demo_kb():
+            result = defense.defend(r.question, [*r.benign, *r.poison])
+            lost += sum(not v.kept for v in result.verdicts[: len(r.benign)])
+        return lost
+
+    assert Consensus.min_vote == 4
+    assert honest_removed(4) == 0
+    assert honest_removed(3) > 0

@@ -1,10 +1,8 @@
 """Consensus: the default defense. It removes a passage only on evidence that it was planted
 for the query, counts support per source where documents say where they come from, and lets
-trusted sources win (beyond the papers; no LLM call).
-
-The threat model it assumes: in the pool the one line fetches, honest passages outnumber one
-attacker's. Under that assumption clean retrieval must come through, so each removal needs one
-of four pieces of evidence:
+trusted sources win (beyond the papers; no LLM call). The threat model it assumes: in the pool
+the one line fetches, honest passages outnumber one attacker's. Under that assumption clean
+retrieval must come through, so each removal needs one of four pieces of evidence:
 
 1. **Coordinated groups above the rest** (:func:`~ragdefense.defenses.grada.coordinated_groups`):
    passages nearly identical to each other that the retriever also ranks above the others.
@@ -40,8 +38,8 @@ of four pieces of evidence:
    else. Lower-ranked passages are never dropped by this step, so it cannot empty a poisoned
    majority of its benign passages and refill the context from below. It needs a pool
    (``min_pool`` passages or more, what the adapters fetch, of which ``min_support`` distinct
-   ones or more on the query's topic: over fewer "the bottom half" says little, and a small
-   store's lone planted passage then passes this step), and only passages at least half as
+   ones or more on the query's topic, ``min_vote`` or more left by the earlier steps: over
+   fewer "the bottom half" says little), and only passages at least half as
    similar to the query as the best one take part (the rest of a small store's pool is about
    other topics, which HRSIM would otherwise reward for being unlike the query), and they must
    agree on something (mean cosine ``min_agreement`` or more: facts that merely share a subject
@@ -50,8 +48,7 @@ of four pieces of evidence:
    chunks about a neighbouring story, is unsupported because nothing else speaks of its
    subject, not because it mimics the query; a lone planted passage kept apart from the
    others' subject passes this step for the same reason (and where the store holds no honest
-   passage on the question, the vote has nothing to go by). ``support=False`` turns it off: a
-   lone poisoned passage then passes.
+   passage on the question, the vote has nothing to go by). ``support=False`` turns it off.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance. That is
@@ -123,6 +120,9 @@ class Consensus:
     #: fewer, "the bottom half" is one or two passages, and the best answer, which resembles
     #: the query most, lands there about as often as a planted one
     min_support = 6
+    #: fewest of them the earlier steps must leave for the vote (two in each half): over three,
+    #: the honest ones left once an attacker's set went, the least supported is often an answer
+    min_vote = 4
     #: least mean cosine among the passages voting in step 4 (scattered facts rank nothing),
     #: and from a passage to the others for it to be judged there (a lone subject is no claim)
     min_agreement = 0.35
@@ -350,10 +350,10 @@ class Consensus:
         topical = set(pool.topical)
         aside = {i: "another topic" for i in range(len(items)) if i not in topical}
         left = [i for i in range(len(items)) if i not in removed and i not in aside]
-        if len(left) < self.min_passages:
+        if len(left) < self.min_vote:
             estimates["support"] = (
                 f"skipped: {len(left)} passages on the query's topic left after the earlier "
-                f"steps, fewer than min_passages={self.min_passages}"
+                f"steps, fewer than min_vote={self.min_vote}"
             )
             return
         agreement = float(pairs_among(sim, left).mean())
