@@ -136,9 +136,13 @@ def test_every_passage_on_the_topic_quoting_is_no_evidence() -> None:
 
 
 def test_words_match_whole_and_whatever_the_accents_or_invisible_characters() -> None:
+    """Accents, joiners and variation selectors inside a word hide nothing (an embedder reads
+    through them); a longer word is another word."""
     query = "Which café won the 2023 Booker Prize for fiction?"
-    plain = [f"which cafe\u200d won the 2023 booker prize for fiction {t}" for t in "abc"]
-    assert _removed(HONEST + plain, query) == [5, 6, 7]
+    hidden = ["which cafe won the 20\u200d23 booker prize for fiction a",
+              "WHICH CAFE\u0301 WON THE 2023 BOOKER PRI\u034fZE FOR FICTION b",
+              "which ca\u0301fe won the 2023 boo\ufe0fker prize for fiction c"]  # fmt: skip
+    assert _removed(HONEST + hidden, query) == [5, 6, 7]
     longer = [f"Which café won the 2023 Booker Prizes for fiction? {t}" for t in "abc"]
     assert _removed(HONEST + longer, query) == []  # "prizes" is another word
 
@@ -156,3 +160,54 @@ def test_chunks_sharing_the_words_before_the_quote_are_one_text() -> None:
     assert _removed(HONEST + chunks(same), question) == []
     other = ["Our guide says this:", "A reader wrote to us:", "From the forum, last week:"]
     assert _removed(HONEST + chunks(other), question) == [5, 6, 7]
+
+
+def test_a_question_without_its_mark_counts_a_title_or_a_how_to_does_not() -> None:
+    """NQ and MS MARCO questions come without "?": a question word opens them. Titles that open
+    with one, "how to" queries and names opening with "May" or "Will" are no questions."""
+    asked = "who sings does he love me with reba"
+    texts = HONEST + [f"{asked} {t}" for t in ("is it Linda Davis", "maybe Trisha", "or not")]
+    assert _removed(texts, asked) == [5, 6, 7]
+    assert _removed(texts, asked + "?  ") == [5, 6, 7]
+    for title in (
+        "Do Androids Dream of Electric Sheep by Philip K. Dick",
+        "how to reset an iphone to factory settings",
+        "May 2023 Turkish presidential election results by province",
+        "Will Smith and Chris Rock at the Oscars ceremony",
+    ):
+        texts = HONEST + [f"{title} {t}" for t in ("is a page", "a guide", "a summary")]
+        assert _removed(texts, title) == [], title
+
+
+def test_provenance_only_joins_passages() -> None:
+    """Three pages of product documentation under one chapter heading hold the question: the
+    words around it make them one text, and their three addresses do not split them (sources
+    never remove more than the text alone). A passage without metadata joins by its words."""
+    question = "How do I reset the password of my account?"
+    bodies = [
+        "On the desktop app, open settings.",
+        "On Android, tap the menu.",
+        "Admins use the console.",
+    ]
+    texts = [f"Chapter 4: Accounts and security. {question} {b}" for b in bodies]
+    emb, q = _scattered(len(HONEST) + 3)
+    metas = [{}] * len(HONEST) + [{"source": f"https://docs.example.com/{n}/accounts"}
+                                  for n in ("desktop", "android", "admin")]  # fmt: skip
+    for drop in (None, 1):  # all with sources; one lost its metadata
+        pairs = enumerate(zip(HONEST + texts, metas, strict=True))
+        passages = [Passage(t, metadata={} if j == len(HONEST) + (drop or 99) else m)
+                    for j, (t, m) in pairs]  # fmt: skip
+        result = Consensus(support=False).defend_embeddings(question, passages, emb, q)
+        assert all(v.kept for v in result.verdicts), drop
+
+
+def test_texts_join_through_a_third() -> None:
+    """A shares its words before the quote with C, B its words after it with C: one text,
+    whatever the order."""
+    question = "How do I reset the password of my account?"
+    a = f"one two three four {question} alpha beta gamma delta"
+    b = f"five six seven eight {question} epsilon zeta eta theta"
+    c = f"one two three four {question} epsilon zeta eta theta"
+    d = f"nine ten eleven twelve {question} iota kappa lambda mu"
+    for order in ([a, b, c, d], [c, a, b, d], [a, b, d, c]):
+        assert _removed(HONEST + order, question) == [], order  # two texts: c joins a and b

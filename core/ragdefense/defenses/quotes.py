@@ -8,14 +8,17 @@ independent ones; three or more that do were written for it. The match is exact 
 accents, punctuation, spacing and invisible characters: where the user words the question
 otherwise than the planted passages, nothing is quoted and the other steps decide.
 
-What keeps honest passages out of it: only a question counts (it ends with ``?`` or opens with a
-question word, and has :data:`MIN_WORDS` words or more: a name, a title or an error message is
-quoted by honest passages as a matter of course); documents count, not chunks (with provenance,
-:func:`~ragdefense.provenance.document_of`; without it, copies of one text count once, and so do
-passages sharing the words around the quote, one document cut into overlapping chunks); a
-trusted passage quoting it, or every passage on the topic quoting it, shows that honest passages
-do here. What it cannot tell: a help centre whose answer page, index and related-articles boxes
-all hold the question (three documents), asked in those words, loses them
+What keeps honest passages out of it: only a question counts (it ends with ``?``, or opens
+with a question word, not "how to ...", and is no title; :data:`MIN_WORDS` words or more: a
+name, a title or an error message is quoted by honest passages as a matter of course; English
+question words only, so other languages' questions count only with ``?``); documents count,
+not chunks: passages of one document (by provenance, :func:`~ragdefense.provenance.document_of`)
+are one, and so are passages sharing the words around the quote (copies, one document cut into
+overlapping chunks, one heading above several pages), so provenance never counts more than the
+words do; a trusted passage quoting it, or every passage on the topic quoting it, shows that
+honest passages do here. What it cannot tell: honest documents that hold the question each in
+their own words around it (a help centre's answer page, index and related-articles boxes; a Q&A
+site's or a forum's pages on a popular question), asked in those words, go
 (``Consensus(quotes=False)``).
 """
 
@@ -23,6 +26,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from typing import Any
 
 from .pool import Pool
 
@@ -35,14 +39,16 @@ QUOTES = 3
 #: words on each side of a quote compared to tell two chunks of one text apart
 _AROUND = 4
 _WORD = re.compile(r"\w+")
-#: the words a question opens with (one that does not end with "?")
+#: the words a question opens with (one that does not end with "?"); not "may" or "will",
+#: which open names and dates as often ("May 2023 ...", "Will Smith ...")
 _ASKING = frozenset(
     {
         "who", "whom", "whose", "what", "which", "when", "where", "why", "how", "is", "are",
-        "was", "were", "am", "do", "does", "did", "can", "could", "should", "would", "will",
-        "shall", "may", "might", "must", "has", "have", "had",
+        "was", "were", "do", "does", "did", "can", "could", "should", "would", "has", "have",
     }
 )  # fmt: skip
+#: the characters no reader sees: accents split off by NFKD, joiners, variation selectors
+_UNSEEN = frozenset({"Mn", "Me", "Cf"})
 
 
 def quoting(pool: Pool, query: str) -> None:
@@ -59,25 +65,31 @@ def quoting(pool: Pool, query: str) -> None:
             contexts.append(around)
     if any(pool.trusted[i] for i in found) or set(pool.topical) <= set(found):
         return
-    documents = {(s, d) for i in found for s, docs in pool.held[i].items() for d in docs}
-    unsourced = [c for i, c in zip(found, contexts, strict=True) if not pool.held[i]]
-    independent = len(documents) + _texts(unsourced)
+    documents = [{(s, d) for s, docs in pool.held[i].items() for d in docs} for i in found]
+    independent = _documents(contexts, documents)
     if independent < QUOTES:
         return
     for i in found:
         pool.removed.setdefault(
             i,
-            f"quotes the question word for word, as {independent} documents do (texts, "
-            "without provenance): honest documents seldom hold a user's whole question",
+            f"quotes the question word for word, as {independent} documents do (chunks of one "
+            "document, or sharing the words around the quote, count once): honest documents "
+            "seldom hold a user's whole question",
         )
     pool.estimates["quoting"] = found
 
 
 def _question(query: str, asked: list[str]) -> bool:
-    """Whether ``query`` is a question of :data:`MIN_WORDS` words or more."""
-    if len(query.split()) < MIN_WORDS or not asked:
+    """Whether ``query`` is a question of :data:`MIN_WORDS` words or more: it ends with "?", or
+    opens with a question word not followed by "to" ("how to ...") and is no title (most of its
+    words capitalised: "Do Androids Dream of Electric Sheep")."""
+    words = query.split()
+    if min(len(words), len(asked)) < MIN_WORDS:
         return False
-    return query.rstrip().endswith("?") or asked[0] in _ASKING
+    if query.rstrip().endswith("?"):
+        return True
+    capitalised = sum(w[:1].isupper() for w in words)
+    return asked[0] in _ASKING and asked[1] != "to" and 2 * capitalised <= len(words)
 
 
 def _words(text: str) -> list[str]:
@@ -87,7 +99,7 @@ def _words(text: str) -> list[str]:
         text = "".join(
             ch
             for ch in unicodedata.normalize("NFKD", text)
-            if not unicodedata.combining(ch) and unicodedata.category(ch) != "Cf"
+            if unicodedata.category(ch) not in _UNSEEN
         )
     return _WORD.findall(text.casefold())
 
@@ -103,10 +115,14 @@ def _around(words: list[str], asked: list[str]) -> tuple[tuple[str, ...], tuple[
     return None
 
 
-def _texts(contexts: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> int:
-    """How many different texts quote: quotes with the same :data:`_AROUND` words before them,
-    or after them, are one text cut into overlapping chunks (and so, in turn, is whatever
-    shares those words with either)."""
+def _documents(
+    contexts: list[tuple[tuple[str, ...], tuple[str, ...]]], documents: list[set[tuple[str, Any]]]
+) -> int:
+    """How many documents quote: passages of one document (by provenance) are one, and so are
+    quotes with the same :data:`_AROUND` words before them, or after them (one text cut into
+    overlapping chunks, or one heading above several pages), and, in turn, whatever shares
+    either with them. Provenance only ever joins passages: it never counts more documents than
+    the words do."""
     parent = list(range(len(contexts)))
 
     def root(i: int) -> int:
@@ -115,10 +131,12 @@ def _texts(contexts: list[tuple[tuple[str, ...], tuple[str, ...]]]) -> int:
             i = parent[i]
         return i
 
-    first: dict[tuple[int, tuple[str, ...]], int] = {}
+    first: dict[tuple[Any, ...], int] = {}
     for i, (before, after) in enumerate(contexts):
-        for side, words in ((0, before), (1, after)):
-            if len(words) == _AROUND:
-                j = first.setdefault((side, words), i)
-                parent[root(i)] = root(j)
+        keys: list[tuple[Any, ...]] = [("document", d) for d in documents[i]]
+        keys += [(side, words) for side, words in (("before", before), ("after", after))
+                 if len(words) == _AROUND]  # fmt: skip
+        for key in keys:
+            j = first.setdefault(key, i)
+            parent[root(i)] = root(j)
     return len({root(i) for i in range(len(contexts))})
