@@ -124,8 +124,10 @@ def _summarize(
             f"{t['benign_removed']:>15} {t['hijacked']:>6} of {n_questions}"
         )
     say(
-        "\nThe default, text only, removes coordinated groups ranked above the rest: the "
-        "question written in front of each planted passage gives them away. Reworded, they read "
+        "\nThe default, text only, removes coordinated groups ranked above the rest, and "
+        "passages quoting the question word for word where three documents or more do: the "
+        "question written in front of each planted passage gives them away (a question of six "
+        "words or more; the shorter ones here are left to the groups). Reworded, they read "
         "as one on-topic majority, which text alone cannot tell from the truth. With the "
         "documents' sources (LangChain metadata['source'], LlamaIndex file_path / file_name / "
         "url / ref_doc_id), one upload whose passages agree with each other more than with the "
