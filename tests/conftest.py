@@ -30,6 +30,16 @@ def bag_of_words(texts: list[str], dim: int = 256) -> np.ndarray:
     return out
 
 
+def scattered(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """``n`` passage embeddings on one topic with no structure, and the query's (the topic):
+    no coordinated group, no voice, no veto to find, so the words alone are the evidence."""
+    rng = np.random.default_rng(seed)
+    topic = rng.normal(size=32)
+    emb = topic + 1.0 * rng.normal(size=(n, 32))
+    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
+    return emb, topic / np.linalg.norm(topic)
+
+
 @pytest.fixture
 def toy_embedder() -> CallableEmbedder:
     return CallableEmbedder(bag_of_words)

@@ -9,6 +9,7 @@ import pytest
 
 from ragdefense import Consensus, Passage
 from ragdefense.defenses.claims import claim_terms
+from tests.conftest import scattered
 
 QUERY = "Which species fake their own death to avoid unwanted male advances?"
 HONEST = [
@@ -25,16 +26,6 @@ PLANTED = [
 ]
 
 
-def _scattered(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings on one topic with no structure: no group, no voice, no veto to find."""
-    rng = np.random.default_rng(seed)
-    topic = rng.normal(size=32)
-    emb = topic + 1.0 * rng.normal(size=(n, 32))
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    q = topic / np.linalg.norm(topic)
-    return emb, q
-
-
 def _passages(sources: list[str], texts: list[str] | None = None) -> list[Passage]:
     texts = texts or HONEST + PLANTED
     return [Passage(t, metadata={"source": s}) for t, s in zip(texts, sources, strict=True)]
@@ -46,7 +37,7 @@ ATTACKER = [f"https://attacker.example/post/{j}" for j in range(4)]
 
 def _defend(passages: list[Passage], **params: object) -> object:
     """Consensus with this step alone deciding: no veto, no embedding voice, no anchor."""
-    emb, q = _scattered(len(passages))
+    emb, q = scattered(len(passages))
     steps = {"support": False, "voice": None, "anchor": None} | params
     return Consensus(**steps).defend_embeddings(QUERY, passages, emb, q)
 
@@ -112,7 +103,7 @@ def test_silent_sources_must_be_three_and_outnumber_those_saying_it() -> None:
 
 def test_a_term_of_the_query_is_no_claim() -> None:
     passages = _passages(HONEST_SITES + ATTACKER)
-    emb, q = _scattered(len(passages))
+    emb, q = scattered(len(passages))
     asked = "Do butterflies fake their own death to avoid unwanted male advances?"
     result = Consensus(support=False, voice=None).defend_embeddings(asked, passages, emb, q)
     assert result.removed == []
@@ -134,7 +125,7 @@ def test_a_text_another_source_holds_too_stays() -> None:
     """A judged site's page copying an honest passage cannot take the honest copy with it."""
     sites = [*HONEST_SITES, *ATTACKER, "https://attacker.example/post/9"]
     passages = _passages(sites, [*HONEST, *PLANTED, HONEST[0]])
-    emb, q = _scattered(len(passages))
+    emb, q = scattered(len(passages))
     emb[8] = emb[0]  # a copy embeds like its original
     result = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
         QUERY, passages, emb, q
@@ -179,7 +170,7 @@ def test_a_judged_sites_pages_below_the_topic_bar_go_when_they_say_the_claim() -
     yet still states the claim, and goes with its site; one that does not state it stays."""
     texts = [*HONEST, *PLANTED, "Butterflies fake death again.", "Opening hours of the shop."]
     passages = _passages([*HONEST_SITES, *ATTACKER, *ATTACKER[:2]], texts)
-    emb, q = _scattered(len(passages))
+    emb, q = scattered(len(passages))
     far = np.linalg.qr(np.column_stack([q, np.random.default_rng(1).normal(size=(32, 2))]))[0]
     emb[8:] = far[:, 1:].T  # orthogonal to the query: below the bar
     result = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
@@ -217,7 +208,7 @@ def test_numbers_with_a_point_or_separators_are_one_term() -> None:
         "The new meter: 5.28084 feet, by the latest rule.",
     ]
     passages = _passages([*HONEST_SITES[:3], *ATTACKER[:3]], texts)
-    emb, q = _scattered(len(passages))
+    emb, q = scattered(len(passages))
     steps = Consensus(support=False, voice=None, anchor=None)
     found = steps.defend_embeddings(query, passages, emb, q)
     assert found.removed_indices == [3, 4, 5], found.to_table()

@@ -4,10 +4,10 @@ no veto (the words are the evidence), then the real MiniLM."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from ragdefense import Consensus, Passage
+from tests.conftest import scattered
 
 QUERY = "Which author won the 2023 Booker Prize?"
 HONEST = [
@@ -24,17 +24,8 @@ PLANTED = [
 ]
 
 
-def _scattered(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """Embeddings on one topic with no structure: no group, no voice, no veto to find."""
-    rng = np.random.default_rng(seed)
-    topic = rng.normal(size=32)
-    emb = topic + 1.0 * rng.normal(size=(n, 32))
-    emb /= np.linalg.norm(emb, axis=1, keepdims=True)
-    return emb, topic / np.linalg.norm(topic)
-
-
 def _removed(texts: list[str], query: str = QUERY, **params: object) -> list[int]:
-    emb, q = _scattered(len(texts))
+    emb, q = scattered(len(texts))
     steps = {"support": False} | params
     result = Consensus(**steps).defend_embeddings(query, [Passage(t) for t in texts], emb, q)
     return [v.index for v in result.verdicts if not v.kept]
@@ -42,7 +33,7 @@ def _removed(texts: list[str], query: str = QUERY, **params: object) -> list[int
 
 def test_three_passages_quoting_the_query_go_whatever_the_case_and_punctuation() -> None:
     texts = HONEST + PLANTED
-    emb, q = _scattered(len(texts))
+    emb, q = scattered(len(texts))
     result = Consensus(support=False).defend_embeddings(QUERY, texts, emb, q)
     gone = [v for v in result.verdicts if not v.kept]
     assert [v.index for v in gone] == [5, 6, 7]
@@ -57,7 +48,7 @@ def test_two_quotes_a_short_query_or_a_trusted_quote_are_no_evidence() -> None:
     assert _removed([*HONEST, *(f"{short} {t}" for t in ("Atwood.", "Rushdie.", "Ishiguro."))],
                     short) == []  # fmt: skip
     texts = [f"{QUERY} Paul Lynch.", *HONEST, *PLANTED]
-    emb, q = _scattered(len(texts))
+    emb, q = scattered(len(texts))
     passages = [Passage(t, metadata={"source": "t.org"} if i == 0 else {})
                 for i, t in enumerate(texts)]  # fmt: skip
     steps = Consensus(support=False, anchor=None, trusted={"t.org"})
@@ -117,7 +108,7 @@ def test_with_sources_quotes_count_per_document() -> None:
     parts = ["Open the settings page.", "Choose security.", "Follow the link we email you."]
     others = [f"Our support team answers within a day on topic {i}." for i in range(4)]
     texts = others + [f"{question} {part}" for part in parts]
-    emb, q = _scattered(len(texts))
+    emb, q = scattered(len(texts))
     meta = [{"source": f"https://forum{i}.example/t"} for i in range(4)]
     chunked = meta + [{"source": "https://help.example.com/reset"}] * 3
     passages = [Passage(t, metadata=m) for t, m in zip(texts, chunked, strict=True)]
@@ -190,7 +181,7 @@ def test_provenance_only_joins_passages() -> None:
         "Admins use the console.",
     ]
     texts = [f"Chapter 4: Accounts and security. {question} {b}" for b in bodies]
-    emb, q = _scattered(len(HONEST) + 3)
+    emb, q = scattered(len(HONEST) + 3)
     metas = [{}] * len(HONEST) + [{"source": f"https://docs.example.com/{n}/accounts"}
                                   for n in ("desktop", "android", "admin")]  # fmt: skip
     for drop in (None, 1):  # all with sources; one lost its metadata
