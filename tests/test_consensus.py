@@ -101,6 +101,15 @@ def test_a_single_source_knowledge_base_gives_the_text_only_result(n_poison: int
     with_source = Consensus().defend_embeddings("q", one_pdf, emb, q)
     assert with_source.kept_indices == text_only.kept_indices
     assert with_source.estimates["sources"] == 1
+    # passages quoting the question, read as text alone in one file too
+    question = "Which city hosted the 2024 Summer Olympics?"
+    quoting = [replace(p, text=f"{question} Claim {i}.") for i, p in enumerate(passages)]
+    quoting[:3] = passages[:3]
+    text_only = Consensus().defend_embeddings(question, quoting, emb, q)
+    one_pdf = [replace(p, metadata={"file_path": "/data/handbook.pdf"}) for p in quoting]
+    with_source = Consensus().defend_embeddings(question, one_pdf, emb, q)
+    assert with_source.kept_indices == text_only.kept_indices
+    assert "quoting" in text_only.estimates  # the step acted, in both alike
 
 
 def _voices_pool() -> tuple[list[Passage], np.ndarray, np.ndarray]:

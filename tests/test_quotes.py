@@ -1,6 +1,6 @@
-"""Consensus's quote evidence: three or more documents (texts, without provenance) holding the
-user's whole question word for word. Hand-made vectors that show no group and
-no veto (the words are the evidence), then the real MiniLM."""
+"""Consensus's quote evidence: three or more documents (passages of one document, by provenance
+or by the words around the quote, count once) holding the user's whole question word for word.
+Hand-made vectors that show no group and no veto (the words are the evidence), then MiniLM."""
 
 from __future__ import annotations
 

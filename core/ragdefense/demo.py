@@ -127,7 +127,7 @@ def _summarize(
         "\nThe default, text only, removes coordinated groups ranked above the rest, and "
         "passages quoting the question word for word where three documents or more do: the "
         "question written in front of each planted passage gives them away (a question of six "
-        "words or more; the shorter ones here are left to the groups). Reworded, they read "
+        "words or more: 'Who painted the Mona Lisa?' is left to the groups). Reworded, they read "
         "as one on-topic majority, which text alone cannot tell from the truth. With the "
         "documents' sources (LangChain metadata['source'], LlamaIndex file_path / file_name / "
         "url / ref_doc_id), one upload whose passages agree with each other more than with the "

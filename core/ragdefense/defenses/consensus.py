@@ -9,9 +9,9 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    Benign near-duplicates (syndicated news) form tight groups too, but are not lifted above
    their neighbours; passages written for the query are. Passages that restate a removed group's
    claim (cosine ``absorb`` or more to one of its members) and rank with it go too. And, by
-   the words (:mod:`~ragdefense.defenses.quotes`): three or more different passages quoting a
-   query of six words or more word for word, as PoisonedRAG's passages open with the question
-   they target (where the user words it otherwise, nothing is quoted).
+   the words (:mod:`~ragdefense.defenses.quotes`): the passages quoting the user's question
+   word for word where three or more documents do, as PoisonedRAG's passages open with the
+   question they target (where the user words it otherwise, nothing is quoted).
 2. **One voice repeating itself** (only with provenance): the passages of one source that
    agree with each other more than with every other source, in a pool where at least two other
    independent sources speak (passages on the query's topic only, see step 4); a source judged
@@ -51,8 +51,8 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    passage on the question, the vote has nothing to go by). ``support=False`` turns it off.
 
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
-What it does not do: tell a poisoned *majority* from a benign one without provenance. That is
-the ``"strict"`` mode's job (RAGDefender), chosen by name.
+What it does not do: tell a poisoned *majority* from a benign one without provenance, unless its
+passages quote the question. That is the ``"strict"`` mode's job (RAGDefender), chosen by name.
 """
 
 from __future__ import annotations
@@ -94,7 +94,8 @@ class Consensus:
         voice: Least excess of a source's own agreement over its agreement with the other
             sources for its passages to count as one voice repeating itself (``None``: never).
         claims: Judge sources by the terms they repeat alone too (step 2, with provenance).
-        quotes: Remove three or more passages quoting the query word for word (step 1).
+        quotes: Remove the passages quoting the question word for word where three or more
+            documents do (step 1).
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
         trusted: Sources never removed, or a predicate on a passage's metadata.

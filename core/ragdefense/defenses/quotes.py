@@ -8,14 +8,17 @@ independent ones; three or more that do were written for it. The match is exact 
 accents, punctuation, spacing and invisible characters: where the user words the question
 otherwise than the planted passages, nothing is quoted and the other steps decide.
 
-What keeps honest passages out of it: only a question counts (it ends with ``?``, or opens
-with a question word, not "how to ...", and is no title; :data:`MIN_WORDS` words or more: a
+What keeps honest passages out of it: only a question counts (it ends with ``?``, or, without
+it, opens with a question word, not "how to ...", and is no title; :data:`MIN_WORDS` words or
+more: a
 name, a title or an error message is quoted by honest passages as a matter of course; English
 question words only, so other languages' questions count only with ``?``); documents count,
-not chunks: passages of one document (by provenance, :func:`~ragdefense.provenance.document_of`)
-are one, and so are passages sharing the words around the quote (copies, one document cut into
-overlapping chunks, one heading above several pages), so provenance never counts more than the
-words do; a trusted passage quoting it, or every passage on the topic quoting it, shows that
+not chunks: passages of one document (by provenance, :func:`~ragdefense.provenance.document_of`,
+where the pool holds two sources or more) are one, and so are passages sharing the words around
+the quote (copies, one document cut into overlapping chunks, one heading above several pages),
+so provenance never counts more than the words do (one uploaded file quoting the question is
+one quote: the one-voice step judges it); a trusted passage quoting it, or every passage on the
+topic quoting it, shows that
 honest passages do here. What it cannot tell: honest documents that hold the question each in
 their own words around it (a help centre's answer page, index and related-articles boxes; a Q&A
 site's or a forum's pages on a popular question), asked in those words, go
@@ -32,9 +35,11 @@ from .pool import Pool
 
 __all__ = ["MIN_WORDS", "QUOTES", "quoting"]
 
-#: fewest words (separated by spaces) a question needs for its quote to count
+#: fewest words a question needs for its quote to count (counted both between spaces and as
+#: words: "U.S." is not two words, nor "?" one)
 MIN_WORDS = 6
-#: fewest quoting documents (texts, without provenance) that are evidence
+#: fewest quoting documents that are evidence (passages of one document, by provenance or by
+#: the words around the quote, count once)
 QUOTES = 3
 #: words on each side of a quote compared to tell two chunks of one text apart
 _AROUND = 4
@@ -65,7 +70,13 @@ def quoting(pool: Pool, query: str) -> None:
             contexts.append(around)
     if any(pool.trusted[i] for i in found) or set(pool.topical) <= set(found):
         return
-    documents = [{(s, d) for s, docs in pool.held[i].items() for d in docs} for i in found]
+    # provenance joins only where it tells sources apart: a single-source knowledge base is
+    # read as text alone, as in every other step
+    sources = {s for held in pool.held for s in held}
+    documents = [
+        {(s, d) for s, docs in pool.held[i].items() for d in docs} if len(sources) > 1 else set()
+        for i in found
+    ]
     independent = _documents(contexts, documents)
     if independent < QUOTES:
         return
