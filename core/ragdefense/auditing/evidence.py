@@ -233,8 +233,8 @@ def find_groups(
     # a component larger than max_group is a topic: within it only near-copies form groups (a
     # planted set joined to the topic, or to the honest passage it copies, by looser edges comes
     # out whole, of any size); a looser cut would make groups of a topic's honest articles
-    oversized = np.bincount(labels, minlength=n)[labels] > scoring.max_group if n else None
-    if oversized is not None and oversized.any():
+    oversized = np.bincount(labels)[labels] > scoring.max_group
+    if oversized.any():
         keep = ~oversized[r] | (w >= NEAR_COPIES)
         r, c, w = r[keep], c[keep], w[keep]
         labels = components(r, c)

@@ -10,19 +10,17 @@ otherwise than the planted passages, nothing is quoted and the other steps decid
 
 What keeps honest passages out of it: only a question counts (it ends with ``?``, or, without
 it, opens with a question word, not "how to ...", and is no title; :data:`MIN_WORDS` words or
-more: a
-name, a title or an error message is quoted by honest passages as a matter of course; English
-question words only, so other languages' questions count only with ``?``); documents count,
-not chunks: passages of one document (by provenance, :func:`~ragdefense.provenance.document_of`,
-where the pool holds two sources or more) are one, and so are passages sharing the words around
-the quote (copies, one document cut into overlapping chunks, one heading above several pages),
-so provenance never counts more than the words do (one uploaded file quoting the question is
-one quote: the one-voice step judges it); a trusted passage quoting it, or every passage on the
-topic quoting it, shows that
-honest passages do here. What it cannot tell: honest documents that hold the question each in
-their own words around it (a help centre's answer page, index and related-articles boxes; a Q&A
-site's or a forum's pages on a popular question), asked in those words, go
-(``Consensus(quotes=False)``).
+more: a name, a title or an error message is quoted by honest passages as a matter of course;
+English question words only, so other languages' questions count only with ``?``); documents
+count, not chunks: passages of one document (by provenance,
+:func:`~ragdefense.provenance.document_of`, where the pool holds two sources or more) are one,
+and so are passages sharing the words around the quote (copies, one document cut into
+overlapping chunks, one heading above several pages), so provenance never counts more than the
+words do (one uploaded file quoting the question is one quote: the one-voice step judges it); a
+trusted passage quoting it, or every passage on the topic quoting it, shows that honest passages
+do here. What it cannot tell: honest documents that hold the question each in their own words
+around it (a help centre's answer page, index and related-articles boxes; a Q&A site's or a
+forum's pages on a popular question), asked in those words, go (``Consensus(quotes=False)``).
 """
 
 from __future__ import annotations
