@@ -127,7 +127,7 @@ def test_a_text_another_source_holds_too_stays() -> None:
     passages = _passages(sites, [*HONEST, *PLANTED, HONEST[0]])
     emb, q = scattered(len(passages))
     emb[8] = emb[0]  # a copy embeds like its original
-    result = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
+    result = Consensus(support=False, voice=None, anchor=None, keep_copies=True).defend_embeddings(
         QUERY, passages, emb, q
     )
     assert result.removed_indices == [4, 5, 6, 7], result.to_table()

@@ -304,11 +304,19 @@ def test_few_passages_on_the_topic_are_no_support_vote(on_topic: int) -> None:
     result = Consensus().defend_embeddings("who won the match?", passages, emb, q)
     assert result.removed == []
     assert "skipped" in result.estimates["support"] and "min_support" in result.estimates["support"]
-    # a knowledge base ingested twice: copies count once, the vote is still skipped
+    # a knowledge base ingested twice: copies count once, the vote is still skipped, and the
+    # context holds each text once (the later copies go, as copies)
     twice = Consensus().defend_embeddings(
         "who won the match?", passages * 2, np.vstack([emb, emb]), q
     )
-    assert twice.removed == [] and "min_support" in twice.estimates["support"]
+    m = len(passages)
+    assert twice.removed_indices == list(range(m, 2 * m))
+    assert "min_support" in twice.estimates["support"]
+    assert all(f"a copy of passage {i - m}" in twice.verdicts[i].reason for i in range(m, 2 * m))
+    kept = Consensus(keep_copies=True).defend_embeddings(
+        "who won the match?", passages * 2, np.vstack([emb, emb]), q
+    )
+    assert kept.removed == []
 
 
 def test_six_passages_on_the_topic_are_a_support_vote() -> None:
@@ -358,7 +366,9 @@ def test_bad_parameters_and_too_few_passages() -> None:
     result = Consensus().defend("q", ["only one", "and two"])
     assert result.removed == [] and "nothing to compare" in result.verdicts[0].reason
     same = Consensus().defend("q", ["One text.", "one  TEXT."] * 4)  # never embedded
-    assert same.removed == [] and same.estimates["note"].startswith("only copies of one passage")
+    assert same.removed_indices == list(range(1, 8)) and same.verdicts[0].kept
+    assert same.estimates["note"].startswith("only copies of one passage")
+    assert Consensus(keep_copies=True).defend("q", ["One text.", "one  TEXT."] * 4).removed == []
 
 
 def test_a_blank_query_ranks_nothing_unless_its_embedding_is_given() -> None:
@@ -603,18 +613,24 @@ def test_one_text_posted_on_several_pages_goes_with_minilm(minilm: object) -> No
 
 def test_copies_of_one_passage_are_no_coordinated_group() -> None:
     """A knowledge base ingested twice: each passage comes back with its copy. Copies count
-    once (they are no group), and a copy's verdict is its original's."""
-    passages, emb, q, _ = _pool(4, n_benign=10)
+    once (they are no group), a copy of a removed passage goes with it, and a copy of a kept
+    one goes too: the context holds each text once (with ``keep_copies``, it stays)."""
+    passages, emb, q, _ = _pool(4, n_benign=10, n_poison=3)
     doubled = [p for p in passages for _ in range(2)]
     emb2 = np.repeat(emb, 2, axis=0)
     once = Consensus().defend_embeddings("q", passages, emb, q)
+    assert once.removed_indices  # the planted group
     twice = Consensus().defend_embeddings("q", doubled, emb2, q)
-    assert "groups" not in twice.estimates
-    assert sorted({i // 2 for i in twice.removed_indices}) == once.removed_indices
-    assert all(
-        ("a copy of passage" in twice.verdicts[i].reason) == (i % 2 == 1)
-        for i in twice.removed_indices
-    )
+    assert twice.estimates["groups"] == [[20, 22, 24]]  # the planted group, in input positions
+    odd = list(range(1, len(doubled), 2))
+    assert sorted(twice.removed_indices) == sorted({2 * i for i in once.removed_indices} | set(odd))
+    for i in odd:
+        kept = i // 2 not in once.removed_indices
+        assert ("which stands for it" in twice.verdicts[i].reason) == kept
+        assert f"a copy of passage {i - 1}" in twice.verdicts[i].reason
+    both = Consensus(keep_copies=True).defend_embeddings("q", doubled, emb2, q)
+    assert sorted({i // 2 for i in both.removed_indices}) == once.removed_indices
+    assert len(both.removed_indices) == 2 * len(once.removed_indices)
 
 
 def test_texts_that_differ_are_never_copies_whatever_their_embeddings() -> None:
@@ -668,18 +684,19 @@ def test_one_text_on_several_pages_of_one_site_is_one_voice() -> None:
     )
     assert "groups" not in result.estimates  # copies are still no coordinated group
     text_only = Consensus(support=False, source_key=None).defend_embeddings("q", passages, emb, q)
-    assert text_only.removed == []
+    assert text_only.removed_indices == [5, 6, 7, 8]  # only the later copies
 
 
 def test_one_document_ingested_twice_is_not_one_voice() -> None:
     """The same page (or file) stored twice is one document: it repeats nothing."""
     passages, emb, q = _copied_pool(["https://attacker.example/post/0"] * 5)
     result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
-    assert result.removed == [] and "voices" not in result.estimates
+    assert result.removed_indices == [5, 6, 7, 8] and "voices" not in result.estimates
     # copies on the pages of five different sites are five sources, no voice either
     sites = [f"https://site-{j}.example/story" for j in range(5)]
     passages, emb, q = _copied_pool(sites)
-    assert Consensus(support=False).defend_embeddings("q", passages, emb, q).removed == []
+    kept = Consensus(support=False, keep_copies=True).defend_embeddings("q", passages, emb, q)
+    assert kept.removed == []
 
 
 @pytest.mark.parametrize(
@@ -695,7 +712,7 @@ def test_one_honest_text_on_two_pages_is_no_voice(pages: list[str]) -> None:
     a site (an article and its AMP copy) is as often one article twice: neither is a voice."""
     passages, emb, q = _copied_pool(pages)
     result = Consensus(support=False).defend_embeddings("q", passages, emb, q)
-    assert result.removed == [] and "voices" not in result.estimates
+    assert result.removed_indices == [5] and "voices" not in result.estimates
 
 
 def test_two_loose_texts_are_no_voice_whatever_their_copies() -> None:
@@ -706,7 +723,7 @@ def test_two_loose_texts_are_no_voice_whatever_their_copies() -> None:
     other = _unit(emb[4] + 1.2 * _unit(rng.normal(size=emb.shape[1])))
     assert float(other @ emb[4]) < Consensus().tightness
     loose = Passage("another story", metadata={"source": "https://outlet.example/b"})
-    result = Consensus(support=False).defend_embeddings(
+    result = Consensus(support=False, keep_copies=True).defend_embeddings(
         "q", [*passages, loose], np.vstack([emb, other]), q
     )
     assert result.removed == [], result.to_table()
@@ -828,9 +845,13 @@ def test_the_one_passage_on_its_subject_is_not_judged_by_another_story() -> None
     # copies ahead of it (a story chunk ingested twice, the answer too): input positions
     doubled = [passages[1], passages[1], passages[0], passages[0], *passages[2:]]
     emb2 = np.vstack([emb[1], emb[1], emb[0], emb[0], emb[2:]])
-    again = Consensus().defend_embeddings("where did he go?", doubled, emb2, q)
+    again = Consensus(keep_copies=True).defend_embeddings("where did he go?", doubled, emb2, q)
     assert again.estimates["unsupported_apart"] == [2, 3]
     assert all("shares no subject" in again.verdicts[i].reason for i in (2, 3))
+    # by default the copy is left out, and is no longer among the passages spared
+    once = Consensus().defend_embeddings("where did he go?", doubled, emb2, q)
+    assert once.estimates["unsupported_apart"] == [2] and {1, 3} <= set(once.removed_indices)
+    assert "a copy of passage 2, which stands for it" in once.verdicts[3].reason
 
 
 _STORY = [
@@ -925,3 +946,21 @@ def test_the_vote_stands_down_over_three_left(minilm: object) -> None:
     assert Consensus.min_vote == 4
     assert honest_removed(4) == 0
     assert honest_removed(3) > 0
+
+
+def test_the_context_holds_each_text_once_but_trusted_copies_stay() -> None:
+    """Later copies of a kept passage go, naming it; a trusted copy stays (trust is never
+    removed), and the caller's passages are untouched."""
+    passages, emb, q, _ = _pool(7, n_benign=6)
+    sites = [f"https://site-{i}.example/a" for i in range(6)]
+    benign = [replace(p, metadata={"source": s}) for p, s in zip(passages, sites, strict=True)]
+    copy = replace(benign[0], text=benign[0].text.upper(), metadata={"source": "https://x.org/b"})
+    trusted = replace(benign[0], metadata={"source": "https://who.int/c"})
+    items = [*benign, copy, trusted]
+    vectors = np.vstack([emb, emb[0], emb[0]])
+    steps = Consensus(support=False, anchor=None, trusted={"who.int"})
+    result = steps.defend_embeddings("q", items, vectors, q)
+    assert result.removed_indices == [6]
+    assert "a copy of passage 0, which stands for it" in result.verdicts[6].reason
+    assert result.verdicts[7].kept and result.estimates["copies"] == {0: [6, 7]}
+    assert items[6].metadata == {"source": "https://x.org/b"}

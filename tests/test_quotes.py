@@ -60,7 +60,9 @@ def test_copies_and_overlapping_chunks_of_one_text_quote_once() -> None:
     """Three copies of one page are one quote; so are a FAQ's two chunks that overlap around
     the question (the same words after it), beside the FAQ index listing it: two texts."""
     copies = [PLANTED[0], PLANTED[0], " ".join(PLANTED[0].upper().split())]
-    assert _removed(HONEST + copies) == []
+    n = len(HONEST)
+    assert _removed(HONEST + copies) == [n + 1, n + 2]  # the later copies only: no quote step
+    assert _removed(HONEST + copies, keep_copies=True) == []
     question = "How do I reset the password of my account?"
     answer = "Open the settings page, choose security and follow the link we email you."
     faq = [

@@ -50,6 +50,8 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    others' subject passes this step for the same reason (and where the store holds no honest
    passage on the question, the vote has nothing to go by). ``support=False`` turns it off.
 
+Copies of one text count once in every step, and only the first stays (``keep_copies=True``
+keeps the rest): a copy tells the generator nothing new, and planted copies would fill slots.
 Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance, unless its
 passages quote the question. That is the ``"strict"`` mode's job (RAGDefender), chosen by name.
@@ -69,8 +71,9 @@ from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, chec
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, cosines, differences, flags, integers, reals
-from .pool import Pool, apart_from, consensus_result, distinct, map_back
+from .pool import Pool, apart_from, consensus_result, distinct, later_copies, map_back
 from .quotes import quoting
+from .trusting import contradicting
 from .voices import holders, one_voices
 
 __all__ = ["Consensus"]
@@ -96,6 +99,8 @@ class Consensus:
         claims: Judge sources by the terms they repeat alone too (step 2, with provenance).
         quotes: Remove the passages quoting the question word for word where three or more
             documents do (step 1).
+        keep_copies: Keep the later copies of a kept passage (the same text up to spacing,
+            case and accents); by default the context holds each text once.
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
         trusted: Sources never removed, or a predicate on a passage's metadata.
@@ -140,6 +145,7 @@ class Consensus:
         voice: float | None = 0.15,
         claims: bool = True,
         quotes: bool = True,
+        keep_copies: bool = False,
         source_key: str | None = AUTO,
         trusted: Trust = None,
         anchor: float | None = 0.05,
@@ -149,7 +155,7 @@ class Consensus:
         reals(("absorb", "voice", "anchor"), tightness=tightness, margin=margin, absorb=absorb)
         reals(("absorb", "voice", "anchor"), voice=voice, anchor=anchor)
         integers(min_group=min_group, min_passages=min_passages)
-        flags(support=support, claims=claims, quotes=quotes)
+        flags(support=support, claims=claims, quotes=quotes, keep_copies=keep_copies)
         check_embedder(embedder)
         cosines(tightness=tightness, absorb=absorb)
         differences(margin=margin, voice=voice, anchor=anchor)
@@ -165,6 +171,7 @@ class Consensus:
         self.voice = voice
         self.claims = claims
         self.quotes = quotes
+        self.keep_copies = keep_copies
         self.source_key = source_key
         self.trusted = trusted
         self._is_trusted = is_trusted_by(trusted, source_key)
@@ -206,8 +213,9 @@ class Consensus:
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
-        # coordinated group, and their verdict is their original's
+        # coordinated group, and their verdict is their original's; a kept one's are left out
         keep, copy_of = distinct(items)
+        copies = {} if self.keep_copies or m < self.min_passages else later_copies(copy_of, trusted)
         if m < self.min_passages or len(keep) == 1 or blank:
             why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
             if m >= self.min_passages:
@@ -216,7 +224,7 @@ class Consensus:
                 why = "the query is blank: nothing to rank the passages by, all kept"
             note = {"note": why, **said}
             return consensus_result(
-                self.name, query, items, np.zeros(m), sources, trusted, {}, note
+                self.name, query, items, np.zeros(m), sources, trusted, copies, note
             )
         emb, q_emb = passage_and_query_embeddings(
             query, items, self.embedder, embeddings, query_embedding
@@ -225,7 +233,7 @@ class Consensus:
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
             note = {"note": why, **said}
             return consensus_result(
-                self.name, query, items, np.zeros(m), sources, trusted, {}, note
+                self.name, query, items, np.zeros(m), sources, trusted, copies, note
             )
         full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
         pool = Pool(
@@ -240,7 +248,7 @@ class Consensus:
         if self.quotes:
             quoting(pool, query)
         self._voices(pool, query)
-        self._contradicting(pool)
+        contradicting(pool, self.tightness, self.anchor)
         estimates = pool.estimates
         if self.support and m < self.min_pool:
             why = f"{m} passages, fewer than min_pool={self.min_pool}"
@@ -250,7 +258,7 @@ class Consensus:
             estimates["support"] = f"skipped: {why}, fewer than min_support={self.min_support}"
         elif self.support:
             self._support(query, pool)
-        removed = map_back(pool.removed, keep, copy_of, estimates)
+        removed = map_back(pool.removed, keep, copy_of, estimates, copies)
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
         estimates.update(said)
@@ -302,42 +310,6 @@ class Consensus:
                     )
         if found:
             estimates["groups"] = found
-
-    def _contradicting(self, pool: Pool) -> None:
-        """Evidence 3: untrusted passages answering the query apart from every trusted one on
-        the query's topic (trusted passages about something else are no reference for that),
-        and near-copies of any trusted passage ranked above it (a trusted text edited toward
-        the query; a faithful copy says nothing the trusted one does not)."""
-        sim, qs, trusted, removed, estimates = pool.unpacked()
-        every = [i for i, t in enumerate(trusted) if t]
-        if not every:
-            return
-        topical = set(pool.topical) if self.anchor is not None else set()
-        anchors = [i for i in every if i in topical]
-        found = []
-        for i in range(len(qs)):
-            if trusted[i] or i in removed:
-                continue
-            copied = [j for j in every if sim[i, j] >= self.tightness and qs[i] > qs[j]]
-            nearest = float(sim[i, anchors].max()) if anchors else 0.0
-            if copied:
-                j = max(copied, key=lambda t: float(sim[i, t]))
-                removed[i] = (
-                    f"an edited copy of a trusted passage: cosine {sim[i, j]:.3f} >= "
-                    f"{self.tightness} to it, ranked above it (query similarity {qs[i]:.3f} > "
-                    f"{qs[j]:.3f})"
-                )
-            elif anchors and self.anchor is not None and qs[i] - nearest >= self.anchor:
-                removed[i] = (
-                    f"contradicts the trusted passages: query similarity {qs[i]:.3f} exceeds "
-                    f"its best cosine to a trusted passage ({nearest:.3f}) by "
-                    f"{qs[i] - nearest:.3f} >= {self.anchor}"
-                )
-            else:
-                continue
-            found.append(i)
-        if found:
-            estimates["contradicting"] = found
 
     def _support(self, query: str, pool: Pool) -> None:
         """Step 4: a passage the retriever ranks in the top half of what is left that the

@@ -14,7 +14,15 @@ import numpy as np
 
 from ..types import DefenseResult, Verdict
 
-__all__ = ["Pool", "apart_from", "consensus_result", "distinct", "map_back", "on_topic"]
+__all__ = [
+    "Pool",
+    "apart_from",
+    "consensus_result",
+    "distinct",
+    "later_copies",
+    "map_back",
+    "on_topic",
+]
 
 
 def on_topic(qs: np.ndarray) -> list[int]:
@@ -43,6 +51,18 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
     return keep, copy_of
 
 
+def later_copies(copy_of: dict[int, list[int]], trusted: list[bool]) -> dict[int, str]:
+    """The later copies of each passage as removals, but trusted ones (trust is never removed):
+    a copy tells the generator nothing its first does not, and ten copies of one planted text
+    would fill ten slots of the context. A removed passage's copies go with it anyway."""
+    return {
+        c: f"a copy of passage {first}, which stands for it: the context holds each text once"
+        for first, copies in copy_of.items()
+        for c in copies
+        if not trusted[c]
+    }
+
+
 #: the combining diacritical marks (accents) that Unicode decomposition splits off letters
 _ACCENTS = re.compile("[\u0300-\u036f]")
 
@@ -59,10 +79,12 @@ def map_back(
     keep: list[int],
     copy_of: dict[int, list[int]],
     estimates: dict[str, Any],
+    copies: dict[int, str] | None = None,
 ) -> dict[int, str]:
     """Removals found among the distinct passages, as input positions (copies follow their
-    first); index lists in ``estimates`` mapped the same way."""
-    out: dict[int, str] = {}
+    first), beside the later ``copies`` left out (:func:`later_copies`) where their first is
+    kept; index lists in ``estimates`` mapped the same way."""
+    out: dict[int, str] = dict(copies or {})
     for k, why in removed.items():
         first = keep[k]
         out[first] = why
@@ -79,7 +101,7 @@ def map_back(
     if "unsupported_apart" in estimates:  # spared passages: their copies are spared with them
         spared = [keep[i] for i in estimates["unsupported_apart"]]
         estimates["unsupported_apart"] = sorted(
-            spared + [c for i in spared for c in copy_of.get(i, [])]
+            spared + [c for i in spared for c in copy_of.get(i, []) if c not in out]
         )
     if copy_of:
         estimates["copies"] = {first: copies for first, copies in copy_of.items()}

@@ -308,6 +308,7 @@ class ConsensusPostprocessor(DefensePostprocessor):
     voice: float | None = _field("consensus", "voice")
     claims: bool = _field("consensus", "claims")
     quotes: bool = _field("consensus", "quotes")
+    keep_copies: bool = _field("consensus", "keep_copies")
     source_key: str | None = _field("consensus", "source_key")
     trusted: TrustedField = _field("consensus", "trusted")
     anchor: float | None = _field("consensus", "anchor")
