@@ -77,6 +77,8 @@ def context_indices(case: Case, result: DefenseResult | None) -> list[int]:
 def evaluate(case: Case, result: DefenseResult | None, ms: float) -> CaseOutcome:
     """Metrics of the context (:func:`context_indices`) and of what the defense removed."""
     kept_set = set(result.kept_indices if result is not None else range(len(case.passages)))
+    # a copy left out is no removal: its text stays in the passage standing for it
+    kept_set |= {v.index for v in result.verdicts if v.details.get("copy")} if result else set()
     ctx = context_indices(case, result)
     n_poison = sum(case.is_poison)
     n_gold = sum(case.is_gold)

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import ragdefense
-from ragdefense import CallableEmbedder, Quarantine
+from ragdefense import CallableEmbedder, Passage, Quarantine
 from ragdefense.auditing import (
     AuditSettings,
     FileCorpus,
@@ -1421,3 +1421,20 @@ def test_in_a_component_larger_than_max_group_only_near_copies_are_groups(tmp_pa
     assert joined["truth"] is not None and joined["truth"]["size"] == 36
     # near-copies are a group however large, whatever the groups' own similarity
     assert groups("c", group_similarity=0.95)["p0"]["size"] == 35
+
+
+def test_copies_the_default_leaves_out_are_no_flags(tmp_path: Path) -> None:
+    """An honest part ingested twice: with a query log, the default leaves each text's later
+    copy out of every context, which is no removal of that text. Only the planted sets are
+    suspicious, and no honest text is quarantined."""
+    texts, ids, planted = toy_corpus()
+    again = [i for i, x in enumerate(ids) if x.startswith("b2-")][:6]
+    corpus = ListCorpus(
+        texts + [texts[i] for i in again], ids + [f"{ids[i]}-again" for i in again], None, None
+    )
+    queries = ["piano concert orchestra symphony violin", "orchestra symphony piano"]
+    embed = CallableEmbedder(bag_of_words)
+    report = audit(corpus, embedder=embed, queries=queries, workdir=tmp_path / "w")
+    assert {f.id for f in report.suspicious} == planted
+    guard = Quarantine.from_report(report)
+    assert not any(guard.reason(Passage(texts[i])) for i in again)

@@ -134,6 +134,20 @@ def test_a_text_another_source_holds_too_stays() -> None:
     assert result.estimates["claims"] == {"attacker.example": ["butterfly"]}
 
 
+def test_a_judged_site_s_copy_does_not_stand_for_the_honest_text() -> None:
+    """The attacker's copy of an honest page ranked first: the honest page stands for the
+    text, so the context never cites the site the defense removed."""
+    sites = ["https://attacker.example/post/9", *HONEST_SITES, *ATTACKER]
+    passages = _passages(sites, [HONEST[0], *HONEST, *PLANTED])
+    emb, q = scattered(len(passages))
+    emb[0] = emb[1]  # a copy embeds like its original
+    result = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
+        QUERY, passages, emb, q
+    )
+    assert result.removed_indices == [0, 5, 6, 7, 8], result.to_table()
+    assert "a copy of passage 1, which stands for it" in result.verdicts[0].reason
+
+
 @pytest.mark.parametrize(
     "template",
     [

@@ -948,19 +948,25 @@ def test_the_vote_stands_down_over_three_left(minilm: object) -> None:
     assert honest_removed(3) > 0
 
 
-def test_the_context_holds_each_text_once_but_trusted_copies_stay() -> None:
-    """Later copies of a kept passage go, naming it; a trusted copy stays (trust is never
-    removed), and the caller's passages are untouched."""
+def test_the_context_holds_each_text_once_in_the_copy_standing_for_it() -> None:
+    """Every copy but one goes, naming the one standing for the text: the first trusted copy
+    (trusted copies of one text are one trusted text), and the caller's passages are
+    untouched."""
     passages, emb, q, _ = _pool(7, n_benign=6)
     sites = [f"https://site-{i}.example/a" for i in range(6)]
     benign = [replace(p, metadata={"source": s}) for p, s in zip(passages, sites, strict=True)]
     copy = replace(benign[0], text=benign[0].text.upper(), metadata={"source": "https://x.org/b"})
-    trusted = replace(benign[0], metadata={"source": "https://who.int/c"})
-    items = [*benign, copy, trusted]
-    vectors = np.vstack([emb, emb[0], emb[0]])
+    trusted = [replace(benign[0], metadata={"source": f"https://who.int/{j}"}) for j in (1, 2)]
+    items = [*benign, copy, *trusted]
+    vectors = np.vstack([emb, np.repeat(emb[:1], 3, axis=0)])
     steps = Consensus(support=False, anchor=None, trusted={"who.int"})
     result = steps.defend_embeddings("q", items, vectors, q)
-    assert result.removed_indices == [6]
-    assert "a copy of passage 0, which stands for it" in result.verdicts[6].reason
-    assert result.verdicts[7].kept and result.estimates["copies"] == {0: [6, 7]}
+    assert result.removed_indices == [0, 6, 8]
+    for i in (0, 6, 8):
+        assert result.verdicts[i].reason.startswith("removed: a copy of passage 7, which stands")
+        assert result.verdicts[i].details["copy"] == 1.0
+    assert result.verdicts[7].kept and result.estimates["copies"] == {0: [6, 7, 8]}
     assert items[6].metadata == {"source": "https://x.org/b"}
+    # without trust, the first copy stands for the text
+    plain = Consensus(support=False).defend_embeddings("q", items, vectors, q)
+    assert plain.removed_indices == [6, 7, 8] and plain.verdicts[0].kept

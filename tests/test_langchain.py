@@ -468,3 +468,24 @@ def test_defend_with_other_embeddings_than_the_store(embeddings: RagdefenseEmbed
     docs = [Document(text, metadata=meta) for text, meta in demo_documents()]
     other = InMemoryVectorStore.from_documents(docs, DeterministicFakeEmbedding(size=64))
     assert defend(other.as_retriever(), embeddings=embeddings).invoke(QUESTION.question)
+
+
+@pytest.mark.slow
+def test_a_store_holding_files_added_twice_gives_each_text_once(
+    embeddings: RagdefenseEmbeddings,
+) -> None:
+    """``add_documents`` without ids, run twice over the demo's clean passages (a loader rerun):
+    the one line's context holds each text once, and the removal records say they were copies."""
+    docs = [Document(t, metadata=m) for t, m in demo_documents() if not m["poison"]]
+    store = InMemoryVectorStore(embeddings)
+    store.add_documents(docs)
+    store.add_documents(docs)
+    question = QUESTION.question
+    plain = store.as_retriever().invoke(question)
+    assert len({d.page_content for d in plain}) < len(plain)  # copies crowd the context
+    handler = Events()
+    context = defend(store.as_retriever()).invoke(question, config={"callbacks": [handler]})
+    texts = [d.page_content for d in context]
+    assert len(texts) == len(set(texts)) >= 2
+    removed = [r for name, data in handler.events for r in data["removed"]]
+    assert removed and all(r["copy"] and "which stands for it" in r["reason"] for r in removed)

@@ -214,6 +214,12 @@ def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
     assert result.estimates["copies"] == {8: [11]}
     assert result.removed_indices == [0, 1, 8, 9, 10, 11]
     assert result.verdicts[11].reason.endswith("a copy of passage 8")
+    # a copy of a kept passage is left out naming its input position, not the inner one
+    kept = [*pool, replace(pool[0])]
+    again = guard.defend_embeddings("q", [*held, *kept], np.vstack([emb, benign[0]]), query)
+    assert again.estimates["copies"] == {2: [12], 8: [11]}
+    assert again.verdicts[12].reason.startswith("removed: a copy of passage 2, which stands")
+    assert again.verdicts[12].details["copy"] == 1.0 and not again.verdicts[2].details["copy"]
     # a source's own words are never read as a position (one naming "passage 40" crashed)
     named = [replace(p, metadata={"source": f"bible passage {40 + i}"}) for i, p in enumerate(pool)]
     sourced = guard.defend_embeddings("q", [*held, *named], emb, query)

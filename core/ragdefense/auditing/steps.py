@@ -362,8 +362,10 @@ class DefendStep:
                 if len(passages) < 2:
                     break
                 result = defense.defend_embeddings(question, passages, vectors, queries[row])
-                record["flags"][name] = {
-                    str(hits[v.index]): v.reason for v in result.verdicts if not v.kept
+                record["flags"][name] = {  # a copy left out is no flag: its text stays
+                    str(hits[v.index]): v.reason
+                    for v in result.verdicts
+                    if not v.kept and not v.details.get("copy")
                 }
             records.append(record)
         wd.write_json(self.output(part), records)

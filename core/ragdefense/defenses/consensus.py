@@ -50,9 +50,10 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    others' subject passes this step for the same reason (and where the store holds no honest
    passage on the question, the vote has nothing to go by). ``support=False`` turns it off.
 
-Copies of one text count once in every step, and only the first stays (``keep_copies=True``
-keeps the rest): a copy tells the generator nothing new, and planted copies would fill slots.
-Trusted passages (``trusted=``) are never removed, and a group that holds one is never evidence.
+Copies of one text count once in every step, and one stands for the others in the context
+(:func:`~.pool.one_of_each`; ``keep_copies=True`` keeps them all): a copy tells the generator
+nothing new, and planted copies would fill its slots. Trusted passages (``trusted=``) are never
+removed (but as copies of one trusted text), and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance, unless its
 passages quote the question. That is the ``"strict"`` mode's job (RAGDefender), chosen by name.
 """
@@ -71,7 +72,7 @@ from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, chec
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, cosines, differences, flags, integers, reals
-from .pool import Pool, apart_from, consensus_result, distinct, later_copies, map_back
+from .pool import Pool, apart_from, consensus_result, distinct, map_back, one_of_each
 from .quotes import quoting
 from .trusting import contradicting
 from .voices import holders, one_voices
@@ -99,8 +100,8 @@ class Consensus:
         claims: Judge sources by the terms they repeat alone too (step 2, with provenance).
         quotes: Remove the passages quoting the question word for word where three or more
             documents do (step 1).
-        keep_copies: Keep the later copies of a kept passage (the same text up to spacing,
-            case and accents); by default the context holds each text once.
+        keep_copies: Keep every copy of a kept text (the same text up to spacing, case and
+            accents); by default one stands for the others, and the context holds it once.
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
         trusted: Sources never removed, or a predicate on a passage's metadata.
@@ -108,8 +109,9 @@ class Consensus:
             to a trusted passage for it to count as contradicting them (``None``: never; the
             edited-copy rule of step 3 does not use it).
         support: Drop the top-ranked passages the others do not support (step 4).
-        min_passages: Below this many passages nothing is removed (nor for a blank query
-            with no query embedding given: it ranks nothing), with a note saying so.
+        min_passages: Below this many passages nothing is removed (nor, but for copies,
+            for a blank query with no query embedding given: it ranks nothing), with a note
+            saying so.
 
     Examples:
         >>> result = Consensus().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
@@ -213,15 +215,17 @@ class Consensus:
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
-        # coordinated group, and their verdict is their original's; a kept one's are left out
+        # coordinated group, and their verdict is their original's; a kept text stays once
         keep, copy_of = distinct(items)
-        copies = {} if self.keep_copies or m < self.min_passages else later_copies(copy_of, trusted)
+        copies = self._copies(m, copy_of, trusted, sources, {})
+        if copy_of:
+            said["copies"] = copy_of
         if m < self.min_passages or len(keep) == 1 or blank:
             why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
             if m >= self.min_passages:
                 why = "only copies of one passage: nothing to compare"
             if blank:
-                why = "the query is blank: nothing to rank the passages by, all kept"
+                why = "the query is blank: nothing to rank the passages by, none judged"
             note = {"note": why, **said}
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, copies, note
@@ -258,13 +262,32 @@ class Consensus:
             estimates["support"] = f"skipped: {why}, fewer than min_support={self.min_support}"
         elif self.support:
             self._support(query, pool)
-        removed = map_back(pool.removed, keep, copy_of, estimates, copies)
+        removed = map_back(pool.removed, keep, copy_of, estimates)
+        removed |= self._copies(m, copy_of, trusted, sources, removed)
+        if "unsupported_apart" in estimates:  # a spared text's copies left out are not spared
+            estimates["unsupported_apart"] = [
+                i for i in estimates["unsupported_apart"] if i not in removed
+            ]
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
         estimates.update(said)
         return consensus_result(
             self.name, query, items, full_qs, sources, trusted, removed, estimates
         )
+
+    def _copies(
+        self,
+        m: int,
+        copy_of: dict[int, list[int]],
+        trusted: list[bool],
+        sources: list[str | None],
+        removed: dict[int, str],
+    ) -> dict[int, str]:
+        """The copies left out (:func:`~.pool.one_of_each`): none with ``keep_copies``, nor
+        below ``min_passages``."""
+        if self.keep_copies or m < self.min_passages:
+            return {}
+        return one_of_each(copy_of, trusted, sources, removed)
 
     def _trust(self, i: int, passage: Passage, source: str | None) -> bool:
         try:

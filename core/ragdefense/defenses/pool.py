@@ -15,13 +15,14 @@ import numpy as np
 from ..types import DefenseResult, Verdict
 
 __all__ = [
+    "COPY_REASON",
     "Pool",
     "apart_from",
     "consensus_result",
     "distinct",
-    "later_copies",
     "map_back",
     "on_topic",
+    "one_of_each",
 ]
 
 
@@ -51,16 +52,34 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
     return keep, copy_of
 
 
-def later_copies(copy_of: dict[int, list[int]], trusted: list[bool]) -> dict[int, str]:
-    """The later copies of each passage as removals, but trusted ones (trust is never removed):
-    a copy tells the generator nothing its first does not, and ten copies of one planted text
-    would fill ten slots of the context. A removed passage's copies go with it anyway."""
-    return {
-        c: f"a copy of passage {first}, which stands for it: the context holds each text once"
-        for first, copies in copy_of.items()
-        for c in copies
-        if not trusted[c]
-    }
+#: the reason a copy is left out for (its text stays once, in the passage standing for it);
+#: its verdict's ``details["copy"]`` is 1
+COPY_REASON = "a copy of passage {}, which stands for it: the context holds each text once"
+
+
+def one_of_each(
+    copy_of: dict[int, list[int]],
+    trusted: list[bool],
+    sources: list[str | None],
+    removed: dict[int, str],
+) -> dict[int, str]:
+    """For each set of copies of a passage not ``removed``, every copy but the one standing for
+    the text, as removals (:data:`COPY_REASON`): a copy tells the generator nothing the other
+    does not, and ten copies of one planted text would fill ten slots of the context. The
+    copy standing for the text is the first trusted one, else the first whose source lost no
+    passage (an attacker's copy of an honest page does not speak for it), else the first. A
+    removed passage's copies go with it (:func:`map_back`)."""
+    condemned = {sources[i] for i in removed} - {None}
+    out: dict[int, str] = {}
+    for first, copies in copy_of.items():
+        if first in removed:
+            continue
+        members = [first, *copies]
+        stand = next((i for i in members if trusted[i]), None)
+        if stand is None:
+            stand = next((i for i in members if sources[i] not in condemned), first)
+        out.update({i: COPY_REASON.format(stand) for i in members if i != stand})
+    return out
 
 
 #: the combining diacritical marks (accents) that Unicode decomposition splits off letters
@@ -79,12 +98,10 @@ def map_back(
     keep: list[int],
     copy_of: dict[int, list[int]],
     estimates: dict[str, Any],
-    copies: dict[int, str] | None = None,
 ) -> dict[int, str]:
     """Removals found among the distinct passages, as input positions (copies follow their
-    first), beside the later ``copies`` left out (:func:`later_copies`) where their first is
-    kept; index lists in ``estimates`` mapped the same way."""
-    out: dict[int, str] = dict(copies or {})
+    first); index lists in ``estimates`` mapped the same way."""
+    out: dict[int, str] = {}
     for k, why in removed.items():
         first = keep[k]
         out[first] = why
@@ -101,10 +118,8 @@ def map_back(
     if "unsupported_apart" in estimates:  # spared passages: their copies are spared with them
         spared = [keep[i] for i in estimates["unsupported_apart"]]
         estimates["unsupported_apart"] = sorted(
-            spared + [c for i in spared for c in copy_of.get(i, []) if c not in out]
+            spared + [c for i in spared for c in copy_of.get(i, [])]
         )
-    if copy_of:
-        estimates["copies"] = {first: copies for first, copies in copy_of.items()}
     return out
 
 
@@ -147,6 +162,7 @@ def consensus_result(
     """Consensus's verdicts: each passage kept or removed with why, its source and trust."""
     note = estimates.get("note")
     apart = set(estimates.get("unsupported_apart", ()))
+    left_out = {i for i, why in removed.items() if why.startswith(COPY_REASON.split("{")[0])}
     verdicts = []
     rank = 0
     for i, passage in enumerate(items):
@@ -174,7 +190,7 @@ def consensus_result(
                 score=float(qs[i]),
                 reason=reason + src,
                 rank=rank if kept else None,
-                details={"trusted": float(trusted[i])},
+                details={"trusted": float(trusted[i]), "copy": float(i in left_out)},
             )
         )
         rank += kept

@@ -64,7 +64,8 @@ def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
 
 
 def removed_report(result: DefenseResult) -> dict[str, Any]:
-    """A compact, JSON-friendly report of what was removed and why (for tracing events)."""
+    """A compact, JSON-friendly report of what was removed and why (for tracing events); a
+    copy left out only because its text stays in another passage says ``"copy": True``."""
     return {
         "defense": result.defense,
         "query": result.query,
@@ -76,6 +77,7 @@ def removed_report(result: DefenseResult) -> dict[str, Any]:
                 "text": v.passage.text[:200],
                 "score": v.score,
                 "reason": v.reason,
+                "copy": bool(v.details.get("copy")),
             }
             for v in result.verdicts
             if not v.kept

@@ -70,7 +70,10 @@ class DefenseRemovedEvent(BaseEvent):
     defense: str = Field(description="the defense's name, e.g. 'RAGDefender'")
     query: str = Field(description="the query the nodes were retrieved for")
     removed: list[dict[str, Any]] = Field(
-        description="one record per removed node: id, text, score, rank and the reason"
+        description=(
+            "one record per removed node: id, text, score, rank, the reason, and whether it is "
+            "a copy left out because its text stays in another node"
+        )
     )
     estimates: dict[str, Any] = Field(description="the defense's estimates for this query")
 
