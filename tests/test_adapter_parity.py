@@ -267,3 +267,15 @@ def test_an_index_over_a_chroma_collection_another_tool_filled_is_read() -> None
         assert all(b.vectors is not None and b.vectors.shape[1] == 3 for b in got)
     finally:
         client.delete_collection(name)
+
+
+def test_both_give_each_text_of_a_store_ingested_twice_once(both: tuple[Any, Any]) -> None:
+    """The stores hold every text twice: the one line's context holds each once, in both
+    (``keep_copies=True`` keeps them)."""
+    lc_retriever, li_retriever = both
+    lc = [d.page_content for d in lc_defend(lc_retriever, k=4).invoke(QUERY)]
+    li = [n.node.get_content() for n in li_defend(li_retriever, k=4).retrieve(QUERY)]
+    assert len(set(lc)) == len(lc) == 4 and len(set(li)) == len(li) == 4
+    assert sorted(lc) == sorted(li)
+    plain = [d.page_content for d in lc_defend(lc_retriever, k=4, keep_copies=True).invoke(QUERY)]
+    assert len(set(plain)) < len(plain)

@@ -146,6 +146,18 @@ def test_a_judged_site_s_copy_does_not_stand_for_the_honest_text() -> None:
     )
     assert result.removed_indices == [0, 5, 6, 7, 8], result.to_table()
     assert "a copy of passage 1, which stands for it" in result.verdicts[0].reason
+    assert result.kept_indices[0] == 1  # in the place of the copy it stands for
+    # the honest site losing a page of its own (quoting the question) still beats the judged one
+    quote = [f"{QUERY} Read our overview {j} of animal behaviour." for j in range(3)]
+    more = ["https://a.org/5", "https://e.org/6", "https://f.org/7"]
+    passages = _passages([*sites, *more], [HONEST[0], *HONEST, *PLANTED, *quote])
+    emb, q = scattered(len(passages))
+    emb[0] = emb[1]
+    again = Consensus(support=False, voice=None, anchor=None).defend_embeddings(
+        QUERY, passages, emb, q
+    )
+    assert again.estimates["quoting"] == [9, 10, 11] and not again.verdicts[0].kept
+    assert "a copy of passage 1, which stands for it" in again.verdicts[0].reason
 
 
 @pytest.mark.parametrize(

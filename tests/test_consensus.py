@@ -966,6 +966,7 @@ def test_the_context_holds_each_text_once_in_the_copy_standing_for_it() -> None:
         assert result.verdicts[i].reason.startswith("removed: a copy of passage 7, which stands")
         assert result.verdicts[i].details["copy"] == 1.0
     assert result.verdicts[7].kept and result.estimates["copies"] == {0: [6, 7, 8]}
+    assert result.kept_indices == [7, 1, 2, 3, 4, 5]  # in the place of the first copy
     assert items[6].metadata == {"source": "https://x.org/b"}
     # without trust, the first copy stands for the text
     plain = Consensus(support=False).defend_embeddings("q", items, vectors, q)

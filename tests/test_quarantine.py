@@ -213,7 +213,7 @@ def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
     assert result.estimates["groups"] == [[8, 9, 10]]
     assert result.estimates["copies"] == {8: [11]}
     assert result.removed_indices == [0, 1, 8, 9, 10, 11]
-    assert result.verdicts[11].reason.endswith("a copy of passage 8")
+    assert result.verdicts[11].reason.startswith("removed: a copy of passage 8, removed with it")
     # a copy of a kept passage is left out naming its input position, not the inner one
     kept = [*pool, replace(pool[0])]
     again = guard.defend_embeddings("q", [*held, *kept], np.vstack([emb, benign[0]]), query)
@@ -224,6 +224,11 @@ def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
     named = [replace(p, metadata={"source": f"bible passage {40 + i}"}) for i, p in enumerate(pool)]
     sourced = guard.defend_embeddings("q", [*held, *named], emb, query)
     assert "(source 'bible passage 40')" in sourced.verdicts[2].reason
+    # nor a source named like a copy's reason: only the reason's opening is read
+    odd = [replace(p, metadata={"source": "notes; a copy of passage 0.pdf"}) for p in pool]
+    fooled = guard.defend_embeddings("q", [*held, *odd], emb, query)
+    assert fooled.verdicts[11].reason.startswith("removed: a copy of passage 8, removed with it")
+    assert fooled.verdicts[11].reason.endswith("(source 'notes; a copy of passage 0.pdf')")
     # AutoDefense's evidence holds positions too
     from ragdefense import AutoDefense
 

@@ -4,6 +4,7 @@ time for the evidence and the report."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -67,6 +68,14 @@ def _malformed(records: Any, probe_ids: list[str], n_chunks: int) -> str:
 #: how a removal on one pool's difference alone begins (Consensus's unsupported veto): it is
 #: no evidence of a planted set, and in a poisoned pool it removes the honest minority
 LONE_REMOVAL = "removed: unsupported"
+#: how the default's reason for a copy of a removed passage opens, before that passage's reason
+_COPY_OF = re.compile(r"removed: a copy of passage \d+, removed with it: ")
+
+
+def _lone(reason: str) -> bool:
+    """Whether a removal is :data:`LONE_REMOVAL`, a copy of a passage removed so included."""
+    copy = _COPY_OF.match(reason)
+    return ("removed: " + reason[copy.end() :] if copy else reason).startswith(LONE_REMOVAL)
 
 
 def counts(
@@ -82,7 +91,7 @@ def counts(
         for defense, removed in record["flags"].items():
             for position, reason in removed.items():
                 flagged[defense][int(position)] += 1
-                with_set[defense][int(position)] += not reason.startswith(LONE_REMOVAL)
+                with_set[defense][int(position)] += not _lone(reason)
     return retrieved, flagged, with_set
 
 

@@ -50,9 +50,9 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    others' subject passes this step for the same reason (and where the store holds no honest
    passage on the question, the vote has nothing to go by). ``support=False`` turns it off.
 
-Copies of one text count once in every step, and one stands for the others in the context
-(:func:`~.pool.one_of_each`; ``keep_copies=True`` keeps them all): a copy tells the generator
-nothing new, and planted copies would fill its slots. Trusted passages (``trusted=``) are never
+Copies of one text count once (in step 2, once per document), and one stands for the others
+in the context (:func:`~.pool.one_of_each`; ``keep_copies=True`` keeps them all): a copy tells
+the generator nothing new, and planted copies would fill its slots. Trusted passages are never
 removed (but as copies of one trusted text), and a group that holds one is never evidence.
 What it does not do: tell a poisoned *majority* from a benign one without provenance, unless its
 passages quote the question. That is the ``"strict"`` mode's job (RAGDefender), chosen by name.
@@ -104,7 +104,8 @@ class Consensus:
             accents); by default one stands for the others, and the context holds it once.
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
-        trusted: Sources never removed, or a predicate on a passage's metadata.
+        trusted: Sources never removed (but as copies of one trusted text), or a predicate on
+            a passage's metadata.
         anchor: Least excess of an untrusted passage's query similarity over its best cosine
             to a trusted passage for it to count as contradicting them (``None``: never; the
             edited-copy rule of step 3 does not use it).
@@ -211,13 +212,13 @@ class Consensus:
         trusted = [self._trust(i, p, sources[i]) for i, p in enumerate(items)]
         # with trust given, which passages it found is said (none found too)
         found = [i for i, t in enumerate(trusted) if t]
-        said = {"trusted": found} if found or self.trusted is not None else {}
+        said: dict[str, Any] = {"trusted": found} if found or self.trusted is not None else {}
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's; a kept text stays once
         keep, copy_of = distinct(items)
-        copies = self._copies(m, copy_of, trusted, sources, {})
+        left = self._copies(m, copy_of, trusted, sources, {}, {})
         if copy_of:
             said["copies"] = copy_of
         if m < self.min_passages or len(keep) == 1 or blank:
@@ -228,7 +229,7 @@ class Consensus:
                 why = "the query is blank: nothing to rank the passages by, none judged"
             note = {"note": why, **said}
             return consensus_result(
-                self.name, query, items, np.zeros(m), sources, trusted, copies, note
+                self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
             )
         emb, q_emb = passage_and_query_embeddings(
             query, items, self.embedder, embeddings, query_embedding
@@ -237,7 +238,7 @@ class Consensus:
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
             note = {"note": why, **said}
             return consensus_result(
-                self.name, query, items, np.zeros(m), sources, trusted, copies, note
+                self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
             )
         full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
         pool = Pool(
@@ -263,16 +264,16 @@ class Consensus:
         elif self.support:
             self._support(query, pool)
         removed = map_back(pool.removed, keep, copy_of, estimates)
-        removed |= self._copies(m, copy_of, trusted, sources, removed)
+        left = self._copies(m, copy_of, trusted, sources, removed, estimates)
         if "unsupported_apart" in estimates:  # a spared text's copies left out are not spared
             estimates["unsupported_apart"] = [
-                i for i in estimates["unsupported_apart"] if i not in removed
+                i for i in estimates["unsupported_apart"] if i not in removed and i not in left
             ]
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
         estimates.update(said)
         return consensus_result(
-            self.name, query, items, full_qs, sources, trusted, removed, estimates
+            self.name, query, items, full_qs, sources, trusted, removed, estimates, left
         )
 
     def _copies(
@@ -282,12 +283,14 @@ class Consensus:
         trusted: list[bool],
         sources: list[str | None],
         removed: dict[int, str],
-    ) -> dict[int, str]:
-        """The copies left out (:func:`~.pool.one_of_each`): none with ``keep_copies``, nor
-        below ``min_passages``."""
+        estimates: dict[str, Any],
+    ) -> dict[int, int]:
+        """The copies left out, each mapped to the copy standing for its text
+        (:func:`~.pool.one_of_each`): none with ``keep_copies``, nor below ``min_passages``."""
         if self.keep_copies or m < self.min_passages:
             return {}
-        return one_of_each(copy_of, trusted, sources, removed)
+        judged = frozenset([*estimates.get("voices", ()), *estimates.get("claims", {})])
+        return one_of_each(copy_of, trusted, sources, removed, judged)
 
     def _trust(self, i: int, passage: Passage, source: str | None) -> bool:
         try:

@@ -53,7 +53,7 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
 
 
 #: the reason a copy is left out for (its text stays once, in the passage standing for it);
-#: its verdict's ``details["copy"]`` is 1
+#: its verdict's ``details["copy"]`` is 1, and it takes the place of the set's first copy
 COPY_REASON = "a copy of passage {}, which stands for it: the context holds each text once"
 
 
@@ -62,23 +62,25 @@ def one_of_each(
     trusted: list[bool],
     sources: list[str | None],
     removed: dict[int, str],
-) -> dict[int, str]:
+    judged: frozenset[str] = frozenset(),
+) -> dict[int, int]:
     """For each set of copies of a passage not ``removed``, every copy but the one standing for
-    the text, as removals (:data:`COPY_REASON`): a copy tells the generator nothing the other
-    does not, and ten copies of one planted text would fill ten slots of the context. The
-    copy standing for the text is the first trusted one, else the first whose source lost no
-    passage (an attacker's copy of an honest page does not speak for it), else the first. A
-    removed passage's copies go with it (:func:`map_back`)."""
-    condemned = {sources[i] for i in removed} - {None}
-    out: dict[int, str] = {}
+    the text, each mapped to that one: a copy tells the generator nothing the other does not,
+    and ten copies of one planted text would fill ten slots of the context. The copy standing
+    for the text is chosen in this order: trusted; not of a source step 2 ``judged``; not of a
+    source that lost a passage (an attacker's copy of an honest page is not the one cited,
+    where the honest page's source is spared); the first. A removed passage's copies go with it
+    (:func:`map_back`)."""
+    lost = {sources[i] for i in removed} - {None}
+    out: dict[int, int] = {}
     for first, copies in copy_of.items():
         if first in removed:
             continue
         members = [first, *copies]
-        stand = next((i for i in members if trusted[i]), None)
-        if stand is None:
-            stand = next((i for i in members if sources[i] not in condemned), first)
-        out.update({i: COPY_REASON.format(stand) for i in members if i != stand})
+        stand = min(
+            members, key=lambda i: (not trusted[i], sources[i] in judged, sources[i] in lost, i)
+        )
+        out.update({i: stand for i in members if i != stand})
     return out
 
 
@@ -106,7 +108,7 @@ def map_back(
         first = keep[k]
         out[first] = why
         for c in copy_of.get(first, []):
-            out[c] = f"{why}; a copy of passage {first}"
+            out[c] = f"a copy of passage {first}, removed with it: {why}"
     for key in ("groups", "unsupported", "contradicting", "quoting"):
         if key in estimates:
             value = estimates[key]
@@ -158,13 +160,21 @@ def consensus_result(
     trusted: list[bool],
     removed: dict[int, str],
     estimates: dict[str, Any],
+    left_out: dict[int, int] | None = None,
 ) -> DefenseResult:
-    """Consensus's verdicts: each passage kept or removed with why, its source and trust."""
+    """Consensus's verdicts: each passage kept or removed with why, its source and trust; a
+    copy ``left_out`` (mapped to the copy standing for its text) is removed for that, and the
+    one standing for it takes the rank of the set's first copy."""
+    left_out = left_out or {}
+    removed = removed | {i: COPY_REASON.format(stand) for i, stand in left_out.items()}
     note = estimates.get("note")
     apart = set(estimates.get("unsupported_apart", ()))
-    left_out = {i for i, why in removed.items() if why.startswith(COPY_REASON.split("{")[0])}
+    place = {i: i for i in range(len(items))}
+    for copy, stand in left_out.items():
+        place[stand] = min(place[stand], copy)
+    kept_order = sorted((i for i in place if i not in removed), key=place.__getitem__)
+    ranks = {i: r for r, i in enumerate(kept_order)}
     verdicts = []
-    rank = 0
     for i, passage in enumerate(items):
         kept = i not in removed
         src = f" (source {sources[i]!r}{', trusted' if trusted[i] else ''})" if sources[i] else ""
@@ -189,11 +199,10 @@ def consensus_result(
                 kept=kept,
                 score=float(qs[i]),
                 reason=reason + src,
-                rank=rank if kept else None,
+                rank=ranks.get(i),
                 details={"trusted": float(trusted[i]), "copy": float(i in left_out)},
             )
         )
-        rank += kept
     return DefenseResult(
         defense=defense,
         query=query,

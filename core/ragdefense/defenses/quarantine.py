@@ -257,10 +257,10 @@ def _positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
 
 
 def _copy_of(reason: str, rest: list[int]) -> str:
-    """``reason`` with the passage a copy follows (Consensus's "; a copy of passage N", or a
-    copy left out's "removed: a copy of passage N") as its input position; nothing else in it
-    is read (a source may hold any words)."""
-    found = re.search(r"(?:^removed: |; )a copy of passage (\d+)", reason)
+    """``reason`` with the passage a copy follows (Consensus's reasons for copies open with
+    "removed: a copy of passage N") as its input position; nothing after that opening is read
+    (a source may hold any words)."""
+    found = re.match(r"removed: a copy of passage (\d+)", reason)
     if found is None or int(found[1]) >= len(rest):
         return reason
     start, end = found.span(1)

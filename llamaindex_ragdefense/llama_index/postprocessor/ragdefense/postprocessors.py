@@ -71,8 +71,8 @@ class DefenseRemovedEvent(BaseEvent):
     query: str = Field(description="the query the nodes were retrieved for")
     removed: list[dict[str, Any]] = Field(
         description=(
-            "one record per removed node: id, text, score, rank, the reason, and whether it is "
-            "a copy left out because its text stays in another node"
+            "one record per removed node: index, id, text, score, the reason, and whether it "
+            "is a copy left out because its text stays in another node"
         )
     )
     estimates: dict[str, Any] = Field(description="the defense's estimates for this query")
