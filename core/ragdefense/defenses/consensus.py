@@ -192,8 +192,9 @@ class Consensus:
         """Filter ``passages`` retrieved for ``query``.
 
         Returns:
-            A :class:`DefenseResult`: the kept passages in input order, each passage's query
-            similarity, its source, and the evidence for every removal.
+            A :class:`DefenseResult`: the kept passages in input order (a copy standing for
+            others in the first one's place), each passage's query similarity, its source,
+            and the evidence for every removal.
         """
         return self.defend_embeddings(query, passages)
 
