@@ -135,25 +135,6 @@ def test_one_voice_repeating_itself_is_removed_only_with_provenance() -> None:
     assert off.removed == [] and off.estimates["sources"] is None
 
 
-def test_an_upload_copying_an_honest_page_cannot_take_it_with_it() -> None:
-    """The upload repeating one claim also holds a copy of b.org's page, ranked first: the
-    upload's own passages go, the honest text stays, and b.org's copy stands for it."""
-    passages, emb, q = _voices_pool()
-    copy = replace(passages[1], metadata={"source": "uploads/notes.pdf"})
-    result = Consensus(support=False).defend_embeddings(
-        "q", [copy, *passages], np.vstack([emb[1:2], emb]), q
-    )
-    assert result.estimates["voices"] == ["uploads/notes.pdf"]
-    assert result.removed_indices == [0, 5, 6, 7, 8], result.to_table()
-    assert "a copy of passage 2, which stands for it" in result.verdicts[0].reason
-    assert result.kept_indices[0] == 2  # in the place of the copy ranked first
-    # the same with copies kept: the honest text stays in both places
-    kept = Consensus(support=False, keep_copies=True).defend_embeddings(
-        "q", [copy, *passages], np.vstack([emb[1:2], emb]), q
-    )
-    assert kept.removed_indices == [5, 6, 7, 8]
-
-
 _HANDBOOK = [
     "Employees accrue 25 days of paid annual leave per calendar year, prorated for part-time.",
     "Annual leave requests must be submitted through the HR portal two weeks in advance.",

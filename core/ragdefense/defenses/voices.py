@@ -58,10 +58,7 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     than with the other sources by ``voice`` or more (a pair of texts only when their cosine is
     ``tightness`` or more), where two other independent sources still speak. Trusted passages
     are neither judged nor removed; a source's other passages are, unless they agree with one
-    of its trusted passages as much as with each other. A text that a source not judged holds
-    too stays, unless it is all its judged source repeats (a planted upload copying an honest
-    page among its own cannot take the honest page with it; one text posted on two sites goes
-    from both)."""
+    of its trusted passages as much as with each other."""
     sim, _, trusted, removed, estimates = pool.unpacked()
     held = pool.held
     # on the query's topic only: one upload planting claims for many questions is judged
@@ -76,8 +73,7 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
             by_source.setdefault(s, []).append(i)
     if len(by_source) < 2:
         return  # one source (or none): support cannot be counted per source
-    found: list[str] = []
-    marked: dict[int, bool] = {}  # removed here -> its source's voice is more than this text
+    found = []
     for s, every in by_source.items():
         own = [i for i in every if not trusted[i]]  # trust is per passage: a page, not a host
         rest = [i for i in alive if s not in held[i]]
@@ -105,14 +101,10 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
         copies = f" ({texts} distinct)" if pages > texts else ""
         tight = "" if pair is None else f"; the two texts {pair:.3f} >= {tightness}"
         for i in standing:  # the rest keep the reason they were removed for
-            marked[i] = texts > 1
             removed[i] = (
                 f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
                 f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
                 f"({across:.3f}) by {inner - across:.3f} >= {voice}"
             )
-    for i, many in marked.items():
-        if many and not set(held[i]) <= set(found):  # an independent source holds it too
-            del removed[i]
     if found:
         estimates["voices"] = found
