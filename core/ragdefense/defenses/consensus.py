@@ -219,7 +219,6 @@ class Consensus:
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's; a kept text stays once
         keep, copy_of = distinct(items)
-        left = self._copies(m, copy_of, trusted, sources, {}, {})
         if copy_of:
             said["copies"] = copy_of
         if m < self.min_passages or len(keep) == 1 or blank:
@@ -229,6 +228,7 @@ class Consensus:
             if blank:
                 why = "the query is blank: nothing to rank the passages by, none judged"
             note = {"note": why, **said}
+            left = self._copies(m, copy_of, trusted, sources, {}, note)  # nothing was judged
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
             )
@@ -238,6 +238,7 @@ class Consensus:
         if not np.abs(emb).any() or not np.abs(q_emb).any():
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
             note = {"note": why, **said}
+            left = self._copies(m, copy_of, trusted, sources, {}, note)  # nothing was judged
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
             )
