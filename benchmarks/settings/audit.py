@@ -296,6 +296,12 @@ def audit_quality(
             recall = neighbour_recall(routed, ROUTED[0])
             rows.append({**row, "sources": "none", "seconds": report.stats["seconds"],
                          "neighbour recall@10": recall})  # fmt: skip
+        # the same audit, its possible victims counted as suspects (only the report is made again)
+        kept = audit(kb.corpus(vectors), queries=queries, workdir=work,
+                     scoring=Scoring(victim_share=0), engine=engine, progress=False)  # fmt: skip
+        variant = "shipped default, its possible victims counted as suspects"
+        rows.append({**_recall_rows(kb, {f.id for f in kept.suspicious}, run, variant),
+                     "sources": "none"})  # fmt: skip
         for variant, scores in _variants(kb, work).items():
             tuning_benign = [v for i, v in scores.items() if i not in kb.planted and kb.tuning(i)]
             threshold = float(np.quantile(tuning_benign, 0.99))

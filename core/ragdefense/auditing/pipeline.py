@@ -36,7 +36,7 @@ from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
-from .victims import apart_reason, possible_victims, victim_reason
+from .victims import possible_victims
 from .workdir import Workdir, locate, part_name, part_starts, part_texts
 
 __all__ = ["audit"]
@@ -351,10 +351,10 @@ def _report(
     scores, own, tally = scored(evidence, names[0], scoring)
     above = scores >= scoring.threshold
     condemned = condemned_positions(evidence, tally, scoring.source_threshold)
-    victims, apart = possible_victims(wd, evidence, above, condemned, scoring.apart)
-    suspicious = int(above.sum())
-    # the report lists every suspicious chunk and at least the `report_top` highest scores
-    chosen = np.argsort(-scores, kind="stable")[: max(report_top, suspicious)].tolist()
+    victims = possible_victims(wd, evidence, above, condemned, scoring)
+    # the report lists every chunk past the threshold and at least the `report_top` highest
+    chosen = np.argsort(-scores, kind="stable")[: max(report_top, int(above.sum()))].tolist()
+    above &= ~victims.cleared(len(above))  # the possible victims they are, not suspects
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
     asked = closest_questions(wd, evidence.closest_probe, chosen)
     starts = part_starts(sizes)
@@ -370,25 +370,26 @@ def _report(
                 score=float(scores[i]),
                 suspicious=bool(above[i]),
                 reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
-                + victim_reason(victims.get(i))
-                + apart_reason(apart.get(i)),
+                + victims.reasons(i),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),
                 group=evidence.group(i),
                 source=None if source is None else source[0],
+                victim_of=victims.unlike[i][0] if i in victims.unlike else None,
             )
         )
     findings.sort(key=lambda f: (-f.score, f.id))
     stats = {
         "chunks": sum(sizes),
         "probes": wd.noted("probes"),
-        "suspicious": suspicious,
+        "suspicious": int(above.sum()),
         "listed": len(findings),
         "retrieved_at_least_once": int((evidence.retrieved > 0).sum()),
         "flagged_at_least_once": int((evidence.flagged[names[0]] > 0).sum()),
         "groups": len(evidence.groups),
-        "possible_victims": len(victims) + len(apart),
+        "possible_victims": len(victims.near.keys() | victims.apart.keys() | victims.unlike.keys()),
+        "victims": len(victims.unlike),
         "targeted": 0
         if evidence.targeting is None or scoring.target_threshold <= 0
         else int((evidence.targeting >= scoring.target_threshold).sum()),

@@ -25,7 +25,8 @@ class Finding:
         id: The chunk's id in the knowledge base.
         text: Its text.
         score: How suspicious (0-1; the report is sorted by it).
-        suspicious: The verdict: ``score >= threshold``.
+        suspicious: The verdict: ``score >= threshold``, unless it is a suspicious group's
+            possible victim (``victim_of``).
         reasons: The evidence in words.
         retrieved: Probes whose top M held the chunk.
         flagged: Per defense, the probes on which it removed the chunk.
@@ -34,6 +35,9 @@ class Finding:
             or ``None``.
         source: Where it comes from (its metadata's source, as the defenses read it), or
             ``None``.
+        victim_of: The id of the suspicious near-duplicate group whose possible victim it is
+            (it shares the group's subject, not the words its members share: the honest
+            passage a planted set targets), not counted as suspicious; or ``None``.
     """
 
     id: str
@@ -46,6 +50,7 @@ class Finding:
     probes: list[dict[str, str]] = field(default_factory=list)
     group: dict[str, Any] | None = None
     source: str | None = None
+    victim_of: str | None = None
 
     def row(self) -> dict[str, Any]:
         """A flat record (for CSV / Parquet)."""
@@ -60,6 +65,7 @@ class Finding:
             "group_size": group.get("size", 0),
             "group_similarity": group.get("similarity", 0.0),
             "source": self.source or "",
+            "victim_of": self.victim_of or "",
             "reasons": "; ".join(self.reasons),
             "probes": " | ".join(p["probe"] for p in self.probes),
             "text": self.text,
@@ -99,9 +105,17 @@ class AuditReport:
             "",
             f"{s.get('chunks', 0)} chunks, {s.get('probes', 0)} probes ({s.get('probe_source')}), "
             f"top {s.get('top_m')} per probe, defenses: {', '.join(s.get('defenses', []))}. "
-            f"**{len(self.suspicious)} suspicious** (score >= {self.threshold}).",
+            f"**{len(self.suspicious)} suspicious** (score >= {self.threshold}{_aside(s)}).",
             "",
         ]
+        if s.get("victims"):
+            n = int(s["victims"])
+            lines += [
+                f"Not counted as suspicious: {n} possible victim{'s' * (n != 1)} of suspicious "
+                "groups (sharing a group's subject, not the words its members share; see the "
+                "reasons).",
+                "",
+            ]
         suspect = s.get("suspect_sources") or []
         if suspect:
             named = ", ".join(
@@ -222,8 +236,8 @@ class AuditReport:
         chunks = int(self.stats.get("chunks", len(scores)))
         suspicious = int(self.stats.get("suspicious", len(self.suspicious)))
         ax.set_title(
-            f"{chunks:,} chunks audited, {suspicious:,} suspicious (score >= {self.threshold:g}); "
-            f"the {len(scores):,} listed are plotted",
+            f"{chunks:,} chunks audited, {suspicious:,} suspicious (score >= {self.threshold:g}"
+            f"{_aside(self.stats)}); the {len(scores):,} listed are plotted",
             fontsize=10,
         )
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
@@ -250,3 +264,8 @@ def _cell(value: Any) -> Any:
     if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
         return "'" + value
     return value
+
+
+def _aside(stats: dict[str, Any]) -> str:
+    """What the verdict leaves out of ``score >= threshold``: the possible victims."""
+    return ", possible victims aside" if stats.get("victims") else ""

@@ -1,29 +1,76 @@
 """The honest passages a planted set targets: a planted set copies the subject of the passage it
 contradicts, so that passage lands in or next to the set's near-duplicate group and is flagged
-with it. The report names it as the set's possible victim, for a reviewer to check before
-removing it (a planted set of varied wording has members that look the same way, so the
-verdict stays).
+with it. Where it lacks most of the words the set's members share (a set is written from one
+template or one prompt, around one planted answer; the honest passage shares only the subject),
+the report names it the set's possible victim and does not count it as suspicious. Where the
+vectors alone set it apart, the report names it for a reviewer to check and the verdict stays
+(a planted set of varied wording has members that look the same way).
 """
 
 from __future__ import annotations
 
+from collections import Counter
+from dataclasses import dataclass
+
 import numpy as np
 
-from .evidence import Evidence
-from .workdir import Workdir, rows_at
+from ..defenses.claims import claim_terms
+from .evidence import Evidence, Scoring
+from .workdir import Workdir, locate, part_starts, part_texts, rows_at
 
-__all__ = ["apart_in_groups", "apart_reason", "possible_victims", "targeted", "victim_reason"]
+__all__ = [
+    "MIN_SHARED",
+    "PossibleVictims",
+    "apart_in_groups",
+    "apart_reason",
+    "possible_victims",
+    "targeted",
+    "unlike_their_group",
+    "victim_reason",
+]
+
+
+@dataclass(frozen=True)
+class PossibleVictims:
+    """Per position: the suspects next to a mostly suspicious group (``near``: its id), the
+    members standing apart in one (``apart``: :func:`apart_in_groups`), and the possible
+    victims not counted as suspicious (``unlike``: :func:`unlike_their_group`)."""
+
+    near: dict[int, str]
+    apart: dict[int, tuple[str, float, float]]
+    unlike: dict[int, tuple[str, int, int]]
+
+    def reasons(self, i: int) -> list[str]:
+        """Why position ``i`` may be a victim, in words (none when it is not)."""
+        if i in self.unlike:
+            return unlike_reason(self.unlike[i])
+        return victim_reason(self.near.get(i)) + apart_reason(self.apart.get(i))
+
+    def cleared(self, n: int) -> np.ndarray:
+        """Per position of ``n``: whether it is a possible victim not counted as suspicious."""
+        out = np.zeros(n, dtype=bool)
+        out[list(self.unlike)] = True
+        return out
 
 
 def possible_victims(
-    wd: Workdir, evidence: Evidence, above: np.ndarray, condemned: np.ndarray, bar: float
-) -> tuple[dict[int, str], dict[int, tuple[str, float, float]]]:
-    """The chunks shown as possible victims of a planted set, :func:`targeted` and
-    :func:`apart_in_groups` (``above``: scored past the threshold), none of a ``condemned``
-    source: such a chunk is the attacker's, not an honest victim of its groups."""
+    wd: Workdir, evidence: Evidence, above: np.ndarray, condemned: np.ndarray, scoring: Scoring
+) -> PossibleVictims:
+    """The chunks shown as possible victims of a planted set (``above``: scored past the
+    threshold), none of a ``condemned`` source: such a chunk is the attacker's, not an honest
+    victim of its groups; nor, for :func:`unlike_their_group`, one whose targeting (closer to a
+    logged question than to any other chunk) is evidence of its own."""
     near = {i: g for i, g in targeted(evidence, above).items() if not condemned[i]}
-    apart = apart_in_groups(wd, evidence, above, bar)
-    return near, {i: found for i, found in apart.items() if not condemned[i]}
+    apart = apart_in_groups(wd, evidence, above, scoring.apart)
+    own = condemned.copy()
+    if evidence.targeting is not None and scoring.target_threshold > 0:
+        own |= evidence.targeting >= scoring.target_threshold
+    unlike = unlike_their_group(wd, evidence, above, near, scoring.victim_share)
+    return PossibleVictims(
+        near,
+        {i: found for i, found in apart.items() if not condemned[i]},
+        {i: found for i, found in unlike.items() if not own[i]},
+    )
 
 
 def targeted(evidence: Evidence, suspicious: np.ndarray) -> dict[int, str]:
@@ -102,6 +149,82 @@ def apart_reason(found: tuple[str, float, float] | None) -> list[str]:
         f"{theirs:.2f} among themselves; it shares their subject, not their wording: it may be "
         "the honest passage that group targets; check it before removing it"
     ]
+
+
+#: the fewest words a group's other members must share for a suspect lacking most of them to
+#: be named its victim (lacking one or two words is no evidence of another wording)
+MIN_SHARED = 3
+
+
+def unlike_their_group(
+    wd: Workdir, evidence: Evidence, suspicious: np.ndarray, near: dict[int, str], share: float
+) -> dict[int, tuple[str, int, int]]:
+    """Per position: the suspect in a group of three or more, or next to one (``near``, from
+    :func:`targeted`), that holds fewer than ``share`` of the words more than half of the
+    group's *other* members hold (at least :data:`MIN_SHARED`; the content words of
+    :func:`~ragdefense.defenses.claims.claim_terms`): ``(group id, those words it holds, those
+    words)``. A planted set's members share its template's or prompt's words and its planted
+    answer; the honest passage it targets shares the subject only. Only in a group at least
+    half of whose members are suspects holding that share of its words (a set): a set written
+    without shared wording is never cleared, and what this names is always the minority of its
+    group. Reads the texts of those groups and suspects only (``share <= 0``: none)."""
+    if share <= 0 or not len(evidence.groups):
+        return {}
+    sizes = _sizes(evidence)
+    chosen = (sizes >= 3) & _mostly(evidence, suspicious, sizes)
+    group_of = evidence.group_of
+    ids = {g["id"]: n for n, g in enumerate(evidence.groups)}
+    outside: dict[int, list[int]] = {}  # per chosen group: the suspects next to it
+    for i, name in near.items():
+        if chosen[ids[name]]:
+            outside.setdefault(ids[name], []).append(i)
+    if not chosen.any():
+        return {}
+    order = np.argsort(group_of, kind="stable")  # each group's members together
+    bounds = np.searchsorted(group_of[order], np.arange(len(sizes) + 1))
+    groups = {g: order[bounds[g] : bounds[g + 1]].tolist() for g in np.flatnonzero(chosen).tolist()}
+    every = {m for ms in [*groups.values(), *outside.values()] for m in ms}
+    words = _words(wd, sorted(every))
+    out: dict[int, tuple[str, int, int]] = {}
+    for g, members in groups.items():
+        tally = Counter(w for m in members for w in words[m])
+        n, found = len(members), dict[int, tuple[int, int]]()
+        common = sum(2 * c > n - 1 for c in tally.values())  # held by most of n - 1 others
+        for i in members:  # without its own words, the tally is the n - 1 others'
+            held = sum(2 * (tally[w] - 1) > n - 1 for w in words[i])
+            lacked = common - sum(2 * tally[w] > n - 1 for w in words[i])
+            found[i] = (held, held + lacked)
+        alike = sum(
+            suspicious[i] and h >= share * t >= share * MIN_SHARED for i, (h, t) in found.items()
+        )
+        if 2 * alike < n:
+            continue  # no set: most of the group shares no wording
+        shared = {w for w, c in tally.items() if 2 * c > n}  # for a suspect outside: n others
+        found.update({i: (len(shared & words[i]), len(shared)) for i in outside.get(g, [])})
+        for i, (held, total) in found.items():
+            if suspicious[i] and total >= MIN_SHARED and held < share * total:
+                out[i] = (evidence.groups[g]["id"], held, total)
+    return out
+
+
+def unlike_reason(found: tuple[str, int, int]) -> list[str]:
+    """Why :func:`unlike_their_group` named a chunk."""
+    group, held, shared = found
+    return [
+        f"a possible victim of group {group}, not counted as suspicious: it holds {held} of the "
+        f"{shared} words most of the group's other members share; it shares their subject, not "
+        "their wording or their claim, as the honest passage a planted set targets does"
+    ]
+
+
+def _words(wd: Workdir, positions: list[int]) -> dict[int, set[str]]:
+    """The :func:`~ragdefense.defenses.claims.claim_terms` of the chunks at ``positions``."""
+    starts = part_starts(wd.noted("part_sizes"))
+    out = {}
+    for i in positions:
+        part, offset = locate(starts, i)
+        out[i] = claim_terms(part_texts(wd, part)["texts"][offset])
+    return out
 
 
 def _sizes(evidence: Evidence) -> np.ndarray:

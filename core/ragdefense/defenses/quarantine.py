@@ -109,7 +109,9 @@ class Quarantine:
                 is left to the per-query defense; ``False`` quarantines it too. A group's
                 member the report names as standing apart from it (possibly the honest passage
                 the group targets, for a person to check) is quarantined with its group: in a
-                large planted set it is as often one of the set's own variants.
+                large planted set it is as often one of the set's own variants. A possible
+                victim the report does not count as suspicious (``victim_of``) is never
+                quarantined, whatever its score.
 
         Raises:
             ValueError: The report cannot be read or is not an audit's.
@@ -121,6 +123,7 @@ class Quarantine:
             f
             for f in findings
             if (bool(f.get("suspicious")) if min_score is None else f.get("score", 0) >= min_score)
+            and not f.get("victim_of")
             and (
                 not grouped
                 or int((f.get("group") or {}).get("size", 0)) >= 2
