@@ -92,8 +92,8 @@ class Scoring:
         apart: Least excess of a suspicious group's agreement among its other members over
             their agreement with one member for the report to name that member as the honest
             passage the group may target (:func:`~.victims.apart_in_groups`; 0 turns it off).
-        victim_share: A suspect in or next to a group (most of it suspects sharing its
-            words) that holds less than this share of the words most of the group's other
+        victim_share: A suspect in or next to a group (more than half of it suspects sharing
+            its words) that holds less than this share of the words most of the group's other
             members share is reported as the group's possible victim, not as suspicious
             (:func:`~.victims.unlike_their_group`; 0 turns it off).
     """

@@ -164,10 +164,12 @@ def unlike_their_group(
     group's *other* members hold (at least :data:`MIN_SHARED`; the content words of
     :func:`~ragdefense.defenses.claims.claim_terms`): ``(group id, those words it holds, those
     words)``. A planted set's members share its template's or prompt's words and its planted
-    answer; the honest passage it targets shares the subject only. Only in a group at least
-    half of whose members are suspects holding that share of its words (a set): a set written
-    without shared wording is never cleared, and what this names is always the minority of its
-    group. Reads the texts of those groups and suspects only (``share <= 0``: none)."""
+    answer; the honest passage it targets shares the subject only. Only in a group more than
+    half of whose members are suspects holding that share of its words (a set), and only where
+    the chunks named, in the group and next to it together, are fewer than those members: a
+    set written without shared wording is never cleared, and what this names is always
+    outnumbered by the members that share the set's words. Reads the texts of those groups and
+    suspects only (``share <= 0``: none)."""
     if share <= 0 or not len(evidence.groups):
         return {}
     sizes = _sizes(evidence)
@@ -197,13 +199,17 @@ def unlike_their_group(
         alike = sum(
             suspicious[i] and h >= share * t >= share * MIN_SHARED for i, (h, t) in found.items()
         )
-        if 2 * alike < n:
-            continue  # no set: most of the group shares no wording
+        if 2 * alike <= n:
+            continue  # no set: half the group or more shares no wording
         shared = {w for w, c in tally.items() if 2 * c > n}  # for a suspect outside: n others
         found.update({i: (len(shared & words[i]), len(shared)) for i in outside.get(g, [])})
-        for i, (held, total) in found.items():
-            if suspicious[i] and total >= MIN_SHARED and held < share * total:
-                out[i] = (evidence.groups[g]["id"], held, total)
+        named = {
+            i: (evidence.groups[g]["id"], held, total)
+            for i, (held, total) in found.items()
+            if suspicious[i] and total >= MIN_SHARED and held < share * total
+        }
+        if len(named) < alike:  # inside and beside it, fewer than the members sharing its words
+            out.update(named)
     return out
 
 
