@@ -252,7 +252,10 @@ def test_the_defenses_flags_on_logged_questions_count_by_default_gated() -> None
 
     asked = Scoring(wide_threshold=0)  # the default: flag_threshold=0.5, flag_gate=0.1
     assert (asked.flag_threshold, asked.flag_gate) == (0.5, 0.1)
-    assert score(evidence(True), "consensus", asked).tolist() == pytest.approx([0.6, 0.05, 0.2, 0])
+    flags_weigh = 2 * asked.threshold  # all removals, at twice the rate that counts
+    assert score(evidence(True), "consensus", asked).tolist() == pytest.approx(
+        [flags_weigh, 0.05, 0.2, 0]
+    )
     assert score(evidence(False), "consensus", asked).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])
     off = Scoring(wide_threshold=0, flag_threshold=0)
     assert score(evidence(True), "consensus", off).tolist() == pytest.approx([0.2, 0.05, 0.2, 0])

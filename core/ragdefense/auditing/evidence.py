@@ -100,7 +100,7 @@ class Scoring:
 
     min_group: int = 3
     probe_weight: float = 0.0
-    threshold: float = 0.3
+    threshold: float = 0.32
     wide_threshold: float = 0.48
     target_threshold: float = 0.1
     source_threshold: float = 0.5
