@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from ragdefense import Quarantine
 from ragdefense.auditing import ListCorpus, Scoring, audit
@@ -176,3 +177,26 @@ def test_the_audit_reports_the_victim_not_as_a_suspect(tmp_path: Path) -> None:
     assert {f.id for f in few.findings} == past >= planted | {"truth"}
     off = audit(corpus, embedder=embed, workdir=tmp_path / "b", scoring=Scoring(victim_share=0))
     assert "truth" in {f.id for f in off.suspicious} and off.stats["victims"] == 0
+
+
+def test_the_plot_rings_the_possible_victims_and_its_title_sets_them_aside() -> None:
+    """Past the threshold like the suspects, the possible victims are ringed apart in the plot,
+    and its title says the suspicious count leaves them aside."""
+    pytest.importorskip("matplotlib")
+    from ragdefense.auditing import AuditReport, Finding
+
+    def finding(i: int, victim: str | None = None) -> Finding:
+        return Finding(f"c{i}", "text", 0.9 - i * 0.01, victim is None, [], 1, {}, victim_of=victim)
+
+    report = AuditReport(
+        [finding(0), finding(1, "g0"), finding(2), finding(3, "g0")],
+        0.5,
+        {"chunks": 10, "suspicious": 2, "victims": 2},
+    )
+    ax = report.figure().axes[0]
+    ringed = next(c for c in ax.collections if "possible victims" in str(c.get_label()))
+    assert [x for x, _ in ringed.get_offsets().tolist()] == [2, 4]
+    assert "2 suspicious (score >= 0.5, possible victims aside)" in ax.get_title()
+    plain = AuditReport([finding(0)], 0.5, {"chunks": 10, "suspicious": 1}).figure().axes[0]
+    assert not any("possible victims" in str(c.get_label()) for c in plain.collections)
+    assert "aside" not in plain.get_title()

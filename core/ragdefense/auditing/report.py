@@ -185,7 +185,8 @@ class AuditReport:
     def figure(self, groups: int = 8) -> Figure:
         """Scores of the listed chunks by rank (from 1, log scale) with the threshold, the
         members of the ``groups`` first near-duplicate groups marked one colour and marker each
-        (the others together), titled with the chunks audited (needs matplotlib)."""
+        (the others together), the possible victims ringed, titled with the chunks audited
+        (needs matplotlib)."""
         from matplotlib.figure import Figure
         from matplotlib.ticker import StrMethodFormatter
 
@@ -227,6 +228,18 @@ class AuditReport:
                 zorder=3,
                 clip_on=False,
                 label=label,
+            )
+        victims = [rank for rank, f in enumerate(self.findings, 1) if f.victim_of]
+        if victims:
+            ax.scatter(
+                victims,
+                [scores[r - 1] for r in victims],
+                s=60,
+                facecolors="none",
+                edgecolors="k",
+                zorder=4,
+                clip_on=False,
+                label=f"possible victims, not suspicious ({len(victims)})",
             )
         ax.set_xscale("log")
         ax.set_xlim(1, max(len(scores), 2))
