@@ -202,45 +202,25 @@ class AuditReport:
             if f.group:
                 members.setdefault(str(f.group["id"]), []).append(rank)
                 sizes[str(f.group["id"])] = int(f.group.get("size", 0))
+
+        def mark(ranks: list[int], **style: Any) -> None:  # points on the score line
+            ax.scatter(ranks, [scores[r - 1] for r in ranks], clip_on=False, **style)
+
         others: list[int] = []
         for g, (gid, found) in enumerate(members.items()):  # first seen = best ranked
             if g >= groups:
                 others += found
                 continue
-            ax.scatter(
-                found,
-                [scores[r - 1] for r in found],
-                s=28,
-                zorder=3,
-                clip_on=False,
-                marker="os^Dv<>P"[g % 8],
-                color=f"C{(g + 2) % 10}",
-                label=f"group {gid} ({sizes[gid]} chunks)",
-            )
+            marker, color = "os^Dv<>P"[g % 8], f"C{(g + 2) % 10}"
+            label = f"group {gid} ({sizes[gid]} chunks)"
+            mark(found, s=28, zorder=3, marker=marker, color=color, label=label)
         if others:
             label = f"{len(members) - groups} more groups"
-            ax.scatter(
-                others,
-                [scores[r - 1] for r in others],
-                s=14,
-                marker="x",
-                color="0.4",
-                zorder=3,
-                clip_on=False,
-                label=label,
-            )
+            mark(others, s=14, zorder=3, marker="x", color="0.4", label=label)
         victims = [rank for rank, f in enumerate(self.findings, 1) if f.victim_of]
         if victims:
-            ax.scatter(
-                victims,
-                [scores[r - 1] for r in victims],
-                s=60,
-                facecolors="none",
-                edgecolors="k",
-                zorder=4,
-                clip_on=False,
-                label=f"possible victims, not suspicious ({len(victims)})",
-            )
+            label = f"possible victims, not suspicious ({len(victims)})"
+            mark(victims, s=60, zorder=4, facecolors="none", edgecolors="k", label=label)
         ax.set_xscale("log")
         ax.set_xlim(1, max(len(scores), 2))
         ax.xaxis.set_major_formatter(StrMethodFormatter("{x:,.0f}"))
