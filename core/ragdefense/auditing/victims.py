@@ -109,13 +109,9 @@ def apart_in_groups(
     to the others, theirs among themselves)``. A planted set is written from one template or
     one prompt; the honest passage whose subject it copies joins its group without its
     wording. Reads the members' vectors only (``bar <= 0``: none)."""
-    if bar <= 0 or not len(evidence.groups):
+    if bar <= 0:
         return {}
-    sizes = _sizes(evidence)
-    chosen = set(np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious, sizes)).tolist())
-    order = np.argsort(evidence.group_of, kind="stable")  # each group's members together
-    bounds = np.searchsorted(evidence.group_of[order], np.arange(len(sizes) + 1))
-    members = {g: order[bounds[g] : bounds[g + 1]] for g in sorted(chosen)}
+    members = _suspect_groups(evidence, suspicious)
     if not members:
         return {}
     every = np.sort(np.concatenate(list(members.values())))
@@ -170,21 +166,16 @@ def unlike_their_group(
     set written without shared wording is never cleared, and what this names is always
     outnumbered by the members that share the set's words. Reads the texts of those groups and
     suspects only (``share <= 0``: none)."""
-    if share <= 0 or not len(evidence.groups):
+    if share <= 0:
         return {}
-    sizes = _sizes(evidence)
-    chosen = (sizes >= 3) & _mostly(evidence, suspicious, sizes)
-    group_of = evidence.group_of
+    groups = {g: ms.tolist() for g, ms in _suspect_groups(evidence, suspicious).items()}
+    if not groups:
+        return {}
     ids = {g["id"]: n for n, g in enumerate(evidence.groups)}
     outside: dict[int, list[int]] = {}  # per chosen group: the suspects next to it
     for i, name in near.items():
-        if chosen[ids[name]]:
+        if ids[name] in groups:
             outside.setdefault(ids[name], []).append(i)
-    if not chosen.any():
-        return {}
-    order = np.argsort(group_of, kind="stable")  # each group's members together
-    bounds = np.searchsorted(group_of[order], np.arange(len(sizes) + 1))
-    groups = {g: order[bounds[g] : bounds[g + 1]].tolist() for g in np.flatnonzero(chosen).tolist()}
     every = {m for ms in [*groups.values(), *outside.values()] for m in ms}
     words = _words(wd, sorted(every))
     out: dict[int, tuple[str, int, int]] = {}
@@ -197,7 +188,7 @@ def unlike_their_group(
             lacked = common - sum(2 * tally[w] > n - 1 for w in words[i])
             found[i] = (held, held + lacked)
         alike = sum(
-            suspicious[i] and h >= share * t >= share * MIN_SHARED for i, (h, t) in found.items()
+            suspicious[i] and t >= MIN_SHARED and h >= share * t for i, (h, t) in found.items()
         )
         if 2 * alike <= n:
             continue  # no set: half the group or more shares no wording
@@ -231,6 +222,18 @@ def _words(wd: Workdir, positions: list[int]) -> dict[int, set[str]]:
         part, offset = locate(starts, i)
         out[i] = claim_terms(part_texts(wd, part)["texts"][offset])
     return out
+
+
+def _suspect_groups(evidence: Evidence, suspicious: np.ndarray) -> dict[int, np.ndarray]:
+    """Per group of three or more, at least half of it ``suspicious``: its members' positions,
+    in order (groups by number)."""
+    if not len(evidence.groups):
+        return {}
+    sizes = _sizes(evidence)
+    chosen = np.flatnonzero((sizes >= 3) & _mostly(evidence, suspicious, sizes)).tolist()
+    order = np.argsort(evidence.group_of, kind="stable")  # each group's members together
+    bounds = np.searchsorted(evidence.group_of[order], np.arange(len(sizes) + 1))
+    return {g: order[bounds[g] : bounds[g + 1]] for g in chosen}
 
 
 def _sizes(evidence: Evidence) -> np.ndarray:

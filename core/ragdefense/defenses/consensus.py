@@ -269,7 +269,7 @@ class Consensus:
         left = self._copies(m, copy_of, trusted, sources, removed, estimates)
         if "unsupported_apart" in estimates:  # a spared text's copies left out are not spared
             estimates["unsupported_apart"] = [
-                i for i in estimates["unsupported_apart"] if i not in removed and i not in left
+                i for i in estimates["unsupported_apart"] if i not in left
             ]
         known = [s for s in sources if s is not None]
         estimates["sources"] = len(set(known)) if known else None
