@@ -37,17 +37,22 @@ __all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "pairs_among
 
 
 def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
-    """Cosine similarity of each row of ``emb`` to the vector ``q``."""
-    e = emb / np.maximum(np.linalg.norm(emb, axis=1, keepdims=True), 1e-12)
-    out: np.ndarray = e @ (q / max(float(np.linalg.norm(q)), 1e-12))
+    """Cosine similarity of each row of ``emb`` to the vector ``q`` (a zero row: 0)."""
+    query = unit_rows(np.reshape(q, (1, -1)))[0]
+    out: np.ndarray = unit_rows(emb) @ query
     return out
 
 
 def unit_rows(emb: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-    """The rows of ``emb`` scaled to unit length, as ``dtype`` (zero rows stay zero)."""
-    norms = np.linalg.norm(emb, axis=1, keepdims=True)
+    """The rows of ``emb`` scaled to unit length, as ``dtype`` (zero rows stay zero). Each row
+    is first divided by its largest magnitude, so that any finite row, however large or small
+    its values, keeps its direction (its norm alone would overflow or vanish)."""
+    emb = np.asarray(emb, dtype=np.float64)
+    peak = np.max(np.abs(emb), axis=1, keepdims=True) if emb.size else np.ones((len(emb), 1))
+    scaled = np.divide(emb, peak, out=np.zeros_like(emb), where=peak > 0)
+    norms = np.linalg.norm(scaled, axis=1, keepdims=True)
     zeros: np.ndarray = np.zeros(np.shape(emb), dtype=dtype)
-    out: np.ndarray = np.divide(emb, norms, out=zeros, where=norms > 0)
+    out: np.ndarray = np.divide(scaled, norms, out=zeros, where=norms > 0)
     return out
 
 

@@ -195,8 +195,9 @@ def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, e
     own = np.asarray(embed([passages[j].text for j in longest]), np.float64)
     theirs = [np.asarray(vecs[j], dtype=np.float64) for j in longest]
     if all(t.shape == own.shape[1:] for t in theirs):
-        norms = np.linalg.norm(own, axis=1) * np.linalg.norm(theirs, axis=1)
-        cos = np.einsum("ij,ij->i", own, np.asarray(theirs)) / np.maximum(norms, 1e-12)
+        from .similarity import unit_rows
+
+        cos = np.einsum("ij,ij->i", unit_rows(own), unit_rows(np.asarray(theirs)))
         if np.median(cos) >= 0.2:
             return
     raise DefenseInputError(

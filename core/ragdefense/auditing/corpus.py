@@ -125,6 +125,11 @@ class ListCorpus:
         self.metadata = None if metadata is None else list(metadata)
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("chunk ids must be unique")
+        if self.vectors is not None and self.vectors.ndim != 2:
+            raise ValueError(
+                f"vectors: one row per chunk expected (a 2-D array), got {self.vectors.ndim}-D"
+                f" of shape {self.vectors.shape}"
+            )
         if self.vectors is not None and not np.isfinite(self.vectors).all():
             bad = sorted({int(i) for i in np.argwhere(~np.isfinite(self.vectors))[:, 0]})[:5]
             raise ValueError(f"the vectors of chunk(s) {bad} hold NaN or infinite values")
@@ -306,7 +311,10 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
     ``question`` or ``query`` field per line; ``.json`` a list of strings or such objects)."""
     if isinstance(queries, (str, Path)) and Path(queries).is_file():
         path = Path(queries)
-        text = path.read_text(encoding="utf-8")
+        try:
+            text = path.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         suffix = path.suffix.lower()
         items: list[Any]
         if suffix == ".txt":
@@ -323,6 +331,8 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
                 kind = "JSON lines" if lines else "JSON (.txt: one query per line)"
                 raise ValueError(f"{path}: not {kind} ({exc})") from None
             items = list(items.values()) if isinstance(items, dict) else items
+            if not isinstance(items, list):
+                raise ValueError(f"{path}: expected a list of queries, got {type(items).__name__}")
     elif isinstance(queries, (str, Path)):
         raise FileNotFoundError(f"no query log at {queries}")
     else:

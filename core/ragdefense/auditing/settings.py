@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ..defenses.registry import DEFAULT_DEFENSE
+from ..defenses.registry import DEFAULT_DEFENSE, preset
 from ..embedders import as_embedder
 from .evidence import Scoring
 
@@ -27,7 +27,8 @@ __all__ = ["AuditSettings", "defense_mark", "embedder_mark", "queries_mark"]
 
 @dataclass(frozen=True)
 class AuditSettings:
-    """What :func:`~ragdefense.auditing.audit` computes; checked when made (``ValueError``).
+    """What :func:`~ragdefense.auditing.audit` computes; checked when made (``ValueError``, or
+    ``TypeError`` for a value of the wrong type), before any chunk is read.
 
     Attributes:
         defenses: Registry names or defense objects run on each probe's top ``top_m``
@@ -76,6 +77,27 @@ class AuditSettings:
     route: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("top_m", "neighbours", "part_size", "report_top", "wide_neighbours"):
+            _whole(name, getattr(self, name))
+        for name in ("max_probes", "shards", "route"):
+            if getattr(self, name) is not None:
+                _whole(name, getattr(self, name))
+        if self.max_probes is not None and self.max_probes < 1:
+            raise ValueError(
+                f"max_probes must be None (every probe) or >= 1, got {self.max_probes}"
+            )
+        if self.report_top < 0:
+            raise ValueError(f"report_top must be >= 0, got {self.report_top}")
+        if self.index not in INDEXES:
+            raise ValueError(f"index must be one of {', '.join(INDEXES)}, got {self.index!r}")
+        if isinstance(self.defenses, str) or not isinstance(self.defenses, Sequence):
+            raise TypeError(
+                f"defenses must be a list of names or defense objects, got {self.defenses!r}"
+                " (one name: defenses=[name])"
+            )
+        for spec in self.defenses:
+            if isinstance(spec, str):
+                preset(spec)  # an unknown name fails here, before any chunk is read
         if (self.shards is not None and self.shards < 1) or (
             self.route is not None and self.route < 1
         ):
@@ -90,6 +112,16 @@ class AuditSettings:
             raise ValueError("source_key must be a metadata key, 'auto' or None")
         if not self.defenses:
             raise ValueError("give at least one defense")
+
+
+#: the search indexes an audit builds
+INDEXES = ("auto", "flat", "hnsw")
+
+
+def _whole(name: str, value: Any) -> None:
+    """A setting that counts something is a whole number (not a bool, float or string)."""
+    if isinstance(value, bool) or not isinstance(value, int | np.integer):
+        raise TypeError(f"{name} must be a whole number, got {value!r}")
 
 
 def queries_mark(texts: list[str]) -> str:

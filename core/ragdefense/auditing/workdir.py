@@ -241,7 +241,12 @@ class Workdir:
                 else:
                     target.unlink(missing_ok=True)
         if self.has("manifest.json"):
-            known = self.read_json("manifest.json")["params"]
+            known = self.read_json("manifest.json").get("params")
+            if not isinstance(known, dict):
+                raise ValueError(
+                    f"{self.path / 'manifest.json'}: damaged (no parameters recorded): run the "
+                    "audit again with fresh=True (--fresh) to redo it"
+                )
             changed = sorted(k for k in {*known, *params} if known.get(k) != params.get(k))
             if changed:
                 raise ValueError(

@@ -165,6 +165,8 @@ class GRADA:
         peel_tightness: float = 0.9,
         peel_margin: float = 0.02,
     ) -> None:
+        if bm25 is not None and not isinstance(bm25, BM25):
+            raise TypeError(f"bm25 must be a ragdefense.similarity.BM25 or None, got {bm25!r}")
         if similarity not in ("hrsim", "bm25", "ebd"):
             raise ValueError(f"similarity must be 'hrsim', 'bm25' or 'ebd', got {similarity!r}")
         if hrsim_base not in ("bm25", "ebd"):

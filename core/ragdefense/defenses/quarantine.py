@@ -20,13 +20,15 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from ..types import (
     Defense,
+    DefenseInputError,
     DefenseResult,
     Passage,
     PassageLike,
@@ -62,6 +64,46 @@ def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str]]:
     suspect = stats.get("suspect_sources") if isinstance(stats, Mapping) else None
     sources = {str(r["source"]) for r in suspect or [] if isinstance(r, Mapping) and "source" in r}
     return [f for f in report["findings"] if isinstance(f, Mapping)], sources
+
+
+@contextmanager
+def _renumbered(rest: list[int]) -> Iterator[None]:
+    """The wrapped defense sees the passages left, renumbered: an input error it raises names
+    the caller's position of the passage, as the caller numbered them."""
+    try:
+        yield
+    except DefenseInputError as exc:
+
+        def caller(match: re.Match[str]) -> str:
+            i = int(match.group(1))
+            return f"passage {rest[i] if i < len(rest) else i}"
+
+        raise DefenseInputError(_PASSAGE.sub(caller, str(exc))) from exc
+
+
+_PASSAGE = re.compile(r"\bpassage (\d+)")
+
+
+def _read_finding(n: int, finding: Mapping[str, Any]) -> tuple[float, int, str]:
+    """A finding's score, group size and text, checked (``ValueError`` naming it otherwise):
+    a report from another version or edited by hand must not quarantine the wrong passages."""
+    score = finding.get("score", float("nan"))
+    group = finding.get("group") or {}
+    size = group.get("size", 0) if isinstance(group, Mapping) else None
+    text = finding.get("text", "")
+    for what, value, whole in (("score", score, False), ("group size", size, True)):
+        if not isinstance(value, int | float) or isinstance(value, bool):
+            real = False
+        else:
+            real = not whole or float(value).is_integer()
+        if not real:
+            raise ValueError(
+                f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not a number"
+                " (an audit report's findings come from ragdefense.audit)"
+            )
+    if not isinstance(text, str):
+        raise ValueError(f"finding {n} (id {finding.get('id')!r}): its text is not a string")
+    return float(score), int(size or 0), text
 
 
 @dataclass(frozen=True, eq=False)
@@ -119,27 +161,29 @@ class Quarantine:
         from .registry import defense as front_door
 
         findings, condemned = _findings(report)
-        chosen = [
-            f
-            for f in findings
-            if (bool(f.get("suspicious")) if min_score is None else f.get("score", 0) >= min_score)
-            and not f.get("victim_of")
-            and (
-                not grouped
-                or int((f.get("group") or {}).get("size", 0)) >= 2
-                or f.get("source") in condemned
-            )
-        ]
+        chosen: list[tuple[Mapping[str, Any], float, str]] = []
+        for n, f in enumerate(findings):
+            score, size, text = _read_finding(n, f)
+            flagged = bool(f.get("suspicious")) if min_score is None else score >= min_score
+            source = f.get("source")
+            condemned_source = isinstance(source, str) and source in condemned
+            if (
+                flagged
+                and not f.get("victim_of")
+                and (not grouped or size >= 2 or condemned_source)
+            ):
+                if not text.strip():
+                    raise ValueError(f"finding {n} (id {f.get('id')!r}) has no text to match by")
+                chosen.append((f, score, text))
         reasons: dict[str, str] = {}
-        for f in chosen:
+        for f, score, text in chosen:
             why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"
-            score = float(f.get("score", float("nan")))
             reason = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
-            reasons[_digest(str(f.get("text", "")))] = reason
+            reasons[_digest(text)] = reason
         return cls(
             front_door(defense),
-            frozenset(str(f.get("id")) for f in chosen),
-            frozenset(_digest(str(f.get("text", ""))) for f in chosen),
+            frozenset(str(f.get("id")) for f, _, _ in chosen),
+            frozenset(_digest(text) for _, _, text in chosen),
             reasons,
         )
 
@@ -169,7 +213,8 @@ class Quarantine:
         """Remove the quarantined passages, then run the defense on the rest."""
         items = to_passages(passages)
         held, rest = self._split(items)
-        inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
+        with _renumbered(rest):
+            inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
         return self._merge(query, items, held, rest, inner)
 
     def defend_embeddings(
@@ -187,11 +232,12 @@ class Quarantine:
         if rest:
             run = getattr(self.defense, "defend_embeddings", None)
             subset = [items[i] for i in rest]
-            inner = (
-                run(query, subset, rows[rest], query_embedding)
-                if callable(run)
-                else self.defense.defend(query, subset)
-            )
+            with _renumbered(rest):
+                inner = (
+                    run(query, subset, rows[rest], query_embedding)
+                    if callable(run)
+                    else self.defense.defend(query, subset)
+                )
         return self._merge(query, items, held, rest, inner)
 
     def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:

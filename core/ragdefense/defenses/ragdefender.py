@@ -33,7 +33,7 @@ import numpy as np
 from scipy.cluster.hierarchy import linkage
 
 from ..embedders import as_embedder, check_embeddings, check_query_embedding, embed_passages
-from ..similarity import cosine_matrix, cut
+from ..similarity import cosine_matrix, cut, unit_rows
 from ..text import summed_tfidf, tokenize
 from ..types import DefenseResult, PassageLike, Verdict, check_carried, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
@@ -74,7 +74,7 @@ def estimate_by_clustering(
     smaller one.
     """
     n = len(tokens)
-    unit = embeddings / np.maximum(np.linalg.norm(embeddings, axis=1, keepdims=True), 1e-12)
+    unit = unit_rows(embeddings)
     labels = cut(linkage(unit, method="ward"), clusters=2)
     sizes = sorted(np.bincount(labels).tolist())
     vocab, scores = summed_tfidf(tokens)

@@ -1,0 +1,138 @@
+"""Bad input to the core's entry points: a clear error naming what is wrong, before any work,
+or a documented safe behaviour (found by an independent review of the public API)."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+import ragdefense
+from ragdefense import Passage
+from ragdefense.auditing import AuditSettings, ListCorpus, audit
+from ragdefense.auditing.corpus import read_queries
+from ragdefense.auditing.workdir import Workdir
+from ragdefense.defenses.quarantine import Quarantine
+from ragdefense.similarity import BM25
+from ragdefense.types import DefenseInputError
+
+
+@pytest.mark.parametrize(
+    ("settings", "error", "match"),
+    [
+        ({"defenses": ["bogus"]}, ValueError, "unknown defense 'bogus'"),
+        ({"defenses": "consensus"}, TypeError, r"defenses=\[name\]"),
+        ({"index": "bogus"}, ValueError, "index must be one of"),
+        ({"max_probes": 0}, ValueError, "max_probes"),
+        ({"max_probes": -3}, ValueError, "max_probes"),
+        ({"top_m": 5.5}, TypeError, "top_m must be a whole number"),
+        ({"top_m": "5"}, TypeError, "top_m must be a whole number"),
+        ({"part_size": 7.5}, TypeError, "part_size"),
+        ({"neighbours": True}, TypeError, "neighbours"),
+        ({"report_top": -1}, ValueError, "report_top"),
+    ],
+)
+def test_audit_settings_are_checked_when_made(
+    settings: dict[str, Any], error: type[Exception], match: str
+) -> None:
+    with pytest.raises(error, match=match):
+        AuditSettings(**settings)
+
+
+def test_audit_with_an_unknown_defense_fails_before_touching_the_folder(tmp_path: Path) -> None:
+    work = tmp_path / "audit"
+    with pytest.raises(ValueError, match="unknown defense"):
+        audit(["one chunk of text", "another chunk"], workdir=work, defenses=["bogus"])
+    assert not work.exists() or not any(work.iterdir())
+
+
+def test_list_corpus_refuses_vectors_that_are_not_one_row_per_chunk() -> None:
+    with pytest.raises(ValueError, match="2-D array"):
+        ListCorpus(["a b c", "d e f"], vectors=np.ones(2))
+    with pytest.raises(ValueError, match="2-D array"):
+        ListCorpus(["a b c", "d e f"], vectors=np.ones((2, 3, 4)))
+
+
+def test_a_json_query_log_must_be_a_list(tmp_path: Path) -> None:
+    one = tmp_path / "q.json"
+    one.write_text(json.dumps("Who painted the Mona Lisa?"))
+    with pytest.raises(ValueError, match="expected a list of queries, got str"):
+        read_queries(one)
+    latin = tmp_path / "q.txt"
+    latin.write_bytes("Qui a peint la Joconde ? \xe9t\xe9".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"q\.txt: not UTF-8"):
+        read_queries(latin)
+
+
+def test_a_damaged_manifest_says_so(tmp_path: Path) -> None:
+    wd = Workdir(tmp_path)
+    (tmp_path / "manifest.json").write_text(json.dumps({"ragdefense_audit": 1, "params": []}))
+    with pytest.raises(ValueError, match=r"manifest\.json: damaged.*fresh"):
+        wd.start({"top_m": 10})
+
+
+FINDING = {
+    "id": "a",
+    "text": "a planted text",
+    "suspicious": True,
+    "score": 0.9,
+    "group": {"size": 3},
+}
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"score": None}, "score is None"),
+        ({"group": [1, 2]}, "group size"),
+        ({"group": {"size": None}}, "group size is None"),
+        ({"group": {"size": 1e400}}, "group size is inf"),
+        ({"text": None}, "text is not a string"),
+        ({"text": " "}, "no text to match by"),
+    ],
+)
+def test_a_report_with_odd_fields_is_refused(change: dict[str, Any], match: str) -> None:
+    with pytest.raises(ValueError, match=match):
+        Quarantine.from_report({"findings": [FINDING | change]})
+
+
+def test_a_report_with_a_list_as_source_reads() -> None:
+    quarantine = Quarantine.from_report({"findings": [FINDING | {"source": ["a"]}]})
+    assert quarantine.ids == frozenset({"a"})
+
+
+def test_quarantine_errors_name_the_callers_position() -> None:
+    def trusted(metadata: dict[str, Any]) -> bool:
+        if metadata.get("bad"):
+            raise RuntimeError("boom")
+        return False
+
+    quarantine = Quarantine.from_report(
+        {"findings": [FINDING]}, ragdefense.defense("consensus", trusted=trusted)
+    )
+    passages = [Passage("a planted text"), Passage("x"), Passage("y", metadata={"bad": 1})]
+    with pytest.raises(DefenseInputError, match="passage 2's metadata"):
+        quarantine.defend("who?", [*passages, Passage("z")])
+
+
+def test_grada_refuses_a_bm25_that_is_not_one() -> None:
+    with pytest.raises(TypeError, match="bm25 must be"):
+        ragdefense.defense("grada", bm25=1.5)
+    assert ragdefense.defense("grada", bm25=BM25(k1=1.2)).bm25.k1 == 1.2
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-300])
+def test_embeddings_of_any_finite_magnitude_keep_their_direction(scale: float) -> None:
+    rng = np.random.default_rng(0)
+    emb, q = rng.normal(size=(6, 8)), rng.normal(size=8)
+    texts = [f"passage {i} about something" for i in range(6)]
+    expected = ragdefense.defense().defend_embeddings("q?", texts, emb, q)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no overflow on the way
+        got = ragdefense.defense().defend_embeddings("q?", texts, emb * scale, q * scale)
+    assert [v.score for v in got.verdicts] == pytest.approx([v.score for v in expected.verdicts])
+    assert any(abs(v.score) > 0.1 for v in got.verdicts)
