@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import Any
 from uuid import UUID
 
+import numpy as np
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
 from langchain_core.documents import BaseDocumentCompressor, Document
@@ -489,3 +490,73 @@ def test_a_store_holding_files_added_twice_gives_each_text_once(
     assert len(texts) == len(set(texts)) >= 2
     removed = [r for name, data in handler.events for r in data["removed"]]
     assert removed and all(r["copy"] and "which stands for it" in r["reason"] for r in removed)
+
+
+def test_a_base_retriever_swapped_after_defend_is_judged_on_its_own_vectors(
+    embeddings: RagdefenseEmbeddings,
+) -> None:
+    """``configurable_fields(base_retriever=...)`` (or a copy) calls another store than the one
+    ``defend`` read its vectors from: the vectors of the store called are used, never the first
+    store's vectors for documents of the same id."""
+    from langchain_core.runnables import ConfigurableField
+
+    pairs = list(demo_documents())
+    first, second = InMemoryVectorStore(embeddings), InMemoryVectorStore(embeddings)
+    first.add_documents([Document(t, metadata=m, id=f"d{i}") for i, (t, m) in enumerate(pairs)])
+    reverse = pairs[::-1]  # the same ids name other texts there
+    second.add_documents([Document(t, metadata=m, id=f"d{i}") for i, (t, m) in enumerate(reverse)])
+    wrapped = defend(first.as_retriever()).configurable_fields(
+        base_retriever=ConfigurableField(id="base")
+    )
+    swapped = {"configurable": {"base": second.as_retriever()}}
+    got = wrapped.invoke(QUESTION.question, config=swapped)
+    direct = defend(second.as_retriever()).invoke(QUESTION.question)
+    assert [d.page_content for d in got] == [d.page_content for d in direct]
+    assert not poison(got)
+    model = RagdefenseEmbeddings(embeddings.embedder)  # another model object: embedded again
+    other = InMemoryVectorStore.from_documents([Document(t, metadata=m) for t, m in pairs], model)
+    swapped = {"configurable": {"base": other.as_retriever()}}
+    assert not poison(wrapped.invoke(QUESTION.question, config=swapped))
+
+
+class PermutedEmbeddings(Embeddings):
+    """Another model of the same size: the packaged one's vectors, coordinates permuted."""
+
+    def __init__(self, base: Embeddings) -> None:
+        self.base = base
+        self.order = np.random.default_rng(0).permutation(384)
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return [list(np.asarray(v)[self.order]) for v in self.base.embed_documents(texts)]
+
+    def embed_query(self, text: str) -> list[float]:
+        return list(np.asarray(self.base.embed_query(text))[self.order])
+
+
+def test_a_compressor_with_a_store_and_another_model_embeds_in_one_space(
+    store: InMemoryVectorStore, embeddings: RagdefenseEmbeddings
+) -> None:
+    """Given ``vectorstore=`` and ``embeddings=`` of another model, the documents are embedded
+    by that model, as the query is: the store's vectors would be another space."""
+    from langchain_ragdefense import ConsensusCompressor
+
+    pool = store.similarity_search(QUESTION.question, k=8)
+    other = PermutedEmbeddings(embeddings)
+    alone = ConsensusCompressor(embeddings=other).compress_documents(pool, QUESTION.question)
+    both = ConsensusCompressor(vectorstore=store, embeddings=other).compress_documents(
+        pool, QUESTION.question
+    )
+    assert [d.page_content for d in both] == [d.page_content for d in alone]
+    assert poison(pool) and not poison(both)
+
+
+def test_all_kept_is_judged_on_the_defense_pool(store: InMemoryVectorStore) -> None:
+    """``k=None`` (all kept) still fetches the defense's pool for the retriever's own k."""
+    from langchain_ragdefense import ConsensusCompressor, DefendedRetriever
+
+    plain = DefendedRetriever(base_retriever=store.as_retriever(), compressor=ConsensusCompressor())
+    for got in (
+        plain.invoke(QUESTION.question),
+        defend(store.as_retriever()).invoke(QUESTION.question, k=None),
+    ):
+        assert got and not poison(got)

@@ -113,6 +113,12 @@ def test_langchain_faiss_with_a_filter_is_asked_for_candidates(
     assert out and not any(d.page_content in POISON for d in out)
     assert len(seen) == 8 and all(d.metadata["tenant"] == "t2" for d in [*out, *seen])
     assert retriever.search_kwargs == kwargs and retriever.search_type == search_type
+    # the filter given per call instead is widened alike
+    unfiltered = {key: v for key, v in kwargs.items() if key != "filter"}
+    per_call = store.as_retriever(search_type=search_type, search_kwargs=unfiltered)
+    with warnings.catch_warnings(record=True):
+        called = defend(per_call).invoke(QUESTION.question, filter=kwargs["filter"])
+    assert [d.page_content for d in called] == [d.page_content for d in out]
 
 
 @pytest.mark.parametrize("kind", ["chroma", "faiss"])

@@ -67,8 +67,9 @@ class DefenseCompressor(BaseDocumentCompressor):
             raising :class:`ragdefense.DefenseFailed`.
         vectorstore: The store the documents come from: the vectors it holds for them are
             used instead of embedding them again (:func:`langchain_ragdefense.vectors.
-            stored_vectors`), and its embeddings embed the query unless ``embeddings`` is
-            given; ``defend(retriever)`` sets it.
+            stored_vectors`), and its embeddings embed the query; where ``embeddings`` is
+            another model than the store's, that one embeds the query and the documents (one
+            space for both). ``defend(retriever)`` sets it.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -102,11 +103,12 @@ class DefenseCompressor(BaseDocumentCompressor):
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")
-        vectors = (
-            stored_vectors(self.vectorstore, documents)
-            if self.vectorstore is not None and documents
-            else [None] * len(documents)
-        )
+        store = self.vectorstore
+        # another model's vectors are another space: the store's are read only for its own
+        vectors: list[Any] = [None] * len(documents)
+        own = self.embeddings in (None, getattr(store, "embeddings", None))
+        if store is not None and documents and own:
+            vectors = stored_vectors(store, documents)
         passages = [
             Passage(d.page_content, id=d.id, metadata=d.metadata, embedding=v)
             for d, v in zip(documents, vectors, strict=True)

@@ -11,8 +11,8 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.vectorstores import VectorStoreRetriever
-from pydantic import BaseModel, ConfigDict, Field
+from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ragdefense.integration.adapter import pooled
 from ragdefense.integration.retrieval import (
@@ -49,6 +49,7 @@ class DefendedRetriever(BaseRetriever):
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
     max_rounds: int = Field(default=FETCH_ROUNDS, ge=1)
+    _swapped: dict[int, tuple[VectorStore, DefenseCompressor]] = PrivateAttr(default_factory=dict)
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
         k = kwargs.pop("k", self.k)
@@ -56,22 +57,46 @@ class DefendedRetriever(BaseRetriever):
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
         ours = self.compressor if isinstance(self.compressor, DefenseCompressor) else None
         core = ours.core if ours is not None else None
-        if k and not self.fetch_k:  # another compressor: GRADA's M = 2n
-            fetch: int | None = pool_size(core, k) if core is not None else 2 * k
-        else:
-            fetch = self.fetch_k
+        fetch = self.fetch_k
+        # all kept (k None) is still judged on the defense's pool for the retriever's own k
+        base_k = k or _retriever_k(self.base_retriever)
+        if base_k and not fetch:  # another compressor: GRADA's M = 2n
+            fetch = pool_size(core, base_k) if core is not None else 2 * base_k
         return k, fetch, kwargs
+
+    def _compressor(self) -> BaseDocumentCompressor:
+        """The compressor for the base retriever being called: when that one reads another
+        vector store than the compressor was given (a base retriever swapped after
+        :func:`defend`, by ``configurable_fields`` or a copy), the compressor's stored vectors
+        would be looked up in the wrong store, so a copy reads the called one's, or, where its
+        model is another, embeds the documents again."""
+        ours = self.compressor
+        store = getattr(self.base_retriever, "vectorstore", None)
+        if not isinstance(ours, DefenseCompressor) or ours.vectorstore is None:
+            return ours
+        if not isinstance(store, VectorStore) or store is ours.vectorstore:
+            return ours
+        held = self._swapped.get(id(store))
+        if held is None or held[0] is not store:
+            model = ours.embeddings or getattr(ours.vectorstore, "embeddings", None)
+            same = model is not None and getattr(store, "embeddings", None) is model
+            copy = ours.model_copy(
+                update={"vectorstore": store if same else None, "embeddings": model}
+            )
+            held = self._swapped[id(store)] = (store, copy)
+        return held[1]
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
         k, fetch, extra = self._plan(kwargs)
+        compressor = self._compressor()
         child = run_manager.get_child()
         for _ in range(self.max_rounds):
-            base, args, honoured = widened(self.base_retriever, fetch)
+            base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = base.invoke(query, config={"callbacks": child}, **(args | extra))
             with pooled(honoured):
-                kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
+                kept = list(compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
@@ -81,12 +106,13 @@ class DefendedRetriever(BaseRetriever):
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
         k, fetch, extra = self._plan(kwargs)
+        compressor = self._compressor()
         child = run_manager.get_child()
         for _ in range(self.max_rounds):
-            base, args, honoured = widened(self.base_retriever, fetch)
+            base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = await base.ainvoke(query, config={"callbacks": child}, **(args | extra))
             with pooled(honoured):
-                compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
+                compressed = await compressor.acompress_documents(docs, query, callbacks=child)
             kept = list(compressed)
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
@@ -95,7 +121,7 @@ class DefendedRetriever(BaseRetriever):
 
 
 def widened(
-    retriever: BaseRetriever, fetch: int | None
+    retriever: BaseRetriever, fetch: int | None, call: dict[str, Any] | None = None
 ) -> tuple[BaseRetriever, dict[str, Any], bool]:
     """How to ask ``retriever`` for ``fetch`` documents: the retriever to call (a copy when a
     setting must change; the caller's is never changed), the arguments to call it with, and
@@ -111,12 +137,14 @@ def widened(
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
     so; it returns ``fetch`` when one of them does. A ``ContextualCompressionRetriever`` is a
     copy whose base retriever is asked so and whose reranker (a compressor with ``top_n``)
-    keeps the pool; another compressor may keep fewer. FAISS with a ``filter`` is asked for more
-    candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
+    keeps the pool; another compressor may keep fewer. FAISS with a ``filter`` (in its
+    ``search_kwargs`` or among the arguments of this ``call``) is asked for more candidates
+    (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):
-        if "filter" in retriever.search_kwargs and type(retriever.vectorstore).__name__ == "FAISS":
+        filtered = "filter" in retriever.search_kwargs or "filter" in (call or {})
+        if filtered and type(retriever.vectorstore).__name__ == "FAISS":
             return _filtered_faiss(retriever, fetch)
         if retriever.search_type == "mmr":
             wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
@@ -125,7 +153,7 @@ def widened(
     base = _compressed(retriever)
     if base is not None:  # a compression pipeline: its base asked (it passes call arguments
         # on), a reranker's top_n raised to the pool; what the compressor keeps is unpromised
-        inner, args, _ = widened(base, fetch)
+        inner, args, _ = widened(base, fetch, call)
         update: dict[str, Any] = {"base_retriever": inner}
         compressor = getattr(retriever, "base_compressor", None)
         if isinstance(compressor, BaseModel) and positive_int(getattr(compressor, "top_n", None)):
