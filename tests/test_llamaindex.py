@@ -15,6 +15,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from pydantic import Field
 
 from llama_index.postprocessor.ragdefense import (
+    ConsensusPostprocessor,
     DefensePostprocessor,
     DefenseRemovedEvent,
     GRADAPostprocessor,
@@ -447,3 +448,48 @@ def test_defend_with_another_embed_model_than_the_index(embed: RagdefenseEmbeddi
     nodes = [TextNode(text=t) for q in KB for t in q.benign]
     index = VectorStoreIndex(nodes, embed_model=MockEmbedding(embed_dim=64))
     assert len(defend(index, embed_model=embed).retrieve(QUESTION.question)) >= 1
+
+
+def test_pickling_keeps_every_setting_or_refuses(embed: RagdefenseEmbedding) -> None:
+    """LlamaIndex drops a setting it cannot pickle with a log line: a postprocessor trusting by
+    a lambda would come back trusting nothing. It is refused instead; plain settings travel."""
+    import pickle
+
+    plain = ConsensusPostprocessor(trusted={"who.int"}, quotes=False)
+    back = pickle.loads(pickle.dumps(plain))
+    assert back.trusted == ["who.int"] and back.quotes is False
+    with pytest.raises(TypeError, match=r"its trusted .* cannot"):
+        pickle.dumps(ConsensusPostprocessor(trusted=lambda m: True))
+    with pytest.raises(TypeError, match=r"its params .* cannot"):
+        pickle.dumps(DefensePostprocessor(params={"trusted": lambda m: True}))
+    with pytest.raises(TypeError, match=r"its embedder .* cannot"):
+        pickle.dumps(RagdefenseEmbedding(lambda texts: [[1.0, 0.0] for _ in texts]))
+    assert pickle.loads(pickle.dumps(embed)).get_query_embedding("hi")
+
+
+def test_nodes_without_text_are_never_copies_of_each_other() -> None:
+    """Image nodes carry no text: their embeddings tell them apart, none is a copy."""
+    import numpy as np
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.core.schema import ImageNode
+
+    rng = np.random.default_rng(0)
+    images = [
+        NodeWithScore(
+            node=ImageNode(image_path=f"/pics/{i}.png", embedding=list(rng.normal(size=8))),
+            score=0.9 - i / 20,
+        )
+        for i in range(8)
+    ]
+    bundle = QueryBundle("a photo of a cat", embedding=list(rng.normal(size=8)))
+    model = MockEmbedding(embed_dim=8)  # the model the images' vectors are in, as an index's
+    kept = ConsensusPostprocessor(embed_model=model).postprocess_nodes(images, query_bundle=bundle)
+    assert not any("a copy of" in n.node.metadata["ragdefense"]["reason"] for n in kept)
+    assert len(kept) == 8
+
+
+def test_a_fetch_below_the_defense_names_the_fetch(index: VectorStoreIndex) -> None:
+    """The store holds more than ``fetch_k`` asks for: the warning names the fetch, not the
+    store."""
+    with pytest.warns(UserWarning, match="asked for 2 only: raise its fetch_k to 8"):
+        defend(index, fetch_k=2).retrieve(QUESTION.question)

@@ -164,3 +164,20 @@ def test_cli_attack_on_the_built_in_knowledge_base(
     report = json.loads(out.read_text())
     assert report["n_poison"] == 2 and len(report["outcomes"]) == 2 * len(load_demo_kb())
     assert main(["attack", "--targets", str(tmp_path / "missing.json")]) == 2
+
+
+def test_llamaindex_red_team_defends_with_the_embed_model_given(minilm: Any) -> None:
+    """``embed_model=`` other than the index's embeds the query and the passages for the
+    defense (the store's vectors are another space): it is called, and the verdicts agree."""
+    from llama_index.core.embeddings import MockEmbedding
+
+    calls: list[int] = []
+
+    class Counted(RagdefenseEmbedding):
+        def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            calls.append(len(texts))
+            return super()._get_text_embeddings(texts)
+
+    index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=MockEmbedding(384))
+    report = li_red_team(index, TARGETS[:2], k=4, embed_model=Counted(minilm))
+    assert calls and report.hijack_rate("consensus") <= report.hijack_rate("no defense")

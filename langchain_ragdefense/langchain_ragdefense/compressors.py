@@ -106,7 +106,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         store = self.vectorstore
         # another model's vectors are another space: the store's are read only for its own
         vectors: list[Any] = [None] * len(documents)
-        own = self.embeddings in (None, getattr(store, "embeddings", None))
+        own = self.embeddings is None or self.embeddings is getattr(store, "embeddings", None)
         if store is not None and documents and own:
             vectors = stored_vectors(store, documents)
         passages = [

@@ -95,7 +95,7 @@ class DefendedRetriever(BaseRetriever):
         for _ in range(self.max_rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = base.invoke(query, config={"callbacks": child}, **(args | extra))
-            with pooled(honoured):
+            with pooled(honoured, fetch):
                 kept = list(compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
@@ -111,7 +111,7 @@ class DefendedRetriever(BaseRetriever):
         for _ in range(self.max_rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = await base.ainvoke(query, config={"callbacks": child}, **(args | extra))
-            with pooled(honoured):
+            with pooled(honoured, fetch):
                 compressed = await compressor.acompress_documents(docs, query, callbacks=child)
             kept = list(compressed)
             if fetched_enough(k, fetch, len(docs), len(kept)):

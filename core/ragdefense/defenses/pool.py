@@ -37,13 +37,14 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
     """The first of each set of copies (the same text up to spacing, case, accents and Unicode
     form: what an uncased embedder ignores too), and each first one's later copies. Texts that
     differ otherwise are never copies, even where their embeddings coincide: an embedder reads
-    a window of each text, and what follows it may differ."""
+    a window of each text, and what follows it may differ. Passages without text (an
+    image's node) are never copies: their embeddings tell them apart."""
     keep: list[int] = []
     copy_of: dict[int, list[int]] = {}
     seen: dict[str, int] = {}
     for i, passage in enumerate(items):
         text = _plain(passage.text)
-        first = seen.get(text)
+        first = seen.get(text) if text else None
         if first is None:
             keep.append(i)
             seen[text] = i

@@ -37,19 +37,23 @@ logger = logging.getLogger("ragdefense")
 #: (fewer than the defense's pool is then all the store holds); ``False``: an adapter retriever
 #: could not ask for it; ``None``: a compressor or postprocessor used alone. Per call.
 _POOLED: ContextVar[bool | None] = ContextVar("ragdefense_pooled", default=None)
+#: how many passages the adapter retriever asked for (``None``: unknown)
+_ASKED: ContextVar[int | None] = ContextVar("ragdefense_asked", default=None)
 
 
 @contextmanager
-def pooled(fetched: bool = True) -> Iterator[None]:
+def pooled(fetched: bool = True, asked: int | None = None) -> Iterator[None]:
     """Within this block, the passages an adapter defends are the pool its retriever fetched
-    (``fetched``): the small-pool warning then does not fire on fewer than the defense's pool,
-    which is all the store holds. A retriever that ignores the size it is asked for is not
-    pooled, and a compressor or postprocessor used on its own never is."""
-    token = _POOLED.set(fetched)
+    (``fetched``, ``asked`` passages asked for): the small-pool warning then does not fire on
+    fewer than the defense's pool, which is all the store holds, and where the store gave all
+    that was asked, it names the fetch as the fix. A retriever that ignores the size it is
+    asked for is not pooled, and a compressor or postprocessor used on its own never is."""
+    token, count = _POOLED.set(fetched), _ASKED.set(asked)
     try:
         yield
     finally:
         _POOLED.reset(token)
+        _ASKED.reset(count)
 
 
 class AdapterCore:
@@ -153,7 +157,10 @@ class AdapterCore:
         if self._warned:
             return
         self._warned = True
-        if _POOLED.get():  # defend() asked for the pool already
+        asked = _ASKED.get()
+        if _POOLED.get() and asked is not None and n >= asked:  # all it asked for: too few
+            fix = f"defend() asked for {asked} only: raise its fetch_k to {max(need, floor)}."
+        elif _POOLED.get():  # defend() asked for the pool already
             fix = "defend() asked for more: the store returned no more."
         elif _POOLED.get() is False:
             fix = (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pickle
 from typing import Any
 
 from llama_index.core.embeddings import BaseEmbedding
@@ -43,6 +44,11 @@ class RagdefenseEmbedding(BaseEmbedding):
     def class_name(cls) -> str:
         return "RagdefenseEmbedding"
 
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with its model, or refused (LlamaIndex would drop the model silently)."""
+        picklable(self, "embedder", self._embedder)
+        return super().__getstate__()
+
     def _get_query_embedding(self, query: str) -> list[float]:
         return [float(x) for x in self._embedder.embed_query(query)]
 
@@ -59,3 +65,16 @@ class RagdefenseEmbedding(BaseEmbedding):
 def _is_packaged(embedder: Embedder) -> bool:
     """Whether ``embedder`` is the packaged all-MiniLM-L6-v2."""
     return isinstance(embedder, SentenceTransformerEmbedder) and embedder.packaged
+
+
+def picklable(owner: Any, name: str, value: Any) -> None:
+    """Refuse to pickle ``owner`` without its ``name``: LlamaIndex's components drop what
+    cannot be pickled with a log line, and the copy would run with another setting."""
+    try:
+        pickle.dumps(value)
+    except Exception as exc:
+        raise TypeError(
+            f"{type(owner).__name__} cannot be pickled: its {name} ({value!r}) cannot ({exc}); "
+            "give plain values (a set of sources, a function defined at module level), or "
+            "build it again where it runs"
+        ) from None

@@ -43,7 +43,7 @@ from ragdefense.integration.records import (
     verdict_metadata,
 )
 
-from .embeddings import RagdefenseEmbedding
+from .embeddings import RagdefenseEmbedding, picklable
 from .vectors import stored_vectors, with_document
 
 __all__ = [
@@ -137,6 +137,15 @@ class DefensePostprocessor(BaseNodePostprocessor):
         "store's space)",
     )
     _core: AdapterCore = PrivateAttr(default_factory=AdapterCore)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled with every setting, or refused (LlamaIndex would drop a setting it cannot
+        pickle, a ``trusted=`` predicate say, and the copy would trust nothing); the
+        ``vector_store`` is not kept, as in JSON (nodes are then embedded again)."""
+        for name in set(type(self).model_fields) - set(BaseNodePostprocessor.model_fields):
+            if name != "vector_store":
+                picklable(self, name, getattr(self, name))
+        return super().__getstate__()
 
     @classmethod
     def class_name(cls) -> str:

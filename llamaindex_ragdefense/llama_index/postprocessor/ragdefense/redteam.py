@@ -186,10 +186,12 @@ def _red_team(
     embed_model: BaseEmbedding | None,
 ) -> RedTeamReport:
     poisoned.insert_nodes(nodes)
+    own = _embed_model(index)
     guard = DefensePostprocessor(
         defense=defense,
-        embed_model=embed_model or _embed_model(index),
-        vector_store=poisoned.vector_store,
+        embed_model=embed_model or own,
+        # another model's vectors are another space: the store's are read only for its own
+        vector_store=poisoned.vector_store if embed_model is None or embed_model is own else None,
     )
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 

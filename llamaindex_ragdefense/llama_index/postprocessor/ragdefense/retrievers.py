@@ -138,7 +138,7 @@ class DefendedRetriever(BaseRetriever):
         for _ in range(self.max_rounds):
             retriever, honoured = widened(self.retriever, fetch)
             pool = retriever.retrieve(query_bundle)
-            with pooled(honoured):
+            with pooled(honoured, fetch):
                 kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
             if fetched_enough(self.k, fetch, len(pool), len(kept)):
                 break
@@ -150,7 +150,7 @@ class DefendedRetriever(BaseRetriever):
         for _ in range(self.max_rounds):
             retriever, honoured = widened(self.retriever, fetch)
             pool = await retriever.aretrieve(query_bundle)
-            with pooled(honoured):
+            with pooled(honoured, fetch):
                 kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
             if fetched_enough(self.k, fetch, len(pool), len(kept)):
                 break
