@@ -90,9 +90,9 @@ FINDING = {
         ({"score": None}, "score is None"),
         ({"group": [1, 2]}, "group size"),
         ({"group": {"size": None}}, "group size is None"),
-        ({"group": {"size": 1e400}}, "group size is inf"),
+        ({"group": {"size": 1e400}}, "group size is inf, not a whole number"),
+        ({"group": {"size": 2.5}}, "group size is 2.5, not a whole number"),
         ({"text": None}, "text is not a string"),
-        ({"text": " "}, "no text to match by"),
     ],
 )
 def test_a_report_with_odd_fields_is_refused(change: dict[str, Any], match: str) -> None:
@@ -100,8 +100,12 @@ def test_a_report_with_odd_fields_is_refused(change: dict[str, Any], match: str)
         Quarantine.from_report({"findings": [FINDING | change]})
 
 
-def test_a_report_with_a_list_as_source_reads() -> None:
-    quarantine = Quarantine.from_report({"findings": [FINDING | {"source": ["a"]}]})
+def test_a_report_reads_where_an_odd_field_decides_nothing() -> None:
+    """A list as a lone chunk's source is no condemned source; a finding not flagged is not
+    read further."""
+    alone = FINDING | {"id": "b", "source": ["a"], "group": {"size": 1}}
+    unflagged = FINDING | {"id": "c", "suspicious": False, "score": None}
+    quarantine = Quarantine.from_report({"findings": [FINDING, alone, unflagged]})
     assert quarantine.ids == frozenset({"a"})
 
 
@@ -136,3 +140,21 @@ def test_embeddings_of_any_finite_magnitude_keep_their_direction(scale: float) -
         got = ragdefense.defense().defend_embeddings("q?", texts, emb * scale, q * scale)
     assert [v.score for v in got.verdicts] == pytest.approx([v.score for v in expected.verdicts])
     assert any(abs(v.score) > 0.1 for v in got.verdicts)
+
+
+def test_blank_texts_are_copies_unless_their_embeddings_differ() -> None:
+    """A blank chunk embeds like any other blank chunk: a copy. Passages without text that
+    carry embeddings (an image's node) are copies only where those are equal."""
+    from ragdefense.defenses.pool import distinct
+
+    assert distinct([Passage(t) for t in ["", "  ", "\n", "Paris"]]) == ([0, 3], {0: [1, 2]})
+    images = [Passage("", embedding=[1.0, 0.0]), Passage(" ", embedding=[0.0, 1.0])]
+    assert distinct([*images, Passage("", embedding=[1.0, 0.0])]) == ([0, 1], {0: [2]})
+
+
+def test_a_carried_embedding_beyond_float32_is_named() -> None:
+    texts = [Passage(f"passage {i}", embedding=[1e200, float(i)]) for i in range(3)]
+    with pytest.raises(DefenseInputError, match="beyond float32's range"):
+        ragdefense.defense("consensus", embedder=lambda t: [[1.0, 0.0]] * len(t)).defend(
+            "q?", texts
+        )

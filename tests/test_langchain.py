@@ -495,28 +495,30 @@ def test_a_store_holding_files_added_twice_gives_each_text_once(
 def test_a_base_retriever_swapped_after_defend_is_judged_on_its_own_vectors(
     embeddings: RagdefenseEmbeddings,
 ) -> None:
-    """``configurable_fields(base_retriever=...)`` (or a copy) calls another store than the one
-    ``defend`` read its vectors from: the vectors of the store called are used, never the first
-    store's vectors for documents of the same id."""
+    """``configurable_fields(base_retriever=...)`` (or a copy, or a hybrid retriever) calls
+    another store than the one ``defend`` reads vectors from, whose ids name other texts: a
+    stored vector is used only where the store holds the document's own text under its id."""
+    from langchain_classic.retrievers import EnsembleRetriever
     from langchain_core.runnables import ConfigurableField
+
+    from langchain_ragdefense.vectors import stored_vectors
 
     pairs = list(demo_documents())
     first, second = InMemoryVectorStore(embeddings), InMemoryVectorStore(embeddings)
     first.add_documents([Document(t, metadata=m, id=f"d{i}") for i, (t, m) in enumerate(pairs)])
     reverse = pairs[::-1]  # the same ids name other texts there
     second.add_documents([Document(t, metadata=m, id=f"d{i}") for i, (t, m) in enumerate(reverse)])
+    pool = second.similarity_search(QUESTION.question, k=8)
+    assert stored_vectors(first, pool) == [None] * 8  # no text of first's under those ids
+    assert all(v is not None for v in stored_vectors(second, pool))
     wrapped = defend(first.as_retriever()).configurable_fields(
         base_retriever=ConfigurableField(id="base")
     )
-    swapped = {"configurable": {"base": second.as_retriever()}}
-    got = wrapped.invoke(QUESTION.question, config=swapped)
     direct = defend(second.as_retriever()).invoke(QUESTION.question)
-    assert [d.page_content for d in got] == [d.page_content for d in direct]
-    assert not poison(got)
-    model = RagdefenseEmbeddings(embeddings.embedder)  # another model object: embedded again
-    other = InMemoryVectorStore.from_documents([Document(t, metadata=m) for t, m in pairs], model)
-    swapped = {"configurable": {"base": other.as_retriever()}}
-    assert not poison(wrapped.invoke(QUESTION.question, config=swapped))
+    for base in (second.as_retriever(), EnsembleRetriever(retrievers=[second.as_retriever()])):
+        got = wrapped.invoke(QUESTION.question, config={"configurable": {"base": base}})
+        assert [d.page_content for d in got] == [d.page_content for d in direct]
+        assert not poison(got)
 
 
 class PermutedEmbeddings(Embeddings):

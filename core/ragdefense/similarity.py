@@ -38,21 +38,37 @@ __all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "pairs_among
 
 def cosine_to(emb: np.ndarray, q: np.ndarray) -> np.ndarray:
     """Cosine similarity of each row of ``emb`` to the vector ``q`` (a zero row: 0)."""
+    emb = np.asarray(emb)
+    kind = emb.dtype.type if np.issubdtype(emb.dtype, np.floating) else np.float64
     query = unit_rows(np.reshape(q, (1, -1)))[0]
-    out: np.ndarray = unit_rows(emb) @ query
+    out: np.ndarray = unit_rows(emb, kind) @ query.astype(kind)
     return out
 
 
+#: a row norm outside this range may have overflowed or underflowed on the way
+_SAFE_NORMS = (1e-150, 1e150)
+
+
 def unit_rows(emb: np.ndarray, dtype: type = np.float64) -> np.ndarray:
-    """The rows of ``emb`` scaled to unit length, as ``dtype`` (zero rows stay zero). Each row
-    is first divided by its largest magnitude, so that any finite row, however large or small
-    its values, keeps its direction (its norm alone would overflow or vanish)."""
-    emb = np.asarray(emb, dtype=np.float64)
-    peak = np.max(np.abs(emb), axis=1, keepdims=True) if emb.size else np.ones((len(emb), 1))
-    scaled = np.divide(emb, peak, out=np.zeros_like(emb), where=peak > 0)
-    norms = np.linalg.norm(scaled, axis=1, keepdims=True)
+    """The rows of ``emb`` scaled to unit length, as ``dtype`` (zero rows, and rows holding NaN
+    or infinite values, come out zero). A finite row whose norm overflows or vanishes (values
+    near the float range's ends) is divided by its largest magnitude first: it keeps its
+    direction."""
+    emb = np.asarray(emb)
+    with np.errstate(over="ignore", under="ignore", invalid="ignore"):
+        norms = np.linalg.norm(emb, axis=1, keepdims=True)
     zeros: np.ndarray = np.zeros(np.shape(emb), dtype=dtype)
-    out: np.ndarray = np.divide(scaled, norms, out=zeros, where=norms > 0)
+    low, high = _SAFE_NORMS
+    size = norms[:, 0].astype(np.float64)
+    odd = ~((size >= low) & (size <= high))  # NaN, inf, 0 or near the float range's ends
+    out: np.ndarray = np.divide(emb, norms, out=zeros, where=(norms > 0) & ~odd[:, None])
+    if odd.any():
+        rows = np.asarray(emb[odd], dtype=np.float64)
+        finite = np.isfinite(rows).all(axis=1, keepdims=True)
+        peak = np.max(np.abs(np.where(finite, rows, 0.0)), axis=1, keepdims=True)
+        scaled = np.divide(rows, peak, out=np.zeros_like(rows), where=finite & (peak > 0))
+        length = np.linalg.norm(scaled, axis=1, keepdims=True)
+        out[odd] = np.divide(scaled, length, out=np.zeros_like(scaled), where=length > 0)
     return out
 
 

@@ -174,12 +174,16 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
             f"{raw.shape} and dtype {raw.dtype}"
         )
     try:
-        v = raw.astype(np.float32)
+        wide = raw.astype(np.float64)
     except (TypeError, ValueError) as exc:
         raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
-    if not np.isfinite(v).all():
+    if not np.isfinite(wide).all():
         raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
-    return v
+    if np.abs(wide).max() > np.finfo(np.float32).max:
+        raise DefenseInputError(
+            f"passage {i}: embedding holds values beyond float32's range (|x| > 3.4e38)"
+        )
+    return wide.astype(np.float32)
 
 
 def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any) -> None:

@@ -11,8 +11,8 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
-from langchain_core.vectorstores import VectorStore, VectorStoreRetriever
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from langchain_core.vectorstores import VectorStoreRetriever
+from pydantic import BaseModel, ConfigDict, Field
 
 from ragdefense.integration.adapter import pooled
 from ragdefense.integration.retrieval import (
@@ -49,7 +49,6 @@ class DefendedRetriever(BaseRetriever):
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
     max_rounds: int = Field(default=FETCH_ROUNDS, ge=1)
-    _swapped: dict[int, tuple[VectorStore, DefenseCompressor]] = PrivateAttr(default_factory=dict)
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
         k = kwargs.pop("k", self.k)
@@ -64,39 +63,16 @@ class DefendedRetriever(BaseRetriever):
             fetch = pool_size(core, base_k) if core is not None else 2 * base_k
         return k, fetch, kwargs
 
-    def _compressor(self) -> BaseDocumentCompressor:
-        """The compressor for the base retriever being called: when that one reads another
-        vector store than the compressor was given (a base retriever swapped after
-        :func:`defend`, by ``configurable_fields`` or a copy), the compressor's stored vectors
-        would be looked up in the wrong store, so a copy reads the called one's, or, where its
-        model is another, embeds the documents again."""
-        ours = self.compressor
-        store = getattr(self.base_retriever, "vectorstore", None)
-        if not isinstance(ours, DefenseCompressor) or ours.vectorstore is None:
-            return ours
-        if not isinstance(store, VectorStore) or store is ours.vectorstore:
-            return ours
-        held = self._swapped.get(id(store))
-        if held is None or held[0] is not store:
-            model = ours.embeddings or getattr(ours.vectorstore, "embeddings", None)
-            same = model is not None and getattr(store, "embeddings", None) is model
-            copy = ours.model_copy(
-                update={"vectorstore": store if same else None, "embeddings": model}
-            )
-            held = self._swapped[id(store)] = (store, copy)
-        return held[1]
-
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
         k, fetch, extra = self._plan(kwargs)
-        compressor = self._compressor()
         child = run_manager.get_child()
         for _ in range(self.max_rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = base.invoke(query, config={"callbacks": child}, **(args | extra))
             with pooled(honoured, fetch):
-                kept = list(compressor.compress_documents(docs, query, callbacks=child))
+                kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break
             fetch = 2 * fetch if fetch else None
@@ -106,13 +82,12 @@ class DefendedRetriever(BaseRetriever):
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
         k, fetch, extra = self._plan(kwargs)
-        compressor = self._compressor()
         child = run_manager.get_child()
         for _ in range(self.max_rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = await base.ainvoke(query, config={"callbacks": child}, **(args | extra))
             with pooled(honoured, fetch):
-                compressed = await compressor.acompress_documents(docs, query, callbacks=child)
+                compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
             kept = list(compressed)
             if fetched_enough(k, fetch, len(docs), len(kept)):
                 break

@@ -30,8 +30,23 @@ _FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], int, dict
 
 
 def stored_vectors(store: VectorStore, documents: Sequence[Document]) -> list[Any | None]:
-    """One stored vector per document (``None`` where the store has none for it)."""
-    return core_vectors.stored_vectors(store, [d.id for d in documents], _lookup)
+    """One stored vector per document (``None`` where the store has none for it): the vector
+    the store holds under the document's id, only where it holds the same text there. A
+    document of another store (a base retriever swapped after ``defend``, a BM25 retriever
+    over other documents) can carry an id this store gives to another text: that text's
+    vector would be judged in its place."""
+    texts: dict[str, str] = {}
+    for d in documents:
+        if d.id:
+            texts.setdefault(d.id, d.page_content)
+
+    def verified(held: Any, ids: list[str]) -> dict[str, Any] | None:
+        found = _lookup(held, ids)
+        if found is None:
+            return None
+        return {i: vector for i, (vector, text) in found.items() if text == texts.get(i)}
+
+    return core_vectors.stored_vectors(store, [d.id for d in documents], verified)
 
 
 def store_kind(store: Any) -> Literal["inmemory", "chroma", "faiss"] | None:
@@ -46,20 +61,33 @@ def store_kind(store: Any) -> Literal["inmemory", "chroma", "faiss"] | None:
     return None
 
 
-def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
+def _lookup(store: Any, ids: list[str]) -> dict[str, tuple[Any, str | None]] | None:
+    """Per id the store holds: its vector and its text."""
     kind = store_kind(store)
     if kind == "inmemory":
-        return {i: store.store[i]["vector"] for i in ids if i in store.store}
+        held = store.store
+        return {i: (held[i]["vector"], held[i].get("text")) for i in ids if i in held}
     if kind == "chroma":
-        got = store.get(ids=ids, include=["embeddings"])
-        return dict(zip(got["ids"], got["embeddings"], strict=True))
+        got = store.get(ids=ids, include=["embeddings", "documents"])
+        rows = zip(got["embeddings"], got["documents"], strict=True)
+        return dict(zip(got["ids"], rows, strict=True))
     if kind == "faiss":
         held, named = store.index.ntotal, len(store.index_to_docstore_id)
         if held != named:  # an add that failed after its vectors went in: positions are off
             raise ValueError(f"its index holds {held} vectors for {named} ids")
         position = _faiss_positions(store, ids)  # its index and id map are public attributes
-        return {i: store.index.reconstruct(position[i]) for i in ids if i in position}
+        return {
+            i: (store.index.reconstruct(position[i]), _faiss_text(store, i))
+            for i in ids
+            if i in position
+        }
     return None
+
+
+def _faiss_text(store: Any, doc_id: str) -> str | None:
+    """The text a FAISS store's docstore holds under ``doc_id`` (``None``: none)."""
+    found = store.docstore.search(doc_id)
+    return found.page_content if isinstance(found, Document) else None
 
 
 def _faiss_positions(store: Any, ids: list[str]) -> dict[str, int]:

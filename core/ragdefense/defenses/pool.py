@@ -37,14 +37,20 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
     """The first of each set of copies (the same text up to spacing, case, accents and Unicode
     form: what an uncased embedder ignores too), and each first one's later copies. Texts that
     differ otherwise are never copies, even where their embeddings coincide: an embedder reads
-    a window of each text, and what follows it may differ. Passages without text (an
-    image's node) are never copies: their embeddings tell them apart."""
+    a window of each text, and what follows it may differ. Passages without text that carry
+    embeddings (an image's node) are copies only where their embeddings are equal."""
     keep: list[int] = []
     copy_of: dict[int, list[int]] = {}
     seen: dict[str, int] = {}
     for i, passage in enumerate(items):
         text = _plain(passage.text)
-        first = seen.get(text) if text else None
+        if not text and passage.embedding is not None:
+            try:
+                vector = np.asarray(passage.embedding, dtype=np.float64)
+                text = "\0embedding " + vector.tobytes().hex()
+            except (TypeError, ValueError):  # checked, and refused, with the embeddings
+                text = f"\0passage {i}"
+        first = seen.get(text)
         if first is None:
             keep.append(i)
             seen[text] = i

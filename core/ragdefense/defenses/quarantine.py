@@ -84,26 +84,17 @@ def _renumbered(rest: list[int]) -> Iterator[None]:
 _PASSAGE = re.compile(r"\bpassage (\d+)")
 
 
-def _read_finding(n: int, finding: Mapping[str, Any]) -> tuple[float, int, str]:
-    """A finding's score, group size and text, checked (``ValueError`` naming it otherwise):
-    a report from another version or edited by hand must not quarantine the wrong passages."""
-    score = finding.get("score", float("nan"))
-    group = finding.get("group") or {}
-    size = group.get("size", 0) if isinstance(group, Mapping) else None
-    text = finding.get("text", "")
-    for what, value, whole in (("score", score, False), ("group size", size, True)):
-        if not isinstance(value, int | float) or isinstance(value, bool):
-            real = False
-        else:
-            real = not whole or float(value).is_integer()
-        if not real:
-            raise ValueError(
-                f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not a number"
-                " (an audit report's findings come from ragdefense.audit)"
-            )
-    if not isinstance(text, str):
-        raise ValueError(f"finding {n} (id {finding.get('id')!r}): its text is not a string")
-    return float(score), int(size or 0), text
+def _number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
+    """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
+    another version, or edited by hand, must not quarantine the wrong passages."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (whole and not float(value).is_integer()):
+        kind = "a whole number" if whole else "a number"
+        raise ValueError(
+            f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not {kind}"
+            " (an audit report's findings come from ragdefense.audit)"
+        )
+    return float(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -162,19 +153,24 @@ class Quarantine:
 
         findings, condemned = _findings(report)
         chosen: list[tuple[Mapping[str, Any], float, str]] = []
-        for n, f in enumerate(findings):
-            score, size, text = _read_finding(n, f)
-            flagged = bool(f.get("suspicious")) if min_score is None else score >= min_score
+        for n, f in enumerate(findings):  # each field checked where it decides something
+            score = f.get("score", float("nan"))
+            if min_score is None:
+                flagged = bool(f.get("suspicious"))
+            else:
+                flagged = _number(n, f, "score", score, whole=False) >= min_score
+            if not flagged or f.get("victim_of"):
+                continue
+            group = f.get("group") or {}
+            size = group.get("size", 0) if isinstance(group, Mapping) else None
             source = f.get("source")
             condemned_source = isinstance(source, str) and source in condemned
-            if (
-                flagged
-                and not f.get("victim_of")
-                and (not grouped or size >= 2 or condemned_source)
-            ):
-                if not text.strip():
-                    raise ValueError(f"finding {n} (id {f.get('id')!r}) has no text to match by")
-                chosen.append((f, score, text))
+            if grouped and not condemned_source and _number(n, f, "group size", size, True) < 2:
+                continue
+            text = f.get("text", "")
+            if not isinstance(text, str):
+                raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
+            chosen.append((f, _number(n, f, "score", score, whole=False), text))
         reasons: dict[str, str] = {}
         for f, score, text in chosen:
             why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"

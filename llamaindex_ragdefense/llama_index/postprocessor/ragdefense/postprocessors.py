@@ -23,7 +23,7 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
 
 from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
@@ -140,11 +140,13 @@ class DefensePostprocessor(BaseNodePostprocessor):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with every setting, or refused (LlamaIndex would drop a setting it cannot
-        pickle, a ``trusted=`` predicate say, and the copy would trust nothing); the
-        ``vector_store`` is not kept, as in JSON (nodes are then embedded again)."""
+        pickle, a ``trusted=`` predicate say, and the copy would trust nothing). The
+        ``vector_store`` and a LlamaIndex ``embed_model`` pickle as LlamaIndex pickles them (a
+        store that cannot be pickled is left out, and nodes are then embedded again)."""
         for name in set(type(self).model_fields) - set(BaseNodePostprocessor.model_fields):
-            if name != "vector_store":
-                picklable(self, name, getattr(self, name))
+            value = getattr(self, name)
+            if name != "vector_store" and not isinstance(value, BaseComponent):
+                picklable(self, name, value)
         return super().__getstate__()
 
     @classmethod
