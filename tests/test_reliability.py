@@ -1078,3 +1078,24 @@ def test_a_module_that_fails_to_import_is_named_with_its_error(
         import_object("buggykb:store")
     with pytest.raises(ValueError, match="name a module"):
         import_object("./buggykb:store")
+
+
+def test_attack_with_an_llm_that_fails_is_an_error_not_a_defense_win(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed LLM call gives no answer: the red team must not read it as "not hijacked"."""
+    import json
+
+    from ragdefense.cli import main
+
+    (tmp_path / "downllm.py").write_text(
+        "def down(prompt):\n    raise ConnectionError('server down')\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    targets = tmp_path / "tg.json"
+    targets.write_text(
+        json.dumps([{"question": "Capital of France?", "wrong_answer": "Lyon",
+                     "correct_answer": "Paris"}])
+    )  # fmt: skip
+    assert main(["attack", "--targets", str(targets), "--llm", "downllm:down"]) == 2
+    assert "failed to answer" in capsys.readouterr().err

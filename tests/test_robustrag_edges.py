@@ -20,11 +20,12 @@ PASSAGES = ["The Pacific is the largest ocean.", "The Pacific Ocean is the large
 
 
 def test_a_letter_no_candidate_has_is_no_vote() -> None:
-    """An answer "I don't know" starts with the letter I: an abstention, not a vote."""
+    """An answer "I don't know" starts with the letter I: an abstention, not a vote (a
+    letter standing alone later in the answer is one: "I think it is A")."""
     replies = iter(["I don't know", "I think it is A", "A. Pacific", "B. Atlantic", "I don't know"])
     rag = RobustRAG(llm=lambda p: next(replies), aggregation="majority")
     result = rag.answer(Q, [*PASSAGES, "more", "still more"], choices=CHOICES)
-    assert result.votes == {"A": 1, "B": 1} and result.abstentions == [0, 1, 4]
+    assert result.votes == {"A": 2, "B": 1} and result.abstentions == [0, 4]
 
 
 def test_gold_may_be_the_letter_or_the_candidates_text() -> None:
@@ -180,3 +181,59 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
     loop_thread = asyncio.run(on_the_loop())
     assert len(llm.threads) == len(PASSAGES) + 1  # the isolated calls and the keyword call
     assert loop_thread not in llm.threads[: len(PASSAGES)]  # off the event loop
+
+
+@pytest.mark.parametrize(
+    ("said", "vote"),
+    [
+        ("B", "B"),
+        ("b", "B"),
+        ("Answer: B", "B"),
+        ("**B**", "B"),
+        ("(b)", "B"),
+        ("\uff22", "B"),  # a full-width B
+        ("The answer is C.", "C"),
+        ("B Atlantic", "B"),
+        ("A. Pacific", "A"),
+        ("A good guess would be B.", "B"),  # the article is no vote
+        ("I think it's B or C.", None),  # two letters: no vote
+        ("I don't know", None),
+        ("a lot of water", None),
+    ],
+)
+def test_the_letter_an_answer_gives(said: str, vote: str | None) -> None:
+    from ragdefense.robustrag.majority_vote import _choice
+
+    assert _choice(said) == vote
+
+
+def test_an_article_is_never_certified_as_a_vote() -> None:
+    rr = RobustRAG(llm=lambda p: "A good guess would be B.", aggregation="majority")
+    answer = rr.answer("q?", [f"p{i}" for i in range(5)], choices=["X", "Y", "Z"], certify=1)
+    assert answer.answer.startswith("B.")
+
+
+def test_certify_needs_a_k_prime() -> None:
+    rr = RobustRAG(llm=lambda p: "Paris", timeout=30)
+    result = rr.answer("Capital of France?", ["Paris is the capital.", "Paris, France."])
+    for call in (rr.certify, rr.certify_calls):
+        with pytest.raises(TypeError, match="certify needs k'"):
+            call(result, None)  # type: ignore[arg-type]
+
+
+def test_the_certification_budget_counts_llm_calls_only() -> None:
+    """The empty keyword set answers "I don't know" without a call: a budget equal to the
+    calls certification makes is enough."""
+    from ragdefense.robustrag import KeywordAggregation
+
+    def llm(prompt: str) -> str:
+        if "Word suggestion" in prompt:
+            return "animal"
+        return prompt.split("---------------------\n")[1].strip()
+
+    passages = ["zebra", "lion", "tiger", "bear", "wolf"]
+    for budget, runs in ((14, False), (15, True)):
+        rr = RobustRAG(llm=llm, aggregation=KeywordAggregation(max_certify_calls=budget))
+        result = rr.answer("Which animal?", passages)
+        assert (rr.certify_calls(result, 1) == 15) is runs
+        assert ("budget" in rr.certify(result, 1).certificate.reason) is not runs

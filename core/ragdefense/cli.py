@@ -107,7 +107,10 @@ def _cmd_attack(args: argparse.Namespace) -> int:
 
                 def answer(q: str, ctx: list[str]) -> str:
                     prompt = ISOLATED_PROMPT.format(context="\n\n".join(ctx), query=q)
-                    return model.generate([prompt])[0].text or ""
+                    made = model.generate([prompt])[0]
+                    if made.text is None or not made.ok:  # no answer is no verdict either
+                        raise ValueError(f"--llm {llm} failed to answer: {made.error}")
+                    return made.text
 
             report = InMemoryKnowledgeBase(texts).red_team(
                 targets, k=args.k, answer=answer, **options

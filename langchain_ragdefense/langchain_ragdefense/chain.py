@@ -14,7 +14,7 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import patch_config
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr
 
 from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
@@ -51,8 +51,8 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     retriever: BaseRetriever
     aggregation: Any = "keyword"
     robust: RobustRAG | None = None
-    max_concurrency: int = 8
-    certify: int | None = None
+    max_concurrency: int = Field(default=8, ge=1, strict=True)
+    certify: int | None = Field(default=None, strict=True)
     _robust: RobustRAG | None = PrivateAttr(default=None)
     _built_for: tuple[Any, Any] | None = PrivateAttr(default=None)
 

@@ -49,9 +49,11 @@ def check_attack(attack: str) -> None:
         raise ValueError(f"attack must be 'injection' or 'modification', got {attack!r}")
 
 
-def check_certify(k_prime: Any, attack: str, gold: Any) -> None:
+def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True) -> None:
     """Certification arguments checked up front (a wrong type found after every isolated call
-    would waste them all)."""
+    would waste them all); ``k_prime`` may be ``None`` (no certificate) where ``optional``."""
+    if k_prime is None and not optional:
+        raise TypeError("certify needs k' (an int: the injected passages to withstand)")
     if k_prime is not None and (isinstance(k_prime, bool) or not isinstance(k_prime, int)):
         raise TypeError(f"certify (k') must be an int, got {type(k_prime).__name__}: {k_prime!r}")
     check_attack(attack)

@@ -290,7 +290,7 @@ class RobustRAG:
     ) -> int:
         """How many LLM calls :meth:`certify` would make for ``result`` (0 when it is refused
         without asking, or decided without generation)."""
-        check_certify(k_prime, attack, None)
+        check_certify(k_prime, attack, None, optional=False)
         if _refusal(len(result.responses), k_prime) is not None or _failed(result) is not None:
             return 0
         return int(self._bound().calls_needed(result, k_prime, attack))
@@ -356,7 +356,7 @@ class RobustRAG:
         gold: Sequence[str] | str | None,
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
-        check_certify(k_prime, attack, gold)
+        check_certify(k_prime, attack, gold, optional=False)
         if result.responses and result.aggregation != self.aggregation.name:
             raise ValueError(
                 f"this answer was aggregated by {result.aggregation!r}: certify it with a "

@@ -258,13 +258,13 @@ class _Keyword:
             for size in range(len(w_c) + 1):
                 for extra in combinations(w_c, size):
                     sets.add(tuple(sorted(w_a | set(extra))))
-        if len(sets) > rr.max_certify_calls:
+        calls = sum(1 for kws in sets if kws)  # the empty set answers "I don't know" unasked
+        if calls > rr.max_certify_calls:
             return _Plan(
                 [],
                 undecided=tuple(sorted(undecided)),
-                verdict=f"{len(sets)} possible keyword "
-                f"sets would need as many LLM calls (budget max_certify_calls="
-                f"{rr.max_certify_calls})",
+                verdict=f"{len(sets)} possible keyword sets would need {calls} LLM calls "
+                f"(budget max_certify_calls={rr.max_certify_calls})",
             )
         return _Plan(sorted(sets), tuple(sorted(always or ())), tuple(sorted(undecided)))
 

@@ -4,6 +4,7 @@ survives k' injected (k' rewritten) passages when it leads the runner-up by more
 from __future__ import annotations
 
 import re
+import unicodedata
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -25,7 +26,30 @@ from .types import (
 
 __all__ = ["MajorityVote", "check_choices"]
 
-_CHOICE = re.compile(r"^\W*([A-Z])(?:[\.\):\s]|$)")
+#: the letter an answer opens with, after markdown and an "Answer:" / "The answer is" prefix:
+#: followed by a closing mark or nothing ("B.", "(b)", "**B**"), or by a space where it is
+#: upper-case and no word in lower case follows ("B Atlantic", not the article in "A good")
+_CHOICE = re.compile(
+    r"^[\W_]*(?:(?:the\s+)?(?:correct\s+|best\s+)?(?:answer|option|choice)\s*(?:is\b)?[\W_]*)?"
+    r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([A-E])(?=\s+(?![a-z]))))",
+    re.IGNORECASE,
+)
+#: the article opening an answer ("A good guess would be B."): no letter
+_ARTICLE = re.compile(r"^[\W_]*A\s+[a-z]")
+#: a letter standing alone in the answer: counted when it is the only one ("... would be B.")
+_ALONE = re.compile(r"(?<![\w'])([A-E])(?![\w'])")
+
+
+def _choice(text: str) -> str | None:
+    """The letter an isolated multiple-choice answer gives, ``None`` for none (or for two)."""
+    plain = unicodedata.normalize("NFKC", text).strip()
+    m = _CHOICE.match(plain)
+    if m:
+        return (m.group(1) or m.group(2)).upper()
+    if _ARTICLE.match(plain):
+        plain = plain[plain.index("A") + 1 :]
+    alone = set(_ALONE.findall(plain))
+    return alone.pop() if len(alone) == 1 else None
 
 
 def check_choices(choices: Sequence[str] | None) -> list[str]:
@@ -121,8 +145,8 @@ class _Majority:
             if not g.ok:
                 out.append(IsolatedResponse(i, p, None, True, error=g.error))
                 continue
-            m = _CHOICE.match(g.text or "")
-            letter = m.group(1) if m and m.group(1) in offered else NO_INFO
+            found = _choice(g.text or "")
+            letter = found if found in offered else NO_INFO
             out.append(IsolatedResponse(i, p, g.text, letter == NO_INFO, choice=letter))
         return tuple(out)
 

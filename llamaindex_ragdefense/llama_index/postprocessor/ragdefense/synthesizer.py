@@ -19,6 +19,7 @@ from pydantic import Field
 from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LlamaIndexLLM
+from ragdefense.robustrag.checks import check_certify
 
 __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
 
@@ -61,6 +62,11 @@ class RobustRAGSynthesizer(BaseSynthesizer):
     ) -> None:
         if llm is None:
             raise ValueError("RobustRAGSynthesizer needs llm= (it never falls back to Settings)")
+        check_certify(certify, "injection", None)  # before any query, as the chain's
+        if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
+            raise TypeError(f"max_concurrency must be an int, got {max_concurrency!r}")
+        if max_concurrency < 1:
+            raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
         super().__init__(llm=llm)
         self._robust = robust_engine(robust, aggregation).with_llm(
             LlamaIndexLLM(llm, max_concurrency, timeout=None)  # the engine's timeout governs
