@@ -20,12 +20,11 @@ PASSAGES = ["The Pacific is the largest ocean.", "The Pacific Ocean is the large
 
 
 def test_a_letter_no_candidate_has_is_no_vote() -> None:
-    """An answer "I don't know" starts with the letter I: an abstention, not a vote (a
-    letter standing alone later in the answer is one: "I think it is A")."""
+    """An answer "I don't know" starts with the letter I: an abstention, not a vote."""
     replies = iter(["I don't know", "I think it is A", "A. Pacific", "B. Atlantic", "I don't know"])
     rag = RobustRAG(llm=lambda p: next(replies), aggregation="majority")
     result = rag.answer(Q, [*PASSAGES, "more", "still more"], choices=CHOICES)
-    assert result.votes == {"A": 2, "B": 1} and result.abstentions == [0, 4]
+    assert result.votes == {"A": 1, "B": 1} and result.abstentions == [0, 1, 4]
 
 
 def test_gold_may_be_the_letter_or_the_candidates_text() -> None:
@@ -195,8 +194,8 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
         ("The answer is C.", "C"),
         ("B Atlantic", "B"),
         ("A. Pacific", "A"),
-        ("A good guess would be B.", "B"),  # the article is no vote
-        ("I think it's B or C.", None),  # two letters: no vote
+        ("A good guess would be B.", None),  # the article is no vote, nor a later letter
+        ("Vitamin C", None),
         ("I don't know", None),
         ("a lot of water", None),
     ],
@@ -210,7 +209,7 @@ def test_the_letter_an_answer_gives(said: str, vote: str | None) -> None:
 def test_an_article_is_never_certified_as_a_vote() -> None:
     rr = RobustRAG(llm=lambda p: "A good guess would be B.", aggregation="majority")
     answer = rr.answer("q?", [f"p{i}" for i in range(5)], choices=["X", "Y", "Z"], certify=1)
-    assert answer.answer.startswith("B.")
+    assert not answer.votes and answer.certificate and not answer.certificate.certified
 
 
 def test_certify_needs_a_k_prime() -> None:

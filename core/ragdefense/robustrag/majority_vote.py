@@ -34,22 +34,13 @@ _CHOICE = re.compile(
     r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([A-E])(?=\s+(?![a-z]))))",
     re.IGNORECASE,
 )
-#: the article opening an answer ("A good guess would be B."): no letter
-_ARTICLE = re.compile(r"^[\W_]*A\s+[a-z]")
-#: a letter standing alone in the answer: counted when it is the only one ("... would be B.")
-_ALONE = re.compile(r"(?<![\w'])([A-E])(?![\w'])")
 
 
 def _choice(text: str) -> str | None:
-    """The letter an isolated multiple-choice answer gives, ``None`` for none (or for two)."""
-    plain = unicodedata.normalize("NFKC", text).strip()
-    m = _CHOICE.match(plain)
-    if m:
-        return (m.group(1) or m.group(2)).upper()
-    if _ARTICLE.match(plain):
-        plain = plain[plain.index("A") + 1 :]
-    alone = set(_ALONE.findall(plain))
-    return alone.pop() if len(alone) == 1 else None
+    """The letter an isolated multiple-choice answer opens with, ``None`` for none. A letter
+    later in the answer is never read: "Vitamin C" or "plan B" there would be votes."""
+    m = _CHOICE.match(unicodedata.normalize("NFKC", text).strip())
+    return (m.group(1) or m.group(2)).upper() if m else None
 
 
 def check_choices(choices: Sequence[str] | None) -> list[str]:
