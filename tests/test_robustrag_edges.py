@@ -195,6 +195,11 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
         ("B Atlantic", "B"),
         ("A. Pacific", "A"),
         ("A good guess would be B.", None),  # the article is no vote, nor a later letter
+        ("A  good guess would be B.", None),
+        ("C is correct", "C"),
+        ("B\n\nthe Atlantic", "B"),
+        ("Final answer: B", "B"),
+        ("A, B", None),
         ("Vitamin C", None),
         ("I don't know", None),
         ("a lot of water", None),
@@ -236,3 +241,20 @@ def test_the_certification_budget_counts_llm_calls_only() -> None:
         result = rr.answer("Which animal?", passages)
         assert (rr.certify_calls(result, 1) == 15) is runs
         assert ("budget" in rr.certify(result, 1).certificate.reason) is not runs
+
+
+@pytest.mark.parametrize("bad", [{"certify": True}, {"certify": "1"}, {"max_concurrency": 0}])
+def test_the_adapters_check_certify_and_concurrency_when_made(bad: dict[str, Any]) -> None:
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+    from langchain_core.language_models import FakeListChatModel
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core.llms import MockLLM
+
+    from langchain_ragdefense import RobustRAGChain
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+
+    retriever = InMemoryVectorStore(DeterministicFakeEmbedding(size=8)).as_retriever()
+    with pytest.raises((TypeError, ValueError)):
+        RobustRAGChain(llm=FakeListChatModel(responses=["x"]), retriever=retriever, **bad)
+    with pytest.raises((TypeError, ValueError)):
+        RobustRAGSynthesizer(llm=MockLLM(), **bad)

@@ -109,7 +109,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
                     prompt = ISOLATED_PROMPT.format(context="\n\n".join(ctx), query=q)
                     made = model.generate([prompt])[0]
                     if made.text is None or not made.ok:  # no answer is no verdict either
-                        raise ValueError(f"--llm {llm} failed to answer: {made.error}")
+                        raise ValueError(f"--llm {args.llm} failed to answer: {made.error}")
                     return made.text
 
             report = InMemoryKnowledgeBase(texts).red_team(

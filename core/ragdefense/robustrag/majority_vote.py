@@ -27,11 +27,13 @@ from .types import (
 __all__ = ["MajorityVote", "check_choices"]
 
 #: the letter an answer opens with, after markdown and an "Answer:" / "The answer is" prefix:
-#: followed by a closing mark or nothing ("B.", "(b)", "**B**"), or by a space where it is
-#: upper-case and no word in lower case follows ("B Atlantic", not the article in "A good")
+#: followed by a closing mark or nothing ("B.", "(b)", "**B**"), or, upper-case, by a space
+#: ("B is correct"), but for the article: "A" followed by a word in lower case is none ("A good
+#: guess would be B."; so is "A pacific", where a candidate is written in lower case)
 _CHOICE = re.compile(
-    r"^[\W_]*(?:(?:the\s+)?(?:correct\s+|best\s+)?(?:answer|option|choice)\s*(?:is\b)?[\W_]*)?"
-    r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([A-E])(?=\s+(?![a-z]))))",
+    r"^[\W_]*(?:(?:the\s+)?(?:correct\s+|best\s+|final\s+)?"
+    r"(?:answer|option|choice|candidate)\s*(?:is\b)?[\W_]*)?"
+    r"(?:([A-Ea-e])(?=[\.\):\]*_]|[\W_]*$)|(?-i:([B-E])(?=\s))|(?-i:(A)(?=\s(?!\s*[a-z]))))",
     re.IGNORECASE,
 )
 
@@ -40,7 +42,7 @@ def _choice(text: str) -> str | None:
     """The letter an isolated multiple-choice answer opens with, ``None`` for none. A letter
     later in the answer is never read: "Vitamin C" or "plan B" there would be votes."""
     m = _CHOICE.match(unicodedata.normalize("NFKC", text).strip())
-    return (m.group(1) or m.group(2)).upper() if m else None
+    return next(g for g in m.groups() if g).upper() if m else None
 
 
 def check_choices(choices: Sequence[str] | None) -> list[str]:
