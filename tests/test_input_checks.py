@@ -158,3 +158,30 @@ def test_a_carried_embedding_beyond_float32_is_named() -> None:
         ragdefense.defense("consensus", embedder=lambda t: [[1.0, 0.0]] * len(t)).defend(
             "q?", texts
         )
+
+
+def test_a_missing_embedder_package_is_named_before_any_work(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """Without sentence-transformers, the default embedder is refused when made (an
+    ``ImportError`` naming the install command), and the CLI says so before any work."""
+    import importlib.util
+
+    from ragdefense.cli import main
+    from ragdefense.embedders import SentenceTransformerEmbedder
+
+    real = importlib.util.find_spec
+
+    def hidden(name: str, *args: Any) -> Any:
+        return None if name == "sentence_transformers" else real(name, *args)
+
+    monkeypatch.setattr(importlib.util, "find_spec", hidden)
+    with pytest.raises(ImportError, match=r"pip install 'ragdefense\[embeddings\]'"):
+        SentenceTransformerEmbedder()
+    chunks = tmp_path / "kb.jsonl"
+    chunks.write_text('{"id": "1", "text": "one chunk of text"}\n')
+    work = tmp_path / "audit"
+    for argv in (["demo"], ["audit", str(chunks), "--workdir", str(work)]):
+        assert main(argv) == 2
+        assert "ragdefense[embeddings]" in capsys.readouterr().err
+    assert not work.exists()

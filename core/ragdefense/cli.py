@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .attacks import ATTACKS
-from .cliargs import UsageError
+from .cliargs import UsageError, require_embeddings
 from .cliargs import positive as _positive
 from .cliargs import resolve as _resolve
 from .defenses.registry import DEFAULT_DEFENSE, names
@@ -55,6 +55,8 @@ def _out_file(path: str | None) -> None:
 def _cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
+    require_embeddings("the demo")
+
     run_demo(k=args.k)
     return 0
 
@@ -81,6 +83,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         flag = "--kb" if args.kb else "--llm"
         raise UsageError(f"{flag} is for the built-in knowledge base; --store red-teams your own")
     llm = _llm(args.llm)
+    if not args.store:
+        require_embeddings("attack on the built-in knowledge base")
     store: Any = _resolve(args.store, "--store") if args.store else None
     try:
         targets = load_targets(args.targets) if args.targets else demo_targets()

@@ -8,11 +8,30 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["UsageError", "counts", "import_object", "non_negative", "positive", "resolve"]
+__all__ = [
+    "UsageError",
+    "counts",
+    "import_object",
+    "non_negative",
+    "positive",
+    "require_embeddings",
+    "resolve",
+]
 
 
 class UsageError(ValueError):
     """A bad argument: reported as one line naming the fix, exit code 2, before any work."""
+
+
+def require_embeddings(what: str) -> None:
+    """The packaged embedder's packages, checked before any work (``UsageError`` naming the
+    install command): found missing at the first embedding, the work before it is wasted."""
+    from .offline import packaged_installed
+
+    try:
+        packaged_installed()
+    except ImportError as exc:
+        raise UsageError(f"{what}: {exc}") from None
 
 
 def positive(text: str) -> int:

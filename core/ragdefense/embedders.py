@@ -20,7 +20,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .offline import load_sentence_transformer
+from .offline import load_sentence_transformer, packaged_installed
 from .similarity import cosine_matrix, cosine_to
 from .types import (
     DefenseInputError,
@@ -233,7 +233,7 @@ class SentenceTransformerEmbedder(Embedder):
         self._model = model if not isinstance(model, (str, type(None))) else None
         self._path = model if isinstance(model, str) else None
         #: whether this is the packaged all-MiniLM-L6-v2 (given neither a model nor a path)
-        self.packaged = model is None
+        self.packaged = model is None and packaged_installed()  # else the install command
         self.batch_size = batch_size
         self.device = device
         self._load_lock = threading.Lock()

