@@ -276,8 +276,7 @@ def defend(
             params=params,
             embeddings=embeddings or own,
             fail_open=fail_open,
-            # another model's vectors are another space: the store's are read only for its own
-            vectorstore=store if embeddings is None or embeddings is own else None,
+            vectorstore=store,  # its vectors are read only for its own model (the compressor's)
         )
     return DefendedRetriever(
         base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k, max_rounds=rounds
