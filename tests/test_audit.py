@@ -4,9 +4,11 @@ local Ray instance, resumable, read from files and from real stores, never writt
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import os
 import random
+import shutil
 import time
 from pathlib import Path
 from typing import Any
@@ -336,6 +338,25 @@ def test_audit_ranks_the_planted_groups_first_and_explains(
     assert "| 1 |" in (tmp_path / "out" / "report.md").read_text()
 
 
+def test_report_write_checks_every_format_before_writing_any(
+    toy: CallableEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A missing pyarrow or an unknown format is refused before a file is written (it was
+    found after md / json / csv were, as a bare ModuleNotFoundError); one name is one format."""
+    texts, ids, _ = toy_corpus()
+    report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w")
+    with pytest.raises(ValueError, match="unknown report format 'pdf'"):
+        report.write(tmp_path / "a", ["md", "pdf"])
+    real = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "pyarrow" else real(name, *a)
+    )
+    with pytest.raises(ImportError, match=r"parquet needs pyarrow: pip install 'ragdefense\[audit"):
+        report.write(tmp_path / "b", ["md", "json", "parquet"])
+    assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
+    assert [p.name for p in report.write(tmp_path / "c", "md")] == ["report.md"]
+
+
 def test_hnsw_index_and_numpy_fallback_agree_on_the_top(
     toy: CallableEmbedder, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
@@ -639,6 +660,22 @@ def test_a_truncated_chunk_part_or_manifest_is_named_with_the_way_out(
         audit(ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=work, part_size=32)
     kb = ListCorpus(texts, ids, metadata=meta)
     assert audit(kb, embedder=toy, workdir=work, part_size=32, fresh=True).findings
+
+
+def test_a_part_removed_from_the_folder_is_named_with_the_way_out(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """A part the manifest says was written, deleted since, names itself and ``fresh`` (a
+    bare FileNotFoundError said neither)."""
+    texts, ids, _ = toy_corpus()
+    work = tmp_path / "w"
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+    for part in (work / "probed").glob("*.json"):
+        part.unlink()  # the defend step must read the probes and chunks again
+    shutil.rmtree(work / "probes")
+    with pytest.raises(ValueError, match=r"probes/00000\.\w+: missing.*fresh"):
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32)
+    assert audit(ListCorpus(texts, ids), embedder=toy, workdir=work, fresh=True).findings
 
 
 def test_a_folder_with_a_broken_manifest_and_a_users_chunks_folder_is_never_cleared(

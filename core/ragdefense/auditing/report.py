@@ -4,6 +4,7 @@ CSV, Parquet, a plot)."""
 from __future__ import annotations
 
 import csv
+import importlib.util
 import json
 import unicodedata
 from collections.abc import Sequence
@@ -147,10 +148,20 @@ class AuditReport:
         return self.to_markdown(top=10)
 
     def write(
-        self, folder: str | Path, formats: Sequence[str] = ("md", "json", "csv")
+        self, folder: str | Path, formats: str | Sequence[str] = ("md", "json", "csv")
     ) -> list[Path]:
         """Write ``report.<format>`` for each of ``md``, ``json``, ``csv``, ``parquet``
-        (needs pyarrow) and ``png`` (the plot; needs matplotlib) into ``folder``."""
+        (needs pyarrow) and ``png`` (the plot; needs matplotlib) into ``folder``. Every format
+        is checked before any file is written: an unknown one is a ``ValueError``, a missing
+        library an ``ImportError`` naming the install."""
+        formats = [formats] if isinstance(formats, str) else list(formats)  # "md": one format
+        needs = {"parquet": ("pyarrow", "'ragdefense[audit]'"), "png": ("matplotlib", "matplotlib")}
+        for fmt in formats:
+            if fmt not in ("md", "json", "csv", *needs):
+                raise ValueError(f"unknown report format {fmt!r}: md, json, csv, parquet, png")
+            if fmt in needs and importlib.util.find_spec(needs[fmt][0]) is None:
+                module, install = needs[fmt]
+                raise ImportError(f"report format {fmt} needs {module}: pip install {install}")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
         written = []
@@ -171,10 +182,8 @@ class AuditReport:
                 import pyarrow.parquet as pq
 
                 pq.write_table(pa.Table.from_pylist([f.row() for f in self.findings]), path)
-            elif fmt == "png":
-                self.plot(path)
             else:
-                raise ValueError(f"unknown report format {fmt!r}: md, json, csv, parquet, png")
+                self.plot(path)
             written.append(path)
         return written
 

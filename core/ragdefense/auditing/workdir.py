@@ -164,11 +164,14 @@ class Workdir:
         try:
             yield
         except (ValueError, OSError, EOFError, zipfile.BadZipFile, KeyError) as exc:
-            if isinstance(exc, FileNotFoundError):
-                raise
+            what = (
+                "missing (removed after the audit wrote it)"
+                if isinstance(exc, FileNotFoundError)
+                else f"damaged or truncated ({type(exc).__name__}: {exc})"
+            )
             raise ValueError(
-                f"{self.path / name}: damaged or truncated ({type(exc).__name__}: {exc}); run "
-                "the audit again with fresh=True (--fresh) to redo it"
+                f"{self.path / name}: {what}; run the audit again with fresh=True (--fresh) "
+                "to redo it"
             ) from exc
 
     # ---- the manifest ----------------------------------------------------------------------
