@@ -4,7 +4,9 @@ Informative words are those with a universal POS tag in {ADJ, ADV, NOUN, NUM, PR
 A response's keyword set holds: the whole (stripped) response, every keyphrase (the lemmas of a
 maximal run of consecutive informative words, joined as written), and every lemma of an
 informative word. Pure punctuation and stop words are dropped. Each response counts a keyword
-once.
+once. The paper lists the last two; the authors' code adds the whole response, and so do we,
+so that their numbers can be reproduced: responses that agree word for word make one more
+shared keyword, which the aggregation gives the LLM as one more hint.
 """
 
 from __future__ import annotations
