@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import importlib.util
+import inspect
 import os
 import shutil
 import tempfile
@@ -242,7 +243,7 @@ class TransformersLLM(LLM):
             cache = None
             if shared:
                 prefix = torch.tensor([ids[0][:shared]], device=dev)
-                cache = model(input_ids=prefix, use_cache=True).past_key_values
+                cache = _cache_of(model(input_ids=prefix, use_cache=True))
                 cache.batch_repeat_interleave(n)
             tails = [x[shared:] for x in ids]
             width = max(len(t) for t in tails)
@@ -257,10 +258,10 @@ class TransformersLLM(LLM):
                 input_ids=inp,
                 attention_mask=mask,
                 position_ids=pos,
-                past_key_values=cache,
                 use_cache=True,
+                **{_cache_argument(model): cache},
             )
-        return res, res.past_key_values, mask
+        return res, _cache_of(res), mask
 
     def _step(self, tokens: Any, cache: Any, mask: Any) -> tuple[Any, Any, Any]:
         """Append one token per row (``tokens``: a (rows,) tensor) and run the model."""
@@ -272,10 +273,10 @@ class TransformersLLM(LLM):
                 input_ids=tokens[:, None],
                 attention_mask=mask,
                 position_ids=mask.sum(-1, keepdim=True) - 1,
-                past_key_values=cache,
                 use_cache=True,
+                **{_cache_argument(self.model): cache},
             )
-        return res, res.past_key_values, mask
+        return res, _cache_of(res), mask
 
     @property
     def stop_ids(self) -> set[int]:
@@ -322,6 +323,23 @@ class TransformersLLM(LLM):
     def session(self, prompts: Sequence[str]) -> TokenSession:
         """A :class:`TokenSession` over ``prompts`` (formatted with the chat template)."""
         return TokenSession(self, [self.format(p) for p in prompts])
+
+
+def _cache_argument(model: Any) -> str:
+    """The keyword a model's ``forward`` takes its KV cache by: ``cache`` in the transformers
+    releases that renamed it, ``past_key_values`` before (the old name warns, then goes)."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a forward without a signature: the long-standing name
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _cache_of(output: Any) -> Any:
+    """The KV cache a forward pass returned, under either name (the old name is read only
+    where the new one is absent: reading it warns)."""
+    found = output.get("cache")
+    return output.past_key_values if found is None else found
 
 
 class TokenSession:
