@@ -183,6 +183,40 @@ def test_coordinated_groups_by_hand() -> None:
     assert coordinated_groups(sim[:2, :2], q[:2]) == []  # fewer than 3 passages
 
 
+def test_two_copies_of_one_text_are_no_group_three_are() -> None:
+    """``texts`` marks copies: a page ingested twice comes back with its copy, a tight pair
+    ranked first (the answer's too); an attacker repeating one passage plants more."""
+    sim = np.full((6, 6), 0.3)
+    sim[0, 1] = sim[1, 0] = 1.0  # one text, stored twice, ranked first
+    np.fill_diagonal(sim, 1.0)
+    q = np.array([0.9, 0.9, 0.5, 0.52, 0.5, 0.51])
+    assert [g.indices for g in coordinated_groups(sim, q)] == [(0, 1)]
+    assert coordinated_groups(sim, q, texts=[0, 0, 2, 3, 4, 5]) == []
+    assert [g.indices for g in coordinated_groups(sim, q, texts=[0, 1, 2, 3, 4, 5])] == [(0, 1)]
+    sim[:3, :3] = 1.0  # three copies of one text ranked first: a group
+    q[2] = 0.9
+    assert [g.indices for g in coordinated_groups(sim, q, texts=[0, 0, 0, 3, 4, 5])] == [(0, 1, 2)]
+
+
+@pytest.mark.parametrize("name", ["auto", "grada-peel"])
+def test_a_clean_knowledge_base_ingested_twice_keeps_its_answers(
+    minilm: Embedder, name: str
+) -> None:
+    """Every page stored twice (a common indexing slip): the answer and its copy were peeled
+    as a coordinated group, and no question kept a passage on its subject."""
+    import ragdefense
+    from ragdefense import InMemoryKnowledgeBase
+    from ragdefense.data import load_demo_kb
+
+    kb = load_demo_kb()
+    benign = [t for q in kb for t in q.benign]
+    store = InMemoryKnowledgeBase(benign + benign, embedder=minilm)
+    defense = ragdefense.defense(name, embedder=minilm)
+    for q in kb:
+        kept = {p.text for p in defense.defend(q.question, store.search(q.question, 16)).kept}
+        assert kept & set(q.benign), q.question
+
+
 def test_peel_removes_coordinated_poison_before_the_graph(toy_embedder: Embedder) -> None:
     dup = "kangaroos graze near canberra every evening"
     texts = POISON + BENIGN + [dup, dup]  # a benign near-duplicate pair, not query-like

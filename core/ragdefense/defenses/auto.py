@@ -34,6 +34,7 @@ from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, CoordinatedGroup, coordinated_groups
 from .params import cosines, differences, flags, reals
+from .pool import copy_numbers
 from .ragdefender import RAGDefender
 
 __all__ = ["AutoDefense"]
@@ -133,7 +134,9 @@ class AutoDefense:
         flagged_by_rd = self.ragdefender.defend_embeddings(query, items, emb, q_emb)
         flagged = set(flagged_by_rd.removed_indices)
         groups = (
-            coordinated_groups(sim, query_sim, self.peel_tightness, self.peel_margin)
+            coordinated_groups(
+                sim, query_sim, self.peel_tightness, self.peel_margin, copy_numbers(items)
+            )
             if self.peel
             else []
         )

@@ -41,6 +41,7 @@ from ..types import (
     to_passages,
 )
 from .params import check_embedder, differences, flags, integers, reals
+from .pool import copy_numbers
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
@@ -58,7 +59,11 @@ class CoordinatedGroup:
 
 
 def coordinated_groups(
-    sim: np.ndarray, query_sim: np.ndarray, tightness: float = 0.9, margin: float = 0.02
+    sim: np.ndarray,
+    query_sim: np.ndarray,
+    tightness: float = 0.9,
+    margin: float = 0.02,
+    texts: Sequence[int] | None = None,
 ) -> list[CoordinatedGroup]:
     """Peel coordinated groups off a retrieved set, most query-elevated first.
 
@@ -74,6 +79,10 @@ def coordinated_groups(
         query_sim: (M,) cosine similarity of each passage to the query.
         tightness: Least average cosine within a group (clusters merge while at or above it).
         margin: Least excess of a group's mean query similarity over the other passages'.
+        texts: One number per passage, equal for copies of one text
+            (:func:`~ragdefense.defenses.pool.copy_numbers`): two copies of one text are no
+            group (a knowledge base ingested twice holds every page twice, the answer's
+            included); three or more copies are one (an attacker repeating a passage).
     """
     m = len(query_sim)
     alive = np.ones(m, dtype=bool)
@@ -90,6 +99,8 @@ def coordinated_groups(
             member = labels == label
             if member.sum() < 2 or member.all():
                 continue
+            if texts is not None and member.sum() < 3 and len({texts[i] for i in idx[member]}) < 2:
+                continue  # one text stored twice
             lift = float(query_sim[idx[member]].mean() - query_sim[idx[~member]].mean())
             if best is None or lift > best[0]:
                 best = (lift, idx[member])
@@ -268,6 +279,7 @@ class GRADA:
                 cosine_to(emb[rest], q_emb),
                 self.peel_tightness,
                 self.peel_margin,
+                copy_numbers([items[i] for i in rest]),
             )
             for g, group in enumerate(groups, start=1):
                 for i in (rest[j] for j in group.indices):

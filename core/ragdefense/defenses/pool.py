@@ -19,6 +19,7 @@ __all__ = [
     "Pool",
     "apart_from",
     "consensus_result",
+    "copy_numbers",
     "distinct",
     "map_back",
     "on_topic",
@@ -57,6 +58,16 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
         else:
             copy_of.setdefault(first, []).append(i)
     return keep, copy_of
+
+
+def copy_numbers(items: list[Any]) -> list[int]:
+    """One number per passage, that of the first copy of its text (:func:`distinct`)."""
+    _, copy_of = distinct(items)
+    out = list(range(len(items)))
+    for first, copies in copy_of.items():
+        for c in copies:
+            out[c] = first
+    return out
 
 
 #: the reason a copy is left out for (its text stays once, in the passage standing for it);
