@@ -582,6 +582,29 @@ def test_cli_errors_are_one_line_exit_2_before_any_work(
     assert time.monotonic() - t0 < 5  # nothing was loaded or run
 
 
+@pytest.mark.parametrize(
+    ("content", "message"),
+    [
+        ("[]", "holds no passage"),
+        ('["", "  "]', "holds no passage"),
+        ("[" * 100_000 + "]" * 100_000, "nested too deeply"),
+        ('{"a": "b"}', "expected a JSON list of passage strings"),
+    ],
+)
+def test_cli_attack_kb_is_refused_in_one_line(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str], content: str, message: str
+) -> None:
+    """An empty ``--kb`` was red-teamed as a knowledge base of nothing ("100% hijacked", exit
+    0); a deeply nested one ended in a traceback."""
+    from ragdefense.cli import main
+
+    kb = tmp_path / "kb.json"
+    kb.write_text(content)
+    assert main(["attack", "--kb", str(kb)]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1 and "Traceback" not in err
+
+
 def test_cli_checks_output_paths_first(tmp_path: Any, capsys: pytest.CaptureFixture[str]) -> None:
     from ragdefense.cli import main
 

@@ -95,13 +95,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             store = store() if callable(store) and not hasattr(store, "as_retriever") else store
             report = framework_of(store).red_team(store, targets, k=args.k, **options)
         else:
-            texts = (
-                json.loads(Path(args.kb).read_text(encoding="utf-8"))
-                if args.kb
-                else [t for q in load_demo_kb() for t in q.benign]
-            )
-            if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
-                raise ValueError(f"{args.kb}: expected a JSON list of passage strings")
+            texts = _kb_texts(args.kb) if args.kb else [t for q in load_demo_kb() for t in q.benign]
             answer = None
             if llm is not None:
                 from .llm import as_llm
@@ -126,6 +120,19 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
     return 0
+
+
+def _kb_texts(path: str) -> list[str]:
+    """The passages of ``--kb``: a JSON list of strings, one at least that is not blank."""
+    try:
+        texts = json.loads(Path(path).read_text(encoding="utf-8"))
+    except RecursionError:
+        raise ValueError(f"{path}: JSON nested too deeply to be a list of passages") from None
+    if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
+        raise ValueError(f"{path}: expected a JSON list of passage strings")
+    if not any(t.strip() for t in texts):
+        raise ValueError(f"{path}: the knowledge base holds no passage (an attack needs one)")
+    return texts
 
 
 def build_parser() -> argparse.ArgumentParser:
