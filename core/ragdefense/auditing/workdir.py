@@ -217,7 +217,8 @@ class Workdir:
     def start(self, params: dict[str, Any], fresh: bool = False) -> None:
         """Record ``params``; on a restart they must equal the recorded ones (a changed
         parameter would mix results of two audits), unless ``fresh`` clears the audit's own
-        files (:data:`AUDIT_ENTRIES`; anything else in the folder stays). A folder that holds
+        files (:data:`AUDIT_ENTRIES`, its part folders with whatever they hold; anything
+        else in the folder stays). A folder that holds
         other files but no audit (no manifest bearing :data:`MARKER`) is refused, never
         cleared nor written to."""
         # a manifest's temporary file is the audit's own (killed before its first write)
