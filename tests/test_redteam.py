@@ -151,6 +151,28 @@ def test_langchain_store_is_copied_never_touched(minilm: Any) -> None:
     assert store.store == before
 
 
+def test_langchain_red_team_reads_the_answer_key_of_a_mapping(minilm: Any) -> None:
+    """RetrievalQA answers under ``result``, beside its source documents: the whole mapping,
+    poison included, was read as the answer ("HIJACKED" and "correct" at once). A mapping
+    without an answer key is refused."""
+    store = InMemoryVectorStore(RagdefenseEmbeddings(minilm))
+    store.add_documents([Document(page_content=t) for t in BENIGN])
+    target = TARGETS[0]
+    right = target.correct_answer
+
+    def qa(retriever: Any) -> Any:
+        return RunnableLambda(
+            lambda q: {"query": q, "result": right, "source_documents": retriever.invoke(q)}
+        )
+
+    report = lc_red_team(store, [target], k=4, chain=qa)
+    assert all(o.answer == right and o.correct and not o.hijacked for o in report.outcomes)
+    with pytest.raises(ValueError, match=r"keys \['docs', 'q'\], none of \['answer'"):
+        lc_red_team(
+            store, [target], k=4, chain=lambda r: RunnableLambda(lambda q: {"q": q, "docs": []})
+        )
+
+
 def test_llamaindex_index_is_copied_never_touched(minilm: Any) -> None:
     embed = RagdefenseEmbedding(minilm)
     index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=embed)

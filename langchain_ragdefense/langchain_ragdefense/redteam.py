@@ -6,7 +6,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.documents import Document
@@ -204,9 +204,10 @@ def red_team(
         k: Documents in the context.
         chain: ``retriever -> Runnable`` building the user's chain around a retriever, asked
             with the question as a string, or as ``{"input", "question", "query"}`` when it
-            takes a mapping (``create_retrieval_chain``); its output (its ``answer`` when a
-            mapping) is the answer, and a target is hijacked when the answer states a wrong
-            answer. Without it, a target is hijacked when poison is most of the context.
+            takes a mapping (``create_retrieval_chain``); its output (its ``answer``,
+            ``output`` or ``result`` when a mapping) is the answer, and a target is hijacked
+            when the answer states a wrong answer. Without it, a target is hijacked when poison
+            is most of the context.
     """
     targets = check_red_team(targets, k)  # before any copy is made
     poisoned = (copy_store or _copy)(store)
@@ -271,8 +272,24 @@ def _ask(runnable: Runnable[Any, Any], question: str) -> Any:
         return runnable.invoke(keyed)
 
 
+#: where a chain returning a mapping puts its answer: ``create_retrieval_chain``, agents and
+#: chains of the ``output`` convention, ``RetrievalQA``
+ANSWER_KEYS = ("answer", "output", "result")
+
+
 def _text(output: Any) -> str:
+    """The answer in a chain's output: a message's content, a mapping's answer key, or the
+    output as a string. A mapping without an answer key is refused: read as a whole, it holds
+    the retrieved documents, whose poison would be taken for the answer."""
     content = getattr(output, "content", output)
-    if isinstance(content, dict):
-        content = content.get("answer", content.get("output", content))
+    if isinstance(content, Mapping):
+        key = next((k for k in ANSWER_KEYS if k in content), None)
+        if key is None:
+            raise ValueError(
+                f"the chain returned a mapping with keys {sorted(map(str, content))}, none of "
+                f"{list(ANSWER_KEYS)}: end the chain with the answer (e.g. "
+                "chain | itemgetter('your_key'))"
+            )
+        content = content[key]
+        content = getattr(content, "content", content)
     return str(content)
