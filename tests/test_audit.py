@@ -881,6 +881,45 @@ def test_audit_settings_are_checked_when_made() -> None:
     assert AuditSettings() == AuditSettings(("consensus",), 10, None, 10, None, 512, "auto", 1000)
 
 
+def test_a_custom_corpus_is_checked_chunk_by_chunk(toy: CallableEmbedder, tmp_path: Path) -> None:
+    """A store record holding a vector but no document (Chroma allows one) ended in a raw
+    TypeError from a digest's join, naming no chunk; an id read twice from a user's corpus was
+    reported twice. Both are refused by name, the second across parts."""
+    from ragdefense.auditing import Batch
+
+    class Records:
+        def __init__(self, ids: list[str], texts: list[Any]) -> None:
+            self.ids, self.texts = ids, texts
+
+        def fingerprint(self) -> str:
+            return f"records {self.ids}"
+
+        def batches(self, size: int) -> Any:
+            for start in range(0, len(self.ids), size):
+                ids, texts = self.ids[start : start + size], self.texts[start : start + size]
+                yield Batch(ids, texts, [""] * len(ids))
+
+    texts, ids, _ = toy_corpus()
+    holed = [*texts[:7], None, *texts[8:]]
+    with pytest.raises(ValueError, match=rf"chunk {ids[7]!r} has no text string \(got NoneType\)"):
+        audit(Records(ids, holed), embedder=toy, workdir=tmp_path / "a", part_size=32)
+    twice = [*ids[:40], ids[3], *ids[41:]]
+    with pytest.raises(ValueError, match=rf"two chunks have the id {ids[3]!r} \(parts 0 and 1\)"):
+        audit(Records(twice, texts), embedder=toy, workdir=tmp_path / "b", part_size=32)
+    assert audit(Records(ids, texts), embedder=toy, workdir=tmp_path / "c", part_size=32).findings
+
+
+@pytest.mark.parametrize("workers", [0, -1, 2.5, "2", True])
+def test_ray_workers_are_checked_before_any_work(tmp_path: Path, workers: Any) -> None:
+    """Ray refused these from deep inside Ray Data (0 meant every CPU), once the working folder
+    was written; the command line already refused them."""
+    with pytest.raises(ValueError, match=r"workers must be a whole number >= 1"):
+        audit(["a b c"], engine="ray", workers=workers, workdir=tmp_path / "w")
+    assert not (tmp_path / "w").exists()
+    with pytest.raises(ValueError, match=r"unknown engine 'spark'"):
+        audit(["a b c"], engine="spark", workdir=tmp_path / "w")  # type: ignore[arg-type]
+
+
 def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_path: Path) -> None:
     texts, ids, _ = toy_corpus()
     by_keywords = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "k", part_size=32)

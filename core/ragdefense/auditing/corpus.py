@@ -55,6 +55,13 @@ class Batch:
             raise ValueError(f"a batch has {n} ids but {len(self.vectors)} vectors")
         if self.metadata is not None and len(self.metadata) != n:
             raise ValueError(f"a batch has {n} ids but {len(self.metadata)} metadata entries")
+        for field, values in (("text", self.texts), ("title", self.titles)):
+            bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+            if bad is not None:  # e.g. a store record holding a vector but no document
+                raise ValueError(
+                    f"chunk {self.ids[bad]!r} has no {field} string (got "
+                    f"{type(values[bad]).__name__}): give every chunk a text ('' for none)"
+                )
 
 
 @runtime_checkable
@@ -148,6 +155,20 @@ class ListCorpus:
             yield Batch(
                 self.ids[start:end], self.texts[start:end], self.titles[start:end], vectors, meta
             )
+
+
+def unique_ids(batches: Iterable[Batch]) -> Iterator[Batch]:
+    """``batches``, refused at the first id read twice: a report names chunks by id."""
+    seen: dict[str, int] = {}  # id -> the batch it was first read in
+    for part, batch in enumerate(batches):
+        for chunk_id in batch.ids:
+            if chunk_id in seen:
+                raise ValueError(
+                    f"two chunks have the id {chunk_id!r} (parts {seen[chunk_id]} and {part}): "
+                    "a report names chunks by id, so every id must be unique"
+                )
+            seen[chunk_id] = part
+        yield batch
 
 
 def _parquet() -> Any:

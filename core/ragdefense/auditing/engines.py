@@ -160,6 +160,19 @@ def _reachable(address: str | None, timeout: float = 10.0) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
+def check_engine(engine: Any, workers: Any) -> None:
+    """The engine's arguments, checked before any work (Ray would refuse them only once the
+    working folder is written, and from deep inside Ray Data)."""
+    if isinstance(engine, str) and engine not in ("local", "ray"):
+        raise ValueError(f"unknown engine {engine!r}: use 'local' or 'ray'")
+    if workers is not None and (
+        isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
+    ):
+        raise ValueError(
+            f"workers must be a whole number >= 1 (None: the CPUs Ray sees), got {workers!r}"
+        )
+
+
 def make_engine(engine: str | Engine, address: str | None, workers: int | None) -> Engine:
     """``"local"``, ``"ray"`` or an engine object."""
     if not isinstance(engine, str):

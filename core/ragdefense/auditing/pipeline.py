@@ -5,9 +5,8 @@
 3. Probe questions: the query log when given, else one per chunk (title / first sentence).
 4. Search every probe and every chunk in the sharded vector index (FAISS when installed).
 5. Run the defenses on each probe's top M (the default defense unless told otherwise).
-6. Per chunk: how often it was retrieved and removed, and by which probes; tight near-duplicate
-   groups (each chunk's nearest neighbours); its source's other chunks (where chunks carry
-   sources); a score, a verdict, the reasons.
+6. Per chunk: how often it was retrieved and removed, and by which probes; its near-duplicate
+   group; its source's other chunks (where chunks carry sources); a score, a verdict, reasons.
 
 Every step writes its files to the working folder: a killed audit restarts where it stopped.
 """
@@ -26,8 +25,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .corpus import Corpus, as_corpus, fingerprint, read_queries
-from .engines import Engine, LocalEngine, make_engine
+from .corpus import Corpus, as_corpus, fingerprint, read_queries, unique_ids
+from .engines import Engine, LocalEngine, check_engine, make_engine
 from .evidence import Scoring, assess, reasons, scored
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
@@ -88,6 +87,7 @@ def audit(
             ``TypeError``.
     """
     chosen = _settings(settings, overrides)
+    check_engine(engine, workers)
     folder: AbstractContextManager[str | Path] = (
         tempfile.TemporaryDirectory(prefix="ragdefense-audit-")
         if workdir is None
@@ -274,7 +274,7 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
     reports the sources the metadata and ``source_key`` give now)."""
     known = wd.noted("part_digests")
     sizes, digests, sourced = [], [], False
-    for part, batch in enumerate(corpus.batches(part_size)):
+    for part, batch in enumerate(unique_ids(corpus.batches(part_size))):
         name = part_name("chunks", part)
         digest = _digest(batch.ids, batch.texts)
         if wd.has(f"{name}.json"):
