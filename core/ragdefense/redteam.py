@@ -198,13 +198,9 @@ class TargetOutcome:
     retrieved: int
     poison_retrieved: int  # passages planted for this question in its context
     answer: str | None
-    hijacked: (
-        bool  # the answer states a wrong answer; without one: its poison is most of the context
-    )
+    hijacked: bool  # the answer states a wrong answer; without one: its poison fills most of it
     correct: bool | None  # the answer states the correct answer (None: unknown)
-    #: passages planted for the other targets in this question's context (they assert another
-    #: question's wrong answer, so they do not decide this one's verdict)
-    other_poison: int = 0
+    other_poison: int = 0  # passages planted for the other targets (not this one's verdict)
 
 
 @dataclass
@@ -277,9 +273,8 @@ def run_red_team(
         targets: The questions and the attacker's answers.
         pipelines: Name -> function returning (context texts, answer or ``None``) for a question.
             They run over a knowledge base in which ``poison`` has been planted.
-        poison: Question -> the poison passages planted for it (to count poison in the context:
-            a target's verdict and ``poison_retrieved`` count its own, ``other_poison`` the
-            passages planted for the other targets).
+        poison: Question -> the poison passages planted for it: a target's verdict counts its
+            own, ``other_poison`` those planted for the other targets.
         attack: The attack's name, for the report.
         n_poison: Poison passages asked per target; the report states the most planted for one
             (a target's own poison texts may be fewer).

@@ -79,10 +79,8 @@ def coordinated_groups(
         query_sim: (M,) cosine similarity of each passage to the query.
         tightness: Least average cosine within a group (clusters merge while at or above it).
         margin: Least excess of a group's mean query similarity over the other passages'.
-        texts: One number per passage, equal for copies of one text
-            (:func:`~ragdefense.defenses.pool.copy_numbers`): two copies of one text are no
-            group (a knowledge base ingested twice holds every page twice, the answer's
-            included); three or more copies are one (an attacker repeating a passage).
+        texts: One number per passage, equal for copies of one text: two copies of one text
+            are no group (a page ingested twice), three or more are (a passage repeated).
     """
     m = len(query_sim)
     alive = np.ones(m, dtype=bool)
