@@ -289,6 +289,40 @@ def test_token_probabilities_need_a_capable_backend() -> None:
         CallableLLM(lambda p: p).next_token_probs(["x"])
 
 
+def test_copies_of_a_transformers_llm_load_its_model_once(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """A RobustRAG engine answers with a copy of its LLM (its own timeout): the copy, made
+    before the model was loaded, loaded a second SmolLM2, and every RobustRAG() one more."""
+    import copy
+
+    import transformers
+
+    from ragdefense.llm import TransformersLLM
+
+    loads: list[str] = []
+
+    class Loaded:
+        padding_side, pad_token = "left", "<pad>"
+
+        def to(self, device: Any) -> Loaded:
+            return self
+
+        def eval(self) -> Loaded:
+            return self
+
+    def load(path: str, *args: Any, **kwargs: Any) -> Loaded:
+        loads.append(path)
+        return Loaded()
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", load)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", load)
+    llm = TransformersLLM(str(tmp_path), device="cpu")
+    twin, engine = copy.copy(llm), RobustRAG(llm=llm)
+    assert twin.model is llm.model is engine.llm.model and twin.tokenizer is llm.tokenizer
+    assert loads == [str(tmp_path)] * 2  # the model and its tokenizer, once each
+
+
 @pytest.mark.slow
 def test_real_next_token_probabilities_match_greedy_decoding() -> None:
     import numpy as np

@@ -114,9 +114,11 @@ class TransformersLLM(LLM):
         cache_dir: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
+        # model and tokenizer in one holder that copies share (a RobustRAG engine answers with a
+        # copy of the process-wide default): the model is loaded once for all of them
+        self._loaded: dict[str, Any] = {"model": None, "tokenizer": tokenizer}
         self._model = None if model is None or isinstance(model, (str, Path)) else model
         self._path = str(model) if isinstance(model, (str, Path)) else None
-        self._tokenizer = tokenizer
         self.chat = chat
         self.batch_size = batch_size
         self._device = device
@@ -124,6 +126,22 @@ class TransformersLLM(LLM):
         self.cache_dir = cache_dir
         self.timeout = timeout
         self._lock = threading.Lock()
+
+    @property
+    def _model(self) -> Any:
+        return self._loaded["model"]
+
+    @_model.setter
+    def _model(self, value: Any) -> None:
+        self._loaded["model"] = value
+
+    @property
+    def _tokenizer(self) -> Any:
+        return self._loaded["tokenizer"]
+
+    @_tokenizer.setter
+    def _tokenizer(self, value: Any) -> None:
+        self._loaded["tokenizer"] = value
 
     @property
     def device(self) -> Any:
