@@ -493,3 +493,33 @@ def test_a_fetch_below_the_defense_names_the_fetch(index: VectorStoreIndex) -> N
     store."""
     with pytest.warns(UserWarning, match="asked for 2 only: raise its fetch_k to 8"):
         defend(index, fetch_k=2).retrieve(QUESTION.question)
+
+
+def test_async_embeddings_run_off_the_event_loop() -> None:
+    """``aget_query_embedding`` and the async text embeddings ran the model on the event loop,
+    stalling every other request while it embedded."""
+    import threading
+
+    from ragdefense import CallableEmbedder
+
+    released = threading.Event()
+
+    def embed(texts: list[str]) -> list[list[float]]:  # waits for the loop to release it
+        if not released.wait(5):
+            raise RuntimeError("the event loop was blocked while embedding")
+        return [[1.0, float(len(t))] for t in texts]
+
+    model = RagdefenseEmbedding(CallableEmbedder(embed, cache_size=0))
+
+    async def main() -> Any:
+        asked = asyncio.gather(
+            model.aget_query_embedding("q"),
+            model.aget_text_embedding("two"),
+            model.aget_text_embedding_batch(["a", "bb"]),
+        )
+        await asyncio.sleep(0.05)  # the loop runs while the model works
+        released.set()
+        return await asked
+
+    query, text, batch = asyncio.run(main())
+    assert query == [1.0, 1.0] and text == [1.0, 3.0] and batch == [[1.0, 1.0], [1.0, 2.0]]
