@@ -244,6 +244,60 @@ def test_robustrag_chain_scripted_sync_and_async(store: InMemoryVectorStore) -> 
         chain.invoke(3)
 
 
+def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVectorStore) -> None:
+    """Every run built its own backend with its own limit (six threads at max_concurrency=2
+    had twelve calls in flight), and ainvoke of a model without an async path of its own (a
+    sync lambda) ran its calls in the event loop's shared thread pool: hung calls outlived
+    their deadline there, and later requests waited for them."""
+    import threading
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    from langchain_core.runnables import RunnableLambda
+
+    from ragdefense import RobustRAG
+
+    retriever = store.as_retriever(search_kwargs={"k": 4})
+    lock, flight = threading.Lock(), [0, 0]  # now, peak
+
+    def slow(prompt: str) -> str:
+        with lock:
+            flight[0] += 1
+            flight[1] = max(flight)
+        time.sleep(0.05)
+        with lock:
+            flight[0] -= 1
+        return "Canberra"
+
+    chain = RobustRAGChain.from_llm(RunnableLambda(slow), retriever, max_concurrency=2)
+    with ThreadPoolExecutor(6) as pool:
+        outs = list(pool.map(chain.invoke, [QUESTION.question] * 6))
+    assert flight[1] == 2 and all(o["answer"] == "Canberra" for o in outs)
+
+    release = threading.Event()
+
+    def hung(prompt: str) -> str:
+        release.wait(10)
+        return "late"
+
+    robust = RobustRAG(llm=str, timeout=0.3)
+    chain = RobustRAGChain.from_llm(RunnableLambda(hung), retriever, robust=robust)
+
+    async def requests() -> list[float]:
+        took = []
+        for _ in range(8):  # more than the loop's default thread pool holds on two cores
+            start = time.monotonic()
+            out = await asyncio.wait_for(chain.ainvoke(QUESTION.question), 5)
+            took.append(time.monotonic() - start)
+            assert "timed out" in (out["report"].responses[0].error or "")
+        return took
+
+    try:
+        assert max(asyncio.run(requests())) < 2
+    finally:
+        release.set()
+
+
 @pytest.mark.slow
 def test_robustrag_chain_with_the_real_llm(embeddings: RagdefenseEmbeddings) -> None:
     from langchain_core.runnables import RunnableLambda

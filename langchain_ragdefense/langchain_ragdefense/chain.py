@@ -4,6 +4,7 @@ aggregation in the core."""
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -21,6 +22,8 @@ from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LangChainLLM
 
 __all__ = ["RobustRAGChain"]
+
+_SLOTS_LOCK = threading.Lock()
 
 
 class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
@@ -55,6 +58,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     certify: int | None = Field(default=None, strict=True)
     _robust: RobustRAG | None = PrivateAttr(default=None)
     _built_for: tuple[Any, Any] | None = PrivateAttr(default=None)
+    #: the calls in flight across every run of this chain (``max_concurrency``): each run's
+    #: backend carries its own config, and shares this limit (hung calls keep their slots)
+    _slots: tuple[int, threading.Semaphore] | None = PrivateAttr(default=None)
 
     def model_post_init(self, context: Any, /) -> None:
         """Build the engine now, so that a bad aggregation fails at construction."""
@@ -83,10 +89,16 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         return cls(llm=llm, retriever=retriever, **kwargs)
 
     def _core(self, config: RunnableConfig) -> RobustRAG:
-        # shares the spaCy pipeline; the LLM is bound to this run's config
-        return self._engine().with_llm(
-            LangChainLLM(self.llm, self.max_concurrency, timeout=None, config=dict(config))
+        # shares the spaCy pipeline and the calls-in-flight limit; the LLM is bound to this
+        # run's config
+        with _SLOTS_LOCK:
+            if self._slots is None or self._slots[0] != self.max_concurrency:
+                self._slots = (self.max_concurrency, threading.Semaphore(self.max_concurrency))
+            slots = self._slots[1]
+        backend = LangChainLLM(
+            self.llm, self.max_concurrency, timeout=None, config=dict(config), slots=slots
         )
+        return self._engine().with_llm(backend)
 
     @staticmethod
     def _parse(value: Any) -> tuple[str, list[str] | None]:

@@ -194,6 +194,8 @@ class LangChainLLM(ConcurrentLLM):
         max_concurrency: Calls in flight at once.
         timeout: Default deadline of a batch in seconds (``None``: none).
         config: A ``RunnableConfig`` passed on each call (e.g. the calling chain's callbacks).
+        slots: The calls-in-flight limit to share (``threading.Semaphore``), where backends
+            made per run (each with its run's ``config``) must hold ``max_concurrency`` together.
     """
 
     def __init__(
@@ -202,16 +204,45 @@ class LangChainLLM(ConcurrentLLM):
         max_concurrency: int = 8,
         timeout: float | None = DEFAULT_TIMEOUT,
         config: dict[str, Any] | None = None,
+        slots: threading.Semaphore | None = None,
     ) -> None:
         super().__init__(max_concurrency, timeout)
         self.model = model
         self.config = dict(config or {})
+        if slots is not None:
+            self.__dict__["_slots_made"] = slots
 
     def call(self, prompt: str) -> Any:
         return _message_text(self.model.invoke(prompt, config=self.config))
 
     async def acall(self, prompt: str) -> Any:
         return _message_text(await self.model.ainvoke(prompt, config=self.config))
+
+    async def agenerate(
+        self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
+    ) -> list[Generation]:
+        # a model without an async path of its own answers ``ainvoke`` in the event loop's
+        # shared thread pool, where a hung call outlives its cancelled task and holds a thread
+        # other requests need: its sync calls run in this backend's own threads instead
+        if not _native_async(self.model):
+            return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
+        return await super().agenerate(prompts, max_new_tokens, timeout)
+
+
+def _native_async(model: Any) -> bool:
+    """Whether a LangChain runnable awaits its own async code (a chat model's ``_agenerate``,
+    an ``async def`` lambda), not its sync code in a thread pool."""
+    try:
+        from langchain_core.language_models import BaseChatModel, BaseLLM
+        from langchain_core.runnables import Runnable, RunnableLambda
+    except ImportError:  # pragma: no cover - a LangChain model implies langchain-core
+        return True
+    if isinstance(model, RunnableLambda):
+        return hasattr(model, "afunc")
+    for base in (BaseChatModel, BaseLLM):
+        if isinstance(model, base):
+            return type(model)._agenerate is not base._agenerate
+    return type(model).ainvoke is not Runnable.ainvoke
 
 
 class LlamaIndexLLM(ConcurrentLLM):
