@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from ragdefense import Consensus, DefenseInputError, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.defenses.registry import defense as build
-from ragdefense.provenance import SOURCE_KEYS, is_trusted_by, source_of, sources_of
+from ragdefense.provenance import SOURCE_KEYS, document_of, is_trusted_by, source_of, sources_of
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -446,6 +446,44 @@ def test_trust_by_address_is_by_host_or_by_page_and_below() -> None:
     by_key = is_trusted_by({"https://wiki.acme.org/hr"}, source_key="origin")
     doc = Passage("x", metadata={"origin": "https://wiki.acme.org/hr/leave"})
     assert by_key(doc, source_of(doc, "origin"))
+
+
+def test_storage_addresses_are_files_and_trusted_sources_match_as_source_of_gives_them() -> None:
+    """An s3:// or gs:// address (LangChain's S3 / GCS loaders) names one file: it was read as
+    a web host, every file of a bucket one source (an attacker's upload beside the honest files
+    judged as their pages, honest files as one voice). A trusted entry equal to what source_of
+    gives trusts it: a local folder named like a host (a wget mirror's "www.who.int/...") was
+    parsed as a web page and trusted nothing; a host with a port trusts that host."""
+
+    def at(value: str) -> Passage:
+        return Passage("x", metadata={"source": value})
+
+    for uri in ("s3://acme-kb/uploads/a.txt", "gs://acme-kb/uploads/a.txt", "az://c/uploads/a.txt"):
+        assert source_of(at(uri)) == document_of(at(uri)) == uri
+        assert is_trusted_by({uri})(at(uri), uri)
+        other = uri.replace("uploads/a", "handbook/b")
+        assert not is_trusted_by({uri})(at(other), source_of(at(other)))
+    passages, emb, q, _ = _pool(4, n_benign=10, n_poison=3)
+    names = [f"kb/{i}.txt" if i < 10 else "uploads/attacker.txt" for i in range(len(passages))]
+
+    def stored(where: str) -> list[Passage]:
+        return [
+            replace(p, metadata={"source": where + n}) for p, n in zip(passages, names, strict=True)
+        ]
+
+    in_bucket = Consensus().defend_embeddings("q", stored("s3://acme-kb/"), emb, q)
+    on_disk = Consensus().defend_embeddings("q", stored("/srv/"), emb, q)
+    assert in_bucket.removed_indices == on_disk.removed_indices
+    assert in_bucket.estimates["sources"] == on_disk.estimates["sources"] == 11
+    for path in ("www.who.int/Index.html", "KB.v2/Index.html", "kb.v2/index.html"):
+        assert is_trusted_by({path})(at(path), source_of(at(path))), path
+    for entry, url in [
+        ("wiki.corp:8080", "http://wiki.corp:8080/page/1"),
+        ("localhost:8000", "http://localhost:8000/docs"),
+        ("who.int:443", "https://www.who.int/news"),
+    ]:
+        assert is_trusted_by({entry})(at(url), source_of(at(url))), entry
+    assert source_of(at("doc:42")) == "doc:42"  # an id with a colon is no host
 
 
 def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:

@@ -4,12 +4,14 @@ Real documents say where they come from: LangChain loaders set ``metadata["sourc
 LlamaIndex readers ``file_path`` / ``file_name`` / ``url``, nodes a ``ref_doc_id``. A defense
 that counts support per *source* rather than per passage is not outvoted by twenty chunks of one
 upload, or by one web domain repeating itself (search engines' host crowding). Web addresses
-count per host (``www.`` dropped); any other value is taken as it is.
+(``http``, ``https``, ``ftp``) and bare host names count per host (``www.`` and a port
+dropped); any other value, a storage address (``s3://bucket/key``) included, is taken as it is.
 """
 
 from __future__ import annotations
 
 import posixpath
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,6 +22,7 @@ from .types import Passage
 __all__ = [
     "AUTO",
     "SOURCE_KEYS",
+    "WEB_SCHEMES",
     "Trust",
     "document_of",
     "is_trusted_by",
@@ -52,6 +55,17 @@ Trust = Collection[str] | Callable[[Mapping[str, Any]], bool] | None
 _MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 
 
+#: the schemes of addresses whose host is their source; any other (``s3://``, ``gs://``,
+#: ``file://``) names one file, its own source
+WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
+#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``)
+_HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
+
+
+def _is_web(text: str) -> bool:
+    return text.partition("://")[0].strip().lower() in WEB_SCHEMES
+
+
 def _normal(value: Any) -> str | None:
     if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
         return None
@@ -59,14 +73,16 @@ def _normal(value: Any) -> str | None:
     if not text or text.casefold() in _MISSING:
         return None
     if "://" in text:
+        if not _is_web(text):
+            return text  # a storage or file address: one file
         try:
             host = urlsplit(text).hostname
         except ValueError:  # a malformed address is still a name for its source
             host = None
         if host:
             return host.lower().removeprefix("www.")
-    elif "." in text and not any(c in text for c in "/\\ "):  # a bare host name
-        return text.lower().removeprefix("www.")
+    elif _HOST.fullmatch(text):  # a bare host name, its port dropped as an address's is
+        return text.partition(":")[0].lower().removeprefix("www.")
     return text
 
 
@@ -101,7 +117,7 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         'reports/q3.pdf'
     """
     host, value = _source_value(passage.metadata, source_key)
-    if host is None or "://" not in str(value):
+    if host is None or "://" not in str(value) or not _is_web(str(value)):
         return host
     try:
         path = urlsplit(str(value).strip()).path.rstrip("/")
@@ -169,7 +185,13 @@ def is_trusted_by(
             f"{type(trusted).__name__}"
         )
     pages = {t: _page(t) for t in trusted}
-    names = frozenset(n for t, p in pages.items() if not p and (n := _normal(t)) is not None)
+    # an entry is also trusted as the exact source it names, where it is one (a local folder
+    # named like a host, "www.who.int/index.html", is a path as source_of gives it)
+    names = frozenset(
+        n
+        for t, p in pages.items()
+        if (not p or "://" not in str(t)) and (n := _normal(t)) is not None
+    )
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key)
 
 
@@ -178,6 +200,8 @@ def _page(entry: Any) -> str | None:
     dot segments resolved; ``None`` for any other entry. One with a query is refused: a query
     names a page among a site's pages, and a path prefix cannot say which."""
     text = str(entry).strip()
+    if "://" in text and not _is_web(text):
+        return None  # a storage or file address: trusted as the one file it names
     if "://" not in text:
         head, slash, _ = text.partition("/")
         if not slash or "." not in head or any(c in text for c in " \\"):
