@@ -116,8 +116,8 @@ class TransformersLLM(LLM):
     ) -> None:
         # model and tokenizer in one holder that copies share (a RobustRAG engine answers with a
         # copy of the process-wide default): the model is loaded once for all of them
-        self._loaded: dict[str, Any] = {"model": None, "tokenizer": tokenizer}
-        self._model = None if model is None or isinstance(model, (str, Path)) else model
+        given = None if model is None or isinstance(model, (str, Path)) else model
+        self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}
         self._path = str(model) if isinstance(model, (str, Path)) else None
         self.chat = chat
         self.batch_size = batch_size
@@ -128,27 +128,11 @@ class TransformersLLM(LLM):
         self._lock = threading.Lock()
 
     @property
-    def _model(self) -> Any:
-        return self._loaded["model"]
-
-    @_model.setter
-    def _model(self, value: Any) -> None:
-        self._loaded["model"] = value
-
-    @property
-    def _tokenizer(self) -> Any:
-        return self._loaded["tokenizer"]
-
-    @_tokenizer.setter
-    def _tokenizer(self, value: Any) -> None:
-        self._loaded["tokenizer"] = value
-
-    @property
     def device(self) -> Any:
         """The torch device the model runs on (see ``device`` above)."""
         if self._device is None:
-            if self._model is not None and hasattr(self._model, "device"):
-                self._device = self._model.device
+            if self._loaded["model"] is not None and hasattr(self._loaded["model"], "device"):
+                self._device = self._loaded["model"].device
             else:
                 import torch
 
@@ -157,26 +141,26 @@ class TransformersLLM(LLM):
 
     def _load(self) -> tuple[Any, Any]:
         with self._lock:
-            if self._model is None or self._tokenizer is None:
+            if self._loaded["model"] is None or self._loaded["tokenizer"] is None:
                 from transformers import AutoModelForCausalLM, AutoTokenizer
 
                 from ..offline import quiet_loading
 
                 with quiet_loading():
                     path = self._path or str(packaged_smollm2_dir(self.cache_dir))
-                    if self._model is None:
+                    if self._loaded["model"] is None:
                         loaded: Any = AutoModelForCausalLM.from_pretrained(path)
-                        self._model = loaded.to(self.device).eval()
-                if self._tokenizer is None:
-                    self._tokenizer = AutoTokenizer.from_pretrained(path)
-            tok = self._tokenizer
+                        self._loaded["model"] = loaded.to(self.device).eval()
+                if self._loaded["tokenizer"] is None:
+                    self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(path)
+            tok = self._loaded["tokenizer"]
             if tok.padding_side != "left" or tok.pad_token is None:
                 tok = copy.deepcopy(tok)  # a caller's tokenizer is left as it was given
                 tok.padding_side = "left"
                 if tok.pad_token is None:
                     tok.pad_token = tok.eos_token
-                self._tokenizer = tok
-            return self._model, tok
+                self._loaded["tokenizer"] = tok
+            return self._loaded["model"], tok
 
     @property
     def model(self) -> Any:
