@@ -134,6 +134,18 @@ def test_certified_injection_not_modification() -> None:
     assert mod is not None and not mod.certified and "(2)" in mod.reason
 
 
+def test_a_hedge_holding_the_gold_is_no_certified_answer() -> None:
+    """Every context decodes "I don't know Canberra": the inference answers "I don't know"
+    (a hedge abstains), and the certificate must read its possible outputs alike. It kept
+    them as decoded, found the gold in each, and certified an answer that was not given."""
+    hedge = [dist(idk=0.98, can=0.02), dist(can=1.0)]  # P(IDK) < 0.99: none is dropped
+    tables = {f"c{i}": hedge for i in range(4)} | NOR
+    r = rr(tables).answer(Q, ["c0", "c1", "c2", "c3"], certify=1, gold="Canberra")
+    assert r.answer == "I don't know"
+    assert r.certificate is not None and not r.certificate.certified
+    assert r.certificate.possible_answers == ("I don't know",)
+
+
 def test_branch_to_the_no_retrieval_token() -> None:
     # eta = 0.2, injection k'=1, m = 3 benign contexts: "always a" needs gap > 1 + 0.2*4 = 1.8;
     # "a or no-retrieval" needs gap >= 1 - 0.2*3 = 0.4. Sums 2.1 vs 0.9: gap 1.2 -> both.

@@ -152,8 +152,7 @@ class _Decoding:
             if "\n" in tok.decode([token]):
                 break
             session.advance(token)
-        text = first_line_of(tok.decode(tokens, skip_special_tokens=True))
-        answer = text if text and not is_abstention(text) else IDK
+        answer = _answer_of(tok.decode(tokens, skip_special_tokens=True))
         n = len(kept)
         reason = (
             f"{n} of {len(items)} contexts kept (P(I don't know) < {self.cfg.gamma:g}); "
@@ -245,10 +244,9 @@ class _Decoding:
                     break
                 tokens = [*tokens, token]
                 session.advance(token)
+        # each possible output read as the inference reads it (a hedge is an abstention)
         possible = tuple(
-            dict.fromkeys(
-                (first_line_of(tok.decode(t, skip_special_tokens=True)) or IDK) for t in finished
-            )
+            dict.fromkeys(_answer_of(tok.decode(t, skip_special_tokens=True)) for t in finished)
         )
         if golds:
             ok = all(contains_answer(a, golds) for a in possible)
@@ -261,3 +259,10 @@ class _Decoding:
                 "all equal the answer" if ok else "the attacker can change the answer"
             )
         return Certificate(k_prime, attack, ok, why, possible)
+
+
+def _answer_of(decoded: str) -> str:
+    """The answer a decoded output gives: its first line, or "I don't know" where that is empty
+    or abstains. The inference and the certificate read outputs alike."""
+    text = first_line_of(decoded)
+    return text if text and not is_abstention(text) else IDK
