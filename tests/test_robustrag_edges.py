@@ -12,7 +12,7 @@ import pytest
 
 from ragdefense.llm import CallableLLM
 from ragdefense.llm.base import DEFAULT_TIMEOUT
-from ragdefense.robustrag import RobustRAG
+from ragdefense.robustrag import KeywordAggregation, RobustRAG
 
 Q = "What is the largest ocean?"
 CHOICES = ["Pacific", "Atlantic"]
@@ -60,6 +60,15 @@ def test_an_answer_is_certified_only_by_its_own_aggregation() -> None:
     keyword = RobustRAG(llm=lambda p: "Pacific Ocean").answer(Q, PASSAGES)
     with pytest.raises(ValueError, match="aggregated by 'keyword'"):
         RobustRAG(llm=lambda p: "A", aggregation="majority").certify(keyword, 1)
+    # the same aggregation with other settings would answer otherwise (another threshold):
+    # its certificate would cover another rule than the one that gave the answer
+    loose = RobustRAG(llm=lambda p: "Pacific Ocean", aggregation=KeywordAggregation(alpha=0.1))
+    answer = loose.answer(Q, PASSAGES)
+    assert answer.settings == KeywordAggregation(alpha=0.1)
+    strict = RobustRAG(llm=lambda p: "Pacific Ocean", aggregation=KeywordAggregation(alpha=0.5))
+    with pytest.raises(ValueError, match=r"aggregated with KeywordAggregation\(alpha=0.1"):
+        strict.certify(answer, 1)
+    assert loose.certify(answer, 1).certificate is not None
 
 
 def test_certify_calls_checks_k_prime_as_certify_does() -> None:

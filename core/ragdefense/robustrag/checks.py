@@ -6,7 +6,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-__all__ = ["check_attack", "check_certify", "check_installed", "check_templates"]
+__all__ = [
+    "check_aggregated_alike",
+    "check_attack",
+    "check_certify",
+    "check_installed",
+    "check_templates",
+]
 
 
 def check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
@@ -62,3 +68,21 @@ def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True
         not isinstance(golds, Sequence) or not all(isinstance(g, str) for g in golds)
     ):
         raise TypeError(f"gold must be a str or a sequence of str, got {type(gold).__name__}")
+
+
+def check_aggregated_alike(result: Any, aggregation: Any) -> None:
+    """A certificate covers an answer only under the settings it was aggregated with: another
+    aggregation, or the same with other settings (another alpha, beta, eta or gamma), could
+    answer otherwise, and is refused."""
+    if not result.responses:
+        return
+    if result.aggregation != aggregation.name:
+        raise ValueError(
+            f"this answer was aggregated by {result.aggregation!r}: certify it with a "
+            f"RobustRAG whose aggregation is the same (this one's: {aggregation.name!r})"
+        )
+    if result.settings is not None and result.settings != aggregation:
+        raise ValueError(
+            f"this answer was aggregated with {result.settings!r}: certify it with a RobustRAG "
+            f"of those settings (this one's: {aggregation!r})"
+        )

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
-from .checks import check_certify, check_installed, check_templates
+from .checks import check_aggregated_alike, check_certify, check_installed, check_templates
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
@@ -343,7 +343,7 @@ class RobustRAG:
             calls = self.answer_calls(items)
             progress(0, calls)
             answer = reported(answer, progress, calls)
-        result: RobustAnswer = yield from answer
+        result: RobustAnswer = replace((yield from answer), settings=self.aggregation)
         if certify is not None:
             result = yield from self._certify_flow(result, certify, attack, gold, progress)
         return result
@@ -357,11 +357,7 @@ class RobustRAG:
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         check_certify(k_prime, attack, gold, optional=False)
-        if result.responses and result.aggregation != self.aggregation.name:
-            raise ValueError(
-                f"this answer was aggregated by {result.aggregation!r}: certify it with a "
-                f"RobustRAG whose aggregation is the same (this one's: {self.aggregation.name!r})"
-            )
+        check_aggregated_alike(result, self.aggregation)
         golds = [gold] if isinstance(gold, str) else list(gold or [])
         refusal = _refusal(len(result.responses), k_prime) or _failed(result)
         if refusal is not None:

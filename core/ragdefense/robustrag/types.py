@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from ..types import Passage
 
@@ -129,6 +129,8 @@ class RobustAnswer:
     choices: tuple[str, ...] = ()  # majority vote: the candidates, in letter order
     steps: tuple[DecodingStep, ...] = ()  # decoding aggregation: one per generated token
     certificate: Certificate | None = None
+    #: the aggregation's settings it was aggregated with (``certify`` refuses other settings)
+    settings: Any = None
 
     @property
     def abstentions(self) -> list[int]:
