@@ -113,7 +113,8 @@ def realtimeqa_cases(
 ) -> list[Case]:
     """The GRADA / RobustRAG setting: web results + ``p`` poison passages
     (``question + ". " + text``), ranked by query similarity, top ``m`` retrieved; the context is
-    ``n`` passages. ``is_gold`` marks passages containing a correct answer string."""
+    ``n`` passages. ``is_gold`` marks the web results containing a correct answer string (a
+    planted passage is never gold, even where a short answer's string occurs in it)."""
     n_poison = list(n_poison)
     texts: list[str] = []
     for r in records:
@@ -124,7 +125,7 @@ def realtimeqa_cases(
         q = embedder.embed_query(r.question)
         for p in n_poison:
             poison = poisonedrag(r.question, r.poison[:p])
-            gold = list(r.gold) + [contains_answer(t, r.answers) for t in poison]
+            gold = list(r.gold) + [False] * len(poison)
             cases.append(
                 retrieved_case(
                     "realtimeqa",
@@ -325,7 +326,8 @@ def store_cases(
     :func:`provenance_case`, three kinds: ``plain``, ``sources`` (web results their link, each
     gold passage its own) and ``trusted`` (``sources`` with the bundles' passages trusted, the
     web results not). ``planted``: per question ``(dataset, id)``, passages planted in the same
-    store (every question's at once, from one attacker host; any of them in a pool is poison)."""
+    store (every question's at once, from one attacker host; any of them in a pool is poison,
+    but a planted text equal to a benign one, which stays benign)."""
     texts: list[str] = []
     links: list[str] = []
     reference: list[bool] = []  # a bundle's passage (the store's reference part), not the web's

@@ -69,7 +69,9 @@ class CaseOutcome:
 
 def context_indices(case: Case, result: DefenseResult | None) -> list[int]:
     """The context: the top ``case.k`` passages the defense kept (all without one), by query
-    similarity."""
+    similarity, or in a reranker's own order (GRADA), as the adapters hand them on."""
+    if result is not None and result.reranked:
+        return result.kept_indices[: case.k]
     kept = result.kept_indices if result is not None else range(len(case.passages))
     return sorted(kept, key=lambda i: -case.query_sim[i])[: case.k]
 

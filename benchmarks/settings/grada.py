@@ -94,10 +94,12 @@ def grada_table(
         p95 = [float(by[(p, name)]["ms_p95"]) for p in n_poison]
         timing.append([name, anyp, f"{statistics.median(ms):.2f}", f"{max(p95):.2f}"])
     lines = [
-        *markdown_table(["poison in top-10", *names], quality),
+        *markdown_table(["poison planted", *names], quality),
         "",
         "Cells: poison share of the context / share of queries whose context holds a correct "
-        "answer string; (ref ...) = the reference implementation's number from the GRADA issue.",
+        "answer string in a web result; (ref ...) = the reference implementation's number from "
+        "the GRADA issue. The planted passages are ranked with the web results by query "
+        "similarity and the top 10 retrieved; GRADA's context is its own top 5, in its order.",
         "",
         *markdown_table(
             [

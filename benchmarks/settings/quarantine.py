@@ -122,7 +122,10 @@ def quarantine_table(
         for name, guard in defenses.items():
             passages, ctx = _one_line(guard, question, q, ranking, kb, vectors, sims)
             share = sum(passages[i].id in planted for i in ctx) / len(ctx) if ctx else 0.0
-            found = any(contains_answer(passages[i].text, answers) for i in ctx)
+            found = any(  # an honest passage: a planted one may hold a short answer's string
+                passages[i].id not in planted and contains_answer(passages[i].text, answers)
+                for i in ctx
+            )
             split = "tuning" if family in DEFAULT_ATTACKS else "held out"
             for key in ("all", f"{count} planted", split):
                 cells.setdefault((name, key), []).append((share, found))

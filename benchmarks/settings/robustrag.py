@@ -12,7 +12,7 @@ from typing import Any
 from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
-from ragdefense.text import contains_answer
+from ragdefense.text import contains_answer, normalize
 
 from ..cases import realtimeqa_cases
 from ..datasets import load_realtimeqa
@@ -65,6 +65,7 @@ def _measure(
         acc.setdefault((s, name), []).append(value)
 
     texts = [p.text for p in case.passages]
+    wrong = normalize(rec.incorrect_answer)
     gold_letter = chr(ord("A") + int(rec.choice_answer)) if rec.choice_answer.isdigit() else ""
     t0 = time.perf_counter()
     [vanilla] = model.generate(
@@ -82,6 +83,10 @@ def _measure(
         add(f"{name} ms", (time.perf_counter() - t0) * 1000)
         if name == "majority":
             add("majority acc", answer.choice == gold_letter)
+            # attack success only where the attacker's answer is one of the choices
+            bad = [i for i, c in enumerate(rec.choices) if normalize(c) == wrong]
+            if bad:
+                add("majority asr", answer.choice == chr(ord("A") + bad[0]))
         else:
             add(f"{name} acc", contains_answer(answer.answer, rec.answers))
             add(f"{name} asr", contains_answer(answer.answer, [rec.incorrect_answer]))
@@ -144,6 +149,7 @@ def _report(acc: Values, n: int, model_name: str, k_prime: int) -> tuple[list[di
         f"Wall time / one vanilla RAG call (median, clean): keyword {ratio:.2f}x, decoding "
         f"{ratio_dec:.2f}x (T_max = 20); keyword certification at k'={k_prime} adds a median "
         f"{certify_s:.2f} s.",
-        "Majority vote: the attacker's answer is never one of the choices in this data, so no ASR.",
+        "Majority vote's ASR is over the questions one of whose choices is the attacker's answer "
+        f"({len(acc.get(('1p', 'majority asr'), []))} of {n}); elsewhere it cannot win.",
     ]
     return rows, "\n".join(lines)

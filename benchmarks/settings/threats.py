@@ -10,7 +10,7 @@ the RAGDefender bundles' gold passages are each their own source. Planted passag
   joined as one document (one source filling most of the pool); and one store of every benign
   passage, each question's pool of 8 (what the one line fetches) at each framework's default k
   (:mod:`~benchmarks.settings.onestore`, also with one planted passage per question);
-* minority: RealtimeQA top 10 with 1 / 3 / 5 poison, context 5 (poison share averaged);
+* minority: RealtimeQA with 1 / 3 / 5 poison ranked among the web results, top 10, context 5;
 * majority, no sources: the RAGDefender setting (gold + poison at 1x-6x, every passage
   retrieved, context 5 NQ / 2 others), without metadata whatever the row;
 * majority, one source: RealtimeQA's top 3 web results + 5 planted passages (a poisoned top 8,
@@ -335,7 +335,10 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "Passages removed per clean question (of the 10 retrieved; the context takes the next "
         f"ones in their place): {removed}. In the trusted row the poisoned majority's "
         "passages carry sources (trust is given by source): each gold passage its own, the "
-        "planted ones one attacker host's.",
+        "planted ones one attacker host's. Minority columns: 1 / 3 / 5 passages planted among "
+        "a question's web results, the top 10 by query similarity retrieved: the planted "
+        "passages compete for it (PoisonedRAG's, which open with the question, nearly all reach "
+        "it; reworded families fewer, so a held-out cell measures retrieval too).",
         "",
         *store_lines(by, list(THREAT_ROWS), lambda *a: _cell(by, *a), TUNING[0], held),
         "",
