@@ -66,9 +66,11 @@ def test_an_answer_is_certified_only_by_its_own_aggregation() -> None:
     answer = loose.answer(Q, PASSAGES)
     assert answer.settings == KeywordAggregation(alpha=0.1)
     strict = RobustRAG(llm=lambda p: "Pacific Ocean", aggregation=KeywordAggregation(alpha=0.5))
-    with pytest.raises(ValueError, match=r"aggregated with KeywordAggregation\(alpha=0.1"):
+    with pytest.raises(ValueError, match=r"other settings: alpha=0.1 \(this one's 0.5\)"):
         strict.certify(answer, 1)
     assert loose.certify(answer, 1).certificate is not None
+    budget = KeywordAggregation(alpha=0.1, max_certify_calls=3)  # bounds the work, not the answer
+    assert RobustRAG(llm=lambda p: "Pacific Ocean", aggregation=budget).certify(answer, 1)
 
 
 def test_certify_calls_checks_k_prime_as_certify_does() -> None:

@@ -3,6 +3,7 @@ and certification arguments (found later, each would waste the calls already mad
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
@@ -81,8 +82,27 @@ def check_aggregated_alike(result: Any, aggregation: Any) -> None:
             f"this answer was aggregated by {result.aggregation!r}: certify it with a "
             f"RobustRAG whose aggregation is the same (this one's: {aggregation.name!r})"
         )
-    if result.settings is not None and result.settings != aggregation:
+    if result.settings is None:
+        return
+    given, own = _answering(result.settings), _answering(aggregation)
+    differ = [
+        f"{k}={given.get(k)!r} (this one's {v!r})" for k, v in own.items() if given.get(k) != v
+    ]
+    if differ:
         raise ValueError(
-            f"this answer was aggregated with {result.settings!r}: certify it with a RobustRAG "
-            f"of those settings (this one's: {aggregation!r})"
+            f"this answer was aggregated with other settings: {', '.join(differ)}; certify it "
+            "with a RobustRAG of the settings it was given with"
         )
+
+
+#: settings that bound a certification's work, not the answer: they may differ
+_BUDGETS = frozenset({"max_undecided", "max_certify_calls", "max_certify_responses"})
+
+
+def _answering(settings: Any) -> dict[str, Any]:
+    """The settings of an aggregation that decide its answer."""
+    return {
+        f.name: getattr(settings, f.name)
+        for f in dataclasses.fields(settings)
+        if f.name not in _BUDGETS
+    }
