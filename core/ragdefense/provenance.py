@@ -63,7 +63,9 @@ _HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGN
 
 
 def _is_web(text: str) -> bool:
-    return text.partition("://")[0].strip().lower() in WEB_SCHEMES
+    """Whether ``text`` is an address of one of :data:`WEB_SCHEMES`."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.strip().lower() in WEB_SCHEMES
 
 
 def _normal(value: Any) -> str | None:
@@ -117,7 +119,7 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         'reports/q3.pdf'
     """
     host, value = _source_value(passage.metadata, source_key)
-    if host is None or "://" not in str(value) or not _is_web(str(value)):
+    if host is None or not _is_web(str(value)):
         return host
     try:
         path = urlsplit(str(value).strip()).path.rstrip("/")

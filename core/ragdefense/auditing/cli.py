@@ -8,10 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from ..cliargs import positive
+from .report import FORMAT_NEEDS, FORMATS
 
 __all__ = ["add_audit_parser"]
-
-FORMATS = ("md", "json", "csv", "parquet", "png")
 
 
 def _formats(text: str) -> list[str]:
@@ -41,10 +40,10 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(str(exc)) from None
     if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
         raise UsageError(f"--workdir {args.workdir!r} is a file: give a folder")
-    needs = {"png": ("matplotlib", "matplotlib"), "parquet": ("pyarrow", "'ragdefense[audit]'")}
     for fmt in args.format:
-        if fmt in needs and not _has(needs[fmt][0]):
-            raise UsageError(f"--format {fmt} needs {needs[fmt][0]}: pip install {needs[fmt][1]}")
+        if fmt in FORMAT_NEEDS and not _has(FORMAT_NEEDS[fmt][0]):
+            module, install = FORMAT_NEEDS[fmt]
+            raise UsageError(f"--format {fmt} needs {module}: pip install {install}")
     if args.engine == "ray" and not _has("ray"):
         raise UsageError("--engine ray needs Ray: pip install 'ragdefense[ray]'")
     if Path(args.knowledge_base).exists():  # a file: the packaged model embeds it and its probes

@@ -174,11 +174,8 @@ def check_engine(engine: Any, workers: Any) -> None:
 
 
 def make_engine(engine: str | Engine, address: str | None, workers: int | None) -> Engine:
-    """``"local"``, ``"ray"`` or an engine object."""
+    """``"local"``, ``"ray"`` or an engine object (checked by :func:`check_engine`)."""
+    check_engine(engine, workers)
     if not isinstance(engine, str):
         return engine
-    if engine == "local":
-        return LocalEngine()
-    if engine == "ray":
-        return RayEngine(address, workers)
-    raise ValueError(f"unknown engine {engine!r}: use 'local' or 'ray'")
+    return LocalEngine() if engine == "local" else RayEngine(address, workers)

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["AuditReport", "Finding"]
+__all__ = ["FORMATS", "FORMAT_NEEDS", "AuditReport", "Finding"]
+
+#: the report's formats
+FORMATS = ("md", "json", "csv", "parquet", "png")
+#: the formats needing a library beyond the standard one: (module, what to install)
+FORMAT_NEEDS = {"parquet": ("pyarrow", "'ragdefense[audit]'"), "png": ("matplotlib", "matplotlib")}
 
 
 @dataclass
@@ -155,12 +160,11 @@ class AuditReport:
         is checked before any file is written: an unknown one is a ``ValueError``, a missing
         library an ``ImportError`` naming the install."""
         formats = [formats] if isinstance(formats, str) else list(formats)  # "md": one format
-        needs = {"parquet": ("pyarrow", "'ragdefense[audit]'"), "png": ("matplotlib", "matplotlib")}
         for fmt in formats:
-            if fmt not in ("md", "json", "csv", *needs):
-                raise ValueError(f"unknown report format {fmt!r}: md, json, csv, parquet, png")
-            if fmt in needs and importlib.util.find_spec(needs[fmt][0]) is None:
-                module, install = needs[fmt]
+            if fmt not in FORMATS:
+                raise ValueError(f"unknown report format {fmt!r}: {', '.join(FORMATS)}")
+            if fmt in FORMAT_NEEDS and importlib.util.find_spec(FORMAT_NEEDS[fmt][0]) is None:
+                module, install = FORMAT_NEEDS[fmt]
                 raise ImportError(f"report format {fmt} needs {module}: pip install {install}")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
