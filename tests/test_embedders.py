@@ -218,6 +218,10 @@ def test_carried_embeddings_of_another_model_are_named(minilm: object, carried: 
     # the model named, or the query given in its space: no check, nothing embedded
     q = vecs[0] + vecs[1]
     assert Consensus().defend_embeddings(record.question, passages, query_embedding=q).verdicts
+    # the same vectors given beside the passages (embeddings=) are held to the same rule
+    given = lambda: Consensus().defend_embeddings(record.question, texts, vecs)  # noqa: E731
+    with pytest.raises(DefenseInputError, match="is given an embedding of another model"):
+        given()
 
 
 @pytest.mark.parametrize(

@@ -152,6 +152,82 @@ def test_blank_texts_are_copies_unless_their_embeddings_differ() -> None:
     assert distinct([*images, Passage("", embedding=[1.0, 0.0])]) == ([0, 1], {0: [2]})
 
 
+def test_one_text_shown_differently_is_no_copy() -> None:
+    """A text the generator is shown with other metadata beside it (``Passage.shown``) is not
+    a copy of the bare text: a copy would stand for it, and what the generator reads of the
+    two differs."""
+    from ragdefense.defenses.pool import distinct
+
+    text = "The Pacific is the largest ocean."
+    payload = Passage(text, shown="summary: the Atlantic is the largest\n\n" + text)
+    honest = [Passage(text), Passage(text.upper(), shown=None)]
+    assert distinct([payload, *honest]) == ([0, 1], {1: [2]})
+    assert distinct([payload, Passage(text, shown=payload.shown)]) == ([0], {0: [1]})
+
+
+def test_blank_texts_given_their_embeddings_are_copies_only_where_those_are_equal() -> None:
+    """Embeddings given beside the passages (``embeddings=``) tell blank passages apart as
+    carried ones do: eight image nodes with eight vectors are eight passages, not one."""
+    images = [Passage("") for _ in range(8)]
+    vectors = np.eye(8) + 0.05
+    for name in ("consensus", "auto", "grada-peel"):
+        guard = ragdefense.defense(name, embedder=lambda t: [[1.0] * 8] * len(t))
+        result = guard.defend_embeddings("q?", images, vectors, np.ones(8))
+        assert not any("a copy of passage" in v.reason for v in result.verdicts), name
+    copies = np.vstack([vectors[:4], vectors[:4]])  # and equal vectors are copies
+    result = ragdefense.defense().defend_embeddings("q?", images, copies, np.ones(8))
+    assert result.estimates["copies"] == {i: [i + 4] for i in range(4)}
+
+
+@pytest.mark.parametrize("name", ["consensus", "auto", "grada-ebd", "strict"])
+@pytest.mark.parametrize(
+    ("passages", "embeddings", "query_embedding", "match"),
+    [
+        (2, np.ones((2, 4)), [np.nan] * 4, "query_embedding contains NaN"),
+        (2, np.ones((7, 4)), None, r"shape \(7, 4\), expected \(2, d\)"),
+        (1, np.ones((1, 4)), [np.nan] * 4, "query_embedding contains NaN"),
+        (2, np.full((2, 4), "1"), None, "must be real numbers"),
+        (2, [[10**400] * 4] * 2, None, "not a numeric matrix"),
+    ],
+)
+def test_given_embeddings_are_checked_whatever_the_pools_size(
+    name: str, passages: int, embeddings: Any, query_embedding: Any, match: str
+) -> None:
+    """A pool too small to judge is still no reason to take bad input: the same error as for
+    a large pool (a vector too large for a float is named, not an ``OverflowError``)."""
+    guard = ragdefense.defense(name, embedder=lambda t: [[1.0] * 4] * len(t))
+    texts = [f"passage {i}" for i in range(passages)]
+    with pytest.raises(DefenseInputError, match=match):
+        guard.defend_embeddings("q?", texts, embeddings, query_embedding)
+
+
+def test_every_defense_takes_embeddings_none_and_an_empty_pool() -> None:
+    """``embeddings=None`` means "those the passages carry" for every defense, and an empty
+    pool may come with ``[]``."""
+    passages = [Passage(f"text {i}", embedding=np.eye(5)[i]) for i in range(5)]
+
+    def embed(texts: list[str]) -> Any:
+        return np.ones((len(texts), 5))
+
+    inner = ragdefense.defense("consensus", embedder=embed)
+    for guard in [
+        *(ragdefense.defense(n, embedder=embed) for n in ("consensus", "auto", "strict")),
+        Quarantine.from_report({"findings": [FINDING]}, inner),
+    ]:
+        result = guard.defend_embeddings("q?", passages, None, np.ones(5))
+        assert len(result.verdicts) == 5
+        assert guard.defend_embeddings("q?", [], []).verdicts == ()
+
+
+def test_a_quarantine_says_grada_ranks_in_the_callers_numbering_and_scores_json() -> None:
+    passages = ["a planted text", "Hamlet was written by Shakespeare.", "Hamlet is a play."]
+    quarantine = Quarantine.from_report({"findings": [FINDING]}, ragdefense.defense("grada"))
+    result = quarantine.defend("who wrote hamlet?", passages)
+    assert "(was 2)" in result.verdicts[1].reason and "(was 3)" in result.verdicts[2].reason
+    assert json.dumps(result.to_dict(), allow_nan=False)
+    assert result.to_dict()["verdicts"][0]["score"] is None
+
+
 def test_a_carried_embedding_beyond_float32_is_named() -> None:
     texts = [Passage(f"passage {i}", embedding=[1e200, float(i)]) for i in range(3)]
     with pytest.raises(DefenseInputError, match="beyond float32's range"):

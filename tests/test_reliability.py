@@ -522,11 +522,62 @@ def test_the_same_raw_model_gets_the_same_wrapper_and_its_cache() -> None:
         calls.append(len(texts))
         return bag_of_words(texts)
 
-    assert as_embedder(model) is as_embedder(model)
+    first, second = RAGDefender(embedder=model), RAGDefender(embedder=model)
+    assert first.embedder is second.embedder is as_embedder(model)
     passages = [f"passage number {i} about Paris" for i in range(5)]
-    RAGDefender(embedder=model).defend("q", passages)
-    RAGDefender(embedder=model).defend("q", passages)
-    assert calls == [5]  # the second call is served by the cache
+    first.defend("q", passages)
+    second.defend("q", passages)
+    first.defend("q", passages)
+    assert calls == [5]  # the later calls are served by the cache
+
+
+def test_the_table_of_wrappers_keeps_no_model_alive() -> None:
+    """A model given to defenses that are gone is freed: the table that finds a model's
+    wrapper holds neither (a service making a model per tenant would keep them all)."""
+    import gc
+    import weakref
+
+    from ragdefense import Consensus
+
+    from .conftest import bag_of_words
+
+    class Model:
+        def __call__(self, texts: list[str]) -> Any:
+            return bag_of_words(texts)
+
+    refs = []
+    for _ in range(3):
+        model = Model()
+        Consensus(embedder=model).defend("q?", ["a b", "b c", "c d"])
+        refs.append(weakref.ref(model))
+        del model
+    gc.collect()
+    assert [r() for r in refs] == [None, None, None]
+
+
+def test_a_model_path_loads_once_per_defense(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``embedder="path/to/model"`` is a sentence-transformers model loaded once, on first
+    use, by the defense that keeps it; not once per call."""
+    import ragdefense
+    import ragdefense.embedders as embedders
+
+    from .conftest import bag_of_words
+
+    loads: list[str] = []
+
+    class Loaded:
+        def encode(self, texts: list[str], **_: Any) -> Any:
+            return bag_of_words(texts)
+
+    def load(path: str, device: Any) -> Loaded:
+        loads.append(path)
+        return Loaded()
+
+    monkeypatch.setattr(embedders, "load_sentence_transformer", load)
+    guard = ragdefense.defense("consensus", embedder="/models/mine")
+    for _ in range(3):
+        guard.defend("q?", ["Paris is in France.", "Berlin is in Germany.", "Rome is in Italy."])
+    assert loads == ["/models/mine"]
 
 
 # ---------------------------------------------------------------- 11. the command line

@@ -14,7 +14,6 @@ import weakref
 from abc import ABC, abstractmethod
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -177,13 +176,11 @@ def _as_matrix(raw: Any, expected_rows: int) -> np.ndarray:
     try:
         arr = np.asarray(raw, dtype=np.float32)
     except (TypeError, ValueError) as exc:
-        raise EmbeddingError(
-            f"embedding model returned a ragged or non-numeric result: {exc}"
-        ) from exc
+        why = f"embedding model returned a ragged or non-numeric result: {exc}"
+        raise EmbeddingError(why) from exc
     if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
-        raise EmbeddingError(
-            f"embedding model returned shape {arr.shape}, expected ({expected_rows}, d)"
-        )
+        why = f"embedding model returned shape {arr.shape}, expected ({expected_rows}, d)"
+        raise EmbeddingError(why)
     if not np.isfinite(arr).all():
         raise EmbeddingError("embedding model returned NaN or infinite values")
     return arr
@@ -291,43 +288,44 @@ class LlamaIndexEmbedder(Embedder):
         return self.embed_model.get_query_embedding(text)  # type: ignore[no-any-return]
 
 
-@lru_cache(maxsize=1)
 def default_embedder() -> SentenceTransformerEmbedder:
-    """The process-wide default: packaged all-MiniLM-L6-v2, loaded on first use."""
-    return SentenceTransformerEmbedder()
+    """The process-wide default: packaged all-MiniLM-L6-v2, loaded on first use (one instance,
+    whichever thread asks first)."""
+    global _DEFAULT
+    with _WRAPPERS_LOCK:
+        made = _DEFAULT = _DEFAULT or SentenceTransformerEmbedder()
+    return made
 
 
 def as_embedder(obj: Any = None) -> Embedder:
-    """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default).
-
-    The same model object gets the same wrapper on every call (while the model lives), so its
-    embedding cache serves repeated calls such as two ``defend()`` with the same ``embedder=``.
-    """
+    """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default; a
+    string: a sentence-transformers model's name or path). A model gets the same wrapper, and
+    so its embedding cache, wherever it is given while that wrapper is in use (a defense keeps
+    its model's); the table finding it keeps neither alive: a model nothing uses is freed."""
     if obj is None:
         return default_embedder()
     if isinstance(obj, Embedder):
         return obj
-    with _WRAPPERS_LOCK:
-        known = _WRAPPERS.get(id(obj))
-        if known is not None and known[0]() is obj:
-            _WRAPPERS.move_to_end(id(obj))
-            return known[1]
-    wrapper = _wrap(obj)
-    try:
-        ref = weakref.ref(obj)
-    except TypeError:  # not weak-referenceable: no reuse, nothing kept alive
-        return wrapper
-    with _WRAPPERS_LOCK:
-        _WRAPPERS[id(obj)] = (ref, wrapper)
-        while len(_WRAPPERS) > _MAX_WRAPPERS:
-            _WRAPPERS.popitem(last=False)
+    with _WRAPPERS_LOCK:  # wrapping loads nothing: once per model, whichever thread asks
+        entry = _WRAPPERS.get(id(obj))
+        known = entry[1]() if entry is not None and entry[0]() is obj else None
+        if known is not None:
+            return known
+        wrapper = _wrap(obj)
+        try:
+            ref = weakref.ref(obj)
+        except TypeError:  # not weak-referenceable: no reuse
+            return wrapper
+        for key in [k for k, (r, w) in _WRAPPERS.items() if r() is None or w() is None]:
+            del _WRAPPERS[key]
+        _WRAPPERS[id(obj)] = (ref, weakref.ref(wrapper))
     return wrapper
 
 
-# model id -> (weak reference to the model, its wrapper), most recently used last
-_WRAPPERS: OrderedDict[int, tuple[weakref.ref[Any], Embedder]] = OrderedDict()
+# model id -> (weak reference to the model, weak reference to its wrapper); the default
+_WRAPPERS: dict[int, tuple[weakref.ref[Any], weakref.ref[Embedder]]] = {}
 _WRAPPERS_LOCK = threading.Lock()
-_MAX_WRAPPERS = 32
+_DEFAULT: SentenceTransformerEmbedder | None = None
 
 
 def _wrap(obj: Any) -> Embedder:
@@ -335,7 +333,7 @@ def _wrap(obj: Any) -> Embedder:
         return LangChainEmbedder(obj)
     if hasattr(obj, "get_text_embedding_batch"):
         return LlamaIndexEmbedder(obj)
-    if hasattr(obj, "encode"):
+    if isinstance(obj, str) or hasattr(obj, "encode"):  # a path, or the model
         return SentenceTransformerEmbedder(obj)
     if callable(obj):
         return CallableEmbedder(obj)
@@ -392,6 +390,8 @@ def passage_and_query_embeddings(
     if query_embedding is None:
         if carried and all(p.embedding is not None for p in passages):  # else checked there
             check_carried(passages, list(emb), embedder, default_embedder().embed)
+        elif not carried:  # given beside the passages: the default model must have made them
+            check_carried(passages, list(emb), embedder, default_embedder().embed, given=True)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="
     q = check_query_embedding(query_embedding)

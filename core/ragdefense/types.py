@@ -42,6 +42,9 @@ class Passage:
         score: Optional retrieval score given by the retriever.
         metadata: Free-form metadata, carried through untouched.
         embedding: Optional precomputed embedding (e.g. the vector store's); used as is.
+        shown: What the generator is shown of the passage where that is more than ``text``
+            (a LlamaIndex node's metadata, an image's path): passages of one text shown
+            differently are not copies of each other. Not judged otherwise.
 
     Examples:
         >>> p = Passage(
@@ -61,6 +64,7 @@ class Passage:
     score: float | None = None
     metadata: Mapping[str, Any] = field(default_factory=dict, compare=False)
     embedding: Sequence[float] | np.ndarray | None = field(default=None, compare=False, repr=False)
+    shown: str | None = field(default=None, compare=False, repr=False)
 
 
 PassageLike = Passage | str
@@ -124,8 +128,14 @@ def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
             raw.dtype.kind == "O" and any(isinstance(x, complex) for x in raw.ravel())
         ):
             raise DefenseInputError("embeddings are complex numbers: give real vectors")
+        if n == 0 and raw.size == 0:  # an empty pool's embeddings: [] as well as (0, d)
+            return np.zeros((0, raw.shape[-1] if raw.ndim == 2 else 0))
+        if raw.dtype.kind not in "iufO":  # strings of digits or booleans are no vectors
+            raise DefenseInputError(
+                f"embeddings must be real numbers, got an array of dtype {raw.dtype}"
+            )
         arr = raw.astype(np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         if isinstance(exc, DefenseInputError):
             raise
         raise DefenseInputError(f"embeddings are not a numeric matrix ({exc})") from exc
@@ -142,7 +152,7 @@ def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.nd
     else :class:`DefenseInputError` saying what is wrong with it."""
     try:
         raw = np.asarray(query_embedding)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise DefenseInputError(f"query_embedding is not a vector of numbers ({exc})") from exc
     if raw.ndim != 1 or raw.dtype.kind not in "iufO" or raw.size == 0:
         kind = type(query_embedding).__name__
@@ -152,7 +162,7 @@ def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.nd
         )
     try:
         q: np.ndarray = raw.astype(np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise DefenseInputError(f"query_embedding is not a vector of real numbers ({exc})") from exc
     if not np.isfinite(q).all():
         raise DefenseInputError("query_embedding contains NaN or infinite values")
@@ -166,7 +176,7 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
     :class:`DefenseInputError` naming the passage."""
     try:
         raw = np.asarray(embedding)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
     if raw.ndim != 1 or raw.size == 0 or raw.dtype.kind not in "iufO":
         raise DefenseInputError(
@@ -175,7 +185,7 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
         )
     try:
         wide = raw.astype(np.float64)
-    except (TypeError, ValueError) as exc:
+    except (TypeError, ValueError, OverflowError) as exc:
         raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
     if not np.isfinite(wide).all():
         raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
@@ -186,13 +196,18 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
     return wide.astype(np.float32)
 
 
-def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any) -> None:
+def check_carried(
+    passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any, given: bool = False
+) -> None:
     """Where the default model (no ``embedder``; ``embed``) embeds beside embeddings passages
     carry (the query, or the passages carrying none), the carried ones must be its: another
     model's, of the same size, would compare meaninglessly. The three longest carried texts
     are checked (a store may have embedded them with their metadata: the longer, the less that
-    moves them), and most must agree; another model's vector stands near orthogonal."""
-    carried = [j for j, p in enumerate(passages) if p.embedding is not None and vecs[j].any()]
+    moves them), and most must agree; another model's vector stands near orthogonal.
+    ``given``: ``vecs`` are embeddings given beside the passages (``embeddings=``), one each."""
+    carried = [
+        j for j, p in enumerate(passages) if (given or p.embedding is not None) and vecs[j].any()
+    ]
     if embedder is not None or not carried:
         return
     longest = sorted(carried, key=lambda j: -len(passages[j].text))[:3]
@@ -204,8 +219,9 @@ def check_carried(passages: Sequence[Passage], vecs: list[Any], embedder: Any, e
         cos = np.einsum("ij,ij->i", unit_rows(own), unit_rows(np.asarray(theirs)))
         if np.median(cos) >= 0.2:
             return
+    held = "is given" if given else "carries"
     raise DefenseInputError(
-        f"passage {longest[0]} carries an embedding of another model than the default embedder "
+        f"passage {longest[0]} {held} an embedding of another model than the default embedder "
         "(the packaged all-MiniLM-L6-v2, which embeds the query and the passages carrying none): "
         "give the defense the model that made it (embedder=; in the adapters embeddings= or "
         "embed_model=), or the query's embedding by it (defend_embeddings(query_embedding=))"
@@ -227,7 +243,9 @@ class Verdict:
         index: Position of the passage in the input.
         passage: The passage itself (the caller's object, never modified).
         kept: Whether the passage is passed on to the generator.
-        score: The defense's per-passage score (its meaning is ``DefenseResult.score_name``).
+        score: The defense's per-passage score (its meaning is ``DefenseResult.score_name``;
+            NaN where the passage was not scored, as a quarantined one; ``None`` in
+            :meth:`DefenseResult.to_dict`).
         reason: Why, in words.
         rank: Position among the kept passages (0 = first), ``None`` if removed.
         details: Further per-passage numbers (e.g. query similarity, graph degree).
@@ -302,7 +320,7 @@ class DefenseResult:
                     "id": v.passage.id,
                     "text": v.passage.text,
                     "kept": v.kept,
-                    "score": v.score,
+                    "score": v.score if math.isfinite(v.score) else None,
                     "rank": v.rank,
                     "reason": v.reason,
                     "details": dict(v.details),

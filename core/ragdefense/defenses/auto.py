@@ -33,7 +33,7 @@ from ..embedders import passage_and_query_embeddings
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, CoordinatedGroup, coordinated_groups
-from .params import cosines, differences, flags, reals
+from .params import check_embedder, cosines, differences, flags, reals
 from .pool import copy_numbers
 from .ragdefender import RAGDefender
 
@@ -88,7 +88,7 @@ class AutoDefense:
         flags(peel=peel)
         differences(peel_margin=peel_margin)
         cosines(peel_tightness=peel_tightness, absorb=absorb, majority_tightness=majority_tightness)
-        self.embedder = embedder
+        self.embedder = embedder = check_embedder(embedder)
         self.peel_tightness = peel_tightness
         self.peel_margin = peel_margin
         self.absorb = absorb
@@ -123,7 +123,7 @@ class AutoDefense:
         items = to_passages(passages)
         m = len(items)
         if m < 3:
-            result = self.grada.defend_embeddings(query, items)
+            result = self.grada.defend_embeddings(query, items, embeddings, query_embedding)
             why = f"only {m} passage(s): no regime to read; GRADA's ranking"
             return _relabel(result, "too few passages", why, {})
         emb, q_emb = passage_and_query_embeddings(
@@ -135,7 +135,7 @@ class AutoDefense:
         flagged = set(flagged_by_rd.removed_indices)
         groups = (
             coordinated_groups(
-                sim, query_sim, self.peel_tightness, self.peel_margin, copy_numbers(items)
+                sim, query_sim, self.peel_tightness, self.peel_margin, copy_numbers(items, emb)
             )
             if self.peel
             else []

@@ -32,23 +32,22 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    way; one that agrees with or adds to the trusted passages stays. An untrusted near-copy of
    a trusted passage (cosine ``tightness`` or more) that the retriever ranks above it goes:
    a trusted text edited toward the query (a faithful copy adds nothing the original lacks).
-4. **Unsupported** (GRADA's signal, used as a veto): a passage the retriever ranks in the top
-   half of what is left while the other passages' support (HRSIM PageRank over BM25) ranks it
-   in the bottom half. A lone passage written for the query mimics the query and nothing
-   else. Lower-ranked passages are never dropped by this step, so it cannot empty a poisoned
-   majority of its benign passages and refill the context from below. It needs a pool
-   (``min_pool`` passages or more, what the adapters fetch, of which ``min_support`` distinct
-   ones or more on the query's topic, ``min_vote`` or more left by the earlier steps: over
-   fewer "the bottom half" says little), and only passages at least half as
-   similar to the query as the best one take part (the rest of a small store's pool is about
-   other topics, which HRSIM would otherwise reward for being unlike the query), and they must
-   agree on something (mean cosine ``min_agreement`` or more: facts that merely share a subject
-   support nothing in particular). A passage is judged only where it shares the others' subject
-   (mean cosine ``min_agreement`` or more to them): a store's one chunk on the question, among
-   chunks about a neighbouring story, is unsupported because nothing else speaks of its
-   subject, not because it mimics the query; a lone planted passage kept apart from the
-   others' subject passes this step for the same reason (and where the store holds no honest
-   passage on the question, the vote has nothing to go by). ``support=False`` turns it off.
+4. **Unsupported** (GRADA's signal, used as a veto): a passage the retriever ranks in the top half
+   of what is left while the other passages' support (HRSIM PageRank over BM25) ranks it in the
+   bottom half. A lone passage written for the query mimics the query and nothing else. Lower-ranked
+   passages are never dropped by this step, so it cannot empty a poisoned majority of its benign
+   passages and refill the context from below. It needs a pool (``min_pool`` passages or more, what
+   the adapters fetch, of which ``min_support`` distinct ones or more on the query's topic,
+   ``min_vote`` or more left by the earlier steps: over fewer "the bottom half" says little), and
+   only passages at least half as similar to the query as the best one take part (the rest of a
+   small store's pool is about other topics, which HRSIM would otherwise reward for being unlike the
+   query), and they must agree on something (mean cosine ``min_agreement`` or more: facts that
+   merely share a subject support nothing in particular). A passage is judged only where it shares
+   the others' subject (mean cosine ``min_agreement`` or more to them): a store's one chunk on the
+   question, among chunks about a neighbouring story, is unsupported because nothing else speaks of
+   its subject, not because it mimics the query; a lone planted passage kept apart from the others'
+   subject passes this step for the same reason (and where the store holds no honest passage on the
+   question, the vote has nothing to go by). ``support=False`` turns it off.
 
 Copies of one text count once (in step 2, once per document), and one stands for the others
 in the context (:func:`~.pool.one_of_each`; ``keep_copies=True`` keeps them all): a copy tells
@@ -71,7 +70,7 @@ from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, check_query, to_passages
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
-from .params import check_embedder, cosines, differences, flags, integers, reals
+from .params import check_embedder, check_given, cosines, differences, flags, integers, reals
 from .pool import Pool, apart_from, consensus_result, distinct, map_back, one_of_each
 from .quotes import quoting
 from .trusting import contradicting
@@ -159,7 +158,7 @@ class Consensus:
         reals(("absorb", "voice", "anchor"), voice=voice, anchor=anchor)
         integers(min_group=min_group, min_passages=min_passages)
         flags(support=support, claims=claims, quotes=quotes, keep_copies=keep_copies)
-        check_embedder(embedder)
+        embedder = check_embedder(embedder)
         cosines(tightness=tightness, absorb=absorb)
         differences(margin=margin, voice=voice, anchor=anchor)
         if source_key is not None and not isinstance(source_key, str):
@@ -218,10 +217,11 @@ class Consensus:
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
         # coordinated group, and their verdict is their original's; a kept text stays once
-        keep, copy_of = distinct(items)
+        keep, copy_of = distinct(items, embeddings)
         if copy_of:
             said["copies"] = copy_of
         if m < self.min_passages or len(keep) == 1 or blank:
+            check_given(embeddings, query_embedding, m)  # unused, still checked
             why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
             if m >= self.min_passages:
                 why = "only copies of one passage: nothing to compare"

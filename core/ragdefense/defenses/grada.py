@@ -35,12 +35,10 @@ from ..types import (
     DefenseResult,
     PassageLike,
     Verdict,
-    check_embeddings,
     check_query,
-    check_query_embedding,
     to_passages,
 )
-from .params import check_embedder, differences, flags, integers, reals
+from .params import check_embedder, check_given, differences, flags, integers, reals
 from .pool import copy_numbers
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
@@ -184,7 +182,7 @@ class GRADA:
         reals(peel_tightness=peel_tightness, peel_margin=peel_margin)
         integers(("n",), n=n, max_iter=max_iter)
         flags(peel=peel)
-        check_embedder(embedder)
+        embedder = check_embedder(embedder)
         if tol <= 0 or max_iter < 1:
             raise ValueError(f"tol must be > 0 and max_iter >= 1, got {tol} and {max_iter}")
         differences(peel_margin=peel_margin)
@@ -251,6 +249,7 @@ class GRADA:
         keep = m // 2 if self.n is None else self.n
         keep = min(max(keep, 1), m)
         if m < 2:
+            check_given(embeddings, query_embedding, m)  # unused, still checked
             return self._result(
                 query,
                 items,
@@ -265,10 +264,8 @@ class GRADA:
             emb, q_emb = passage_and_query_embeddings(
                 query, items, self.embedder, embeddings, query_embedding
             )
-        elif embeddings is not None or query_embedding is not None:  # unused here, still checked
-            given = None if embeddings is None else check_embeddings(embeddings, m)
-            if query_embedding is not None:
-                check_query_embedding(query_embedding, None if given is None else given.shape[1])
+        else:
+            check_given(embeddings, query_embedding, m)  # unused here, still checked
         if self.peel:
             assert emb is not None and q_emb is not None
             rest = [i for i in range(m) if i not in peeled]
@@ -277,7 +274,7 @@ class GRADA:
                 cosine_to(emb[rest], q_emb),
                 self.peel_tightness,
                 self.peel_margin,
-                copy_numbers([items[i] for i in rest]),
+                copy_numbers([items[i] for i in rest], emb[rest]),
             )
             for g, group in enumerate(groups, start=1):
                 for i in (rest[j] for j in group.indices):

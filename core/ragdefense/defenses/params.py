@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..embedders import as_embedder
+from ..embedders import as_embedder, check_embeddings, check_query_embedding
 
 __all__ = ["check_embedder", "cosines", "differences", "flags", "integers", "reals"]
 
@@ -60,8 +60,19 @@ def differences(**values: Any) -> None:
             raise ValueError(f"{label} is a difference of cosines in [0, 2], got {value}")
 
 
-def check_embedder(embedder: Any) -> None:
-    """``embedder`` is ``None`` or something :func:`~ragdefense.embedders.as_embedder` wraps
-    (nothing is loaded)."""
-    if embedder is not None:
-        as_embedder(embedder)
+def check_embedder(embedder: Any) -> Any:
+    """``embedder`` wrapped by :func:`~ragdefense.embedders.as_embedder` (``None`` stays
+    ``None``: the default model; nothing is loaded). A defense keeps the wrapper, so that its
+    embedding cache serves every call."""
+    return None if embedder is None else as_embedder(embedder)
+
+
+def check_given(embeddings: Any, query_embedding: Any, n: int) -> None:
+    """Embeddings (of ``n`` passages) and a query embedding given to a defense that has too few
+    passages to use them are checked all the same: bad input fails whatever the pool's size."""
+    dim = None
+    if embeddings is not None:
+        arr = check_embeddings(embeddings, n)
+        dim = arr.shape[1] if n else None
+    if query_embedding is not None:
+        check_query_embedding(query_embedding, dim)

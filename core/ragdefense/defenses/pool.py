@@ -34,23 +34,28 @@ def on_topic(qs: np.ndarray) -> list[int]:
     return [i for i in range(len(qs)) if qs[i] >= bar]
 
 
-def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
+def distinct(items: list[Any], given: Any = None) -> tuple[list[int], dict[int, list[int]]]:
     """The first of each set of copies (the same text up to spacing, case, accents and Unicode
     form: what an uncased embedder ignores too), and each first one's later copies. Texts that
     differ otherwise are never copies, even where their embeddings coincide: an embedder reads
     a window of each text, and what follows it may differ. Passages without text that carry
-    embeddings (an image's node) are copies only where their embeddings are equal."""
+    embeddings (an image's node), or are ``given`` them (rows in passage order), are copies
+    only where their embeddings are equal; passages shown to the generator differently
+    (``Passage.shown``: metadata it reads beside the text) never are."""
     keep: list[int] = []
     copy_of: dict[int, list[int]] = {}
     seen: dict[str, int] = {}
     for i, passage in enumerate(items):
         text = _plain(passage.text)
-        if not text and passage.embedding is not None:
+        if not text and (given is not None or passage.embedding is not None):
             try:
-                vector = np.asarray(passage.embedding, dtype=np.float64)
+                row = passage.embedding if given is None else given[i]
+                vector = np.asarray(row, dtype=np.float64)
                 text = "\0embedding " + vector.tobytes().hex()
-            except (TypeError, ValueError):  # checked, and refused, with the embeddings
-                text = f"\0passage {i}"
+            except (TypeError, ValueError, IndexError, KeyError, OverflowError):
+                text = f"\0passage {i}"  # checked, and refused, with the embeddings
+        if passage.shown is not None:
+            text += "\0shown " + passage.shown
         first = seen.get(text)
         if first is None:
             keep.append(i)
@@ -60,9 +65,9 @@ def distinct(items: list[Any]) -> tuple[list[int], dict[int, list[int]]]:
     return keep, copy_of
 
 
-def copy_numbers(items: list[Any]) -> list[int]:
+def copy_numbers(items: list[Any], given: Any = None) -> list[int]:
     """One number per passage, that of the first copy of its text (:func:`distinct`)."""
-    _, copy_of = distinct(items)
+    _, copy_of = distinct(items, given)
     out = list(range(len(items)))
     for first, copies in copy_of.items():
         for c in copies:

@@ -217,12 +217,15 @@ class Quarantine:
         self,
         query: str,
         passages: Sequence[PassageLike],
-        embeddings: Any,
+        embeddings: Any = None,
         query_embedding: Any = None,
     ) -> DefenseResult:
-        """:meth:`defend` with the passages' embeddings given (rows in passage order)."""
+        """:meth:`defend` with the passages' embeddings given (rows in passage order; ``None``:
+        those the passages carry, the rest embedded by the wrapped defense)."""
         items = to_passages(passages)
-        rows = check_embeddings(embeddings, len(items))  # a clear error, before any slicing
+        if embeddings is None and query_embedding is None:
+            return self.defend(query, items)
+        rows = None if embeddings is None else check_embeddings(embeddings, len(items))
         held, rest = self._split(items)
         inner = None
         if rest:
@@ -230,7 +233,7 @@ class Quarantine:
             subset = [items[i] for i in rest]
             with _renumbered(rest):
                 inner = (
-                    run(query, subset, rows[rest], query_embedding)
+                    run(query, subset, None if rows is None else rows[rest], query_embedding)
                     if callable(run)
                     else self.defense.defend(query, subset)
                 )
@@ -303,10 +306,15 @@ def _positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
 
 def _copy_of(reason: str, rest: list[int]) -> str:
     """``reason`` with the passage a copy follows (Consensus's reasons for copies open with
-    "removed: a copy of passage N") as its input position; nothing after that opening is read
-    (a source may hold any words)."""
+    "removed: a copy of passage N") as its input position (nothing after that opening is read:
+    a source may hold any words), and so GRADA's retrieval rank ("rank R of M (was N)",
+    1-based)."""
     found = re.match(r"removed: a copy of passage (\d+)", reason)
-    if found is None or int(found[1]) >= len(rest):
-        return reason
-    start, end = found.span(1)
-    return reason[:start] + str(rest[int(found[1])]) + reason[end:]
+    if found is not None and int(found[1]) < len(rest):
+        start, end = found.span(1)
+        return reason[:start] + str(rest[int(found[1])]) + reason[end:]
+    found = re.search(r"\brank \d+ of \d+ \(was (\d+)\)", reason)
+    if found is not None and 0 < int(found[1]) <= len(rest):
+        start, end = found.span(1)
+        return reason[:start] + str(rest[int(found[1]) - 1] + 1) + reason[end:]
+    return reason

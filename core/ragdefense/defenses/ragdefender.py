@@ -202,7 +202,7 @@ class RAGDefender:
     ) -> None:
         reals(("off_topic",), p=p, off_topic=off_topic)
         integers(m=m, min_passages=min_passages)
-        check_embedder(embedder)
+        embedder = check_embedder(embedder)
         if task_type not in _TASK_TYPES:
             raise ValueError(f"task_type must be one of {_TASK_TYPES}, got {task_type!r}")
         if not p > 0:
@@ -234,9 +234,8 @@ class RAGDefender:
         query = check_query(query)
         items = to_passages(passages)
         if len(items) < self.min_passages:  # nothing to estimate: do not load or call the model
-            return self.defend_embeddings(
-                query, items, np.zeros((len(items), 1)), task_type=task_type
-            )
+            unused = np.zeros((len(items), 1))
+            return self.defend_embeddings(query, items, unused, task_type=task_type)
         emb = embed_passages(items, self.embedder)
 
         def query_vector() -> Any:  # embedded only if an outlier candidate needs it
@@ -249,17 +248,20 @@ class RAGDefender:
         self,
         query: str,
         passages: Sequence[PassageLike],
-        embeddings: np.ndarray,
+        embeddings: Any = None,
         query_embedding: Any = None,
         *,
         task_type: TaskType | None = None,
     ) -> DefenseResult:
-        """Like :meth:`defend`, with the passages' embeddings given (shape (n, d)).
-        ``query_embedding`` is used only to tell which of two unrelated topics is off-topic
-        (:func:`off_topic`); without it such a split is left to Stage 1."""
+        """Like :meth:`defend`, with the passages' embeddings given (shape (n, d); ``None``:
+        carried or embedded). ``query_embedding`` only tells which of two unrelated topics is
+        off-topic (:func:`off_topic`); without it such a split is left to Stage 1."""
         query = check_query(query)
         items = to_passages(passages)
-        emb = check_embeddings(embeddings, len(items))
+        if embeddings is None and query_embedding is None:
+            return self.defend(query, items, task_type=task_type)
+        rows = embed_passages(items, self.embedder) if embeddings is None else embeddings
+        emb = check_embeddings(rows, len(items))
         if query_embedding is not None:  # given: it must be right, never silently skipped
             query_embedding = check_query_embedding(query_embedding, emb.shape[1])
         given = lazy_query_sim(lambda: query_embedding, emb)
