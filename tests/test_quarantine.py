@@ -238,3 +238,71 @@ def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
     peeled = auto.estimates["peeled"]
     assert peeled and all(i >= 2 for i in peeled)
     assert sorted(i for g in auto.estimates["evidence"]["groups"] for i in g) == sorted(peeled)
+
+
+def test_the_named_defense_takes_the_stores_model() -> None:
+    """``embedder=`` gives a defense named by string the store's model (its vectors then
+    compare with the query in one space); a defense object comes with its own."""
+    guard = Quarantine.from_report(REPORT, "consensus", embedder=bag_of_words)
+    assert guard.defense.embedder is not None  # type: ignore[attr-defined]
+    assert guard.defend("q?", _passages()).removed_indices[:2] == [3, 4]
+    with pytest.raises(TypeError, match="embedder"):
+        Quarantine.from_report(REPORT, defense("consensus"), embedder=bag_of_words)
+
+
+@pytest.mark.parametrize(
+    ("change", "match"),
+    [
+        ({"suspicious": "False"}, "verdict 'suspicious' is 'False'"),
+        ({"suspicious": None}, "verdict 'suspicious' is None"),
+        ({"text": None}, "text is not a string"),
+    ],
+)
+def test_a_finding_s_verdict_and_text_must_be_the_audit_s(
+    change: dict[str, Any], match: str
+) -> None:
+    """``"suspicious": "False"`` is no verdict (a string is true), and a finding without its
+    text would match empty passages, never its chunk."""
+    report = copy.deepcopy(REPORT)
+    report["findings"][0] |= change
+    with pytest.raises(ValueError, match=match):
+        Quarantine.from_report(report)
+
+
+def test_a_copy_that_differs_only_in_invisible_characters_or_unicode_form_is_matched() -> None:
+    guard = Quarantine.from_report(REPORT)
+    flagged = TEXTS[3]
+    for variant in (flagged.replace("capital", "cap\u200bital"), flagged.replace(" ", "\u00a0")):
+        assert guard.reason(Passage(variant)) is not None
+    accented = {"id": "e", "text": "Caf\u00e9 Sydney", "score": 0.9, "suspicious": True}
+    guard = Quarantine.from_report({"findings": [accented | {"group": {"size": 2}}]})
+    assert guard.reason(Passage("Cafe\u0301 Sydney")) is not None  # the same text, decomposed
+    assert guard.reason(Passage("Cafe Sydney")) is None  # another text
+
+
+def test_min_score_below_what_the_report_lists_is_refused() -> None:
+    """A report lists the chunks past its threshold and its ``report_top`` best: a lower
+    ``min_score`` would silently miss the chunks it did not list."""
+    report = copy.deepcopy(REPORT) | {"stats": {"chunks": 40}}
+    assert Quarantine.from_report(report, min_score=0.3).ids  # the last listed is below 0.3
+    with pytest.raises(ValueError, match="lists 4 of the 40 chunks"):
+        Quarantine.from_report(report, min_score=0.1, grouped=False)
+    assert Quarantine.from_report(report | {"stats": {"chunks": 4}}, min_score=0.1).ids
+
+
+def test_failing_open_still_keeps_the_quarantined_passages_out() -> None:
+    """Where the per-query defense fails and the adapter is set to fail open, the quarantine
+    (which needs no model) still applies: only the rest passes unchecked."""
+    from ragdefense.integration.adapter import AdapterCore
+
+    class Broken:
+        name, pool_factor, min_pool, min_passages = "broken", 1, 0, 0
+
+        def defend(self, query: str, passages: Any) -> Any:
+            raise RuntimeError("model server down")
+
+    guard = Quarantine.from_report(REPORT, Broken())
+    with pytest.warns(UserWarning, match="passing the documents through but the quarantined"):
+        result = AdapterCore().run(guard, "q?", _passages(), fail_open=True)
+    assert result is not None and result.removed_indices == [3, 4]
+    assert result.kept_indices == [0, 1, 2] and "not judged" in result.verdicts[0].reason

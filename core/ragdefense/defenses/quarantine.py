@@ -20,6 +20,7 @@ import hashlib
 import json
 import os
 import re
+import unicodedata
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
@@ -41,14 +42,18 @@ __all__ = ["Quarantine"]
 
 
 def _digest(text: str) -> str:
-    """SHA-256 of ``text`` with its spacing normalised (a store may strip or rewrap it)."""
-    said = " ".join(text.split())
+    """SHA-256 of ``text`` with its spacing, Unicode form and invisible format characters
+    (zero-width spaces, joiners) normalised: a store may strip, rewrap or re-encode it, and an
+    attacker's copy must not escape by a character no reader sees."""
+    said = unicodedata.normalize("NFKC", text)
+    said = " ".join("".join(c for c in said if unicodedata.category(c) != "Cf").split())
     return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
-def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str]]:
+def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str], int | None]:
     """The findings (as mappings) of an AuditReport, its ``to_dict()``, a ``report.json`` or the
-    audit's folder holding one; and the sources it condemned (``suspect_sources``)."""
+    audit's folder holding one; the sources it condemned (``suspect_sources``); and how many
+    chunks it scored (``None``: not said)."""
     if isinstance(report, (str, os.PathLike)):
         path = Path(report)
         path = path / "report.json" if path.is_dir() else path
@@ -63,7 +68,9 @@ def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str]]:
     stats = report.get("stats")
     suspect = stats.get("suspect_sources") if isinstance(stats, Mapping) else None
     sources = {str(r["source"]) for r in suspect or [] if isinstance(r, Mapping) and "source" in r}
-    return [f for f in report["findings"] if isinstance(f, Mapping)], sources
+    chunks = stats.get("chunks") if isinstance(stats, Mapping) else None
+    scored = chunks if isinstance(chunks, int) and not isinstance(chunks, bool) else None
+    return [f for f in report["findings"] if isinstance(f, Mapping)], sources, scored
 
 
 @contextmanager
@@ -125,6 +132,7 @@ class Quarantine:
         *,
         min_score: float | None = None,
         grouped: bool = True,
+        embedder: Any = None,
     ) -> Quarantine:
         """Quarantine the chunks ``report`` flags.
 
@@ -145,18 +153,36 @@ class Quarantine:
                 large planted set it is as often one of the set's own variants. A possible
                 victim the report does not count as suspicious (``victim_of``) is never
                 quarantined, whatever its score.
+            embedder: The embedding model of a ``defense`` given by name (anything
+                :func:`ragdefense.as_embedder` takes): the store's, where its vectors reach the
+                defense. A defense object comes with its own.
 
         Raises:
-            ValueError: The report cannot be read or is not an audit's.
+            ValueError: The report cannot be read, is not an audit's, or lists too few chunks
+                for ``min_score`` (fewer than it scored, the last above ``min_score``).
         """
         from .registry import defense as front_door
 
-        findings, condemned = _findings(report)
+        findings, condemned, scored = _findings(report)
+        if min_score is not None and scored is not None and len(findings) < scored:
+            listed = [_number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
+            if not listed or min(listed) >= min_score:
+                raise ValueError(
+                    f"the report lists {len(findings)} of the {scored} chunks it scored, all "
+                    f"scored {min_score} or more: chunks above min_score={min_score} may be "
+                    "missing; audit again with a larger report_top, or raise min_score"
+                )
         chosen: list[tuple[Mapping[str, Any], float, str]] = []
         for n, f in enumerate(findings):  # each field checked where it decides something
             score = f.get("score", float("nan"))
             if min_score is None:
-                flagged = bool(f.get("suspicious"))
+                flagged = f.get("suspicious")
+                if not isinstance(flagged, bool):
+                    raise ValueError(
+                        f"finding {n} (id {f.get('id')!r}): its verdict 'suspicious' is "
+                        f"{flagged!r}, not true or false (an audit report's findings come from "
+                        "ragdefense.audit)"
+                    )
             else:
                 flagged = _number(n, f, "score", score, whole=False) >= min_score
             if not flagged or f.get("victim_of"):
@@ -167,7 +193,7 @@ class Quarantine:
             condemned_source = isinstance(source, str) and source in condemned
             if grouped and not condemned_source and _number(n, f, "group size", size, True) < 2:
                 continue
-            text = f.get("text", "")
+            text = f.get("text")
             if not isinstance(text, str):
                 raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
             chosen.append((f, _number(n, f, "score", score, whole=False), text))
@@ -177,7 +203,7 @@ class Quarantine:
             reason = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
             reasons[_digest(text)] = reason
         return cls(
-            front_door(defense),
+            front_door(defense, embedder=embedder),
             frozenset(str(f.get("id")) for f, _, _ in chosen),
             frozenset(_digest(text) for _, _, text in chosen),
             reasons,
@@ -238,6 +264,21 @@ class Quarantine:
                     else self.defense.defend(query, subset)
                 )
         return self._merge(query, items, held, rest, inner)
+
+    def fallback(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
+        """What an adapter set to fail open passes on where the wrapped defense failed: every
+        passage but the quarantined ones, unjudged (the audit's findings need no model)."""
+        items = to_passages(passages)
+        held, rest = self._split(items)
+        why = "kept: not judged (the per-query defense failed; the quarantine alone applied)"
+        verdicts = [
+            Verdict(i, p, False, float("nan"), held[i])
+            if i in held
+            else Verdict(i, p, True, float("nan"), why, rank=rest.index(i))
+            for i, p in enumerate(items)
+        ]
+        estimates = {"quarantined": sorted(held), "note": "the per-query defense failed"}
+        return DefenseResult(self.name, query, tuple(verdicts), "score", estimates)
 
     def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
         """The quarantined positions with their reasons, and the positions left."""

@@ -111,8 +111,10 @@ class AdapterCore:
     ) -> DefenseResult | None:
         """Run ``defense``; on failure raise :class:`~ragdefense.DefenseFailed` (fail closed,
         the default) or, with ``fail_open``, warn and return ``None`` (the caller passes the
-        passages through). ``query_embedding``: the query's vector by the defense's own model,
-        as the retriever computed it (a defense that ``uses_embeddings`` then does not embed
+        passages through), or the defense's ``fallback(query, passages)`` where it has one (a
+        :class:`~ragdefense.Quarantine` still removes what the audit flagged).
+        ``query_embedding``: the query's vector by the defense's own model, as the retriever
+        computed it (a defense that ``uses_embeddings`` then does not embed
         the query again; any other ignores it).
 
         Handed fewer passages than the defense's ``min_passages`` (not compared), or
@@ -134,11 +136,15 @@ class AdapterCore:
             )
             if not fail_open:
                 raise DefenseFailed(message + " (fail_open=True passes documents through)") from exc
-            warnings.warn(message + "; passing the documents through unchecked", stacklevel=4)
+            # a defense that can still act without its failed part (a quarantine: the audit's
+            # findings) says what passes instead of everything
+            fallback = getattr(defense, "fallback", None)
+            passed = "but the quarantined ones" if callable(fallback) else "unchecked"
+            warnings.warn(f"{message}; passing the documents through {passed}", stacklevel=4)
             # the warning is what a person sees; the log record is for log pipelines, at INFO
             # so that Python's last-resort handler does not print the same line twice
-            logger.info("%s; passing the documents through unchecked", message)
-            return None
+            logger.info("%s; passing the documents through %s", message, passed)
+            return fallback(query, passages) if callable(fallback) else None
 
     def _warn_small_pool(self, defense: Defense, n: int, fix: str) -> None:
         need, floor = defense.min_passages, defense.min_pool
