@@ -289,6 +289,25 @@ def test_the_lone_removal_prefix_is_consensus_own() -> None:
     assert not any(v.reason.startswith(LONE_REMOVAL) for v in result.verdicts if v.kept)
 
 
+def test_a_knowledge_base_ingested_twice_flags_no_more_honest_texts(
+    minilm: Any, tmp_path: Path
+) -> None:
+    """Every honest chunk stored twice (a knowledge base ingested again under new ids): a
+    chunk's one copy is no near-duplicate, so no more honest texts are flagged than with one
+    ingestion, and every planted set is still found."""
+    from ragdefense.data import demo_documents
+
+    docs = demo_documents()
+    planted = {t for t, meta in docs if meta["poison"]}
+    once = [t for t, _ in docs]
+    found = {}
+    for name, kb in (("once", once), ("twice", once + [t for t in once if t not in planted])):
+        report = audit(ListCorpus(kb, [f"c{i}" for i in range(len(kb))]), workdir=tmp_path / name)
+        found[name] = {kb[int(f.id[1:])] for f in report.suspicious}
+    assert found["twice"] & planted == found["once"] & planted == planted
+    assert len(found["twice"] - planted) <= len(found["once"] - planted)
+
+
 def test_isolation_of_a_tight_small_group() -> None:
     flat = np.full((1, 10), 0.5)
     group = np.array([[0.95, 0.94, 0.93, 0.93, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])

@@ -116,10 +116,16 @@ def _title(text: str) -> tuple[str, str]:
 
 
 def audit_corpus(
-    folder: str | Path, n_targets: int = 100, seed: int = 0, counts: Sequence[int] = COUNTS
+    folder: str | Path,
+    n_targets: int = 100,
+    seed: int = 0,
+    counts: Sequence[int] = COUNTS,
+    spread: bool = False,
 ) -> AuditCorpus:
     """Build the corpus (deterministic for a given ``seed``): ``counts`` planted passages per
-    target, in turn."""
+    target, in turn, a family per run of them (``spread``: a count per target in turn, so that
+    every dataset holds every count); a target is labelled with what was planted for it (a
+    family may have fewer texts than asked)."""
     records = {d: load_qa(folder, d) for d in DATASETS}
     ids: list[str] = []
     texts: list[str] = []
@@ -148,8 +154,8 @@ def audit_corpus(
     planted: dict[str, tuple[str, str, int]] = {}
     questions, answers, targets = [], [], []
     for t, (dataset, record) in enumerate(chosen):
-        family = ATTACKS[t % len(ATTACKS)]
-        count = counts[(t // len(ATTACKS)) % len(counts)]
+        family = ATTACKS[(t // len(counts) if spread else t) % len(ATTACKS)]
+        count = counts[(t if spread else t // len(ATTACKS)) % len(counts)]
         poison = make_poison(
             family,
             record.question,
@@ -158,6 +164,7 @@ def audit_corpus(
             texts=record.poison,
             alternatives=record.wrong_alternatives,
         )
+        count = len(poison)
         questions.append(record.question)
         answers.append(tuple(record.answers))
         targets.append((dataset, family, count))

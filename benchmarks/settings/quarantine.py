@@ -4,7 +4,9 @@ defense with and without the audit's :class:`~ragdefense.Quarantine`.
 
 Corpus: the audit benchmark's (every benign passage of the shared data, duplicates dropped)
 with 5, 10, 20 or 30 passages planted per target question (40 targets, ten from each of
-RealtimeQA, NQ, MS MARCO and HotpotQA; the attack families in turn), no provenance at query
+RealtimeQA, NQ, MS MARCO and HotpotQA, each dataset's targets taking the counts in turn and the
+attack families in turn over them; a family with fewer texts than asked plants what it has,
+and the target is counted with what was planted), no provenance at query
 time. Each target question is asked as the one line asks it, k = 5: the defense's pool by
 MiniLM similarity from the whole corpus (2k, at least 8), widened twice over while the defense
 keeps fewer than k, and the context is the top k it keeps. The audit runs with its shipped
@@ -68,7 +70,7 @@ def quarantine_table(
     workdir: str | Path | None = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Poison share of the context and answer-in-context, per defense and planted count."""
-    kb = audit_corpus(folder, n_targets=n_targets, counts=COUNTS)
+    kb = audit_corpus(folder, n_targets=n_targets, counts=COUNTS, spread=True)
     emb = as_embedder(embedder)
     vectors = emb.embed(kb.texts)
     with tempfile.TemporaryDirectory() as tmp:
@@ -129,7 +131,8 @@ def quarantine_table(
             split = "tuning" if family in DEFAULT_ATTACKS else "held out"
             for key in ("all", f"{count} planted", split):
                 cells.setdefault((name, key), []).append((share, found))
-    columns = ["all", *[f"{c} planted" for c in COUNTS], "tuning", "held out"]
+    planted_counts = sorted({count for _, _, count in kb.targets})
+    columns = ["all", *[f"{c} planted" for c in planted_counts], "tuning", "held out"]
     rows: list[dict[str, Any]] = [
         {
             "defense": name,
@@ -150,7 +153,8 @@ def quarantine_table(
     )
     lines = [
         f"{len(kb.ids)} chunks, {len(planted)} planted for {len(kb.questions)} targets "
-        f"({', '.join(map(str, COUNTS))} each); the audit flagged "
+        f"({', '.join(map(str, COUNTS))} asked per target, each dataset every count); the audit "
+        "flagged "
         f"{len(flagged & planted)} of {len(planted)} planted chunks and "
         f"{len(flagged - planted)} of {benign} benign ({len(flagged - planted) / benign:.2%}); "
         f"with the target questions as its query log, {len(flagged_logged & planted)} planted "

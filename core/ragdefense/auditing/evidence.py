@@ -188,6 +188,9 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
 #: the least cosine between near-copies: within a near-duplicate component larger than
 #: ``Scoring.max_group`` (a topic), only chunks this close to each other form groups
 NEAR_COPIES = 0.95
+#: the least cosine between two chunks of one text (one model embeds one text alike, up to
+#: float rounding): a chunk's only such neighbour is a second copy of it, no neighbour at all
+COPY = 0.9999
 
 
 def find_groups(
@@ -207,9 +210,14 @@ def find_groups(
     rows, cols, sims, isolated, wides, nears, firsts = [], [], [], [], [], [], []
     start, reach = 0, max(k, wide)
     for part in range(chunk_parts):
-        s, p = merged_hits(wd, "chunks", part, n_shards, reach + 1)
+        s, p = merged_hits(wd, "chunks", part, n_shards, reach + 2)
         me = np.arange(start, start + len(p))[:, None]
         others = (p >= 0) & (p != me)
+        # a knowledge base ingested twice holds every chunk twice: a chunk with exactly one
+        # copy is one chunk, its copy no near-duplicate (three copies or more still are one,
+        # as in the per-query defenses)
+        copy = others & (s >= COPY)
+        others &= ~(copy & (copy.sum(axis=1) == 1)[:, None])
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))

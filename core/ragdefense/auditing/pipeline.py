@@ -242,7 +242,7 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         )
     # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
-    needed = max(settings.neighbours, settings.wide_neighbours) + 1
+    needed = settings.searched
     route = effective_route(settings.route, n_shards, sum(sizes), needed)
     n_shards = n_shards if route else max(1, min(n_shards, len(sizes)))  # contiguous: by part
     wd.note("shards", n_shards)

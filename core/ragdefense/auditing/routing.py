@@ -250,7 +250,7 @@ def recheck_suspects(
     from .evidence import Scoring, assess, scored
 
     scoring = settings.scoring or Scoring()
-    k = max(settings.neighbours, settings.wide_neighbours) + 1  # as the search's
+    k = settings.searched  # as the search's
     n_shards = int(wd.noted("shards"))
     round_ = int(wd.noted("recheck_round") or 0)
     if wd.noted("recheck_threshold") != scoring.threshold:

@@ -76,6 +76,12 @@ class AuditSettings:
     shards: int | None = None
     route: int | None = None
 
+    @property
+    def searched(self) -> int:
+        """Hits of each chunk's own search: itself, a copy of it (a knowledge base ingested
+        twice) and the wider of ``neighbours`` and ``wide_neighbours``."""
+        return max(self.neighbours, self.wide_neighbours) + 2
+
     def __post_init__(self) -> None:
         for name in ("top_m", "neighbours", "part_size", "report_top", "wide_neighbours"):
             _whole(name, getattr(self, name))
