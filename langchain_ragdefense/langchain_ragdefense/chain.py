@@ -12,18 +12,33 @@ from langchain_core.callbacks import (
     CallbackManagerForChainRun,
 )
 from langchain_core.documents import Document
-from langchain_core.retrievers import BaseRetriever
+from langchain_core.language_models import BaseLanguageModel
+from langchain_core.retrievers import RetrieverLike
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import patch_config
-from pydantic import ConfigDict, Field, PrivateAttr
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
+from ragdefense.integration.records import check_items
 from ragdefense.llm import LangChainLLM
 
 __all__ = ["RobustRAGChain"]
 
 _SLOTS_LOCK = threading.Lock()
+
+
+class _Slots:
+    """The calls in flight across every run of one chain: ``size`` at a time."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.semaphore = threading.Semaphore(size)
+
+    def __reduce__(self) -> tuple[type[_Slots], tuple[int]]:
+        # a deep copy or an unpickled chain is another chain: its own limit, all slots free (a
+        # lock cannot cross processes); a shallow copy (model_copy()) shares this object
+        return _Slots, (self.size,)
 
 
 class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
@@ -38,7 +53,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 
     Attributes:
         llm: The chat model (or any Runnable) answering each passage in isolation.
-        retriever: Where the passages come from (in rank order).
+        retriever: Where the passages come from (in rank order): a retriever or any Runnable
+            from a query string to Documents (``defend(r).with_config(...)``,
+            ``.configurable_fields(...)``, ``.with_retry()``).
         aggregation: ``"keyword"`` / ``"majority"``, or an aggregation's settings
             (``KeywordAggregation(alpha=0.3, beta=3)``, ``MajorityVote()``); secure decoding
             needs next-token probabilities, which a LangChain model does not expose.
@@ -51,7 +68,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     llm: Runnable[Any, Any]
-    retriever: BaseRetriever
+    retriever: RetrieverLike
     aggregation: Any = "keyword"
     robust: RobustRAG | None = None
     max_concurrency: int = Field(default=8, ge=1, strict=True)
@@ -60,7 +77,17 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     _built_for: tuple[Any, Any] | None = PrivateAttr(default=None)
     #: the calls in flight across every run of this chain (``max_concurrency``): each run's
     #: backend carries its own config, and shares this limit (hung calls keep their slots)
-    _slots: tuple[int, threading.Semaphore] | None = PrivateAttr(default=None)
+    _slots: _Slots | None = PrivateAttr(default=None)
+
+    @field_validator("retriever", mode="before")
+    @classmethod
+    def _retriever(cls, value: Any) -> Any:
+        """Any Runnable from a query to Documents but a language model: ``from_llm``'s two
+        arguments swapped would otherwise build, and fail only at the first question."""
+        if isinstance(value, Runnable) and not isinstance(value, BaseLanguageModel):
+            return value
+        hint = "store.as_retriever(...)" if hasattr(value, "as_retriever") else "a retriever"
+        raise ValueError(f"retriever: expected {hint}, got {type(value).__name__}")
 
     def model_post_init(self, context: Any, /) -> None:
         """Build the engine now, so that a bad aggregation fails at construction."""
@@ -83,7 +110,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 
     @classmethod
     def from_llm(
-        cls, llm: Runnable[Any, Any], retriever: BaseRetriever, **kwargs: Any
+        cls, llm: Runnable[Any, Any], retriever: RetrieverLike, **kwargs: Any
     ) -> RobustRAGChain:
         """``RobustRAGChain.from_llm(chat_model, retriever, max_concurrency=8, certify=1)``."""
         return cls(llm=llm, retriever=retriever, **kwargs)
@@ -92,9 +119,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         # shares the spaCy pipeline and the calls-in-flight limit; the LLM is bound to this
         # run's config
         with _SLOTS_LOCK:
-            if self._slots is None or self._slots[0] != self.max_concurrency:
-                self._slots = (self.max_concurrency, threading.Semaphore(self.max_concurrency))
-            slots = self._slots[1]
+            if self._slots is None or self._slots.size != self.max_concurrency:
+                self._slots = _Slots(self.max_concurrency)
+            slots = self._slots.semaphore
         backend = LangChainLLM(
             self.llm, self.max_concurrency, timeout=None, config=dict(config), slots=slots
         )
@@ -119,7 +146,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     ) -> dict[str, Any]:
         query, choices = self._parse(value)
         child = patch_config(config, callbacks=run_manager.get_child())
-        docs = self.retriever.invoke(query, child)
+        docs = check_items(self.retriever.invoke(query, child), Document, "LangChain Document")
         report = self._core(child).answer(
             query, [d.page_content for d in docs], choices=choices, certify=self.certify
         )
@@ -130,7 +157,8 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     ) -> dict[str, Any]:
         query, choices = self._parse(value)
         child = patch_config(config, callbacks=run_manager.get_child())
-        docs = await self.retriever.ainvoke(query, child)
+        found = await self.retriever.ainvoke(query, child)
+        docs = check_items(found, Document, "LangChain Document")
         report = await self._core(child).aanswer(
             query, [d.page_content for d in docs], choices=choices, certify=self.certify
         )

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from langchain_core.callbacks import Callbacks
-from langchain_core.callbacks.manager import adispatch_custom_event, dispatch_custom_event
+from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import VectorStore
@@ -131,10 +129,9 @@ class DefenseCompressor(BaseDocumentCompressor):
         """Filter or rerank ``documents`` for ``query`` with the core defense."""
         result = self._run(documents, query)
         if callbacks and result is not None and result.removed:
-            with contextlib.suppress(RuntimeError):  # no parent run to attach the event to
-                dispatch_custom_event(
-                    EVENT_NAME, removed_report(result), config={"callbacks": callbacks}
-                )
+            # to the run's handlers under its id, or straight to a list of handlers (no run)
+            manager = CallbackManager.configure(callbacks)
+            manager.on_custom_event(EVENT_NAME, removed_report(result), manager.parent_run_id)
         return self._output(documents, result)
 
     async def acompress_documents(
@@ -143,10 +140,8 @@ class DefenseCompressor(BaseDocumentCompressor):
         """Async :meth:`compress_documents` (the CPU-bound defense runs in a worker thread)."""
         result = await asyncio.to_thread(self._run, documents, query)
         if callbacks and result is not None and result.removed:
-            with contextlib.suppress(RuntimeError):
-                await adispatch_custom_event(
-                    EVENT_NAME, removed_report(result), config={"callbacks": callbacks}
-                )
+            manager = AsyncCallbackManager.configure(callbacks)
+            await manager.on_custom_event(EVENT_NAME, removed_report(result), manager.parent_run_id)
         return self._output(documents, result)
 
 

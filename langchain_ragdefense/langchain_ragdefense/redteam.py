@@ -263,13 +263,27 @@ def _red_team(
 
 
 def _ask(runnable: Runnable[Any, Any], question: str) -> Any:
-    """The chain's output for ``question``: given as a string, or, where the chain takes a
-    mapping (``create_retrieval_chain``'s ``{"input": ...}``), under the usual keys."""
+    """The chain's output for ``question``: given as a mapping under the usual keys where the
+    chain's input schema is an object (``create_retrieval_chain``'s ``{"input": ...}``), as a
+    string where it is another type. Where it says none (a function without annotations), the
+    string is tried first, then the mapping; when both fail, the string call's error is raised
+    (the mapping call's is its context)."""
+    keyed = {"input": question, "question": question, "query": question}
+    try:
+        kind = runnable.get_input_jsonschema().get("type")
+    except Exception:  # a runnable whose schema cannot be built: ask as if it said none
+        kind = None
+    if kind == "object":
+        return runnable.invoke(keyed)
+    if kind is not None:
+        return runnable.invoke(question)
     try:
         return runnable.invoke(question)
-    except (TypeError, ValueError, KeyError):
-        keyed = {"input": question, "question": question, "query": question}
-        return runnable.invoke(keyed)
+    except (TypeError, ValueError, KeyError) as first:
+        try:
+            return runnable.invoke(keyed)
+        except Exception:
+            raise first  # noqa: B904 - the string call's error; the mapping call's is its context
 
 
 #: where a chain returning a mapping puts its answer: ``create_retrieval_chain``, agents and

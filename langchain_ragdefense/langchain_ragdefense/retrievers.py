@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from contextvars import ContextVar
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -11,6 +12,8 @@ from langchain_core.callbacks import (
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -26,9 +29,16 @@ from .compressors import DefenseCompressor
 
 __all__ = ["DefendedRetriever", "defend"]
 
+#: the config of the ``invoke`` in progress: ``BaseRetriever.invoke`` hands
+#: ``_get_relevant_documents`` a run manager only, and the base retriever must run under the
+#: caller's config (its ``configurable``: a per-user filter; limits, tags, metadata)
+_CALLER_CONFIG: ContextVar[RunnableConfig | None] = ContextVar("ragdefense_config", default=None)
+
 
 class DefendedRetriever(BaseRetriever):
-    """Retrieves with ``base_retriever``, then applies ``compressor`` (a defense).
+    """Retrieves with ``base_retriever``, then applies ``compressor`` (a defense). The base
+    retriever runs under the caller's config (its ``configurable``, e.g. a per-user filter;
+    tags, metadata, limits), with this run's callbacks.
 
     Attributes:
         base_retriever: The retriever to protect.
@@ -40,6 +50,9 @@ class DefendedRetriever(BaseRetriever):
             retrieved set; and at least what the defense needs to compare). When the defense
             leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
             base retriever has more (the same policy as the LlamaIndex adapter's).
+        max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``). A ``k``
+            given per call (``invoke(query, k=4)``) gets at least ``FETCH_ROUNDS``: the caller
+            asked for that many documents.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -50,7 +63,28 @@ class DefendedRetriever(BaseRetriever):
     fetch_k: int | None = Field(default=None, ge=1)
     max_rounds: int = Field(default=FETCH_ROUNDS, ge=1)
 
-    def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, dict[str, Any]]:
+    def invoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Retrieve, then defend (the base retriever runs under ``config``)."""
+        token = _CALLER_CONFIG.set(config)
+        try:
+            return super().invoke(input, config, **kwargs)
+        finally:
+            _CALLER_CONFIG.reset(token)
+
+    async def ainvoke(
+        self, input: str, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> list[Document]:
+        """Async :meth:`invoke`."""
+        token = _CALLER_CONFIG.set(config)
+        try:
+            return await super().ainvoke(input, config, **kwargs)
+        finally:
+            _CALLER_CONFIG.reset(token)
+
+    def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, int, dict[str, Any]]:
+        rounds = max(self.max_rounds, FETCH_ROUNDS) if "k" in kwargs else self.max_rounds
         k = kwargs.pop("k", self.k)
         if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
@@ -61,16 +95,17 @@ class DefendedRetriever(BaseRetriever):
         base_k = k or _retriever_k(self.base_retriever)
         if base_k and not fetch:  # another compressor: GRADA's M = 2n
             fetch = pool_size(core, base_k) if core is not None else 2 * base_k
-        return k, fetch, kwargs
+        return k, fetch, rounds, kwargs
 
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        k, fetch, extra = self._plan(kwargs)
+        k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
-        for _ in range(self.max_rounds):
+        config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
+        for _ in range(rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
-            docs = base.invoke(query, config={"callbacks": child}, **(args | extra))
+            docs = base.invoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept)):
@@ -81,11 +116,12 @@ class DefendedRetriever(BaseRetriever):
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        k, fetch, extra = self._plan(kwargs)
+        k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
-        for _ in range(self.max_rounds):
+        config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
+        for _ in range(rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
-            docs = await base.ainvoke(query, config={"callbacks": child}, **(args | extra))
+            docs = await base.ainvoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
             kept = list(compressed)
@@ -235,10 +271,10 @@ def defend(
         k: Documents returned; ``None``: at most as many as ``retriever`` returns by default (a
             vector store retriever's ``search_kwargs["k"]``, 4 unless set; an ensemble's, the
             sum of its retrievers'; a compression retriever's, its base's at most its
-            reranker's ``top_n``; no second fetch when the defense removes some), else all
-            kept. The base retriever is asked for
-            ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`)
-            and the survivors are cut to ``k``.
+            reranker's ``top_n``; no second fetch when the defense removes some, unless
+            ``invoke(query, k=...)`` asks for a ``k``), else all kept. The base retriever is
+            asked for ``fetch_k`` (default: the defense's pool for ``k``, see
+            :class:`DefendedRetriever`) and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are, unless

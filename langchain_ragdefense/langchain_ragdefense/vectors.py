@@ -31,22 +31,25 @@ _FAISS_POSITIONS: weakref.WeakKeyDictionary[Any, tuple[dict[int, str], int, dict
 
 def stored_vectors(store: VectorStore, documents: Sequence[Document]) -> list[Any | None]:
     """One stored vector per document (``None`` where the store has none for it): the vector
-    the store holds under the document's id, only where it holds the same text there. A
-    document of another store (a base retriever swapped after ``defend``, a BM25 retriever
-    over other documents) can carry an id this store gives to another text: that text's
-    vector would be judged in its place."""
-    texts: dict[str, str] = {}
-    for d in documents:
-        if d.id:
-            texts.setdefault(d.id, d.page_content)
+    the store holds under the document's id, only where it holds the document's own text
+    there. A document of another store (a base retriever swapped after ``defend``, a BM25
+    retriever over other documents, a second store numbering its chunks as the first does) can
+    carry an id this store gives to another text: that text's vector would be judged in its
+    place, so it is embedded instead."""
+    held_texts: dict[str, str | None] = {}
 
-    def verified(held: Any, ids: list[str]) -> dict[str, Any] | None:
+    def lookup(held: Any, ids: list[str]) -> dict[str, Any] | None:
         found = _lookup(held, ids)
         if found is None:
             return None
-        return {i: vector for i, (vector, text) in found.items() if text == texts.get(i)}
+        held_texts.update((i, text) for i, (_, text) in found.items())
+        return {i: vector for i, (vector, _) in found.items()}
 
-    return core_vectors.stored_vectors(store, [d.id for d in documents], verified)
+    vectors = core_vectors.stored_vectors(store, [d.id for d in documents], lookup)
+    return [
+        v if v is not None and held_texts.get(d.id or "") == d.page_content else None
+        for d, v in zip(documents, vectors, strict=True)
+    ]
 
 
 def store_kind(store: Any) -> Literal["inmemory", "chroma", "faiss"] | None:

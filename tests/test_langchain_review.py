@@ -1,0 +1,242 @@
+"""The LangChain adapter's contracts with LangChain itself: the caller's config reaches the base
+retriever, a chain copies and takes any retriever-like Runnable, removals reach handlers given
+directly, stored vectors go to their own text only, the red team reports a chain's own error,
+and a ``k`` asked per call is fetched for."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+import pickle
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import pytest
+from langchain_core.callbacks import BaseCallbackHandler, CallbackManagerForRetrieverRun
+from langchain_core.documents import BaseDocumentCompressor, Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.language_models import FakeListChatModel
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import ConfigurableField, RunnableConfig, RunnableLambda
+from langchain_core.runnables.config import ensure_config
+from langchain_core.vectorstores import InMemoryVectorStore
+from pydantic import Field
+
+from langchain_ragdefense import DefenseCompressor, RobustRAGChain, defend, red_team
+from langchain_ragdefense.vectors import stored_vectors
+from ragdefense import DefenseInputError, RAGDefender
+from ragdefense.redteam import AttackTarget
+from tests.conftest import bag_of_words
+
+
+class Words(Embeddings):
+    """The tests' hashed bag of words as LangChain embeddings."""
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return bag_of_words(texts).tolist()  # type: ignore[no-any-return]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+class _Keep(BaseDocumentCompressor):
+    """Keeps every document, or drops those holding ``drop``."""
+
+    drop: str | None = None
+
+    def compress_documents(
+        self, documents: Sequence[Document], query: str, callbacks: Any = None
+    ) -> Sequence[Document]:
+        return [d for d in documents if not (self.drop and self.drop in d.page_content)]
+
+
+class _Recording(BaseRetriever):
+    """Records the config each call is given."""
+
+    seen: list[RunnableConfig] = Field(default_factory=list)
+
+    def invoke(self, input: str, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        self.seen.append(ensure_config(config))
+        return super().invoke(input, config, **kwargs)
+
+    async def ainvoke(self, input: str, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
+        self.seen.append(ensure_config(config))
+        return await super().ainvoke(input, config, **kwargs)
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return [Document("Canberra is the capital of Australia")]
+
+
+def test_the_base_retriever_runs_under_the_callers_config() -> None:
+    base = _Recording()
+    defended = defend(base, _Keep())
+    config: RunnableConfig = {
+        "configurable": {"user": "alice"},
+        "recursion_limit": 7,
+        "max_concurrency": 2,
+        "tags": ["tenant-a"],
+        "metadata": {"m": 1},
+    }
+    defended.invoke("q", config)
+    asyncio.run(defended.ainvoke("q", config))
+    assert len(base.seen) == 2
+    for seen in base.seen:
+        assert seen["configurable"] == {"user": "alice"}
+        assert seen["recursion_limit"] == 7 and seen["max_concurrency"] == 2
+        assert "tenant-a" in seen["tags"] and seen["metadata"]["m"] == 1
+        # a child of the defended run
+        assert getattr(seen["callbacks"], "parent_run_id", None) is not None
+
+
+def test_a_per_user_filter_inside_a_hybrid_retriever_holds_through_defend() -> None:
+    from langchain_classic.retrievers import EnsembleRetriever
+
+    docs = [
+        Document(f"{who}'s note {i}: the project budget is {i}00 dollars", metadata={"who": who})
+        for who in ("alice", "bob")
+        for i in range(6)
+    ]
+    store = InMemoryVectorStore.from_documents(docs, Words())
+    per_user = store.as_retriever().configurable_fields(
+        search_kwargs=ConfigurableField(id="search_kwargs")
+    )
+    hybrid = EnsembleRetriever(retrievers=[per_user], weights=[1.0])
+    only = {"k": 6, "filter": lambda d: d.metadata["who"] == "alice"}
+    config: RunnableConfig = {"configurable": {"search_kwargs": only}}
+    defended = defend(hybrid, _Keep())
+    for out in (defended.invoke("project budget", config),
+                asyncio.run(defended.ainvoke("project budget", config))):  # fmt: skip
+        assert out and {d.metadata["who"] for d in out} == {"alice"}
+
+
+class _Listed(BaseRetriever):
+    """Returns its documents (a module-level class: a chain holding it pickles)."""
+
+    docs: list[Document]
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        return list(self.docs)
+
+
+CONTEXT = [Document(f"Canberra is the capital of Australia ({i})") for i in range(3)]
+
+
+def _chain(retriever: Any, **kwargs: Any) -> RobustRAGChain:
+    llm = FakeListChatModel(responses=["Canberra"])
+    return RobustRAGChain.from_llm(llm, retriever, **kwargs)
+
+
+def test_a_chain_copies_and_pickles_after_a_run() -> None:
+    chain = _chain(_Listed(docs=CONTEXT))
+    chain.invoke("capital of Australia?")
+    copies = [copy.deepcopy(chain), chain.model_copy(deep=True), pickle.loads(pickle.dumps(chain))]
+    for other in copies:
+        assert other.invoke("capital of Australia?")["answer"] == "Canberra"
+        assert other._slots is not chain._slots  # another chain: a limit of its own
+    assert chain.model_copy()._slots is chain._slots  # a shallow copy shares the limit
+
+
+def test_a_chain_takes_any_retriever_like_runnable() -> None:
+    base = _Listed(docs=CONTEXT)
+    other = _Listed(docs=[Document("Sydney is the capital of Australia")])
+    per_call = defend(base, _Keep()).configurable_fields(
+        base_retriever=ConfigurableField(id="retriever")
+    )
+    for retriever in (
+        defend(base, _Keep()).with_config(tags=["tenant-a"]),
+        defend(base, _Keep()).with_retry(),
+        per_call,
+    ):
+        assert len(_chain(retriever).invoke("capital?")["context"]) == 3
+    config: RunnableConfig = {"configurable": {"retriever": other}}
+    assert _chain(per_call).invoke("capital?", config)["context"][0].page_content.startswith("Syd")
+    store = InMemoryVectorStore(Words())
+    with pytest.raises(ValueError, match=r"store\.as_retriever"):
+        _chain(store)
+    with pytest.raises(ValueError, match="expected a retriever, got FakeListChatModel"):
+        _chain(FakeListChatModel(responses=["x"]))  # from_llm's arguments swapped
+    with pytest.raises(DefenseInputError, match="LangChain Document"):
+        _chain(RunnableLambda(lambda q: q)).invoke("capital?")
+
+
+class _Events(BaseCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, int]] = []
+
+    def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+        self.events.append((name, len(data["removed"])))
+
+
+def test_removals_reach_handlers_given_directly(toy_embedder: Any) -> None:
+    planted = [Document("the capital of Australia is Sydney says the planted text")] * 5
+    honest = [
+        "Canberra is the capital of Australia",
+        "Australia capital city Canberra was chosen in 1908",
+        "The Australian parliament sits in Canberra, the capital",
+        "Sydney is the largest city of Australia",
+        "Melbourne was the temporary capital",
+    ]
+    docs = planted + [Document(t) for t in honest]
+    compressor = DefenseCompressor(defense=RAGDefender(embedder=toy_embedder))
+    sync, concurrent = _Events(), _Events()
+    kept = compressor.compress_documents(docs, "capital of Australia", callbacks=[sync])
+    removed = len(docs) - len(kept)
+    asyncio.run(
+        compressor.acompress_documents(docs, "capital of Australia", callbacks=[concurrent])
+    )
+    assert removed and sync.events == concurrent.events == [("ragdefense_removed", removed)]
+
+
+def test_documents_sharing_an_id_get_only_their_own_stored_vector() -> None:
+    store = InMemoryVectorStore(Words())
+    store.add_documents([Document("The Pacific is the largest ocean on Earth.", id="0")])
+    mine = store.get_by_ids(["0"])[0]
+    other = Document("Bananas are a yellow fruit grown in the tropics.", id="0")  # another store's
+    held = np.asarray(store.store["0"]["vector"])
+    for docs, own in (([mine, other], 0), ([other, mine], 1)):
+        vectors = stored_vectors(store, docs)
+        assert np.array_equal(np.asarray(vectors[own]), held) and vectors[1 - own] is None
+
+
+def test_the_red_team_reports_the_chains_own_error() -> None:
+    store = InMemoryVectorStore.from_texts(
+        [f"The Pacific is the largest ocean ({i})" for i in range(8)], Words()
+    )
+    target = AttackTarget("What is the largest ocean?", "Atlantic", "Pacific")
+    calls: list[str] = []
+
+    def unparsable(x: Any) -> Any:  # no annotation: its input schema says no type
+        calls.append(type(x).__name__)
+        if isinstance(x, str):
+            raise ValueError("could not parse the model's output")
+        return x.lower()  # a string-only chain given a mapping
+
+    with pytest.raises(ValueError, match="could not parse") as raised:
+        red_team(store, [target], chain=lambda r: RunnableLambda(unparsable))
+    assert isinstance(raised.value.__context__, AttributeError) and calls == ["str", "dict"]
+
+    def typed(x: str) -> str:  # a string chain: asked once, as a string
+        calls.append(type(x).__name__)
+        raise ValueError("provider refused the request")
+
+    calls.clear()
+    with pytest.raises(ValueError, match="provider refused"):
+        red_team(store, [target], chain=lambda r: RunnableLambda(typed))
+    assert calls == ["str"]
+
+
+def test_a_k_asked_per_call_is_fetched_for(toy_embedder: Any) -> None:
+    store = InMemoryVectorStore(Words())
+    store.add_texts(["capital of France planted"] * 6)
+    store.add_texts([f"capital of France is Paris, honest note {i} of many" for i in range(14)])
+    drop = _Keep(drop="planted")
+    base = store.as_retriever()
+    assert len(drop.compress_documents(base.invoke("capital of France", k=8), "")) < 4
+    assert len(defend(base, drop, k=4).invoke("capital of France")) == 4
+    assert len(defend(base, drop).invoke("capital of France", k=4)) == 4
+    assert len(asyncio.run(defend(base, drop).ainvoke("capital of France", k=4))) == 4
