@@ -23,9 +23,9 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseComponent, NodeWithScore, QueryBundle
 
-from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder, Passage
+from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration.adapter import (
     AdapterCore,
@@ -44,7 +44,8 @@ from ragdefense.integration.records import (
 )
 
 from .embeddings import RagdefenseEmbedding, picklable
-from .vectors import stored_vectors, with_document
+from .nodes import node_passage
+from .vectors import stored_vectors
 
 __all__ = [
     "AutoDefensePostprocessor",
@@ -103,7 +104,11 @@ def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> Nod
 class DefensePostprocessor(BaseNodePostprocessor):
     """Applies a core defense to retrieved nodes; returns copies with the verdict in
     ``metadata["ragdefense"]`` (excluded from what the LLM sees). Embeddings already on the
-    nodes are reused; otherwise ``embed_model`` (e.g. the index's), else the packaged MiniLM.
+    nodes are reused (``node_embeddings``: they must be ``embed_model``'s); otherwise
+    ``embed_model`` (e.g. the index's), else the packaged MiniLM. Nodes of one text that the
+    LLM is shown differently (their metadata, their image) are not copies of one another.
+    A defense object comes configured: ``embed_model`` with one is an error (give the object
+    ``embedder=``).
     Emits the standard rerank start / end instrumentation events (and the callback manager's
     ``RERANKING`` event), and a :class:`DefenseRemovedEvent` for what was removed.
     Serializes (``to_json`` / ``from_json``) when ``defense`` is a name and ``params`` plain
@@ -128,6 +133,12 @@ class DefensePostprocessor(BaseNodePostprocessor):
         default=None, description="embeddings to use"
     )
     fail_open: bool = Field(default=False, description="pass nodes through if the defense fails")
+    node_embeddings: bool = Field(
+        default=True,
+        description="reuse the embeddings the nodes carry (node.embedding): they must be "
+        "embed_model's (with no embed_model, the packaged MiniLM's, which the core checks); "
+        "False: the defense embeds every node's text (nodes carrying another model's vectors)",
+    )
     vector_store: Any = Field(
         default=None,
         exclude=True,
@@ -196,6 +207,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def core(self) -> Defense:
         """The core defense for the current fields (built again when one changes; it keeps its
         embedding cache across queries)."""
+        configured(self.defense, self.embed_model)
         params = adapter_params(self, DefensePostprocessor)
         self._core = AdapterCore.claim(self._core, self)
         return self._core.get(self.defense, params, self.embed_model, LlamaIndexEmbedder)
@@ -203,22 +215,13 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def _run(
         self, nodes: list[NodeWithScore], query: str, query_embedding: Any = None
     ) -> DefenseResult | None:
-        vectors: list[Any] = [n.node.embedding for n in nodes]
+        vectors: list[Any] = [n.node.embedding if self.node_embeddings else None for n in nodes]
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing and self.vector_store is not None:
             found = stored_vectors(self.vector_store, [nodes[i].node.node_id for i in missing])
             for i, v in zip(missing, found, strict=True):
                 vectors[i] = v
-        passages = [
-            Passage(
-                n.node.get_content(metadata_mode=MetadataMode.NONE),
-                id=n.node.node_id,
-                score=n.score,
-                metadata=with_document(n.node),
-                embedding=v,
-            )
-            for n, v in zip(nodes, vectors, strict=True)
-        ]
+        passages = [node_passage(n, v) for n, v in zip(nodes, vectors, strict=True)]
         return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW, query_embedding)
 
     def _output(
@@ -296,6 +299,16 @@ class DefensePostprocessor(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         # the CPU-bound defense runs in a worker thread, with the same events
         return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
+
+
+def configured(defense: Any, embed_model: Any) -> None:
+    """Refuse ``embed_model`` with a defense object: the object embeds with its own
+    ``embedder``, and the model would otherwise be dropped without a word."""
+    if embed_model is not None and defense is not None and not isinstance(defense, str):
+        raise TypeError(
+            f"embed_model: a defense object comes configured: give it embedder=... (e.g. "
+            f"{type(defense).__name__}(embedder=embed_model)), or give the defense by name"
+        )
 
 
 def _field(defense: str, name: str) -> Any:

@@ -26,8 +26,8 @@ from ragdefense.redteam import (
 )
 
 from ._private import index_embed_model
-from .postprocessors import DefensePostprocessor
-from .retrievers import defend
+from .postprocessors import configured
+from .retrievers import defend, guard
 from .vectors import index_nodes, store_kind, stored_vectors
 
 __all__ = ["red_team"]
@@ -154,10 +154,12 @@ def red_team(
         llm: When given, each context is answered by this LLM (a compact response synthesizer)
             and a target is hijacked when the answer states the wrong answer; otherwise when
             poison is most of the context.
-        embed_model: The defense's embeddings (default: the index's own).
+        embed_model: The defense's embeddings (default: the index's own); a defense object
+            embeds with its own ``embedder`` (``embed_model`` with one is an error).
         copy_index: ``(index, nodes) -> a copy of index with nodes added``.
     """
     targets = check_red_team(targets, k)
+    configured(defense, embed_model)  # before anything is copied
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
     poisoned = (copy_index or _copy)(index, [])
@@ -186,19 +188,14 @@ def _red_team(
     embed_model: BaseEmbedding | None,
 ) -> RedTeamReport:
     poisoned.insert_nodes(nodes)
-    own = _embed_model(index)
-    guard = DefensePostprocessor(
-        defense=defense,
-        embed_model=embed_model or own,
-        # another model's vectors are another space: the store's are read only for its own
-        vector_store=poisoned.vector_store if embed_model is None or embed_model is own else None,
-    )
+    # another model's vectors are another space: the store's are read only for its own
+    post = guard(defense, _embed_model(index), poisoned.vector_store, embed_model)
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 
     def pipeline(defended: bool) -> Callable[[str], tuple[list[str], str | None]]:
         retriever: BaseRetriever = poisoned.as_retriever(similarity_top_k=k)
         if defended:  # what the one line runs: its pool, then the first k kept
-            retriever = defend(retriever, guard, k=k)
+            retriever = defend(retriever, post, k=k)
 
         def run(question: str) -> tuple[list[str], str | None]:
             found: list[NodeWithScore] = retriever.retrieve(question)[:k]

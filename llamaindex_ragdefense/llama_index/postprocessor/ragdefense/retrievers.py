@@ -17,6 +17,7 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
+from ragdefense import LlamaIndexEmbedder
 from ragdefense.integration.adapter import pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
@@ -26,7 +27,7 @@ from ragdefense.integration.retrieval import (
 )
 
 from ._private import index_embed_model, merged_retriever, retriever_index
-from .postprocessors import DefensePostprocessor
+from .postprocessors import DefensePostprocessor, configured
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -105,7 +106,9 @@ class DefendedRetriever(BaseRetriever):
             default 2), else all kept.
         fetch_k: Pool size asked of the retriever; ``None``: the defense's pool for ``k``
             (:func:`ragdefense.integration.retrieval.pool_size`: ``2 * k`` for GRADA, ``k`` for
-            RAGDefender, and at least what the defense needs to compare).
+            RAGDefender, and at least what the defense needs to compare), and at least the
+            retriever's own ``similarity_top_k`` (a retriever set to fetch more is not
+            narrowed: the defense sees what it would have returned).
         max_rounds: When the defense leaves fewer than ``k``, the pool doubles (up to this many
             rounds) while the retriever has more: the same policy as the LangChain adapter's.
     """
@@ -123,8 +126,10 @@ class DefendedRetriever(BaseRetriever):
                 raise ValueError(f"{label} must be a positive int or None, got {value!r}")
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {retriever!r}")
-        self.k = k if k is not None else _top_k(retriever)
-        self.fetch_k = fetch_k or (pool_size(postprocessor.core, self.k) if self.k else None)
+        own = _top_k(retriever)
+        self.k = k if k is not None else own
+        pool = max(pool_size(postprocessor.core, self.k), own or 0) if self.k else None
+        self.fetch_k = fetch_k or pool
         self.max_rounds = max_rounds
         self.retriever = retriever
         self.postprocessor = postprocessor
@@ -181,21 +186,20 @@ def defend(
             ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`).
         embed_model: Embeddings for the defense; by default the index's own (vectors the index
             holds are reused, not recomputed), else the packaged all-MiniLM-L6-v2. Another
-            model than the index's embeds the retrieved nodes itself (one space for the query
-            and the passages).
+            model than the index's, or one given where the retriever's index is not known,
+            embeds the retrieved nodes itself (one space for the query and the passages):
+            vectors the nodes carry are not reused. With a defense object it is an error:
+            give the object ``embedder=``.
         params: Parameters of the named defense (e.g. ``trusted=``); unknown ones, or any
             given with a defense object, are an error.
 
     The same signature and fetch policy as the LangChain adapter's ``defend``.
     """
-    store = None
     index: Any = retriever
     if isinstance(retriever, VectorStoreIndex):
         retriever = retriever.as_retriever()
     else:
         index = retriever_index(retriever)
-    if isinstance(index, VectorStoreIndex):
-        store = index.vector_store
     rounds = FETCH_ROUNDS if k is not None else 1
     if isinstance(defense, DefensePostprocessor):
         given = [n for n, v in (("embed_model", embed_model), ("fail_open", fail_open)) if v]
@@ -205,13 +209,36 @@ def defend(
             )
         post = defense
     else:
-        own = index_embed_model(index)
-        post = DefensePostprocessor(
-            defense=defense,
-            params=params,
-            embed_model=embed_model or own,
-            fail_open=fail_open,
-            # another model's vectors are another space: the index's are read only for its own
-            vector_store=store if embed_model is None or embed_model is own else None,
-        )
+        store = index.vector_store if isinstance(index, VectorStoreIndex) else None
+        post = guard(defense, index_embed_model(index), store, embed_model, fail_open, params)
     return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k, max_rounds=rounds)
+
+
+def guard(
+    defense: Any,
+    own: BaseEmbedding | None,
+    store: Any,
+    embed_model: BaseEmbedding | None = None,
+    fail_open: bool = False,
+    params: dict[str, Any] | None = None,
+) -> DefensePostprocessor:
+    """The postprocessor :func:`defend` runs ``defense`` with, over an index embedding with
+    ``own`` (``None``: not known) in ``store``. The vectors the store holds, and those the
+    nodes carry, are handed to the defense only where they are in its model's space: its model
+    is the index's, or is the packaged MiniLM (which the core checks them against); otherwise
+    the defense embeds the nodes' text. A defense object embeds with its own ``embedder``
+    (``embed_model`` with one is an error)."""
+    named = defense is None or isinstance(defense, str)
+    configured(defense, embed_model)
+    model = (embed_model or own) if named else getattr(defense, "embedder", None)
+    ours = model is None or model is own
+    if own is not None and isinstance(model, LlamaIndexEmbedder):  # the index's model, wrapped
+        ours = ours or model.embed_model is own
+    return DefensePostprocessor(
+        defense=defense,
+        params=params or {},
+        embed_model=model if named else None,
+        fail_open=fail_open,
+        vector_store=store if ours else None,
+        node_embeddings=ours,
+    )

@@ -1,0 +1,59 @@
+"""A retrieved LlamaIndex node as the core reads it: a :class:`ragdefense.Passage` with the
+node's text, and what the generator is shown beside it (``Passage.shown``), so that two nodes
+the LLM reads differently are never judged copies of one another."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore
+
+from ragdefense import Passage
+
+from .vectors import with_document
+
+__all__ = ["node_passage", "shown"]
+
+#: the media a multimodal ``Node`` holds beside its text
+_RESOURCES = ("image_resource", "audio_resource", "video_resource")
+
+
+def shown(node: BaseNode) -> str | None:
+    """What the generator is shown of ``node`` beyond its text, ``None`` where nothing is: its
+    content with the metadata the LLM reads (``MetadataMode.LLM``: an attacker's copy of an
+    honest page with a ``summary`` field added is another passage to the LLM), and for a node
+    without text what identifies its media (an image's path, URL or data), so that distinct
+    images are not copies while identical ones still are."""
+    plain = node.get_content(metadata_mode=MetadataMode.NONE)
+    parts = []
+    seen = node.get_content(metadata_mode=MetadataMode.LLM)
+    if seen != plain:
+        parts.append(seen)
+    if not plain.strip():
+        parts.append(f"{type(node).__name__} {_media(node)}")
+    return "\n".join(parts) or None
+
+
+def _media(node: BaseNode) -> str:
+    """What identifies a text-less node's media: an ``ImageNode``'s hash (of its image data,
+    path and URL), a multimodal ``Node``'s resources' hashes, else the node's own hash."""
+    if isinstance(node, ImageNode):
+        return node.hash
+    found = [getattr(node, name, None) for name in _RESOURCES]
+    hashes = [f"{name} {r.hash}" for name, r in zip(_RESOURCES, found, strict=True) if r]
+    return "; ".join(hashes) if hashes else node.hash
+
+
+def node_passage(nws: NodeWithScore, embedding: Any) -> Passage:
+    """The passage the core judges for ``nws``: its text without metadata (what the defenses
+    compare), its id, score, metadata with its document id, ``embedding`` (``None``: the
+    defense embeds the text) and what the LLM is shown of it (:func:`shown`)."""
+    node = nws.node
+    return Passage(
+        node.get_content(metadata_mode=MetadataMode.NONE),
+        id=node.node_id,
+        score=nws.score,
+        metadata=with_document(node),
+        embedding=embedding,
+        shown=shown(node),
+    )
