@@ -240,3 +240,99 @@ def test_a_k_asked_per_call_is_fetched_for(toy_embedder: Any) -> None:
     assert len(defend(base, drop, k=4).invoke("capital of France")) == 4
     assert len(defend(base, drop).invoke("capital of France", k=4)) == 4
     assert len(asyncio.run(defend(base, drop).ainvoke("capital of France", k=4))) == 4
+
+
+class _Counted(Words):
+    """:class:`Words` recording the texts it embeds as documents."""
+
+    def __init__(self) -> None:
+        self.embedded: list[str] = []
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.embedded.extend(texts)
+        return super().embed_documents(texts)
+
+
+_OCEAN = [f"The Pacific is the largest ocean on Earth, note {i}" for i in range(10)]
+
+
+@pytest.mark.parametrize("wrapped", [False, True])  # the object itself, or in a quarantine
+@pytest.mark.parametrize("dim", [128, 256])  # another size than the store's, and the same size
+def test_a_defense_object_with_its_own_model_embeds_the_documents_itself(
+    dim: int, wrapped: bool
+) -> None:
+    """The store's vectors are its model's: a defense object embedding with another model
+    (``embedder=``, a quarantine's inner defense's) embeds the retrieved documents with it,
+    the query's space."""
+    from ragdefense import CallableEmbedder, Consensus, Quarantine
+
+    store = InMemoryVectorStore.from_texts(_OCEAN, Words())
+    seen: list[str] = []
+
+    def mine(texts: list[str]) -> np.ndarray:
+        seen.extend(texts)
+        return bag_of_words(texts, dim)[:, ::-1]  # another space
+
+    defense: Any = Consensus(embedder=CallableEmbedder(mine))
+    if wrapped:
+        defense = Quarantine(defense, frozenset(), frozenset(), {})
+    got = defend(store.as_retriever(), defense).invoke("ocean")
+    assert got and {d.page_content for d in got} <= set(seen)
+
+
+def test_the_stores_own_model_reuses_its_vectors() -> None:
+    """A defense embedding with the store's model, by name or as an object's ``embedder``,
+    reads the vectors the store holds instead of embedding the documents again."""
+    from ragdefense import Consensus
+
+    model = _Counted()
+    store = InMemoryVectorStore.from_texts(_OCEAN, model)
+    for defense in ("consensus", Consensus(embedder=model)):
+        model.embedded.clear()
+        assert defend(store.as_retriever(), defense).invoke("ocean")
+        assert not set(model.embedded) & set(_OCEAN)  # the query only
+
+
+def test_embeddings_beside_a_defense_object_are_refused() -> None:
+    """A defense object embeds with its own ``embedder``: ``embeddings=`` beside it would be
+    dropped without a word, so it is an error, in ``defend`` and on a compressor alike."""
+    from ragdefense import Consensus
+
+    store = InMemoryVectorStore.from_texts(_OCEAN, Words())
+    with pytest.raises(TypeError, match="a defense object comes configured"):
+        defend(store.as_retriever(), Consensus(), embeddings=Words())
+    with pytest.raises(TypeError, match="give it embedder="):
+        DefenseCompressor(defense=Consensus(), embeddings=Words())
+    assert defend(store.as_retriever(), "consensus", embeddings=Words())  # by name: its model
+
+
+class _Asked(InMemoryVectorStore):
+    """Records the ``k`` each similarity search is asked for."""
+
+    def __init__(self, embedding: Embeddings) -> None:
+        super().__init__(embedding)
+        self.asked: list[int] = []
+
+    def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        self.asked.append(k)
+        return super().similarity_search(query, k, **kwargs)
+
+
+def test_a_retriever_set_to_fetch_more_is_not_narrowed() -> None:
+    """The pool is at least what the base retriever returns by default (the defense judges
+    what it would have returned), unless ``fetch_k`` is given."""
+    store = _Asked(Words())
+    store.add_texts([f"The Pacific is the largest ocean, note {i}" for i in range(30)])
+    wide = store.as_retriever(search_kwargs={"k": 20})
+    for defended, asked in (
+        (defend(wide, "consensus", k=3), 20),
+        (defend(wide, _Keep(), k=3), 20),
+        (defend(wide, "consensus", k=3, fetch_k=5), 5),
+        (defend(store.as_retriever(), "consensus", k=3), 8),
+    ):
+        store.asked.clear()
+        assert len(defended.invoke("ocean")) <= 3
+        assert store.asked[0] == asked
+    store.asked.clear()
+    defend(wide, "consensus").invoke("ocean", k=3)  # a k asked per call
+    assert store.asked[0] == 20

@@ -59,15 +59,19 @@ class DefenseCompressor(BaseDocumentCompressor):
             ``"grada-peel"``, ``"auto"``, ...) or a core defense object.
         params: The named defense's parameters (e.g. ``{"trusted": {"docs.example.org"}}``);
             an object comes configured.
-        embeddings: The LangChain ``Embeddings`` to use (e.g. the vector store's); ``None``
-            for the packaged all-MiniLM-L6-v2.
+        embeddings: The LangChain ``Embeddings`` a named defense uses (e.g. the vector
+            store's); ``None``: the store's where ``vectorstore`` is given, else the packaged
+            all-MiniLM-L6-v2. With a defense object it is an error: the object embeds with its
+            own ``embedder`` (give it ``embedder=``).
         fail_open: On a defense error, pass the documents through with a warning instead of
             raising :class:`ragdefense.DefenseFailed`.
         vectorstore: The store the documents come from: the vectors it holds for them are
             used instead of embedding them again (:func:`langchain_ragdefense.vectors.
-            stored_vectors`), and its embeddings embed the query; where ``embeddings`` is
-            another model than the store's, that one embeds the query and the documents (one
-            space for both). ``defend(retriever)`` sets it.
+            stored_vectors`) where the defense's model is the store's own (a named defense
+            without ``embeddings`` then embeds the query with it) or the packaged default
+            (the core checks the vectors are its). A defense with another model, given as
+            ``embeddings`` or as a defense object's ``embedder``, embeds the query and the
+            documents with it: one space for both. ``defend(retriever)`` sets it.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -93,19 +97,31 @@ class DefenseCompressor(BaseDocumentCompressor):
     def core(self) -> Defense:
         """The core defense for the current fields (built again when one changes; it keeps its
         embedding cache across queries)."""
+        configured(self.defense, self.embeddings)
         params = adapter_params(self, DefenseCompressor)
         self._core = AdapterCore.claim(self._core, self)
         # the store's vectors are its model's: the query must be embedded by the same one
         embeddings = self.embeddings or getattr(self.vectorstore, "embeddings", None)
         return self._core.get(self.defense, params, embeddings, LangChainEmbedder)
 
+    def _store_space(self) -> bool:
+        """Whether the store's vectors are in the space the defense embeds in: its model is
+        the store's own (a named defense's ``embeddings``, ``None`` meaning the store's; a
+        defense object's ``embedder``), or the packaged default (``None``: the core checks
+        the vectors against it). Another model's vectors would be compared with the query in
+        another space, silently where the sizes agree."""
+        own = getattr(self.vectorstore, "embeddings", None)
+        if named(self.defense):
+            return self.embeddings is None or self.embeddings is own
+        model = defense_embedder(self.defense)
+        wrapped = model.embeddings if isinstance(model, LangChainEmbedder) else model
+        return model is None or (own is not None and wrapped is own)
+
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")
         store = self.vectorstore
-        # another model's vectors are another space: the store's are read only for its own
         vectors: list[Any] = [None] * len(documents)
-        own = self.embeddings is None or self.embeddings is getattr(store, "embeddings", None)
-        if store is not None and documents and own:
+        if store is not None and documents and self._store_space():
             vectors = stored_vectors(store, documents)
         passages = [
             Passage(d.page_content, id=d.id, metadata=d.metadata, embedding=v)
@@ -150,6 +166,31 @@ TOO_FEW = (
     "Ask the base retriever for more, e.g. vector_store.as_retriever(search_kwargs={'k': 10}), "
     "or use defend(retriever), which fetches the pool the defense needs and returns k."
 )
+
+
+def named(defense: Any) -> bool:
+    """Whether ``defense`` is given by name (``None``: the default defense's), not an object."""
+    return defense is None or isinstance(defense, str)
+
+
+def defense_embedder(defense: Any) -> Any:
+    """The embedding model a defense object embeds with (a wrapper's, such as a quarantine's,
+    its inner defense's); ``None``: the packaged default."""
+    for _ in range(8):  # wrappers nest a few deep at most
+        if hasattr(defense, "embedder") or not hasattr(defense, "defense"):
+            break
+        defense = defense.defense
+    return getattr(defense, "embedder", None)
+
+
+def configured(defense: Any, embeddings: Any) -> None:
+    """Refuse ``embeddings`` with a defense object: the object embeds with its own
+    ``embedder``, and the model would otherwise be dropped without a word."""
+    if embeddings is not None and not named(defense):
+        raise TypeError(
+            f"embeddings: a defense object comes configured: give it embedder=... (e.g. "
+            f"{type(defense).__name__}(embedder=embeddings)), or give the defense by name"
+        )
 
 
 def _field(defense: str, name: str) -> Any:

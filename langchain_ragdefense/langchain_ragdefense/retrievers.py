@@ -25,7 +25,7 @@ from ragdefense.integration.retrieval import (
     positive_int,
 )
 
-from .compressors import DefenseCompressor
+from .compressors import DefenseCompressor, configured, named
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -47,7 +47,9 @@ class DefendedRetriever(BaseRetriever):
         fetch_k: Documents first asked of the base retriever (how: :func:`widened`); by default the
             defense's pool for ``k`` (:func:`ragdefense.integration.retrieval.pool_size`:
             twice ``k`` for GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the
-            retrieved set; and at least what the defense needs to compare). When the defense
+            retrieved set; and at least what the defense needs to compare), and at least what
+            the base retriever returns by default (one set to fetch more is not narrowed: the
+            defense judges what it would have returned). When the defense
             leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
             base retriever has more (the same policy as the LlamaIndex adapter's).
         max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``). A ``k``
@@ -91,10 +93,12 @@ class DefendedRetriever(BaseRetriever):
         ours = self.compressor if isinstance(self.compressor, DefenseCompressor) else None
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
+        own = _retriever_k(self.base_retriever)
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
-        base_k = k or _retriever_k(self.base_retriever)
+        base_k = k or own
         if base_k and not fetch:  # another compressor: GRADA's M = 2n
             fetch = pool_size(core, base_k) if core is not None else 2 * base_k
+            fetch = max(fetch, own or 0)  # a retriever set to fetch more is not narrowed
         return k, fetch, rounds, kwargs
 
     def _get_relevant_documents(
@@ -279,7 +283,9 @@ def defend(
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are, unless
             ``embeddings`` is another model than the store's (the defense then embeds the
-            retrieved documents with it: one space for the query and the passages).
+            retrieved documents with it: one space for the query and the passages). With a
+            defense object it is an error: give the object ``embedder=`` (an object with
+            another model than the store's embeds the documents itself, the same way).
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
             ``trusted=``); unknown ones, or any given with a defense object, are an error.
 
@@ -306,13 +312,14 @@ def defend(
             )
         compressor = defense
     else:
-        own = getattr(store, "embeddings", None)
+        configured(defense, embeddings)  # an object embeds with its own embedder
+        own = getattr(store, "embeddings", None) if named(defense) else None
         compressor = DefenseCompressor(
             defense=defense,
             params=params,
             embeddings=embeddings or own,
             fail_open=fail_open,
-            vectorstore=store,  # its vectors are read only for its own model (the compressor's)
+            vectorstore=store,  # its vectors are read only in the defense's own model's space
         )
     return DefendedRetriever(
         base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k, max_rounds=rounds
