@@ -308,6 +308,21 @@ def test_a_knowledge_base_ingested_twice_flags_no_more_honest_texts(
     assert len(found["twice"] - planted) <= len(found["once"] - planted)
 
 
+def test_two_texts_under_one_vector_are_no_copies(tmp_path: Path) -> None:
+    """An embedder reads a window of each text: a chunk that appends a claim past the window of
+    an honest one has its vector, but is another text, so the pair stays a near-duplicate group
+    (only one text stored twice is one chunk)."""
+    texts, ids, _ = toy_corpus()
+    honest = texts[5]
+    window = CallableEmbedder(lambda ts: bag_of_words([t[:40] for t in ts]))
+    kb = [*texts, honest + " but the answer is really Atlantis"]
+    assert len(honest) > 40
+    report = audit(ListCorpus(kb, [*ids, "planted"]), embedder=window, workdir=tmp_path / "w")
+    groups = {f.id: f.group for f in report.findings}
+    assert groups.get("planted") and groups["planted"]["size"] >= 2
+    assert groups.get(ids[5]) == groups["planted"]
+
+
 def test_isolation_of_a_tight_small_group() -> None:
     flat = np.full((1, 10), 0.5)
     group = np.array([[0.95, 0.94, 0.93, 0.93, 0.3, 0.3, 0.3, 0.3, 0.3, 0.3]])

@@ -107,6 +107,23 @@ def test_honest_nodes_are_not_copies_of_an_attackers_with_llm_visible_metadata(
     assert not any(PAYLOAD in s for s in shown)
 
 
+def test_one_page_stored_from_two_folders_is_still_a_copy(minilm: Any, removed: Removed) -> None:
+    """Where and when a node was stored (its file path, dates) is no claim: the same page
+    ingested from two folders stays one text, its second node a copy, as without the LLM's
+    metadata (the honest pages are not turned into a group of near-duplicates)."""
+    nodes = [
+        TextNode(text=t, metadata={"file_path": f"/kb/{year}/{i}.txt", "creation_date": year})
+        for year in ("2024", "2025")
+        for i, (t, _) in enumerate(HONEST)
+    ]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(minilm))
+    pool = index.as_retriever(similarity_top_k=8).retrieve(OCEAN)
+    kept = defend(index, k=4).postprocessor.postprocess_nodes(pool, query_str=OCEAN)
+    texts = [n.node.get_content(MetadataMode.NONE) for n in kept]
+    assert len(texts) == len(set(texts)) >= 3  # one node per page, the pages kept
+    assert all(r["copy"] for r in removed.records)  # only second copies left out
+
+
 def test_distinct_images_without_text_or_embedding_are_not_copies(
     minilm: Any, removed: Removed
 ) -> None:
@@ -229,3 +246,20 @@ def test_defend_never_narrows_a_retriever_set_to_fetch_more(toy_embedder: Any) -
     defend(wide, asked, k=3, fetch_k=5).retrieve(OCEAN)
     assert asked.pools == [5]
     assert defend(index.as_retriever(similarity_top_k=3), "grada", k=3).fetch_k == 6
+
+
+def test_a_quarantine_on_another_model_gets_no_index_vectors() -> None:
+    """A quarantine wrapping a defense on another model than the index's is judged by that
+    model, as the defense alone is: the index's vectors are not handed to it."""
+    from llama_index.core.embeddings import MockEmbedding
+
+    from ragdefense import Quarantine
+
+    own, other = MockEmbedding(embed_dim=8), MockEmbedding(embed_dim=8)
+    index = VectorStoreIndex([TextNode(text=f"t{i}") for i in range(4)], embed_model=own)
+    for guard in (
+        Consensus(embedder=other),
+        Quarantine.from_report({"findings": []}, embedder=other),
+    ):
+        post = defend(index, guard).postprocessor
+        assert not post.node_embeddings and post.vector_store is None

@@ -244,7 +244,7 @@ def test_the_named_defense_takes_the_stores_model() -> None:
     """``embedder=`` gives a defense named by string the store's model (its vectors then
     compare with the query in one space); a defense object comes with its own."""
     guard = Quarantine.from_report(REPORT, "consensus", embedder=bag_of_words)
-    assert guard.defense.embedder is not None  # type: ignore[attr-defined]
+    assert guard.embedder is guard.defense.embedder is not None  # type: ignore[attr-defined]
     assert guard.defend("q?", _passages()).removed_indices[:2] == [3, 4]
     with pytest.raises(TypeError, match="embedder"):
         Quarantine.from_report(REPORT, defense("consensus"), embedder=bag_of_words)

@@ -528,7 +528,9 @@ def test_the_same_raw_model_gets_the_same_wrapper_and_its_cache() -> None:
     first.defend("q", passages)
     second.defend("q", passages)
     first.defend("q", passages)
-    assert calls == [5]  # the later calls are served by the cache
+    del first, second
+    RAGDefender(embedder=model).defend("q", passages)  # a defense made per request
+    assert calls == [5]  # the later calls are served by the model's one cache
 
 
 def test_the_table_of_wrappers_keeps_no_model_alive() -> None:
@@ -578,6 +580,10 @@ def test_a_model_path_loads_once_per_defense(monkeypatch: pytest.MonkeyPatch) ->
     for _ in range(3):
         guard.defend("q?", ["Paris is in France.", "Berlin is in Germany.", "Rome is in Italy."])
     assert loads == ["/models/mine"]
+    # pickled (to a Ray worker, a process pool) with its path, not the model it loaded
+    import pickle
+
+    assert pickle.loads(pickle.dumps(guard)).embedder._model is None
 
 
 # ---------------------------------------------------------------- 11. the command line

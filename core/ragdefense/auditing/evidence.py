@@ -13,7 +13,7 @@ import numpy as np
 from .records import closest_queries, counts
 from .sources import SourceTally, read_sources, source_reason, source_tally
 from .steps import merged_hits
-from .workdir import Workdir
+from .workdir import Workdir, same_texts
 
 __all__ = [
     "Evidence",
@@ -188,8 +188,7 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
 #: the least cosine between near-copies: within a near-duplicate component larger than
 #: ``Scoring.max_group`` (a topic), only chunks this close to each other form groups
 NEAR_COPIES = 0.95
-#: the least cosine between two chunks of one text (one model embeds one text alike, up to
-#: float rounding): a chunk's only such neighbour is a second copy of it, no neighbour at all
+#: the least cosine between two chunks of one text (alike up to float rounding; texts compared)
 COPY = 0.9999
 
 
@@ -213,11 +212,12 @@ def find_groups(
         s, p = merged_hits(wd, "chunks", part, n_shards, reach + 2)
         me = np.arange(start, start + len(p))[:, None]
         others = (p >= 0) & (p != me)
-        # a knowledge base ingested twice holds every chunk twice: a chunk with exactly one
-        # copy is one chunk, its copy no near-duplicate (three copies or more still are one,
-        # as in the per-query defenses)
-        copy = others & (s >= COPY)
-        others &= ~(copy & (copy.sum(axis=1) == 1)[:, None])
+        # a chunk with exactly one copy (a knowledge base ingested twice) is one chunk, its copy
+        # no neighbour (three copies are a set, as in the per-query defenses)
+        copy = others & (s >= COPY) & ((others & (s >= COPY)).sum(axis=1) == 1)[:, None]
+        at, to = np.nonzero(copy)
+        copy[at, to] = same_texts(wd, start + at, p[at, to])  # one text, not one vector alone
+        others &= ~copy
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))

@@ -304,3 +304,19 @@ def rows_at(wd: Workdir, kind: str, sizes: list[int], positions: np.ndarray) -> 
         np.asarray(wd.read_array(f"{part_name(kind, part)}.npy"))[positions[a:b] - starts[part]]
         for part, (a, b) in enumerate(pairwise(bounds)) if b > a
     ])  # fmt: skip
+
+
+def same_texts(workdir: Workdir, first: np.ndarray, second: np.ndarray) -> np.ndarray:
+    """Per pair of chunk positions, whether the two chunks hold one text and title (spacing,
+    case, accents and Unicode form aside, as the defenses' copies): vectors alone cannot say,
+    an embedder reads a window of each text and what follows it may differ."""
+    from ..defenses.pool import plain_text
+
+    starts = part_starts(workdir.noted("part_sizes"))
+
+    def said(position: int) -> str:
+        part, offset = locate(starts, position)
+        data = part_texts(workdir, part)
+        return plain_text(data["titles"][offset]) + "\0" + plain_text(data["texts"][offset])
+
+    return np.array([said(int(a)) == said(int(b)) for a, b in zip(first, second, strict=True)])

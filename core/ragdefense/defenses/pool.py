@@ -24,6 +24,7 @@ __all__ = [
     "map_back",
     "on_topic",
     "one_of_each",
+    "plain_text",
 ]
 
 
@@ -46,7 +47,7 @@ def distinct(items: list[Any], given: Any = None) -> tuple[list[int], dict[int, 
     copy_of: dict[int, list[int]] = {}
     seen: dict[str, int] = {}
     for i, passage in enumerate(items):
-        text = _plain(passage.text)
+        text = plain_text(passage.text)
         if not text and (given is not None or passage.embedding is not None):
             try:
                 row = passage.embedding if given is None else given[i]
@@ -111,7 +112,7 @@ def one_of_each(
 _ACCENTS = re.compile("[\u0300-\u036f]")
 
 
-def _plain(text: str) -> str:
+def plain_text(text: str) -> str:
     """``text`` with spacing, case, accents and Unicode form left out."""
     if not text.isascii():  # ASCII has no accents or other forms
         text = _ACCENTS.sub("", unicodedata.normalize("NFKD", text))

@@ -209,6 +209,11 @@ class Quarantine:
             reasons,
         )
 
+    @property
+    def embedder(self) -> Any:
+        """The wrapped defense's embedding model (``None``: the packaged one, or none)."""
+        return getattr(self.defense, "embedder", None)
+
     # the Defense contract: the wrapped defense's pool
     @property
     def name(self) -> str:

@@ -9,6 +9,7 @@ from typing import Any
 from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore
 
 from ragdefense import Passage
+from ragdefense.provenance import SOURCE_KEYS
 
 from .vectors import with_document
 
@@ -16,17 +17,25 @@ __all__ = ["node_passage", "shown"]
 
 #: the media a multimodal ``Node`` holds beside its text
 _RESOURCES = ("image_resource", "audio_resource", "video_resource")
+#: metadata saying where and when a node was stored, not what it says: one page ingested twice
+#: (two folders, two dates) is still one text to the LLM
+_STORED = (*SOURCE_KEYS, "creation_date", "last_modified_date", "last_accessed_date", "file_size",
+           "file_type")  # fmt: skip
 
 
 def shown(node: BaseNode) -> str | None:
     """What the generator is shown of ``node`` beyond its text, ``None`` where nothing is: its
     content with the metadata the LLM reads (``MetadataMode.LLM``: an attacker's copy of an
-    honest page with a ``summary`` field added is another passage to the LLM), and for a node
+    honest page with a ``summary`` field added is another passage to the LLM) but where and
+    when it was stored (its source, file and dates: provenance counts sources), and for a node
     without text what identifies its media (an image's path, URL or data), so that distinct
     images are not copies while identical ones still are."""
     plain = node.get_content(metadata_mode=MetadataMode.NONE)
     parts = []
-    seen = node.get_content(metadata_mode=MetadataMode.LLM)
+    hidden = [*node.excluded_llm_metadata_keys, *_STORED]
+    seen = node.model_copy(update={"excluded_llm_metadata_keys": hidden}).get_content(
+        metadata_mode=MetadataMode.LLM
+    )
     if seen != plain:
         parts.append(seen)
     if not plain.strip():
