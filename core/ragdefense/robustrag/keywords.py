@@ -185,7 +185,8 @@ def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
     """The keyword set of one response (see the module docstring)."""
     nlp = nlp or load_spacy()
     doc = nlp(text)
-    found: set[str] = {text.strip()}
+    whole = text.strip()  # the whole response is its own keyword, stop word or not ("No")
+    found: set[str] = set()
     run: list[Any] = []
 
     def close_run() -> None:
@@ -200,4 +201,5 @@ def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
         else:
             close_run()
     close_run()
-    return frozenset(k for k in found if _meaningful(k))
+    kept = {k for k in found if _meaningful(k)}
+    return frozenset(kept | ({whole} if any(c.isalnum() for c in whole) else set()))

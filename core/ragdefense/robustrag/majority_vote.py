@@ -38,11 +38,19 @@ _CHOICE = re.compile(
 )
 
 
+#: a second letter joined to the first ("B or C", "(B) and (C)", "B/C"): a hedge, no vote
+_HEDGE = re.compile(r"[\W_]*(?:or|and|/|,|&)[\W_]*[A-E]\b", re.IGNORECASE)
+
+
 def _choice(text: str) -> str | None:
-    """The letter an isolated multiple-choice answer opens with, ``None`` for none. A letter
-    later in the answer is never read: "Vitamin C" or "plan B" there would be votes."""
-    m = _CHOICE.match(unicodedata.normalize("NFKC", text).strip())
-    return next(g for g in m.groups() if g).upper() if m else None
+    """The letter an isolated multiple-choice answer opens with, ``None`` for none or for a
+    hedge between two letters ("B or C"). A letter later in the answer is never read:
+    "Vitamin C" or "plan B" there would be votes."""
+    said = unicodedata.normalize("NFKC", text).strip()
+    m = _CHOICE.match(said)
+    if m is None or _HEDGE.match(said, m.end()):
+        return None
+    return next(g for g in m.groups() if g).upper()
 
 
 def check_choices(choices: Sequence[str] | None) -> list[str]:

@@ -12,6 +12,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+import numpy as np
+
 from ..llm import first_line_of
 from ..text import contains_answer, normalize
 from ..types import Passage
@@ -98,11 +100,12 @@ class _Decoding:
         each isolated context's probability of answering "I don't know" (teacher-forced)."""
         llm = self._token_llm()
         prompts = self.run.isolated_prompts(query, passages)
-        session = llm.session([*prompts, self.cfg.no_retrieval_prompt.format(query=query)])
+        prompts.append(self.cfg.no_retrieval_prompt.format(query=query))
+        session = llm.session(prompts)
         probe = session.clone()
         p_idk = [1.0] * len(passages)
-        for token in llm.tokenizer(IDK, add_special_tokens=False)["input_ids"]:
-            p_idk = [p * float(probe.probs[j, token]) for j, p in enumerate(p_idk)]
+        for token in _idk_tokens(llm, prompts[0]):  # every prompt ends alike
+            p_idk = [p * float(_finite(probe.probs)[j, token]) for j, p in enumerate(p_idk)]
             probe.advance(token)
         return session, p_idk
 
@@ -127,7 +130,7 @@ class _Decoding:
         tokens: list[int] = []
         steps: list[DecodingStep] = []
         for _ in range(self.run.max_new_tokens):
-            probs = session.probs
+            probs = _finite(session.probs)
             nor = int(probs[-1].argmax())
             if kept:
                 avg = probs[:-1].mean(axis=0)
@@ -266,3 +269,27 @@ def _answer_of(decoded: str) -> str:
     or abstains. The inference and the certificate read outputs alike."""
     text = first_line_of(decoded)
     return text if text and not is_abstention(text) else IDK
+
+
+def _idk_tokens(llm: Any, prompt: str) -> list[int]:
+    """The tokens of "I don't know" as the model writes them after ``prompt``: after a raw
+    prompt's "Answer:" with the space a tokenizer folds into the first word (" I" is another
+    token than "I"), after a chat template's turn without it."""
+    tok = llm.tokenizer
+    head = llm.format(prompt) if hasattr(llm, "format") else prompt
+    said = head + ("" if head[-1:].isspace() else " ") + IDK
+    start = tok(head, add_special_tokens=False)["input_ids"]
+    full = tok(said, add_special_tokens=False)["input_ids"]
+    if list(full[: len(start)]) == list(start) and len(full) > len(start):
+        return list(full[len(start) :])
+    alone = tok(said[len(head) :], add_special_tokens=False)["input_ids"]
+    return list(alone or tok(IDK, add_special_tokens=False)["input_ids"])
+
+
+def _finite(probs: Any) -> Any:
+    """``probs`` where every row is a distribution of finite numbers, else ``ValueError``: one
+    NaN row would make every average NaN and every token silently the no-retrieval one."""
+    bad = np.flatnonzero(~np.isfinite(np.asarray(probs)).all(axis=1)).tolist()
+    if bad:
+        raise ValueError(f"the model's next-token probabilities of context(s) {bad} are not finite")
+    return probs
