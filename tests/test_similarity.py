@@ -55,3 +55,30 @@ def _same_partition(a: np.ndarray, b: np.ndarray) -> None:
     """Equal as partitions (label numbering may differ)."""
     pairs = set(zip(a.tolist(), b.tolist(), strict=True))
     assert len(pairs) == len(set(a.tolist())) == len(set(b.tolist()))
+
+
+def test_a_term_the_query_text_repeats_counts_once() -> None:
+    """The documented departure from ``bm25s``: "food food food lyon" scores against a
+    document as "food lyon" does (bm25s adds "food" three times)."""
+    from ragdefense.similarity import BM25
+
+    docs = ["lyon food market", "paris museum", "food lyon food"]
+    for corpus in ("retrieved", "pair"):
+        bm25 = BM25(corpus=corpus)  # type: ignore[arg-type]
+        repeated = bm25.matrices(docs, query="food food food lyon")[1]
+        once = bm25.matrices(docs, query="food lyon")[1]
+        assert repeated is not None and once is not None and repeated[0] > 0
+        np.testing.assert_allclose(repeated, once)
+        assert bm25.matrices(docs)[0][2, 0] == pytest.approx(once[0])  # and as a passage
+
+
+def test_a_tie_at_the_two_cluster_cut_gives_no_estimate() -> None:
+    """Five passages all equally far apart: no two-cluster split is better than another, so
+    RAGDefender estimates nothing (scikit-learn would split them arbitrarily)."""
+    from ragdefense import RAGDefender
+
+    gram = np.full((5, 5), 0.5) + 0.5 * np.eye(5)
+    vectors = np.linalg.cholesky(gram)
+    texts = [f"capital France {c}" for c in ("Paris", "Lyon", "Nice", "Lille", "Metz")]
+    result = RAGDefender(task_type="single_hop").defend_embeddings("capital?", texts, vectors)
+    assert result.removed_indices == [] and result.estimates["n_adv"] == 0

@@ -13,12 +13,14 @@ Two choices of the collection that ``idf`` and ``avgdl`` come from:
 
 * ``corpus="retrieved"`` (default): the retrieved passages themselves;
   ``idf(t) = ln(1 + (N - df + 0.5) / (df + 0.5))``. Terms every passage shares weigh little.
-* ``corpus="pair"``: each document alone (what the GRADA authors' code does with a one-document
-  ``bm25s`` index): ``idf = ln(4/3)`` for every term and no length normalisation.
+* ``corpus="pair"``: each document alone (the GRADA authors' one-document ``bm25s`` index):
+  ``idf = ln(4/3)`` for every term and no length normalisation.
 
 Tokens: lower-cased words of two or more characters, English stop words removed
-(:func:`ragdefense.text.tokenize`). With ``corpus="retrieved"`` the scores equal
-``bm25s``' ``method="lucene"`` scores times ``(k1 + 1)`` (a constant factor; tested).
+(:func:`ragdefense.text.tokenize`). A term counts once however often the query text ``a``
+repeats it, where ``bm25s`` adds it once per repeat: for a query text without repeated terms,
+with ``corpus="retrieved"``, the scores equal ``bm25s``' ``method="lucene"`` scores times
+``(k1 + 1)`` (a constant factor; tested), and a text repeating its words is scored lower here.
 """
 
 from __future__ import annotations

@@ -7,8 +7,10 @@ Poison passages mimic the query and each other but not the benign passages: HRSI
 those edges, so the poison loses the mass its mutual similarity would otherwise give it.
 
 Departures from the authors' code: ties are broken by retrieval rank (theirs: by passage text);
-the BM25 collection defaults to the retrieved set (theirs: one-document indices), see
-:mod:`ragdefense.similarity`; PageRank is a vectorised power iteration equal to
+the BM25 collection defaults to the retrieved set (theirs: one-document indices), and a term a
+passage repeats counts once as a query term, see :mod:`ragdefense.similarity`; with BM25,
+HRSIM's query similarity is BM25(query -> passage), the query scored as the query, where the
+passage-passage term is symmetrised; PageRank is a vectorised power iteration equal to
 ``networkx.pagerank``.
 
 Beyond the paper, ``peel=True`` first removes *coordinated groups* (:func:`coordinated_groups`):

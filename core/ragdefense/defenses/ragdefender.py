@@ -12,10 +12,10 @@ Departures from the authors' package (``ragdefender`` 0.2.0), all deliberate:
   self-similarity excluded), not the authors' OR / self-similarity / "flip" variant;
 * ties in the Stage 2 score are broken by a passage's total similarity to the others, then by
   input position, never arbitrarily;
-* ``task_type="auto"`` is implemented (the authors' package raises on it): see
-  :func:`choose_task_type`;
-* fewer than ``min_passages`` passages, or passages with no spread at all (all identical), give
-  no estimate: nothing is removed, and the result says why;
+* ``task_type="auto"`` is implemented (the authors' package raises on it): :func:`choose_task_type`;
+* fewer than ``min_passages`` passages, no spread at all (all identical), or a tie at the
+  two-cluster cut (all equally far apart; scikit-learn splits them arbitrarily) give no
+  estimate: nothing is removed, and the result says why;
 * off-topic passages are set aside before Stage 1 (:func:`off_topic`) and kept: a passage, or
   a group of passages, unrelated to all the others (an empty or one-word passage, a document
   about something else) would otherwise be one side of the two-cluster split, and the vote
@@ -82,7 +82,7 @@ def estimate_by_clustering(
     top_set = set(top)
     n_heavy = sum(len(top_set.intersection(doc)) > len(top) / 2 for doc in tokens) if top else 0
     majority = n_heavy > n / 2
-    # all points coinciding give a single cluster: no estimate
+    # a tie at the cut (points coinciding, or equally far apart) gives one cluster: no estimate
     n_adv = 0 if len(sizes) < 2 else sizes[-1] if majority else sizes[0]
     return Stage1Estimate(
         n_adv=n_adv,
