@@ -336,3 +336,72 @@ def test_a_retriever_set_to_fetch_more_is_not_narrowed() -> None:
     store.asked.clear()
     defend(wide, "consensus").invoke("ocean", k=3)  # a k asked per call
     assert store.asked[0] == 20
+
+
+def test_a_filtered_faiss_store_gives_the_defense_every_match() -> None:
+    """FAISS with a filter filters its candidates after the search: a small index is searched
+    whole, so one tenant's every document reaches the defense in the first round, and a store
+    that gives fewer than asked after its filter is asked again (not taken as exhausted)."""
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.vectorstores import FAISS
+
+    topics = ["ocean tides", "mountain rivers", "desert winds", "forest birds"]
+    docs = [
+        Document(f"{topic} note {i} {topics[(t + i) % 4]}", metadata={"tenant": f"t{t}"})
+        for t, topic in enumerate(topics)
+        for i in range(24)
+    ]
+    store = FAISS.from_documents(docs, Words())
+    retriever = store.as_retriever(search_kwargs={"filter": {"tenant": "t1"}})
+    seen: list[int] = []
+    keep = _Keep()
+
+    class Counting(_Keep):
+        def compress_documents(
+            self, documents: Sequence[Document], query: str, callbacks: Any = None
+        ) -> Sequence[Document]:
+            seen.append(len(documents))
+            return keep.compress_documents(documents, query)
+
+    with warnings.catch_warnings(record=True):
+        out = defend(retriever, Counting(), k=4).invoke("desert winds")
+    assert seen == [8] and len(out) == 4  # the pool asked for, of t1's documents only
+    assert all(d.metadata["tenant"] == "t1" for d in out)
+
+
+def test_documents_without_ids_ask_the_store_nothing(caplog: pytest.LogCaptureFixture) -> None:
+    """A parent-document retriever's documents carry no id: no vector is read for them, and no
+    warning blames the store (which would also hide a real failure later)."""
+    from ragdefense.integration.vectors import stored_vectors as read
+
+    def lookup(store: Any, ids: list[str]) -> Any:
+        raise AssertionError("the store is never asked for no ids")
+
+    with caplog.at_level("WARNING", logger="ragdefense"):
+        assert read(object(), [None, None], lookup) == [None, None]
+    assert not caplog.records
+
+
+def test_a_subclassed_store_is_read_as_its_base() -> None:
+    """A user's subclass of Chroma or FAISS holds the same vectors: read as its base's."""
+    import warnings
+
+    from langchain_chroma import Chroma
+
+    from langchain_ragdefense.vectors import store_kind
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.vectorstores import FAISS
+
+    class MyChroma(Chroma):
+        pass
+
+    class MyFAISS(FAISS):
+        pass
+
+    assert store_kind(MyChroma(embedding_function=Words())) == "chroma"
+    assert store_kind(MyFAISS.from_texts(["a b"], Words())) == "faiss"

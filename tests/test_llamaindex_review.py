@@ -263,3 +263,16 @@ def test_a_quarantine_on_another_model_gets_no_index_vectors() -> None:
     ):
         post = defend(index, guard).postprocessor
         assert not post.node_embeddings and post.vector_store is None
+
+
+def test_a_subclassed_chroma_store_is_read_as_chroma() -> None:
+    import chromadb
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from llama_index.postprocessor.ragdefense.vectors import store_kind
+
+    class MyChroma(ChromaVectorStore):
+        pass
+
+    collection = chromadb.EphemeralClient().get_or_create_collection("subclassed")
+    assert store_kind(MyChroma(chroma_collection=collection)) == "chroma"

@@ -112,7 +112,7 @@ class DefendedRetriever(BaseRetriever):
             docs = base.invoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
-            if fetched_enough(k, fetch, len(docs), len(kept)):
+            if fetched_enough(k, fetch, len(docs), len(kept), honoured):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[:k] if k else kept
@@ -129,7 +129,7 @@ class DefendedRetriever(BaseRetriever):
             with pooled(honoured, fetch):
                 compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
             kept = list(compressed)
-            if fetched_enough(k, fetch, len(docs), len(kept)):
+            if fetched_enough(k, fetch, len(docs), len(kept), honoured):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[:k] if k else kept
@@ -193,16 +193,25 @@ def _filtered_faiss(
 ) -> tuple[BaseRetriever, dict[str, Any], bool]:
     """FAISS with a ``filter`` searches ``fetch_k`` candidates, then filters them: it returns
     fewer than asked while it holds more. It is asked for ``fetch`` with candidates in the
-    user's proportion (FAISS's default 20 for 4), MMR as the similarity pool over the filter
-    (the survivors in similarity order), and promises nothing."""
+    user's proportion (FAISS's default 20 for 4), and every vector of an index of up to
+    :data:`EVERY_CANDIDATE` (then what it returns is all the filter lets through), MMR as the
+    similarity pool over the filter (the survivors in similarity order)."""
     kwargs = retriever.search_kwargs
     own = positive_int(kwargs.get("fetch_k")) or 20
     wide = max(own, -(-own * fetch // (positive_int(kwargs.get("k")) or 4)))
+    total = getattr(getattr(retriever.vectorstore, "index", None), "ntotal", None)
+    total = total if isinstance(total, int) else EVERY_CANDIDATE + 1
+    every = total <= EVERY_CANDIDATE
     if retriever.search_type == "mmr":
         similar = {k: v for k, v in kwargs.items() if k != "lambda_mult"}
         update = {"search_type": "similarity", "search_kwargs": similar}
         retriever = retriever.model_copy(update=update)
-    return retriever, {"k": fetch, "fetch_k": wide}, False
+    return retriever, {"k": fetch, "fetch_k": max(wide, total) if every else wide}, every
+
+
+#: the largest FAISS index whose every vector a filtered search takes as a candidate (a flat
+#: search, and the filter run over each candidate's document: cheap at that size)
+EVERY_CANDIDATE = 10_000
 
 
 def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:

@@ -56,10 +56,11 @@ def store_kind(store: Any) -> Literal["inmemory", "chroma", "faiss"] | None:
     """Which of the stores whose vectors ragdefense can read ``store`` is (``None``: another)."""
     if isinstance(store, InMemoryVectorStore):
         return "inmemory"
-    where = f"{type(store).__module__}.{type(store).__name__}"
-    if where.startswith("langchain_chroma.") and hasattr(store, "get"):
+    # by the classes it is made from: a user's subclass of Chroma is Chroma
+    where = [f"{c.__module__}.{c.__name__}" for c in type(store).__mro__]
+    if any(w.startswith("langchain_chroma.") for w in where) and hasattr(store, "get"):
         return "chroma"
-    if where.startswith("langchain_community.vectorstores.faiss"):
+    if any(w.startswith("langchain_community.vectorstores.faiss") for w in where):
         return "faiss"
     return None
 

@@ -28,7 +28,11 @@ def pool_size(defense: Defense, k: int) -> int:
 FETCH_ROUNDS = 3
 
 
-def fetched_enough(k: int | None, fetch: int | None, fetched: int, kept: int) -> bool:
+def fetched_enough(
+    k: int | None, fetch: int | None, fetched: int, kept: int, honoured: bool = True
+) -> bool:
     """Whether an adapter's retriever stops widening: ``k`` kept, or the base retriever gave
-    fewer than asked (it holds no more), or no size to widen."""
-    return not k or not fetch or kept >= k or fetched < fetch
+    fewer than asked where it returns what it is asked for when it holds that many
+    (``honoured``: then it holds no more; FAISS with a filter filters its candidates after the
+    search and gives fewer while it holds more), or no size to widen."""
+    return not k or not fetch or kept >= k or (honoured and fetched < fetch)

@@ -25,6 +25,8 @@ def stored_vectors(
     Where no vector can be read the defense embeds the passages itself, and a warning says so
     once per store type."""
     wanted = list(dict.fromkeys(i for i in ids if i))  # a store may refuse an id twice
+    if not wanted:  # documents without ids (a parent-document retriever's): nothing to read
+        return [None] * len(ids)
     try:
         found = lookup(store, wanted)
         why = "it is not one whose vectors ragdefense can read"

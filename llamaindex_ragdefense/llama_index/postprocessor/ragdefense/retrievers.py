@@ -145,7 +145,7 @@ class DefendedRetriever(BaseRetriever):
             pool = retriever.retrieve(query_bundle)
             with pooled(honoured, fetch):
                 kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(self.k, fetch, len(pool), len(kept)):
+            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[: self.k] if self.k else kept
@@ -157,7 +157,7 @@ class DefendedRetriever(BaseRetriever):
             pool = await retriever.aretrieve(query_bundle)
             with pooled(honoured, fetch):
                 kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(self.k, fetch, len(pool), len(kept)):
+            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
                 break
             fetch = 2 * fetch if fetch else None
         return kept[: self.k] if self.k else kept

@@ -39,7 +39,7 @@ def store_kind(store: Any) -> Literal["simple", "chroma"] | None:
     """Which of the stores whose vectors ragdefense can read ``store`` is (``None``: another)."""
     if isinstance(store, SimpleVectorStore):
         return "simple"
-    if type(store).__name__ == "ChromaVectorStore":
+    if any(c.__name__ == "ChromaVectorStore" for c in type(store).__mro__):  # or a subclass
         return "chroma"
     return None
 
