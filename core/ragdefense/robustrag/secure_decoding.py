@@ -105,7 +105,8 @@ class _Decoding:
         probe = session.clone()
         p_idk = [1.0] * len(passages)
         for token in _idk_tokens(llm, prompts[0]):  # every prompt ends alike
-            p_idk = [p * float(_finite(probe.probs)[j, token]) for j, p in enumerate(p_idk)]
+            probs = _finite(probe.probs)
+            p_idk = [p * float(probs[j, token]) for j, p in enumerate(p_idk)]
             probe.advance(token)
         return session, p_idk
 
