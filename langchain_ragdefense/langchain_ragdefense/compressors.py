@@ -18,9 +18,13 @@ from ragdefense.integration.adapter import (
     AdapterCore,
     TrustedField,
     adapter_params,
+    configured,
+    defense_embedder,
     defense_field,
+    named,
     plain_params,
     plain_value,
+    same_space,
 )
 from ragdefense.integration.records import (
     check_items,
@@ -97,7 +101,7 @@ class DefenseCompressor(BaseDocumentCompressor):
     def core(self) -> Defense:
         """The core defense for the current fields (built again when one changes; it keeps its
         embedding cache across queries)."""
-        configured(self.defense, self.embeddings)
+        configured(self.defense, self.embeddings, "embeddings")
         params = adapter_params(self, DefenseCompressor)
         self._core = AdapterCore.claim(self._core, self)
         # the store's vectors are its model's: the query must be embedded by the same one
@@ -110,12 +114,8 @@ class DefenseCompressor(BaseDocumentCompressor):
         defense object's ``embedder``), or the packaged default (``None``: the core checks
         the vectors against it). Another model's vectors would be compared with the query in
         another space, silently where the sizes agree."""
-        own = getattr(self.vectorstore, "embeddings", None)
-        if named(self.defense):
-            return self.embeddings is None or self.embeddings is own
-        model = defense_embedder(self.defense)
-        wrapped = model.embeddings if isinstance(model, LangChainEmbedder) else model
-        return model is None or (own is not None and wrapped is own)
+        model = self.embeddings if named(self.defense) else defense_embedder(self.defense)
+        return same_space(model, getattr(self.vectorstore, "embeddings", None))
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")
@@ -166,31 +166,6 @@ TOO_FEW = (
     "Ask the base retriever for more, e.g. vector_store.as_retriever(search_kwargs={'k': 10}), "
     "or use defend(retriever), which fetches the pool the defense needs and returns k."
 )
-
-
-def named(defense: Any) -> bool:
-    """Whether ``defense`` is given by name (``None``: the default defense's), not an object."""
-    return defense is None or isinstance(defense, str)
-
-
-def defense_embedder(defense: Any) -> Any:
-    """The embedding model a defense object embeds with (a wrapper's, such as a quarantine's,
-    its inner defense's); ``None``: the packaged default."""
-    for _ in range(8):  # wrappers nest a few deep at most
-        if hasattr(defense, "embedder") or not hasattr(defense, "defense"):
-            break
-        defense = defense.defense
-    return getattr(defense, "embedder", None)
-
-
-def configured(defense: Any, embeddings: Any) -> None:
-    """Refuse ``embeddings`` with a defense object: the object embeds with its own
-    ``embedder``, and the model would otherwise be dropped without a word."""
-    if embeddings is not None and not named(defense):
-        raise TypeError(
-            f"embeddings: a defense object comes configured: give it embedder=... (e.g. "
-            f"{type(defense).__name__}(embedder=embeddings)), or give the defense by name"
-        )
 
 
 def _field(defense: str, name: str) -> Any:

@@ -17,7 +17,7 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragdefense.integration.adapter import pooled
+from ragdefense.integration.adapter import configured, named, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     fetched_enough,
@@ -25,7 +25,7 @@ from ragdefense.integration.retrieval import (
     positive_int,
 )
 
-from .compressors import DefenseCompressor, configured, named
+from .compressors import DefenseCompressor
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -321,7 +321,7 @@ def defend(
             )
         compressor = defense
     else:
-        configured(defense, embeddings)  # an object embeds with its own embedder
+        configured(defense, embeddings, "embeddings")  # an object embeds with its own embedder
         own = getattr(store, "embeddings", None) if named(defense) else None
         compressor = DefenseCompressor(
             defense=defense,

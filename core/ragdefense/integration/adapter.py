@@ -13,6 +13,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
+from ..embedders import Embedder
 from ..types import Defense, DefenseFailed, DefenseResult, Passage
 
 if TYPE_CHECKING:
@@ -23,12 +24,16 @@ __all__ = [
     "AdapterCore",
     "TrustedField",
     "adapter_params",
+    "configured",
+    "defense_embedder",
     "defense_field",
     "defense_fields",
+    "named",
     "plain_params",
     "plain_value",
     "pooled",
     "robust_engine",
+    "same_space",
 ]
 
 logger = logging.getLogger("ragdefense")
@@ -54,6 +59,43 @@ def pooled(fetched: bool = True, asked: int | None = None) -> Iterator[None]:
     finally:
         _POOLED.reset(token)
         _ASKED.reset(count)
+
+
+def named(defense: Any) -> bool:
+    """Whether ``defense`` is given by name (``None``: the default defense), not an object."""
+    return defense is None or isinstance(defense, str)
+
+
+def configured(defense: Any, model: Any, field: str) -> None:
+    """Refuse an adapter's embedding ``model`` (its ``field``) beside a defense object: the
+    object embeds with its own ``embedder``, and the model would otherwise be dropped without
+    a word."""
+    if model is not None and not named(defense):
+        raise TypeError(
+            f"{field}: a defense object comes configured: give it embedder=... (e.g. "
+            f"{type(defense).__name__}(embedder={field})), or give the defense by name"
+        )
+
+
+def defense_embedder(defense: Any) -> Any:
+    """The embedding model a defense object embeds with (a wrapper's, such as a quarantine's,
+    its inner defense's); ``None``: the packaged default."""
+    for _ in range(8):  # wrappers nest a few deep at most
+        if hasattr(defense, "embedder") or not hasattr(defense, "defense"):
+            break
+        defense = defense.defense
+    return getattr(defense, "embedder", None)
+
+
+def same_space(model: Any, own: Any) -> bool:
+    """Whether the vectors a store made with ``own`` (``None``: not known) are in the space
+    ``model`` embeds in: ``model`` is ``own`` or a core embedder wrapping it, or ``None`` (the
+    packaged default, which the core checks carried vectors against). Another model's vectors
+    would be compared with the query in another space, silently where the sizes agree."""
+    if model is None or model is own:
+        return True
+    inner = ("embeddings", "embed_model") if isinstance(model, Embedder) else ()
+    return own is not None and any(getattr(model, name, None) is own for name in inner)
 
 
 class AdapterCore:
@@ -87,12 +129,12 @@ class AdapterCore:
         """The core for ``defense`` (a name or an object, see :func:`ragdefense.defense`) with
         ``params`` and ``embeddings`` (a framework's model, turned into a core embedder by
         ``as_embedder``; ``None``: the packaged MiniLM)."""
-        named = defense is None or isinstance(defense, str)
-        key = (defense if named else id(defense), repr(sorted(params.items())), id(embeddings))
+        by_name = named(defense)
+        key = (defense if by_name else id(defense), repr(sorted(params.items())), id(embeddings))
         if self._core is None or key != self._key:
             from ..defenses.registry import defense as front_door
 
-            if named:
+            if by_name:
                 embedder = as_embedder(embeddings) if embeddings is not None else None
                 self._core = front_door(defense, embedder=embedder, **params)
             else:  # an object comes configured: parameters are an error, as in the core

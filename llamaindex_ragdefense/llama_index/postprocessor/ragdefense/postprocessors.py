@@ -31,6 +31,7 @@ from ragdefense.integration.adapter import (
     AdapterCore,
     TrustedField,
     adapter_params,
+    configured,
     defense_field,
     plain_params,
     plain_value,
@@ -207,7 +208,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def core(self) -> Defense:
         """The core defense for the current fields (built again when one changes; it keeps its
         embedding cache across queries)."""
-        configured(self.defense, self.embed_model)
+        configured(self.defense, self.embed_model, "embed_model")
         params = adapter_params(self, DefensePostprocessor)
         self._core = AdapterCore.claim(self._core, self)
         return self._core.get(self.defense, params, self.embed_model, LlamaIndexEmbedder)
@@ -299,16 +300,6 @@ class DefensePostprocessor(BaseNodePostprocessor):
     ) -> list[NodeWithScore]:
         # the CPU-bound defense runs in a worker thread, with the same events
         return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
-
-
-def configured(defense: Any, embed_model: Any) -> None:
-    """Refuse ``embed_model`` with a defense object: the object embeds with its own
-    ``embedder``, and the model would otherwise be dropped without a word."""
-    if embed_model is not None and defense is not None and not isinstance(defense, str):
-        raise TypeError(
-            f"embed_model: a defense object comes configured: give it embedder=... (e.g. "
-            f"{type(defense).__name__}(embedder=embed_model)), or give the defense by name"
-        )
 
 
 def _field(defense: str, name: str) -> Any:

@@ -15,6 +15,7 @@ from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
+from ragdefense.integration.adapter import configured
 from ragdefense.integration.vectors import chroma_copy_settings
 from ragdefense.redteam import (
     AttackTarget,
@@ -26,7 +27,6 @@ from ragdefense.redteam import (
 )
 
 from ._private import index_embed_model
-from .postprocessors import configured
 from .retrievers import defend, guard
 from .vectors import index_nodes, store_kind, stored_vectors
 
@@ -159,7 +159,7 @@ def red_team(
         copy_index: ``(index, nodes) -> a copy of index with nodes added``.
     """
     targets = check_red_team(targets, k)
-    configured(defense, embed_model)  # before anything is copied
+    configured(defense, embed_model, "embed_model")  # before anything is copied
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
     poisoned = (copy_index or _copy)(index, [])

@@ -17,8 +17,7 @@ from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
-from ragdefense import LlamaIndexEmbedder
-from ragdefense.integration.adapter import pooled
+from ragdefense.integration.adapter import configured, defense_embedder, named, pooled, same_space
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     fetched_enough,
@@ -27,7 +26,7 @@ from ragdefense.integration.retrieval import (
 )
 
 from ._private import index_embed_model, merged_retriever, retriever_index
-from .postprocessors import DefensePostprocessor, configured
+from .postprocessors import DefensePostprocessor
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -228,16 +227,14 @@ def guard(
     is the index's, or is the packaged MiniLM (which the core checks them against); otherwise
     the defense embeds the nodes' text. A defense object embeds with its own ``embedder``
     (``embed_model`` with one is an error)."""
-    named = defense is None or isinstance(defense, str)
-    configured(defense, embed_model)
-    model = (embed_model or own) if named else getattr(defense, "embedder", None)
-    ours = model is None or model is own
-    if own is not None and isinstance(model, LlamaIndexEmbedder):  # the index's model, wrapped
-        ours = ours or model.embed_model is own
+    configured(defense, embed_model, "embed_model")
+    by_name = named(defense)
+    model = (embed_model or own) if by_name else defense_embedder(defense)
+    ours = same_space(model, own)
     return DefensePostprocessor(
         defense=defense,
         params=params or {},
-        embed_model=model if named else None,
+        embed_model=model if by_name else None,
         fail_open=fail_open,
         vector_store=store if ours else None,
         node_embeddings=ours,
