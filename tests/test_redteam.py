@@ -223,3 +223,216 @@ def test_llamaindex_red_team_defends_with_the_embed_model_given(minilm: Any) -> 
     index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=MockEmbedding(384))
     report = li_red_team(index, TARGETS[:2], k=4, embed_model=Counted(minilm))
     assert calls and report.hijack_rate("consensus") <= report.hijack_rate("no defense")
+
+
+# ------------------------------------------------ the copy: private, cleaned up, the one line
+
+
+def _chroma_store(embeddings: Any, client: Any, name: str = "app-kb") -> Any:
+    from langchain_chroma import Chroma
+
+    docs = [Document(page_content=f"benign passage number {i}") for i in range(8)]
+    return Chroma.from_documents(docs, embeddings, client=client, collection_name=name)
+
+
+def _systems() -> set[str]:
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    return set(SharedSystemClient._identifier_to_system)
+
+
+def test_the_chroma_copy_uses_no_process_wide_client(
+    toy_embedder: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The copy lived in Chroma's process-wide in-memory system, which refuses a client of
+    other settings: an app's ``EphemeralClient(settings=...)`` made the red team fail, and
+    after a red team the app could not make one. The copy has a client of its own, released
+    afterwards (no system left behind), in both adapters."""
+    import chromadb
+    from llama_index.core import StorageContext
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    client = chromadb.PersistentClient(path=str(tmp_path / "db"))
+    store = _chroma_store(RagdefenseEmbeddings(toy_embedder), client)
+    index = VectorStoreIndex(
+        [TextNode(text=f"benign passage {i}") for i in range(8)],
+        storage_context=StorageContext.from_defaults(
+            vector_store=ChromaVectorStore(client.get_or_create_collection("app-li"))
+        ),
+        embed_model=RagdefenseEmbedding(toy_embedder),
+    )
+    before = _systems()
+
+    def refused(*args: Any, **kwargs: Any) -> Any:
+        raise ValueError("An instance of Chroma already exists for ephemeral with other settings")
+
+    monkeypatch.setattr(chromadb, "EphemeralClient", refused)
+    assert lc_red_team(store, [target], k=2).pipelines == ["no defense", "consensus"]
+    assert li_red_team(index, [target], k=2).pipelines == ["no defense", "consensus"]
+    assert _systems() == before
+    assert sorted(c.name for c in client.list_collections()) == ["app-kb", "app-li"]
+
+
+def test_a_chroma_copy_failing_midway_leaves_nothing(
+    toy_embedder: Any, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy interrupted while it is filled (an error, Ctrl-C) was left behind in the
+    process-wide client, holding up to the whole store: its client and folder go too."""
+    import glob
+    import tempfile
+
+    import chromadb
+    from chromadb.api.models.Collection import Collection
+
+    store = _chroma_store(RagdefenseEmbeddings(toy_embedder), chromadb.PersistentClient(
+        path=str(tmp_path / "db")
+    ))  # fmt: skip
+    folders = set(glob.glob(f"{tempfile.gettempdir()}/ragdefense-chroma-*"))
+    systems = _systems()
+
+    def interrupted(self: Any, *args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Collection, "add", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        lc_red_team(store, [AttackTarget("Who wrote Hamlet?", "Marlowe")], k=2)
+    assert set(glob.glob(f"{tempfile.gettempdir()}/ragdefense-chroma-*")) == folders
+    assert _systems() == systems
+
+
+def test_the_llamaindex_copy_holds_its_own_index_only(toy_embedder: Any) -> None:
+    """Indexes built over one storage context share its vector store; each searches only its
+    own nodes. The copy (and the audit's reader) took every node of the store: another
+    index's nodes filled the red team's contexts."""
+    from llama_index.core import StorageContext
+
+    from llama_index.postprocessor.ragdefense.vectors import IndexCorpus
+
+    embed = RagdefenseEmbedding(toy_embedder)
+    storage = StorageContext.from_defaults()
+    mine = [TextNode(text=f"benign passage about topic {i}", id_=f"a{i}") for i in range(6)]
+    other = [TextNode(text=f"another index's passage {i}", id_=f"b{i}") for i in range(20)]
+    index = VectorStoreIndex(mine, storage_context=storage, embed_model=embed)
+    VectorStoreIndex(other, storage_context=storage, embed_model=embed)
+    assert sorted(n.node_id for n in index_nodes(index) or []) == [f"a{i}" for i in range(6)]
+    read = [i for batch in IndexCorpus(index).batches(4) for i in batch.ids]
+    assert sorted(read) == [f"a{i}" for i in range(6)]
+    assert IndexCorpus(index).fingerprint().endswith(" 6")
+
+
+def test_the_langchain_red_team_runs_the_one_line(toy_embedder: Any) -> None:
+    """The defended pipeline fetched 2k whatever the defense; ``defend()`` fetches the
+    defense's pool for the retriever's k (RAGDefender: k): the report judged another pipeline
+    than the one a user deploys."""
+    from langchain_ragdefense import defend
+
+    asked: list[int] = []
+
+    class Spy(InMemoryVectorStore):
+        def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+            asked.append(k)
+            return super().similarity_search(query, k, **kwargs)
+
+    def fresh(store: Any) -> Any:  # the user's store, or an independent copy of it
+        out = Spy(embedding=RagdefenseEmbeddings(toy_embedder))
+        out.add_documents([Document(page_content=f"benign passage {i}") for i in range(30)])
+        return out
+
+    user = fresh(None)
+    defend(user.as_retriever(search_kwargs={"k": 10}), "ragdefender").invoke("Who wrote Hamlet?")
+    deployed = asked[-1]
+    asked.clear()
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    lc_red_team(user, [target], k=10, defense="ragdefender", copy_store=fresh)
+    assert asked == [10, deployed]  # no defense, then the one line
+
+
+def test_a_second_wrapper_of_the_users_storage_is_no_copy(toy_embedder: Any) -> None:
+    """A FAISS index wrapped again (``faiss.downcast_index``) and a docstore over the user's
+    key-value store were taken for copies: the poison went into the user's index (its vectors
+    out of step with its id map) or docstore."""
+    import warnings
+
+    import faiss
+    from llama_index.core import StorageContext
+    from llama_index.core.storage.docstore import SimpleDocumentStore
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        from langchain_community.vectorstores import FAISS
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    docs = [Document(page_content=f"benign passage {i}") for i in range(6)]
+    store = FAISS.from_documents(docs, RagdefenseEmbeddings(toy_embedder))
+
+    def rewrapped(s: Any) -> Any:
+        return FAISS(s.embedding_function, faiss.downcast_index(s.index), type(s.docstore)(
+            dict(s.docstore._dict)), dict(s.index_to_docstore_id))  # fmt: skip
+
+    with pytest.raises(ValueError, match="shares storage with yours"):
+        lc_red_team(store, [target], copy_store=rewrapped)
+    assert store.index.ntotal == 6
+    embed = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex([TextNode(text=d.page_content) for d in docs], embed_model=embed)
+
+    def same_kv(idx: Any, nodes: list[Any]) -> Any:
+        kv = SimpleDocumentStore(simple_kvstore=idx.docstore._kvstore)
+        return VectorStoreIndex(
+            nodes, storage_context=StorageContext.from_defaults(docstore=kv), embed_model=embed
+        )
+
+    with pytest.raises(ValueError, match="shares its stores with yours"):
+        li_red_team(index, [target], copy_index=same_kv)
+    assert len(index.docstore.docs) == 6
+
+
+def test_red_team_arguments_are_checked_before_any_copy(toy_embedder: Any) -> None:
+    copied: list[Any] = []
+
+    def copy_store(store: Any) -> Any:
+        copied.append(store)
+        return None
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    index = VectorStoreIndex([TextNode(text="a benign passage")], embed_model=RagdefenseEmbedding(
+        toy_embedder))  # fmt: skip
+    kb = InMemoryKnowledgeBase(["a benign passage", "another one"], toy_embedder)
+    runs = [
+        lambda **kw: kb.red_team(TARGETS[:1], **kw),
+        lambda **kw: lc_red_team(store, TARGETS[:1], copy_store=copy_store, **kw),
+        lambda **kw: li_red_team(index, TARGETS[:1], copy_index=lambda i, n: copy_store(i), **kw),
+    ]
+    for run in runs:
+        for bad in (2.5, "3", True, 0):
+            with pytest.raises(ValueError, match="n_poison must be a positive int"):
+                run(n_poison=bad)
+        with pytest.raises(ValueError, match="unknown defense 'consensu'"):
+            run(defense="consensu")
+    assert not copied
+    with pytest.raises(TypeError, match="copy_store must return a LangChain VectorStore"):
+        lc_red_team(store, TARGETS[:1], copy_store=copy_store)
+    with pytest.raises(TypeError, match="copy_index must return a VectorStoreIndex"):
+        li_red_team(index, TARGETS[:1], copy_index=lambda i, n: None)
+    with pytest.raises(TypeError, match="takes a VectorStoreIndex, got NoneType"):
+        li_red_team(None, TARGETS[:1])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="llm must be a LlamaIndex LLM, got str"):
+        li_red_team(index, TARGETS[:1], llm="gpt")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="fetch_k must be a positive int"):
+        kb.red_team(TARGETS[:1], fetch_k=-1)
+    with pytest.raises(TypeError, match="not one string"):
+        InMemoryKnowledgeBase("one passage", toy_embedder)
+    with pytest.raises(TypeError, match=r"answered .* with a dict: an answer is a str"):
+        kb.red_team(TARGETS[:1], answer=lambda q, ctx: {"answer": ctx[0]})  # type: ignore[misc]
+
+
+def test_a_chroma_store_without_embeddings_is_refused_before_copying(tmp_path: Path) -> None:
+    """Chroma without a LangChain embedding function cannot be searched by text; its copy
+    tried to download Chroma's own model."""
+    import chromadb
+    from langchain_chroma import Chroma
+
+    client = chromadb.PersistentClient(path=str(tmp_path / "db"))
+    client.create_collection("kb-raw").add(ids=["1"], documents=["a"], embeddings=[[0.1, 0.2]])
+    store = Chroma(client=client, collection_name="kb-raw")
+    with pytest.raises(TypeError, match="no LangChain embedding function"):
+        lc_red_team(store, TARGETS[:1])

@@ -341,8 +341,8 @@ def test_a_shallow_copy_of_a_real_store_is_refused_without_writing_to_it(
 
 
 def test_red_team_copies_in_chroma_are_dropped_afterwards(toy_embedder: Any) -> None:
-    """The built-in Chroma copy lives in the process-wide in-memory client: it is deleted when
-    the red team ends, so an app's own in-memory Chroma never lists it."""
+    """The built-in Chroma copy never shows in an app's own in-memory Chroma (it has a client
+    of its own, removed when the red team ends)."""
     import chromadb
     from langchain_chroma import Chroma
     from langchain_core.documents import Document

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import uuid
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -14,7 +13,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from ragdefense.integration.vectors import chroma_copy_settings
+from ragdefense.integration.vectors import chroma_scratch
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -24,22 +23,23 @@ from ragdefense.redteam import (
     run_red_team,
 )
 
-from ._private import chroma_client, chroma_collection, faiss_documents, faiss_normalizes
+from ._private import chroma_collection, faiss_documents, faiss_normalizes
 from .retrievers import defend
 from .vectors import store_kind
 
 __all__ = ["red_team"]
 
 
-def _copy(store: VectorStore) -> VectorStore:
-    """An independent in-memory copy of ``store`` holding the same documents and vectors."""
+def _copy(store: VectorStore, stack: contextlib.ExitStack) -> VectorStore:
+    """An independent in-memory copy of ``store`` holding the same documents and vectors
+    (what it needs removed afterwards goes on ``stack``)."""
     kind = store_kind(store)
     if type(store) is InMemoryVectorStore:  # a subclass may keep its data elsewhere
         clone = InMemoryVectorStore(embedding=store.embeddings)
         clone.store = copy.deepcopy(store.store)
         return clone
     if kind == "chroma":
-        return _copy_chroma(store)
+        return _copy_chroma(store, stack)
     if kind == "faiss":
         return _copy_faiss(store)
     raise TypeError(
@@ -49,16 +49,19 @@ def _copy(store: VectorStore) -> VectorStore:
     )
 
 
-def _copy_chroma(store: Any) -> VectorStore:
-    """A new collection in an in-memory Chroma client, filled in batches with the stored ids,
-    texts, metadata and vectors (nothing re-embedded; the user's database is not touched)."""
-    import chromadb
+def _copy_chroma(store: Any, stack: contextlib.ExitStack) -> VectorStore:
+    """A new collection in a Chroma client of the red team's own (removed with ``stack``, on an
+    error too), filled in batches with the stored ids, texts, metadata and vectors (nothing
+    re-embedded; the user's database is not touched)."""
     from langchain_chroma import Chroma
 
+    if store.embeddings is None:
+        raise TypeError(
+            "this Chroma store has no LangChain embedding function (embedding_function=), so "
+            "it cannot be searched by text: give it the model its vectors were made with"
+        )
     source = chroma_collection(store)
-    client = chromadb.EphemeralClient()
-    name = f"ragdefense-redteam-{uuid.uuid4().hex}"
-    target = client.create_collection(name, **chroma_copy_settings(source))
+    client, target = stack.enter_context(chroma_scratch(source))
     ids = source.get(include=[])["ids"]
     batch = min(1000, client.get_max_batch_size())
     for start in range(0, len(ids), batch):
@@ -71,7 +74,7 @@ def _copy_chroma(store: Any) -> VectorStore:
             documents=got["documents"],
             metadatas=got["metadatas"],
         )
-    return Chroma(client=client, collection_name=name, embedding_function=store.embeddings)
+    return Chroma(client=client, collection_name=target.name, embedding_function=store.embeddings)
 
 
 def _copy_faiss(store: Any) -> VectorStore:
@@ -116,12 +119,8 @@ def _shared_storage(store: Any, copied: Any) -> str | None:
     if inner is not None and getattr(their_docs, "_dict", None) is inner:
         return "the same docstore contents"
     for name in ("store", "index", "docstore", "index_to_docstore_id"):
-        mine = getattr(store, name, None)
-        if (
-            mine is not None
-            and not isinstance(mine, _IMMUTABLE)
-            and getattr(copied, name, None) is mine
-        ):
+        mine, theirs = getattr(store, name, None), getattr(copied, name, None)
+        if mine is not None and not isinstance(mine, _IMMUTABLE) and _same_object(mine, theirs):
             return f"the same {name!r}"
     mine, theirs = vars(store), (vars(copied) if hasattr(copied, "__dict__") else {})
     for name in _NAMES:  # a remote store: the same collection / index / table on one client
@@ -147,6 +146,18 @@ _NAMES = (
     "table_name",
     "_table_name",
 )
+
+
+def _same_object(mine: Any, theirs: Any) -> bool:
+    """One object, or two Python wrappers of one native object (a FAISS index wrapped again,
+    e.g. by ``faiss.downcast_index``, is the same index)."""
+    if theirs is mine:
+        return True
+    pointers = [getattr(x, "this", None) for x in (mine, theirs)]
+    try:
+        return pointers[0] is not None and int(pointers[0]) == int(pointers[1])  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
 
 
 def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
@@ -209,24 +220,17 @@ def red_team(
             when the answer states a wrong answer. Without it, a target is hijacked when poison
             is most of the context.
     """
-    targets = check_red_team(targets, k)  # before any copy is made
-    poisoned = (copy_store or _copy)(store)
-    if poisoned is store:
-        raise ValueError("copy_store returned the store itself: the red team needs a copy")
-    try:
+    targets = check_red_team(targets, k, n_poison, defense)  # before any copy is made
+    with contextlib.ExitStack() as stack:
+        poisoned = copy_store(store) if copy_store is not None else _copy(store, stack)
+        if poisoned is store:
+            raise ValueError("copy_store returned the store itself: the red team needs a copy")
+        if not isinstance(poisoned, VectorStore):
+            raise TypeError(
+                f"copy_store must return a LangChain VectorStore, got {type(poisoned).__name__}"
+            )
         _check_independent(store, poisoned)
         return _red_team(poisoned, targets, defense, attack, n_poison, k, chain)
-    finally:
-        if copy_store is None:
-            _drop(poisoned)
-
-
-def _drop(copied: Any) -> None:
-    """Forget a copy this module made: a Chroma copy lives in the process-wide in-memory
-    client, where an app's own Chroma would otherwise list it."""
-    if store_kind(copied) == "chroma":
-        with contextlib.suppress(Exception):
-            chroma_client(copied).delete_collection(chroma_collection(copied).name)
 
 
 def _red_team(
@@ -241,7 +245,7 @@ def _red_team(
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     poisoned.add_documents([Document(page_content=p) for texts in poison.values() for p in texts])
     plain = poisoned.as_retriever(search_kwargs={"k": k})
-    guarded = defend(poisoned.as_retriever(search_kwargs={"k": 2 * k}), defense, k=k)
+    guarded = defend(poisoned.as_retriever(search_kwargs={"k": k}), defense)  # the one line
 
     def pipeline(retriever: BaseRetriever) -> Callable[[str], tuple[list[str], str | None]]:
         runnable = chain(retriever) if chain is not None else None

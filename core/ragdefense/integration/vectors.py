@@ -3,11 +3,15 @@ lookup, so that a defense does not embed them again."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
-from collections.abc import Callable, Mapping, Sequence
+import shutil
+import tempfile
+import uuid
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["chroma_copy_settings", "stored_vectors"]
+__all__ = ["chroma_copy_settings", "chroma_scratch", "stored_vectors"]
 
 logger = logging.getLogger("ragdefense")
 
@@ -55,3 +59,27 @@ def chroma_copy_settings(collection: Any) -> dict[str, Any]:
     if isinstance(space, str):
         settings["configuration"] = {"hnsw": {"space": space}}
     return settings
+
+
+@contextlib.contextmanager
+def chroma_scratch(source: Any) -> Iterator[tuple[Any, Any]]:
+    """``(client, collection)``: a new Chroma collection created like ``source``
+    (:func:`chroma_copy_settings`) in a client of its own over a temporary folder, closed and
+    removed on exit, on an error too. Nothing process-wide is used: Chroma's in-memory clients
+    share one system per process, which refuses clients of other settings (an app's
+    ``EphemeralClient(settings=...)`` before or after would fail) and lists every collection
+    made there."""
+    import chromadb
+
+    folder = tempfile.mkdtemp(prefix="ragdefense-chroma-")
+    client = None
+    try:
+        client = chromadb.PersistentClient(path=folder)
+        name = f"ragdefense-redteam-{uuid.uuid4().hex}"
+        yield client, client.create_collection(name, **chroma_copy_settings(source))
+    finally:
+        close = getattr(client, "close", None)  # releases its system (recent chromadb)
+        if close is not None:
+            with contextlib.suppress(Exception):
+                close()
+        shutil.rmtree(folder, ignore_errors=True)

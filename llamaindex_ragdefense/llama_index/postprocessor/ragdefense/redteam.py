@@ -4,7 +4,6 @@ without a defense (the loop and the report are :mod:`ragdefense.redteam`)."""
 from __future__ import annotations
 
 import contextlib
-import uuid
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -16,7 +15,7 @@ from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from ragdefense.integration.adapter import configured
-from ragdefense.integration.vectors import chroma_copy_settings
+from ragdefense.integration.vectors import chroma_scratch
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -40,9 +39,10 @@ def _embed_model(index: VectorStoreIndex) -> BaseEmbedding:
     return model
 
 
-def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
-    """An independent in-memory copy of ``index`` with its stored vectors (nothing re-embedded),
-    plus ``extra``: over the default store, or a new collection of an in-memory Chroma client."""
+def _copy(index: VectorStoreIndex, stack: contextlib.ExitStack) -> VectorStoreIndex:
+    """An independent in-memory copy of ``index`` with its stored vectors (nothing re-embedded):
+    over the default store, or a new collection in a Chroma client of the red team's own
+    (removed with ``stack``, on an error too)."""
     store: Any = index.vector_store
     found = index_nodes(index)
     if found is None:
@@ -52,30 +52,23 @@ def _copy(index: VectorStoreIndex, extra: list[TextNode]) -> VectorStoreIndex:
             "nodes added; the red team never writes to your index"
         )
     if store_kind(store) == "simple":  # the docstore's own nodes: copied
-        return _rebuilt(index, [n.model_copy(deep=True) for n in found], extra, None)
-    import chromadb  # Chroma: the nodes were read fresh
+        return _rebuilt(index, [n.model_copy(deep=True) for n in found], None)
     from llama_index.vector_stores.chroma import ChromaVectorStore
 
-    source = store.client  # ChromaVectorStore.client is its Chroma collection
-    target = chromadb.EphemeralClient().create_collection(
-        f"ragdefense-redteam-{uuid.uuid4().hex}", **chroma_copy_settings(source)
-    )
-    return _rebuilt(index, found, extra, ChromaVectorStore(target))
+    # ChromaVectorStore.client is its Chroma collection; the nodes were read fresh
+    _, target = stack.enter_context(chroma_scratch(store.client))
+    return _rebuilt(index, found, ChromaVectorStore(target))
 
 
-def _rebuilt(
-    index: VectorStoreIndex, nodes: list[BaseNode], extra: list[TextNode], store: Any
-) -> VectorStoreIndex:
+def _rebuilt(index: VectorStoreIndex, nodes: list[BaseNode], store: Any) -> VectorStoreIndex:
     """A new index over ``store`` (default: a new ``SimpleVectorStore``) holding ``nodes`` with
-    the vectors ``index`` stores for them, and ``extra``."""
+    the vectors ``index`` stores for them."""
     found = stored_vectors(index.vector_store, [n.node_id for n in nodes])
     for node, vector in zip(nodes, found, strict=True):
         if node.embedding is None and vector is not None:
             node.embedding = [float(x) for x in vector]
     storage = StorageContext.from_defaults(vector_store=store) if store is not None else None
-    return VectorStoreIndex(
-        [*nodes, *extra], storage_context=storage, embed_model=_embed_model(index)
-    )
+    return VectorStoreIndex(nodes, storage_context=storage, embed_model=_embed_model(index))
 
 
 def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | None:
@@ -88,8 +81,13 @@ def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | 
             return f"the same {name}"
     for name in ("docstore", "index_store", "vector_store"):
         mine = getattr(index.storage_context, name, None)
-        if mine is not None and getattr(copied.storage_context, name, None) is mine:
+        theirs = getattr(copied.storage_context, name, None)
+        if mine is not None and theirs is mine:
             return f"the same {name}"
+        # a new docstore or index store over the same key-value store writes into it
+        kv = getattr(mine, "_kvstore", None)
+        if kv is not None and getattr(theirs, "_kvstore", None) is kv:
+            return f"the same {name} contents"
     store: Any = index.vector_store
     other: Any = copied.vector_store
     # ChromaVectorStore.client is its collection
@@ -111,17 +109,6 @@ def _check_independent(index: VectorStoreIndex, copied: VectorStoreIndex) -> Non
             "return an independent copy; the red team never writes to your index (nothing was "
             "written)"
         )
-
-
-def _drop(copied: VectorStoreIndex) -> None:
-    """Forget a copy this module made: a Chroma copy lives in the process-wide in-memory
-    client, where an app's own Chroma would otherwise list it."""
-    store: Any = copied.vector_store
-    if store_kind(store) == "chroma":
-        import chromadb
-
-        with contextlib.suppress(Exception):
-            chromadb.EphemeralClient().delete_collection(store.client.name)
 
 
 def red_team(
@@ -158,20 +145,28 @@ def red_team(
             embeds with its own ``embedder`` (``embed_model`` with one is an error).
         copy_index: ``(index, nodes) -> a copy of index with nodes added``.
     """
-    targets = check_red_team(targets, k)
-    configured(defense, embed_model, "embed_model")  # before anything is copied
+    if not isinstance(index, VectorStoreIndex):
+        raise TypeError(
+            f"red_team() takes a VectorStoreIndex, got {type(index).__name__}: pass the index "
+            "your retriever or query engine was made from"
+        )
+    if llm is not None and not isinstance(llm, LLM):
+        raise TypeError(f"llm must be a LlamaIndex LLM, got {type(llm).__name__}")
+    targets = check_red_team(targets, k, n_poison, defense)  # before anything is copied
+    configured(defense, embed_model, "embed_model")
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
-    poisoned = (copy_index or _copy)(index, [])
-    if poisoned is index:
-        raise ValueError("copy_index returned the index itself: the red team needs a copy")
-    try:
+    with contextlib.ExitStack() as stack:
+        poisoned = copy_index(index, []) if copy_index is not None else _copy(index, stack)
+        if poisoned is index:
+            raise ValueError("copy_index returned the index itself: the red team needs a copy")
+        if not isinstance(poisoned, VectorStoreIndex):
+            raise TypeError(
+                f"copy_index must return a VectorStoreIndex, got {type(poisoned).__name__}"
+            )
         _check_independent(index, poisoned)  # before any poison is written
         return _red_team(poisoned, index, nodes, poison, targets, defense, attack, n_poison, k,
                          llm, embed_model)  # fmt: skip
-    finally:
-        if copy_index is None:
-            _drop(poisoned)
 
 
 def _red_team(
@@ -195,7 +190,7 @@ def _red_team(
     def pipeline(defended: bool) -> Callable[[str], tuple[list[str], str | None]]:
         retriever: BaseRetriever = poisoned.as_retriever(similarity_top_k=k)
         if defended:  # what the one line runs: its pool, then the first k kept
-            retriever = defend(retriever, post, k=k)
+            retriever = defend(retriever, post)
 
         def run(question: str) -> tuple[list[str], str | None]:
             found: list[NodeWithScore] = retriever.retrieve(question)[:k]

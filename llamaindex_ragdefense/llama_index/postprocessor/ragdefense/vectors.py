@@ -46,17 +46,25 @@ def store_kind(store: Any) -> Literal["simple", "chroma"] | None:
 
 def index_nodes(index: VectorStoreIndex) -> list[BaseNode] | None:
     """Every node of ``index`` over a store of :func:`store_kind` (``None`` for another store):
-    for the default store, the docstore's own objects of the nodes the store holds vectors for
-    (a node deleted from the index, or another index's in a shared docstore, is not one); fresh
-    ones read from Chroma."""
+    for the default store, the docstore's own objects of the index's nodes the store holds
+    vectors for (a node deleted from the index, or another index's in a shared storage context,
+    is not one); fresh ones read from Chroma."""
     kind = store_kind(index.vector_store)
     if kind == "simple":
-        held = list(index.vector_store.data.embedding_dict)  # type: ignore[attr-defined]
+        held = _held(index)
         return list(index.docstore.get_nodes(held)) if held else []
     if kind == "chroma":
         nodes: list[BaseNode] = index.vector_store.get_nodes(None)
         return nodes
     return None
+
+
+def _held(index: VectorStoreIndex) -> list[str]:
+    """The ids of ``index``'s own nodes that its default store holds vectors for: indexes
+    built over one storage context share its store, and each searches only its own nodes."""
+    vectors: Any = index.vector_store.data.embedding_dict  # type: ignore[attr-defined]
+    own = set(index.index_struct.nodes_dict.values())
+    return [i for i in vectors if i in own]
 
 
 def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
@@ -90,15 +98,15 @@ class IndexCorpus:
         """The store's type and the number of nodes it holds vectors for (counted, not read)."""
         store: Any = self.index.vector_store
         kind = store_kind(store)
-        n = store.client.count() if kind == "chroma" else len(store.data.embedding_dict)
+        n = store.client.count() if kind == "chroma" else len(_held(self.index))
         return f"{type(store).__name__} {n}"
 
     def _pages(self, size: int) -> Iterator[list[BaseNode]]:
         """The index's nodes, ``size`` at a time."""
         store: Any = self.index.vector_store
         kind = store_kind(store)
-        if kind == "simple":  # the ids the store holds vectors for; the nodes from the docstore
-            ids = list(store.data.embedding_dict)
+        if kind == "simple":  # the index's ids with vectors; the nodes from the docstore
+            ids = _held(self.index)
             for start in range(0, len(ids), size):
                 yield self.index.docstore.get_nodes(ids[start : start + size])
         elif kind == "chroma":  # its client is the Chroma collection

@@ -1,0 +1,104 @@
+"""What a red team attacks: the target questions with the attacker's answers, and the JSON file
+that lists them (:mod:`ragdefense.redteam` runs the attack)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+__all__ = ["AttackTarget", "load_targets"]
+
+
+@dataclass(frozen=True)
+class AttackTarget:
+    """A question the attacker wants answered with ``wrong_answer``.
+
+    Args:
+        question: The target question.
+        wrong_answer: The attacker's answer.
+        correct_answer: Optional, for the report.
+        poison: Passages asserting the wrong answer (e.g. PoisonedRAG's ``adv_texts``); when
+            empty they are written from templates.
+        alternatives: More wrong answers, for the ``multi-answer`` attack.
+    """
+
+    question: str
+    wrong_answer: str
+    correct_answer: str | None = None
+    poison: tuple[str, ...] = ()
+    alternatives: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.question, str) or not self.question.strip():
+            raise ValueError("an attack target needs a non-empty question")
+        if not isinstance(self.wrong_answer, str) or not self.wrong_answer.strip():
+            raise ValueError(f"target {self.question!r} needs a non-empty wrong_answer")
+        for name in ("poison", "alternatives"):
+            value = getattr(self, name)
+            if isinstance(value, str) or not all(isinstance(t, str) for t in value):
+                raise ValueError(
+                    f"target {self.question!r}: {name} must be a sequence of strings (one "
+                    f"passage is {name}=(text,))"
+                )
+            object.__setattr__(self, name, tuple(value))
+
+
+def load_targets(path: str | Path) -> list[AttackTarget]:
+    """Targets from a JSON list of ``{"question", "wrong_answer", "correct_answer"?, "poison"?,
+    "alternatives"?}`` (PoisonedRAG's field names ``incorrect answer`` / ``correct answer`` /
+    ``adv_texts`` are accepted too, and its id -> record object). Every field is checked against
+    that schema; errors name the file, the record and the field."""
+    p = Path(path)
+    try:
+        raw = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"{p}: cannot read targets ({exc})") from exc
+    except RecursionError:
+        raise ValueError(f"{p}: JSON nested too deeply to be a targets file") from None
+    if isinstance(raw, dict):
+        raw = list(raw.values())
+    if not isinstance(raw, list):
+        raise ValueError(f"{p}: expected a list of targets, got {type(raw).__name__}")
+    out = []
+    for i, rec in enumerate(raw):
+        if not isinstance(rec, dict):
+            raise ValueError(f"{p}: record {i} is not an object")
+
+        where = f"{p}: record {i}"
+        try:
+            target = AttackTarget(
+                _field(where, rec, "question", required=True),
+                _field(where, rec, "wrong_answer", "incorrect answer", required=True),
+                _field(where, rec, "correct_answer", "correct answer"),
+                _field(where, rec, "poison", "adv_texts", many=True),
+                _field(where, rec, "alternatives", many=True),
+            )
+        except ValueError as exc:  # the target's own checks (empty question, ...)
+            if str(exc).startswith(where):
+                raise
+            raise ValueError(f"{where}: {exc}") from None
+        out.append(target)
+    return out
+
+
+def _field(
+    where: str, rec: dict[str, Any], *names: str, required: bool = False, many: bool = False
+) -> Any:
+    """A targets-file field (the first of ``names`` present): a string, or with ``many`` a list
+    of strings; ``ValueError`` naming ``where`` and the field otherwise."""
+    name = next((n for n in names if n in rec), names[0])
+    value = rec.get(name)
+    if value is None:
+        if required:
+            raise ValueError(f"{where} has no field {names[0]!r}")
+        return () if many else None
+    if many:
+        if not isinstance(value, list) or not all(isinstance(t, str) for t in value):
+            kind = type(value).__name__
+            raise ValueError(f"{where} field {name!r} must be a list of strings, got {kind}")
+        return tuple(value)
+    if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+        raise ValueError(f"{where} field {name!r} must be a string, got {type(value).__name__}")
+    return str(value)
