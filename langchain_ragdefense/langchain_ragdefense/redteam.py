@@ -204,7 +204,7 @@ def red_team(
 
     Args:
         store: The user's vector store; ``InMemoryVectorStore``, Chroma and FAISS are copied
-            here (with their stored vectors, into memory), any other store needs
+            here (with their stored vectors), any other store needs
             ``copy_store``. It is never written to.
         targets: Questions with the attacker's answers.
         defense: What :func:`~langchain_ragdefense.defend` accepts.

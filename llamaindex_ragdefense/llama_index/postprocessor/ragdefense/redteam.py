@@ -129,7 +129,7 @@ def red_team(
 
     Args:
         index: The user's index; over the default ``SimpleVectorStore`` or Chroma it is copied
-            here (with its stored vectors, into memory), other stores need ``copy_index``. It
+            here (with its stored vectors), other stores need ``copy_index``. It
             is never written to.
         targets: Questions with the attacker's answers.
         defense: A registry name (``None``: the default defense) or a core defense object.
