@@ -100,3 +100,25 @@ def test_with_llm_returns_a_copy_on_another_model(nlp: Any) -> None:
     assert other is not rr and other.nlp is rr.nlp
     assert rr.answer(Q, ["p"]).answer == "Canberra"
     assert other.answer(Q, ["p"]).answer == "Sydney"
+
+
+def test_async_batches_hold_the_backends_limit_together() -> None:
+    """Each async batch had a limit of its own: six concurrent requests of a backend (or of a
+    chain's per-run backends sharing its slots) at max_concurrency=2 had twelve calls in
+    flight; the sync path held the limit already."""
+    flight = [0, 0]  # now, peak
+
+    async def slow(prompt: str) -> str:
+        flight[0] += 1
+        flight[1] = max(flight)
+        await asyncio.sleep(0.02)
+        flight[0] -= 1
+        return "Paris"
+
+    llm = CallableLLM(slow, max_concurrency=2)
+
+    async def requests() -> list[Any]:
+        return await asyncio.gather(*(llm.agenerate(["a", "b", "c"]) for _ in range(6)))
+
+    outs = asyncio.run(requests())
+    assert flight[1] == 2 and all(g.text == "Paris" for batch in outs for g in batch)

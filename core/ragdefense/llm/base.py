@@ -133,7 +133,7 @@ class ConcurrentLLM(LLM):
             return await super().agenerate(prompts, max_new_tokens, timeout)
         budget = self._deadline(timeout)
         return await gather_within(
-            self.acall, prompts, self.max_concurrency, budget, max_new_tokens
+            self.acall, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
         )
 
 
@@ -171,7 +171,7 @@ class CallableLLM(ConcurrentLLM):
             return await super().agenerate(prompts, max_new_tokens, timeout)
         budget = self._deadline(timeout)
         return await gather_within(
-            self._awaited, prompts, self.max_concurrency, budget, max_new_tokens
+            self._awaited, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
         )
 
     async def _awaited(self, prompt: str) -> Any:

@@ -6,10 +6,11 @@ call to the batch's observer (:mod:`.observe`)."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import contextvars
 import threading
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -157,9 +158,11 @@ async def gather_within(
     workers: int,
     budget: float,
     max_new_tokens: int | None,
+    slots: threading.Semaphore | None = None,
 ) -> list[Generation]:
     """``call`` on every prompt, ``workers`` at a time, within ``budget`` seconds; calls still
-    running then are cancelled and reported as timed out."""
+    running then are cancelled and reported as timed out. ``slots``: a calls-in-flight limit
+    shared with other batches (other runs, other event loops, threads), held too."""
     if budget <= 0:  # nothing left of the deadline: start nothing
         return [timed_out(budget) for _ in prompts]
     sem = asyncio.Semaphore(max(1, workers))
@@ -179,7 +182,7 @@ async def gather_within(
         return generation
 
     async def answer(p: str) -> Generation:
-        async with sem:
+        async with sem, _held(slots):
             try:
                 value = await call(p)
             except Exception as exc:  # reported on this prompt
@@ -202,3 +205,20 @@ async def gather_within(
     if failed:
         raise failed[0]
     return [t.result() if t in done else timed_out(budget) for t in tasks]
+
+
+@contextlib.asynccontextmanager
+async def _held(slots: threading.Semaphore | None) -> AsyncIterator[None]:
+    """One of ``slots`` held, waited for without blocking the event loop (polled: a thread
+    blocked on it could not be cancelled with its task, and would keep the slot it took)."""
+    if slots is None:
+        yield
+        return
+    pause = 0.001
+    while not slots.acquire(blocking=False):
+        await asyncio.sleep(pause)
+        pause = min(2 * pause, 0.02)
+    try:
+        yield
+    finally:
+        slots.release()
