@@ -47,7 +47,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     Input: a question string, or a dict with ``"question"`` (or ``"query"`` / ``"input"``) and,
     for multiple choice, ``"choices"``. Output: ``{"query", "answer", "context", "report"}`` where
     ``report`` is the core :class:`ragdefense.RobustAnswer` (isolated answers, keyword counts,
-    threshold, certificate).
+    threshold, certificate). ``.stream()`` gives that output as one chunk (the answer needs every
+    isolated one); each model run is tagged ``ragdefense:isolated``, ``ragdefense:certify`` or
+    ``ragdefense:aggregate``, so that a UI streaming model tokens shows the aggregate's only.
 
     Build it with :meth:`from_llm`.
 

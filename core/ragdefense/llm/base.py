@@ -23,6 +23,7 @@ from .calls import TIMED_OUT as TIMED_OUT
 from .calls import Generation, gather_within, run_threads
 from .calls import as_generation as as_generation
 from .calls import timed_out as timed_out
+from .observe import purpose
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -213,10 +214,20 @@ class LangChainLLM(ConcurrentLLM):
             self.__dict__["_slots_made"] = slots
 
     def call(self, prompt: str) -> Any:
-        return _message_text(self.model.invoke(prompt, config=self.config))
+        return _message_text(self.model.invoke(prompt, config=self._labelled()))
 
     async def acall(self, prompt: str) -> Any:
-        return _message_text(await self.model.ainvoke(prompt, config=self.config))
+        return _message_text(await self.model.ainvoke(prompt, config=self._labelled()))
+
+    def _labelled(self) -> dict[str, Any]:
+        """The config, its run tagged ``ragdefense:<purpose>`` where the batch says what its
+        calls are for (RobustRAG's ``isolated`` answers, one passage each, stream like any
+        model run: a streaming UI filters them out by tag)."""
+        what = purpose()
+        if what is None:
+            return self.config
+        tags = [*self.config.get("tags", []), f"ragdefense:{what}"]
+        return {**self.config, "tags": tags}
 
     async def agenerate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None

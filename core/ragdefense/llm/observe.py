@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
 
-__all__ = ["Observer", "observer", "quiet", "reporting"]
+__all__ = ["Observer", "asked_for", "observer", "purpose", "quiet", "reporting"]
 
 #: ``observer(done)``: calls of the current batch completed so far (answered, failed or late)
 Observer = Callable[[int], None]
@@ -30,6 +30,26 @@ def reporting(on_done: Observer | None) -> Iterator[None]:
         yield
     finally:
         _CURRENT.reset(token)
+
+
+#: what the current batch's calls are for (RobustRAG: ``"isolated"``, ``"aggregate"``,
+#: ``"certify"``), for a backend that labels its calls (LangChain's run tags)
+_PURPOSE: ContextVar[str | None] = ContextVar("ragdefense_llm_purpose", default=None)
+
+
+def purpose() -> str | None:
+    """What the calls of the batch being generated are for (``None``: not said)."""
+    return _PURPOSE.get()
+
+
+@contextmanager
+def asked_for(name: str | None) -> Iterator[None]:
+    """Within the block, the calls are for ``name`` (:func:`purpose`)."""
+    token = _PURPOSE.set(name)
+    try:
+        yield
+    finally:
+        _PURPOSE.reset(token)
 
 
 def quiet() -> None:

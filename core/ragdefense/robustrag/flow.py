@@ -6,16 +6,18 @@ an aggregation uses of the engine that runs it, handed to it per call."""
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable, Generator, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..llm.base import TIMED_OUT, Generation
-from ..llm.observe import reporting
+from ..llm.observe import asked_for, reporting
 from ..types import Passage
 
 __all__ = [
     "Flow",
     "Progress",
+    "Prompts",
     "Runtime",
     "adrive",
     "drive",
@@ -38,12 +40,22 @@ def local(value: T) -> Flow[T]:
     return value
 
 
-class _Batch(list[str]):
+class Prompts(list[str]):
+    """A prompt batch saying what its calls are for (``purpose``: ``"isolated"`` answers from
+    one passage each, the ``"aggregate"`` answer, ``"certify"`` calls), which a backend may
+    label its calls with (:func:`ragdefense.llm.observe.purpose`)."""
+
+    def __init__(self, prompts: Sequence[str], purpose: str | None = None) -> None:
+        super().__init__(prompts)
+        self.purpose = purpose
+
+
+class _Batch(Prompts):
     """A prompt batch whose calls are reported one by one to ``on_done(done)`` as the backend
     completes them (:mod:`ragdefense.llm.observe`)."""
 
     def __init__(self, prompts: Sequence[str], on_done: Callable[[int], None]) -> None:
-        super().__init__(prompts)
+        super().__init__(prompts, getattr(prompts, "purpose", None))
         self.on_done = on_done
 
 
@@ -80,7 +92,7 @@ def drive(flow: Flow[T], generate: Callable[[list[str]], Sequence[Generation]]) 
     try:
         prompts = next(flow)
         while True:
-            with reporting(getattr(prompts, "on_done", None)):
+            with reporting(getattr(prompts, "on_done", None)), _for(prompts):
                 generations = list(generate(list(prompts)))  # a plain list to the backend
             prompts = flow.send(generations)
     except StopIteration as stop:
@@ -95,12 +107,16 @@ async def adrive(
     try:
         prompts = next(flow)
         while True:
-            with reporting(getattr(prompts, "on_done", None)):
+            with reporting(getattr(prompts, "on_done", None)), _for(prompts):
                 generations = list(await agenerate(list(prompts)))
             prompts = flow.send(generations)
     except StopIteration as stop:
         result: T = stop.value
         return result
+
+
+def _for(prompts: Sequence[str]) -> AbstractContextManager[None]:
+    return asked_for(getattr(prompts, "purpose", None))
 
 
 def failures_note(responses: Sequence[object]) -> str:

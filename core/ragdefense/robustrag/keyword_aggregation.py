@@ -18,7 +18,7 @@ from ..llm.base import Generation
 from ..text import contains_answer, normalize
 from ..types import Passage
 from .checks import check_templates
-from .flow import Flow, Progress, Runtime, failures_note
+from .flow import Flow, Progress, Prompts, Runtime, failures_note
 from .keywords import extract_keywords
 from .types import (
     IDK,
@@ -109,11 +109,11 @@ class _Keyword:
     def answer(
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
     ) -> Flow[RobustAnswer]:
-        gens = yield self.prompts(query, items, choices)
+        gens = yield Prompts(self.prompts(query, items, choices), "isolated")
         responses = self.responses(items, gens)
         result, final_prompt = self.aggregate(query, responses)
         if final_prompt is not None:
-            [final] = yield [final_prompt]
+            [final] = yield Prompts([final_prompt], "aggregate")
             result = _with_final(result, final)
         return result
 
@@ -168,7 +168,7 @@ class _Keyword:
             logger.info("certifying at k'=%d: %d LLM call(s)", k_prime, len(prompts))
         gens: list[Generation] = []
         for start in range(0, len(prompts), CERTIFY_BATCH):  # in batches, to report progress
-            gens += yield prompts[start : start + CERTIFY_BATCH]
+            gens += yield Prompts(prompts[start : start + CERTIFY_BATCH], "certify")
             if progress is not None:
                 progress(len(gens), len(prompts))
             if any(g.timed_out for g in gens):

@@ -13,7 +13,7 @@ from typing import ClassVar, Literal
 from ..llm.base import Generation
 from ..types import Passage
 from .checks import check_templates
-from .flow import Flow, Progress, Runtime, failures_note
+from .flow import Flow, Progress, Prompts, Runtime, failures_note
 from .types import (
     IDK,
     MULTIPLE_CHOICE_PROMPT,
@@ -110,7 +110,7 @@ class _Majority:
     def answer(
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
     ) -> Flow[RobustAnswer]:
-        gens = yield self.prompts(query, items, choices)
+        gens = yield Prompts(self.prompts(query, items, choices), "isolated")
         offered = tuple(check_choices(choices))
         responses = self.responses(items, gens, len(offered))
         note = failures_note(responses)
