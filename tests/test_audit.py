@@ -592,6 +592,33 @@ def test_a_changed_knowledge_base_of_the_same_size_is_refused_on_resume(
     assert audit(Store(changed, ids), embedder=toy, workdir=work, part_size=32).findings
 
 
+def test_changed_titles_or_stored_vectors_are_refused_on_resume(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """A store's fingerprint is its kind and size: new titles (which choose the probes) or
+    new stored vectors under the same ids and texts resumed silently, the report made from
+    the old ones."""
+
+    class Store(ListCorpus):
+        def fingerprint(self) -> str:
+            return f"store {len(self.texts)}"
+
+    texts, ids, _ = toy_corpus()
+    vectors = bag_of_words(texts)
+    titles = [f"title {i}" for i in range(len(texts))]
+    work = tmp_path / "w"
+    audit(Store(texts, ids, titles, vectors), embedder=toy, workdir=work, part_size=32)
+    again = audit(Store(texts, ids, titles, vectors.astype(np.float64)), embedder=toy,
+                  workdir=work, part_size=32)  # fmt: skip
+    assert again.findings  # the same store read again (another float type) resumes
+    retitled = [f"another title {i}" for i in range(len(texts))]
+    moved = vectors.copy()
+    moved[3] = bag_of_words(["something else entirely"])[0]
+    for changed in (Store(texts, ids, retitled, vectors), Store(texts, ids, titles, moved)):
+        with pytest.raises(ValueError, match=r"knowledge base changed.*part 0"):
+            audit(changed, embedder=toy, workdir=work, part_size=32)
+
+
 def test_a_knowledge_base_file_resumes_by_its_content(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:

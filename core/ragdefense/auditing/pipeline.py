@@ -13,11 +13,10 @@ Every step writes its files to the working folder: a killed audit restarts where
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import tempfile
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -36,7 +35,7 @@ from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
 from .victims import possible_victims
-from .workdir import Workdir, locate, part_name, part_starts, part_texts
+from .workdir import Workdir, locate, part_digest, part_name, part_starts, part_texts
 
 __all__ = ["audit"]
 
@@ -261,11 +260,6 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     return n_shards, kind
 
 
-def _digest(ids: Sequence[str], texts: Sequence[str]) -> str:
-    """A part's identity: a hash of its ids and texts."""
-    return hashlib.sha256("\0".join([*ids, *texts]).encode("utf-8")).hexdigest()[:32]
-
-
 def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) -> list[int]:
     """Write the corpus as parts (skipping parts already written); the part sizes. Every part
     already in the folder must hold what the knowledge base holds now: an audit resumed on a
@@ -276,10 +270,9 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
     sizes, digests, sourced = [], [], False
     for part, batch in enumerate(unique_ids(corpus.batches(part_size))):
         name = part_name("chunks", part)
-        digest = _digest(batch.ids, batch.texts)
-        if wd.has(f"{name}.json"):
-            written = part_texts(wd, part)
-            if _digest(written["ids"], written["texts"]) != digest:
+        digest = part_digest(batch.ids, batch.texts, batch.titles, batch.vectors)
+        if wd.has(f"{name}.json"):  # the same ids, texts, titles and stored vectors
+            if part_texts(wd, part).get("digest") != digest:
                 raise ValueError(_CHANGED.format(wd.path, part))
         else:
             if known is not None:  # the knowledge base grew since the audit read it
@@ -287,7 +280,8 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
             if batch.vectors is not None:
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
             wd.write_json(
-                f"{name}.json", {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles}
+                f"{name}.json",
+                {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles, "digest": digest},
             )
         sources = batch_sources(batch, source_key)
         if sources is not None:

@@ -15,6 +15,7 @@ probed/00000.json              what each defense decided on each probe's retriev
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import re
@@ -37,6 +38,7 @@ __all__ = [
     "Workdir",
     "index_file",
     "locate",
+    "part_digest",
     "part_name",
     "part_starts",
     "part_texts",
@@ -279,16 +281,28 @@ class Workdir:
         return self.read_json("manifest.json").get(key)
 
 
+def part_digest(ids: list[str], texts: list[str], titles: list[str], vectors: Any) -> str:
+    """A chunk part's identity: a hash of its ids, texts and titles (they choose the derived
+    probes) and of its stored vectors (``None``: the audit embeds it), at unit length and 5
+    decimals (a store read again gives them as it stored them, whatever their float type)."""
+    digest = hashlib.sha256("\0".join([*ids, *texts, "\0", *titles]).encode("utf-8"))
+    if vectors is not None:
+        v = np.asarray(vectors, dtype=np.float64)
+        norms = np.linalg.norm(v, axis=1, keepdims=True)
+        digest.update(np.round(v / np.where(norms > 0, norms, 1.0), 5).tobytes())
+    return digest.hexdigest()[:32]
+
+
 @lru_cache(maxsize=8)
-def _part_texts(path: str, version: tuple[int, int, int]) -> dict[str, list[str]]:
+def _part_texts(path: str, version: tuple[int, int, int]) -> dict[str, Any]:
     """A part's ids / texts / titles (a few parts cached per process, keyed by the file's
     identity: a part written again, by a fresh audit in the same folder, is read again)."""
-    data: dict[str, list[str]] = json.loads(Path(path).read_text(encoding="utf-8"))
+    data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
     return data
 
 
-def part_texts(workdir: Workdir, part: int) -> dict[str, list[str]]:
-    """The ids, texts and titles of chunk part ``part``."""
+def part_texts(workdir: Workdir, part: int) -> dict[str, Any]:
+    """The ids, texts and titles of chunk part ``part`` (and its ``digest``)."""
     name = f"{part_name('chunks', part)}.json"
     with workdir._damaged(name):
         stat = (workdir.path / name).stat()
