@@ -285,3 +285,20 @@ def test_a_route_reaching_fewer_chunks_than_the_neighbours_is_named(
         assert "neighbours" not in caplog.text
         assert effective_route(1, 96, 96, needed=41) == 1  # one chunk per shard: isolated
     assert "reaches about 1 chunks per search, fewer than the 41 neighbours" in caplog.text
+
+
+def test_an_audit_resumed_with_other_scoring_rechecks_its_own_suspects(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """Only a new threshold made new suspects: resumed with other scoring at the same
+    threshold, chunks suspicious under it were scored on routed neighbours alone (a benign
+    chunk looked isolated). The resumed report is the fresh one's."""
+    texts, ids, _ = toy_corpus()
+    args = {"embedder": toy, "part_size": 8, "shards": 4, "route": 1}
+    scoring = Scoring(wide_threshold=0.2, min_group=2)
+    audit(ListCorpus(texts, ids), workdir=tmp_path / "w", **args)
+    resumed = audit(ListCorpus(texts, ids), workdir=tmp_path / "w", scoring=scoring, **args)
+    fresh = audit(ListCorpus(texts, ids), workdir=tmp_path / "f", scoring=scoring, **args)
+    assert [(f.id, round(f.score, 6)) for f in resumed.findings] == [
+        (f.id, round(f.score, 6)) for f in fresh.findings
+    ]

@@ -238,30 +238,38 @@ class RecheckStep:
         return built
 
 
+#: at most this many rechecks per run (each may make suspects of chunks it was not given)
+RECHECK_ROUNDS = 5
+
+
 def recheck_suspects(
     wd: Workdir, names: list[str], settings: Any, index: str, run: Callable[[Any, int, str], None]
 ) -> None:
     """After a routed search and the defenses: the chunks suspicious on that evidence are
     searched in every shard they were not routed to (:class:`RecheckStep`), so that the report
     scores them on the neighbours a search of every shard finds. The suspects are kept
-    (``route/suspects.npy``) with the threshold that chose them; a resumed audit scored with
-    another threshold adds its own suspects, and only those are searched. The shards' saved
-    HNSW indexes are removed once every shard is rechecked."""
+    (``route/suspects.npy``); every run scores the chunks with its own scoring and sources (a
+    resumed audit may be given others) and searches only the suspects not searched yet. The
+    shards' saved HNSW indexes are removed once every shard is rechecked."""
     from .evidence import Scoring, assess, scored
 
     scoring = settings.scoring or Scoring()
     k = settings.searched  # as the search's
     n_shards = int(wd.noted("shards"))
     round_ = int(wd.noted("recheck_round") or 0)
-    if wd.noted("recheck_threshold") != scoring.threshold:
+    for _ in range(RECHECK_ROUNDS):  # until no new suspect: a resumed run finds none
+        if round_:  # the round's shards not rechecked yet (all, or those a kill left)
+            run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
         scores = scored(assess(wd, names, scoring), names[0], scoring)[0]
         suspects = np.flatnonzero(scores >= scoring.threshold).astype(np.int64)
-        if wd.has("route/suspects.npy"):
-            suspects = np.union1d(np.asarray(wd.read_array("route/suspects.npy")), suspects)
-        wd.write_array("route/suspects.npy", suspects)
+        known = wd.read_array("route/suspects.npy") if wd.has("route/suspects.npy") else None
+        if known is not None and not np.setdiff1d(suspects, known).size:
+            break
+        found = suspects if known is None else np.union1d(np.asarray(known), suspects)
+        wd.write_array("route/suspects.npy", found)
         round_ += 1
         wd.note("recheck_round", round_)
-        wd.note("recheck_threshold", scoring.threshold)
-    run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
+    else:
+        run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
     for saved in wd.path.glob(f"search/*-of-{n_shards}/index.faiss"):
         saved.unlink()
