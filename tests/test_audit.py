@@ -10,6 +10,7 @@ import os
 import random
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -1578,3 +1579,16 @@ def test_copies_the_default_leaves_out_are_no_flags(tmp_path: Path) -> None:
     assert {f.id for f in report.suspicious} == planted
     guard = Quarantine.from_report(report)
     assert not any(guard.reason(Passage(texts[i])) for i in again)
+
+
+def test_stored_vectors_of_another_model_are_named(toy: CallableEmbedder, tmp_path: Path) -> None:
+    """A store embedded by another model of the audit's width was compared with the audit's
+    probes without a word (nothing found); one embedded by the audit's model says nothing."""
+    texts, ids, _ = toy_corpus()
+    own = np.asarray(toy.embed(texts))
+    rotation, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(own.shape[1],) * 2))
+    with pytest.warns(UserWarning, match=r"do not look like the audit's .* pass embedder="):
+        audit(ListCorpus(texts, ids, None, own @ rotation), embedder=toy, workdir=tmp_path / "o")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        audit(ListCorpus(texts, ids, None, own), embedder=toy, workdir=tmp_path / "s")

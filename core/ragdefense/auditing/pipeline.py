@@ -33,7 +33,8 @@ from .report import AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
-from .steps import DefendStep, EmbedStep, ShardSearchStep, unit
+from .space import check_space
+from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
 from .victims import possible_victims
 from .workdir import Workdir, locate, part_digest, part_name, part_starts, part_texts
 
@@ -159,7 +160,7 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
         stages[stage] = round(time.perf_counter() - started - sum(stages.values()), 2)
 
     job, corpus = _start(knowledge_base, settings, options)
-    sizes = _ingest(job.wd, corpus, settings.part_size, settings.source_key)
+    sizes = _ingest(job.wd, corpus, settings.part_size, settings.source_key, options.embedder)
     lap("read")
     _embed_chunks(job, sizes)
     lap("embed chunks")
@@ -260,12 +261,15 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     return n_shards, kind
 
 
-def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) -> list[int]:
+def _ingest(
+    wd: Workdir, corpus: Any, part_size: int, source_key: str | None, embedder: Any
+) -> list[int]:
     """Write the corpus as parts (skipping parts already written); the part sizes. Every part
     already in the folder must hold what the knowledge base holds now: an audit resumed on a
     changed knowledge base (the same size, other texts) is refused, never silently mixed. The
     chunks' sources feed the report only: they are written again on every run (a resumed audit
-    reports the sources the metadata and ``source_key`` give now)."""
+    reports the sources the metadata and ``source_key`` give now). The first stored vectors
+    written are checked against ``embedder`` (:func:`~.space.check_space`)."""
     known = wd.noted("part_digests")
     sizes, digests, sourced = [], [], False
     for part, batch in enumerate(unique_ids(corpus.batches(part_size))):
@@ -278,6 +282,8 @@ def _ingest(wd: Workdir, corpus: Any, part_size: int, source_key: str | None) ->
             if known is not None:  # the knowledge base grew since the audit read it
                 raise ValueError(_CHANGED.format(wd.path, part))
             if batch.vectors is not None:
+                if not any(wd.has(f"{part_name('chunks', p)}.npy") for p in range(part)):
+                    check_space(batch.texts, batch.vectors, step_embedder(embedder))
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
             wd.write_json(
                 f"{name}.json",

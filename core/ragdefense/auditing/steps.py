@@ -43,6 +43,7 @@ __all__ = [
     "merged_hits",
     "shard_hits",
     "shard_parts",
+    "step_embedder",
     "unit",
     "write_routed",
 ]
@@ -64,7 +65,7 @@ def shard_parts(n_parts: int, n_shards: int, shard: int) -> range:
     return range(start, start + base + (shard < extra))
 
 
-def _embedder(spec: Any) -> Any:
+def step_embedder(spec: Any) -> Any:
     """``as_embedder(spec)``, which keeps one wrapper per model; the default is kept here, once
     per process, so that its model loads once."""
     from ..embedders import as_embedder
@@ -93,7 +94,7 @@ class EmbedStep:
         name = part_name(self.kind, part)
         data = wd.read_json(f"{name}.json")
         texts = data["texts"]
-        model = _embedder(self.embedder)
+        model = step_embedder(self.embedder)
         if self.kind == "probes" and type(model)._embed_query is not Embedder._embed_query:
             vectors = np.stack([model.embed_query(t) for t in texts])  # asymmetric models
         else:
@@ -339,7 +340,7 @@ class DefendStep:
         if key not in _CACHE:
             made = []
             for d in self.defenses:
-                obj = defense(d, embedder=_embedder(self.embedder)) if isinstance(d, str) else d
+                obj = defense(d, embedder=step_embedder(self.embedder)) if isinstance(d, str) else d
                 made.append((d if isinstance(d, str) else type(d).__name__, obj))
             _CACHE[key] = made
         return list(_CACHE[key])
