@@ -242,6 +242,8 @@ def test_robustrag_chain_scripted_sync_and_async(store: InMemoryVectorStore) -> 
     assert out2["answer"] == "Canberra"
     with pytest.raises(TypeError, match="question"):
         chain.invoke(3)
+    with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
+        RobustRAGChain.from_llm(llm, retriever, certify=0)  # every answer would be refused
 
 
 def test_robustrag_chain_tags_each_model_run_with_its_purpose(toy_embedder: Any) -> None:

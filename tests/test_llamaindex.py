@@ -523,3 +523,38 @@ def test_async_embeddings_run_off_the_event_loop() -> None:
 
     query, text, batch = asyncio.run(main())
     assert query == [1.0, 1.0] and text == [1.0, 3.0] and batch == [[1.0, 1.0], [1.0, 2.0]]
+
+
+def test_robustrag_synthesizer_streams_and_shows_its_prompts() -> None:
+    """``streaming=True`` was refused (LlamaIndex reads it from the synthesizer given), and
+    ``update_prompts`` was accepted and ignored; an unknown prompt or a k' below 1 is refused."""
+    from llama_index.core.prompts import PromptTemplate
+    from llama_index.core.query_engine import RetrieverQueryEngine
+
+    llm = ScriptedLLM(rule=by_context)
+    nodes = [NodeWithScore(node=TextNode(text=t)) for t in QUESTION.benign + QUESTION.poison[:1]]
+    synth = RobustRAGSynthesizer(llm=llm, streaming=True)
+    engine = RetrieverQueryEngine.from_args(_Fixed(nodes), llm=llm, response_synthesizer=synth)
+    streamed = engine.query(QUESTION.question)
+    assert "".join(streamed.response_gen) == "Canberra"  # type: ignore[union-attr]
+    assert streamed.metadata["ragdefense"].answer == "Canberra"  # type: ignore[index]
+
+    async def chunks() -> str:
+        response = await engine.aquery(QUESTION.question)
+        return "".join([t async for t in response.async_response_gen()])  # type: ignore[union-attr]
+
+    assert asyncio.run(chunks()) == "Canberra"
+    plain = RobustRAGSynthesizer(llm=llm)
+    assert sorted(plain.get_prompts()) == ["isolated_prompt", "keyword_prompt"]
+    mine = "Passage: {context}\nQuestion: {query}\nShort answer:"
+    plain.update_prompts({"isolated_prompt": PromptTemplate(mine)})
+    assert plain.get_prompts()["isolated_prompt"].get_template() == mine
+    llm.prompts.clear()
+    plain.synthesize(QUESTION.question, nodes[:2])
+    assert all(p.startswith("Passage: ") for p in llm.prompts[:2])
+    with pytest.raises(ValueError, match=r"unknown prompt\(s\) \['text_qa_template'\]"):
+        plain.update_prompts({"text_qa_template": PromptTemplate(mine)})
+    with pytest.raises(ValueError, match="isolated_prompt cannot be filled"):
+        plain.update_prompts({"isolated_prompt": PromptTemplate("{passage}: {query}")})
+    with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
+        RobustRAGSynthesizer(llm=llm, certify=0)

@@ -22,6 +22,7 @@ from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
 from ragdefense.integration.records import check_items
 from ragdefense.llm import LangChainLLM
+from ragdefense.robustrag.checks import check_certify
 
 __all__ = ["RobustRAGChain"]
 
@@ -90,6 +91,12 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
             return value
         hint = "store.as_retriever(...)" if hasattr(value, "as_retriever") else "a retriever"
         raise ValueError(f"retriever: expected {hint}, got {type(value).__name__}")
+
+    @field_validator("certify")
+    @classmethod
+    def _certify(cls, value: int | None) -> int | None:
+        check_certify(value, "injection", None)  # before any question, as the synthesizer's
+        return value
 
     def model_post_init(self, context: Any, /) -> None:
         """Build the engine now, so that a bad aggregation fails at construction."""

@@ -63,6 +63,8 @@ def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True
         raise TypeError("certify needs k' (an int: the injected passages to withstand)")
     if k_prime is not None and (isinstance(k_prime, bool) or not isinstance(k_prime, int)):
         raise TypeError(f"certify (k') must be an int, got {type(k_prime).__name__}: {k_prime!r}")
+    if k_prime is not None and k_prime < 1:
+        raise ValueError(f"certify (k') must be >= 1 (None: no certificate), got {k_prime}")
     check_attack(attack)
     golds = [gold] if isinstance(gold, str) else gold
     if gold is not None and (

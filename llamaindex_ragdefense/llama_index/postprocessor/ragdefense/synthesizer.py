@@ -4,12 +4,16 @@ aggregation in the core) and as a query engine."""
 from __future__ import annotations
 
 import contextvars
-from collections.abc import Sequence
-from typing import Any
+import copy
+from collections.abc import AsyncGenerator, Generator, Sequence
+from dataclasses import replace
+from typing import Any, cast
 
 from llama_index.core.base.base_retriever import BaseRetriever
-from llama_index.core.base.response.schema import RESPONSE_TYPE
+from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
+from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
+from llama_index.core.prompts import PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
@@ -19,7 +23,7 @@ from pydantic import Field
 from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LlamaIndexLLM
-from ragdefense.robustrag.checks import check_certify
+from ragdefense.robustrag.checks import check_certify, check_templates
 
 __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
 
@@ -50,6 +54,13 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             prompts, passage budget; ``llm`` replaces its LLM): as the LangChain chain.
         max_concurrency: Isolated calls in flight at once.
         certify: k' to certify against (``None``: no certificate).
+        streaming: Give a streaming response (``query_engine.query(q).response_gen``) as
+            LlamaIndex's synthesizers do: the answer needs every isolated one, so it comes as
+            one chunk.
+        callback_manager: LlamaIndex's callback manager (default: the LLM's).
+
+    Its prompts are the core's templates, shown and changed as LlamaIndex's are
+    (``get_prompts()``, ``update_prompts({"isolated_prompt": PromptTemplate(...)})``).
     """
 
     def __init__(
@@ -59,6 +70,8 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         max_concurrency: int = 8,
         certify: int | None = None,
         robust: RobustRAG | None = None,
+        streaming: bool = False,
+        callback_manager: CallbackManager | None = None,
     ) -> None:
         if llm is None:
             raise ValueError("RobustRAGSynthesizer needs llm= (it never falls back to Settings)")
@@ -67,7 +80,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             raise TypeError(f"max_concurrency must be an int, got {max_concurrency!r}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        super().__init__(llm=llm)
+        super().__init__(llm=llm, callback_manager=callback_manager, streaming=bool(streaming))
         self._robust = robust_engine(robust, aggregation).with_llm(
             LlamaIndexLLM(llm, max_concurrency, timeout=None)  # the engine's timeout governs
         )
@@ -83,10 +96,27 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         return self._robust
 
     def _get_prompts(self) -> PromptDictType:
-        return {}
+        """The isolated answer's template and the aggregation's (``keyword_prompt`` or
+        ``choice_prompt``)."""
+        found = {"isolated_prompt": self._robust.isolated_prompt}
+        found |= {k: getattr(self._robust.aggregation, k) for k in _AGGREGATION_PROMPTS
+                  if hasattr(self._robust.aggregation, k)}  # fmt: skip
+        return {k: PromptTemplate(v) for k, v in found.items()}
 
     def _update_prompts(self, prompts: PromptDictType) -> None:
-        """Prompts are the core's templates (``RobustRAG(isolated_prompt=...)``)."""
+        """Set the core's templates (checked as the core checks them); another key is refused."""
+        known = self._get_prompts()
+        unknown = sorted(set(prompts) - set(known))
+        if unknown:
+            raise ValueError(f"unknown prompt(s) {unknown}: this synthesizer has {sorted(known)}")
+        texts = {k: v.get_template() for k, v in prompts.items()}
+        robust = copy.copy(self._robust)
+        if "isolated_prompt" in texts:
+            check_templates(isolated_prompt=(texts.pop("isolated_prompt"), ("context", "query")))
+            robust.isolated_prompt = prompts["isolated_prompt"].get_template()
+        if texts:
+            robust.aggregation = replace(cast(Any, robust.aggregation), **texts)  # checked anew
+        self._robust = robust
 
     def get_response(
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
@@ -99,7 +129,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             certify=self._certify,
         )
         _report.set(report)
-        return report.answer
+        return _one(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
 
     async def aget_response(
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
@@ -112,7 +142,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             certify=self._certify,
         )
         _report.set(report)
-        return report.answer
+        return _aone(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
 
     def synthesize(
         self,
@@ -154,13 +184,27 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             _report.reset(token)
 
 
+#: the aggregations' templates a synthesizer shows beside the isolated one
+_AGGREGATION_PROMPTS = ("keyword_prompt", "choice_prompt")
+
+
+def _one(text: str) -> Generator[str, None, None]:
+    """A streamed answer of one chunk."""
+    yield text
+
+
+async def _aone(text: str) -> AsyncGenerator[str, None]:
+    """A streamed answer of one chunk (async)."""
+    yield text
+
+
 def _query_str(query: Any) -> str:
     return query if isinstance(query, str) else str(getattr(query, "query_str", query))
 
 
 def _empty(response: RESPONSE_TYPE, report: RobustAnswer | None) -> RESPONSE_TYPE:
     """LlamaIndex's empty response, holding RobustRAG's answer (and certificate) instead."""
-    if report is not None and hasattr(response, "response"):
+    if report is not None and isinstance(response, Response):
         response.response = report.answer
     return response
 
