@@ -350,6 +350,29 @@ def test_probes_from_titles_and_first_sentences() -> None:
     assert len(derive_probes(chunks * 3, max_probes=1)) == 1
 
 
+def test_a_probe_sample_is_drawn_in_bounded_memory() -> None:
+    """Every distinct probe was held before ``max_probes`` sampled them (hundreds of bytes
+    per chunk: tens of GB on the driver at 100M chunks). The sample is seeded, a subset of
+    every probe in corpus order, each with the first chunk that has it."""
+    import tracemalloc
+
+    def chunks(n: int) -> Any:
+        for i in range(n):
+            yield str(i), f"Question number {i % (n // 2)} about a topic. More.", ""
+
+    every = derive_probes(chunks(2_000))
+    assert len(every) == 1_000
+    sample = derive_probes(chunks(2_000), max_probes=50)
+    assert len(sample) == 50 and sample == [p for p in every if p in sample]
+    assert sample == derive_probes(chunks(2_000), max_probes=50)
+    assert sample != derive_probes(chunks(2_000), max_probes=50, seed=1)
+    tracemalloc.start()
+    derive_probes(chunks(200_000), max_probes=100)
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert peak < 2_000_000  # bytes: the sample, not the corpus
+
+
 def test_audit_ranks_the_planted_groups_first_and_explains(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:

@@ -5,7 +5,8 @@ are where it shows."""
 
 from __future__ import annotations
 
-import random
+import hashlib
+import heapq
 import re
 from collections.abc import Iterable
 
@@ -31,19 +32,36 @@ def derive_probes(
     chunks: Iterable[tuple[str, str, str]], max_probes: int | None = None, seed: int = 0
 ) -> list[tuple[str, str]]:
     """``(probe, chunk id)`` for ``(id, text, title)`` chunks: one probe per distinct
-    title / first sentence (case and spacing ignored), in corpus order; at most ``max_probes``,
-    a seeded sample when there are more."""
-    seen: set[str] = set()
-    out: list[tuple[str, str]] = []
-    for chunk_id, text, title in chunks:
+    title / first sentence (case and spacing ignored; the first chunk that has it), in corpus
+    order; at most ``max_probes``, a seeded sample when there are more. The sample keeps the
+    ``max_probes`` distinct probes of least seeded hash, so memory holds those alone, never
+    one entry per chunk."""
+    if max_probes is None:
+        seen: set[str] = set()
+        out: list[tuple[str, str]] = []
+        for chunk_id, text, title in chunks:
+            probe = probe_text(text, title)
+            if probe is not None and probe.casefold() not in seen:
+                seen.add(probe.casefold())
+                out.append((probe, chunk_id))
+        return out
+    salt = seed.to_bytes(8, "little", signed=True)
+    kept: dict[str, tuple[int, str, str]] = {}  # key -> (position, probe, chunk id)
+    heap: list[tuple[int, str]] = []  # (-rank, key): the largest kept rank on top
+    for position, (chunk_id, text, title) in enumerate(chunks):
         probe = probe_text(text, title)
         if probe is None:
             continue
         key = probe.casefold()
-        if key not in seen:
-            seen.add(key)
-            out.append((probe, chunk_id))
-    if max_probes is not None and len(out) > max_probes:
-        keep = sorted(random.Random(seed).sample(range(len(out)), max_probes))
-        out = [out[i] for i in keep]
-    return out
+        if key in kept:
+            continue  # a later chunk of a probe already kept
+        digest = hashlib.blake2b(key.encode("utf-8"), digest_size=8, salt=salt).digest()
+        rank = int.from_bytes(digest, "little")
+        if len(heap) < max_probes:
+            heapq.heappush(heap, (-rank, key))
+        elif rank < -heap[0][0]:  # ranks above the kept ones never come back: one decision
+            del kept[heapq.heapreplace(heap, (-rank, key))[1]]
+        else:
+            continue
+        kept[key] = (position, probe, chunk_id)
+    return [(probe, chunk_id) for _, probe, chunk_id in sorted(kept.values())]
