@@ -789,6 +789,8 @@ def test_resume_marks_tell_models_and_settings_apart_not_rounding() -> None:
 
     first = embedder_mark(model(0.0))
     assert embedder_mark(model(1e-3, seed=1), recorded=first) == first  # another machine
+    # the packaged default given by name or as an object is the default a run recorded
+    assert embedder_mark(ragdefense.default_embedder()) is None is embedder_mark(None)
     other = CallableEmbedder(lambda batch: rng.standard_normal((len(batch), 384)))
     assert embedder_mark(other, recorded=first) != first  # another model of the same type
     assert defense_mark(Consensus(trusted={"a"})) != defense_mark(Consensus(trusted={"b"}))

@@ -138,6 +138,9 @@ def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
         Quarantine.from_report(tmp_path)  # the audit's folder: its report.json is read
     (tmp_path / "report.json").write_text(json.dumps(REPORT))
     assert Quarantine.from_report(tmp_path).ids == {"d3", "zz"}
+    (tmp_path / "report.parquet").write_bytes(b"PAR1\x15\x00")  # a view: a decode error before
+    with pytest.raises(ValueError, match=r"a view of an audit report: give its report.json"):
+        Quarantine.from_report(tmp_path / "report.parquet")
 
 
 @pytest.mark.slow

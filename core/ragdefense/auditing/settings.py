@@ -143,9 +143,10 @@ _PROBE = "ragdefense audit: which model embeds this text?"
 def embedder_mark(embedder: Any, recorded: Any = None) -> str | None:
     """The embedder as a resumed audit compares it: its type and projections of its vector
     for a fixed text (another model of the same type gives others), ``None`` for the
-    packaged default. ``recorded`` (an earlier run's mark) is returned when it is the same
-    model's, up to rounding (another machine computes the last digits otherwise)."""
-    if embedder is None:
+    packaged default (given as ``None`` or as :func:`~ragdefense.default_embedder`'s own).
+    ``recorded`` (an earlier run's mark) is returned when it is the same model's, up to
+    rounding (another machine computes the last digits otherwise)."""
+    if embedder is None or as_embedder(embedder) is as_embedder(None):
         return None
     vector = np.asarray(as_embedder(embedder).embed([_PROBE]), dtype=np.float64).ravel()
     vector = vector / (np.linalg.norm(vector) or 1.0)

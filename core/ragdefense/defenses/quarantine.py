@@ -57,6 +57,11 @@ def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str], int | Non
     if isinstance(report, (str, os.PathLike)):
         path = Path(report)
         path = path / "report.json" if path.is_dir() else path
+        if path.suffix.lower() in (".csv", ".parquet", ".md", ".png"):
+            raise ValueError(
+                f"{str(path)!r} is a view of an audit report: give its report.json (or the "
+                "audit's folder), which holds every finding with its group and the stats"
+            )
         try:
             report = json.loads(path.read_text(encoding="utf-8"))
         except (OSError, ValueError) as exc:
