@@ -264,7 +264,7 @@ def find_groups(
         {
             "id": f"g{g}",
             "size": int(size),
-            "similarity": float(edge_sum[g] / edge_count[g]) if edge_count[g] else 0.0,
+            "similarity": min(1.0, float(edge_sum[g] / edge_count[g])) if edge_count[g] else 0.0,
         }
         for g, size in enumerate(sizes[kept])
     ]

@@ -30,7 +30,8 @@ class Finding:
     Attributes:
         id: The chunk's id in the knowledge base.
         text: Its text.
-        score: How suspicious (0-1; the report is sorted by it).
+        score: How suspicious (0 and up, suspicious from the scoring's ``threshold``; the report
+            is sorted by it).
         suspicious: The verdict: ``score >= threshold``, unless it is a suspicious group's
             possible victim (``victim_of``).
         reasons: The evidence in words.
