@@ -14,8 +14,9 @@ import posixpath
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from .types import Passage
 
@@ -60,6 +61,34 @@ _MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
 #: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``)
 _HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
+#: last labels that make a bare dotted name a file's (``Report.PDF``), never a host's
+_FILE_TYPES = frozenset(
+    {
+        *("pdf", "txt", "md", "mdx", "rst", "html", "htm", "xml", "json", "jsonl", "csv", "tsv"),
+        *("parquet", "doc", "docx", "odt", "rtf", "ppt", "pptx", "xls", "xlsx", "epub", "png"),
+        *("jpg", "jpeg", "gif", "yaml", "yml", "log", "ipynb"),
+    }
+)
+#: a percent escape of an unreserved character (RFC 3986), the only ones decoded in a path
+_UNRESERVED_ESCAPE = re.compile(r"%(2[dDeE]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
+
+
+def _web_host(text: str) -> str | None:
+    """The host of a web address (:data:`WEB_SCHEMES`), lowercased, ``www.`` and a final dot
+    dropped; ``None`` for another address or one whose host part is not unambiguous (a
+    backslash in it, which browsers and HTTP clients read as the end of the host; an invalid
+    port): never another host's source."""
+    if not _is_web(text):
+        return None
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises on an invalid port ("who.int:443.evil.com")
+        host = parts.hostname
+    except ValueError:
+        return None
+    if not host or "\\" in parts.netloc:
+        return None
+    return host.lower().rstrip(".").removeprefix("www.") or None
 
 
 def _is_web(text: str) -> bool:
@@ -74,17 +103,11 @@ def _normal(value: Any) -> str | None:
     text = str(value).strip()
     if not text or text.casefold() in _MISSING:
         return None
-    if "://" in text:
-        if not _is_web(text):
-            return text  # a storage or file address: one file
-        try:
-            host = urlsplit(text).hostname
-        except ValueError:  # a malformed address is still a name for its source
-            host = None
-        if host:
-            return host.lower().removeprefix("www.")
-    elif _HOST.fullmatch(text):  # a bare host name, its port dropped as an address's is
-        return text.partition(":")[0].lower().removeprefix("www.")
+    if "://" in text:  # a web address is its host; any other (a malformed one, a storage or
+        return _web_host(text) or text  # file address) is a name of its own, one file
+    bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
+    if _HOST.fullmatch(bare) and bare.rpartition(".")[2].lower() not in _FILE_TYPES:
+        return bare.partition(":")[0].lower().rstrip(".").removeprefix("www.")
     return text
 
 
@@ -119,7 +142,7 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         'reports/q3.pdf'
     """
     host, value = _source_value(passage.metadata, source_key)
-    if host is None or not _is_web(str(value)):
+    if host is None or _web_host(str(value).strip()) is None:
         return host
     try:
         path = urlsplit(str(value).strip()).path.rstrip("/")
@@ -141,11 +164,16 @@ def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, An
         return None, None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
+    number: tuple[str | None, Any] = (None, None)
     for key in keys:
         found = _normal(meta.get(key))
-        if found is not None:
-            return found, meta[key]
-    return None, None
+        if found is None:
+            continue
+        if source_key == AUTO and key == "source" and found.isdigit():
+            number = (found, meta[key])  # a page number (PyMuPDFReader's) beside a file path
+            continue
+        return found, meta[key]
+    return number
 
 
 def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> list[str | None]:
@@ -209,24 +237,24 @@ def _page(entry: Any) -> str | None:
         if not slash or "." not in head or any(c in text for c in " \\"):
             return None
         text = f"https://{text}"
-    try:
-        parts = urlsplit(text)
-    except ValueError:
+    if _web_host(text) is None:
         return None
+    parts = urlsplit(text)
     if parts.query:
         raise ValueError(
             f"trusted {entry!r}: an address with a query is not a page prefix; trust such "
             "pages with a predicate on the metadata"
         )
     path = _clean(parts.path)
-    host = (parts.hostname or "").lower().removeprefix("www.")
-    return f"{host}{path}" if host and path else None
+    return f"{_web_host(text)}{path}" if path else None
 
 
 def _clean(path: str) -> str:
-    """A web address's path percent-decoded and its dot segments resolved (``/a/../b`` is
-    ``/b``), without a trailing ``/`` (the root is ``""``)."""
-    resolved = posixpath.normpath("/" + unquote(path).lstrip("/"))
+    """A web address's path with its unreserved characters percent-decoded (``%2e`` is ``.``;
+    an encoded ``/`` stays encoded, as servers read it) and its dot segments resolved
+    (``/a/../b`` is ``/b``), without a trailing ``/`` (the root is ``""``)."""
+    decoded = _UNRESERVED_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), path)
+    resolved = posixpath.normpath("/" + decoded.lstrip("/"))
     return "" if resolved == "/" else resolved
 
 
@@ -248,8 +276,12 @@ class _Sources:
         if doc is None:
             return False
         host, _, path = doc.partition("/")
-        doc = host + _clean(path)  # "../" cannot climb out of a trusted page
-        return any(doc == p or doc.startswith(p + "/") for p in self.pages)
+        # under a trusted page as written and as resolved: "../" cannot climb out of one, nor
+        # an escaped dot segment ("%2e%2e", which some servers leave as it is) into one
+        return any(
+            all(d == p or d.startswith(p + "/") for d in (doc, host + _clean(path)))
+            for p in self.pages
+        )
 
 
 @dataclass(frozen=True)
@@ -260,4 +292,4 @@ class _Predicate:
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-        return bool(self.predicate(meta))
+        return bool(self.predicate(MappingProxyType(dict(meta))))  # read only: never changed

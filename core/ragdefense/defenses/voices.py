@@ -73,7 +73,8 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
             by_source.setdefault(s, []).append(i)
     if len(by_source) < 2:
         return  # one source (or none): support cannot be counted per source
-    found = []
+    found: list[str] = []
+    marked: list[tuple[int, str, bool]] = []
     for s, every in by_source.items():
         own = [i for i in every if not trusted[i]]  # trust is per passage: a page, not a host
         rest = [i for i in alive if s not in held[i]]
@@ -100,11 +101,18 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
         found.append(s)
         copies = f" ({texts} distinct)" if pages > texts else ""
         tight = "" if pair is None else f"; the two texts {pair:.3f} >= {tightness}"
-        for i in standing:  # the rest keep the reason they were removed for
-            removed[i] = (
-                f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
-                f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
-                f"({across:.3f}) by {inner - across:.3f} >= {voice}"
-            )
+        why = (
+            f"one voice: {pages} passages{copies} of source {s!r} agree with each other "
+            f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
+            f"({across:.3f}) by {inner - across:.3f} >= {voice}"
+        )
+        # the rest keep the reason they were removed for
+        marked += [(i, why, texts > 1) for i in standing]
+    for i, why, several in marked:
+        # a source speaking in several texts: one of them another source holds too is that
+        # source's as well, and stays (a planted page copying an honest one); one text
+        # repeated is the voice itself, wherever else it stands
+        if not several or not set(held[i]) - set(found):
+            removed[i] = why
     if found:
         estimates["voices"] = found
