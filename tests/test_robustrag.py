@@ -147,6 +147,24 @@ def test_certified_by_hand(nlp) -> None:  # type: ignore[no-untyped-def]
     assert c.possible_answers == ("Canberra",)
 
 
+def test_a_report_is_plain_json(nlp) -> None:  # type: ignore[no-untyped-def]
+    """``json.dumps`` failed on a report (keyword sets, passages, the settings dataclass)."""
+    import json
+
+    passages = [f"p{i}" for i in range(5)]
+    llm = scripted({p: "Canberra" for p in passages[:4]} | {"p4": "Sydney"})
+    r = RobustRAG(llm=llm, nlp=nlp).answer(Q, passages, certify=1)
+    back = json.loads(json.dumps(r.to_dict()))
+    assert back["answer"] == r.answer and back["certificate"]["certified"] is True
+    assert back["responses"][4] | {"keywords": None} == back["responses"][4] | {
+        "passage": "p4", "text": "Sydney", "keywords": None, "abstained": False
+    }  # fmt: skip
+    assert back["settings"]["alpha"] == r.settings.alpha
+    vote = RobustRAG(llm=mc_llm(["B", "B", "A", "B", "E"]), aggregation="majority")
+    voted = vote.answer(Q, [f"passage {i}" for i in range(5)], choices=CHOICES)
+    assert json.loads(json.dumps(voted.to_dict()))["votes"] == {"B": 3, "A": 1}
+
+
 def test_not_certified_when_an_undecided_keyword_flips_the_answer(nlp) -> None:  # type: ignore[no-untyped-def]
     # k=10, k'=1: benign = top 9, all answering; 7 say "Canberra", 2 say "Sydney".
     # k_eff=1: mu = min(3.0, 3) = 3: "Sydney" (count 2) is in [mu - 1, mu) -> undecided.

@@ -3,8 +3,9 @@ types (isolated responses, decoding steps, certificates, the answer with its rep
 
 from __future__ import annotations
 
+import math
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
 from ..types import Passage
@@ -137,6 +138,17 @@ class RobustAnswer:
         """Indices of the passages whose isolated answer abstained (or failed)."""
         return [r.index for r in self.responses if r.abstained]
 
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-friendly view: every field, each isolated response with its passage's id
+        and text (keywords sorted), the aggregation's settings as a mapping."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "responses"}
+        out["responses"] = [
+            {**{f.name: getattr(r, f.name) for f in fields(r) if f.name != "passage"},
+             "id": r.passage.id, "passage": r.passage.text}
+            for r in self.responses
+        ]  # fmt: skip
+        return dict(_plain(out))
+
     def __str__(self) -> str:
         lines = [f"RobustRAG ({self.aggregation}): {self.answer!r}", f"  why: {self.reason}"]
         for r in self.responses:
@@ -164,3 +176,18 @@ class RobustAnswer:
             verdict = "CERTIFIED" if c.certified else "not certified"
             lines.append(f"  certificate (k'={c.k_prime}, {c.attack}): {verdict}: {c.reason}")
         return "\n".join(lines)
+
+
+def _plain(value: Any) -> Any:
+    """``value`` with dataclasses as mappings, sets sorted, tuples as lists, NaN as None."""
+    if is_dataclass(value) and not isinstance(value, type):
+        return _plain({f.name: getattr(value, f.name) for f in fields(value)})
+    if isinstance(value, dict):
+        return {str(k): _plain(v) for k, v in value.items()}
+    if isinstance(value, (set, frozenset)):
+        return sorted(_plain(v) for v in value)
+    if isinstance(value, (list, tuple)):
+        return [_plain(v) for v in value]
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    return value
