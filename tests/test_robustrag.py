@@ -440,3 +440,11 @@ def test_each_aggregation_is_its_own_settings_reached_alike_by_both_adapters(nlp
         RobustRAGSynthesizer(llm=MockLLM(), aggregation="majority", robust=configured)
     with pytest.raises(TypeError, match="not both"):
         RobustRAGChain.from_llm(RunnableLambda(str), Nothing(), aggregation=agg, robust=configured)
+
+
+def test_choices_without_majority_vote_are_refused(nlp) -> None:  # type: ignore[no-untyped-def]
+    """Keyword aggregation ignored ``choices=`` without a word: a free-form answer came back
+    to a multiple-choice question."""
+    rr = RobustRAG(llm=scripted({}), nlp=nlp)
+    with pytest.raises(ValueError, match="choices are for aggregation='majority', not keyword"):
+        rr.answer(Q, ["p0", "p1"], choices=CHOICES)

@@ -332,6 +332,8 @@ class RobustRAG:
         query, items = check_query(query), to_passages(passages)
         if certify is not None or gold is not None:  # before any LLM call is made
             check_certify(certify, attack, gold)
+        if choices is not None and self.aggregation.name != "majority":
+            raise ValueError(f"choices are for aggregation='majority', not {self.aggregation.name}")
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation.name, (), "no passages were given")
             if certify is not None:  # a certificate asked for is always given, here a refusal
