@@ -391,3 +391,29 @@ def test_the_langchain_store_internals_the_adapter_reads_exist(
     else:
         assert sorted(d.page_content for d in faiss_documents(store).values()) == sorted(TEXTS[:6])
         assert isinstance(faiss_normalizes(store), bool)
+
+
+def test_llamaindex_chroma_vectors_are_read_only_for_the_text_they_were_made_from(
+    minilm: Any, tmp_path: Path
+) -> None:
+    """A node's stored vector was read by id whatever its text now (a sentence window's
+    replaced text, another store's node numbered alike); it is read only where Chroma holds
+    the node's text, as in the LangChain adapter."""
+    import chromadb
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense.vectors import stored_vectors
+
+    collection = chromadb.PersistentClient(path=str(tmp_path)).get_or_create_collection("kb-li")
+    store = ChromaVectorStore(collection)
+    nodes = [TextNode(text=t, id_=f"n{i}") for i, t in enumerate(TEXTS[:3])]
+    VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(vector_store=store),
+                     embed_model=RagdefenseEmbedding(minilm))  # fmt: skip
+    ids = ["n0", "n1", "n2"]
+    assert all(v is not None for v in stored_vectors(store, ids))
+    window = ["a window around it: " + TEXTS[0], TEXTS[1], TEXTS[2]]
+    found = stored_vectors(store, ids, window)
+    assert found[0] is None and found[1] is not None and found[2] is not None

@@ -23,7 +23,7 @@ from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr
 from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import BaseComponent, NodeWithScore, QueryBundle
+from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
 
 from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
@@ -219,7 +219,11 @@ class DefensePostprocessor(BaseNodePostprocessor):
         vectors: list[Any] = [n.node.embedding if self.node_embeddings else None for n in nodes]
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing and self.vector_store is not None:
-            found = stored_vectors(self.vector_store, [nodes[i].node.node_id for i in missing])
+            found = stored_vectors(
+                self.vector_store,
+                [nodes[i].node.node_id for i in missing],
+                [nodes[i].node.get_content(MetadataMode.NONE) for i in missing],
+            )
             for i, v in zip(missing, found, strict=True):
                 vectors[i] = v
         passages = [node_passage(n, v) for n, v in zip(nodes, vectors, strict=True)]

@@ -30,9 +30,29 @@ __all__ = [
 ]
 
 
-def stored_vectors(store: Any, node_ids: Sequence[str]) -> list[Any | None]:
-    """One stored vector per node id (``None`` where the store has none for it)."""
-    return core_vectors.stored_vectors(store, list(node_ids), _lookup)
+def stored_vectors(
+    store: Any, node_ids: Sequence[str], texts: Sequence[str] | None = None
+) -> list[Any | None]:
+    """One stored vector per node id (``None`` where the store has none for it). With the
+    nodes' ``texts``, a store that holds texts (Chroma) gives a node's vector only where it
+    holds that node's text under its id: a node whose text was replaced on the way (a sentence
+    window's) or another store's node numbered alike is embedded instead, as the LangChain
+    adapter does."""
+    held: dict[str, Any] = {}
+
+    def lookup(found_in: Any, ids: list[str]) -> dict[str, Any] | None:
+        if texts is None or store_kind(found_in) != "chroma":
+            return _lookup(found_in, ids)
+        got = found_in.client.get(ids=ids, include=["embeddings", "documents"])
+        held.update(zip(got["ids"], got["documents"], strict=True))
+        return dict(zip(got["ids"], got["embeddings"], strict=True))
+
+    vectors = core_vectors.stored_vectors(store, list(node_ids), lookup)
+    if not held or texts is None:
+        return vectors
+    return [
+        v if held.get(i) == t else None for i, t, v in zip(node_ids, texts, vectors, strict=True)
+    ]
 
 
 def store_kind(store: Any) -> Literal["simple", "chroma"] | None:
