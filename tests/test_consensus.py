@@ -465,6 +465,20 @@ def test_an_ambiguous_address_is_nobody_elses_source() -> None:
     ):
         assert not handbook(page(url), "github.com"), url
     assert handbook(page("https://github.com/acme/hb/%7Eguide"), "github.com")
+    for url in (
+        "https://github.com/acme/hb/..\\..\\mallory/evil",
+        "https://github.com/acme/hb/%2e%2e%5cx",
+    ):
+        assert not handbook(page(url), "github.com"), url  # a browser reads "\\" as "/"
+    spellings = [  # one page however it is spelled, on either side
+        ("https://example.edu/%7Ejsmith", "https://example.edu/%7Ejsmith/paper.pdf"),
+        ("https://example.edu/~jsmith", "https://example.edu/%7ejsmith/paper.pdf"),
+        ("https://de.wikipedia.org/wiki/Köln", "https://de.wikipedia.org/wiki/K%c3%b6ln"),
+        ("https://intranet.acme.com/My Docs", "https://intranet.acme.com/My%20Docs/leave.html"),
+        ("https://who.int/news", "https://who.int/x/../news/1"),
+    ]
+    for entry, url in spellings:
+        assert is_trusted_by({entry})(page(url), source_of(page(url))), (entry, url)
 
 
 def test_entries_and_values_read_as_their_writers_mean() -> None:
@@ -481,20 +495,23 @@ def test_entries_and_values_read_as_their_writers_mean() -> None:
     pages = [{"source": str(n), "file_path": f"/kb/{f}.pdf"} for n, f in ((1, "a"), (1, "b"))]
     assert sources_of([Passage("x", metadata=m) for m in pages]) == ["/kb/a.pdf", "/kb/b.pdf"]
     assert source_of(Passage("x", metadata={"source": "7"})) == "7"  # nothing else: still one
-    meta = {"reviewed": True}
+    ids = [{"source": 12345, "doc_id": "chunk-1"}, {"source": "42", "ref_doc_id": "uuid-1"}]
+    assert sources_of([Passage("x", metadata=m) for m in ids]) == ["12345", "42"]  # ids stay
+    nested = {"reviewed": True, "tags": ["a"]}
 
     def meddling(m: Any) -> bool:
-        m["reviewed"] = False  # type: ignore[index]
-        return True
+        m["reviewed"] = False
+        m["tags"].append("b")
+        return isinstance(m, dict)
 
-    with pytest.raises(TypeError):
-        is_trusted_by(meddling)(Passage("x", metadata=meta), None)
-    assert meta == {"reviewed": True}
+    assert is_trusted_by(meddling)(Passage("x", metadata=nested), None)
+    assert nested == {"reviewed": True, "tags": ["a"]}
 
 
 def test_a_planted_page_copying_an_honest_one_does_not_take_it_down() -> None:
     """The one-voice step removed a text that an unjudged source holds too: the attacker's
-    site copying c.org's page took c.org's passage with it."""
+    site copying c.org's page took c.org's passage with it. A text that speaks with the voice
+    goes wherever else it is posted."""
     q = "Which species fake their own death to avoid male advances?"
     honest = [
         ("Female European common frogs were seen faking their own death to avoid mating.", "a.org"),
@@ -521,6 +538,14 @@ def test_a_planted_page_copying_an_honest_one_does_not_take_it_down() -> None:
         assert result.estimates.get("voices") == ["blog.example"]
         assert [v.kept for v in result.verdicts[:3]] == [True] * 3, claims
         assert not any(v.kept for v in result.verdicts[3:6])
+    # each planted text posted once more on a throwaway host of its own shields nothing: it
+    # speaks with the voice, wherever else it stands
+    mirrored = passages + [Passage(t, metadata={"source": f"https://throwaway{i}.example/p"})
+                           for i, t in enumerate(planted[:3])]  # fmt: skip
+    for claims in (False, True):
+        result = Consensus(claims=claims).defend(q, mirrored)
+        assert [v.kept for v in result.verdicts[:3]] == [True] * 3, claims
+        assert not any(v.kept for v in result.verdicts[3:6] + result.verdicts[7:]), claims
     by_key = is_trusted_by({"https://wiki.acme.org/hr"}, source_key="origin")
     doc = Passage("x", metadata={"origin": "https://wiki.acme.org/hr/leave"})
     assert by_key(doc, source_of(doc, "origin"))

@@ -10,13 +10,13 @@ dropped); any other value, a storage address (``s3://bucket/key``) included, is 
 
 from __future__ import annotations
 
+import copy
 import posixpath
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from .types import Passage
 
@@ -43,6 +43,9 @@ SOURCE_KEYS = (
     "document_id",
     "ref_doc_id",
 )
+
+#: the keys naming a file or page, which a number under ``source`` (a page's) gives way to
+_FILES = ("url", "file_path", "file_name", "filename")
 
 #: ``source_key`` value meaning "the first of :data:`SOURCE_KEYS` a passage has"
 AUTO = "auto"
@@ -71,6 +74,7 @@ _FILE_TYPES = frozenset(
 )
 #: a percent escape of an unreserved character (RFC 3986), the only ones decoded in a path
 _UNRESERVED_ESCAPE = re.compile(r"%(2[dDeE]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
+_UNRESERVED_NOT_DOT = re.compile(r"%(2[dD]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
 
 
 def _web_host(text: str) -> str | None:
@@ -164,16 +168,16 @@ def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, An
         return None, None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
-    number: tuple[str | None, Any] = (None, None)
     for key in keys:
         found = _normal(meta.get(key))
         if found is None:
             continue
         if source_key == AUTO and key == "source" and found.isdigit():
-            number = (found, meta[key])  # a page number (PyMuPDFReader's) beside a file path
-            continue
+            for beside in _FILES:  # a page number (PyMuPDFReader's): the file it is a page of
+                if (file := _normal(meta.get(beside))) is not None:
+                    return file, meta[beside]
         return found, meta[key]
-    return number
+    return None, None
 
 
 def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> list[str | None]:
@@ -249,12 +253,19 @@ def _page(entry: Any) -> str | None:
     return f"{_web_host(text)}{path}" if path else None
 
 
-def _clean(path: str) -> str:
-    """A web address's path with its unreserved characters percent-decoded (``%2e`` is ``.``;
-    an encoded ``/`` stays encoded, as servers read it) and its dot segments resolved
-    (``/a/../b`` is ``/b``), without a trailing ``/`` (the root is ``""``)."""
-    decoded = _UNRESERVED_ESCAPE.sub(lambda m: chr(int(m.group(1), 16)), path)
-    resolved = posixpath.normpath("/" + decoded.lstrip("/"))
+def _clean(path: str, browser: bool = True) -> str:
+    r"""A web address's path in one form whatever its spelling (``~`` or ``%7E``, ``ö`` or
+    ``%C3%B6``, a space or ``%20``) with its dot segments resolved (``/a/../b`` is ``/b``),
+    without a trailing ``/`` (the root is ``""``). ``browser``: as browsers read it, a ``\``
+    (or ``%5C``) a ``/`` and ``%2e`` a dot; otherwise as a server may, both left as they are
+    (names, not separators or dot segments)."""
+    if browser:
+        path = re.sub(r"%5[cC]", "/", path.replace("\\", "/"))
+    unreserved = _UNRESERVED_ESCAPE if browser else _UNRESERVED_NOT_DOT
+    decoded = unreserved.sub(lambda m: chr(int(m.group(1), 16)), path)
+    decoded = re.sub(r"%[0-9a-f]{2}", lambda m: m.group(0).upper(), decoded)
+    spelled = quote(decoded, safe="/%:@!$&'()*+,;=-._~\\")
+    resolved = posixpath.normpath("/" + spelled.lstrip("/"))
     return "" if resolved == "/" else resolved
 
 
@@ -276,12 +287,10 @@ class _Sources:
         if doc is None:
             return False
         host, _, path = doc.partition("/")
-        # under a trusted page as written and as resolved: "../" cannot climb out of one, nor
-        # an escaped dot segment ("%2e%2e", which some servers leave as it is) into one
-        return any(
-            all(d == p or d.startswith(p + "/") for d in (doc, host + _clean(path)))
-            for p in self.pages
-        )
+        # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
+        # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
+        seen = [host + _clean("/" + path, browser) for browser in (True, False)]
+        return any(all(d == p or d.startswith(p + "/") for d in seen) for p in self.pages)
 
 
 @dataclass(frozen=True)
@@ -292,4 +301,4 @@ class _Predicate:
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-        return bool(self.predicate(MappingProxyType(dict(meta))))  # read only: never changed
+        return bool(self.predicate(copy.deepcopy(dict(meta))))  # a copy: the caller's stays

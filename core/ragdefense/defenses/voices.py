@@ -74,7 +74,7 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     if len(by_source) < 2:
         return  # one source (or none): support cannot be counted per source
     found: list[str] = []
-    marked: list[tuple[int, str, bool]] = []
+    marked: list[tuple[int, str, bool]] = []  # (passage, why, speaks with the voice)
     for s, every in by_source.items():
         own = [i for i in every if not trusted[i]]  # trust is per passage: a page, not a host
         rest = [i for i in alive if s not in held[i]]
@@ -106,13 +106,18 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
             f"(mean cosine {inner:.3f}{tight}) more than with {n_rest} other sources "
             f"({across:.3f}) by {inner - across:.3f} >= {voice}"
         )
-        # the rest keep the reason they were removed for
-        marked += [(i, why, texts > 1) for i in standing]
-    for i, why, several in marked:
-        # a source speaking in several texts: one of them another source holds too is that
-        # source's as well, and stays (a planted page copying an honest one); one text
-        # repeated is the voice itself, wherever else it stands
-        if not several or not set(held[i]) - set(found):
+        for i in standing:  # the rest keep the reason they were removed for
+            others = [j for j in own if j != i]
+            # a text another source holds too, unlike the source's other texts (they agree
+            # with it no more than the other sources do), is that source's as well: a planted
+            # page copying an honest one. One that speaks with the voice is part of it,
+            # wherever else it is posted (one text repeated is the voice itself)
+            alike = not others or (
+                float(sim[i, others].mean()) - float(sim[i, rest].mean()) >= voice if rest else True
+            )
+            marked.append((i, why, alike))
+    for i, why, alike in marked:
+        if alike or not set(held[i]) - set(found):
             removed[i] = why
     if found:
         estimates["voices"] = found
