@@ -302,3 +302,43 @@ def test_an_audit_resumed_with_other_scoring_rechecks_its_own_suspects(
     assert [(f.id, round(f.score, 6)) for f in resumed.findings] == [
         (f.id, round(f.score, 6)) for f in fresh.findings
     ]
+
+
+def test_a_recheck_killed_between_its_two_writes_resumes_to_the_fresh_report(
+    toy: CallableEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The new suspects' list was written before their round was noted: killed in between,
+    the next run took the list as searched and never rechecked them. Killed after the first
+    of the two writes, whichever it is, the resumed report is the fresh one's."""
+
+    class Killed(BaseException):
+        pass
+
+    texts, ids, _ = toy_corpus()
+    args = {"embedder": toy, "part_size": 8, "shards": 4, "route": 1}
+    scoring = Scoring(wide_threshold=0.2, min_group=2)
+    audit(ListCorpus(texts, ids), workdir=tmp_path / "w", **args)
+    fresh = audit(ListCorpus(texts, ids), workdir=tmp_path / "f", scoring=scoring, **args)
+    note, write = Workdir.note, Workdir.write_array
+
+    def noted(self: Workdir, key: str, value: Any) -> None:
+        note(self, key, value)
+        if key == "recheck_round" and value >= 2:
+            raise Killed
+
+    def written(self: Workdir, name: str, value: Any) -> None:
+        again = name == "route/suspects.npy" and self.has(name)
+        write(self, name, value)
+        if again:
+            raise Killed
+
+    monkeypatch.setattr(Workdir, "note", noted)
+    monkeypatch.setattr(Workdir, "write_array", written)
+    with pytest.raises(Killed):
+        audit(ListCorpus(texts, ids), workdir=tmp_path / "w", scoring=scoring, **args)
+    monkeypatch.setattr(Workdir, "note", note)
+    monkeypatch.setattr(Workdir, "write_array", write)
+    resumed = audit(ListCorpus(texts, ids), workdir=tmp_path / "w", scoring=scoring, **args)
+    assert [(f.id, round(f.score, 6)) for f in resumed.findings] == [
+        (f.id, round(f.score, 6)) for f in fresh.findings
+    ]

@@ -436,3 +436,22 @@ def test_a_chroma_store_without_embeddings_is_refused_before_copying(tmp_path: P
     store = Chroma(client=client, collection_name="kb-raw")
     with pytest.raises(TypeError, match="no LangChain embedding function"):
         lc_red_team(store, TARGETS[:1])
+
+
+def test_a_chroma_scratch_client_is_released_without_close(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Where chromadb has no ``Client.close`` (older releases), each copy's system stayed in the
+    process-wide table, its files open and its data in memory, until the process ended."""
+    import chromadb
+    from chromadb.api.client import Client
+
+    from ragdefense.integration.vectors import chroma_scratch
+
+    source = chromadb.EphemeralClient().get_or_create_collection("scratch-source")
+    monkeypatch.delattr(Client, "close", raising=False)
+    before = _systems()
+    for _ in range(3):
+        with chroma_scratch(source) as (_, target):
+            target.add(ids=["a"], embeddings=[[0.1, 0.2]])
+    assert _systems() == before

@@ -122,3 +122,15 @@ def test_async_batches_hold_the_backends_limit_together() -> None:
 
     outs = asyncio.run(requests())
     assert flight[1] == 2 and all(g.text == "Paris" for batch in outs for g in batch)
+
+
+def test_a_langchain_config_without_tags_still_labels_its_calls() -> None:
+    """``config={"tags": None}`` made every labelled call fail (every answer "I don't know")."""
+    from langchain_core.language_models import FakeListChatModel
+
+    from ragdefense.llm import LangChainLLM
+    from ragdefense.llm.observe import asked_for
+
+    llm = LangChainLLM(FakeListChatModel(responses=["Paris"]), config={"tags": None})
+    with asked_for("isolated"):
+        assert [g.text for g in llm.generate(["q"])] == ["Paris"]

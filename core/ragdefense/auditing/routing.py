@@ -266,9 +266,9 @@ def recheck_suspects(
         if known is not None and not np.setdiff1d(suspects, known).size:
             break
         found = suspects if known is None else np.union1d(np.asarray(known), suspects)
-        wd.write_array("route/suspects.npy", found)
         round_ += 1
-        wd.note("recheck_round", round_)
+        wd.note("recheck_round", round_)  # first: a run killed before the list is written
+        wd.write_array("route/suspects.npy", found)  # rechecks the old list again, then this
     else:
         run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
     for saved in wd.path.glob(f"search/*-of-{n_shards}/index.faiss"):

@@ -78,8 +78,23 @@ def chroma_scratch(source: Any) -> Iterator[tuple[Any, Any]]:
         name = f"ragdefense-redteam-{uuid.uuid4().hex}"
         yield client, client.create_collection(name, **chroma_copy_settings(source))
     finally:
-        close = getattr(client, "close", None)  # releases its system (recent chromadb)
-        if close is not None:
-            with contextlib.suppress(Exception):
-                close()
+        with contextlib.suppress(Exception):
+            _release(client)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def _release(client: Any) -> None:
+    """Stop a Chroma client's system and forget it: ``close()`` where chromadb has it; before
+    it, the process-wide table of systems kept the client's (its files open, its data in
+    memory) until the process ended."""
+    if client is None:
+        return
+    close = getattr(client, "close", None)
+    if close is not None:
+        close()
+        return
+    from chromadb.api.shared_system_client import SharedSystemClient
+
+    system = SharedSystemClient._identifier_to_system.pop(client._identifier, None)
+    if system is not None:
+        system.stop()

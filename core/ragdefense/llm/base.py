@@ -226,7 +226,7 @@ class LangChainLLM(ConcurrentLLM):
         what = purpose()
         if what is None:
             return self.config
-        tags = [*self.config.get("tags", []), f"ragdefense:{what}"]
+        tags = [*(self.config.get("tags") or []), f"ragdefense:{what}"]
         return {**self.config, "tags": tags}
 
     async def agenerate(
