@@ -134,3 +134,27 @@ def test_a_langchain_config_without_tags_still_labels_its_calls() -> None:
     llm = LangChainLLM(FakeListChatModel(responses=["Paris"]), config={"tags": None})
     with asked_for("isolated"):
         assert [g.text for g in llm.generate(["q"])] == ["Paris"]
+
+
+def test_calls_waiting_for_the_shared_limit_are_served_in_arrival_order() -> None:
+    """Waiters polled with a growing pause, so newcomers polling sooner took the freed slots:
+    an early request could wait out its deadline while later ones were served."""
+    started: list[int] = []
+
+    async def call(prompt: str) -> str:
+        started.append(int(prompt))
+        await asyncio.sleep(0.01)
+        return "ok"
+
+    llm = CallableLLM(call, max_concurrency=2)
+
+    async def requests() -> None:
+        async def one(i: int) -> None:
+            await asyncio.sleep(0.002 * i)  # arrivals in order, faster than they are served
+            await llm.agenerate([str(i)])
+
+        await asyncio.gather(*(one(i) for i in range(40)))
+
+    asyncio.run(requests())
+    overtaken = [sum(j > i for j in started[: started.index(i)]) for i in range(40)]
+    assert max(overtaken) <= 2, overtaken  # at most the limit's width ahead of a waiter

@@ -6,10 +6,13 @@ call to the batch's observer (:mod:`.observe`)."""
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import contextvars
+import itertools
 import threading
 import time
+import weakref
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -182,7 +185,7 @@ async def gather_within(
         return generation
 
     async def answer(p: str) -> Generation:
-        async with sem, _held(slots):
+        async with sem, _held(slots, max(1, workers)):
             try:
                 value = await call(p)
             except Exception as exc:  # reported on this prompt
@@ -208,17 +211,42 @@ async def gather_within(
 
 
 @contextlib.asynccontextmanager
-async def _held(slots: threading.Semaphore | None) -> AsyncIterator[None]:
-    """One of ``slots`` held, waited for without blocking the event loop (polled: a thread
-    blocked on it could not be cancelled with its task, and would keep the slot it took)."""
+async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIterator[None]:
+    """One of ``slots`` held, waited for without blocking the event loop, in arrival order
+    among the async calls waiting for it (polled: a thread blocked on it could not be
+    cancelled with its task, and would keep the slot it took; only the first ``window`` in
+    line take a freed slot, so a newcomer polling sooner never overtakes a long wait)."""
     if slots is None:
         yield
         return
+    me = object()
+    with _LINES_LOCK:
+        line = _LINES.setdefault(slots, collections.deque())
+        line.append(me)
     pause = 0.001
-    while not slots.acquire(blocking=False):
-        await asyncio.sleep(pause)
-        pause = min(2 * pause, 0.02)
+    try:
+        while True:
+            with _LINES_LOCK:
+                first = me in itertools.islice(line, window)
+                if first and slots.acquire(blocking=False):
+                    line.remove(me)
+                    break
+            # the first ``window`` in line watch for a free slot; the others, for their turn
+            await asyncio.sleep(pause if first else 0.02)
+            pause = min(2 * pause, 0.005) if first else 0.001
+    except BaseException:  # cancelled (its deadline): out of the line
+        with _LINES_LOCK:
+            if me in line:
+                line.remove(me)
+        raise
     try:
         yield
     finally:
         slots.release()
+
+
+#: per calls-in-flight limit, the async calls waiting for it, in arrival order
+_LINES: weakref.WeakKeyDictionary[threading.Semaphore, collections.deque[object]] = (
+    weakref.WeakKeyDictionary()
+)
+_LINES_LOCK = threading.Lock()
