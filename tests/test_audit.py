@@ -1614,6 +1614,9 @@ def test_stored_vectors_of_another_model_are_named(toy: CallableEmbedder, tmp_pa
     rotation, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(own.shape[1],) * 2))
     with pytest.warns(UserWarning, match=r"do not look like the audit's .* pass embedder="):
         audit(ListCorpus(texts, ids, None, own @ rotation), embedder=toy, workdir=tmp_path / "o")
+    # the same model over text and metadata (LlamaIndex embeds a node's with its text)
+    noted = np.asarray(toy.embed([f"title: a report of the library. {t}" for t in texts]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         audit(ListCorpus(texts, ids, None, own), embedder=toy, workdir=tmp_path / "s")
+        audit(ListCorpus(texts, ids, None, noted), embedder=toy, workdir=tmp_path / "m")
