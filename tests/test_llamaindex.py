@@ -544,6 +544,9 @@ def test_robustrag_synthesizer_streams_and_shows_its_prompts() -> None:
         return "".join([t async for t in response.async_response_gen()])  # type: ignore[union-attr]
 
     assert asyncio.run(chunks()) == "Canberra"
+    empty = synth.synthesize(QUESTION.question, [])  # as the report says, streamed too
+    assert "".join(empty.response_gen) == "I don't know"  # type: ignore[union-attr]
+    assert empty.metadata["ragdefense"].answer == "I don't know"  # type: ignore[index]
     plain = RobustRAGSynthesizer(llm=llm)
     assert sorted(plain.get_prompts()) == ["isolated_prompt", "keyword_prompt"]
     mine = "Passage: {context}\nQuestion: {query}\nShort answer:"

@@ -24,6 +24,7 @@ from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LlamaIndexLLM
 from ragdefense.robustrag.checks import check_certify, check_templates
+from ragdefense.robustrag.types import IDK
 
 __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
 
@@ -80,7 +81,12 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             raise TypeError(f"max_concurrency must be an int, got {max_concurrency!r}")
         if max_concurrency < 1:
             raise ValueError(f"max_concurrency must be >= 1, got {max_concurrency}")
-        super().__init__(llm=llm, callback_manager=callback_manager, streaming=bool(streaming))
+        super().__init__(
+            llm=llm,
+            callback_manager=callback_manager,
+            streaming=bool(streaming),
+            empty_response=IDK,  # RobustRAG's answer without passages, streamed or not
+        )
         self._robust = robust_engine(robust, aggregation).with_llm(
             LlamaIndexLLM(llm, max_concurrency, timeout=None)  # the engine's timeout governs
         )
