@@ -42,8 +42,8 @@ __all__ = ["audit"]
 
 logger = logging.getLogger("ragdefense")
 _CHANGED = (
-    "{}: the knowledge base changed since this audit read it (chunk part {} differs): "
-    "give fresh=True (--fresh) to start over, or another folder"
+    "{}: the knowledge base changed since this audit read it (chunk part {} differs; or an "
+    "earlier ragdefense wrote the folder): give fresh=True (--fresh), or another folder"
 )
 
 
