@@ -127,6 +127,31 @@ def test_a_suspect_with_evidence_of_its_own_is_no_victim(tmp_path: Path) -> None
     assert possible_victims(wd, evidence, every, condemned, untargeted).unlike == {}
 
 
+def test_the_truth_a_set_targets_is_its_victim_when_both_answer_one_logged_question(
+    tmp_path: Path,
+) -> None:
+    """The one passage answering a logged question is closest to it, as the set written for
+    it is: targeting kept the truth among the suspects. Where the set's members are closest to
+    the question the chunk is closest to, the chunk is the set's possible victim; a chunk
+    closest to another question keeps its verdict."""
+    texts = [*PLANTED[:2], TRUTH, *PLANTED[2:]]
+    wd = _workdir(tmp_path, texts)
+    targeted = np.array([0.5, 0.5, 0.99, 0.5, 0.5])
+
+    def evidence(asked: list[int]) -> Evidence:
+        return Evidence(
+            np.zeros(5), {}, np.zeros(5), np.zeros(5, dtype=np.int64), [{"id": "g0"}], None,
+            None, nearest=np.full(5, 0.85), closest_query=targeted,
+            closest_probe=np.array(asked),
+        )  # fmt: skip
+
+    every, nobody = np.ones(5, dtype=bool), np.zeros(5, dtype=bool)
+    same = possible_victims(wd, evidence([0, 0, 0, 0, 0]), every, nobody, Scoring(apart=0))
+    assert list(same.unlike) == [2]
+    other = possible_victims(wd, evidence([0, 0, 1, 0, 0]), every, nobody, Scoring(apart=0))
+    assert other.unlike == {}
+
+
 def _corpus() -> ListCorpus:
     """A planted set of four with the honest passage it copies the subject of, inside its
     near-duplicate group (vectors as a store holds them), among 400 unrelated chunks."""

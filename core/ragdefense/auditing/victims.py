@@ -59,13 +59,17 @@ def possible_victims(
     """The chunks shown as possible victims of a planted set (``above``: scored past the
     threshold), none of a ``condemned`` source: such a chunk is the attacker's, not an honest
     victim of its groups; nor, for :func:`unlike_their_group`, one whose targeting (closer to a
-    logged question than to any other chunk) is evidence of its own."""
+    logged question than to any other chunk) is evidence of its own, unless the group's members
+    are closest to that same question (the one passage answering the question a set was
+    written for is closest to it too)."""
     near = {i: g for i, g in targeted(evidence, above).items() if not condemned[i]}
     apart = apart_in_groups(wd, evidence, above, scoring.apart)
     own = condemned.copy()
-    if evidence.targeting is not None and scoring.target_threshold > 0:
-        own |= evidence.targeting >= scoring.target_threshold
     unlike = unlike_their_group(wd, evidence, above, near, scoring.victim_share)
+    if evidence.targeting is not None and scoring.target_threshold > 0:
+        # targeting is evidence of its own, but for the set's own question: the one passage
+        # answering the logged question a set was written for is closest to it too
+        own |= (evidence.targeting >= scoring.target_threshold) & ~_asked_alike(evidence, unlike)
     return PossibleVictims(
         near,
         {i: found for i, found in apart.items() if not condemned[i]},
@@ -247,4 +251,24 @@ def _mostly(evidence: Evidence, suspicious: np.ndarray, sizes: np.ndarray) -> np
     group_of = evidence.group_of
     flagged = np.bincount(group_of[(group_of >= 0) & suspicious], minlength=len(sizes))
     out: np.ndarray = flagged * 2 >= np.maximum(sizes, 1)
+    return out
+
+
+def _asked_alike(evidence: Evidence, unlike: dict[int, tuple[str, int, int]]) -> np.ndarray:
+    """Per position: whether a chunk :func:`unlike_their_group` names is closest to the logged
+    question most of that group's members are closest to."""
+    out = np.zeros(len(evidence.group_of), dtype=bool)
+    asked = evidence.closest_probe
+    if asked is None:
+        return out
+    ids = {g["id"]: n for n, g in enumerate(evidence.groups)}
+    for i, (group, _, _) in unlike.items():
+        members = np.flatnonzero(evidence.group_of == ids[group])
+        members = members[members != i]
+        if (
+            asked[i] >= 0
+            and len(members)
+            and 2 * int((asked[members] == asked[i]).sum()) > len(members)
+        ):
+            out[i] = True
     return out
