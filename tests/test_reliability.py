@@ -4,6 +4,7 @@ that failed before its fix."""
 from __future__ import annotations
 
 import asyncio
+import re
 import subprocess
 import sys
 import textwrap
@@ -1179,3 +1180,47 @@ def test_attack_with_an_llm_that_fails_is_an_error_not_a_defense_win(
     )  # fmt: skip
     assert main(["attack", "--targets", str(targets), "--llm", "downllm:down"]) == 2
     assert "failed to answer" in capsys.readouterr().err
+
+
+def test_cli_failures_past_its_checks_are_one_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A store function raising, Ctrl-C, a broken embedder install, and an output that
+    cannot be written after the work gave tracebacks; each is one line with its exit code."""
+    import ragdefense.cli as cli
+    from ragdefense.embedders import EmbeddingError
+
+    (tmp_path / "mystore.py").write_text("def raises():\n    raise RuntimeError('db down')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for argv in (["attack", "--store", "mystore:raises"], ["audit", "mystore:raises"]):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert re.search(r"mystore:raises'?: calling it raised RuntimeError: db down", err)
+
+    def interrupted(args: Any) -> int:
+        raise KeyboardInterrupt
+
+    def broken(args: Any) -> int:
+        raise EmbeddingError("embedding model failed: ImportError('tqdm')")
+
+    for func, code, said in ((interrupted, 130, "interrupted"), (broken, 1, "error: embedding")):
+        monkeypatch.setattr(cli, "_cmd_limits", func)
+        assert cli.main(["limits"]) == code
+        err = capsys.readouterr().err
+        assert err.startswith(said) and "Traceback" not in err
+    kb = tmp_path / "kb.json"
+    kb.write_text('["The Eiffel Tower stands in Paris.", "Paris is in France."]')
+    argv = ["attack", "--kb", str(kb), "--n-poison", "1", "-k", "2"]
+    assert cli.main([*argv, "--json", "/proc/ragdefense-report.json"]) == 1  # even as root
+    assert "error: --json /proc/ragdefense-report.json" in capsys.readouterr().err
+
+
+def test_cli_output_into_a_closed_pipe_is_no_traceback() -> None:
+    """``ragdefense ... | head -1``: the reader going away raised BrokenPipeError."""
+    code = "import sys; from ragdefense.cli import main; sys.exit(main(['limits']))"
+    run = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE)  # fmt: skip
+    assert run.stdout is not None and run.stderr is not None
+    run.stdout.close()  # the reader is gone before anything is written
+    err = run.stderr.read().decode()
+    assert run.wait(60) == 141 and "Traceback" not in err and "Exception ignored" not in err

@@ -4,7 +4,9 @@ suite is the repository's ``python -m benchmarks``, not shipped)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -15,6 +17,7 @@ from .cliargs import UsageError, require_embeddings
 from .cliargs import positive as _positive
 from .cliargs import resolve as _resolve
 from .defenses.registry import DEFAULT_DEFENSE, names
+from .embedders import EmbeddingError
 from .offline import offline
 
 if TYPE_CHECKING:
@@ -48,8 +51,13 @@ def _llm(spec: str | None) -> Any:
 
 
 def _out_file(path: str | None) -> None:
-    if path is not None and (Path(path).is_dir() or not Path(path).parent.is_dir()):
+    if path is None:
+        return
+    file = Path(path)
+    if file.is_dir() or not file.parent.is_dir():
         raise UsageError(f"--json {path}: name a file in an existing folder")
+    if not os.access(file if file.exists() else file.parent, os.W_OK):
+        raise UsageError(f"--json {path}: not writable")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -92,7 +100,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         if store is not None:
             from .plugins import framework_of
 
-            store = store() if callable(store) and not hasattr(store, "as_retriever") else store
+            store = _called(store, args.store)
             report = framework_of(store).red_team(store, targets, k=args.k, **options)
         else:
             texts = _kb_texts(args.kb) if args.kb else [t for q in load_demo_kb() for t in q.benign]
@@ -118,8 +126,22 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         return 2
     print(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+        try:
+            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+        except OSError as exc:
+            print(f"error: --json {args.json}: {exc}", file=sys.stderr)
+            return 1
     return 0
+
+
+def _called(store: Any, spec: str) -> Any:
+    """``--store``: the store, or what the function it names returns (its failure in a line)."""
+    if not callable(store) or hasattr(store, "as_retriever"):
+        return store
+    try:
+        return store()
+    except Exception as exc:
+        raise UsageError(f"--store {spec}: calling it raised {type(exc).__name__}: {exc}") from None
 
 
 def _kb_texts(path: str) -> list[str]:
@@ -205,10 +227,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     args: Any = build_parser().parse_args(argv)
     offline()
     try:
-        return int(args.func(args))
+        code = int(args.func(args))
+        sys.stdout.flush()  # a closed pipe fails here, not at the interpreter's exit
+        return code
     except UsageError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except EmbeddingError as exc:  # a broken install or model: one line, not a traceback
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # the reader went away (| head): nothing more to say
+        with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
 
 
 if __name__ == "__main__":  # pragma: no cover

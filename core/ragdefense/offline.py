@@ -60,7 +60,8 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
         from sentence_transformers import SentenceTransformer
     except ImportError as exc:  # pragma: no cover - depends on the install
         raise ImportError(
-            "the default embedder needs sentence-transformers: pip install 'ragdefense[embeddings]'"
+            f"sentence-transformers cannot be imported ({exc}): the default embedder needs it "
+            "and what it imports: pip install 'ragdefense[embeddings]'"
         ) from exc
     if path is None:
         try:

@@ -72,6 +72,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
                     f"knowledge base {named!r}: calling it with no arguments failed ({exc}); "
                     "name a store, an index, or a function that takes none and returns one"
                 ) from None
+            except Exception as exc:  # the user's own code: its failure in one line
+                raise UsageError(
+                    f"knowledge base {named!r}: calling it raised {type(exc).__name__}: {exc}"
+                ) from None
     try:
         settings = AuditSettings(
             defenses=args.defense or AuditSettings().defenses,
