@@ -24,6 +24,11 @@ logger = logging.getLogger("ragdefense")
 GROUP = "ragdefense.frameworks"
 
 #: what to install for objects of a framework whose adapter is missing (by top-level module)
+#: where each adapter distribution is in the repository (they are not on PyPI yet)
+_FOLDERS = {
+    "langchain-ragdefense": "langchain_ragdefense",
+    "llama-index-postprocessor-ragdefense": "llamaindex_ragdefense",
+}
 _ADAPTERS = {
     "langchain": "langchain-ragdefense",
     "langchain_core": "langchain-ragdefense",
@@ -81,6 +86,7 @@ def framework_of(obj: Any) -> Framework:
     top = type(obj).__module__.split(".")[0]
     if top in _ADAPTERS:
         raise TypeError(
-            f"{type(obj).__name__} is a {top} object: pip install {_ADAPTERS[top]} to use it here"
+            f"{type(obj).__name__} is a {top} object: install {_ADAPTERS[top]} to use it here "
+            f"(from a checkout of the repository: pip install ./{_FOLDERS[_ADAPTERS[top]]})"
         )
     raise TypeError(f"{type(obj).__name__} is no store of an installed framework adapter")
