@@ -1096,6 +1096,29 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         main(["audit", str(kb), "--format", "docx"])
 
 
+def test_cli_audit_takes_the_model_the_store_was_embedded_with(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A knowledge base embedded by another model than the packaged one could not be audited
+    from the command line (the error said "pass embedder=", a flag it did not have)."""
+    texts, ids, _ = toy_corpus()
+    kb = tmp_path / "kb.jsonl"
+    vectors = bag_of_words(texts)
+    kb.write_text("".join(json.dumps({"id": i, "text": t, "embedding": v.tolist()}) + "\n"
+                          for i, t, v in zip(ids, texts, vectors, strict=True)))  # fmt: skip
+    (tmp_path / "mymodel.py").write_text(
+        "from tests.conftest import bag_of_words\nembed = bag_of_words\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = ["audit", str(kb), "--quiet", "--format", "md,md", "--workdir"]
+    assert main([*run, str(tmp_path / "a")]) == 2  # 256 dimensions against MiniLM's 384
+    assert "pass embedder= (--embedder)" in capsys.readouterr().err
+    assert main([*run, str(tmp_path / "b"), "--embedder", "mymodel:embed"]) == 0
+    assert capsys.readouterr().err.count("report.md") == 1  # a format named twice: once
+    assert main([*run, str(tmp_path / "c"), "--workers", "2"]) == 2
+    assert "are for --engine ray" in capsys.readouterr().err
+
+
 def test_parquet_without_pyarrow_is_refused_before_any_work(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,7 @@ __all__ = ["add_audit_parser"]
 
 
 def _formats(text: str) -> list[str]:
-    found = [t.strip() for t in text.split(",") if t.strip()]
+    found = list(dict.fromkeys(t.strip() for t in text.split(",") if t.strip()))
     unknown = sorted(set(found) - set(FORMATS))
     if not found or unknown:
         raise argparse.ArgumentTypeError(f"formats are {','.join(FORMATS)}, got {text!r}")
@@ -46,7 +46,9 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(f"--format {fmt} needs {module}: pip install {install}")
     if args.engine == "ray" and not _has("ray"):
         raise UsageError("--engine ray needs Ray: pip install 'ragdefense[ray]'")
-    if Path(args.knowledge_base).exists():  # a file: the packaged model embeds it and its probes
+    if args.engine != "ray" and (args.address or args.workers):
+        raise UsageError("--address and --workers are for --engine ray")
+    if Path(args.knowledge_base).exists() and args.embedder is None:  # the packaged model embeds
         require_embeddings(f"auditing {args.knowledge_base}")
 
 
@@ -76,6 +78,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
                 raise UsageError(
                     f"knowledge base {named!r}: calling it raised {type(exc).__name__}: {exc}"
                 ) from None
+    embedder: Any = args.embedder
+    if embedder is not None and ":" in embedder and not Path(embedder).exists():
+        embedder = resolve(embedder, "--embedder")
     try:
         settings = AuditSettings(
             defenses=args.defense or AuditSettings().defenses,
@@ -89,6 +94,7 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             source,
             settings,
             queries=args.queries,
+            embedder=embedder,
             workdir=args.workdir,
             fresh=args.fresh,
             engine=args.engine,
@@ -134,6 +140,13 @@ def add_audit_parser(sub: Any) -> None:
         action="append",
         default=None,
         help="defense run on each probe's top M (repeatable; default consensus)",
+    )
+    parser.add_argument(
+        "--embedder",
+        default=None,
+        help="the model the knowledge base was embedded with: a sentence-transformers model's "
+        "folder, or module:attribute of an embedding model (LangChain, LlamaIndex, a function "
+        "from texts to vectors); default the packaged all-MiniLM-L6-v2",
     )
     parser.add_argument("--top-m", type=positive, default=10, help="chunks per probe (default 10)")
     parser.add_argument(

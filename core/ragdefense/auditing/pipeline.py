@@ -237,8 +237,8 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     probe_dim = int(wd.read_array(f"{part_name('probes', 0)}.npy").shape[1])
     if probe_dim != wd.noted("dim"):
         raise ValueError(
-            f"the stored vectors have {wd.noted('dim')} dimensions but the embedder gives "
-            f"{probe_dim}: pass embedder=, the model the knowledge base was embedded with"
+            f"the stored vectors have {wd.noted('dim')} dimensions, the embedder's {probe_dim}: "
+            "pass embedder= (--embedder), the model the knowledge base was embedded with"
         )
     # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))

@@ -43,8 +43,8 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
         warnings.warn(
             f"the stored vectors do not look like the audit's embedding model's: of {len(picked)} "
             f"chunks embedded again, {own} are nearest their own stored vector, and the probes "
-            "are compared with them: pass embedder=, the model the knowledge base was embedded "
-            "with",
+            "are compared with them: pass embedder= (--embedder), the model the knowledge base "
+            "was embedded with",
             UserWarning,
             stacklevel=5,
         )
