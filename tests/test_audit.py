@@ -1643,3 +1643,12 @@ def test_stored_vectors_of_another_model_are_named(toy: CallableEmbedder, tmp_pa
         warnings.simplefilter("error")
         audit(ListCorpus(texts, ids, None, own), embedder=toy, workdir=tmp_path / "s")
         audit(ListCorpus(texts, ids, None, noted), embedder=toy, workdir=tmp_path / "m")
+
+
+def test_a_small_clean_knowledge_base_is_reported_with_a_caution(tmp_path: Path) -> None:
+    """The demo's 36 honest passages (three per topic, far-apart topics): two thirds of them
+    flagged, with nothing to say the scores were not made for so few."""
+    texts = [t for q in load_demo_kb() for t in q.benign]
+    report = audit(texts, workdir=tmp_path / "w", progress=False)
+    assert 5 * len(report.suspicious) > len(texts)
+    assert "**Caution**" in report.to_markdown()

@@ -115,6 +115,15 @@ class AuditReport:
             f"**{len(self.suspicious)} suspicious** (score >= {self.threshold}{_aside(s)}).",
             "",
         ]
+        chunks = int(s.get("chunks") or 0)
+        if chunks and 5 * len(self.suspicious) > chunks:  # a fifth: far past what it calibrates
+            lines += [
+                f"**Caution**: {len(self.suspicious)} of {chunks} chunks look suspicious. The "
+                "scores compare each chunk with the rest of the knowledge base; in a small one "
+                "(a few passages on each of a few far-apart topics) honest topics look like "
+                "planted sets. Check the evidence before removing anything.",
+                "",
+            ]
         if s.get("victims"):
             n = int(s["victims"])
             lines += [
