@@ -1224,3 +1224,21 @@ def test_cli_output_into_a_closed_pipe_is_no_traceback() -> None:
     run.stdout.close()  # the reader is gone before anything is written
     err = run.stderr.read().decode()
     assert run.wait(60) == 141 and "Traceback" not in err and "Exception ignored" not in err
+
+
+def test_cli_names_its_version_runs_as_a_module_and_names_a_bad_kb(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from ragdefense import __version__
+    from ragdefense.cli import main
+
+    with pytest.raises(SystemExit):
+        main(["--version"])
+    assert capsys.readouterr().out.strip() == f"ragdefense {__version__}"
+    run = subprocess.run([sys.executable, "-m", "ragdefense", "--version"], capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0 and run.stdout.strip() == f"ragdefense {__version__}"
+    bad = tmp_path / "kb.json"
+    bad.write_text("[")
+    assert main(["attack", "--kb", str(bad)]) == 2
+    assert f"--kb {bad}: cannot read a JSON list" in capsys.readouterr().err

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ._version import __version__
 from .attacks import ATTACKS
 from .cliargs import UsageError, require_embeddings
 from .cliargs import positive as _positive
@@ -150,6 +151,8 @@ def _kb_texts(path: str) -> list[str]:
         texts = json.loads(Path(path).read_text(encoding="utf-8"))
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to be a list of passages") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ValueError(f"--kb {path}: cannot read a JSON list of passages ({exc})") from None
     if not isinstance(texts, list) or not all(isinstance(t, str) for t in texts):
         raise ValueError(f"{path}: expected a JSON list of passage strings")
     if not any(t.strip() for t in texts):
@@ -159,7 +162,12 @@ def _kb_texts(path: str) -> list[str]:
 
 def build_parser() -> argparse.ArgumentParser:
     """The command line's parser (sizes and counts are checked as they are parsed)."""
-    parser = argparse.ArgumentParser(prog="ragdefense", description=__doc__)
+    parser = argparse.ArgumentParser(
+        prog="ragdefense",
+        description="Defenses for RAG against poisoned knowledge bases: a demo, a red team of "
+        "your store, an audit of a whole knowledge base, and the library's limits.",
+    )
+    parser.add_argument("--version", action="version", version=f"ragdefense {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
     demo = sub.add_parser(

@@ -1,0 +1,5 @@
+"""``python -m ragdefense``: the ``ragdefense`` command."""
+
+from .cli import main
+
+raise SystemExit(main())
