@@ -107,6 +107,8 @@ def test_cli_demo(capsys: pytest.CaptureFixture[str], minilm: object) -> None:
     assert main(["demo", "-k", "8"]) == 0
     out = capsys.readouterr().out
     assert "Totals" in out and "default + sources" in out and "benign removed" in out
+    assert main(["demo", "-k", "100000"]) == 0  # no more than the knowledge base holds
+    assert "retrieves its top 96; the context is the top 48" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -212,7 +212,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--attack", default="poisonedrag", choices=list(ATTACKS), help="default poisonedrag"
     )
     attack.add_argument(
-        "--n-poison", type=_positive, default=5, help="poison passages per question (default 5)"
+        "--n-poison",
+        type=_positive,
+        default=5,
+        help="poison passages per question (default 5; a target's own poison texts may be "
+        "fewer, and written from templates, repeat after a few distinct claims)",
     )
     attack.add_argument("-k", type=_positive, default=5, help="passages in the context (default 5)")
     attack.add_argument(

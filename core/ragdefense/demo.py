@@ -44,6 +44,7 @@ def run_demo(
 
     t0 = time.perf_counter()
     kb = load_demo_kb()
+    k = min(k, sum(len(q.benign) + len(q.poison) for q in kb))  # no more than it holds
     context = max(1, k // 2)
     _introduce(kb, k, context, say)
     default = registry.defense(DEFAULT_DEFENSE, embedder=embedder)
