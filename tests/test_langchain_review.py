@@ -28,6 +28,7 @@ from langchain_ragdefense.vectors import stored_vectors
 from ragdefense import DefenseInputError, RAGDefender
 from ragdefense.redteam import AttackTarget
 from tests.conftest import bag_of_words
+from tests.test_langchain import _Fixed  # returns its documents; module-level: pickles
 
 
 class Words(Embeddings):
@@ -112,17 +113,6 @@ def test_a_per_user_filter_inside_a_hybrid_retriever_holds_through_defend() -> N
         assert out and {d.metadata["who"] for d in out} == {"alice"}
 
 
-class _Listed(BaseRetriever):
-    """Returns its documents (a module-level class: a chain holding it pickles)."""
-
-    docs: list[Document]
-
-    def _get_relevant_documents(
-        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
-    ) -> list[Document]:
-        return list(self.docs)
-
-
 CONTEXT = [Document(f"Canberra is the capital of Australia ({i})") for i in range(3)]
 
 
@@ -132,7 +122,7 @@ def _chain(retriever: Any, **kwargs: Any) -> RobustRAGChain:
 
 
 def test_a_chain_copies_and_pickles_after_a_run() -> None:
-    chain = _chain(_Listed(docs=CONTEXT))
+    chain = _chain(_Fixed(docs=CONTEXT))
     chain.invoke("capital of Australia?")
     copies = [copy.deepcopy(chain), chain.model_copy(deep=True), pickle.loads(pickle.dumps(chain))]
     for other in copies:
@@ -142,8 +132,8 @@ def test_a_chain_copies_and_pickles_after_a_run() -> None:
 
 
 def test_a_chain_takes_any_retriever_like_runnable() -> None:
-    base = _Listed(docs=CONTEXT)
-    other = _Listed(docs=[Document("Sydney is the capital of Australia")])
+    base = _Fixed(docs=CONTEXT)
+    other = _Fixed(docs=[Document("Sydney is the capital of Australia")])
     per_call = defend(base, _Keep()).configurable_fields(
         base_retriever=ConfigurableField(id="retriever")
     )

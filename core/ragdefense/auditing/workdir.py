@@ -32,6 +32,8 @@ from typing import Any
 
 import numpy as np
 
+from ..similarity import unit_rows
+
 __all__ = [
     "AUDIT_ENTRIES",
     "MARKER",
@@ -287,9 +289,7 @@ def part_digest(ids: list[str], texts: list[str], titles: list[str], vectors: An
     decimals (a store read again gives them as it stored them, whatever their float type)."""
     digest = hashlib.sha256("\0".join([*ids, *texts, "\0", *titles]).encode("utf-8"))
     if vectors is not None:
-        v = np.asarray(vectors, dtype=np.float64)
-        norms = np.linalg.norm(v, axis=1, keepdims=True)
-        digest.update(np.round(v / np.where(norms > 0, norms, 1.0), 5).tobytes())
+        digest.update(np.round(unit_rows(np.asarray(vectors, dtype=np.float64)), 5).tobytes())
     return digest.hexdigest()[:32]
 
 

@@ -6,8 +6,9 @@ reports nothing still works: its caller reports when the batch returns."""
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from contextvars import ContextVar
+from typing import Any
 
 __all__ = ["Observer", "asked_for", "observer", "purpose", "quiet", "reporting"]
 
@@ -23,13 +24,18 @@ def observer() -> Observer | None:
 
 
 @contextmanager
-def reporting(on_done: Observer | None) -> Iterator[None]:
-    """Within the block, backends report completed calls to ``on_done``."""
-    token = _CURRENT.set(on_done)
+def _within(var: ContextVar[Any], value: Any) -> Iterator[None]:
+    """``var`` set to ``value`` within the block, and back after it."""
+    token = var.set(value)
     try:
         yield
     finally:
-        _CURRENT.reset(token)
+        var.reset(token)
+
+
+def reporting(on_done: Observer | None) -> AbstractContextManager[None]:
+    """Within the block, backends report completed calls to ``on_done``."""
+    return _within(_CURRENT, on_done)
 
 
 #: what the current batch's calls are for (RobustRAG: ``"isolated"``, ``"aggregate"``,
@@ -42,14 +48,9 @@ def purpose() -> str | None:
     return _PURPOSE.get()
 
 
-@contextmanager
-def asked_for(name: str | None) -> Iterator[None]:
+def asked_for(name: str | None) -> AbstractContextManager[None]:
     """Within the block, the calls are for ``name`` (:func:`purpose`)."""
-    token = _PURPOSE.set(name)
-    try:
-        yield
-    finally:
-        _PURPOSE.reset(token)
+    return _within(_PURPOSE, name)
 
 
 def quiet() -> None:
