@@ -265,13 +265,12 @@ def _ingest(
     wd: Workdir, corpus: Any, part_size: int, source_key: str | None, embedder: Any
 ) -> list[int]:
     """Write the corpus as parts (skipping parts already written); the part sizes. Every part
-    already in the folder must hold what the knowledge base holds now: an audit resumed on a
-    changed knowledge base (the same size, other texts) is refused, never silently mixed. The
-    chunks' sources feed the report only: they are written again on every run (a resumed audit
-    reports the sources the metadata and ``source_key`` give now). The first stored vectors
-    written are checked against ``embedder`` (:func:`~.space.check_space`)."""
+    already in the folder must hold what the knowledge base holds now: a changed one (the same
+    size, other texts) is refused, never silently mixed. The chunks' sources feed the report
+    only, written again on every run (a resume reports what the metadata and ``source_key``
+    give now). A run's first stored vectors are checked against ``embedder`` (``check_space``)."""
     known = wd.noted("part_digests")
-    sizes, digests, sourced = [], [], False
+    sizes, digests, sourced, checked = [], [], False, False
     for part, batch in enumerate(unique_ids(corpus.batches(part_size))):
         name = part_name("chunks", part)
         digest = part_digest(batch.ids, batch.texts, batch.titles, batch.vectors)
@@ -282,8 +281,9 @@ def _ingest(
             if known is not None:  # the knowledge base grew since the audit read it
                 raise ValueError(_CHANGED.format(wd.path, part))
             if batch.vectors is not None:
-                if not any(wd.has(f"{part_name('chunks', p)}.npy") for p in range(part)):
+                if not checked:
                     check_space(batch.texts, batch.vectors, step_embedder(embedder))
+                checked = True
                 wd.write_array(f"{name}.npy", unit(batch.vectors))
             wd.write_json(
                 f"{name}.json",

@@ -38,14 +38,15 @@ def stored_vectors(
     holds that node's text under its id: a node whose text was replaced on the way (a sentence
     window's) or another store's node numbered alike is embedded instead, as the LangChain
     adapter does."""
-    held: dict[str, Any] = {}
+    held: dict[str, str | None] = {}  # the texts a store that holds texts holds
 
     def lookup(found_in: Any, ids: list[str]) -> dict[str, Any] | None:
-        if texts is None or store_kind(found_in) != "chroma":
-            return _lookup(found_in, ids)
-        got = found_in.client.get(ids=ids, include=["embeddings", "documents"])
-        held.update(zip(got["ids"], got["documents"], strict=True))
-        return dict(zip(got["ids"], got["embeddings"], strict=True))
+        found = _lookup(found_in, ids, with_texts=texts is not None)
+        if found is None:
+            return None
+        if texts is not None and store_kind(found_in) == "chroma":
+            held.update((i, text) for i, (_, text) in found.items())
+        return {i: vector for i, (vector, _) in found.items()}
 
     vectors = core_vectors.stored_vectors(store, list(node_ids), lookup)
     if not held or texts is None:
@@ -87,14 +88,20 @@ def _held(index: VectorStoreIndex) -> list[str]:
     return [i for i in vectors if i in own]
 
 
-def _lookup(store: Any, ids: list[str]) -> dict[str, Any] | None:
+def _lookup(
+    store: Any, ids: list[str], with_texts: bool = False
+) -> dict[str, tuple[Any, str | None]] | None:
+    """Per id the store holds: its vector, and (``with_texts``, where the store holds texts:
+    Chroma) its text."""
     kind = store_kind(store)
     if kind == "simple":
         vectors = store.data.embedding_dict
-        return {i: vectors[i] for i in ids if i in vectors}
+        return {i: (vectors[i], None) for i in ids if i in vectors}
     if kind == "chroma":  # its client is the Chroma collection
-        got = store.client.get(ids=ids, include=["embeddings"])
-        return dict(zip(got["ids"], got["embeddings"], strict=True))
+        include = ["embeddings", "documents"] if with_texts else ["embeddings"]
+        got = store.client.get(ids=ids, include=include)
+        texts = got["documents"] if with_texts else [None] * len(got["ids"])
+        return dict(zip(got["ids"], zip(got["embeddings"], texts, strict=True), strict=True))
     return None
 
 
