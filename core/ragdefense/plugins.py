@@ -23,12 +23,12 @@ logger = logging.getLogger("ragdefense")
 #: the entry-point group the adapters register their :class:`Framework` under
 GROUP = "ragdefense.frameworks"
 
-#: what to install for objects of a framework whose adapter is missing (by top-level module)
 #: where each adapter distribution is in the repository (they are not on PyPI yet)
 _FOLDERS = {
     "langchain-ragdefense": "langchain_ragdefense",
     "llama-index-postprocessor-ragdefense": "llamaindex_ragdefense",
 }
+#: what to install for objects of a framework whose adapter is missing (by top-level module)
 _ADAPTERS = {
     "langchain": "langchain-ragdefense",
     "langchain_core": "langchain-ragdefense",

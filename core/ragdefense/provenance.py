@@ -111,7 +111,7 @@ def _normal(value: Any) -> str | None:
         return _web_host(text) or text  # file address) is a name of its own, one file
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
     if _HOST.fullmatch(bare) and bare.rpartition(".")[2].lower() not in _FILE_TYPES:
-        return bare.partition(":")[0].lower().rstrip(".").removeprefix("www.")
+        return bare.partition(":")[0].lower().removeprefix("www.")
     return text
 
 
@@ -241,7 +241,8 @@ def _page(entry: Any) -> str | None:
         if not slash or "." not in head or any(c in text for c in " \\"):
             return None
         text = f"https://{text}"
-    if _web_host(text) is None:
+    host = _web_host(text)
+    if host is None:
         return None
     parts = urlsplit(text)
     if parts.query:
@@ -250,7 +251,7 @@ def _page(entry: Any) -> str | None:
             "pages with a predicate on the metadata"
         )
     path = _clean(parts.path)
-    return f"{_web_host(text)}{path}" if path else None
+    return f"{host}{path}" if path else None
 
 
 def _clean(path: str, browser: bool = True) -> str:

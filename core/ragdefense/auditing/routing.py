@@ -257,9 +257,13 @@ def recheck_suspects(
     k = settings.searched  # as the search's
     n_shards = int(wd.noted("shards"))
     round_ = int(wd.noted("recheck_round") or 0)
+
+    def recheck() -> None:  # the round's shards not rechecked yet (all, or those a kill left)
+        run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
+
     for _ in range(RECHECK_ROUNDS):  # until no new suspect: a resumed run finds none
-        if round_:  # the round's shards not rechecked yet (all, or those a kill left)
-            run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
+        if round_:
+            recheck()
         scores = scored(assess(wd, names, scoring), names[0], scoring)[0]
         suspects = np.flatnonzero(scores >= scoring.threshold).astype(np.int64)
         known = wd.read_array("route/suspects.npy") if wd.has("route/suspects.npy") else None
@@ -270,6 +274,6 @@ def recheck_suspects(
         wd.note("recheck_round", round_)  # first: a run killed before the list is written
         wd.write_array("route/suspects.npy", found)  # rechecks the old list again, then this
     else:
-        run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
+        recheck()
     for saved in wd.path.glob(f"search/*-of-{n_shards}/index.faiss"):
         saved.unlink()

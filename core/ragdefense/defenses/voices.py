@@ -112,8 +112,10 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
             # with it no more than the other sources do), is that source's as well: a planted
             # page copying an honest one. One that speaks with the voice is part of it,
             # wherever else it is posted (one text repeated is the voice itself)
-            alike = not others or (
-                float(sim[i, others].mean()) - float(sim[i, rest].mean()) >= voice if rest else True
+            alike = (
+                not others
+                or not rest
+                or float(sim[i, others].mean()) - float(sim[i, rest].mean()) >= voice
             )
             marked.append((i, why, alike))
     for i, why, alike in marked:

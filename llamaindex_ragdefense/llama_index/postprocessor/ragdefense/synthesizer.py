@@ -118,8 +118,9 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         texts = {k: v.get_template() for k, v in prompts.items()}
         robust = copy.copy(self._robust)
         if "isolated_prompt" in texts:
-            check_templates(isolated_prompt=(texts.pop("isolated_prompt"), ("context", "query")))
-            robust.isolated_prompt = prompts["isolated_prompt"].get_template()
+            isolated = texts.pop("isolated_prompt")
+            check_templates(isolated_prompt=(isolated, ("context", "query")))
+            robust.isolated_prompt = isolated
         if texts:
             robust.aggregation = replace(cast(Any, robust.aggregation), **texts)  # checked anew
         self._robust = robust
