@@ -40,7 +40,8 @@ def test_notebook_matches_its_source_and_keeps_outputs(name: str) -> None:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
-def test_notebook_executes(name: str) -> None:
+def test_notebook_executes(name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TMPDIR", str(tmp_path))  # the kernel's temporary folders go with the test
     build = _build()
     nb = build.execute(build.notebook(COOKBOOK / f"{name}.py"))  # type: ignore[attr-defined]
     errors = [o for c in nb.cells for o in c.get("outputs", []) if o.get("output_type") == "error"]

@@ -10,6 +10,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 import unittest
 from pathlib import Path
 
@@ -40,6 +41,7 @@ def test_every_python_block_runs(
     for key, value in SETTINGS.items():  # offline, for this test only
         monkeypatch.setenv(key, os.environ.get(key, value))
     monkeypatch.chdir(tmp_path)  # a page may write files: never into the repository
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))  # nor leave folders in /tmp
     document = Sybil([PythonCodeBlockParser(), SkipParser()]).parse(ROOT / page)
     ran = skipped = 0
     for example in document:
