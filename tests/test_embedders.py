@@ -172,7 +172,7 @@ def test_all_carried_never_resolves_the_embedder() -> None:
 @pytest.mark.parametrize(
     ("embeddings", "message"),
     [
-        ([[1.0, 0.0], [1.0, 0.0, 0.0]], "different sizes"),
+        ([[1.0, 0.0], [1.0, 0.0, 0.0]], "passage 1 carries an embedding of 3 numbers, passage 0"),
         ([[1.0, float("nan")], [1.0, 0.0]], "passage 0: embedding contains NaN"),
         ([[[1.0]], [1.0]], "passage 0: embedding must be a 1-D vector"),
         ([[1.0, 0.0], [1j, 0.0]], "passage 1: embedding must be a 1-D vector of real"),

@@ -18,16 +18,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .carried import carried_vectors, check_carried
 from .offline import load_sentence_transformer, packaged_installed
 from .similarity import cosine_matrix, cosine_to
-from .types import (
-    DefenseInputError,
-    Passage,
-    carried_vector,
-    check_carried,
-    check_embeddings,
-    check_query_embedding,
-)
+from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
 
 __all__ = [
     "CallableEmbedder",
@@ -355,22 +349,22 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
     """
     if not passages:
         return np.zeros((0, 0), dtype=np.float32)
-    vecs: list[np.ndarray | None] = [
-        None if p.embedding is None else carried_vector(i, p.embedding)
-        for i, p in enumerate(passages)
-    ]
+    vecs = carried_vectors(passages)
     todo = [i for i, v in enumerate(vecs) if v is None]
-    if todo:
-        fresh = as_embedder(embedder).embed([passages[i].text for i in todo])
-        computed = iter(fresh)
-        vecs = [next(computed) if v is None else v for v in vecs]
-        if len(todo) < len(vecs):
-            check_carried(passages, vecs, embedder, default_embedder().embed)
-    dims = {v.shape[0] for v in vecs if v is not None}
-    if len(dims) > 1:
-        sizes = [v.shape[0] if v is not None else None for v in vecs]
-        raise DefenseInputError(f"embeddings of different sizes {sorted(dims)}: {sizes}")
-    return np.stack([v for v in vecs if v is not None])
+    if not todo:
+        return np.stack(vecs)  # type: ignore[arg-type]
+    computed = iter(as_embedder(embedder).embed([passages[i].text for i in todo]))
+    full = [next(computed) if v is None else v for v in vecs]
+    carried = [i for i, v in enumerate(vecs) if v is not None]
+    if carried:
+        check_carried(passages, full, embedder, default_embedder().embed)
+        i, j = carried[0], todo[0]
+        if full[i].shape != full[j].shape:
+            raise DefenseInputError(
+                f"passage {i} carries an embedding of {full[i].shape[0]} numbers, the embedder "
+                f"gives passage {j} one of {full[j].shape[0]}: give one model's embeddings"
+            )
+    return np.stack(full)
 
 
 def passage_and_query_embeddings(

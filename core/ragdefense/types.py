@@ -171,63 +171,6 @@ def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.nd
     return q
 
 
-def carried_vector(i: int, embedding: Any) -> np.ndarray:
-    """The embedding passage ``i`` carries, as a finite float32 vector, else
-    :class:`DefenseInputError` naming the passage."""
-    try:
-        raw = np.asarray(embedding)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
-    if raw.ndim != 1 or raw.size == 0 or raw.dtype.kind not in "iufO":
-        raise DefenseInputError(
-            f"passage {i}: embedding must be a 1-D vector of real numbers, got shape "
-            f"{raw.shape} and dtype {raw.dtype}"
-        )
-    try:
-        wide = raw.astype(np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
-        raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
-    if not np.isfinite(wide).all():
-        raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
-    if np.abs(wide).max() > np.finfo(np.float32).max:
-        raise DefenseInputError(
-            f"passage {i}: embedding holds values beyond float32's range (|x| > 3.4e38)"
-        )
-    return wide.astype(np.float32)
-
-
-def check_carried(
-    passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any, given: bool = False
-) -> None:
-    """Where the default model (no ``embedder``; ``embed``) embeds beside embeddings passages
-    carry (the query, or the passages carrying none), the carried ones must be its: another
-    model's, of the same size, would compare meaninglessly. The three longest carried texts
-    are checked (a store may have embedded them with their metadata: the longer, the less that
-    moves them), and most must agree; another model's vector stands near orthogonal.
-    ``given``: ``vecs`` are embeddings given beside the passages (``embeddings=``), one each."""
-    carried = [
-        j for j, p in enumerate(passages) if (given or p.embedding is not None) and vecs[j].any()
-    ]
-    if embedder is not None or not carried:
-        return
-    longest = sorted(carried, key=lambda j: -len(passages[j].text))[:3]
-    own = np.asarray(embed([passages[j].text for j in longest]), np.float64)
-    theirs = [np.asarray(vecs[j], dtype=np.float64) for j in longest]
-    if all(t.shape == own.shape[1:] for t in theirs):
-        from .similarity import unit_rows
-
-        cos = np.einsum("ij,ij->i", unit_rows(own), unit_rows(np.asarray(theirs)))
-        if np.median(cos) >= 0.2:
-            return
-    held = "is given" if given else "carries"
-    raise DefenseInputError(
-        f"passage {longest[0]} {held} an embedding of another model than the default embedder "
-        "(the packaged all-MiniLM-L6-v2, which embeds the query and the passages carrying none): "
-        "give the defense the model that made it (embedder=; in the adapters embeddings= or "
-        "embed_model=), or the query's embedding by it (defend_embeddings(query_embedding=))"
-    )
-
-
 def check_query(query: object) -> str:
     """Return ``query`` if it is a string, else raise :class:`DefenseInputError`."""
     if not isinstance(query, str):

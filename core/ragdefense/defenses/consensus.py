@@ -221,7 +221,7 @@ class Consensus:
         if copy_of:
             said["copies"] = copy_of
         if m < self.min_passages or len(keep) == 1 or blank:
-            check_given(embeddings, query_embedding, m)  # unused, still checked
+            check_given(embeddings, query_embedding, items)  # unused, still checked
             why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
             if m >= self.min_passages:
                 why = "only copies of one passage: nothing to compare"

@@ -251,7 +251,7 @@ class GRADA:
         keep = m // 2 if self.n is None else self.n
         keep = min(max(keep, 1), m)
         if m < 2:
-            check_given(embeddings, query_embedding, m)  # unused, still checked
+            check_given(embeddings, query_embedding, items)  # unused, still checked
             return self._result(
                 query,
                 items,
@@ -267,7 +267,7 @@ class GRADA:
                 query, items, self.embedder, embeddings, query_embedding
             )
         else:
-            check_given(embeddings, query_embedding, m)  # unused here, still checked
+            check_given(embeddings, query_embedding, items)  # unused here, still checked
         if self.peel:
             assert emb is not None and q_emb is not None
             rest = [i for i in range(m) if i not in peeled]

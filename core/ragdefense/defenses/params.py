@@ -4,13 +4,15 @@ naming the parameter, never later inside numpy."""
 from __future__ import annotations
 
 import math
-from collections.abc import Collection
+from collections.abc import Collection, Sequence
 from numbers import Integral, Real
 from typing import Any
 
 import numpy as np
 
+from ..carried import carried_vectors
 from ..embedders import as_embedder, check_embeddings, check_query_embedding
+from ..types import Passage
 
 __all__ = ["check_embedder", "cosines", "differences", "flags", "integers", "reals"]
 
@@ -67,12 +69,17 @@ def check_embedder(embedder: Any) -> Any:
     return None if embedder is None else as_embedder(embedder)
 
 
-def check_given(embeddings: Any, query_embedding: Any, n: int) -> None:
-    """Embeddings (of ``n`` passages) and a query embedding given to a defense that has too few
-    passages to use them are checked all the same: bad input fails whatever the pool's size."""
-    dim = None
+def check_given(embeddings: Any, query_embedding: Any, passages: Sequence[Passage]) -> None:
+    """Embeddings given (``embeddings``, one row per passage, or those the passages carry) and a
+    query embedding, to a defense that has too few passages to use them, are checked all the
+    same: bad input fails whatever the pool's size."""
+    n, dim = len(passages), None
     if embeddings is not None:
         arr = check_embeddings(embeddings, n)
         dim = arr.shape[1] if n else None
+    else:
+        vecs = carried_vectors(passages)
+        if n and all(v is not None for v in vecs):
+            dim = vecs[0].shape[0]  # type: ignore[union-attr]
     if query_embedding is not None:
         check_query_embedding(query_embedding, dim)

@@ -32,10 +32,11 @@ from typing import Any, Literal
 import numpy as np
 from scipy.cluster.hierarchy import linkage
 
+from ..carried import carried_vectors, check_carried
 from ..embedders import as_embedder, check_embeddings, check_query_embedding, embed_passages
 from ..similarity import cosine_matrix, cut, unit_rows
 from ..text import summed_tfidf, tokenize
-from ..types import DefenseResult, PassageLike, Verdict, check_carried, check_query, to_passages
+from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
 from .params import check_embedder, cosines, integers, reals
 
@@ -234,7 +235,7 @@ class RAGDefender:
         query = check_query(query)
         items = to_passages(passages)
         if len(items) < self.min_passages:  # nothing to estimate: do not load or call the model
-            unused = np.zeros((len(items), 1))
+            unused = np.zeros((len(carried_vectors(items)), 1))  # carried ones checked all the same
             return self.defend_embeddings(query, items, unused, task_type=task_type)
         emb = embed_passages(items, self.embedder)
 
@@ -379,17 +380,8 @@ class RAGDefender:
             else:
                 reason = f"kept: in none of the {len(pairs)} most similar pairs"
             kept = i not in flagged
-            verdicts.append(
-                Verdict(
-                    index=i,
-                    passage=passage,
-                    kept=kept,
-                    score=float(f[i]),
-                    reason=reason,
-                    rank=kept_rank if kept else None,
-                    details={"pairs": float(in_pairs[i])},
-                )
-            )
+            rank, details = (kept_rank if kept else None), {"pairs": float(in_pairs[i])}
+            verdicts.append(Verdict(i, passage, kept, float(f[i]), reason, rank, details))
             kept_rank += kept
         return DefenseResult(
             defense=self.name,
