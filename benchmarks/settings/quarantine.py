@@ -15,8 +15,10 @@ derived from the corpus (never the target questions), and with the target questi
 query log (the users asked them: that is why they were attacked); and, derived probes again,
 over the chunks with sources in their metadata (the benign chunks' own; the planted ones from 5
 attacker sites, from a site per target, or each on an honest chunk's site, where a condemned
-source would take honest chunks with it: the audit benchmark's layouts); nothing here was
-tuned.
+source would take honest chunks with it: the audit benchmark's layouts), where the passages
+carry those sources at query time too (a store returns the metadata it was audited with: the
+quarantine matches a chunk condemned for its source by text and source) and the per-query
+defense still reads their text only (``source_key=None``); nothing here was tuned.
 """
 
 from __future__ import annotations
@@ -48,11 +50,16 @@ def _one_line(
     guard: Any, question: str, q: np.ndarray, ranking: np.ndarray, kb: Any, vectors: Any, sims: Any
 ) -> tuple[list[Passage], list[int]]:
     """What ``defend(retriever)`` hands the generator for ``k = K``: the passages of the last
-    pool and the context's positions in it."""
+    pool and the context's positions in it. ``guard``: a defense, or ``(defense, sources)``
+    (each chunk's source, in the passages' metadata)."""
+    guard, sources = guard if isinstance(guard, tuple) else (guard, None)
     fetch = K if guard is None else pool_size(guard, K)
     for _ in range(FETCH_ROUNDS):
         top = ranking[:fetch]
-        passages = [Passage(kb.texts[i], id=kb.ids[i]) for i in top]
+        passages = [
+            Passage(kb.texts[i], id=kb.ids[i], metadata={"source": sources[i]} if sources else {})
+            for i in top
+        ]
         if guard is None:
             return passages, list(range(min(K, len(top))))
         result = guard.defend_embeddings(question, passages, vectors[top], q)
@@ -107,8 +114,9 @@ def quarantine_table(
             Quarantine.from_report(logged, defense("consensus", embedder=emb), grouped=False)
         ),
         **{
-            f"default + quarantine (audit with sources: {layout})": Quarantine.from_report(
-                found, defense("consensus", embedder=emb)
+            f"default + quarantine (audit with sources: {layout})": (
+                Quarantine.from_report(found, defense("consensus", embedder=emb, source_key=None)),
+                kb.layout(layout),
             )
             for layout, found in sourced.items()
         },

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from ragdefense.integration.adapter import configured, named, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
+    fetch_rounds,
     fetched_enough,
     pool_size,
     positive_int,
@@ -52,9 +53,9 @@ class DefendedRetriever(BaseRetriever):
             defense judges what it would have returned). When the defense
             leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
             base retriever has more (the same policy as the LlamaIndex adapter's).
-        max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``). A ``k``
-            given per call (``invoke(query, k=4)``) gets at least ``FETCH_ROUNDS``: the caller
-            asked for that many documents.
+        max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``, but for a
+            :class:`~ragdefense.Quarantine`). A ``k`` given per call (``invoke(query, k=4)``)
+            gets at least ``FETCH_ROUNDS``: the caller asked for that many documents.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -285,7 +286,8 @@ def defend(
             vector store retriever's ``search_kwargs["k"]``, 4 unless set; an ensemble's, the
             sum of its retrievers'; a compression retriever's, its base's at most its
             reranker's ``top_n``; no second fetch when the defense removes some, unless
-            ``invoke(query, k=...)`` asks for a ``k``), else all kept. The base retriever is
+            ``invoke(query, k=...)`` asks for a ``k`` or the defense is a
+            :class:`~ragdefense.Quarantine`), else all kept. The base retriever is
             asked for ``fetch_k`` (default: the defense's pool for ``k``, see
             :class:`DefendedRetriever`) and the survivors are cut to ``k``.
         embeddings: Embeddings for the defense; by default the vector store's own when the
@@ -309,9 +311,9 @@ def defend(
         )
         raise TypeError(f"defend() takes a retriever, got {type(retriever).__name__}: pass {hint}")
     store = getattr(retriever, "vectorstore", None)
-    rounds = FETCH_ROUNDS
+    rounds = fetch_rounds(defense, k is not None)
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)
-        k, rounds = _retriever_k(retriever), 1
+        k = _retriever_k(retriever)
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
         given = [n for n, v in (("embeddings", embeddings), ("fail_open", fail_open)) if v]

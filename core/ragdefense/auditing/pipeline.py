@@ -103,8 +103,7 @@ def _settings(settings: AuditSettings | None, overrides: dict[str, Any]) -> Audi
     if settings is not None and not isinstance(settings, AuditSettings):
         raise TypeError(f"settings must be an AuditSettings, not a {type(settings).__name__}")
     valid = [f.name for f in fields(AuditSettings)]
-    unknown = sorted(set(overrides) - set(valid))
-    if unknown:
+    if unknown := sorted(set(overrides) - set(valid)):
         raise TypeError(
             f"audit() got unexpected keyword argument(s) {', '.join(unknown)}; the settings "
             f"are {', '.join(valid)}"
@@ -188,6 +187,7 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
         shards=n_shards,
         route=job.wd.noted("route"),
         index=kind,
+        source_key=settings.source_key,
         seconds=round(time.perf_counter() - started, 2),
         stage_seconds=stages,
     )

@@ -12,6 +12,9 @@ A passage is matched to a finding by its text (spacing aside), never by its id a
 stored again under a new id stays quarantined, while an honest chunk that happens to carry a
 flagged chunk's id (a store numbering its documents another way, a chunk replaced in place)
 does not; a reworded chunk is a new chunk, which the next audit and the per-query defense judge.
+A text flagged for its source alone, or one the report also lists as not suspicious (an honest
+passage an attacker's upload copies), is matched by text *and* source: its honest copies stay.
+A passage the wrapped defense trusts (``trusted=``) is never quarantined.
 """
 
 from __future__ import annotations
@@ -21,12 +24,12 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from ..provenance import AUTO, is_trusted_by, source_of
 from ..types import (
     Defense,
     DefenseInputError,
@@ -35,25 +38,37 @@ from ..types import (
     PassageLike,
     Verdict,
     check_embeddings,
+    check_query,
+    check_query_embedding,
     to_passages,
 )
+from .renumber import copy_of, positions, renumbered
 
 __all__ = ["Quarantine"]
 
 
+#: characters no reader sees beyond the format (Cf) and control (Cc) ones: Unicode's other
+#: default-ignorable code points (fillers, variation selectors) and the blank braille pattern
+_UNSEEN = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0"
+    "\U000e0000-\U000e0fff]"
+)
+
+
 def _digest(text: str) -> str:
-    """SHA-256 of ``text`` with its spacing, Unicode form and invisible format characters
-    (zero-width spaces, joiners) normalised: a store may strip, rewrap or re-encode it, and an
-    attacker's copy must not escape by a character no reader sees."""
-    said = unicodedata.normalize("NFKC", text)
-    said = " ".join("".join(c for c in said if unicodedata.category(c) != "Cf").split())
+    """SHA-256 of ``text`` with its spacing, Unicode form and invisible characters (zero-width
+    spaces, joiners, variation selectors, fillers, controls) normalised: a store may strip,
+    rewrap or re-encode it, and an attacker's copy must not escape by a character no reader
+    sees."""
+    said = _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
+    said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
+    said = " ".join(unicodedata.normalize("NFKC", said).split())
     return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 
-def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str], int | None]:
+def _findings(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
     """The findings (as mappings) of an AuditReport, its ``to_dict()``, a ``report.json`` or the
-    audit's folder holding one; the sources it condemned (``suspect_sources``); and how many
-    chunks it scored (``None``: not said)."""
+    audit's folder holding one; and its stats."""
     if isinstance(report, (str, os.PathLike)):
         path = Path(report)
         path = path / "report.json" if path.is_dir() else path
@@ -71,29 +86,22 @@ def _findings(report: Any) -> tuple[list[Mapping[str, Any]], set[str], int | Non
     if not isinstance(report, Mapping) or not isinstance(report.get("findings"), list):
         raise ValueError("not an audit report: expected its 'findings' (ragdefense.audit)")
     stats = report.get("stats")
-    suspect = stats.get("suspect_sources") if isinstance(stats, Mapping) else None
-    sources = {str(r["source"]) for r in suspect or [] if isinstance(r, Mapping) and "source" in r}
-    chunks = stats.get("chunks") if isinstance(stats, Mapping) else None
-    scored = chunks if isinstance(chunks, int) and not isinstance(chunks, bool) else None
-    return [f for f in report["findings"] if isinstance(f, Mapping)], sources, scored
+    findings = [f for f in report["findings"] if isinstance(f, Mapping)]
+    return findings, stats if isinstance(stats, Mapping) else {}
 
 
-@contextmanager
-def _renumbered(rest: list[int]) -> Iterator[None]:
-    """The wrapped defense sees the passages left, renumbered: an input error it raises names
-    the caller's position of the passage, as the caller numbered them."""
-    try:
-        yield
-    except DefenseInputError as exc:
-
-        def caller(match: re.Match[str]) -> str:
-            i = int(match.group(1))
-            return f"passage {rest[i] if i < len(rest) else i}"
-
-        raise DefenseInputError(_PASSAGE.sub(caller, str(exc))) from exc
-
-
-_PASSAGE = re.compile(r"\bpassage (\d+)")
+def _copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
+    """The ids of the groups whose members the report lists, all, with one text: a text stored
+    again and again (a knowledge base ingested more than twice), no planted set."""
+    texts: dict[Any, set[str]] = {}
+    listed: dict[Any, int] = {}
+    for f in findings:
+        group, text = f.get("group"), f.get("text")
+        if isinstance(group, Mapping) and isinstance(text, str):
+            texts.setdefault(group.get("id"), set()).add(_digest(text))
+            listed[group.get("id")] = listed.get(group.get("id"), 0) + 1
+    sizes = {f["group"].get("id"): f["group"].get("size") for f in findings if f.get("group")}
+    return {g for g, t in texts.items() if len(t) == 1 and listed[g] == sizes[g]}
 
 
 def _number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
@@ -122,12 +130,17 @@ class Quarantine:
             is by text).
         digests: SHA-256 of their texts (spacing normalised): what passages are matched by.
         reasons: The audit's evidence per chunk, by digest.
+        sourced: ``(digest, source)`` of the chunks matched by text and source.
+        source_key: How a passage's source is read (the audit's ``source_key``).
     """
 
     defense: Defense
     ids: frozenset[str]
     digests: frozenset[str]
     reasons: Mapping[str, str]
+    sourced: frozenset[tuple[str, str]] = frozenset()
+    source_key: str | None = AUTO
+    _trusts: Callable[[Passage, str | None], bool] = field(init=False, repr=False)
 
     @classmethod
     def from_report(
@@ -157,7 +170,8 @@ class Quarantine:
                 the group targets, for a person to check) is quarantined with its group: in a
                 large planted set it is as often one of the set's own variants. A possible
                 victim the report does not count as suspicious (``victim_of``) is never
-                quarantined, whatever its score.
+                quarantined, whatever its score; nor is a group whose members, all listed,
+                hold one text (a text stored again and again: the defense sees it once).
             embedder: The embedding model of a ``defense`` given by name (anything
                 :func:`ragdefense.as_embedder` takes): the store's, where its vectors reach the
                 defense. A defense object comes with its own.
@@ -168,8 +182,10 @@ class Quarantine:
         """
         from .registry import defense as front_door
 
-        findings, condemned, scored = _findings(report)
-        if min_score is not None and scored is not None and len(findings) < scored:
+        findings, stats = _findings(report)
+        condemned = {str(r["source"]) for r in stats.get("suspect_sources") or [] if "source" in r}
+        scored = stats.get("chunks")
+        if min_score is not None and isinstance(scored, int) and len(findings) < scored:
             listed = [_number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
             if not listed or min(listed) >= min_score:
                 raise ValueError(
@@ -177,42 +193,53 @@ class Quarantine:
                     f"scored {min_score} or more: chunks above min_score={min_score} may be "
                     "missing; audit again with a larger report_top, or raise min_score"
                 )
-        chosen: list[tuple[Mapping[str, Any], float, str]] = []
+        chosen: list[tuple[Mapping[str, Any], float, str, bool]] = []
+        cleared: set[str] = set()  # the texts the report also lists as not suspicious
         for n, f in enumerate(findings):  # each field checked where it decides something
-            score = f.get("score", float("nan"))
-            if min_score is None:
-                flagged = f.get("suspicious")
-                if not isinstance(flagged, bool):
-                    raise ValueError(
-                        f"finding {n} (id {f.get('id')!r}): its verdict 'suspicious' is "
-                        f"{flagged!r}, not true or false (an audit report's findings come from "
-                        "ragdefense.audit)"
-                    )
-            else:
+            text, score, flagged = f.get("text"), f.get("score", float("nan")), f.get("suspicious")
+            if min_score is not None:
                 flagged = _number(n, f, "score", score, whole=False) >= min_score
+            elif not isinstance(flagged, bool):
+                raise ValueError(
+                    f"finding {n} (id {f.get('id')!r}): its verdict 'suspicious' is {flagged!r},"
+                    " not true or false (an audit report's findings come from ragdefense.audit)"
+                )
             if not flagged or f.get("victim_of"):
+                cleared.update([_digest(text)] if isinstance(text, str) else [])
                 continue
             group = f.get("group") or {}
             size = group.get("size", 0) if isinstance(group, Mapping) else None
-            source = f.get("source")
-            condemned_source = isinstance(source, str) and source in condemned
-            if grouped and not condemned_source and _number(n, f, "group size", size, True) < 2:
+            lone = _number(n, f, "group size", size, True) < 2
+            if (
+                lone
+                and grouped
+                and not (isinstance(f.get("source"), str) and f["source"] in condemned)
+            ):
                 continue
-            text = f.get("text")
             if not isinstance(text, str):
                 raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
-            chosen.append((f, _number(n, f, "score", score, whole=False), text))
+            chosen.append((f, _number(n, f, "score", score, whole=False), text, lone and grouped))
+        copies, digests, sourced = _copy_groups(findings), set(), set()
         reasons: dict[str, str] = {}
-        for f, score, text in chosen:
+        for f, score, text, by_source in chosen:
+            d, source = _digest(text), f.get("source")
+            if not by_source and d not in cleared:
+                if (f.get("group") or {}).get("id") in copies:
+                    continue  # one text stored again and again: the defense sees it once
+                digests.add(d)
+            elif isinstance(source, str):  # the flagged copy's source only: others are honest
+                sourced.add((d, source))
+            else:
+                continue
             why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"
-            reason = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
-            reasons[_digest(text)] = reason
-        return cls(
-            front_door(defense, embedder=embedder),
-            frozenset(str(f.get("id")) for f, _, _ in chosen),
-            frozenset(_digest(text) for _, _, text in chosen),
-            reasons,
-        )
+            reasons[d] = (
+                f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
+            )
+        ids = frozenset(str(f.get("id")) for f, _, t, _ in chosen if _digest(t) in reasons)
+        key = stats.get("source_key", AUTO)
+        key = key if key is None or isinstance(key, str) else AUTO
+        defended = front_door(defense, embedder=embedder)
+        return cls(defended, ids, frozenset(digests), reasons, frozenset(sourced), key)
 
     @property
     def embedder(self) -> Any:
@@ -237,15 +264,25 @@ class Quarantine:
         return self.defense.min_passages
 
     def reason(self, passage: Passage) -> str | None:
-        """Why ``passage`` is quarantined (its text is a flagged chunk's); ``None`` when not."""
+        """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too
+        where that matters); ``None`` when not, or where the wrapped defense trusts it."""
         digest = _digest(passage.text)
-        return self.reasons[digest] if digest in self.digests else None
+        source = source_of(passage, self.source_key) if self.sourced else None
+        if digest not in self.digests and (digest, source) not in self.sourced:
+            return None
+        key = getattr(self.defense, "source_key", AUTO)
+        return None if self._trusts(passage, source_of(passage, key)) else self.reasons[digest]
+
+    def __post_init__(self) -> None:  # the wrapped defense's trust, read once
+        trusted = getattr(self.defense, "trusted", None)
+        key = getattr(self.defense, "source_key", AUTO)
+        object.__setattr__(self, "_trusts", is_trusted_by(trusted, key))
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
-        items = to_passages(passages)
+        query, items = check_query(query), to_passages(passages)
         held, rest = self._split(items)
-        with _renumbered(rest):
+        with renumbered(rest):
             inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
         return self._merge(query, items, held, rest, inner)
 
@@ -258,16 +295,18 @@ class Quarantine:
     ) -> DefenseResult:
         """:meth:`defend` with the passages' embeddings given (rows in passage order; ``None``:
         those the passages carry, the rest embedded by the wrapped defense)."""
-        items = to_passages(passages)
+        query, items = check_query(query), to_passages(passages)
         if embeddings is None and query_embedding is None:
             return self.defend(query, items)
         rows = None if embeddings is None else check_embeddings(embeddings, len(items))
+        if query_embedding is not None:  # checked even where every passage is quarantined
+            check_query_embedding(query_embedding, None if rows is None else rows.shape[1])
         held, rest = self._split(items)
         inner = None
         if rest:
             run = getattr(self.defense, "defend_embeddings", None)
             subset = [items[i] for i in rest]
-            with _renumbered(rest):
+            with renumbered(rest):
                 inner = (
                     run(query, subset, None if rows is None else rows[rest], query_embedding)
                     if callable(run)
@@ -292,7 +331,16 @@ class Quarantine:
 
     def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
         """The quarantined positions with their reasons, and the positions left."""
-        held = {i: why for i, p in enumerate(items) if (why := self.reason(p)) is not None}
+        held = {}
+        for i, p in enumerate(items):
+            try:
+                why = self.reason(p)
+            except Exception as exc:  # the wrapped defense's trusted= predicate
+                raise DefenseInputError(
+                    f"trusted= failed on passage {i}'s metadata: {exc!r}"
+                ) from exc
+            if why is not None:
+                held[i] = why
         return held, [i for i in range(len(items)) if i not in held]
 
     def _merge(
@@ -311,9 +359,11 @@ class Quarantine:
             for v in inner.verdicts:
                 at = rest[v.index]
                 verdicts[at] = replace(
-                    v, index=at, passage=items[at], reason=_copy_of(v.reason, rest)
+                    v, index=at, passage=items[at], reason=copy_of(v.reason, rest)
                 )
-            estimates.update(_positions(inner.estimates, rest))
+            inner_estimates = positions(inner.estimates, rest)
+            held_inside = inner_estimates.pop("quarantined", [])  # a quarantine wrapped inside
+            estimates.update(inner_estimates, quarantined=sorted([*held, *held_inside]))
         return DefenseResult(
             self.name,
             query,
@@ -322,50 +372,3 @@ class Quarantine:
             estimates,
             inner.reranked if inner is not None else False,
         )
-
-
-#: the estimates that hold passage positions (a list of them; groups: lists; copies: a mapping;
-#: AutoDefense's ``evidence`` holds some too)
-_POSITIONS = (
-    "unsupported",
-    "unsupported_apart",
-    "contradicting",
-    "quoting",
-    "trusted",
-    "peeled",
-    "off_topic",
-    "ragdefender_flagged",
-    "not_absorbed",
-)
-
-
-def _positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
-    """The inner defense's ``estimates`` with its positions (among the passages left after the
-    quarantine) as input positions."""
-    out = dict(estimates)
-    for key in _POSITIONS:
-        if isinstance(out.get(key), list):
-            out[key] = [rest[i] for i in out[key]]
-    if isinstance(out.get("groups"), list):
-        out["groups"] = [[rest[i] for i in g] for g in out["groups"]]
-    if isinstance(out.get("copies"), dict):
-        out["copies"] = {rest[i]: [rest[c] for c in cs] for i, cs in out["copies"].items()}
-    if isinstance(out.get("evidence"), Mapping):
-        out["evidence"] = _positions(out["evidence"], rest)
-    return out
-
-
-def _copy_of(reason: str, rest: list[int]) -> str:
-    """``reason`` with the passage a copy follows (Consensus's reasons for copies open with
-    "removed: a copy of passage N") as its input position (nothing after that opening is read:
-    a source may hold any words), and so GRADA's retrieval rank ("rank R of M (was N)",
-    1-based)."""
-    found = re.match(r"removed: a copy of passage (\d+)", reason)
-    if found is not None and int(found[1]) < len(rest):
-        start, end = found.span(1)
-        return reason[:start] + str(rest[int(found[1])]) + reason[end:]
-    found = re.search(r"\brank \d+ of \d+ \(was (\d+)\)", reason)
-    if found is not None and 0 < int(found[1]) <= len(rest):
-        start, end = found.span(1)
-        return reason[:start] + str(rest[int(found[1]) - 1] + 1) + reason[end:]
-    return reason

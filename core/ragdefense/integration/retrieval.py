@@ -7,7 +7,7 @@ from typing import Any
 
 from ..types import Defense
 
-__all__ = ["FETCH_ROUNDS", "fetched_enough", "pool_size", "positive_int"]
+__all__ = ["FETCH_ROUNDS", "fetch_rounds", "fetched_enough", "pool_size", "positive_int"]
 
 
 def positive_int(value: Any) -> int | None:
@@ -24,8 +24,19 @@ def pool_size(defense: Defense, k: int) -> int:
 
 
 #: rounds of retrieval an adapter's retriever makes, doubling the fetch, when the defense leaves
-#: fewer than the ``k`` the caller asked for (one round when ``k`` is the retriever's own)
+#: fewer than the ``k`` the caller asked for (see :func:`fetch_rounds`)
 FETCH_ROUNDS = 3
+
+
+def fetch_rounds(defense: Any, k_given: bool) -> int:
+    """The rounds ``defend()`` lets its retriever fetch: :data:`FETCH_ROUNDS` where the caller
+    chose ``k`` or the defense (or the adapter's compressor or postprocessor holding it) is a
+    :class:`~ragdefense.Quarantine`, whose audited chunks can fill a pool: the next round
+    refills the context from the rest; else one (the retriever's own ``k``, fetched once)."""
+    from ..defenses.quarantine import Quarantine
+
+    held = (defense, getattr(defense, "defense", None))  # a compressor's or postprocessor's
+    return FETCH_ROUNDS if k_given or any(isinstance(d, Quarantine) for d in held) else 1
 
 
 def fetched_enough(

@@ -20,6 +20,7 @@ from llama_index.core.vector_stores.types import VectorStoreQueryMode
 from ragdefense.integration.adapter import configured, defense_embedder, named, pooled, same_space
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
+    fetch_rounds,
     fetched_enough,
     pool_size,
     positive_int,
@@ -181,7 +182,8 @@ def defend(
             a core defense object, or a :class:`DefensePostprocessor` (configured already:
             ``embed_model``, ``fail_open`` and ``params`` are then an error).
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (no second fetch
-            when the defense removes some), else all kept. The retriever is asked for
+            when the defense removes some, but for a :class:`~ragdefense.Quarantine`), else all
+            kept. The retriever is asked for
             ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`).
         embed_model: Embeddings for the defense; by default the index's own (vectors the index
             holds are reused, not recomputed), else the packaged all-MiniLM-L6-v2. Another
@@ -199,7 +201,7 @@ def defend(
         retriever = retriever.as_retriever()
     else:
         index = retriever_index(retriever)
-    rounds = FETCH_ROUNDS if k is not None else 1
+    rounds = fetch_rounds(defense, k is not None)
     if isinstance(defense, DefensePostprocessor):
         given = [n for n, v in (("embed_model", embed_model), ("fail_open", fail_open)) if v]
         if params or given:
