@@ -276,3 +276,51 @@ def test_a_subclassed_chroma_store_is_read_as_chroma() -> None:
 
     collection = chromadb.EphemeralClient().get_or_create_collection("subclassed")
     assert store_kind(MyChroma(chroma_collection=collection)) == "chroma"
+
+
+def test_the_one_line_reports_to_the_retrievers_callback_handlers(toy_embedder: Any) -> None:
+    """A callback handler on the retriever (``Settings.callback_manager``'s, say) sees the
+    defense's ``RERANKING`` event beside the retrieval; a postprocessor given configured keeps
+    its own manager."""
+    from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+
+    debug = LlamaDebugHandler()
+    model = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t, _ in HONEST[:12]],
+        embed_model=model,
+        callback_manager=CallbackManager([debug]),
+    )
+    retriever = index.as_retriever()
+    assert defend(retriever).retrieve(OCEAN)
+    assert debug.get_event_pairs(CBEventType.RETRIEVE)
+    assert debug.get_event_pairs(CBEventType.RERANKING)
+    own = DefensePostprocessor()
+    assert defend(retriever, own).postprocessor is own and not own.callback_manager.handlers
+
+
+def test_a_returned_node_shares_no_media_resource_with_the_callers() -> None:
+    """A ``Node`` keeps its text in a ``MediaResource``: a later step editing the returned node's
+    resource leaves the caller's node alone."""
+    from llama_index.core.schema import MediaResource, Node
+
+    nodes = [
+        NodeWithScore(node=Node(text_resource=MediaResource(text=t), id_=f"n{i}"), score=1.0)
+        for i, (t, _) in enumerate(HONEST[:4])
+    ]
+    out = DefensePostprocessor(defense=Consensus(embedder=bag_of_words)).postprocess_nodes(
+        nodes, query_str=OCEAN
+    )
+    assert out
+    for got in out:
+        assert got.node.text_resource is not None
+        got.node.text_resource.text = "edited"
+    assert [n.node.text_resource.text for n in nodes] == [t for t, _ in HONEST[:4]]
+
+
+def test_a_postprocessor_s_repr_leaves_out_its_store(toy_embedder: Any) -> None:
+    model = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex([TextNode(text=t) for t, _ in HONEST[:40]], embed_model=model)
+    post = defend(index, embed_model=model).postprocessor
+    assert post.vector_store is index.vector_store
+    assert len(repr(post)) < 2000 and "vector_store" not in repr(post)

@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 import numpy as np
 from llama_index.core.bridge.pydantic import (
+    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -86,19 +87,21 @@ class DefenseRemovedEvent(BaseEvent):
 
 def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> NodeWithScore:
     """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder; its
-    embedding and relationships are copies too, so that a later step editing the returned node
-    leaves the caller's alone."""
+    embedding, relationships and media resources (a ``Node``'s text, image, audio, video) are
+    copies too, so that a later step editing the returned node leaves the caller's alone."""
     node = nws.node
     update: dict[str, Any] = {"metadata": tagged_metadata(node.metadata, record)}
     for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
         keys = list(getattr(node, attr, []) or [])
         update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
-    if node.embedding is not None:
-        update["embedding"] = list(node.embedding)
-    try:
-        update["relationships"] = copy.deepcopy(node.relationships)
-    except Exception:  # an object in a relation's metadata that cannot be copied: the outer dict
-        update["relationships"] = dict(node.relationships)
+    for name in type(node).model_fields:
+        value = getattr(node, name, None)
+        if name in update or not isinstance(value, BaseModel | list | dict):
+            continue
+        try:
+            update[name] = copy.deepcopy(value)
+        except Exception:  # an object inside that cannot be copied: the outer container
+            update[name] = value.model_copy() if isinstance(value, BaseModel) else copy.copy(value)
     return NodeWithScore(node=node.model_copy(update=update), score=score)
 
 
@@ -143,6 +146,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
     vector_store: Any = Field(
         default=None,
         exclude=True,
+        repr=False,  # a store's repr can hold every vector
         description="the store the nodes come from (e.g. index.vector_store): the vectors it "
         "holds are used for nodes that arrive without an embedding, instead of embedding them; "
         "give embed_model= the index's model with it (the query must be embedded in the "

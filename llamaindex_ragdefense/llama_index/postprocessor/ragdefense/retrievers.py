@@ -212,6 +212,8 @@ def defend(
     else:
         store = index.vector_store if isinstance(index, VectorStoreIndex) else None
         post = guard(defense, index_embed_model(index), store, embed_model, fail_open, params)
+        # its RERANKING events go where the retriever's go (Settings.callback_manager's, say)
+        post.callback_manager = getattr(retriever, "callback_manager", post.callback_manager)
     return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k, max_rounds=rounds)
 
 
