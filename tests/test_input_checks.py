@@ -20,6 +20,8 @@ from ragdefense.defenses.quarantine import Quarantine
 from ragdefense.similarity import BM25
 from ragdefense.types import DefenseInputError
 
+from .conftest import bag_of_words
+
 
 @pytest.mark.parametrize(
     ("settings", "error", "match"),
@@ -290,3 +292,40 @@ def test_carried_embeddings_of_any_magnitude_keep_their_direction(scale: float) 
         plain = defense.defend("q?", [Passage(t, embedding=v) for t, v in pairs])
         scaled = defense.defend("q?", [Passage(t, embedding=v * scale) for t, v in pairs])
         assert scaled.kept_indices == plain.kept_indices
+
+
+def test_bm25_without_saturation_scores_and_bad_settings_are_named() -> None:
+    """k1 = 0 (term presence only) is a valid BM25: finite scores, not 0 / 0 for the terms a
+    text lacks; a setting that is no finite number is named."""
+    scores, q = BM25(k1=0.0).matrices(["red apple pie", "green apple", "blue sky"], "apple pie")
+    assert np.isfinite(scores).all() and q is not None and np.isfinite(q).all()
+    assert scores[0, 1] > 0 and q[0] > q[1] > q[2] == 0
+    ranked = ragdefense.defense("grada", bm25=BM25(k1=0.0)).defend("apple?", ["a", "b", "a b"])
+    assert np.isfinite([v.score for v in ranked.verdicts]).all()
+    for bad in (float("nan"), float("inf"), "1.5", True):
+        with pytest.raises(TypeError, match="k1 must be a finite number"):
+            BM25(k1=bad)  # type: ignore[arg-type]
+
+
+def test_a_trust_predicate_reads_metadata_holding_what_cannot_be_copied() -> None:
+    """A value that cannot be copied (a lock, a client) is handed as it is; the rest are
+    copies, so the predicate cannot change the caller's metadata."""
+    import threading
+
+    seen: list[Any] = []
+
+    def reviewed(metadata: dict[str, Any]) -> bool:
+        seen.append(metadata["lock"])
+        metadata["tags"].append("x")
+        return bool(metadata.get("reviewed"))
+
+    lock = threading.Lock()
+    passages = [
+        Passage(f"text {i}", metadata={"lock": lock, "tags": [], "reviewed": i == 0})
+        for i in range(4)
+    ]
+    result = ragdefense.defense("consensus", embedder=bag_of_words, trusted=reviewed).defend(
+        "q?", passages
+    )
+    assert result.estimates["trusted"] == [0] and seen[0] is lock
+    assert all(p.metadata["tags"] == [] for p in passages)

@@ -10,7 +10,6 @@ dropped); any other value, a storage address (``s3://bucket/key``) included, is 
 
 from __future__ import annotations
 
-import copy
 import posixpath
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
@@ -18,6 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from .integration.records import copied
 from .types import Passage
 
 __all__ = [
@@ -302,4 +302,4 @@ class _Predicate:
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-        return bool(self.predicate(copy.deepcopy(dict(meta))))  # a copy: the caller's stays
+        return bool(self.predicate({k: copied(v) for k, v in meta.items()}))  # the caller's stays

@@ -28,7 +28,8 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
-from math import log
+from math import isfinite, log
+from numbers import Real
 from typing import Literal
 
 import numpy as np
@@ -158,6 +159,9 @@ class BM25:
     corpus: Literal["retrieved", "pair"] = "retrieved"
 
     def __post_init__(self) -> None:
+        for label, value in (("k1", self.k1), ("b", self.b)):
+            if isinstance(value, bool) or not isinstance(value, Real) or not isfinite(value):
+                raise TypeError(f"{label} must be a finite number, got {value!r}")
         if self.k1 < 0 or not 0 <= self.b <= 1:
             raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
         if self.corpus not in ("retrieved", "pair"):
@@ -189,7 +193,10 @@ class BM25:
         else:
             idf = np.full(len(vocab), log(4 / 3))
             norm = np.full((n, 1), self.k1)
-        weight = idf * tf * (self.k1 + 1) / (tf + norm)  # W[j, t]: term t's score in doc j
+        # W[j, t]: term t's score in doc j (0 where absent: with k1 = 0 that is 0 / 0)
+        weight = np.divide(
+            idf * tf * (self.k1 + 1), tf + norm, out=np.zeros_like(tf), where=present
+        )
         scores = present.astype(float) @ weight.T  # S[i, j] = sum over distinct terms of i
         np.fill_diagonal(scores, 0.0)
         q_scores = None

@@ -9,7 +9,14 @@ from typing import Any
 
 from ..types import DefenseInputError, DefenseResult, Verdict, _jsonable
 
-__all__ = ["METADATA_KEY", "check_items", "removed_report", "tagged_metadata", "verdict_metadata"]
+__all__ = [
+    "METADATA_KEY",
+    "check_items",
+    "copied",
+    "removed_report",
+    "tagged_metadata",
+    "verdict_metadata",
+]
 
 #: the metadata key under which adapters record the defense's verdict on each returned copy
 METADATA_KEY = "ragdefense"
@@ -21,7 +28,7 @@ def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> d
     ``record["previous"]``: nothing is overwritten, and nothing returned shares state with the
     caller's document, except a value that cannot be copied at all (a lock, a generator, an
     open file), which is carried as the very object, as the undefended retriever would."""
-    out = {key: _copied(value) for key, value in dict(metadata).items()}
+    out = {key: copied(value) for key, value in dict(metadata).items()}
     mine = dict(record)
     if METADATA_KEY in out:
         mine["previous"] = out[METADATA_KEY]
@@ -29,7 +36,9 @@ def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> d
     return out
 
 
-def _copied(value: Any) -> Any:
+def copied(value: Any) -> Any:
+    """A deep copy of ``value``, or ``value`` itself where it cannot be copied (a lock, a
+    generator, a client): one such value never fails the rest."""
     try:
         return copy.deepcopy(value)
     except Exception:  # not copyable (TypeError for locks and generators, copy.Error, ...)
