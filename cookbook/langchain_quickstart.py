@@ -114,8 +114,9 @@ for q in kb:
 # ## Red-team your own pipeline before an attacker does
 #
 # `red_team(store, targets, chain=...)` plants poison for each target question in a **copy** of
-# the store (here: a Chroma collection holding the clean knowledge base; the copy is an in-memory
-# collection with the same vectors, poison written from templates), runs your chain with and
+# the store (here: a Chroma collection holding the clean knowledge base; the copy is a collection
+# with the same vectors in a Chroma client of the red team's own, over a temporary folder removed
+# afterwards; poison written from templates), runs your chain with and
 # without the defense, and reports which questions were hijacked. Your collection is not touched.
 
 # %%

@@ -117,7 +117,8 @@ print((response.metadata or {})["ragdefense"])
 # ## Red-team the index before an attacker does
 #
 # `red_team(index, targets)` plants poison for each target in a **copy** of the index (for Chroma:
-# a new in-memory collection holding the same vectors) and reports which questions are hijacked
+# a collection holding the same vectors in a Chroma client of the red team's own, over a temporary
+# folder removed afterwards) and reports which questions are hijacked
 # with and without the defense. The user's collection is not touched.
 
 # %%

@@ -20,7 +20,15 @@ from benchmarks.pages import README_BLOCK, readme_block
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
-PAGES = sorted(p.relative_to(ROOT) for p in [ROOT / "README.md", *DOCS.rglob("*.md")])
+#: every page with snippets a reader copies: the READMEs (the repository's and each
+#: distribution's, its PyPI page) and the docs site
+READMES = [
+    "README.md",
+    "core/README.md",
+    "langchain_ragdefense/README.md",
+    "llamaindex_ragdefense/README.md",
+]
+PAGES = sorted(p.relative_to(ROOT) for p in [*(ROOT / r for r in READMES), *DOCS.rglob("*.md")])
 README_MAX_LINES = 200
 
 

@@ -31,8 +31,9 @@ __all__ = ["red_team"]
 
 
 def _copy(store: VectorStore, stack: contextlib.ExitStack) -> VectorStore:
-    """An independent in-memory copy of ``store`` holding the same documents and vectors
-    (what it needs removed afterwards goes on ``stack``)."""
+    """An independent copy of ``store`` holding the same documents and vectors: in memory, or
+    for Chroma in a client of the red team's own over a temporary folder (what it needs
+    removed afterwards goes on ``stack``)."""
     kind = store_kind(store)
     if type(store) is InMemoryVectorStore:  # a subclass may keep its data elsewhere
         clone = InMemoryVectorStore(embedding=store.embeddings)

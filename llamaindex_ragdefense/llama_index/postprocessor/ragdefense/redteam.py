@@ -40,9 +40,9 @@ def _embed_model(index: VectorStoreIndex) -> BaseEmbedding:
 
 
 def _copy(index: VectorStoreIndex, stack: contextlib.ExitStack) -> VectorStoreIndex:
-    """An independent in-memory copy of ``index`` with its stored vectors (nothing re-embedded):
-    over the default store, or a new collection in a Chroma client of the red team's own
-    (removed with ``stack``, on an error too)."""
+    """An independent copy of ``index`` with its stored vectors (nothing re-embedded): in
+    memory over the default store, or a new collection in a Chroma client of the red team's
+    own over a temporary folder (removed with ``stack``, on an error too)."""
     store: Any = index.vector_store
     found = index_nodes(index)
     if found is None:
