@@ -10,10 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from .copies import copies_allowed, one_chunk
 from .records import closest_queries, counts
 from .sources import SourceTally, read_sources, source_reason, source_tally
 from .steps import merged_hits
-from .workdir import Workdir, same_texts
+from .workdir import Workdir
 
 __all__ = [
     "Evidence",
@@ -188,8 +189,6 @@ def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
 #: the least cosine between near-copies: within a near-duplicate component larger than
 #: ``Scoring.max_group`` (a topic), only chunks this close to each other form groups
 NEAR_COPIES = 0.95
-#: the least cosine between two chunks of one text (alike up to float rounding; texts compared)
-COPY = 0.9999
 
 
 def find_groups(
@@ -208,16 +207,12 @@ def find_groups(
 
     rows, cols, sims, isolated, wides, nears, firsts = [], [], [], [], [], [], []
     start, reach = 0, max(k, wide)
+    allowed = copies_allowed(wd, chunk_parts, n_shards, reach + 2)
     for part in range(chunk_parts):
         s, p = merged_hits(wd, "chunks", part, n_shards, reach + 2)
         me = np.arange(start, start + len(p))[:, None]
         others = (p >= 0) & (p != me)
-        # a chunk with exactly one copy (a knowledge base ingested twice) is one chunk, its copy
-        # no neighbour (three copies are a set, as in the per-query defenses)
-        copy = others & (s >= COPY) & ((others & (s >= COPY)).sum(axis=1) == 1)[:, None]
-        at, to = np.nonzero(copy)
-        copy[at, to] = same_texts(wd, start + at, p[at, to])  # one text, not one vector alone
-        others &= ~copy
+        others &= ~one_chunk(wd, start, s, p, others, allowed)  # a knowledge base ingested again
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))

@@ -90,20 +90,6 @@ def _findings(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
     return findings, stats if isinstance(stats, Mapping) else {}
 
 
-def _copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
-    """The ids of the groups whose members the report lists, all, with one text: a text stored
-    again and again (a knowledge base ingested more than twice), no planted set."""
-    texts: dict[Any, set[str]] = {}
-    listed: dict[Any, int] = {}
-    for f in findings:
-        group, text = f.get("group"), f.get("text")
-        if isinstance(group, Mapping) and isinstance(text, str):
-            texts.setdefault(group.get("id"), set()).add(_digest(text))
-            listed[group.get("id")] = listed.get(group.get("id"), 0) + 1
-    sizes = {f["group"].get("id"): f["group"].get("size") for f in findings if f.get("group")}
-    return {g for g, t in texts.items() if len(t) == 1 and listed[g] == sizes[g]}
-
-
 def _number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
     """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
     another version, or edited by hand, must not quarantine the wrong passages."""
@@ -170,8 +156,7 @@ class Quarantine:
                 the group targets, for a person to check) is quarantined with its group: in a
                 large planted set it is as often one of the set's own variants. A possible
                 victim the report does not count as suspicious (``victim_of``) is never
-                quarantined, whatever its score; nor is a group whose members, all listed,
-                hold one text (a text stored again and again: the defense sees it once).
+                quarantined, whatever its score.
             embedder: The embedding model of a ``defense`` given by name (anything
                 :func:`ragdefense.as_embedder` takes): the store's, where its vectors reach the
                 defense. A defense object comes with its own.
@@ -219,13 +204,11 @@ class Quarantine:
             if not isinstance(text, str):
                 raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
             chosen.append((f, _number(n, f, "score", score, whole=False), text, lone and grouped))
-        copies, digests, sourced = _copy_groups(findings), set(), set()
+        digests, sourced = set(), set()
         reasons: dict[str, str] = {}
         for f, score, text, by_source in chosen:
             d, source = _digest(text), f.get("source")
             if not by_source and d not in cleared:
-                if (f.get("group") or {}).get("id") in copies:
-                    continue  # one text stored again and again: the defense sees it once
                 digests.add(d)
             elif isinstance(source, str):  # the flagged copy's source only: others are honest
                 sourced.add((d, source))
