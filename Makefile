@@ -28,8 +28,8 @@ demo: $(STAMP)
 	$(OFFLINE) $(VENV)/bin/ragdefense demo
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check $(DISTS) benchmarks tests cookbook .ci docs/hooks.py
-	$(VENV)/bin/ruff format --check $(DISTS) benchmarks tests cookbook .ci docs/hooks.py
+	$(VENV)/bin/ruff check $(DISTS) benchmarks tests cookbook .ci docs/hooks.py docs/griffe_roles.py
+	$(VENV)/bin/ruff format --check $(DISTS) benchmarks tests cookbook .ci docs/hooks.py docs/griffe_roles.py
 	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense -p benchmarks
 	$(VENV)/bin/mypy cookbook/*.py
 

@@ -118,6 +118,8 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
     assert (site / "cookbook" / "langchain_quickstart" / "index.html").exists()
     api = (site / "reference" / "defenses" / "index.html").read_text("utf-8")
     assert "Consensus" in api and "defend_embeddings" in api  # rendered from the docstrings
+    for page in site.glob("reference/*/index.html"):  # Sphinx roles are code spans, not raw
+        assert not re.search(r":(class|func|meth|data|attr|mod):<", page.read_text("utf-8"))
 
 
 #: a dotted name of the API in a code span: `ragdefense.x.y`, `RobustRAG.answer_calls(...)`
