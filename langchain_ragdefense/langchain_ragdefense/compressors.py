@@ -55,8 +55,10 @@ def _tag(doc: Document, record: dict[str, Any]) -> Document:
 
 class DefenseCompressor(BaseDocumentCompressor):
     """Applies a core defense to retrieved documents; returns copies with the verdict in
-    ``metadata["ragdefense"]`` (score, decision, reason). Removed documents are reported through
-    the callback system as the custom event ``"ragdefense_removed"``.
+    ``metadata["ragdefense"]``: ``defense``, ``kept``, ``score``, ``score_name``, ``rank``,
+    ``reason`` and the defense's own details (a value already there is kept as ``previous``).
+    Removed documents are reported through the callback system as the custom event
+    ``"ragdefense_removed"``.
 
     Attributes:
         defense: A name of :mod:`ragdefense.defenses.registry` (``"ragdefender"``, ``"grada"``,

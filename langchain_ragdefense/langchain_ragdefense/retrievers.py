@@ -47,8 +47,9 @@ class DefendedRetriever(BaseRetriever):
         k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
         fetch_k: Documents first asked of the base retriever (how: :func:`widened`); by default the
             defense's pool for ``k`` (:func:`ragdefense.integration.retrieval.pool_size`:
-            twice ``k`` for GRADA, as its M = 2n; ``k`` for RAGDefender, which filters the
-            retrieved set; and at least what the defense needs to compare), and at least what
+            twice ``k`` and at least 8 for Consensus, the default; twice ``k`` for GRADA, as its
+            M = 2n; ``k`` and at least 8 for RAGDefender, which filters the retrieved set), and
+            at least what
             the base retriever returns by default (one set to fetch more is not narrowed: the
             defense judges what it would have returned). When the defense
             leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
@@ -278,6 +279,7 @@ def defend(
     """Wrap ``retriever`` with a defense, in one line: ``retriever = defend(retriever)``.
 
     Args:
+        retriever: Any LangChain retriever (``store.as_retriever()``, an ensemble, ...).
         defense: A name of :mod:`ragdefense.defenses.registry` (``None``: its
             ``DEFAULT_DEFENSE``; ``"ragdefender"``, ``"grada"``, ...), a core defense object,
             or a ``BaseDocumentCompressor`` (configured already: ``embeddings``,
@@ -287,9 +289,9 @@ def defend(
             sum of its retrievers'; a compression retriever's, its base's at most its
             reranker's ``top_n``; no second fetch when the defense removes some, unless
             ``invoke(query, k=...)`` asks for a ``k`` or the defense is a
-            :class:`~ragdefense.Quarantine`), else all kept. The base retriever is
-            asked for ``fetch_k`` (default: the defense's pool for ``k``, see
-            :class:`DefendedRetriever`) and the survivors are cut to ``k``.
+            :class:`~ragdefense.Quarantine`), else all kept. The survivors are cut to ``k``.
+        fetch_k: Documents the base retriever is asked for (``None``: the defense's pool for
+            ``k``, see :class:`DefendedRetriever`).
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever has one (no second model), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are, unless
@@ -297,6 +299,9 @@ def defend(
             retrieved documents with it: one space for the query and the passages). With a
             defense object it is an error: give the object ``embedder=`` (an object with
             another model than the store's embeds the documents itself, the same way).
+        fail_open: Where the defense fails (a model that cannot load, a server down), pass
+            the documents (but those a quarantine holds) through with a warning instead of
+            raising (the default: a defense that cannot run stops the chain).
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
             ``trusted=``); unknown ones, or any given with a defense object, are an error.
 

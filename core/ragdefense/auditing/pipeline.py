@@ -64,12 +64,12 @@ def audit(
     """Audit a whole knowledge base for planted poison; never writes to it.
 
     Args:
-        knowledge_base: A ``.jsonl`` / ``.parquet`` file of ``{id, text, title?, embedding?}``,
-            a list of texts, a :class:`~ragdefense.auditing.corpus.Corpus`, a LangChain vector
-            store or a LlamaIndex index (their stored vectors are reused).
-        settings: What to compute (:class:`~ragdefense.auditing.settings.AuditSettings`:
-            defenses, top_m, max_probes, neighbours, scoring, part_size, index, report_top);
-            default: ``AuditSettings()``.
+        knowledge_base: A ``.jsonl`` / ``.parquet`` file of ``{id, text, title?, embedding?,
+            metadata?}`` (any other field is metadata too), a list of texts, a
+            :class:`~ragdefense.auditing.corpus.Corpus`, a LangChain vector store or a
+            LlamaIndex index (their stored vectors and metadata are read).
+        settings: What to compute (:class:`~ragdefense.auditing.settings.AuditSettings`, each
+            field documented there); default: ``AuditSettings()``.
         queries: The users' query log (a list, or a ``.txt`` / ``.jsonl`` / ``.json`` file);
             default: probes derived from the corpus (each chunk's title or first sentence).
         embedder: For chunks without stored vectors and for the probes (default: the packaged

@@ -105,8 +105,9 @@ class DefendedRetriever(BaseRetriever):
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (LlamaIndex's
             default 2), else all kept.
         fetch_k: Pool size asked of the retriever; ``None``: the defense's pool for ``k``
-            (:func:`ragdefense.integration.retrieval.pool_size`: ``2 * k`` for GRADA, ``k`` for
-            RAGDefender, and at least what the defense needs to compare), and at least the
+            (:func:`ragdefense.integration.retrieval.pool_size`: ``2 * k`` and at least 8 for
+            Consensus, the default; ``2 * k`` for GRADA; ``k`` and at least 8 for RAGDefender),
+            and at least the
             retriever's own ``similarity_top_k`` (a retriever set to fetch more is not
             narrowed: the defense sees what it would have returned).
         max_rounds: When the defense leaves fewer than ``k``, the pool doubles (up to this many
@@ -183,14 +184,18 @@ def defend(
             ``embed_model``, ``fail_open`` and ``params`` are then an error).
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (no second fetch
             when the defense removes some, but for a :class:`~ragdefense.Quarantine`), else all
-            kept. The retriever is asked for
-            ``fetch_k`` (default: the defense's pool for ``k``, see :class:`DefendedRetriever`).
+            kept.
+        fetch_k: Nodes the retriever is asked for (``None``: the defense's pool for ``k``, see
+            :class:`DefendedRetriever`).
         embed_model: Embeddings for the defense; by default the index's own (vectors the index
             holds are reused, not recomputed), else the packaged all-MiniLM-L6-v2. Another
             model than the index's, or one given where the retriever's index is not known,
             embeds the retrieved nodes itself (one space for the query and the passages):
             vectors the nodes carry are not reused. With a defense object it is an error:
             give the object ``embedder=``.
+        fail_open: Where the defense fails (a model that cannot load, a server down), pass
+            the nodes (but those a quarantine holds) through with a warning instead of raising
+            (the default: a defense that cannot run stops the query).
         params: Parameters of the named defense (e.g. ``trusted=``); unknown ones, or any
             given with a defense object, are an error.
 
