@@ -331,6 +331,28 @@ def test_a_knowledge_base_ingested_three_times_flags_no_more_honest_texts(
     assert extra in found["thrice"]
 
 
+def test_the_copy_rule_is_read_over_the_whole_knowledge_base_one_vote_per_text(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Copies stored first (an attacker's, or one document repeated) set no rule for the
+    rest: the rule is read from parts spread over the knowledge base, one vote per text, and a
+    family of eight copies planted at its end is still a group."""
+    from ragdefense.auditing import copies
+
+    monkeypatch.setattr(copies, "SAMPLE", 32)
+    words = [f"w{i}" for i in range(400)]
+    distinct = [" ".join(random.Random(i).sample(words, 6)) for i in range(120)]
+    front = [f"front topic {i} repeated text here" for i in range(4) for _ in range(10)]
+    planted = ["the planted answer is atlantis for this question"] * 8
+    kb = [*front, *distinct, *planted]
+    embedder = CallableEmbedder(bag_of_words)
+    report = audit(ListCorpus(kb, [f"c{i}" for i in range(len(kb))]), embedder=embedder,
+                   workdir=tmp_path / "w", part_size=16)  # fmt: skip
+    groups = {f.id: f.group for f in report.findings}
+    last = [f"c{i}" for i in range(len(kb) - 8, len(kb))]
+    assert all(groups.get(i) and groups[i]["size"] == 8 for i in last)
+
+
 def test_two_texts_under_one_vector_are_no_copies(tmp_path: Path) -> None:
     """An embedder reads a window of each text: a chunk that appends a claim past the window of
     an honest one has its vector, but is another text, so the pair stays a near-duplicate group

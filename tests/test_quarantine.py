@@ -356,16 +356,22 @@ def test_a_trusted_passage_is_never_quarantined() -> None:
     assert 3 in result.kept_indices and result.estimates["trusted"] == [3]
 
 
-def test_planted_copies_of_one_text_are_quarantined() -> None:
-    """A group whose members hold one text is a planted set like any other (an attacker's
-    copies); a knowledge base ingested again and again is no group at all (the audit's)."""
+def test_copies_of_one_text_are_left_to_the_per_query_defense() -> None:
+    """A group whose members, all listed, hold one text: the per-query defense sees the text
+    once, and it may be the truth an attacker stored twice more to have it quarantined (an
+    honest page and two copies in the attacker's upload); a group of several texts goes."""
+    truth = "Canberra was chosen in 1908."
     copies = [
-        {"id": f"c{i}", "text": "Canberra was chosen in 1908.", "score": 0.8, "suspicious": True}
+        {"id": f"c{i}", "text": truth, "score": 0.8, "suspicious": True, "source": source}
         | {"group": {"id": "g7", "size": 3}}
-        for i in range(3)
+        for i, source in enumerate(["en.wikipedia.org", "evil.example", "evil.example"])
     ]
     report = copy.deepcopy(REPORT)
     report["findings"] += copies
+    guard = Quarantine.from_report(report)
+    assert guard.ids == {"d3", "zz"}
+    assert guard.reason(Passage(truth, metadata={"url": "https://en.wikipedia.org/x"})) is None
+    report["findings"][-1]["group"] = {"id": "g7", "size": 4}  # a member not listed: unknown
     assert Quarantine.from_report(report).ids == {"d3", "zz", "c0", "c1", "c2"}
 
 
@@ -373,7 +379,7 @@ def test_planted_copies_of_one_text_are_quarantined() -> None:
 def test_an_honest_knowledge_base_stored_three_times_keeps_its_passages(tmp_path: Path) -> None:
     """The real audit of an honest knowledge base ingested three times over (under new ids):
     each text's copies are one chunk, so the quarantine built from it holds none of its
-    passages; five planted copies of one text in it are still a set."""
+    passages."""
     from langchain_core.documents import Document
     from langchain_core.vectorstores import InMemoryVectorStore
 
@@ -387,16 +393,25 @@ def test_an_honest_knowledge_base_stored_three_times_keeps_its_passages(tmp_path
     ]
     store = InMemoryVectorStore(RagdefenseEmbeddings())
     store.add_documents(docs)
-    planted = "Which ocean is the largest? The Atlantic Ocean is the largest ocean on Earth."
-    store.add_documents([Document(planted, id=f"p-{i}") for i in range(5)])
     report = ragdefense.audit(store, workdir=tmp_path / "audit", source_key=None)
     guard = Quarantine.from_report(report)
     assert [t for t, _ in honest if guard.reason(Passage(t)) is not None] == []
-    assert guard.reason(Passage(planted)) is not None
 
 
 @pytest.mark.parametrize(
-    "unseen", ["\u034f", "\u2800", "\ufe0f", "\x00", "\u180b", "\U000e0041", "\u3164", "\x7f"]
+    "unseen",
+    [
+        "\u034f",
+        "\u2800",
+        "\ufe0f",
+        "\x00",
+        "\u180b",
+        "\U000e0041",
+        "\u3164",
+        "\x7f",
+        "\u2065",
+        "\ufff0",
+    ],
 )
 def test_a_copy_with_any_invisible_character_is_matched(unseen: str) -> None:
     guard = Quarantine.from_report(REPORT)
@@ -471,3 +486,48 @@ def test_the_one_line_refills_a_context_a_quarantine_emptied(minilm: Any) -> Non
     index = VectorStoreIndex([TextNode(text=t) for t in texts], embed_model=RagdefenseEmbedding())
     found = li_defend(index, guard).retrieve(question)
     assert len(found) == 2 and all(n.node.get_content() in _HONEST for n in found)
+
+
+def test_a_quarantine_inside_another_applies_when_failing_open_and_keeps_the_trust() -> None:
+    from ragdefense.integration.adapter import AdapterCore
+
+    class Broken:
+        name, pool_factor, min_pool, min_passages = "broken", 1, 0, 0
+        trusted, source_key = {"who.int"}, "auto"
+
+        def defend(self, query: str, passages: Any) -> Any:
+            raise RuntimeError("model server down")
+
+    one = {"findings": [REPORT["findings"][2] | {"group": {"size": 2}}]}
+    guard = Quarantine.from_report(REPORT, Quarantine.from_report(one, Broken()))
+    with pytest.warns(UserWarning, match="passing the documents through"):
+        result = AdapterCore().run(guard, "q?", _passages(), fail_open=True)
+    assert result is not None and result.removed_indices == [1, 3, 4]
+    assert result.estimates["quarantined"] == [1, 3, 4]
+    trusted = Passage(TEXTS[3], metadata={"source": "https://who.int/a"})
+    assert guard.reason(trusted) is None and guard.reason(Passage(TEXTS[3])) is not None
+
+
+@pytest.mark.parametrize(
+    "stats",
+    [
+        {"suspect_sources": ["x"]},
+        {"suspect_sources": [5]},
+        {"suspect_sources": {"source": "evil.example"}},
+        {"chunks": True},
+    ],
+)
+def test_odd_stats_decide_nothing(stats: dict[str, Any]) -> None:
+    assert Quarantine.from_report(copy.deepcopy(REPORT) | {"stats": stats}).ids == {"d3", "zz"}
+
+
+def test_an_empty_source_is_no_source() -> None:
+    """The audit writes ``""`` for a chunk with no source: a text it lists both flagged and not
+    suspicious, with no source to tell the copies apart, is left to the per-query defense and
+    not named among the quarantined ids."""
+    report = copy.deepcopy(REPORT)
+    report["findings"][3].update(text=TEXTS[3])
+    for f in report["findings"]:
+        f["source"] = ""
+    guard = Quarantine.from_report(report)
+    assert guard.ids == {"zz"} and guard.reason(Passage(TEXTS[3])) is None

@@ -14,24 +14,30 @@ __all__ = ["COPY", "copies_allowed", "one_chunk"]
 
 #: the least cosine between two chunks of one text (alike up to float rounding; texts compared)
 COPY = 0.9999
-#: the chunks whose copies are counted for the rule (the first parts')
+#: about how many chunks the rule is read from (whole parts, spread over the knowledge base)
 SAMPLE = 4096
 
 
 def copies_allowed(wd: Workdir, chunk_parts: int, n_shards: int, reach: int) -> int:
-    """How many copies of its text a chunk has as a rule: the median over the first parts'
-    chunks (up to :data:`SAMPLE`; copies found among each one's ``reach`` nearest), at least
-    one (a knowledge base ingested twice; an attacker planting exactly two copies of a text is
-    left to the rest of the evidence)."""
-    counts, start = [], 0
-    for part in range(chunk_parts):
-        s, p = merged_hits(wd, "chunks", part, n_shards, reach)
-        me = np.arange(start, start + len(p))[:, None]
-        counts.append(((p >= 0) & (p != me) & (s >= COPY)).sum(axis=1))
-        start += len(p)
-        if start >= SAMPLE:
-            break
-    return max(1, int(np.median(np.concatenate(counts)))) if start else 1
+    """How many copies of its text the knowledge base holds as a rule: the median, over the
+    distinct texts of parts spread evenly over it (about :data:`SAMPLE` chunks; copies found
+    among each one's ``reach`` nearest), of each text's copies; at least one (a knowledge base
+    ingested twice). One vote per text, from everywhere: an attacker's many copies of a few
+    texts, or copies stored first, do not set the rule."""
+    sizes = [int(n) for n in wd.noted("part_sizes")[:chunk_parts]]
+    if not sizes or not sum(sizes):
+        return 1
+    starts = np.cumsum([0, *sizes])
+    wanted = min(len(sizes), -(-SAMPLE * len(sizes) // sum(sizes)))  # parts for SAMPLE chunks
+    counts = []
+    for part in np.unique(np.linspace(0, len(sizes) - 1, wanted).round().astype(int)):
+        s, p = merged_hits(wd, "chunks", int(part), n_shards, reach)
+        me = np.arange(starts[part], starts[part] + len(p))[:, None]
+        alike = (p >= 0) & (p != me) & (s >= COPY)
+        first = ~(alike & (p < me)).any(axis=1)  # a text's first copy votes for it
+        counts.append(alike.sum(axis=1)[first])
+    found = np.concatenate(counts)
+    return max(1, int(np.median(found))) if found.size else 1
 
 
 def one_chunk(

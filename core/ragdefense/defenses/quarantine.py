@@ -14,7 +14,9 @@ flagged chunk's id (a store numbering its documents another way, a chunk replace
 does not; a reworded chunk is a new chunk, which the next audit and the per-query defense judge.
 A text flagged for its source alone, or one the report also lists as not suspicious (an honest
 passage an attacker's upload copies), is matched by text *and* source: its honest copies stay.
-A passage the wrapped defense trusts (``trusted=``) is never quarantined.
+A group of copies of one text is left to the per-query defense, which sees the text once (it may
+be an honest passage an attacker stored again). A passage the wrapped defense trusts
+(``trusted=``) is never quarantined.
 """
 
 from __future__ import annotations
@@ -50,7 +52,7 @@ __all__ = ["Quarantine"]
 #: characters no reader sees beyond the format (Cf) and control (Cc) ones: Unicode's other
 #: default-ignorable code points (fillers, variation selectors) and the blank braille pattern
 _UNSEEN = re.compile(
-    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2800\u3164\ufe00-\ufe0f\uffa0"
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u2800\u3164\ufe00-\ufe0f\uffa0\ufff0-\ufff8"
     "\U000e0000-\U000e0fff]"
 )
 
@@ -90,6 +92,28 @@ def _findings(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
     return findings, stats if isinstance(stats, Mapping) else {}
 
 
+def _source(finding: Mapping[str, Any]) -> str | None:
+    """A finding's source (``None``: none, or an empty one, as the audit writes none)."""
+    source = finding.get("source")
+    return source if isinstance(source, str) and source else None
+
+
+def _copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
+    """The ids of the groups whose members the report lists, all, with one text: copies of one
+    text, which the per-query defense sees once. Quarantining them by text would let an
+    attacker who stores copies of an honest passage have that passage quarantined."""
+    texts: dict[Any, set[str]] = {}
+    listed: dict[Any, int] = {}
+    for f in findings:
+        group, text = f.get("group"), f.get("text")
+        if isinstance(group, Mapping) and isinstance(text, str):
+            texts.setdefault(group.get("id"), set()).add(_digest(text))
+            listed[group.get("id")] = listed.get(group.get("id"), 0) + 1
+    groups = [f["group"] for f in findings if isinstance(f.get("group"), Mapping)]
+    sizes = {group.get("id"): group.get("size") for group in groups}
+    return {g for g, t in texts.items() if len(t) == 1 and listed[g] == sizes.get(g)}
+
+
 def _number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
     """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
     another version, or edited by hand, must not quarantine the wrong passages."""
@@ -126,7 +150,7 @@ class Quarantine:
     reasons: Mapping[str, str]
     sourced: frozenset[tuple[str, str]] = frozenset()
     source_key: str | None = AUTO
-    _trusts: Callable[[Passage, str | None], bool] = field(init=False, repr=False)
+    _trusts: Callable[[Passage], bool] = field(init=False, repr=False)
 
     @classmethod
     def from_report(
@@ -156,7 +180,8 @@ class Quarantine:
                 the group targets, for a person to check) is quarantined with its group: in a
                 large planted set it is as often one of the set's own variants. A possible
                 victim the report does not count as suspicious (``victim_of``) is never
-                quarantined, whatever its score.
+                quarantined, whatever its score; nor is a group whose members, all listed,
+                hold one text.
             embedder: The embedding model of a ``defense`` given by name (anything
                 :func:`ragdefense.as_embedder` takes): the store's, where its vectors reach the
                 defense. A defense object comes with its own.
@@ -168,8 +193,11 @@ class Quarantine:
         from .registry import defense as front_door
 
         findings, stats = _findings(report)
-        condemned = {str(r["source"]) for r in stats.get("suspect_sources") or [] if "source" in r}
-        scored = stats.get("chunks")
+        suspect = stats.get("suspect_sources")
+        condemned = {
+            str(r["source"]) for r in suspect if isinstance(r, Mapping) and "source" in r
+        } if isinstance(suspect, list) else set()  # fmt: skip
+        scored = stats.get("chunks") if not isinstance(stats.get("chunks"), bool) else None
         if min_score is not None and isinstance(scored, int) and len(findings) < scored:
             listed = [_number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
             if not listed or min(listed) >= min_score:
@@ -195,34 +223,31 @@ class Quarantine:
             group = f.get("group") or {}
             size = group.get("size", 0) if isinstance(group, Mapping) else None
             lone = _number(n, f, "group size", size, True) < 2
-            if (
-                lone
-                and grouped
-                and not (isinstance(f.get("source"), str) and f["source"] in condemned)
-            ):
+            if lone and grouped and _source(f) not in condemned:
                 continue
             if not isinstance(text, str):
                 raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
             chosen.append((f, _number(n, f, "score", score, whole=False), text, lone and grouped))
-        digests, sourced = set(), set()
-        reasons: dict[str, str] = {}
+        copies, digests, sourced = _copy_groups(findings), set(), set()
+        ids, reasons = set(), {}
         for f, score, text, by_source in chosen:
-            d, source = _digest(text), f.get("source")
+            d, source = _digest(text), _source(f)
+            if not by_source and (f.get("group") or {}).get("id") in copies:
+                continue  # one text: the per-query defense sees it once (and it may be the truth)
             if not by_source and d not in cleared:
                 digests.add(d)
-            elif isinstance(source, str):  # the flagged copy's source only: others are honest
+            elif source is not None:  # the flagged copy's source only: others are honest
                 sourced.add((d, source))
             else:
                 continue
             why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"
-            reasons[d] = (
-                f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
-            )
-        ids = frozenset(str(f.get("id")) for f, _, t, _ in chosen if _digest(t) in reasons)
+            why = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
+            ids.add(str(f.get("id")))
+            reasons[d] = why
         key = stats.get("source_key", AUTO)
         key = key if key is None or isinstance(key, str) else AUTO
-        defended = front_door(defense, embedder=embedder)
-        return cls(defended, ids, frozenset(digests), reasons, frozenset(sourced), key)
+        guard = front_door(defense, embedder=embedder)
+        return cls(guard, frozenset(ids), frozenset(digests), reasons, frozenset(sourced), key)
 
     @property
     def embedder(self) -> Any:
@@ -253,13 +278,15 @@ class Quarantine:
         source = source_of(passage, self.source_key) if self.sourced else None
         if digest not in self.digests and (digest, source) not in self.sourced:
             return None
-        key = getattr(self.defense, "source_key", AUTO)
-        return None if self._trusts(passage, source_of(passage, key)) else self.reasons[digest]
+        return None if self._trusts(passage) else self.reasons[digest]
 
-    def __post_init__(self) -> None:  # the wrapped defense's trust, read once
-        trusted = getattr(self.defense, "trusted", None)
-        key = getattr(self.defense, "source_key", AUTO)
-        object.__setattr__(self, "_trusts", is_trusted_by(trusted, key))
+    def __post_init__(self) -> None:  # the wrapped defense's trust (the innermost's), read once
+        inner = self.defense
+        while isinstance(inner, Quarantine):
+            inner = inner.defense
+        key = getattr(inner, "source_key", AUTO)
+        test = is_trusted_by(getattr(inner, "trusted", None), key)
+        object.__setattr__(self, "_trusts", lambda passage: test(passage, source_of(passage, key)))
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
@@ -302,6 +329,9 @@ class Quarantine:
         passage but the quarantined ones, unjudged (the audit's findings need no model)."""
         items = to_passages(passages)
         held, rest = self._split(items)
+        inner = getattr(self.defense, "fallback", None)
+        if callable(inner) and rest:  # a quarantine inside: its findings apply too
+            return self._merge(query, items, held, rest, inner(query, [items[i] for i in rest]))
         why = "kept: not judged (the per-query defense failed; the quarantine alone applied)"
         verdicts = [
             Verdict(i, p, False, float("nan"), held[i])
