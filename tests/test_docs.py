@@ -220,3 +220,21 @@ def test_every_keyword_the_docs_pass_exists() -> None:
                     wrong.append(f"{page}: {name}(... {keyword}= ...)")
     assert checked >= 10
     assert not wrong, "\n".join(wrong)
+
+
+def test_sphinx_roles_become_code_spans_outside_code() -> None:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("griffe_roles", ROOT / "docs" / "griffe_roles.py")
+    assert spec is not None and spec.loader is not None
+    roles = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(roles)
+    text = (
+        "See :class:`~ragdefense.Passage`, :py:func:`ragdefense.defense` and "
+        ":class:`the passage <ragdefense.Passage>`, :func:`ragdefense.\n    defense`.\n"
+        '>>> doc = ":func:`f`"\n```python\nx = ":data:`X`"\n```\n'
+    )
+    assert roles.plain(text) == (
+        "See `Passage`, `ragdefense.defense` and `the passage`, `ragdefense.defense`.\n"
+        '>>> doc = ":func:`f`"\n```python\nx = ":data:`X`"\n```\n'
+    )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +18,8 @@ from ragdefense.auditing import AuditSettings, ListCorpus, audit
 from ragdefense.auditing.corpus import read_queries
 from ragdefense.auditing.workdir import Workdir
 from ragdefense.defenses.quarantine import Quarantine
-from ragdefense.similarity import BM25
+from ragdefense.embedders import embed_passages
+from ragdefense.similarity import BM25, cosine_matrix
 from ragdefense.types import DefenseInputError
 
 from .conftest import bag_of_words
@@ -279,7 +281,7 @@ def test_bad_carried_embeddings_fail_whatever_the_pool(name: str, pool: str) -> 
         ragdefense.defense(name, embedder=toy).defend(query, passages)
 
 
-@pytest.mark.parametrize("scale", [1e-42, 1e-300, 1e200])
+@pytest.mark.parametrize("scale", [1e-42, 1e-300, 3e-22, 1e-18, 1e20, 1e200])
 def test_carried_embeddings_of_any_magnitude_keep_their_direction(scale: float) -> None:
     rng = np.random.default_rng(3)
     vectors = rng.normal(size=(8, 6))
@@ -292,6 +294,9 @@ def test_carried_embeddings_of_any_magnitude_keep_their_direction(scale: float) 
         plain = defense.defend("q?", [Passage(t, embedding=v) for t, v in pairs])
         scaled = defense.defend("q?", [Passage(t, embedding=v * scale) for t, v in pairs])
         assert scaled.kept_indices == plain.kept_indices
+    carried = embed_passages([Passage(t, embedding=v * scale) for t, v in pairs])
+    unit = vectors / np.linalg.norm(vectors, axis=1, keepdims=True)
+    np.testing.assert_allclose(cosine_matrix(carried), unit @ unit.T, atol=1e-5)
 
 
 def test_bm25_without_saturation_scores_and_bad_settings_are_named() -> None:
@@ -329,3 +334,15 @@ def test_a_trust_predicate_reads_metadata_holding_what_cannot_be_copied() -> Non
     )
     assert result.estimates["trusted"] == [0] and seen[0] is lock
     assert all(p.metadata["tags"] == [] for p in passages)
+
+
+@pytest.mark.parametrize("k1", [Fraction(3, 2), 10**400, 1e308, -1.0])
+def test_bm25_takes_any_real_k1_it_can_compute_with(k1: Any) -> None:
+    """A fraction is a number like any other; one beyond float, or so large the scores
+    overflow, is refused by name, not by numpy."""
+    if k1 == Fraction(3, 2):
+        scores, _ = BM25(k1=k1).matrices(["red apple", "green apple"])
+        assert np.isfinite(scores).all() and BM25(k1=k1).k1 == 1.5
+        return
+    with pytest.raises((TypeError, ValueError), match="k1"):
+        BM25(k1=k1)

@@ -324,3 +324,35 @@ def test_a_postprocessor_s_repr_leaves_out_its_store(toy_embedder: Any) -> None:
     post = defend(index, embed_model=model).postprocessor
     assert post.vector_store is index.vector_store
     assert len(repr(post)) < 2000 and "vector_store" not in repr(post)
+
+
+def test_a_returned_node_copies_its_relations_alone_and_keeps_an_index_nodes_object() -> None:
+    """A relation holding what cannot be copied (a lock) leaves the other relations copies;
+    an ``IndexNode``'s object (a retriever, a query engine) is the caller's own, not a copy."""
+    import threading
+
+    from llama_index.core.schema import IndexNode, NodeRelationship, RelatedNodeInfo
+
+    engine = object()
+    nodes = []
+    for i, (text, _) in enumerate(HONEST[:4]):
+        node = IndexNode(text=text, index_id=f"i{i}", obj=engine, id_=f"n{i}")
+        node.relationships[NodeRelationship.SOURCE] = RelatedNodeInfo(
+            node_id="doc", metadata={"tags": []}
+        )
+        node.relationships[NodeRelationship.PARENT] = RelatedNodeInfo(
+            node_id="p", metadata={"lock": threading.Lock()}
+        )
+        nodes.append(NodeWithScore(node=node, score=1.0))
+    out = DefensePostprocessor(defense=Consensus(embedder=bag_of_words)).postprocess_nodes(
+        nodes, query_str=OCEAN
+    )
+    assert out
+    for got in out:
+        assert got.node.obj is engine  # type: ignore[attr-defined]
+        source = got.node.relationships[NodeRelationship.SOURCE]
+        source.metadata["tags"].append("edited")  # type: ignore[union-attr]
+    assert all(
+        n.node.relationships[NodeRelationship.SOURCE].metadata["tags"] == []  # type: ignore[union-attr]
+        for n in nodes
+    )

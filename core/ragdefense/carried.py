@@ -33,7 +33,7 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
     if not np.isfinite(wide).all():
         raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
     peak = np.abs(wide).max()
-    if peak > np.finfo(np.float32).max or 0 < peak < 2**-100:  # float32 would lose it: the
+    if peak > 1e15 or 0 < peak < 1e-15:  # float32 (its norms' squares) would lose it: the
         wide = wide / peak  # direction is what is compared, kept whatever the magnitude
     return wide.astype(np.float32)
 

@@ -160,10 +160,15 @@ class BM25:
 
     def __post_init__(self) -> None:
         for label, value in (("k1", self.k1), ("b", self.b)):
-            if isinstance(value, bool) or not isinstance(value, Real) or not isfinite(value):
+            try:
+                number = float(value) if isinstance(value, Real) else float("nan")
+            except OverflowError:
+                number = float("inf")
+            if isinstance(value, bool) or not isfinite(number):
                 raise TypeError(f"{label} must be a finite number, got {value!r}")
-        if self.k1 < 0 or not 0 <= self.b <= 1:
-            raise ValueError(f"need k1 >= 0 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
+            object.__setattr__(self, label, number)  # a float: numpy computes with it
+        if not 0 <= self.k1 <= 1e6 or not 0 <= self.b <= 1:
+            raise ValueError(f"need 0 <= k1 <= 1e6 and 0 <= b <= 1, got k1={self.k1}, b={self.b}")
         if self.corpus not in ("retrieved", "pair"):
             raise ValueError(f"corpus must be 'retrieved' or 'pair', got {self.corpus!r}")
 

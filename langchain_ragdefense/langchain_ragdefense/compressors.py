@@ -72,12 +72,13 @@ class DefenseCompressor(BaseDocumentCompressor):
         fail_open: On a defense error, pass the documents through with a warning instead of
             raising :class:`ragdefense.DefenseFailed`.
         vectorstore: The store the documents come from: the vectors it holds for them are
-            used instead of embedding them again (:func:`langchain_ragdefense.vectors.
-            stored_vectors`) where the defense's model is the store's own (a named defense
-            without ``embeddings`` then embeds the query with it) or the packaged default
-            (the core checks the vectors are its). A defense with another model, given as
-            ``embeddings`` or as a defense object's ``embedder``, embeds the query and the
-            documents with it: one space for both. ``defend(retriever)`` sets it.
+            used instead of embedding them again
+            (:func:`langchain_ragdefense.vectors.stored_vectors`) where the defense's model is
+            the store's own (a named defense without ``embeddings`` then embeds the query with
+            it) or the packaged default (the core checks the vectors are its). A defense with
+            another model, given as ``embeddings`` or as a defense object's ``embedder``,
+            embeds the query and the documents with it: one space for both.
+            ``defend(retriever)`` sets it.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")

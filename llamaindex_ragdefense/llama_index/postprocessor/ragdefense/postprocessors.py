@@ -5,12 +5,10 @@
 from __future__ import annotations
 
 import asyncio
-import copy
 from typing import Any, Literal
 
 import numpy as np
 from llama_index.core.bridge.pydantic import (
-    BaseModel,
     ConfigDict,
     Field,
     PrivateAttr,
@@ -40,6 +38,7 @@ from ragdefense.integration.adapter import (
 from ragdefense.integration.records import (
     METADATA_KEY,
     check_items,
+    copied,
     removed_report,
     tagged_metadata,
     verdict_metadata,
@@ -85,6 +84,10 @@ class DefenseRemovedEvent(BaseEvent):
         return "DefenseRemovedEvent"
 
 
+#: a ``Node``'s media (its text among them): objects a later step may edit in place
+_RESOURCES = ("text_resource", "image_resource", "audio_resource", "video_resource")
+
+
 def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> NodeWithScore:
     """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder; its
     embedding, relationships and media resources (a ``Node``'s text, image, audio, video) are
@@ -94,14 +97,13 @@ def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> Nod
     for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
         keys = list(getattr(node, attr, []) or [])
         update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
-    for name in type(node).model_fields:
-        value = getattr(node, name, None)
-        if name in update or not isinstance(value, BaseModel | list | dict):
-            continue
-        try:
-            update[name] = copy.deepcopy(value)
-        except Exception:  # an object inside that cannot be copied: the outer container
-            update[name] = value.model_copy() if isinstance(value, BaseModel) else copy.copy(value)
+    if node.embedding is not None:
+        update["embedding"] = list(node.embedding)
+    # each relation copied alone: one holding what cannot be copied leaves the others copies
+    update["relationships"] = {kind: copied(info) for kind, info in node.relationships.items()}
+    for name in _RESOURCES:
+        if getattr(node, name, None) is not None:
+            update[name] = copied(getattr(node, name))
     return NodeWithScore(node=node.model_copy(update=update), score=score)
 
 

@@ -181,7 +181,8 @@ def defend(
         retriever: A LlamaIndex retriever, or a ``VectorStoreIndex`` (its ``as_retriever()``).
         defense: A name of :mod:`ragdefense.defenses.registry` (``None``: the default defense),
             a core defense object, or a :class:`DefensePostprocessor` (configured already:
-            ``embed_model``, ``fail_open`` and ``params`` are then an error).
+            ``embed_model``, ``fail_open`` and ``params`` are then an error, and its callback
+            manager is its own; one built here takes the retriever's).
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (no second fetch
             when the defense removes some, but for a :class:`~ragdefense.Quarantine`), else all
             kept.
