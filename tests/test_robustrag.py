@@ -381,22 +381,34 @@ def test_real_smollm2_and_spacy() -> None:
 
 
 @pytest.mark.slow
-def test_a_huge_passage_does_not_silence_the_packaged_llm() -> None:
-    """(#27 item 6) with the packaged SmolLM2, a 20 KB passage among three short ones made every
-    isolated answer time out (the model reads the whole padded batch first); cut to
-    ``max_passage_chars``, the short passages are answered within the deadline."""
+def test_a_huge_passage_does_not_silence_the_packaged_llm(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the packaged SmolLM2, a 20 KB passage among three short ones made every isolated
+    answer time out (the model reads the whole padded batch first); cut to
+    ``max_passage_chars``, no prompt the model reads holds it whole, and the short passages
+    are answered. What is checked is the prompts' size, not a time: the deadline is generous
+    so that a loaded machine decides nothing."""
     from ragdefense.llm import default_llm
 
-    default_llm().generate(["Say hello."], max_new_tokens=2)  # loaded before the deadline starts
+    llm = default_llm()
+    read: list[int] = []
+    generate = llm.generate
+
+    def spy(prompts: Any, *args: Any, **kwargs: Any) -> Any:
+        read.extend(len(p) for p in prompts)
+        return generate(prompts, *args, **kwargs)
+
+    monkeypatch.setattr(llm, "generate", spy)
     huge = "Canberra is the capital of Australia. " + "The city hosts many parks. " * 800
     small = [
         "Canberra is the capital city of Australia.",
         "Australia's capital is Canberra, not Sydney.",
         "The Australian Parliament sits in Canberra.",
     ]
-    r = RobustRAG(timeout=20).answer("What is the capital of Australia?", [huge, *small])
+    engine = RobustRAG(timeout=300)
+    r = engine.answer("What is the capital of Australia?", [huge, *small])
     assert sum(not x.abstained for x in r.responses) >= 2, [x.error for x in r.responses]
     assert "Canberra" in r.answer
+    assert read and max(read) < len(huge) // 4  # the passage was cut before the model read it
 
 
 def test_each_aggregation_is_its_own_settings_reached_alike_by_both_adapters(nlp: Any) -> None:
