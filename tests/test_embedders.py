@@ -177,6 +177,7 @@ def test_all_carried_never_resolves_the_embedder() -> None:
         ([[[1.0]], [1.0]], "passage 0: embedding must be a 1-D vector"),
         ([[1.0, 0.0], [1j, 0.0]], "passage 1: embedding must be a 1-D vector of real"),
         ([["1.0", "0.0"], [1.0, 0.0]], "passage 0: embedding must be a 1-D vector of real"),
+        ([[1.0, 0.0], [10**400, 0.0]], "passage 1: embedding holds a number beyond float64"),
     ],
 )
 def test_bad_carried_embeddings(embeddings: list[object], message: str) -> None:

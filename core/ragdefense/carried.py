@@ -28,10 +28,14 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
         )
     try:
         wide = raw.astype(np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except OverflowError as exc:
+        raise DefenseInputError(f"passage {i}: embedding holds a number beyond float64") from exc
+    except (TypeError, ValueError) as exc:
         raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
     if not np.isfinite(wide).all():
-        raise DefenseInputError(f"passage {i}: embedding contains NaN or infinite values")
+        raise DefenseInputError(
+            f"passage {i}: embedding contains NaN or infinite values (or numbers beyond float64)"
+        )
     peak = np.abs(wide).max()
     if peak > 1e15 or 0 < peak < 1e-15:  # float32 (its norms' squares) would lose it: the
         wide = wide / peak  # direction is what is compared, kept whatever the magnitude
