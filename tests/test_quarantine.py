@@ -531,3 +531,15 @@ def test_an_empty_source_is_no_source() -> None:
         f["source"] = ""
     guard = Quarantine.from_report(report)
     assert guard.ids == {"zz"} and guard.reason(Passage(TEXTS[3])) is None
+
+
+def test_a_quarantine_pickles_with_its_trust() -> None:
+    """Shipped to another process (multiprocessing, Ray), a quarantine holds and trusts what
+    it did."""
+    import pickle
+
+    guard = Quarantine.from_report(REPORT, defense("consensus", trusted={"who.int"}))
+    copied = pickle.loads(pickle.dumps(guard))
+    trusted = Passage(TEXTS[3], metadata={"source": "https://who.int/a"})
+    assert copied.reason(trusted) is None and copied.reason(Passage(TEXTS[3])) is not None
+    assert copied.ids == guard.ids and copied.digests == guard.digests

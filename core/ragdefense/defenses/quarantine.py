@@ -150,7 +150,8 @@ class Quarantine:
     reasons: Mapping[str, str]
     sourced: frozenset[tuple[str, str]] = frozenset()
     source_key: str | None = AUTO
-    _trusts: Callable[[Passage], bool] = field(init=False, repr=False)
+    _trust: Callable[[Passage, str | None], bool] = field(init=False, repr=False)
+    _trust_key: str | None = field(init=False, repr=False)
 
     @classmethod
     def from_report(
@@ -278,15 +279,16 @@ class Quarantine:
         source = source_of(passage, self.source_key) if self.sourced else None
         if digest not in self.digests and (digest, source) not in self.sourced:
             return None
-        return None if self._trusts(passage) else self.reasons[digest]
+        trusted = self._trust(passage, source_of(passage, self._trust_key))
+        return None if trusted else self.reasons[digest]
 
     def __post_init__(self) -> None:  # the wrapped defense's trust (the innermost's), read once
         inner = self.defense
         while isinstance(inner, Quarantine):
             inner = inner.defense
         key = getattr(inner, "source_key", AUTO)
-        test = is_trusted_by(getattr(inner, "trusted", None), key)
-        object.__setattr__(self, "_trusts", lambda passage: test(passage, source_of(passage, key)))
+        object.__setattr__(self, "_trust", is_trusted_by(getattr(inner, "trusted", None), key))
+        object.__setattr__(self, "_trust_key", key)
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
