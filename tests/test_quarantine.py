@@ -356,23 +356,61 @@ def test_a_trusted_passage_is_never_quarantined() -> None:
     assert 3 in result.kept_indices and result.estimates["trusted"] == [3]
 
 
-def test_copies_of_one_text_are_left_to_the_per_query_defense() -> None:
-    """A group whose members, all listed, hold one text: the per-query defense sees the text
-    once, and it may be the truth an attacker stored twice more to have it quarantined (an
-    honest page and two copies in the attacker's upload); a group of several texts goes."""
+def _copies_report(sources: list[str | None]) -> dict[str, Any]:
     truth = "Canberra was chosen in 1908."
     copies = [
         {"id": f"c{i}", "text": truth, "score": 0.8, "suspicious": True, "source": source}
-        | {"group": {"id": "g7", "size": 3}}
-        for i, source in enumerate(["en.wikipedia.org", "evil.example", "evil.example"])
+        | {"group": {"id": "g7", "size": len(sources)}}
+        for i, source in enumerate(sources)
     ]
     report = copy.deepcopy(REPORT)
     report["findings"] += copies
-    guard = Quarantine.from_report(report)
-    assert guard.ids == {"d3", "zz"}
-    assert guard.reason(Passage(truth, metadata={"url": "https://en.wikipedia.org/x"})) is None
+    return report
+
+
+def test_of_copies_of_one_text_the_defense_judges_the_first() -> None:
+    """A group whose members, all listed, hold one text may be the truth an attacker stored
+    twice more to have it quarantined: of a pool's copies the first is judged (whatever the
+    defense does with copies), the others are held; a group of several texts goes whole."""
+    truth = "Canberra was chosen in 1908."
+    guard = Quarantine.from_report(_copies_report([None, None, None]), defense("grada-ebd"))
+    assert guard.ids == {"d3", "zz"} and guard.reason(Passage(truth)) is None
+    invisible = truth.replace("was", "w\u200bas")  # a copy no reader tells apart
+    pool = [
+        Passage(truth),
+        Passage(TEXTS[0]),
+        Passage(invisible),
+        Passage(TEXTS[1]),
+        Passage(truth),
+    ]
+    result = guard.defend("When was Canberra chosen?", pool)
+    assert sorted(result.estimates["quarantined"]) == [2, 4]
+    assert result.verdicts[4].reason.startswith("removed: a copy of passage 0")
+    report = _copies_report([None, None, None])
     report["findings"][-1]["group"] = {"id": "g7", "size": 4}  # a member not listed: unknown
     assert Quarantine.from_report(report).ids == {"d3", "zz", "c0", "c1", "c2"}
+
+
+def test_an_attackers_condemned_copies_go_and_the_honest_copy_is_judged() -> None:
+    report = _copies_report(["en.wikipedia.org", "evil.example", "evil.example"])
+    report["stats"] = {"suspect_sources": [{"source": "evil.example"}]}
+    guard = Quarantine.from_report(report, defense("consensus", embedder=bag_of_words))
+    truth = "Canberra was chosen in 1908."
+    wiki = Passage(truth, metadata={"url": "https://en.wikipedia.org/wiki/Canberra"})
+    evil = Passage(truth, metadata={"url": "https://evil.example/upload"})
+    assert guard.reason(wiki) is None and guard.reason(evil) is not None
+    result = guard.defend("When was Canberra chosen?", [evil, wiki, *_passages()[:3]])
+    assert 0 in result.estimates["quarantined"] and 1 not in result.estimates["quarantined"]
+
+
+def test_an_empty_quarantine_fetches_as_its_defense() -> None:
+    """Only a quarantine holding something lets the one line fetch again: an empty one is its
+    defense, fetched once with the retriever's own k."""
+    from ragdefense.integration.retrieval import FETCH_ROUNDS, fetch_rounds
+
+    empty = Quarantine.from_report({"findings": []})
+    assert fetch_rounds(empty, k_given=False) == 1
+    assert fetch_rounds(Quarantine.from_report(REPORT), k_given=False) == FETCH_ROUNDS
 
 
 @pytest.mark.slow

@@ -14,21 +14,15 @@ flagged chunk's id (a store numbering its documents another way, a chunk replace
 does not; a reworded chunk is a new chunk, which the next audit and the per-query defense judge.
 A text flagged for its source alone, or one the report also lists as not suspicious (an honest
 passage an attacker's upload copies), is matched by text *and* source: its honest copies stay.
-A group of copies of one text is left to the per-query defense, which sees the text once (it may
-be an honest passage an attacker stored again). A passage the wrapped defense trusts
-(``trusted=``) is never quarantined.
+Of a group of copies of one text, the defense judges the first copy in the pool (it may be an
+honest passage an attacker stored again); the attacker's condemned source loses its copies. A
+passage the wrapped defense trusts (``trusted=``) is never quarantined.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
-import os
-import re
-import unicodedata
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
 from typing import Any
 
 from ..provenance import AUTO, is_trusted_by, source_of
@@ -44,87 +38,10 @@ from ..types import (
     check_query_embedding,
     to_passages,
 )
+from .findings import copy_groups, digest, finding_source, number, read_report
 from .renumber import copy_of, positions, renumbered
 
 __all__ = ["Quarantine"]
-
-
-#: characters no reader sees beyond the format (Cf) and control (Cc) ones: Unicode's other
-#: default-ignorable code points (fillers, variation selectors) and the blank braille pattern
-_UNSEEN = re.compile(
-    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u2800\u3164\ufe00-\ufe0f\uffa0\ufff0-\ufff8"
-    "\U000e0000-\U000e0fff]"
-)
-
-
-def _digest(text: str) -> str:
-    """SHA-256 of ``text`` with its spacing, Unicode form and invisible characters (zero-width
-    spaces, joiners, variation selectors, fillers, controls) normalised: a store may strip,
-    rewrap or re-encode it, and an attacker's copy must not escape by a character no reader
-    sees."""
-    said = _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
-    said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
-    said = " ".join(unicodedata.normalize("NFKC", said).split())
-    return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
-
-
-def _findings(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
-    """The findings (as mappings) of an AuditReport, its ``to_dict()``, a ``report.json`` or the
-    audit's folder holding one; and its stats."""
-    if isinstance(report, (str, os.PathLike)):
-        path = Path(report)
-        path = path / "report.json" if path.is_dir() else path
-        if path.suffix.lower() in (".csv", ".parquet", ".md", ".png"):
-            raise ValueError(
-                f"{str(path)!r} is a view of an audit report: give its report.json (or the "
-                "audit's folder), which holds every finding with its group and the stats"
-            )
-        try:
-            report = json.loads(path.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
-            raise ValueError(f"cannot read the audit report {str(path)!r}: {exc}") from exc
-    if hasattr(report, "to_dict"):
-        report = report.to_dict()
-    if not isinstance(report, Mapping) or not isinstance(report.get("findings"), list):
-        raise ValueError("not an audit report: expected its 'findings' (ragdefense.audit)")
-    stats = report.get("stats")
-    findings = [f for f in report["findings"] if isinstance(f, Mapping)]
-    return findings, stats if isinstance(stats, Mapping) else {}
-
-
-def _source(finding: Mapping[str, Any]) -> str | None:
-    """A finding's source (``None``: none, or an empty one, as the audit writes none)."""
-    source = finding.get("source")
-    return source if isinstance(source, str) and source else None
-
-
-def _copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
-    """The ids of the groups whose members the report lists, all, with one text: copies of one
-    text, which the per-query defense sees once. Quarantining them by text would let an
-    attacker who stores copies of an honest passage have that passage quarantined."""
-    texts: dict[Any, set[str]] = {}
-    listed: dict[Any, int] = {}
-    for f in findings:
-        group, text = f.get("group"), f.get("text")
-        if isinstance(group, Mapping) and isinstance(text, str):
-            texts.setdefault(group.get("id"), set()).add(_digest(text))
-            listed[group.get("id")] = listed.get(group.get("id"), 0) + 1
-    groups = [f["group"] for f in findings if isinstance(f.get("group"), Mapping)]
-    sizes = {group.get("id"): group.get("size") for group in groups}
-    return {g for g, t in texts.items() if len(t) == 1 and listed[g] == sizes.get(g)}
-
-
-def _number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
-    """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
-    another version, or edited by hand, must not quarantine the wrong passages."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or (whole and not float(value).is_integer()):
-        kind = "a whole number" if whole else "a number"
-        raise ValueError(
-            f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not {kind}"
-            " (an audit report's findings come from ragdefense.audit)"
-        )
-    return float(value)
 
 
 @dataclass(frozen=True, eq=False)
@@ -142,6 +59,9 @@ class Quarantine:
         reasons: The audit's evidence per chunk, by digest.
         sourced: ``(digest, source)`` of the chunks matched by text and source.
         source_key: How a passage's source is read (the audit's ``source_key``).
+        once: Digests of texts the audit found stored as a group of copies: of a pool's copies
+            of one, the first passes to the defense, the others are held (whatever the
+            defense does with copies, it judges the text once).
     """
 
     defense: Defense
@@ -150,6 +70,7 @@ class Quarantine:
     reasons: Mapping[str, str]
     sourced: frozenset[tuple[str, str]] = frozenset()
     source_key: str | None = AUTO
+    once: frozenset[str] = frozenset()
     _trust: Callable[[Passage, str | None], bool] = field(init=False, repr=False)
     _trust_key: str | None = field(init=False, repr=False)
 
@@ -181,8 +102,8 @@ class Quarantine:
                 the group targets, for a person to check) is quarantined with its group: in a
                 large planted set it is as often one of the set's own variants. A possible
                 victim the report does not count as suspicious (``victim_of``) is never
-                quarantined, whatever its score; nor is a group whose members, all listed,
-                hold one text.
+                quarantined, whatever its score; of a group whose members, all listed, hold one
+                text, the first copy in a pool is left to the defense (:attr:`once`).
             embedder: The embedding model of a ``defense`` given by name (anything
                 :func:`ragdefense.as_embedder` takes): the store's, where its vectors reach the
                 defense. A defense object comes with its own.
@@ -193,14 +114,14 @@ class Quarantine:
         """
         from .registry import defense as front_door
 
-        findings, stats = _findings(report)
+        findings, stats = read_report(report)
         suspect = stats.get("suspect_sources")
         condemned = {
             str(r["source"]) for r in suspect if isinstance(r, Mapping) and "source" in r
         } if isinstance(suspect, list) else set()  # fmt: skip
         scored = stats.get("chunks") if not isinstance(stats.get("chunks"), bool) else None
         if min_score is not None and isinstance(scored, int) and len(findings) < scored:
-            listed = [_number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
+            listed = [number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
             if not listed or min(listed) >= min_score:
                 raise ValueError(
                     f"the report lists {len(findings)} of the {scored} chunks it scored, all "
@@ -212,29 +133,34 @@ class Quarantine:
         for n, f in enumerate(findings):  # each field checked where it decides something
             text, score, flagged = f.get("text"), f.get("score", float("nan")), f.get("suspicious")
             if min_score is not None:
-                flagged = _number(n, f, "score", score, whole=False) >= min_score
+                flagged = number(n, f, "score", score, whole=False) >= min_score
             elif not isinstance(flagged, bool):
                 raise ValueError(
                     f"finding {n} (id {f.get('id')!r}): its verdict 'suspicious' is {flagged!r},"
                     " not true or false (an audit report's findings come from ragdefense.audit)"
                 )
             if not flagged or f.get("victim_of"):
-                cleared.update([_digest(text)] if isinstance(text, str) else [])
+                cleared.update([digest(text)] if isinstance(text, str) else [])
                 continue
             group = f.get("group") or {}
             size = group.get("size", 0) if isinstance(group, Mapping) else None
-            lone = _number(n, f, "group size", size, True) < 2
-            if lone and grouped and _source(f) not in condemned:
+            lone = number(n, f, "group size", size, True) < 2
+            if lone and grouped and finding_source(f) not in condemned:
                 continue
             if not isinstance(text, str):
                 raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
-            chosen.append((f, _number(n, f, "score", score, whole=False), text, lone and grouped))
-        copies, digests, sourced = _copy_groups(findings), set(), set()
+            chosen.append((f, number(n, f, "score", score, whole=False), text, lone and grouped))
+        copies, digests, sourced, once = copy_groups(findings), set(), set(), set()
         ids, reasons = set(), {}
         for f, score, text, by_source in chosen:
-            d, source = _digest(text), _source(f)
+            d, source = digest(text), finding_source(f)
             if not by_source and (f.get("group") or {}).get("id") in copies:
-                continue  # one text: the per-query defense sees it once (and it may be the truth)
+                if source is not None and source in condemned:
+                    sourced.add((d, source))  # an attacker's upload: its copies go
+                    ids.add(str(f.get("id")))
+                    reasons[d] = "quarantined: a copy the audit found in a condemned source"
+                once.add(d)  # one copy is judged: it may be the truth an attacker stored again
+                continue
             if not by_source and d not in cleared:
                 digests.add(d)
             elif source is not None:  # the flagged copy's source only: others are honest
@@ -248,7 +174,8 @@ class Quarantine:
         key = stats.get("source_key", AUTO)
         key = key if key is None or isinstance(key, str) else AUTO
         guard = front_door(defense, embedder=embedder)
-        return cls(guard, frozenset(ids), frozenset(digests), reasons, frozenset(sourced), key)
+        sets = frozenset(ids), frozenset(digests), reasons, frozenset(sourced), key, frozenset(once)
+        return cls(guard, *sets)
 
     @property
     def embedder(self) -> Any:
@@ -275,12 +202,12 @@ class Quarantine:
     def reason(self, passage: Passage) -> str | None:
         """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too
         where that matters); ``None`` when not, or where the wrapped defense trusts it."""
-        digest = _digest(passage.text)
+        text = digest(passage.text)
         source = source_of(passage, self.source_key) if self.sourced else None
-        if digest not in self.digests and (digest, source) not in self.sourced:
+        if text not in self.digests and (text, source) not in self.sourced:
             return None
         trusted = self._trust(passage, source_of(passage, self._trust_key))
-        return None if trusted else self.reasons[digest]
+        return None if trusted else self.reasons[text]
 
     def __post_init__(self) -> None:  # the wrapped defense's trust (the innermost's), read once
         inner = self.defense
@@ -346,14 +273,19 @@ class Quarantine:
 
     def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
         """The quarantined positions with their reasons, and the positions left."""
-        held = {}
+        held: dict[int, str] = {}
+        first: dict[str, int] = {}
         for i, p in enumerate(items):
-            try:
+            try:  # the wrapped defense's trusted= predicate may fail
                 why = self.reason(p)
-            except Exception as exc:  # the wrapped defense's trusted= predicate
+            except Exception as exc:
                 raise DefenseInputError(
                     f"trusted= failed on passage {i}'s metadata: {exc!r}"
                 ) from exc
+            if why is None and (d := digest(p.text)) in self.once:  # copies: the first is judged
+                if d in first:
+                    why = f"removed: a copy of passage {first[d]} (copies of it are in the audit)"
+                first.setdefault(d, i)
             if why is not None:
                 held[i] = why
         return held, [i for i in range(len(items)) if i not in held]

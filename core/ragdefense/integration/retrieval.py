@@ -31,12 +31,14 @@ FETCH_ROUNDS = 3
 def fetch_rounds(defense: Any, k_given: bool) -> int:
     """The rounds ``defend()`` lets its retriever fetch: :data:`FETCH_ROUNDS` where the caller
     chose ``k`` or the defense (or the adapter's compressor or postprocessor holding it) is a
-    :class:`~ragdefense.Quarantine`, whose audited chunks can fill a pool: the next round
-    refills the context from the rest; else one (the retriever's own ``k``, fetched once)."""
+    :class:`~ragdefense.Quarantine` holding anything, whose audited chunks can fill a pool: the
+    next round refills the context from the rest; else one (the retriever's own ``k``, fetched
+    once)."""
     from ..defenses.quarantine import Quarantine
 
     held = (defense, getattr(defense, "defense", None))  # a compressor's or postprocessor's
-    return FETCH_ROUNDS if k_given or any(isinstance(d, Quarantine) for d in held) else 1
+    full = any(isinstance(d, Quarantine) and (d.digests or d.sourced or d.once) for d in held)
+    return FETCH_ROUNDS if k_given or full else 1
 
 
 def fetched_enough(

@@ -1,0 +1,94 @@
+"""Reading an audit report for :class:`~ragdefense.defenses.quarantine.Quarantine`: its
+findings and stats, each field checked where it decides something, and the text digest passages
+are matched by."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import unicodedata
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+__all__ = ["copy_groups", "digest", "finding_source", "number", "read_report"]
+
+
+#: characters no reader sees beyond the format (Cf) and control (Cc) ones: Unicode's other
+#: default-ignorable code points (fillers, variation selectors) and the blank braille pattern
+_UNSEEN = re.compile(
+    "[\u034f\u115f\u1160\u17b4\u17b5\u180b-\u180f\u2065\u2800\u3164\ufe00-\ufe0f\uffa0\ufff0-\ufff8"
+    "\U000e0000-\U000e0fff]"
+)
+
+
+def digest(text: str) -> str:
+    """SHA-256 of ``text`` with its spacing, Unicode form and invisible characters (zero-width
+    spaces, joiners, variation selectors, fillers, controls) normalised: a store may strip,
+    rewrap or re-encode it, and an attacker's copy must not escape by a character no reader
+    sees."""
+    said = _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
+    said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
+    said = " ".join(unicodedata.normalize("NFKC", said).split())
+    return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+def read_report(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
+    """The findings (as mappings) of an AuditReport, its ``to_dict()``, a ``report.json`` or the
+    audit's folder holding one; and its stats."""
+    if isinstance(report, (str, os.PathLike)):
+        path = Path(report)
+        path = path / "report.json" if path.is_dir() else path
+        if path.suffix.lower() in (".csv", ".parquet", ".md", ".png"):
+            raise ValueError(
+                f"{str(path)!r} is a view of an audit report: give its report.json (or the "
+                "audit's folder), which holds every finding with its group and the stats"
+            )
+        try:
+            report = json.loads(path.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the audit report {str(path)!r}: {exc}") from exc
+    if hasattr(report, "to_dict"):
+        report = report.to_dict()
+    if not isinstance(report, Mapping) or not isinstance(report.get("findings"), list):
+        raise ValueError("not an audit report: expected its 'findings' (ragdefense.audit)")
+    stats = report.get("stats")
+    findings = [f for f in report["findings"] if isinstance(f, Mapping)]
+    return findings, stats if isinstance(stats, Mapping) else {}
+
+
+def finding_source(finding: Mapping[str, Any]) -> str | None:
+    """A finding's source (``None``: none, or an empty one, as the audit writes none)."""
+    source = finding.get("source")
+    return source if isinstance(source, str) and source else None
+
+
+def copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
+    """The ids of the groups whose members the report lists, all, with one text: copies of one
+    text, which the per-query defense sees once. Quarantining them by text would let an
+    attacker who stores copies of an honest passage have that passage quarantined."""
+    texts: dict[Any, set[str]] = {}
+    listed: dict[Any, int] = {}
+    for f in findings:
+        group, text = f.get("group"), f.get("text")
+        if isinstance(group, Mapping) and isinstance(text, str):
+            texts.setdefault(group.get("id"), set()).add(digest(text))
+            listed[group.get("id")] = listed.get(group.get("id"), 0) + 1
+    groups = [f["group"] for f in findings if isinstance(f.get("group"), Mapping)]
+    sizes = {group.get("id"): group.get("size") for group in groups}
+    return {g for g, t in texts.items() if len(t) == 1 and listed[g] == sizes.get(g)}
+
+
+def number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
+    """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
+    another version, or edited by hand, must not quarantine the wrong passages."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or (whole and not float(value).is_integer()):
+        kind = "a whole number" if whole else "a number"
+        raise ValueError(
+            f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not {kind}"
+            " (an audit report's findings come from ragdefense.audit)"
+        )
+    return float(value)
