@@ -356,3 +356,22 @@ def test_a_returned_node_copies_its_relations_alone_and_keeps_an_index_nodes_obj
         n.node.relationships[NodeRelationship.SOURCE].metadata["tags"] == []  # type: ignore[union-attr]
         for n in nodes
     )
+
+
+def test_an_image_nodes_text_vector_is_a_copy() -> None:
+    nodes = [
+        NodeWithScore(
+            node=ImageNode(
+                text=t, image_url=f"https://img.example/{i}.png", text_embedding=[1.0, 0.5]
+            ),
+            score=1.0,
+        )
+        for i, (t, _) in enumerate(HONEST[:4])
+    ]
+    out = DefensePostprocessor(defense=Consensus(embedder=bag_of_words)).postprocess_nodes(
+        nodes, query_str=OCEAN
+    )
+    assert out
+    for got in out:
+        got.node.text_embedding.append(9.0)  # type: ignore[attr-defined]
+    assert all(n.node.text_embedding == [1.0, 0.5] for n in nodes)  # type: ignore[attr-defined]

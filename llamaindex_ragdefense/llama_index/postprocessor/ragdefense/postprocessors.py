@@ -97,8 +97,9 @@ def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> Nod
     for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
         keys = list(getattr(node, attr, []) or [])
         update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
-    if node.embedding is not None:
-        update["embedding"] = list(node.embedding)
+    for name in ("embedding", "text_embedding"):  # an ImageNode's text has a vector too
+        if getattr(node, name, None) is not None:
+            update[name] = list(getattr(node, name))
     # each relation copied alone: one holding what cannot be copied leaves the others copies
     update["relationships"] = {kind: copied(info) for kind, info in node.relationships.items()}
     for name in _RESOURCES:
