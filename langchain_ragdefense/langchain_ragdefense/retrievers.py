@@ -55,8 +55,9 @@ class DefendedRetriever(BaseRetriever):
             leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
             base retriever has more (the same policy as the LlamaIndex adapter's).
         max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``, but for a
-            :class:`~ragdefense.Quarantine`). A ``k`` given per call (``invoke(query, k=4)``)
-            gets at least ``FETCH_ROUNDS``: the caller asked for that many documents.
+            :class:`~ragdefense.Quarantine` holding anything). A ``k`` given per call
+            (``invoke(query, k=4)``) gets at least ``FETCH_ROUNDS``: the caller asked for that
+            many documents.
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
@@ -289,7 +290,8 @@ def defend(
             sum of its retrievers'; a compression retriever's, its base's at most its
             reranker's ``top_n``; no second fetch when the defense removes some, unless
             ``invoke(query, k=...)`` asks for a ``k`` or the defense is a
-            :class:`~ragdefense.Quarantine`), else all kept. The survivors are cut to ``k``.
+            :class:`~ragdefense.Quarantine` holding anything), else all kept. The survivors are
+            cut to ``k``.
         fetch_k: Documents the base retriever is asked for (``None``: the defense's pool for
             ``k``, see :class:`DefendedRetriever`).
         embeddings: Embeddings for the defense; by default the vector store's own when the

@@ -67,8 +67,9 @@ def finding_source(finding: Mapping[str, Any]) -> str | None:
 
 def copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
     """The ids of the groups whose members the report lists, all, with one text: copies of one
-    text, which the per-query defense sees once. Quarantining them by text would let an
-    attacker who stores copies of an honest passage have that passage quarantined."""
+    text, of which the quarantine lets one through to the per-query defense. Quarantining them
+    all by text would let an attacker who stores copies of an honest passage have that passage
+    quarantined."""
     texts: dict[Any, set[str]] = {}
     listed: dict[Any, int] = {}
     for f in findings:
@@ -84,8 +85,8 @@ def copy_groups(findings: list[Mapping[str, Any]]) -> set[Any]:
 def number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: bool) -> float:
     """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
     another version, or edited by hand, must not quarantine the wrong passages."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or (whole and not float(value).is_integer()):
+    numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    if not numeric or (whole and not float(value).is_integer()):
         kind = "a whole number" if whole else "a number"
         raise ValueError(
             f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not {kind}"

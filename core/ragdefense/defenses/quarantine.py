@@ -202,7 +202,10 @@ class Quarantine:
     def reason(self, passage: Passage) -> str | None:
         """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too
         where that matters); ``None`` when not, or where the wrapped defense trusts it."""
-        text = digest(passage.text)
+        return self._held(passage, digest(passage.text))
+
+    def _held(self, passage: Passage, text: str) -> str | None:
+        """:meth:`reason`, the digest of the passage's text (``text``) already taken."""
         source = source_of(passage, self.source_key) if self.sourced else None
         if text not in self.digests and (text, source) not in self.sourced:
             return None
@@ -276,13 +279,14 @@ class Quarantine:
         held: dict[int, str] = {}
         first: dict[str, int] = {}
         for i, p in enumerate(items):
+            d = digest(p.text)
             try:  # the wrapped defense's trusted= predicate may fail
-                why = self.reason(p)
+                why = self._held(p, d)
             except Exception as exc:
                 raise DefenseInputError(
                     f"trusted= failed on passage {i}'s metadata: {exc!r}"
                 ) from exc
-            if why is None and (d := digest(p.text)) in self.once:  # copies: the first is judged
+            if why is None and d in self.once:  # copies of one text: the first is judged
                 if d in first:
                     why = f"removed: a copy of passage {first[d]} (copies of it are in the audit)"
                 first.setdefault(d, i)

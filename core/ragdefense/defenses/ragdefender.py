@@ -235,7 +235,8 @@ class RAGDefender:
         query = check_query(query)
         items = to_passages(passages)
         if len(items) < self.min_passages:  # nothing to estimate: do not load or call the model
-            unused = np.zeros((len(carried_vectors(items)), 1))  # carried ones checked all the same
+            carried_vectors(items)  # unused, still checked
+            unused = np.zeros((len(items), 1))
             return self.defend_embeddings(query, items, unused, task_type=task_type)
         emb = embed_passages(items, self.embedder)
 

@@ -184,8 +184,8 @@ def defend(
             ``embed_model``, ``fail_open`` and ``params`` are then an error, and its callback
             manager is its own; one built here takes the retriever's).
         k: Nodes returned; ``None``: the retriever's own ``similarity_top_k`` (no second fetch
-            when the defense removes some, but for a :class:`~ragdefense.Quarantine`), else all
-            kept.
+            when the defense removes some, but for a :class:`~ragdefense.Quarantine` holding
+            anything), else all kept.
         fetch_k: Nodes the retriever is asked for (``None``: the defense's pool for ``k``, see
             :class:`DefendedRetriever`).
         embed_model: Embeddings for the defense; by default the index's own (vectors the index
