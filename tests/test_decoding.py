@@ -146,6 +146,24 @@ def test_a_hedge_holding_the_gold_is_no_certified_answer() -> None:
     assert r.certificate.possible_answers == ("I don't know",)
 
 
+def test_an_answer_is_certified_by_an_engine_decoding_it_alike() -> None:
+    """The certificate decodes again with the certifying engine's length cap: one of
+    ``max_new_tokens=1`` certified "Canberra" for an answer decoded to 20 tokens, whose second
+    token the attacker can choose (an injected "I don't know" there changes the answer)."""
+    tables = {f"c{i}": [dist(can=1.0), dist(eos=0.6, idk=0.4)] for i in range(4)} | NOR
+    passages = ["c0", "c1", "c2", "c3"]
+    answer = rr(tables).answer(Q, passages)
+    assert answer.engine is not None and answer.engine["max_new_tokens"] == 20
+    own = rr(tables).certify(answer, 1, gold="Canberra").certificate
+    assert own is not None and not own.certified and "token 2" in own.reason
+    short = RobustRAG(llm=FakeTokenLLM(tables), aggregation=SecureDecoding(), max_new_tokens=1)
+    with pytest.raises(ValueError, match=r"max_new_tokens=20 \(this one's 1\)"):
+        short.certify(answer, 1, gold="Canberra")
+    evil = {"evil": [dist(can=1.0), dist(idk=1.0)]}  # the attack the certificate must cover
+    attacked = rr(tables | evil).answer(Q, ["c0", "c1", "c2", "evil"])
+    assert attacked.answer != answer.answer
+
+
 def test_branch_to_the_no_retrieval_token() -> None:
     # eta = 0.2, injection k'=1, m = 3 benign contexts: "always a" needs gap > 1 + 0.2*4 = 1.8;
     # "a or no-retrieval" needs gap >= 1 - 0.2*3 = 0.4. Sums 2.1 vs 0.9: gap 1.2 -> both.

@@ -183,6 +183,21 @@ def test_not_certified_when_an_undecided_keyword_flips_the_answer(nlp) -> None: 
     assert r2.certificate is not None and "change the answer" in r2.certificate.reason
 
 
+def test_an_abstention_is_no_certified_answer_whatever_letters_it_holds(nlp) -> None:  # type: ignore[no-untyped-def]
+    """Gold "no": "I don't know" holds it as letters ("know"), and a certificate listing the
+    abstention an attacker can cause among the possible answers called them all correct."""
+    answers = ["No"] * 7 + ["Yes"] * 2 + ["No"]  # "Yes" is undecided at k'=1 (as above)
+    iso = {f"p{i}!": a for i, a in enumerate(answers)}
+    llm = scripted(iso, lambda kws: "I don't know" if "Yes" in kws else kws.split(", ")[0])
+    r = RobustRAG(llm=llm, nlp=nlp).answer(
+        "Is Canberra the largest city?", list(iso), certify=1, gold="no"
+    )
+    c = r.certificate
+    assert r.answer == "No" and c is not None
+    assert set(c.possible_answers or ()) == {"No", "I don't know"}
+    assert not c.certified and "miss the gold answer" in c.reason
+
+
 def test_threshold_within_reach_is_not_certifiable(nlp) -> None:  # type: ignore[no-untyped-def]
     # k=3, k'=1: benign top 2, n=2; k_eff=1: mu = min(0.9, 3) = 0.9 <= 1: any keyword enters
     llm = scripted({"p0": "Canberra", "p1": "Canberra", "p2": "Canberra"})

@@ -1,6 +1,7 @@
 """RobustRAG on RealtimeQA (top 10 retrieved, 0 and 1 poison) with an LLM: vanilla RAG against
 keyword aggregation, secure decoding and majority vote; accuracy, attack success, certified
-accuracy and wall time."""
+accuracy and wall time. An answer is read with :func:`~ragdefense.text.gives_answer` (as whole
+words, and an abstention gives none), as the certificates read the answers they cover."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from typing import Any
 from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
-from ragdefense.text import contains_answer, normalize
+from ragdefense.text import gives_answer, normalize
 
 from ..cases import realtimeqa_cases
 from ..datasets import load_realtimeqa
@@ -72,8 +73,8 @@ def _measure(
         [ISOLATED_PROMPT.format(context="\n\n".join(texts), query=case.question)]
     )
     add("vanilla ms", (time.perf_counter() - t0) * 1000)
-    add("vanilla acc", contains_answer(vanilla.text or "", rec.answers))
-    add("vanilla asr", contains_answer(vanilla.text or "", [rec.incorrect_answer]))
+    add("vanilla acc", gives_answer(vanilla.text or "", rec.answers))
+    add("vanilla asr", gives_answer(vanilla.text or "", [rec.incorrect_answer]))
     for name, engine in engines.items():
         if name == "majority" and not rec.choices:
             continue
@@ -88,8 +89,8 @@ def _measure(
             if bad:
                 add("majority asr", answer.choice == chr(ord("A") + bad[0]))
         else:
-            add(f"{name} acc", contains_answer(answer.answer, rec.answers))
-            add(f"{name} asr", contains_answer(answer.answer, [rec.incorrect_answer]))
+            add(f"{name} acc", gives_answer(answer.answer, rec.answers))
+            add(f"{name} asr", gives_answer(answer.answer, [rec.incorrect_answer]))
         if s == "0p":  # certified accuracy: the clean retrieval, k' injected passages
             gold = gold_letter if name == "majority" else rec.answers
             t0 = time.perf_counter()

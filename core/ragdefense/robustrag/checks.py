@@ -4,15 +4,16 @@ and certification arguments (found later, each would waste the calls already mad
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
-    "check_aggregated_alike",
+    "check_alike",
     "check_attack",
     "check_certify",
     "check_installed",
     "check_templates",
+    "deciding",
 ]
 
 
@@ -73,10 +74,11 @@ def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True
         raise TypeError(f"gold must be a str or a sequence of str, got {type(gold).__name__}")
 
 
-def check_aggregated_alike(result: Any, aggregation: Any) -> None:
+def check_alike(result: Any, aggregation: Any, engine: Mapping[str, Any]) -> None:
     """A certificate covers an answer only under the settings it was aggregated with: another
-    aggregation, or the same with other settings (another alpha, beta, eta or gamma), could
-    answer otherwise, and is refused."""
+    aggregation, the same with other settings (another alpha, beta, eta or gamma), or an
+    engine with other :func:`deciding` settings (the certificate's own calls and decoding use
+    the certifying engine's) could answer otherwise, and is refused."""
     if not result.responses:
         return
     if result.aggregation != aggregation.name:
@@ -84,9 +86,10 @@ def check_aggregated_alike(result: Any, aggregation: Any) -> None:
             f"this answer was aggregated by {result.aggregation!r}: certify it with a "
             f"RobustRAG whose aggregation is the same (this one's: {aggregation.name!r})"
         )
-    if result.settings is None:
-        return
-    given, own = _answering(result.settings), _answering(aggregation)
+    given, own = dict(result.engine or engine), dict(engine)
+    if result.settings is not None:
+        given.update(_answering(result.settings))
+        own.update(_answering(aggregation))
     differ = [
         f"{k}={given.get(k)!r} (this one's {v!r})" for k, v in own.items() if given.get(k) != v
     ]
@@ -95,6 +98,16 @@ def check_aggregated_alike(result: Any, aggregation: Any) -> None:
             f"this answer was aggregated with other settings: {', '.join(differ)}; certify it "
             "with a RobustRAG of the settings it was given with"
         )
+
+
+def deciding(engine: Any) -> dict[str, Any]:
+    """The settings of a :class:`~.engine.RobustRAG` engine, beside its aggregation's, that
+    decide an answer: its length cap, isolated prompt and passage cut."""
+    return {
+        "max_new_tokens": engine.max_new_tokens,
+        "isolated_prompt": engine.isolated_prompt,
+        "max_passage_chars": engine.max_passage_chars,
+    }
 
 
 #: settings that bound a certification's work, not the answer: they may differ

@@ -21,7 +21,7 @@ from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
 from ..types import Passage, PassageLike, check_query, to_passages
-from .checks import check_aggregated_alike, check_certify, check_installed, check_templates
+from .checks import check_alike, check_certify, check_installed, check_templates, deciding
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
 from .keywords import load_spacy
@@ -345,7 +345,8 @@ class RobustRAG:
             calls = self.answer_calls(items)
             progress(0, calls)
             answer = reported(answer, progress, calls)
-        result: RobustAnswer = replace((yield from answer), settings=self.aggregation)
+        done = yield from answer
+        result: RobustAnswer = replace(done, settings=self.aggregation, engine=deciding(self))
         if certify is not None:
             result = yield from self._certify_flow(result, certify, attack, gold, progress)
         return result
@@ -359,7 +360,7 @@ class RobustRAG:
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         check_certify(k_prime, attack, gold, optional=False)
-        check_aggregated_alike(result, self.aggregation)
+        check_alike(result, self.aggregation, deciding(self))
         golds = [gold] if isinstance(gold, str) else list(gold or [])
         refusal = _refusal(len(result.responses), k_prime) or _failed(result)
         if refusal is not None:

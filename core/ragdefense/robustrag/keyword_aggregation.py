@@ -15,7 +15,7 @@ from itertools import combinations
 from typing import ClassVar, Literal
 
 from ..llm.base import Generation
-from ..text import contains_answer, normalize
+from ..text import gives_answer, normalize
 from ..types import Passage
 from .checks import check_templates
 from .flow import Flow, Progress, Prompts, Runtime, failures_note
@@ -196,7 +196,7 @@ class _Keyword:
             answers.append(IDK if not g.ok or is_abstention(g.text) else (g.text or "").strip())
         possible = tuple(dict.fromkeys(answers))
         if golds:
-            wrong = [a for a in possible if not contains_answer(a, golds)]
+            wrong = [a for a in possible if not gives_answer(a, golds)]
             ok = not wrong
             why = (
                 f"all {len(possible)} possible answer(s) contain the gold answer"

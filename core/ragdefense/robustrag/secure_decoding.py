@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from ..llm import first_line_of
-from ..text import contains_answer, normalize
+from ..text import gives_answer, normalize
 from ..types import Passage
 from .checks import check_templates
 from .flow import Flow, Progress, Runtime
@@ -253,7 +253,7 @@ class _Decoding:
             dict.fromkeys(_answer_of(tok.decode(t, skip_special_tokens=True)) for t in finished)
         )
         if golds:
-            ok = all(contains_answer(a, golds) for a in possible)
+            ok = all(gives_answer(a, golds) for a in possible)
             why = f"{len(possible)} possible answer(s); " + (
                 "all contain the gold answer" if ok else "some miss the gold answer"
             )

@@ -4,10 +4,11 @@ types (isolated responses, decoding steps, certificates, the answer with its rep
 from __future__ import annotations
 
 import math
-import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Literal
 
+from ..text import is_abstention
 from ..types import Passage
 
 __all__ = [
@@ -51,22 +52,6 @@ NO_RETRIEVAL_PROMPT = (
 IDK = "I don't know"
 Attack = Literal["injection", "modification"]
 NO_INFO = "E"
-
-_ABSTAIN = re.compile(
-    r"\bi\s+(?:don['\u2019]?t|do\s+not)\s+know\b"
-    r"|\bnot\s+sure\b"
-    r"|\bno\s+(?:relevant\s+)?information\b"
-    r"|\b(?:cannot|can['\u2019]?t|unable\s+to)\s+(?:answer|determine|find)\b"
-    r"|\b(?:does\s+not|doesn['\u2019]?t)\s+(?:contain|mention|provide)\b",
-    re.IGNORECASE,
-)
-
-
-def is_abstention(text: str | None) -> bool:
-    """Whether an isolated answer abstains: empty, failed, saying "I don't know", or one of the
-    usual paraphrases of small models ("I'm not sure", "no information", "cannot answer",
-    "the context does not contain ...")."""
-    return text is None or not text.strip() or bool(_ABSTAIN.search(text))
 
 
 @dataclass(frozen=True)
@@ -132,6 +117,8 @@ class RobustAnswer:
     certificate: Certificate | None = None
     #: the aggregation's settings it was aggregated with (``certify`` refuses other settings)
     settings: Any = None
+    #: the engine's own settings that decide an answer (``certify`` refuses other ones)
+    engine: Mapping[str, Any] | None = None
 
     @property
     def abstentions(self) -> list[int]:
