@@ -1415,6 +1415,28 @@ def test_benchmark_corpus_is_deterministic_and_split(data_dir: Path) -> None:
             assert attacker <= honest
 
 
+@pytest.mark.data
+def test_quarantine_corpus_plants_every_family_in_every_dataset_as_per_query(
+    data_dir: Path,
+) -> None:
+    """The quarantine benchmark's split compares families, not datasets (families in blocks
+    put the tuning ones on RealtimeQA alone), and its passages are the per-query benchmarks'
+    (without the record's passages to hide in, ``dispersed`` quoted the question in a fixed
+    paragraph, far easier to find)."""
+    from benchmarks.settings.audit import audit_corpus
+    from benchmarks.settings.quarantine import COUNTS
+    from ragdefense.attacks import ATTACKS
+
+    kb = audit_corpus(data_dir, n_targets=40, counts=COUNTS, spread=True)
+    families: dict[str, set[str]] = {}
+    for dataset, family, _ in kb.targets:
+        families.setdefault(dataset, set()).add(family)
+    assert len(families) == 4 and all(f == set(ATTACKS) for f in families.values())
+    texts = dict(zip(kb.ids, kb.texts, strict=True))
+    dispersed = [texts[i] for i, (_, f, _) in kb.planted.items() if f == "dispersed"]
+    assert dispersed and not any("collects background on the question" in t for t in dispersed)
+
+
 def _sourced_corpus() -> tuple[list[str], list[str], list[dict[str, Any]], set[str], set[str]]:
     """The toy corpus, its benign chunks from a site per topic; the planted groups from one
     upload, which also holds four lone planted passages written like benign notes (nothing in

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -161,6 +162,21 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
             pair = [by[(ds, st, family, n)]["poison_share"] for n in ("ragdefender", "grada")]
             assert row["poison_share"] <= min(pair) + 1e-9
             assert "ms_p50" not in row  # its timings would be neither defense's
+
+
+def test_threats_table_names_the_cases_a_defense_failed_on() -> None:
+    """The threat table's cells are means over the cases that ran: a defense raising on the
+    hard ones would look better, so the failures are said under the table."""
+    from benchmarks.runner import CaseOutcome, summarize
+    from benchmarks.settings.threats import error_lines
+
+    ok = CaseOutcome(0.0, False, True, 1.0, 1.0, 0, 1.0)
+    failed = [ok, replace(ok, poison_share=1.0, error="ValueError: boom")]
+    row = {"row": "default (text only)", "scenario": "minority", "setting": "1p"}
+    row |= {"family": "typo", "cases": 2, **summarize(failed)}
+    assert row["poison_share"] == 0.0  # the failed case is left out of the mean
+    [line] = error_lines([row, {**row, "errors": 0}])
+    assert "1 of 2 cases of default (text only), minority, 1p, typo" in line
 
 
 @pytest.mark.slow

@@ -4,7 +4,8 @@ poison in a whole knowledge base.
 Corpus: every benign passage of the shared data (RealtimeQA's web results, the RAGDefender
 bundles' gold passages; duplicates dropped), with poison planted for 100 target questions (25
 from each of RealtimeQA, NQ, MS MARCO, HotpotQA), the attack families of
-:mod:`ragdefense.attacks` in turn and 1, 3 or 5 passages per target. Probes are derived from the
+:mod:`ragdefense.attacks` in turn (planted as the per-query benchmarks plant them) and 1, 3
+or 5 passages per target. Probes are derived from the
 corpus (not the target questions); a second run gives the target questions as the query log.
 Recall and benign chunks flagged are also shown by kind of data (:data:`KINDS`): web results,
 where several outlets report one story and a planted set sits among honest near-duplicates, and
@@ -40,9 +41,10 @@ from typing import Any
 
 import numpy as np
 
-from ragdefense.attacks import ATTACKS, make_poison
+from ragdefense.attacks import ATTACKS
 from ragdefense.auditing import ListCorpus, audit
 
+from ..cases import attack_passages
 from ..datasets import load_qa
 from ..report import markdown_table
 
@@ -123,9 +125,11 @@ def audit_corpus(
     spread: bool = False,
 ) -> AuditCorpus:
     """Build the corpus (deterministic for a given ``seed``): ``counts`` planted passages per
-    target, in turn, a family per run of them (``spread``: a count per target in turn, so that
-    every dataset holds every count); a target is labelled with what was planted for it (a
-    family may have fewer texts than asked)."""
+    target, in turn, a family per run of them (``spread``: within each dataset a family and a
+    count per target in turn, so that every dataset holds every family and every count); the
+    planted passages are :func:`~benchmarks.cases.attack_passages`, as every per-query
+    benchmark plants them; a target is labelled with what was planted for it (a family may
+    have fewer texts than asked)."""
     records = {d: load_qa(folder, d) for d in DATASETS}
     ids: list[str] = []
     texts: list[str] = []
@@ -154,16 +158,16 @@ def audit_corpus(
     planted: dict[str, tuple[str, str, int]] = {}
     questions, answers, targets = [], [], []
     for t, (dataset, record) in enumerate(chosen):
-        family = ATTACKS[(t // len(counts) if spread else t) % len(ATTACKS)]
-        count = counts[(t if spread else t // len(ATTACKS)) % len(counts)]
-        poison = make_poison(
-            family,
-            record.question,
-            record.wrong_answer,
-            count,
-            texts=record.poison,
-            alternatives=record.wrong_alternatives,
-        )
+        if spread:  # within each dataset, the families in turn and the counts in turn
+            i = t % per + 3 * DATASETS.index(dataset)  # each dataset from another family
+            family, count = ATTACKS[i % len(ATTACKS)], counts[t % per % len(counts)]
+        else:
+            family = ATTACKS[t % len(ATTACKS)]
+            count = counts[t // len(ATTACKS) % len(counts)]
+        # as the per-query benchmarks plant them (dispersed in the record's own passages,
+        # multi-answer's alternatives drawn from other questions' wrong answers)
+        others = [r.wrong_answer for r in records[dataset]]
+        poison = attack_passages(record, family, count, others)
         count = len(poison)
         questions.append(record.question)
         answers.append(tuple(record.answers))

@@ -4,8 +4,10 @@ defense with and without the audit's :class:`~ragdefense.Quarantine`.
 
 Corpus: the audit benchmark's (every benign passage of the shared data, duplicates dropped)
 with 5, 10, 20 or 30 passages planted per target question (40 targets, ten from each of
-RealtimeQA, NQ, MS MARCO and HotpotQA, each dataset's targets taking the counts in turn and the
-attack families in turn over them; a family with fewer texts than asked plants what it has,
+RealtimeQA, NQ, MS MARCO and HotpotQA, each dataset's targets taking the attack families in
+turn, so that every dataset holds every family and the tuning and held-out columns compare
+families, not datasets, and the counts in turn; planted as the per-query benchmarks plant
+them; a family with fewer texts than asked plants what it has,
 and the target is counted with what was planted), no provenance at query
 time. Each target question is asked as the one line asks it, k = 5: the defense's pool by
 MiniLM similarity from the whole corpus (2k, at least 8), widened twice over while the defense
@@ -123,6 +125,7 @@ def quarantine_table(
         "strict": defense("strict", embedder=emb),
     }
     cells: dict[tuple[str, str], list[tuple[float, bool]]] = {}
+    short = dict.fromkeys(defenses, 0)  # contexts under K passages (an empty one: no poison)
     for question, answers, (_, family, count) in zip(
         kb.questions, kb.answers, kb.targets, strict=True
     ):
@@ -132,6 +135,7 @@ def quarantine_table(
         for name, guard in defenses.items():
             passages, ctx = _one_line(guard, question, q, ranking, kb, vectors, sims)
             share = sum(passages[i].id in planted for i in ctx) / len(ctx) if ctx else 0.0
+            short[name] += len(ctx) < K
             found = any(  # an honest passage: a planted one may hold a short answer's string
                 passages[i].id not in planted and contains_answer(passages[i].text, answers)
                 for i in ctx
@@ -152,6 +156,7 @@ def quarantine_table(
                 for col in columns
                 if (name, col) in cells
             },
+            "short_contexts": short[name],
         }
         for name in defenses
     ]
@@ -179,6 +184,11 @@ def quarantine_table(
         f"families: {', '.join(DEFAULT_ATTACKS)}; the others held out):",
         "",
         *table,
+        "",
+        f"Contexts of fewer than {K} passages (the one line's fetch rounds spent; an empty one "
+        "counts as no poison): "
+        + (", ".join(f"{n} {c}" for n, c in short.items() if c) or "none")
+        + ".",
     ]
     rows.append(
         {

@@ -180,7 +180,19 @@ def threats_table(
             row |= summarize(run_cases(defense, cases)) | {"cases": len(cases)}
             rows.append(row)
             by[(label, scenario, setting, family)] = row
-    return rows, "\n".join(_render(by, families))
+    errors = error_lines(rows)
+    return rows, "\n".join([*_render(by, families), *([""] if errors else []), *errors])
+
+
+def error_lines(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """A line per row whose defense raised on some cases: those cases are left out of every
+    mean (:func:`~benchmarks.runner.summarize`), which no cell shows."""
+    return [
+        f"Errors: {r['errors']} of {r['cases']} cases of {r['row']}, {r['scenario']}, "
+        f"{r['setting']}, {r['family']} (left out of its cells)."
+        for r in rows
+        if r.get("errors")
+    ]
 
 
 def _mean(
