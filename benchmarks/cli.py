@@ -115,7 +115,9 @@ def _threats(args: argparse.Namespace) -> Table:
 def _e2e(args: argparse.Namespace) -> Table:
     from .settings.e2e import e2e_table
 
-    return e2e_table(_folder(args), limit=args.limit, embedder=args.embedder)
+    return e2e_table(
+        _folder(args), limit=args.limit, embedder=args.embedder, cache=args.embed_cache
+    )
 
 
 def _quarantine(args: argparse.Namespace) -> Table:
@@ -192,7 +194,8 @@ def _common() -> argparse.ArgumentParser:
     common.add_argument(
         "--embed-cache",
         default=os.environ.get("RAGDEFENSE_BENCH_CACHE"),
-        help="folder keeping the MiniLM vectors across runs (default: $RAGDEFENSE_BENCH_CACHE)",
+        help="folder keeping the MiniLM vectors (and e2e's LLM answers) across runs "
+        "(default: $RAGDEFENSE_BENCH_CACHE)",
     )
     return common
 

@@ -39,7 +39,7 @@ from ragdefense.defenses.registry import names
 from ragdefense.embedders import as_embedder, default_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
-from ragdefense.text import contains_answer
+from ragdefense.text import gives_answer, names_answer
 from ragdefense.types import DefenseResult
 
 from .cases import Case, attack_passages, suite_cases
@@ -83,8 +83,8 @@ def _context(case: Case, result: DefenseResult | None) -> list[str]:
 
 def _answer_metrics(text: str, case: Case) -> dict[str, float]:
     return {
-        "accuracy": float(contains_answer(text, case.extra["answers"])),
-        "asr": float(contains_answer(text, [case.extra["wrong_answer"]])),
+        "accuracy": float(gives_answer(text, case.extra["answers"])),
+        "asr": float(names_answer(text, [case.extra["wrong_answer"]])),
     }
 
 

@@ -300,7 +300,9 @@ def test_gold_passages_are_each_their_own_source(data_dir: Path, minilm: object)
 
 
 @pytest.mark.data
-def test_e2e_table_with_a_gullible_llm(data_dir: Path, minilm: object) -> None:
+def test_e2e_table_with_a_gullible_llm(
+    data_dir: Path, minilm: object, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The end-to-end setting on three questions with an LLM that repeats whichever answer its
     context states more often (the packaged model's run is `python -m benchmarks e2e`): every
     setting and row is there, no defense is hijacked by three planted passages, the default is
@@ -350,3 +352,20 @@ def test_e2e_table_with_a_gullible_llm(data_dir: Path, minilm: object) -> None:
         acc = "met" if r["accuracy"] >= clean["accuracy"] - 0.02 - 1e-9 else "missed"
         assert f"{setting}, {label}: attack success" in table
         assert f"accuracy {r['accuracy']:.2f} against {clean['accuracy']:.2f} ({acc})" in table
+    # the default model's answers kept by prompt: a second run (a metric changed) asks none
+    import benchmarks.settings.e2e as e2e
+
+    asked: list[str] = []
+
+    def counted(prompt: str) -> str:
+        asked.append(prompt)
+        return gullible(prompt)
+
+    monkeypatch.setattr(e2e, "as_llm", lambda _: CallableLLM(counted))
+    first, _ = e2e_table(data_dir, limit=3, embedder=minilm, progress=False, cache=tmp_path)
+    n = len(asked)
+    again, _ = e2e_table(data_dir, limit=3, embedder=minilm, progress=False, cache=tmp_path)
+    assert n > 0 and len(asked) == n and again == first == rows
+    e2e_table(data_dir, limit=3, llm=CallableLLM(counted), embedder=minilm, progress=False,
+              cache=tmp_path)  # fmt: skip
+    assert len(asked) == 2 * n  # another model given: never read from the cache

@@ -352,3 +352,14 @@ def test_a_prompt_without_a_chat_template_gets_its_special_tokens() -> None:
     assert llm.raw(Tok())
     Tok.chat_template = "{{ messages }}"  # type: ignore[assignment]
     assert not llm.raw(Tok()) and TransformersLLM("/m", chat=False).raw(Tok())
+
+
+def test_an_answer_s_engine_settings_are_plain_json() -> None:
+    """The engine settings an answer records are in its JSON: a numpy passage cut is an int."""
+    import json
+
+    import numpy as np
+
+    rag = RobustRAG(llm=lambda p: "Pacific Ocean", max_passage_chars=np.int64(1500))
+    answer = rag.answer(Q, PASSAGES)
+    assert json.loads(json.dumps(answer.to_dict()))["engine"]["max_passage_chars"] == 1500

@@ -167,7 +167,7 @@ def audit_corpus(
         # as the per-query benchmarks plant them (dispersed in the record's own passages,
         # multi-answer's alternatives drawn from other questions' wrong answers)
         others = [r.wrong_answer for r in records[dataset]]
-        poison = attack_passages(record, family, count, others)
+        poison = attack_passages(record, family, count, others, seed=seed)
         count = len(poison)
         questions.append(record.question)
         answers.append(tuple(record.answers))

@@ -1,7 +1,9 @@
 """RobustRAG on RealtimeQA (top 10 retrieved, 0 and 1 poison) with an LLM: vanilla RAG against
 keyword aggregation, secure decoding and majority vote; accuracy, attack success, certified
-accuracy and wall time. An answer is read with :func:`~ragdefense.text.gives_answer` (as whole
-words, and an abstention gives none), as the certificates read the answers they cover."""
+accuracy and wall time. Accuracy reads answers as the certificates do,
+:func:`~ragdefense.text.gives_answer` (as whole words; an abstention gives none); attack
+success with :func:`~ragdefense.text.names_answer` (a hedge naming the attacker's answer
+counts)."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ from typing import Any
 from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
-from ragdefense.text import gives_answer, normalize
+from ragdefense.text import gives_answer, names_answer, normalize
 
 from ..cases import realtimeqa_cases
 from ..datasets import load_realtimeqa
@@ -74,7 +76,7 @@ def _measure(
     )
     add("vanilla ms", (time.perf_counter() - t0) * 1000)
     add("vanilla acc", gives_answer(vanilla.text or "", rec.answers))
-    add("vanilla asr", gives_answer(vanilla.text or "", [rec.incorrect_answer]))
+    add("vanilla asr", names_answer(vanilla.text or "", [rec.incorrect_answer]))
     for name, engine in engines.items():
         if name == "majority" and not rec.choices:
             continue
@@ -90,7 +92,7 @@ def _measure(
                 add("majority asr", answer.choice == chr(ord("A") + bad[0]))
         else:
             add(f"{name} acc", gives_answer(answer.answer, rec.answers))
-            add(f"{name} asr", gives_answer(answer.answer, [rec.incorrect_answer]))
+            add(f"{name} asr", names_answer(answer.answer, [rec.incorrect_answer]))
         if s == "0p":  # certified accuracy: the clean retrieval, k' injected passages
             gold = gold_letter if name == "majority" else rec.answers
             t0 = time.perf_counter()

@@ -91,11 +91,13 @@ def check_alike(result: Any, aggregation: Any, engine: Mapping[str, Any]) -> Non
         given.update(_answering(result.settings))
         own.update(_answering(aggregation))
     differ = [
-        f"{k}={given.get(k)!r} (this one's {v!r})" for k, v in own.items() if given.get(k) != v
+        f"{k}={_shown(given.get(k))} (this one's {_shown(v)})"
+        for k, v in own.items()
+        if given.get(k) != v
     ]
     if differ:
         raise ValueError(
-            f"this answer was aggregated with other settings: {', '.join(differ)}; certify it "
+            f"this answer was given with other settings: {', '.join(differ)}; certify it "
             "with a RobustRAG of the settings it was given with"
         )
 
@@ -108,6 +110,12 @@ def deciding(engine: Any) -> dict[str, Any]:
         "isolated_prompt": engine.isolated_prompt,
         "max_passage_chars": engine.max_passage_chars,
     }
+
+
+def _shown(value: Any, most: int = 60) -> str:
+    """``value``'s repr, a long one (a prompt template) cut."""
+    text = repr(value)
+    return text if len(text) <= most else f"{text[: most - 3]}..."
 
 
 #: settings that bound a certification's work, not the answer: they may differ

@@ -144,7 +144,7 @@ class RobustRAG:
             raise ValueError(f"max_passage_chars must be >= 1 (or None), got {max_passage_chars}")
         check_templates(isolated_prompt=(isolated_prompt, ("context", "query")))
         self.aggregation: Aggregation = aggregation
-        self.max_passage_chars = max_passage_chars
+        self.max_passage_chars = None if max_passage_chars is None else int(max_passage_chars)
         self._llm = llm
         self._nlp = nlp
         self.max_new_tokens = int(max_new_tokens)

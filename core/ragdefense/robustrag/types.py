@@ -117,7 +117,8 @@ class RobustAnswer:
     certificate: Certificate | None = None
     #: the aggregation's settings it was aggregated with (``certify`` refuses other settings)
     settings: Any = None
-    #: the engine's own settings that decide an answer (``certify`` refuses other ones)
+    #: the engine's own settings that decide an answer (``certify`` refuses other ones; the
+    #: LLM itself is not compared: certify with the model that answered)
     engine: Mapping[str, Any] | None = None
 
     @property
