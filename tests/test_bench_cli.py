@@ -369,3 +369,15 @@ def test_e2e_table_with_a_gullible_llm(
     e2e_table(data_dir, limit=3, llm=CallableLLM(counted), embedder=minilm, progress=False,
               cache=tmp_path)  # fmt: skip
     assert len(asked) == 2 * n  # another model given: never read from the cache
+
+
+def test_an_ablation_threshold_flags_at_most_its_budget_whatever_the_ties() -> None:
+    """Scores tied at the 99th percentile were all flagged (a flag rate of 1.0 shared by many
+    benign chunks flagged several percent of them, not the 1% the row is compared at)."""
+    from benchmarks.settings.audit import at_most
+
+    benign = [1.0] * 30 + [0.5] * 970
+    t = at_most(benign, 0.01)
+    assert sum(v > t for v in benign) <= 10
+    spread = [i / 1000 for i in range(1000)]
+    assert sum(v > at_most(spread, 0.01) for v in spread) == 10

@@ -39,8 +39,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 from ragdefense.attacks import ATTACKS
 from ragdefense.auditing import ListCorpus, audit
 
@@ -237,6 +235,14 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
     return row
 
 
+def at_most(benign: Sequence[float], share: float) -> float:
+    """The least threshold above which (``score > threshold``) at most ``share`` of ``benign``
+    lies: scores tied at it are all below it, never flagged together past the budget."""
+    top = sorted(benign, reverse=True)
+    allowed = int(share * len(top))
+    return float(top[allowed]) if allowed < len(top) else float("-inf")
+
+
 def _variants(kb: AuditCorpus, workdir: Path) -> dict[str, dict[str, float]]:
     """Scores of every chunk under the ablation's variants, from an audit's working folder (the
     audit's defense: the default): isolation and targeting (with a query log), isolation
@@ -276,7 +282,8 @@ def audit_quality(
 ) -> tuple[str, list[dict[str, Any]]]:
     """Audit the benchmark corpus twice (derived probes; the target questions as query log),
     over vectors embedded once as a store holds them; the ablation of the score's evidence,
-    each variant's threshold set at 1% of the tuning part's benign chunks."""
+    each variant flagging what scores above its threshold, the least that leaves at most 1% of
+    the tuning part's benign chunks above it (ties at it are not flagged)."""
     from ragdefense.auditing.evidence import Scoring
     from ragdefense.auditing.workdir import Workdir
     from ragdefense.embedders import default_embedder
@@ -318,8 +325,8 @@ def audit_quality(
                      "sources": "none"})  # fmt: skip
         for variant, scores in _variants(kb, work).items():
             tuning_benign = [v for i, v in scores.items() if i not in kb.planted and kb.tuning(i)]
-            threshold = float(np.quantile(tuning_benign, 0.99))
-            flagged = {i for i, v in scores.items() if v >= threshold}
+            threshold = at_most(tuning_benign, 0.01)
+            flagged = {i for i, v in scores.items() if v > threshold}
             rows.append({**_recall_rows(kb, flagged, run, variant), "threshold": threshold,
                          "sources": "none"})  # fmt: skip
     columns = ["run", "scoring", "sources", "threshold", "recall", "tuning", "held out: family"]
