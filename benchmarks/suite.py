@@ -39,7 +39,6 @@ from ragdefense.defenses.registry import names
 from ragdefense.embedders import as_embedder, default_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
-from ragdefense.text import gives_answer, names_answer
 from ragdefense.types import DefenseResult
 
 from .cases import Case, attack_passages, suite_cases
@@ -48,6 +47,7 @@ from .report import cell, plot_rows, value
 from .runner import (
     CaseDefense,
     CaseOutcome,
+    answer_metrics,
     context_indices,
     progress_bar,
     resolve_defense,
@@ -81,13 +81,6 @@ def _context(case: Case, result: DefenseResult | None) -> list[str]:
     return [case.passages[i].text for i in context_indices(case, result)]
 
 
-def _answer_metrics(text: str, case: Case) -> dict[str, float]:
-    return {
-        "accuracy": float(gives_answer(text, case.extra["answers"])),
-        "asr": float(names_answer(text, [case.extra["wrong_answer"]])),
-    }
-
-
 class _Runner:
     """Runs named defenses (and an optional LLM) on cases; built once per process."""
 
@@ -114,7 +107,8 @@ class _Runner:
             prompt = ISOLATED_PROMPT.format(
                 context="\n\n".join(_context(case, result)), query=case.question
             )
-            answer = _answer_metrics(self.llm().generate([prompt])[0].text or "", case)
+            text = self.llm().generate([prompt])[0].text or ""
+            answer = answer_metrics(text, case.extra["answers"], case.extra["wrong_answer"])
         return outcome, answer
 
     def _robustrag(self, case: Case) -> tuple[CaseOutcome, dict[str, float]]:
@@ -131,7 +125,7 @@ class _Runner:
             outcome.error = f"{type(exc).__name__}: {exc}"[:300]
             return outcome, {}
         outcome.ms = (time.perf_counter() - t0) * 1000
-        return outcome, _answer_metrics(text, case)
+        return outcome, answer_metrics(text, case.extra["answers"], case.extra["wrong_answer"])
 
 
 _WORKER: _Runner | None = None

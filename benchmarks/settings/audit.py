@@ -155,6 +155,8 @@ def audit_corpus(
     chosen = [(d, r) for d in DATASETS for r in rng.sample(records[d], per)]
     planted: dict[str, tuple[str, str, int]] = {}
     questions, answers, targets = [], [], []
+    # multi-answer's alternatives are drawn from the other questions' wrong answers
+    others = {d: [r.wrong_answer for r in records[d]] for d in DATASETS}
     for t, (dataset, record) in enumerate(chosen):
         if spread:  # within each dataset, the families in turn and the counts in turn
             i = t % per + 3 * DATASETS.index(dataset)  # each dataset from another family
@@ -162,10 +164,8 @@ def audit_corpus(
         else:
             family = ATTACKS[t % len(ATTACKS)]
             count = counts[t // len(ATTACKS) % len(counts)]
-        # as the per-query benchmarks plant them (dispersed in the record's own passages,
-        # multi-answer's alternatives drawn from other questions' wrong answers)
-        others = [r.wrong_answer for r in records[dataset]]
-        poison = attack_passages(record, family, count, others, seed=seed)
+        # as the per-query benchmarks plant them (dispersed in the record's own passages)
+        poison = attack_passages(record, family, count, others[dataset], seed=seed)
         count = len(poison)
         questions.append(record.question)
         answers.append(tuple(record.answers))

@@ -8,7 +8,8 @@ the default on the passages' text alone, and the default reading each passage's 
 results' links; the attacker's host). The LLM answers each context with RobustRAG's vanilla
 prompt, greedy; accuracy counts answers giving a correct answer, attack success (ASR) answers
 naming the attacker's, even in a hedge (:func:`~ragdefense.text.gives_answer`,
-:func:`~ragdefense.text.names_answer`: as whole words; an abstention gives no answer).
+:func:`~ragdefense.text.names_answer`, as :func:`~benchmarks.runner.answer_metrics` reads
+them: as whole words; an abstention gives no answer).
 Under the table, the end-to-end targets for each setting: with the default, attack success at
 most 0.02 above no defense's on clean retrieval, and accuracy at most 0.02 below no
 defense's clean accuracy (one question is ``1 / questions``: differences of one or two
@@ -29,12 +30,11 @@ from ragdefense.defenses import registry
 from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT
-from ragdefense.text import gives_answer, names_answer
 
 from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, provenance_case
 from ..datasets import DataError, load_qa
 from ..report import markdown_table
-from ..runner import context_indices, on_case, run_case
+from ..runner import answer_metrics, context_indices, on_case, run_case
 
 __all__ = ["E2E_ROWS", "e2e_table"]
 
@@ -120,7 +120,8 @@ def e2e_table(
     model = as_llm(llm)
     store = _answer_store(cache) if llm is None and cache is not None else None
     known = json.loads(store.read_text()) if store is not None and store.exists() else {}
-    answers = {p: known[_key(p)] for p in prompts if _key(p) in known}
+    keys = {p: hashlib.sha256(p.encode()).hexdigest() for p in prompts}
+    answers = {p: known[key] for p, key in keys.items() if key in known}
     asked = [p for p in prompts if p not in answers]
     batch = 16
     starts = range(0, len(asked), batch)
@@ -130,9 +131,13 @@ def e2e_table(
             answers[p] = out.text or ""
     if store is not None and asked:
         store.parent.mkdir(parents=True, exist_ok=True)
-        store.write_text(json.dumps(known | {_key(p): a for p, a in answers.items()}))
+        store.write_text(json.dumps(known | {keys[p]: a for p, a in answers.items()}))
     rows = []
     for (setting, label), runs in contexts.items():
+        scored = [
+            answer_metrics(answers[_prompt(c, ctx)], c.extra["answers"], c.extra["wrong_answer"])
+            for c, ctx in runs
+        ]
         rows.append(
             {
                 "setting": setting,
@@ -145,13 +150,8 @@ def e2e_table(
                 "gold_in_context": statistics.fmean(
                     any(c.is_gold[i] for i in ctx) for c, ctx in runs
                 ),
-                "accuracy": statistics.fmean(
-                    gives_answer(answers[_prompt(c, ctx)], c.extra["answers"]) for c, ctx in runs
-                ),
-                "asr": statistics.fmean(
-                    names_answer(answers[_prompt(c, ctx)], [c.extra["wrong_answer"]])
-                    for c, ctx in runs
-                ),
+                "accuracy": statistics.fmean(m["accuracy"] for m in scored),
+                "asr": statistics.fmean(m["asr"] for m in scored),
             }
         )
     return rows, "\n".join(_render(rows, type(model).__name__, len(prompts)))
@@ -166,10 +166,6 @@ def _answer_store(cache: str | os.PathLike[str]) -> Path:
     except PackageNotFoundError:
         made = "unversioned"
     return Path(cache) / "e2e-answers" / f"{made}.json"
-
-
-def _key(prompt: str) -> str:
-    return hashlib.sha256(prompt.encode()).hexdigest()
 
 
 def _prompt(case: Case, ctx: Sequence[int]) -> str:

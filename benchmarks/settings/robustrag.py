@@ -15,12 +15,12 @@ from typing import Any
 from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
-from ragdefense.text import gives_answer, names_answer, normalize
+from ragdefense.text import normalize
 
 from ..cases import realtimeqa_cases
 from ..datasets import load_realtimeqa
 from ..report import markdown_table
-from ..runner import progress_bar
+from ..runner import answer_metrics, progress_bar
 
 __all__ = ["robustrag_table"]
 
@@ -75,8 +75,9 @@ def _measure(
         [ISOLATED_PROMPT.format(context="\n\n".join(texts), query=case.question)]
     )
     add("vanilla ms", (time.perf_counter() - t0) * 1000)
-    add("vanilla acc", gives_answer(vanilla.text or "", rec.answers))
-    add("vanilla asr", names_answer(vanilla.text or "", [rec.incorrect_answer]))
+    scored = answer_metrics(vanilla.text, rec.answers, rec.incorrect_answer)
+    add("vanilla acc", scored["accuracy"])
+    add("vanilla asr", scored["asr"])
     for name, engine in engines.items():
         if name == "majority" and not rec.choices:
             continue
@@ -91,8 +92,9 @@ def _measure(
             if bad:
                 add("majority asr", answer.choice == chr(ord("A") + bad[0]))
         else:
-            add(f"{name} acc", gives_answer(answer.answer, rec.answers))
-            add(f"{name} asr", names_answer(answer.answer, [rec.incorrect_answer]))
+            scored = answer_metrics(answer.answer, rec.answers, rec.incorrect_answer)
+            add(f"{name} acc", scored["accuracy"])
+            add(f"{name} asr", scored["asr"])
         if s == "0p":  # certified accuracy: the clean retrieval, k' injected passages
             gold = gold_letter if name == "majority" else rec.answers
             t0 = time.perf_counter()
