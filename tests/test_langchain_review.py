@@ -283,6 +283,21 @@ def test_the_stores_own_model_reuses_its_vectors() -> None:
         assert not set(model.embedded) & set(_OCEAN)  # the query only
 
 
+def test_a_default_defense_object_on_another_models_store_embeds_the_text(minilm: Any) -> None:
+    """A defense object on the packaged model (no ``embedder=``) over a store of another
+    model embeds the retrieved texts itself, as the object alone would, instead of failing
+    every query on the store's vectors; over a store of the packaged model it reads them."""
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from ragdefense import Consensus
+
+    store = InMemoryVectorStore.from_texts(_OCEAN, Words())
+    compressor = defend(store.as_retriever(), Consensus()).compressor
+    assert not compressor._store_space()
+    assert defend(store.as_retriever(), Consensus()).invoke("ocean")
+    packaged = InMemoryVectorStore.from_texts(_OCEAN, RagdefenseEmbeddings())
+    assert defend(packaged.as_retriever(), Consensus()).compressor._store_space()
+
+
 def test_embeddings_beside_a_defense_object_are_refused() -> None:
     """A defense object embeds with its own ``embedder``: ``embeddings=`` beside it would be
     dropped without a word, so it is an error, in ``defend`` and on a compressor alike."""

@@ -265,6 +265,23 @@ def test_a_quarantine_on_another_model_gets_no_index_vectors() -> None:
         assert not post.node_embeddings and post.vector_store is None
 
 
+def test_a_default_defense_object_on_another_models_index_embeds_the_text(minilm: Any) -> None:
+    """A defense object on the packaged model (no ``embedder=``) over an index of another
+    model gets neither the index's vectors nor the nodes': it embeds the texts, and works; on
+    an index of the packaged model it reuses them."""
+    texts = [t for t, m in demo_documents() if m["q"] in ("q1", "q7")]
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t in texts], embed_model=RagdefenseEmbedding(_reversed_words)
+    )
+    post = defend(index, Consensus()).postprocessor
+    assert not post.node_embeddings and post.vector_store is None
+    assert defend(index, Consensus(), k=4).retrieve(OCEAN)
+    nodes = [TextNode(text=t) for t in texts]
+    packaged = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding())
+    post = defend(packaged, Consensus()).postprocessor
+    assert post.node_embeddings and post.vector_store is not None
+
+
 def test_a_subclassed_chroma_store_is_read_as_chroma() -> None:
     import chromadb
     from llama_index.vector_stores.chroma import ChromaVectorStore

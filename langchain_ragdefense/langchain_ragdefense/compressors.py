@@ -114,9 +114,10 @@ class DefenseCompressor(BaseDocumentCompressor):
     def _store_space(self) -> bool:
         """Whether the store's vectors are in the space the defense embeds in: its model is
         the store's own (a named defense's ``embeddings``, ``None`` meaning the store's; a
-        defense object's ``embedder``), or the packaged default (``None``: the core checks
-        the vectors against it). Another model's vectors would be compared with the query in
-        another space, silently where the sizes agree."""
+        defense object's ``embedder``), or the packaged default where the store's model is
+        it too or is not known (the core checks the vectors against it). Another model's
+        vectors would be compared with the query in another space, silently where the sizes
+        agree."""
         model = self.embeddings if named(self.defense) else defense_embedder(self.defense)
         return same_space(model, getattr(self.vectorstore, "embeddings", None))
 

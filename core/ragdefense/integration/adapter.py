@@ -90,12 +90,23 @@ def defense_embedder(defense: Any) -> Any:
 def same_space(model: Any, own: Any) -> bool:
     """Whether the vectors a store made with ``own`` (``None``: not known) are in the space
     ``model`` embeds in: ``model`` is ``own`` or a core embedder wrapping it, or ``None`` (the
-    packaged default, which the core checks carried vectors against). Another model's vectors
-    would be compared with the query in another space, silently where the sizes agree."""
-    if model is None or model is own:
+    packaged default) where ``own`` is the packaged model too or is not known (the core checks
+    carried vectors against it). Another model's vectors would be compared with the query in
+    another space, silently where the sizes agree; a known other model's are left out, and the
+    default embeds the texts itself."""
+    if model is own:
         return True
+    if model is None:
+        return own is None or _packaged(own)
     inner = ("embeddings", "embed_model") if isinstance(model, Embedder) else ()
     return own is not None and any(getattr(model, name, None) is own for name in inner)
+
+
+def _packaged(model: Any) -> bool:
+    """Whether ``model`` is the packaged all-MiniLM-L6-v2, or a framework wrapper of it (the
+    adapters' ``RagdefenseEmbeddings`` / ``RagdefenseEmbedding``)."""
+    wrapped = getattr(model, "embedder", None) or getattr(model, "_embedder", None)
+    return any(getattr(m, "packaged", False) is True for m in (model, wrapped))
 
 
 class AdapterCore:

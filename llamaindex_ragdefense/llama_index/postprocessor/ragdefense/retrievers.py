@@ -234,9 +234,9 @@ def guard(
     """The postprocessor :func:`defend` runs ``defense`` with, over an index embedding with
     ``own`` (``None``: not known) in ``store``. The vectors the store holds, and those the
     nodes carry, are handed to the defense only where they are in its model's space: its model
-    is the index's, or is the packaged MiniLM (which the core checks them against); otherwise
-    the defense embeds the nodes' text. A defense object embeds with its own ``embedder``
-    (``embed_model`` with one is an error)."""
+    is the index's, or is the packaged MiniLM where the index's is too or is not known (the
+    core checks them against it); otherwise the defense embeds the nodes' text. A defense
+    object embeds with its own ``embedder`` (``embed_model`` with one is an error)."""
     configured(defense, embed_model, "embed_model")
     by_name = named(defense)
     model = (embed_model or own) if by_name else defense_embedder(defense)
