@@ -343,6 +343,53 @@ def test_a_retriever_set_to_fetch_more_is_not_narrowed() -> None:
     assert store.asked[0] == 20
 
 
+def test_a_reranker_set_to_rerank_more_candidates_still_does() -> None:
+    """A compression pipeline whose base fetches 20 for a reranker keeping 3: the defense's
+    pool is sized by the 3, and the base is still asked for its 20 (the reranker reranks what
+    it would have), never narrowed to the pool."""
+    from langchain_classic.retrievers import ContextualCompressionRetriever
+
+    from tests.test_langchain import _TopN
+
+    store = _Asked(Words())
+    store.add_texts([f"The Pacific is the largest ocean, note {i}" for i in range(30)])
+    base = store.as_retriever(search_kwargs={"k": 20})
+    piped = ContextualCompressionRetriever(base_compressor=_TopN(top_n=3), base_retriever=base)
+    defended = defend(piped, "consensus")
+    assert defended.k == 3
+    assert len(defended.invoke("ocean")) <= 3
+    assert store.asked == [20]
+    store.asked.clear()
+    defend(piped, "consensus", k=12).invoke("ocean")  # a pool above the base's own k
+    assert store.asked[0] == 24
+
+
+class _Counting(BaseRetriever):
+    """Returns its documents whatever it is asked for, counting the calls."""
+
+    docs: list[Document]
+    calls: int = 0
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        self.calls += 1
+        return list(self.docs)
+
+
+def test_a_retriever_ignoring_the_size_asked_is_asked_again_once() -> None:
+    """Where the defense keeps fewer than ``k`` and the retriever gives no more when asked for
+    more (it takes no ``k``), widening stops at the round that shows it: asked twice, not
+    once per round allowed, sync and async alike."""
+    docs = [Document(f"The Pacific is the largest ocean, note {i}") for i in range(6)]
+    for run in ("sync", "async"):
+        retriever = _Counting(docs=docs)
+        defended = defend(retriever, _Keep(drop="note 1"), k=6)
+        asked = defended.ainvoke("ocean") if run == "async" else None
+        got = asyncio.run(asked) if asked else defended.invoke("ocean")
+        assert len(got) == 5 and retriever.calls == 2
+
+
 def test_a_filtered_faiss_store_gives_the_defense_every_match() -> None:
     """FAISS with a filter filters its candidates after the search: a small index is searched
     whole, so one tenant's every document reaches the defense in the first round, and a store

@@ -110,14 +110,15 @@ class DefendedRetriever(BaseRetriever):
         k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
         config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
+        before: int | None = None  # what the round before fetched
         for _ in range(rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = base.invoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
-            if fetched_enough(k, fetch, len(docs), len(kept), honoured):
+            if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
                 break
-            fetch = 2 * fetch if fetch else None
+            fetch, before = (2 * fetch if fetch else None), len(docs)
         return kept[:k] if k else kept
 
     async def _aget_relevant_documents(
@@ -126,15 +127,16 @@ class DefendedRetriever(BaseRetriever):
         k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
         config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
+        before: int | None = None  # what the round before fetched
         for _ in range(rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
             docs = await base.ainvoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
             kept = list(compressed)
-            if fetched_enough(k, fetch, len(docs), len(kept), honoured):
+            if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
                 break
-            fetch = 2 * fetch if fetch else None
+            fetch, before = (2 * fetch if fetch else None), len(docs)
         return kept[:k] if k else kept
 
 
@@ -154,10 +156,11 @@ def widened(
     more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
     so; it returns ``fetch`` when one of them does. A ``ContextualCompressionRetriever`` is a
-    copy whose base retriever is asked so and whose reranker (a compressor with ``top_n``)
-    keeps the pool; another compressor may keep fewer. FAISS with a ``filter`` (in its
-    ``search_kwargs`` or among the arguments of this ``call``) is asked for more candidates
-    (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
+    copy whose base retriever is asked so (never for fewer than it fetches by default: its
+    reranker reranks as many candidates as it would have) and whose reranker (a compressor
+    with ``top_n``) keeps the pool; another compressor may keep fewer. FAISS with a
+    ``filter`` (in its ``search_kwargs`` or among the arguments of this ``call``) is asked for
+    more candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):
@@ -171,7 +174,8 @@ def widened(
     base = _compressed(retriever)
     if base is not None:  # a compression pipeline: its base asked (it passes call arguments
         # on), a reranker's top_n raised to the pool; what the compressor keeps is unpromised
-        inner, args, _ = widened(base, fetch, call)
+        # its base is never narrowed: a reranker set to rerank more candidates still does
+        inner, args, _ = widened(base, max(fetch, _retriever_k(base) or 0), call)
         update: dict[str, Any] = {"base_retriever": inner}
         compressor = getattr(retriever, "base_compressor", None)
         if isinstance(compressor, BaseModel) and positive_int(getattr(compressor, "top_n", None)):

@@ -42,10 +42,19 @@ def fetch_rounds(defense: Any, k_given: bool) -> int:
 
 
 def fetched_enough(
-    k: int | None, fetch: int | None, fetched: int, kept: int, honoured: bool = True
+    k: int | None,
+    fetch: int | None,
+    fetched: int,
+    kept: int,
+    honoured: bool = True,
+    before: int | None = None,
 ) -> bool:
     """Whether an adapter's retriever stops widening: ``k`` kept, or the base retriever gave
     fewer than asked where it returns what it is asked for when it holds that many
     (``honoured``: then it holds no more; FAISS with a filter filters its candidates after the
-    search and gives fewer while it holds more), or no size to widen."""
+    search and gives fewer while it holds more), or no more than the round ``before`` (a
+    retriever that ignores the size it is asked for: asking again gives the same), or no size
+    to widen."""
+    if before is not None and fetched <= before:
+        return True
     return not k or not fetch or kept >= k or (honoured and fetched < fetch)
