@@ -58,7 +58,8 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         streaming: Give a streaming response (``query_engine.query(q).response_gen``) as
             LlamaIndex's synthesizers do: the answer needs every isolated one, so it comes as
             one chunk.
-        callback_manager: LlamaIndex's callback manager (default: the LLM's).
+        callback_manager: LlamaIndex's callback manager (default: ``Settings``'s, as
+            LlamaIndex's own synthesizers; the LLM keeps its own for its calls).
 
     Its prompts are the core's templates, shown and changed as LlamaIndex's are
     (``get_prompts()``, ``update_prompts({"isolated_prompt": PromptTemplate(...)})``).
@@ -253,9 +254,11 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         return cls(retriever=retriever, synthesizer=RobustRAGSynthesizer(llm, **synthesizer_kwargs))
 
     def custom_query(self, query_str: str) -> RESPONSE_TYPE:
+        """Retrieve for ``query_str``, then answer from the nodes in isolation."""
         nodes = self.retriever.retrieve(query_str)
         return self.synthesizer.synthesize(query_str, nodes)
 
     async def acustom_query(self, query_str: str) -> RESPONSE_TYPE:
+        """Async :meth:`custom_query`."""
         nodes = await self.retriever.aretrieve(query_str)
         return await self.synthesizer.asynthesize(query_str, nodes)
