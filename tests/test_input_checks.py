@@ -207,7 +207,7 @@ def test_given_embeddings_are_checked_whatever_the_pools_size(
 
 def test_every_defense_takes_embeddings_none_and_an_empty_pool() -> None:
     """``embeddings=None`` means "those the passages carry" for every defense, and an empty
-    pool may come with ``[]``."""
+    pool may come with ``[]``, and with the query's embedding."""
     passages = [Passage(f"text {i}", embedding=np.eye(5)[i]) for i in range(5)]
 
     def embed(texts: list[str]) -> Any:
@@ -221,6 +221,8 @@ def test_every_defense_takes_embeddings_none_and_an_empty_pool() -> None:
         result = guard.defend_embeddings("q?", passages, None, np.ones(5))
         assert len(result.verdicts) == 5
         assert guard.defend_embeddings("q?", [], []).verdicts == ()
+        assert guard.defend_embeddings("q?", [], [], np.ones(5)).verdicts == ()
+        assert guard.defend_embeddings("q?", [], None, np.ones(5)).verdicts == ()
 
 
 def test_a_quarantine_says_grada_ranks_in_the_callers_numbering_and_scores_json() -> None:
@@ -346,3 +348,15 @@ def test_bm25_takes_any_real_k1_it_can_compute_with(k1: Any) -> None:
         return
     with pytest.raises((TypeError, ValueError), match="k1"):
         BM25(k1=k1)
+
+
+def test_a_non_string_shown_is_refused_and_an_id_of_any_type_writes_as_json() -> None:
+    """``Passage.shown`` is text or nothing (it is compared as the text is); an id that is
+    not a string or number (a UUID, as some stores give) is its string in ``to_dict``."""
+    import uuid
+
+    with pytest.raises(DefenseInputError, match="passage 1: shown must be str or None, got int"):
+        ragdefense.defense().defend("q?", [Passage("a"), Passage("b", shown=5)])  # type: ignore[arg-type]
+    key = uuid.UUID(int=7)
+    result = ragdefense.defense("strict").defend("q?", [Passage("a", id=key), "b", "c"])  # type: ignore[arg-type]
+    assert json.loads(json.dumps(result.to_dict()))["verdicts"][0]["id"] == str(key)

@@ -111,6 +111,10 @@ def to_passages(passages: Sequence[PassageLike] | None) -> list[Passage]:
                 raise DefenseInputError(
                     f"passage {i}: text must be str, got {type(p.text).__name__}"
                 )
+            if p.shown is not None and not isinstance(p.shown, str):
+                raise DefenseInputError(
+                    f"passage {i}: shown must be str or None, got {type(p.shown).__name__}"
+                )
             out.append(p)
         elif isinstance(p, str):
             out.append(Passage(text=p))
@@ -260,7 +264,7 @@ class DefenseResult:
             "verdicts": [
                 {
                     "index": v.index,
-                    "id": v.passage.id,
+                    "id": _plain_id(v.passage.id),
                     "text": v.passage.text,
                     "kept": v.kept,
                     "score": v.score if math.isfinite(v.score) else None,
@@ -299,6 +303,13 @@ def _fmt(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+def _plain_id(value: Any) -> Any:
+    """A passage's id as JSON holds it: a string or number as it is, another (a UUID) as its
+    string."""
+    value = _jsonable(value)
+    return value if value is None or isinstance(value, (str, int, float)) else str(value)
 
 
 def _jsonable(value: Any) -> Any:

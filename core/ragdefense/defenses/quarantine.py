@@ -242,7 +242,8 @@ class Quarantine:
             return self.defend(query, items)
         rows = None if embeddings is None else check_embeddings(embeddings, len(items))
         if query_embedding is not None:  # checked even where every passage is quarantined
-            check_query_embedding(query_embedding, None if rows is None else rows.shape[1])
+            width = None if rows is None or not len(items) else rows.shape[1]
+            check_query_embedding(query_embedding, width)
         held, rest = self._split(items)
         inner = None
         if rest:

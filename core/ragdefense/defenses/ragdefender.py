@@ -265,7 +265,10 @@ class RAGDefender:
         rows = embed_passages(items, self.embedder) if embeddings is None else embeddings
         emb = check_embeddings(rows, len(items))
         if query_embedding is not None:  # given: it must be right, never silently skipped
-            query_embedding = check_query_embedding(query_embedding, emb.shape[1])
+            # an empty pool has no width to match (as every other defense takes it)
+            query_embedding = check_query_embedding(
+                query_embedding, emb.shape[1] if len(items) else None
+            )
         given = lazy_query_sim(lambda: query_embedding, emb)
         return self._defend(query, items, emb, given, task_type)
 
