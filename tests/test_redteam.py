@@ -136,6 +136,13 @@ def test_core_knowledge_base_red_team(minilm: Any) -> None:
     answered = kb.red_team(TARGETS, k=5, answer=lambda q, ctx: ctx[0])
     assert all(o.answer is not None for o in answered.outcomes)
     assert answered.hijack_rate("consensus") < answered.hijack_rate("no defense")
+    # a defense named as typed (case, "_") is labelled as the registry names it, and a
+    # pipeline the report does not hold is an error, never a rate of 0
+    typed = kb.red_team(TARGETS[:1], k=5, defense="GRADA_peel")
+    assert typed.pipelines == ["no defense", "grada-peel"]
+    for ask in (typed.hijack_rate, typed.hijacked):
+        with pytest.raises(KeyError, match="no pipeline 'GRADA_peel' in this report"):
+            ask("GRADA_peel")
 
 
 def test_langchain_store_is_copied_never_touched(minilm: Any) -> None:

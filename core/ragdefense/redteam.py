@@ -133,13 +133,20 @@ class RedTeamReport:
         return list(dict.fromkeys(o.pipeline for o in self.outcomes))
 
     def hijack_rate(self, pipeline: str) -> float:
-        """Share of the targets hijacked in ``pipeline``."""
-        sub = [o for o in self.outcomes if o.pipeline == pipeline]
-        return sum(o.hijacked for o in sub) / len(sub) if sub else 0.0
+        """Share of the targets hijacked in ``pipeline`` (one of :attr:`pipelines`, else
+        ``KeyError``: a misspelt name must not read as "never hijacked")."""
+        sub = [o for o in self.outcomes if o.pipeline == self._known(pipeline)]
+        return sum(o.hijacked for o in sub) / len(sub)
 
     def hijacked(self, pipeline: str) -> list[str]:
-        """The questions hijacked in ``pipeline``."""
-        return [o.question for o in self.outcomes if o.pipeline == pipeline and o.hijacked]
+        """The questions hijacked in ``pipeline`` (one of :attr:`pipelines`, else ``KeyError``)."""
+        name = self._known(pipeline)
+        return [o.question for o in self.outcomes if o.pipeline == name and o.hijacked]
+
+    def _known(self, pipeline: str) -> str:
+        if pipeline not in self.pipelines:
+            raise KeyError(f"no pipeline {pipeline!r} in this report: it ran {self.pipelines}")
+        return pipeline
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
@@ -322,6 +329,8 @@ def defense_label(defense: Any) -> str:
         from .defenses.registry import DEFAULT_DEFENSE
 
         return DEFAULT_DEFENSE
-    if isinstance(defense, str):
-        return defense
+    if isinstance(defense, str):  # as the registry names it, however it was typed
+        from .defenses.registry import preset
+
+        return preset(defense).name
     return str(getattr(defense, "name", None) or type(defense).__name__)
