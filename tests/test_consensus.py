@@ -604,6 +604,22 @@ def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:
         Consensus(trusted=lambda m: m["reviewed"]).defend_embeddings("q", passages, emb, q)
 
 
+def test_trust_assigned_after_construction_takes_effect() -> None:
+    """``trusted`` and ``source_key`` are read when the defense runs, as they are shown:
+    assigning them (or adding to the set given) changes what is trusted, and a collection of
+    sources without provenance is refused then as at construction."""
+    passages, emb, q, _ = _pool(1, n_benign=6)
+    passages = [replace(p, metadata={"source": f"site-{i}.org"}) for i, p in enumerate(passages)]
+    guard = Consensus()
+    guard.trusted = {"site-1.org"}
+    assert guard.defend_embeddings("q", passages, emb, q).estimates["trusted"] == [1]
+    guard.trusted.add("site-2.org")  # type: ignore[union-attr]
+    assert guard.defend_embeddings("q", passages, emb, q).estimates["trusted"] == [1, 2]
+    guard.source_key = None
+    with pytest.raises(ValueError, match="source_key=None turns off"):
+        guard.defend_embeddings("q", passages, emb, q)
+
+
 def test_the_verdicts_explain_and_the_callers_passages_are_untouched() -> None:
     passages, emb, q, _ = _pool(1, n_benign=6, n_poison=3)
     passages = [replace(p, metadata={"source": f"site-{i % 4}"}) for i, p in enumerate(passages)]
@@ -1027,11 +1043,13 @@ def test_a_consensus_pickles_with_its_trust() -> None:
     import pickle
 
     from ragdefense import SentenceTransformerEmbedder
+    from ragdefense.defenses.trusting import trust_test
 
     passage = Passage("x", metadata={"source": "https://who.int/a", "reviewed": True})
     for trusted in (None, {"who.int"}, is_reviewed):
         back = pickle.loads(pickle.dumps(Consensus(trusted=trusted)))
-        assert back._is_trusted(passage, source_of(passage)) == (trusted is not None)
+        is_trusted = trust_test(back.trusted, back.source_key)
+        assert is_trusted(0, passage, source_of(passage)) == (trusted is not None)
     embedder = pickle.loads(pickle.dumps(SentenceTransformerEmbedder()))
     assert embedder.packaged and embedder._model is None  # loaded again where it is used
 

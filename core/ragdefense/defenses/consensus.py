@@ -65,15 +65,15 @@ from typing import Any
 import numpy as np
 
 from ..embedders import passage_and_query_embeddings
-from ..provenance import AUTO, Trust, document_of, is_trusted_by, sources_of
+from ..provenance import AUTO, Trust, document_of, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
-from ..types import DefenseInputError, DefenseResult, Passage, PassageLike, check_query, to_passages
+from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, check_given, cosines, differences, flags, integers, reals
 from .pool import Pool, apart_from, consensus_result, distinct, map_back, one_of_each
 from .quotes import quoting
-from .trusting import contradicting
+from .trusting import contradicting, trust_test
 from .voices import holders, one_voices
 
 __all__ = ["Consensus"]
@@ -161,8 +161,6 @@ class Consensus:
         embedder = check_embedder(embedder)
         cosines(tightness=tightness, absorb=absorb)
         differences(margin=margin, voice=voice, anchor=anchor)
-        if source_key is not None and not isinstance(source_key, str):
-            raise TypeError(f"source_key must be a str or None, got {type(source_key).__name__}")
         if min_passages < 2 or min_group < 2:
             raise ValueError("min_passages and min_group must be >= 2")
         self.embedder = embedder
@@ -176,12 +174,7 @@ class Consensus:
         self.keep_copies = keep_copies
         self.source_key = source_key
         self.trusted = trusted
-        self._is_trusted = is_trusted_by(trusted, source_key)
-        if source_key is None and trusted is not None and not callable(trusted):
-            raise ValueError(
-                "trusted sources need provenance, which source_key=None turns off: name the "
-                "metadata key with source_key=, or pass a predicate on the metadata"
-            )
+        trust_test(trusted, source_key)  # checked now; built again per call from the fields
         self.anchor = anchor
         self.support = support
         self.min_passages = int(min_passages)
@@ -208,8 +201,9 @@ class Consensus:
         query = check_query(query)
         items = to_passages(passages)
         m = len(items)
+        is_trusted = trust_test(self.trusted, self.source_key)  # the fields as they are now
         sources = sources_of(items, self.source_key)
-        trusted = [self._trust(i, p, sources[i]) for i, p in enumerate(items)]
+        trusted = [is_trusted(i, p, sources[i]) for i, p in enumerate(items)]
         # with trust given, which passages it found is said (none found too)
         found = [i for i, t in enumerate(trusted) if t]
         said: dict[str, Any] = {"trusted": found} if found or self.trusted is not None else {}
@@ -293,12 +287,6 @@ class Consensus:
             return {}
         judged = frozenset([*estimates.get("voices", ()), *estimates.get("claims", {})])
         return one_of_each(copy_of, trusted, sources, removed, judged)
-
-    def _trust(self, i: int, passage: Passage, source: str | None) -> bool:
-        try:
-            return self._is_trusted(passage, source)
-        except Exception as exc:  # the user's predicate
-            raise DefenseInputError(f"trusted= failed on passage {i}'s metadata: {exc!r}") from exc
 
     def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
+from ..provenance import Trust, is_trusted_by
+from ..types import DefenseInputError, Passage
 from .pool import Pool
 
-__all__ = ["contradicting"]
+__all__ = ["contradicting", "trust_test"]
 
 
 def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
@@ -42,3 +46,28 @@ def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
         found.append(i)
     if found:
         estimates["contradicting"] = found
+
+
+def trust_test(
+    trusted: Trust, source_key: str | None
+) -> Callable[[int, Passage, str | None], bool]:
+    """The test ``(position, passage, its source) -> trusted?`` for ``trusted`` read with
+    ``source_key``, checked (a collection of sources needs provenance); a predicate's failure
+    is a :class:`~ragdefense.DefenseInputError` naming the passage. Built from a defense's
+    fields as they are when it runs, so that assigning them takes effect."""
+    if source_key is not None and not isinstance(source_key, str):
+        raise TypeError(f"source_key must be a str or None, got {type(source_key).__name__}")
+    if source_key is None and trusted is not None and not callable(trusted):
+        raise ValueError(
+            "trusted sources need provenance, which source_key=None turns off: name the "
+            "metadata key with source_key=, or pass a predicate on the metadata"
+        )
+    test = is_trusted_by(trusted, source_key)
+
+    def judged(i: int, passage: Passage, source: str | None) -> bool:
+        try:
+            return bool(test(passage, source))
+        except Exception as exc:  # the user's predicate
+            raise DefenseInputError(f"trusted= failed on passage {i}'s metadata: {exc!r}") from exc
+
+    return judged
