@@ -21,6 +21,7 @@ from ragdefense import (
     GRADA,
     AutoDefense,
     CallableEmbedder,
+    Consensus,
     DefenseInputError,
     Passage,
     RAGDefender,
@@ -46,6 +47,7 @@ def _defenses() -> list[Any]:
         GRADA(embedder=EMBEDDER),
         GRADA(similarity="ebd", peel=True, embedder=EMBEDDER),
         AutoDefense(embedder=EMBEDDER),
+        Consensus(embedder=EMBEDDER),
     ]
 
 
