@@ -159,6 +159,15 @@ class StoreCorpus:
             for start in range(0, len(ids), size):
                 positions = range(start, min(start + size, len(ids)))
                 docs = [store.docstore.search(ids[p]) for p in positions]
+                lost = next(
+                    (ids[p] for p, d in zip(positions, docs, strict=True) if isinstance(d, str)),
+                    None,
+                )
+                if lost is not None:  # the docstore answers a missing id with a message
+                    raise ValueError(
+                        f"FAISS store: vector of document {lost!r} has no document in its "
+                        "docstore (a docstore edited apart from the index): rebuild the store"
+                    )
                 yield _batch(
                     [ids[p] for p in positions],
                     [d.page_content for d in docs],

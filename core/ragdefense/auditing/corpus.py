@@ -55,12 +55,35 @@ class Batch:
             raise ValueError(f"a batch has {n} ids but {len(self.vectors)} vectors")
         if self.metadata is not None and len(self.metadata) != n:
             raise ValueError(f"a batch has {n} ids but {len(self.metadata)} metadata entries")
+        bad = next((i for i, v in enumerate(self.ids) if not isinstance(v, str)), None)
+        if bad is not None:
+            raise ValueError(
+                f"chunk {bad + 1} of the batch has an id of type {type(self.ids[bad]).__name__}"
+                f" ({self.ids[bad]!r}): ids are strings"
+            )
         for field, values in (("text", self.texts), ("title", self.titles)):
             bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
             if bad is not None:  # e.g. a store record holding a vector but no document
                 raise ValueError(
                     f"chunk {self.ids[bad]!r} has no {field} string (got "
                     f"{type(values[bad]).__name__}): give every chunk a text ('' for none)"
+                )
+        for i, chunk_id in enumerate(self.ids):  # each is written to the working folder
+            where = f"chunk {i + 1} of the batch ({chunk_id!r})"
+            for field, value in (
+                ("id", chunk_id),
+                ("text", self.texts[i]),
+                ("title", self.titles[i]),
+            ):
+                _check_text(value, where, field)
+        if self.vectors is not None:
+            with np.errstate(over="ignore"):  # beyond float32's range is what is looked for
+                finite = np.isfinite(np.asarray(self.vectors, dtype=np.float32)).all(axis=-1)
+            if not finite.all():  # NaN, inf, or beyond float32's range once stored as float32
+                chunk = self.ids[int(np.argmin(finite))]
+                raise ValueError(
+                    f"chunk {chunk!r}: its stored vector is not finite (NaN, infinite, or "
+                    "beyond float32's range): embed it again, or audit the texts (no vectors)"
                 )
 
 
@@ -80,14 +103,14 @@ def fingerprint(corpus: Corpus) -> str:
     return str(own()) if callable(own) else type(corpus).__name__
 
 
-def _check_text(text: str, where: str) -> None:
+def _check_text(text: str, where: str, field: str = "text") -> None:
     """``ValueError`` naming the chunk when ``text`` is not valid Unicode (a lone surrogate, as
     a broken export holds): it could be neither stored nor reported."""
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
         raise ValueError(
-            f"{where}: its text is not valid Unicode (a lone surrogate at character "
+            f"{where}: its {field} is not valid Unicode (a lone surrogate at character "
             f"{exc.start}): fix the export"
         ) from None
 
@@ -220,7 +243,7 @@ class FileCorpus:
         with self.path.open("rb") as f:
             for line_no, raw in enumerate(f, 1):
                 try:
-                    line = raw.decode("utf-8")
+                    line = raw.decode("utf-8-sig" if line_no == 1 else "utf-8")  # a BOM first
                 except UnicodeDecodeError as exc:
                     raise ValueError(
                         f"{self.path}:{line_no}: not UTF-8 (byte {exc.start + 1} of the line)"
@@ -333,18 +356,20 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
     if isinstance(queries, (str, Path)) and Path(queries).is_file():
         path = Path(queries)
         try:
-            text = path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8-sig")  # a byte-order mark is not a query
         except UnicodeDecodeError as exc:
             raise ValueError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start})") from None
         suffix = path.suffix.lower()
+        # lines end at "\n" alone (U+2028 or a form feed inside a question is part of it)
+        rows = [line.removesuffix("\r") for line in text.split("\n")]
         items: list[Any]
         if suffix == ".txt":
-            items = text.splitlines()
+            items = rows
         else:  # .jsonl / .ndjson a record per line, anything else JSON
             lines = suffix in (".jsonl", ".ndjson")
             try:
                 items = (
-                    [json.loads(line) for line in text.splitlines() if line.strip()]
+                    [json.loads(line) for line in rows if line.strip()]
                     if lines
                     else json.loads(text)
                 )

@@ -17,8 +17,8 @@ import logging
 import tempfile
 import time
 from collections.abc import Iterable
-from contextlib import AbstractContextManager, nullcontext
-from dataclasses import asdict, dataclass, fields, replace
+from contextlib import AbstractContextManager, ExitStack, nullcontext
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -27,11 +27,18 @@ import numpy as np
 from .corpus import Corpus, as_corpus, fingerprint, read_queries, unique_ids
 from .engines import Engine, LocalEngine, check_engine, make_engine
 from .evidence import Scoring, assess, reasons, scored
+from .naming import defense_names
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
-from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark
+from .settings import (
+    AuditSettings,
+    defense_mark,
+    embedder_mark,
+    queries_mark,
+    with_overrides,
+)
 from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .space import check_space
 from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
@@ -86,29 +93,16 @@ def audit(
             those of ``settings`` (``audit(kb, part_size=32)``); any other name is a
             ``TypeError``.
     """
-    chosen = _settings(settings, overrides)
+    chosen = with_overrides(settings, overrides)
     check_engine(engine, workers)
     folder: AbstractContextManager[str | Path] = (
         tempfile.TemporaryDirectory(prefix="ragdefense-audit-")
         if workdir is None
         else nullcontext(workdir)
     )
-    with folder as path:
+    with folder as path, ExitStack() as lock:  # the folder's lock, taken once inputs are read
         options = _Options(queries, embedder, path, fresh, engine, address, workers, progress)
-        return _run(knowledge_base, chosen, options)
-
-
-def _settings(settings: AuditSettings | None, overrides: dict[str, Any]) -> AuditSettings:
-    """``settings`` (default ``AuditSettings()``) with ``overrides`` replacing its fields."""
-    if settings is not None and not isinstance(settings, AuditSettings):
-        raise TypeError(f"settings must be an AuditSettings, not a {type(settings).__name__}")
-    valid = [f.name for f in fields(AuditSettings)]
-    if unknown := sorted(set(overrides) - set(valid)):
-        raise TypeError(
-            f"audit() got unexpected keyword argument(s) {', '.join(unknown)}; the settings "
-            f"are {', '.join(valid)}"
-        )
-    return replace(AuditSettings() if settings is None else settings, **overrides)
+        return _run(knowledge_base, chosen, options, lock)
 
 
 @dataclass(frozen=True)
@@ -150,7 +144,9 @@ class _Job:
         self.runner.map(step, todo, desc, self.options.progress)
 
 
-def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> AuditReport:
+def _run(
+    knowledge_base: Any, settings: AuditSettings, options: _Options, lock: ExitStack
+) -> AuditReport:
     """The audit, in ``options.workdir``: each stage resumes from the files already there."""
     started = time.perf_counter()
     stages: dict[str, float] = {}
@@ -158,7 +154,7 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
     def lap(stage: str) -> None:
         stages[stage] = round(time.perf_counter() - started - sum(stages.values()), 2)
 
-    job, corpus = _start(knowledge_base, settings, options)
+    job, corpus = _start(knowledge_base, settings, options, lock)
     sizes = _ingest(job.wd, corpus, settings.part_size, settings.source_key, options.embedder)
     lap("read")
     _embed_chunks(job, sizes)
@@ -194,13 +190,16 @@ def _run(knowledge_base: Any, settings: AuditSettings, options: _Options) -> Aud
     return report
 
 
-def _start(knowledge_base: Any, settings: AuditSettings, options: _Options) -> tuple[_Job, Corpus]:
-    """Read the inputs, record the parameters in the folder (checked against those recorded
-    there on a restart), start the engine."""
-    names = [d if isinstance(d, str) else type(d).__name__ for d in settings.defenses]
+def _start(
+    knowledge_base: Any, settings: AuditSettings, options: _Options, lock: ExitStack
+) -> tuple[_Job, Corpus]:
+    """Read the inputs, lock the folder (:meth:`Workdir.held`, in ``lock``), record the
+    parameters there (checked against those recorded on a restart), start the engine."""
+    names = defense_names(settings.defenses)
     queries = None if options.queries is None else read_queries(options.queries)
     corpus = as_corpus(knowledge_base)
     wd = Workdir(options.workdir)
+    lock.enter_context(wd.held())
     embedder = options.embedder
     wd.start(
         {

@@ -6,9 +6,12 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import os
+import tempfile
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -181,25 +184,28 @@ class AuditReport:
         written = []
         for fmt in formats:
             path = folder / f"report.{fmt}"
-            if fmt == "md":
-                path.write_text(self.to_markdown(), encoding="utf-8")
-            elif fmt == "json":
-                path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
-            elif fmt == "csv":
-                rows = [{k: _cell(v) for k, v in f.row().items()} for f in self.findings]
-                with path.open("w", newline="", encoding="utf-8") as out:
-                    writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["id"])
-                    writer.writeheader()
-                    writer.writerows(rows)
-            elif fmt == "parquet":
-                import pyarrow as pa
-                import pyarrow.parquet as pq
-
-                pq.write_table(pa.Table.from_pylist([f.row() for f in self.findings]), path)
-            else:
-                self.plot(path)
+            _replace(path, partial(self._write, fmt=fmt))
             written.append(path)
         return written
+
+    def _write(self, path: Path, fmt: str) -> None:
+        if fmt == "md":
+            path.write_text(self.to_markdown(), encoding="utf-8")
+        elif fmt == "json":
+            path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
+        elif fmt == "csv":
+            rows = [{k: _cell(v) for k, v in f.row().items()} for f in self.findings]
+            with path.open("w", newline="", encoding="utf-8") as out:
+                writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["id"])
+                writer.writeheader()
+                writer.writerows(rows)
+        elif fmt == "parquet":
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+
+            pq.write_table(pa.Table.from_pylist([f.row() for f in self.findings]), path)
+        else:
+            self.plot(path)
 
     def plot(self, path: str | Path) -> None:
         """Write :meth:`figure` to ``path`` (PNG, or the format its suffix names)."""
@@ -285,3 +291,17 @@ def _cell(value: Any) -> Any:
 def _aside(stats: dict[str, Any]) -> str:
     """What the verdict leaves out of ``score >= threshold``: the possible victims."""
     return ", possible victims aside" if stats.get("victims") else ""
+
+
+def _replace(path: Path, write: Callable[[Path], None]) -> None:
+    """Write ``path`` whole or not at all: into a temporary file beside it (same suffix, for
+    the formats that read it), renamed over it once complete. A reader, such as a quarantine
+    loading the report while it is written again, or a killed run, never sees half a report."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
+    os.close(fd)
+    try:
+        write(Path(tmp))
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -22,7 +22,13 @@ from ..defenses.registry import DEFAULT_DEFENSE, preset
 from ..embedders import as_embedder
 from .evidence import Scoring
 
-__all__ = ["AuditSettings", "defense_mark", "embedder_mark", "queries_mark"]
+__all__ = [
+    "AuditSettings",
+    "defense_mark",
+    "embedder_mark",
+    "queries_mark",
+    "with_overrides",
+]
 
 
 @dataclass(frozen=True)
@@ -195,3 +201,16 @@ def _setting(value: Any) -> str:
     if hasattr(value, "defend"):  # a nested defense (a quarantine's)
         return defense_mark(value)
     return f"<{type(value).__name__}>"  # a model or another object: its type
+
+
+def with_overrides(settings: AuditSettings | None, overrides: dict[str, Any]) -> AuditSettings:
+    """``settings`` (default ``AuditSettings()``) with ``overrides`` replacing its fields."""
+    if settings is not None and not isinstance(settings, AuditSettings):
+        raise TypeError(f"settings must be an AuditSettings, not a {type(settings).__name__}")
+    valid = [f.name for f in fields(AuditSettings)]
+    if unknown := sorted(set(overrides) - set(valid)):
+        raise TypeError(
+            f"audit() got unexpected keyword argument(s) {', '.join(unknown)}; the settings "
+            f"are {', '.join(valid)}"
+        )
+    return replace(AuditSettings() if settings is None else settings, **overrides)

@@ -335,13 +335,14 @@ class DefendStep:
 
     def _defenses(self) -> list[tuple[str, Any]]:
         from ..defenses.registry import defense
+        from .naming import defense_names
 
         key = ("defenses", self.workdir, tuple(map(str, self.defenses)))
         if key not in _CACHE:
             made = []
-            for d in self.defenses:
+            for name, d in zip(defense_names(self.defenses), self.defenses, strict=True):
                 obj = defense(d, embedder=step_embedder(self.embedder)) if isinstance(d, str) else d
-                made.append((d if isinstance(d, str) else type(d).__name__, obj))
+                made.append((name, obj))
             _CACHE[key] = made
         return list(_CACHE[key])
 

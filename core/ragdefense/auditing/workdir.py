@@ -103,10 +103,37 @@ class Workdir:
     def __init__(self, path: str | Path) -> None:
         # absolute: steps run elsewhere (a Ray worker's own folder) must find it
         self.path = Path(path).absolute()
+        self._run: str | None = None  # read once: new only with a start this object makes
         try:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"cannot make the working folder {path}: {exc.strerror}") from None
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The folder locked for one audit while it runs: a second audit given the same folder
+        (another process, or the CLI's default folder shared by two runs started in one
+        place) is refused at once, instead of one clearing or overwriting the other's parts and
+        reporting its chunks. The lock is the system's (``flock`` on the folder), released when
+        the audit ends or its process dies; where the system has none (Windows), keeping one
+        audit per folder is the user's to do."""
+        try:
+            import fcntl
+        except ImportError:
+            yield
+            return
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                raise ValueError(
+                    f"{self.path}: another audit is running in this working folder: wait for "
+                    "it to end, or give another folder (workdir=, --workdir)"
+                ) from None
+            yield
+        finally:
+            os.close(fd)  # releases the lock
 
     # ---- writing, atomically ---------------------------------------------------------------
 
@@ -225,6 +252,7 @@ class Workdir:
         else in the folder stays). A folder that holds
         other files but no audit (no manifest bearing :data:`MARKER`) is refused, never
         cleared nor written to."""
+        self._run = None  # whatever was read before, this start decides
         # a manifest's temporary file is the audit's own (killed before its first write)
         stray = [p for p in self.path.iterdir() if p.name.startswith(".manifest.json.")]
         others = [p for p in self.path.iterdir() if p not in stray]
@@ -263,14 +291,17 @@ class Workdir:
                     "start over"
                 )
             return
-        self.write_json("manifest.json", {MARKER: 1, "run": uuid.uuid4().hex, "params": params})
+        self._run = uuid.uuid4().hex
+        self.write_json("manifest.json", {MARKER: 1, "run": self._run, "params": params})
 
     @property
     def run(self) -> str:
         """This audit's identity, new with every fresh start: what per-process caches of its
         files (indexes, parts) are keyed by, so that a fresh audit in the same folder never
         reads the last one's."""
-        return str(self.read_json("manifest.json").get("run", ""))
+        if self._run is None:
+            self._run = str(self.read_json("manifest.json").get("run", ""))
+        return self._run
 
     def note(self, key: str, value: Any) -> None:
         """Add a result of a finished stage to the manifest (e.g. the part sizes)."""
@@ -294,9 +325,10 @@ def part_digest(ids: list[str], texts: list[str], titles: list[str], vectors: An
 
 
 @lru_cache(maxsize=8)
-def _part_texts(path: str, version: tuple[int, int, int]) -> dict[str, Any]:
-    """A part's ids / texts / titles (a few parts cached per process, keyed by the file's
-    identity: a part written again, by a fresh audit in the same folder, is read again)."""
+def _part_texts(path: str, version: tuple[str, int, int, int]) -> dict[str, Any]:
+    """A part's ids / texts / titles (a few parts cached per process, keyed by the audit's
+    :attr:`Workdir.run` and the file's identity: a part written again, by a fresh audit in the
+    same folder, is read again, even where the system reuses its inode within a clock tick)."""
     data: dict[str, Any] = json.loads(Path(path).read_text(encoding="utf-8"))
     return data
 
@@ -306,7 +338,8 @@ def part_texts(workdir: Workdir, part: int) -> dict[str, Any]:
     name = f"{part_name('chunks', part)}.json"
     with workdir._damaged(name):
         stat = (workdir.path / name).stat()
-        return _part_texts(str(workdir.path / name), (stat.st_ino, stat.st_size, stat.st_mtime_ns))
+        version = (workdir.run, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        return _part_texts(str(workdir.path / name), version)
 
 
 def rows_at(wd: Workdir, kind: str, sizes: list[int], positions: np.ndarray) -> np.ndarray:

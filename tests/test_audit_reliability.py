@@ -1,0 +1,183 @@
+"""The audit's inputs and folder kept whole: each defense keeps its own flags, one audit at a
+time in a working folder, query logs split at line ends only, chunks refused by name where they
+could not be stored or searched, reports written whole, parts cached per audit."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from ragdefense import CallableEmbedder
+from ragdefense.auditing import AuditSettings, ListCorpus, audit, read_queries
+from ragdefense.auditing.corpus import Batch
+from ragdefense.auditing.naming import defense_names
+from ragdefense.auditing.workdir import Workdir, part_texts
+from ragdefense.types import DefenseResult, Verdict, to_passages
+from tests.conftest import bag_of_words
+from tests.test_audit import toy_corpus
+
+QUERIES = ["Who made the quantum toaster question 0?", "What is the moon made of?"]
+
+
+class Drop:
+    """Removes every passage, or none: two of them differ only in their settings."""
+
+    name = "drop"
+    pool_factor = 1
+    min_pool = 2
+    min_passages = 2
+
+    def __init__(self, everything: bool) -> None:
+        self.everything = everything
+
+    def defend(self, query: str, passages: Any) -> DefenseResult:
+        given = to_passages(passages)
+        why = "removed: dropped" if self.everything else "kept"
+        verdicts = tuple(Verdict(i, p, not self.everything, 0.0, why) for i, p in enumerate(given))
+        return DefenseResult(self.name, query, verdicts, "score")
+
+    def defend_embeddings(self, query: str, passages: Any, *_: Any) -> DefenseResult:
+        return self.defend(query, passages)
+
+
+def _audit(tmp_path: Path, defenses: list[Any], name: str = "w") -> Any:
+    texts, ids, _ = toy_corpus()
+    return audit(
+        ListCorpus(texts, ids),
+        AuditSettings(defenses=defenses, part_size=32),
+        queries=QUERIES,
+        workdir=tmp_path / name,
+        embedder=CallableEmbedder(bag_of_words),
+    )
+
+
+def test_two_defenses_of_one_class_keep_their_own_flags(tmp_path: Path) -> None:
+    """The first defense's flags are the evidence: two objects of one class are two names
+    (``Drop``, ``Drop#2``), never one overwriting the other's flags."""
+    assert defense_names(["consensus", "consensus", "grada"]) == [
+        "consensus",
+        "consensus#2",
+        "grada",
+    ]
+    flagging = _audit(tmp_path, [Drop(True), Drop(False)], "a")
+    silent = _audit(tmp_path, [Drop(False), Drop(True)], "b")
+    assert flagging.stats["defenses"] == silent.stats["defenses"] == ["Drop", "Drop#2"]
+    assert flagging.stats["flagged_at_least_once"] > 0
+    assert silent.stats["flagged_at_least_once"] == 0
+
+
+def test_a_second_audit_in_a_folder_in_use_is_refused(tmp_path: Path) -> None:
+    """While an audit holds its working folder, another given the same folder stops at once,
+    having touched nothing; once the first ends, the folder is free."""
+    folder = tmp_path / "w"
+    with Workdir(folder).held():
+        before = sorted(os.listdir(folder))
+        with pytest.raises(ValueError, match="another audit is running in this working folder"):
+            _audit(tmp_path, ["consensus"])
+        assert sorted(os.listdir(folder)) == before
+    assert _audit(tmp_path, ["consensus"]).stats["chunks"] > 0
+
+
+def test_query_logs_split_at_line_ends_only(tmp_path: Path) -> None:
+    """A question holding U+2028 or a form feed is one question (JSON lines written with
+    ``ensure_ascii=False`` hold them raw); a byte-order mark is not part of the first."""
+    asked = ["What is 5\u20286?", "Who wrote\x0cthis?"]
+    lines = tmp_path / "q.jsonl"
+    lines.write_text(
+        "\ufeff" + "\r\n".join(json.dumps({"question": q}, ensure_ascii=False) for q in asked),
+        encoding="utf-8",
+    )
+    assert read_queries(lines) == asked
+    plain = tmp_path / "q.txt"
+    plain.write_text("\ufeff" + "\n".join(asked) + "\n", encoding="utf-8")
+    assert read_queries(plain) == asked
+
+
+@pytest.mark.parametrize(
+    ("ids", "texts", "titles", "vectors", "message"),
+    [
+        ([7], ["t"], [""], None, "has an id of type int"),
+        (["a\ud800"], ["t"], [""], None, "its id is not valid Unicode"),
+        (["a"], ["t"], ["\udfff"], None, "its title is not valid Unicode"),
+        (["a"], ["t"], [""], np.array([[1e39, 0.0]]), "its stored vector is not finite"),
+        (["a", "b"], ["t", "u"], ["", ""], np.array([[1.0, 0], [np.nan, 0]]), "'b'"),
+    ],
+)
+def test_a_chunk_that_could_not_be_stored_or_searched_is_refused_by_name(
+    ids: list[Any], texts: list[str], titles: list[str], vectors: Any, message: str
+) -> None:
+    """A store reader's batch is checked as a file's chunks are: string ids, valid Unicode,
+    finite vectors once stored as float32 (a broken vector would leave its chunk out of every
+    search without a word)."""
+    with pytest.raises(ValueError, match=message):
+        Batch(ids, texts, titles, vectors)
+
+
+def test_a_report_is_written_whole_or_not_at_all(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each report file is written beside itself and renamed: a write that fails leaves the
+    last complete report (a quarantine reading it meanwhile never sees half of one)."""
+    report = _audit(tmp_path, ["consensus"])
+    out = tmp_path / "out"
+    report.write(out, formats=("json", "csv"))
+    kept = (out / "report.json").read_bytes()
+
+    def broken(path: Path, fmt: str) -> None:
+        path.write_text("{ half", encoding="utf-8")
+        raise OSError("disk full")
+
+    monkeypatch.setattr(type(report), "_write", lambda self, path, fmt: broken(path, fmt))
+    with pytest.raises(OSError, match="disk full"):
+        report.write(out, formats=("json",))
+    assert (out / "report.json").read_bytes() == kept
+    assert sorted(p.name for p in out.iterdir()) == ["report.csv", "report.json"]
+
+
+def test_a_part_is_read_again_for_another_audit_even_at_one_file_identity(tmp_path: Path) -> None:
+    """A fresh audit may write a part of the same size over the same inode within one clock
+    tick: the cache of part texts is keyed by the audit's run too."""
+    wd = Workdir(tmp_path / "w")
+    wd.start({"p": 1})
+    wd.write_json("chunks/00000.json", {"ids": ["a"], "texts": ["old"], "titles": [""]})
+    path = wd.path / "chunks" / "00000.json"
+    assert part_texts(wd, 0)["texts"] == ["old"]
+    stat = path.stat()
+    with path.open("r+b") as f:  # in place: same inode, same size
+        f.write(path.read_bytes().replace(b"old", b"new"))
+    os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    manifest = wd.read_json("manifest.json")
+    wd.write_json("manifest.json", manifest | {"run": "another"})
+    assert part_texts(Workdir(wd.path), 0)["texts"] == ["new"]
+
+
+def test_a_faiss_store_missing_a_document_is_refused_by_name() -> None:
+    """LangChain's FAISS docstore answers a missing id with a message string: the reader
+    names the document instead of failing on the string."""
+    from langchain_community.vectorstores import FAISS
+    from langchain_core.documents import Document
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+
+    texts, ids, _ = toy_corpus()
+    docs = [Document(t, id=i) for t, i in zip(texts[:12], ids[:12], strict=True)]
+    store = FAISS.from_documents(docs, RagdefenseEmbeddings(CallableEmbedder(bag_of_words)))
+    del store.docstore._dict[store.index_to_docstore_id[4]]  # type: ignore[attr-defined]
+    with pytest.raises(ValueError, match="vector of document 'b0-4' has no document"):
+        audit(store, embedder=CallableEmbedder(bag_of_words))
+
+
+def test_a_knowledge_base_file_may_open_with_a_byte_order_mark(tmp_path: Path) -> None:
+    """Windows tools write UTF-8 with a byte-order mark: it is not part of the first record."""
+    from ragdefense.auditing import FileCorpus
+
+    path = tmp_path / "kb.jsonl"
+    rows = [json.dumps({"id": f"c{i}", "text": f"chunk {i}"}) for i in range(3)]
+    path.write_text("\ufeff" + "\n".join(rows), encoding="utf-8")
+    (batch,) = FileCorpus(path).batches(8)
+    assert batch.ids == ["c0", "c1", "c2"]
