@@ -75,6 +75,24 @@ def test_a_group_holding_a_trusted_passage_is_not_evidence() -> None:
     assert all("edited copy" in result.verdicts[i].reason for i in gone)
 
 
+def test_a_removed_group_is_named_by_its_place_in_the_estimates() -> None:
+    """A group left alone (it holds a trusted passage) is not counted: the group removed is
+    "coordinated group 1", the first of ``estimates["groups"]``."""
+    rng = np.random.default_rng(0)
+    e = np.eye(16)
+    lifted = [0.95 * e[0] + 0.3 * e[1] + 0.01 * rng.normal(size=16) for _ in range(3)]
+    second = [0.85 * e[0] + 0.5 * e[2] + 0.01 * rng.normal(size=16) for _ in range(3)]
+    rest = [0.4 * e[0] + 0.9 * e[3 + i] for i in range(6)]
+    emb = np.vstack(lifted + second + rest)
+    sources = ["who.int"] + [f"s{i}.com" for i in range(1, len(emb))]
+    passages = [Passage(f"p{i}", metadata={"source": s}) for i, s in enumerate(sources)]
+    result = Consensus(trusted={"who.int"}, support=False).defend_embeddings(
+        "what is x", passages, emb, e[0]
+    )
+    assert result.estimates["groups"] == [[3, 4, 5]]
+    assert all("coordinated group 1 of 3" in result.verdicts[i].reason for i in (3, 4, 5))
+
+
 @settings(max_examples=40, deadline=None)
 @given(
     seed=st.integers(0, 10_000),

@@ -297,7 +297,7 @@ class Consensus:
         groups = coordinated_groups(sim, qs, self.tightness, self.margin)
         cap = (len(qs) + 1) // 2
         found: list[list[int]] = []
-        for g, group in enumerate(groups, start=1):
+        for group in groups:
             members = list(group.indices)
             if any(trusted[i] for i in members) or len(members) < self.min_group:
                 continue  # a group holding a trusted passage agrees with it; a pair is no group
@@ -305,6 +305,7 @@ class Consensus:
                 estimates["groups_not_removed"] = f"more than half of the pool ({cap})"
                 break
             found.append(members)
+            g = len(found)  # its number in estimates["groups"], skipped groups not counted
             cap = max(cap, len(members))
             for i in members:
                 removed[i] = (
