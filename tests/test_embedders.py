@@ -238,6 +238,16 @@ def test_bad_model_output_is_a_clear_error(fn: object, message: str) -> None:
         CallableEmbedder(fn).embed(["a", "b"])  # type: ignore[arg-type]
 
 
+def test_a_model_output_of_any_finite_magnitude_keeps_its_direction() -> None:
+    """Values beyond float32's range (or too small for it) are rescaled per row, as vectors
+    passages carry are: not refused as infinite, nor flattened to zero."""
+    rows = np.array([[3e39, 4e39], [3e-30, 4e-30], [3.0, 4.0]])
+    out = CallableEmbedder(lambda texts: rows).embed(["a", "b", "c"])
+    assert out.dtype == np.float32 and np.isfinite(out).all()
+    unit = out / np.linalg.norm(out, axis=1, keepdims=True)
+    assert np.allclose(unit, [[0.6, 0.8]] * 3)
+
+
 def test_model_failure_is_wrapped() -> None:
     def boom(texts: list[str]) -> np.ndarray:
         raise ConnectionError("endpoint down")

@@ -164,9 +164,11 @@ def _kept(cache: OrderedDict[str, np.ndarray], text: str) -> np.ndarray:
 
 
 def _as_matrix(raw: Any, expected_rows: int) -> np.ndarray:
+    """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
+    direction (rescaled where float32 would lose it), as vectors passages carry do."""
     try:
-        arr = np.asarray(raw, dtype=np.float32)
-    except (TypeError, ValueError) as exc:
+        arr = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
         why = f"embedding model returned a ragged or non-numeric result: {exc}"
         raise EmbeddingError(why) from exc
     if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
@@ -174,7 +176,9 @@ def _as_matrix(raw: Any, expected_rows: int) -> np.ndarray:
         raise EmbeddingError(why)
     if not np.isfinite(arr).all():
         raise EmbeddingError("embedding model returned NaN or infinite values")
-    return arr
+    peak = np.abs(arr).max(axis=1, keepdims=True)
+    scale = np.where((peak > 1e15) | ((peak > 0) & (peak < 1e-15)), peak, 1.0)
+    return (arr / scale).astype(np.float32)
 
 
 class CallableEmbedder(Embedder):
