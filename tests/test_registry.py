@@ -174,6 +174,17 @@ def test_the_front_door() -> None:
     with pytest.raises(TypeError, match=r"Mine.pool_factor must be an int >= 1, got 0"):
         ragdefense.defense(Mine())
 
+    class Complete(Mine):  # declares every attribute: returned as it is, checked all the same
+        name = "complete"
+        pool_factor = 2
+        min_pool = -5
+        min_passages = 1
+
+    with pytest.raises(TypeError, match=r"complete.min_pool must be an int >= 0, got -5"):
+        ragdefense.defense(Complete())
+    Complete.min_pool = 0
+    assert ragdefense.defense(Complete()).min_pool == 0
+
 
 def test_adapters_validate_at_construction() -> None:
     from langchain_ragdefense import DefenseCompressor, GRADACompressor, RAGDefenderCompressor

@@ -165,7 +165,25 @@ def defense(spec: Any = None, /, *, embedder: Any = None, **params: Any) -> Defe
         raise TypeError(
             f"{given}: only a defense name takes parameters; an object comes configured"
         )
-    return spec if isinstance(spec, Defense) else _Custom(spec)
+    if isinstance(spec, Defense):
+        _sizes(spec, str(getattr(spec, "name", None) or type(spec).__name__))  # as _Custom's
+        return spec
+    return _Custom(spec)
+
+
+#: the sizes every entry point reads of a defense: (attribute, default, least value)
+_SIZES = (("pool_factor", 2, 1), ("min_pool", 0, 0), ("min_passages", 1, 0))
+
+
+def _sizes(obj: Any, name: str) -> dict[str, int]:
+    """The sizes ``obj`` declares (defaults where it declares none), checked by name."""
+    out = {}
+    for attr, default, least in _SIZES:
+        value = getattr(obj, attr, default)
+        if type(value) is not int or value < least:
+            raise TypeError(f"{name}.{attr} must be an int >= {least}, got {value!r}")
+        out[attr] = value
+    return out
 
 
 class _Custom:
@@ -180,14 +198,7 @@ class _Custom:
     def __init__(self, obj: Any) -> None:
         self.obj = obj
         self.name = str(getattr(obj, "name", None) or type(obj).__name__)
-        for attr, default, least in (
-            ("pool_factor", 2, 1),
-            ("min_pool", 0, 0),
-            ("min_passages", 1, 1),
-        ):
-            value = getattr(obj, attr, default)
-            if type(value) is not int or value < least:
-                raise TypeError(f"{self.name}.{attr} must be an int >= {least}, got {value!r}")
+        for attr, value in _sizes(obj, self.name).items():
             setattr(self, attr, value)
 
     def defend(self, query: str, passages: Any) -> DefenseResult:
