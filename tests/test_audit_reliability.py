@@ -181,3 +181,25 @@ def test_a_knowledge_base_file_may_open_with_a_byte_order_mark(tmp_path: Path) -
     path.write_text("\ufeff" + "\n".join(rows), encoding="utf-8")
     (batch,) = FileCorpus(path).batches(8)
     assert batch.ids == ["c0", "c1", "c2"]
+
+
+def test_an_audit_killed_between_two_notes_of_its_probes_resumes_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The probe stage records its probes' count, then that it is done: killed between the
+    two, a resumed audit writes the stage again and reports how many probes it ran."""
+    real = Workdir.note
+    seen: list[str] = []
+
+    def killed(self: Workdir, key: str, value: Any) -> None:
+        if key in ("probes", "probe_parts"):
+            seen.append(key)
+            if len(seen) == 2:
+                raise KeyboardInterrupt
+        real(self, key, value)
+
+    monkeypatch.setattr(Workdir, "note", killed)
+    with pytest.raises(KeyboardInterrupt):
+        _audit(tmp_path, ["consensus"])
+    monkeypatch.setattr(Workdir, "note", real)
+    assert _audit(tmp_path, ["consensus"]).stats["probes"] == len(QUERIES)

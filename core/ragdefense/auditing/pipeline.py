@@ -338,8 +338,8 @@ def _probes(
             },
         )
         parts += 1
+    wd.note("probes", len(probes))  # before probe_parts, which marks the stage done
     wd.note("probe_parts", parts)
-    wd.note("probes", len(probes))
     return parts
 
 
