@@ -173,14 +173,16 @@ def test_a_faiss_store_missing_a_document_is_refused_by_name() -> None:
 
 
 def test_a_knowledge_base_file_may_open_with_a_byte_order_mark(tmp_path: Path) -> None:
-    """Windows tools write UTF-8 with a byte-order mark: it is not part of the first record."""
+    """Windows tools write UTF-8 with a byte-order mark: it is not part of the first record;
+    the suffix is read as the query log's is (any case, ``.ndjson`` too)."""
     from ragdefense.auditing import FileCorpus
 
-    path = tmp_path / "kb.jsonl"
     rows = [json.dumps({"id": f"c{i}", "text": f"chunk {i}"}) for i in range(3)]
-    path.write_text("\ufeff" + "\n".join(rows), encoding="utf-8")
-    (batch,) = FileCorpus(path).batches(8)
-    assert batch.ids == ["c0", "c1", "c2"]
+    for name in ("kb.jsonl", "KB.JSONL", "kb.ndjson"):  # JSON lines however the suffix is written
+        path = tmp_path / name
+        path.write_text("\ufeff" + "\n".join(rows), encoding="utf-8")
+        (batch,) = FileCorpus(path).batches(8)
+        assert batch.ids == ["c0", "c1", "c2"]
 
 
 def test_an_audit_killed_between_two_notes_of_its_probes_resumes_whole(

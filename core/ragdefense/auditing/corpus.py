@@ -217,9 +217,10 @@ class FileCorpus:
         self.path = Path(path)
         if not self.path.is_file():
             raise FileNotFoundError(f"no knowledge base file at {self.path}")
-        if self.path.suffix not in (".jsonl", ".parquet"):
+        self.parquet = self.path.suffix.lower() == ".parquet"  # .JSONL, .ndjson are JSON lines
+        if not self.parquet and self.path.suffix.lower() not in (".jsonl", ".ndjson"):
             raise ValueError(f"{self.path}: expected a .jsonl or .parquet file of {{id, text}}")
-        if self.path.suffix == ".parquet":
+        if self.parquet:
             _parquet()  # before any work: a missing pyarrow is a one-line error
 
     def fingerprint(self) -> str:
@@ -232,7 +233,7 @@ class FileCorpus:
         return f"{self.path.stat().st_size} bytes {digest.hexdigest()[:16]}"
 
     def _records(self) -> Iterator[dict[str, Any]]:
-        if self.path.suffix == ".parquet":
+        if self.parquet:
             try:
                 parts = _parquet().ParquetFile(self.path).iter_batches(batch_size=4096)
                 for record_batch in parts:
