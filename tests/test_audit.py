@@ -1049,6 +1049,10 @@ def test_ray_workers_are_checked_before_any_work(tmp_path: Path, workers: Any) -
     assert not (tmp_path / "w").exists()
     with pytest.raises(ValueError, match=r"unknown engine 'spark'"):
         audit(["a b c"], engine="spark", workdir=tmp_path / "w")  # type: ignore[arg-type]
+    for ray_only in ({"workers": 2}, {"address": "ray://elsewhere:10001"}):  # not dropped
+        with pytest.raises(ValueError, match=r"address and workers are for engine='ray'"):
+            audit(["a b c"], workdir=tmp_path / "w", **ray_only)  # type: ignore[arg-type]
+    assert not (tmp_path / "w").exists()
 
 
 def test_a_settings_object_audits_as_the_keywords_do(toy: CallableEmbedder, tmp_path: Path) -> None:

@@ -143,7 +143,8 @@ def _run(n: int, name: str, workdir: str, max_probes: int, date: str = "") -> di
     t0 = time.perf_counter()
     settings = AuditSettings(max_probes=max_probes, shards=shards, route=route)
     wd = Path(workdir) / f"{n}-{name}"
-    report = audit(corpus, settings, fresh=True, engine=engine, workdir=wd, workers=workers)
+    on_ray = workers if engine == "ray" else None  # in process: one worker, this one
+    report = audit(corpus, settings, fresh=True, engine=engine, workdir=wd, workers=on_ray)
     seconds = time.perf_counter() - t0
     worker_mb = peaks.stop() if peaks is not None else None
     if engine == "ray":

@@ -160,11 +160,14 @@ def _reachable(address: str | None, timeout: float = 10.0) -> None:
         raise ConnectionError(f"cannot reach the Ray cluster at {address}: {exc}") from None
 
 
-def check_engine(engine: Any, workers: Any) -> None:
+def check_engine(engine: Any, workers: Any, address: Any = None) -> None:
     """The engine's arguments, checked before any work (Ray would refuse them only once the
-    working folder is written, and from deep inside Ray Data)."""
+    working folder is written, and from deep inside Ray Data); ``address`` and ``workers``
+    are Ray's (given with another engine they would be dropped without a word)."""
     if isinstance(engine, str) and engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}: use 'local' or 'ray'")
+    if engine != "ray" and (address is not None or workers is not None):
+        raise ValueError("address and workers are for engine='ray'")
     if workers is not None and (
         isinstance(workers, bool) or not isinstance(workers, int) or workers < 1
     ):
@@ -175,7 +178,7 @@ def check_engine(engine: Any, workers: Any) -> None:
 
 def make_engine(engine: str | Engine, address: str | None, workers: int | None) -> Engine:
     """``"local"``, ``"ray"`` or an engine object (checked by :func:`check_engine`)."""
-    check_engine(engine, workers)
+    check_engine(engine, workers, address)
     if not isinstance(engine, str):
         return engine
     return LocalEngine() if engine == "local" else RayEngine(address, workers)

@@ -94,7 +94,7 @@ def audit(
             ``TypeError``.
     """
     chosen = with_overrides(settings, overrides)
-    check_engine(engine, workers)
+    check_engine(engine, workers, address)
     folder: AbstractContextManager[str | Path] = (
         tempfile.TemporaryDirectory(prefix="ragdefense-audit-")
         if workdir is None
