@@ -205,3 +205,32 @@ def test_an_audit_killed_between_two_notes_of_its_probes_resumes_whole(
         _audit(tmp_path, ["consensus"])
     monkeypatch.setattr(Workdir, "note", real)
     assert _audit(tmp_path, ["consensus"]).stats["probes"] == len(QUERIES)
+
+
+def test_a_chroma_record_without_a_document_is_refused_by_both_readers() -> None:
+    """A record holding a vector but no document (written by another tool) is named by the
+    LlamaIndex reader as by the LangChain one, never audited as an empty text."""
+    import chromadb
+    from langchain_chroma import Chroma
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+
+    texts, ids, _ = toy_corpus()
+    collection = chromadb.EphemeralClient().get_or_create_collection("no-document")
+    vectors = bag_of_words(texts[:6]).tolist()
+    collection.add(ids=ids[:6], documents=texts[:6], embeddings=vectors)
+    collection.add(ids=["bare"], embeddings=[bag_of_words(["x y z"])[0].tolist()])
+    index = VectorStoreIndex.from_vector_store(
+        ChromaVectorStore(chroma_collection=collection), embed_model=MockEmbedding(embed_dim=8)
+    )
+    store = Chroma(
+        client=chromadb.EphemeralClient(),
+        collection_name="no-document",
+        embedding_function=RagdefenseEmbeddings(CallableEmbedder(bag_of_words)),
+    )
+    for knowledge_base in (index, store):
+        with pytest.raises(ValueError, match="'bare' has no text string"):
+            audit(knowledge_base, embedder=CallableEmbedder(bag_of_words))

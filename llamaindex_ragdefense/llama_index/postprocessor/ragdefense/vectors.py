@@ -180,7 +180,12 @@ def _chroma_node(node_id: str, meta: Mapping[str, Any] | None, text: str | None)
     try:
         return metadata_dict_to_node(dict(meta or {}), text=text)
     except ValueError:
-        return TextNode(id_=node_id, text=text or "", metadata=dict(meta or {}))
+        if not isinstance(text, str):  # as the LangChain reader: never audited as ""
+            raise ValueError(
+                f"chunk {node_id!r} has no text string (got {type(text).__name__}): give every "
+                "record of the collection a document ('' for none)"
+            ) from None
+        return TextNode(id_=node_id, text=text, metadata=dict(meta or {}))
 
 
 def index_corpus(index: VectorStoreIndex) -> IndexCorpus:
