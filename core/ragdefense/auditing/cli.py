@@ -163,7 +163,12 @@ def add_audit_parser(sub: Any) -> None:
         default="ragdefense-audit",
         help="working folder: resumable; the reports are written here (default ragdefense-audit)",
     )
-    parser.add_argument("--fresh", action="store_true", help="clear the working folder first")
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="start over: remove the audit's own files from the working folder first (a "
+        "folder holding other files and no audit is refused)",
+    )
     parser.add_argument("--engine", choices=["local", "ray"], default="local")
     parser.add_argument(
         "--address", default=None, help="ray: a running cluster (default $RAY_ADDRESS, else local)"
