@@ -392,3 +392,13 @@ def test_an_image_nodes_text_vector_is_a_copy() -> None:
     for got in out:
         got.node.text_embedding.append(9.0)  # type: ignore[attr-defined]
     assert all(n.node.text_embedding == [1.0, 0.5] for n in nodes)  # type: ignore[attr-defined]
+
+
+def test_any_index_is_defended_through_its_default_retriever(toy_embedder: Any) -> None:
+    """``defend(index)`` takes any index, as ``index.as_retriever()`` does: a summary index's
+    retriever (every node) is defended, not refused with the index's repr."""
+    texts = [t for t, m in demo_documents() if m["q"] in ("q1", "q7")]
+    index = SummaryIndex([TextNode(text=t) for t in texts])
+    got = defend(index, embed_model=RagdefenseEmbedding(toy_embedder)).retrieve(OCEAN)
+    assert 0 < len(got) <= len(texts)
+    assert all("ragdefense" in n.node.metadata for n in got)

@@ -14,6 +14,7 @@ from typing import Any
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
+from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
@@ -167,7 +168,7 @@ class DefendedRetriever(BaseRetriever):
 
 
 def defend(
-    retriever: BaseRetriever | VectorStoreIndex,
+    retriever: BaseRetriever | BaseIndex[Any],
     defense: Any = None,
     *,
     k: int | None = None,
@@ -180,7 +181,8 @@ def defend(
     ``RetrieverQueryEngine.from_args(defend(index), llm=llm)``.
 
     Args:
-        retriever: A LlamaIndex retriever, or a ``VectorStoreIndex`` (its ``as_retriever()``).
+        retriever: A LlamaIndex retriever, or an index (its ``as_retriever()``: a
+            ``VectorStoreIndex``'s, whose vectors are reused, or any other's).
         defense: A name of :mod:`ragdefense.defenses.registry` (``None``: the default defense),
             a core defense object, or a :class:`DefensePostprocessor` (configured already:
             ``embed_model``, ``fail_open`` and ``params`` are then an error, and its callback
@@ -205,7 +207,7 @@ def defend(
     The same signature and fetch policy as the LangChain adapter's ``defend``.
     """
     index: Any = retriever
-    if isinstance(retriever, VectorStoreIndex):
+    if isinstance(retriever, BaseIndex):  # a summary or keyword index's too
         retriever = retriever.as_retriever()
     else:
         index = retriever_index(retriever)
