@@ -391,3 +391,30 @@ def test_llamaindex_hands_the_defense_the_retrievers_query_vector(minilm: Embedd
     assert own_model._query_vector(bundle) is None
     by_hand = DefensePostprocessor(vector_store=index.vector_store)  # no embed_model: MiniLM
     assert by_hand._query_vector(bundle) is None
+
+
+def test_a_users_own_model_needs_no_default_model(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: object
+) -> None:
+    """Without the embeddings extra (the default model cannot be built), a defense or an audit
+    given its own model works, with vectors carried, given, or not: the default model is
+    built only where it embeds."""
+    import ragdefense.embedders as embedders
+    from ragdefense import AutoDefense, Consensus, RAGDefender, audit
+
+    def missing() -> None:
+        raise ImportError("the default embedder needs sentence_transformers")
+
+    monkeypatch.setattr(embedders, "_DEFAULT", None)
+    monkeypatch.setattr(embedders, "default_embedder", missing)
+    texts = [f"The Pacific is the largest ocean, note {i}" for i in range(8)]
+    vectors = bag_of_words(texts)
+    carried = [Passage(t, embedding=v) for t, v in zip(texts, vectors, strict=True)]
+    some = carried[:4] + [Passage(t) for t in texts[4:]]
+    own = CallableEmbedder(bag_of_words)
+    for defense in (Consensus(embedder=own), AutoDefense(embedder=own), RAGDefender(embedder=own)):
+        for passages in (carried, some):
+            assert len(defense.defend("largest ocean?", passages).verdicts) == 8
+        assert defense.defend_embeddings("largest ocean?", texts, vectors).verdicts
+    report = audit(texts, embedder=own, workdir=f"{tmp_path}/w")
+    assert report.stats["chunks"] == 8

@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import embedders
 from ..defenses.registry import DEFAULT_DEFENSE, preset
 from ..embedders import as_embedder
 from .evidence import Scoring
@@ -152,7 +153,7 @@ def embedder_mark(embedder: Any, recorded: Any = None) -> str | None:
     packaged default (given as ``None`` or as :func:`~ragdefense.default_embedder`'s own).
     ``recorded`` (an earlier run's mark) is returned when it is the same model's, up to
     rounding (another machine computes the last digits otherwise)."""
-    if embedder is None or as_embedder(embedder) is as_embedder(None):
+    if embedder is None or as_embedder(embedder) is embedders._DEFAULT:  # never builds it
         return None
     vector = np.asarray(as_embedder(embedder).embed([_PROBE]), dtype=np.float64).ravel()
     vector = vector / (np.linalg.norm(vector) or 1.0)
