@@ -11,6 +11,7 @@ rm -rf "$WORK" && mkdir -p "$WORK/wheels"
 
 echo "== building the three wheels"
 for dist in core langchain_ragdefense llamaindex_ragdefense; do
+  rm -rf "$dist/build"  # a stale build folder (a failed or manual build) would ship its files
   # the workspace venv's setuptools (no download); `make dist` builds them in isolation
   "$BUILD_PY" -m build --wheel --no-isolation --outdir "$WORK/wheels" "$dist" >"$WORK/build-$dist.log" 2>&1 \
     || { cat "$WORK/build-$dist.log"; exit 1; }

@@ -1,5 +1,5 @@
 """Print each built wheel's size and files, and fail if a wheel ships the research harness
-(`benchmarks/`) or any test (`make dist`, `make smoke`)."""
+(`benchmarks/`) or any test, or lacks its licence (`make dist`, `make smoke`)."""
 
 from __future__ import annotations
 
@@ -23,8 +23,10 @@ def main(folder: str) -> int:
         top = {n.split("/")[0] for n in names}
         bad += [f"{wheel.name}: {n}" for n in names if n.split("/")[0] in {"benchmarks", "tests"}]
         bad += [f"{wheel.name}: {t}" for t in top if t.startswith("bench")]
+        if not any(n.endswith(".dist-info/licenses/LICENSE") for n in names):
+            bad.append(f"{wheel.name}: no LICENSE (the Apache-2.0 text must ship with it)")
     if bad:
-        print("the harness or tests are in a wheel:\n  " + "\n  ".join(bad), file=sys.stderr)
+        print("wheels not fit to ship:\n  " + "\n  ".join(bad), file=sys.stderr)
         return 1
     return 0
 

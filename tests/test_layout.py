@@ -190,3 +190,13 @@ def test_adapters_use_only_the_cores_public_api(folder: Path) -> None:
             importlib.util.find_spec(f"{module}.{name}")
         )
         assert name in exported or is_module, f"{file}: {name} is not in {module}.__all__"
+
+
+def test_each_distribution_ships_the_repositorys_licence() -> None:
+    """A wheel or sdist carries its project folder's ``LICENSE`` (a licence file cannot be
+    reached outside it): each is the repository's, word for word, and declared."""
+    licence = (ROOT / "LICENSE").read_text(encoding="utf-8")
+    for folder in ("core", "langchain_ragdefense", "llamaindex_ragdefense"):
+        assert (ROOT / folder / "LICENSE").read_text(encoding="utf-8") == licence, folder
+        pyproject = (ROOT / folder / "pyproject.toml").read_text(encoding="utf-8")
+        assert 'license-files = ["LICENSE"]' in pyproject, folder
