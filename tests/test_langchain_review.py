@@ -390,6 +390,32 @@ def test_a_retriever_ignoring_the_size_asked_is_asked_again_once() -> None:
         assert len(got) == 5 and retriever.calls == 2
 
 
+class _Deep(BaseRetriever):
+    """Searches ``search_kwargs["k"]`` candidates and returns those a filter lets through:
+    none among the first 16, so asking for 8 and for 16 gives the same (nothing), and 32
+    gives more."""
+
+    search_kwargs: dict[str, Any] = Field(default_factory=lambda: {"k": 4})
+    asked: list[int] = Field(default_factory=list)
+
+    def _get_relevant_documents(
+        self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+    ) -> list[Document]:
+        k = self.search_kwargs["k"]
+        self.asked.append(k)
+        return [Document(f"The Pacific, tenant note {i}") for i in range(20, 30) if i < k]
+
+
+def test_a_retriever_asked_for_more_is_asked_again_though_two_rounds_gave_alike() -> None:
+    """Widening stops on "no more than the round before" only for a retriever called as it
+    is (it may ignore the size): one whose setting was raised (a filter over its candidates,
+    a parent-document retriever) can give nothing twice and more the third time."""
+    base = _Deep()
+    assert len(defend(base, _Keep(), k=4).invoke("ocean")) == 4
+    assert base.asked == [8, 16, 32]  # its copies share the record (a shallow copy)
+    assert base.search_kwargs == {"k": 4}  # the caller's retriever is not changed
+
+
 def test_a_filtered_faiss_store_gives_the_defense_every_match() -> None:
     """FAISS with a filter filters its candidates after the search: a small index is searched
     whole, so one tenant's every document reaches the defense in the first round, and a store

@@ -118,7 +118,9 @@ class DefendedRetriever(BaseRetriever):
                 kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
                 break
-            fetch, before = (2 * fetch if fetch else None), len(docs)
+            # asked as it is (no size setting to raise): the same count again means it ignores k
+            blind = base is self.base_retriever and not honoured and set(args) == {"k"}
+            fetch, before = (2 * fetch if fetch else None), (len(docs) if blind else None)
         return kept[:k] if k else kept
 
     async def _aget_relevant_documents(
@@ -136,7 +138,9 @@ class DefendedRetriever(BaseRetriever):
             kept = list(compressed)
             if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
                 break
-            fetch, before = (2 * fetch if fetch else None), len(docs)
+            # asked as it is (no size setting to raise): the same count again means it ignores k
+            blind = base is self.base_retriever and not honoured and set(args) == {"k"}
+            fetch, before = (2 * fetch if fetch else None), (len(docs) if blind else None)
         return kept[:k] if k else kept
 
 

@@ -142,28 +142,26 @@ class DefendedRetriever(BaseRetriever):
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         fetch = self._first_fetch()
-        before: int | None = None  # what the round before fetched
         for _ in range(self.max_rounds):
             retriever, honoured = widened(self.retriever, fetch)
             pool = retriever.retrieve(query_bundle)
             with pooled(honoured, fetch):
                 kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured, before):
+            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
                 break
-            fetch, before = (2 * fetch if fetch else None), len(pool)
+            fetch = 2 * fetch if fetch else None
         return kept[: self.k] if self.k else kept
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         fetch = self._first_fetch()
-        before: int | None = None  # what the round before fetched
         for _ in range(self.max_rounds):
             retriever, honoured = widened(self.retriever, fetch)
             pool = await retriever.aretrieve(query_bundle)
             with pooled(honoured, fetch):
                 kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured, before):
+            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
                 break
-            fetch, before = (2 * fetch if fetch else None), len(pool)
+            fetch = 2 * fetch if fetch else None
         return kept[: self.k] if self.k else kept
 
 
