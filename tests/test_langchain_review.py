@@ -281,6 +281,11 @@ def test_the_stores_own_model_reuses_its_vectors() -> None:
         model.embedded.clear()
         assert defend(store.as_retriever(), defense).invoke("ocean")
         assert not set(model.embedded) & set(_OCEAN)  # the query only
+    # a compressor built by hand, by name without embeddings (None: the store's model)
+    compressor = DefenseCompressor(defense="consensus", vectorstore=store)
+    model.embedded.clear()
+    assert compressor.compress_documents(store.similarity_search("ocean", k=8), "ocean")
+    assert not set(model.embedded) & set(_OCEAN)
 
 
 def test_a_default_defense_object_on_another_models_store_embeds_the_text(minilm: Any) -> None:

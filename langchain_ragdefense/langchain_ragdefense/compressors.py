@@ -118,8 +118,9 @@ class DefenseCompressor(BaseDocumentCompressor):
         it too or is not known (the core checks the vectors against it). Another model's
         vectors would be compared with the query in another space, silently where the sizes
         agree."""
-        model = self.embeddings if named(self.defense) else defense_embedder(self.defense)
-        return same_space(model, getattr(self.vectorstore, "embeddings", None))
+        own = getattr(self.vectorstore, "embeddings", None)
+        model = (self.embeddings or own) if named(self.defense) else defense_embedder(self.defense)
+        return same_space(model, own)
 
     def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
         documents = check_items(documents, Document, "LangChain Document")
