@@ -246,6 +246,8 @@ def test_a_model_output_of_any_finite_magnitude_keeps_its_direction() -> None:
     assert out.dtype == np.float32 and np.isfinite(out).all()
     unit = out / np.linalg.norm(out, axis=1, keepdims=True)
     assert np.allclose(unit, [[0.6, 0.8]] * 3)
+    query = CallableEmbedder(lambda texts: rows[:1]).embed_query("q")  # the query's path too
+    assert np.allclose(query / np.linalg.norm(query), [0.6, 0.8])
 
 
 def test_model_failure_is_wrapped() -> None:

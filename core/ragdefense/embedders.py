@@ -116,7 +116,7 @@ class Embedder(ABC):
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
-        vec: np.ndarray = _as_matrix(np.asarray(raw, dtype=np.float32)[None, :], expected_rows=1)[0]
+        vec: np.ndarray = _as_matrix([raw], expected_rows=1)[0]  # checked as the passages' rows
         if kept is not None:
             with self._lock:
                 _keep(kept, text, vec.copy(), self.query_cache)
