@@ -137,6 +137,10 @@ def test_a_report_is_written_whole_or_not_at_all(
         report.write(out, formats=("json",))
     assert (out / "report.json").read_bytes() == kept
     assert sorted(p.name for p in out.iterdir()) == ["report.csv", "report.json"]
+    # written as open() writes files: readable by others where the umask lets them
+    umask = os.umask(0o022)
+    os.umask(umask)
+    assert (out / "report.csv").stat().st_mode & 0o777 == 0o666 & ~umask
 
 
 def test_a_part_is_read_again_for_another_audit_even_at_one_file_identity(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import csv
 import importlib.util
 import json
 import os
-import tempfile
 import unicodedata
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
@@ -297,8 +297,10 @@ def _replace(path: Path, write: Callable[[Path], None]) -> None:
     """Write ``path`` whole or not at all: into a temporary file beside it (same suffix, for
     the formats that read it), renamed over it once complete. A reader, such as a quarantine
     loading the report while it is written again, or a killed run, never sees half a report."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.stem}.", suffix=path.suffix)
-    os.close(fd)
+    # created as open() creates files (the umask's mode, not mkstemp's owner-only 0600): a
+    # service reading the report as another user still can
+    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
+    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
     try:
         write(Path(tmp))
         os.replace(tmp, path)
