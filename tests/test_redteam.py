@@ -23,7 +23,7 @@ from llama_index.postprocessor.ragdefense.vectors import index_nodes
 from ragdefense import AttackTarget, InMemoryKnowledgeBase
 from ragdefense.cli import demo_targets, main
 from ragdefense.data import load_demo_kb
-from ragdefense.redteam import load_targets, plant, run_red_team
+from ragdefense.redteam import RedTeamReport, load_targets, plant, run_red_team
 
 KB = load_demo_kb()[:4]
 BENIGN = [t for q in KB for t in q.benign]
@@ -140,9 +140,12 @@ def test_core_knowledge_base_red_team(minilm: Any) -> None:
     # pipeline the report does not hold is an error, never a rate of 0
     typed = kb.red_team(TARGETS[:1], k=5, defense="GRADA_peel")
     assert typed.pipelines == ["no defense", "grada-peel"]
+    assert typed.hijack_rate("GRADA_peel") == typed.hijack_rate("grada-peel")
     for ask in (typed.hijack_rate, typed.hijacked):
-        with pytest.raises(KeyError, match="no pipeline 'GRADA_peel' in this report"):
-            ask("GRADA_peel")
+        with pytest.raises(KeyError, match="no pipeline 'grada peel' in this report"):
+            ask("grada peel")
+    with pytest.raises(KeyError, match="no pipeline 'consensus'"):
+        RedTeamReport("corpus", 1).hijack_rate("consensus")  # an empty report: no pipeline
 
 
 def test_langchain_store_is_copied_never_touched(minilm: Any) -> None:

@@ -133,20 +133,31 @@ class RedTeamReport:
         return list(dict.fromkeys(o.pipeline for o in self.outcomes))
 
     def hijack_rate(self, pipeline: str) -> float:
-        """Share of the targets hijacked in ``pipeline`` (one of :attr:`pipelines`, else
-        ``KeyError``: a misspelt name must not read as "never hijacked")."""
-        sub = [o for o in self.outcomes if o.pipeline == self._known(pipeline)]
+        """Share of the targets hijacked in ``pipeline`` (one of :attr:`pipelines`, or a
+        defense name as typed, ``"GRADA_peel"``; else ``KeyError``: a misspelt name must not
+        read as "never hijacked")."""
+        name = self._known(pipeline)
+        sub = [o for o in self.outcomes if o.pipeline == name]
         return sum(o.hijacked for o in sub) / len(sub)
 
     def hijacked(self, pipeline: str) -> list[str]:
-        """The questions hijacked in ``pipeline`` (one of :attr:`pipelines`, else ``KeyError``)."""
+        """The questions hijacked in ``pipeline`` (named as for :meth:`hijack_rate`)."""
         name = self._known(pipeline)
         return [o.question for o in self.outcomes if o.pipeline == name and o.hijacked]
 
     def _known(self, pipeline: str) -> str:
-        if pipeline not in self.pipelines:
-            raise KeyError(f"no pipeline {pipeline!r} in this report: it ran {self.pipelines}")
-        return pipeline
+        ran = self.pipelines
+        if pipeline in ran:
+            return pipeline
+        from .defenses.registry import preset
+
+        try:  # a defense's name as the user typed it: its column is the registry's name
+            name = preset(pipeline).name
+        except ValueError:
+            name = None
+        if name not in ran:
+            raise KeyError(f"no pipeline {pipeline!r} in this report: it ran {ran}")
+        return str(name)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-friendly form."""
