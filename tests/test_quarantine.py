@@ -356,6 +356,17 @@ def test_a_trusted_passage_is_never_quarantined() -> None:
     assert 3 in result.kept_indices and result.estimates["trusted"] == [3]
 
 
+def test_trust_given_to_the_wrapped_defense_later_holds_in_the_quarantine() -> None:
+    """The quarantine reads the wrapped defense's trust when it runs, as the defense does:
+    trust assigned after both were built spares the trusted passage in both."""
+    inner = defense("consensus", embedder=bag_of_words)
+    guard = Quarantine.from_report(REPORT, inner)
+    mine = Passage(TEXTS[3], metadata={"source": "https://www.who.int/a"})
+    assert guard.reason(mine) is not None
+    inner.trusted = {"who.int"}  # type: ignore[attr-defined]
+    assert guard.reason(mine) is None and guard.reason(Passage(TEXTS[3])) is not None
+
+
 def _copies_report(sources: list[str | None]) -> dict[str, Any]:
     truth = "Canberra was chosen in 1908."
     copies = [

@@ -21,11 +21,11 @@ passage the wrapped defense trusts (``trusted=``) is never quarantined.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
-from ..provenance import AUTO, is_trusted_by, source_of
+from ..provenance import AUTO, source_of
 from ..types import (
     Defense,
     DefenseInputError,
@@ -40,6 +40,7 @@ from ..types import (
 )
 from .findings import copy_groups, digest, finding_source, number, read_report
 from .renumber import copy_of, positions, renumbered
+from .trusting import trust_of
 
 __all__ = ["Quarantine"]
 
@@ -71,8 +72,6 @@ class Quarantine:
     sourced: frozenset[tuple[str, str]] = frozenset()
     source_key: str | None = AUTO
     once: frozenset[str] = frozenset()
-    _trust: Callable[[Passage, str | None], bool] = field(init=False, repr=False)
-    _trust_key: str | None = field(init=False, repr=False)
 
     @classmethod
     def from_report(
@@ -209,16 +208,12 @@ class Quarantine:
         source = source_of(passage, self.source_key) if self.sourced else None
         if text not in self.digests and (text, source) not in self.sourced:
             return None
-        trusted = self._trust(passage, source_of(passage, self._trust_key))
-        return None if trusted else self.reasons[text]
-
-    def __post_init__(self) -> None:  # the wrapped defense's trust (the innermost's), read once
-        inner = self.defense
+        inner = self.defense  # the wrapped defense's trust (the innermost's), as it is now
         while isinstance(inner, Quarantine):
             inner = inner.defense
         key = getattr(inner, "source_key", AUTO)
-        object.__setattr__(self, "_trust", is_trusted_by(getattr(inner, "trusted", None), key))
-        object.__setattr__(self, "_trust_key", key)
+        trusted = trust_of(getattr(inner, "trusted", None), key)(passage, source_of(passage, key))
+        return None if trusted else self.reasons[text]
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import lru_cache
+from typing import Any
 
 from ..provenance import Trust, is_trusted_by
 from ..types import DefenseInputError, Passage
 from .pool import Pool
 
-__all__ = ["contradicting", "trust_test"]
+__all__ = ["contradicting", "trust_of", "trust_test"]
 
 
 def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
@@ -62,7 +64,7 @@ def trust_test(
             "trusted sources need provenance, which source_key=None turns off: name the "
             "metadata key with source_key=, or pass a predicate on the metadata"
         )
-    test = is_trusted_by(trusted, source_key)
+    test = trust_of(trusted, source_key)
 
     def judged(i: int, passage: Passage, source: str | None) -> bool:
         try:
@@ -71,3 +73,19 @@ def trust_test(
             raise DefenseInputError(f"trusted= failed on passage {i}'s metadata: {exc!r}") from exc
 
     return judged
+
+
+def trust_of(trusted: Trust, source_key: str | None) -> Callable[[Passage, str | None], bool]:
+    """:func:`~ragdefense.provenance.is_trusted_by`, kept for the last few settings: a defense
+    reads its fields at every query, and parsing thousands of trusted addresses each time
+    would cost more than the query."""
+    key: Any = frozenset(trusted) if isinstance(trusted, (set, frozenset, list, tuple)) else trusted
+    try:
+        return _kept(key, source_key)
+    except TypeError:  # unhashable (a predicate object), or entries refused: said as given
+        return is_trusted_by(trusted, source_key)
+
+
+@lru_cache(maxsize=16)
+def _kept(trusted: Any, source_key: str | None) -> Callable[[Passage, str | None], bool]:
+    return is_trusted_by(trusted, source_key)
