@@ -83,6 +83,21 @@ def test_a_second_audit_in_a_folder_in_use_is_refused(tmp_path: Path) -> None:
     assert _audit(tmp_path, ["consensus"]).stats["chunks"] > 0
 
 
+def test_a_folder_that_cannot_be_locked_is_audited_with_a_warning(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """NFS refuses a folder's lock (EBADF): the audit runs, unlocked, and says so."""
+    import errno
+    import fcntl
+
+    def refused(fd: int, operation: int) -> None:
+        raise OSError(errno.EBADF, "Bad file descriptor")
+
+    monkeypatch.setattr(fcntl, "flock", refused)
+    assert _audit(tmp_path, ["consensus"]).stats["chunks"] > 0
+    assert "the working folder cannot be locked (Bad file descriptor)" in caplog.text
+
+
 def test_query_logs_split_at_line_ends_only(tmp_path: Path) -> None:
     """A question holding U+2028 or a form feed is one question (JSON lines written with
     ``ensure_ascii=False`` hold them raw); a byte-order mark is not part of the first."""

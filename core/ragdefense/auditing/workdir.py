@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import shutil
@@ -115,8 +116,9 @@ class Workdir:
         (another process, or the CLI's default folder shared by two runs started in one
         place) is refused at once, instead of one clearing or overwriting the other's parts and
         reporting its chunks. The lock is the system's (``flock`` on the folder), released when
-        the audit ends or its process dies; where the system has none (Windows), keeping one
-        audit per folder is the user's to do."""
+        the audit ends or its process dies; where the system or the filesystem has none
+        (Windows; NFS and some FUSE mounts refuse a folder's lock, with a warning), keeping
+        one audit per folder is the user's to do."""
         try:
             import fcntl
         except ImportError:
@@ -131,6 +133,12 @@ class Workdir:
                     f"{self.path}: another audit is running in this working folder: wait for "
                     "it to end, or give another folder (workdir=, --workdir)"
                 ) from None
+            except OSError as exc:  # a filesystem without such locks (NFS, some FUSE mounts)
+                logging.getLogger("ragdefense").warning(
+                    "%s: the working folder cannot be locked (%s): run one audit at a time in it",
+                    self.path,
+                    exc.strerror or exc,
+                )
             yield
         finally:
             os.close(fd)  # releases the lock
