@@ -69,7 +69,8 @@ def check_carried(
     are checked (a store may have embedded them with their metadata: the longer, the less that
     moves them), and most must agree; another model's vector stands near orthogonal.
     ``given``: ``vecs`` are embeddings given beside the passages (``embeddings=``), one each.
-    ``embed`` is called only then: with an ``embedder``, the default model is never built."""
+    ``embed`` (the default model's) is called only where there is something to check: with
+    an ``embedder`` never, so the default model is not built."""
     carried = [
         j for j, p in enumerate(passages) if (given or p.embedding is not None) and vecs[j].any()
     ]

@@ -69,13 +69,13 @@ class Batch:
                     f"{type(values[bad]).__name__}): give every chunk a text ('' for none)"
                 )
         for i, chunk_id in enumerate(self.ids):  # each is written to the working folder
-            where = f"chunk {i + 1} of the batch ({chunk_id!r})"
             for field, value in (
                 ("id", chunk_id),
                 ("text", self.texts[i]),
                 ("title", self.titles[i]),
             ):
-                _check_text(value, where, field)
+                if not value.isascii():  # ASCII is valid; else say which chunk is not
+                    _check_text(value, f"chunk {i + 1} of the batch ({chunk_id!r})", field)
         if self.vectors is not None:
             with np.errstate(over="ignore"):  # beyond float32's range is what is looked for
                 finite = np.isfinite(np.asarray(self.vectors, dtype=np.float32)).all(axis=-1)
@@ -219,7 +219,9 @@ class FileCorpus:
             raise FileNotFoundError(f"no knowledge base file at {self.path}")
         self.parquet = self.path.suffix.lower() == ".parquet"  # .JSONL, .ndjson are JSON lines
         if not self.parquet and self.path.suffix.lower() not in (".jsonl", ".ndjson"):
-            raise ValueError(f"{self.path}: expected a .jsonl or .parquet file of {{id, text}}")
+            raise ValueError(
+                f"{self.path}: expected a .jsonl (.ndjson) or .parquet file of {{id, text}}"
+            )
         if self.parquet:
             _parquet()  # before any work: a missing pyarrow is a one-line error
 

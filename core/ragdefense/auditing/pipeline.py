@@ -83,11 +83,12 @@ def audit(
             MiniLM); must be the model the stored vectors were made with.
         workdir: The working folder; give one to make the audit resumable (default: a
             temporary folder, removed afterwards).
-        fresh: Clear ``workdir`` first instead of resuming.
+        fresh: Start over instead of resuming: the audit's own files in ``workdir`` are
+            removed first (a folder holding other files and no audit is refused).
         engine: ``"local"`` (this process) or ``"ray"`` (Ray Data; see ``address``,
             ``workers``).
         address: Ray: a running cluster (default ``$RAY_ADDRESS``, else a local instance).
-        workers: Ray: actors per step.
+        workers: Ray: actors per step (with another engine, it and ``address`` are errors).
         progress: Show progress bars on stderr.
         **overrides: Fields of :class:`~ragdefense.auditing.settings.AuditSettings` replacing
             those of ``settings`` (``audit(kb, part_size=32)``); any other name is a
