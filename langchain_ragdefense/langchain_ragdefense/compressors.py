@@ -75,7 +75,8 @@ class DefenseCompressor(BaseDocumentCompressor):
             used instead of embedding them again
             (:func:`langchain_ragdefense.vectors.stored_vectors`) where the defense's model is
             the store's own (a named defense without ``embeddings`` then embeds the query with
-            it) or the packaged default (the core checks the vectors are its). A defense with
+            it), or the packaged default where the store's model is it too or is not known (the
+            core checks the vectors are its). A defense with
             another model, given as ``embeddings`` or as a defense object's ``embedder``,
             embeds the query and the documents with it: one space for both.
             ``defend(retriever)`` sets it.
