@@ -61,23 +61,23 @@ def carried_vectors(passages: Sequence[Passage]) -> list[np.ndarray | None]:
 
 
 def check_carried(
-    passages: Sequence[Passage], vecs: list[Any], embedder: Any, embed: Any, given: bool = False
+    passages: Sequence[Passage], vecs: list[Any], embedder: Any, default: Any, given: bool = False
 ) -> None:
-    """Where the default model (no ``embedder``; ``embed``) embeds beside embeddings passages
+    """Where the default model (no ``embedder``; ``default()``) embeds beside embeddings passages
     carry (the query, or the passages carrying none), the carried ones must be its: another
     model's, of the same size, would compare meaninglessly. The three longest carried texts
     are checked (a store may have embedded them with their metadata: the longer, the less that
     moves them), and most must agree; another model's vector stands near orthogonal.
     ``given``: ``vecs`` are embeddings given beside the passages (``embeddings=``), one each.
-    ``embed`` (the default model's) is called only where there is something to check: with
-    an ``embedder`` never, so the default model is not built."""
+    ``default`` (a function giving the default model) is called only where there is something
+    to check: with an ``embedder`` never, so the default model is not built."""
     carried = [
         j for j, p in enumerate(passages) if (given or p.embedding is not None) and vecs[j].any()
     ]
     if embedder is not None or not carried:
         return
     longest = sorted(carried, key=lambda j: -len(passages[j].text))[:3]
-    own = np.asarray(embed([passages[j].text for j in longest]), np.float64)
+    own = np.asarray(default().embed([passages[j].text for j in longest]), np.float64)
     theirs = [np.asarray(vecs[j], dtype=np.float64) for j in longest]
     if all(t.shape == own.shape[1:] for t in theirs):
         cos = np.einsum("ij,ij->i", unit_rows(own), unit_rows(np.asarray(theirs)))

@@ -361,7 +361,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
     full = [next(computed) if v is None else v for v in vecs]
     carried = [i for i, v in enumerate(vecs) if v is not None]
     if carried:
-        check_carried(passages, full, embedder, lambda t: default_embedder().embed(t))
+        check_carried(passages, full, embedder, default_embedder)
         i, j = carried[0], todo[0]
         if full[i].shape != full[j].shape:
             raise DefenseInputError(
@@ -388,8 +388,7 @@ def passage_and_query_embeddings(
         # given beside the passages, or all carried (else checked in embed_passages): the
         # default model must have made them where it embeds the query
         if not carried or all(p.embedding is not None for p in passages):
-            default = lambda t: default_embedder().embed(t)  # noqa: E731 - built if needed
-            check_carried(passages, list(emb), embedder, default, not carried)
+            check_carried(passages, list(emb), embedder, default_embedder, not carried)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="
     q = check_query_embedding(query_embedding)

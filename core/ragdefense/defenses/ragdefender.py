@@ -241,7 +241,7 @@ class RAGDefender:
         emb = embed_passages(items, self.embedder)
 
         def query_vector() -> Any:  # embedded only if an outlier candidate needs it
-            check_carried(items, list(emb), self.embedder, lambda t: as_embedder(None).embed(t))
+            check_carried(items, list(emb), self.embedder, as_embedder)  # as_embedder(): default
             return as_embedder(self.embedder).embed_query(query)
 
         return self._defend(query, items, emb, lazy_query_sim(query_vector, emb), task_type)
