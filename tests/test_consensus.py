@@ -464,6 +464,28 @@ def test_trust_by_address_is_by_host_or_by_page_and_below() -> None:
         is_trusted_by({"https://forum.example.com/viewtopic.php?t=123"})
 
 
+_SEGMENT = st.text(alphabet="ab-", min_size=1, max_size=3)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(st.lists(_SEGMENT, min_size=1, max_size=3), min_size=1, max_size=6),
+    st.lists(_SEGMENT, max_size=5),
+)
+def test_a_page_holds_exactly_the_pages_under_it(trusted: list[list[str]], path: list[str]) -> None:
+    """Trust by page is looked up among the document's prefixes (a page list of thousands
+    costs no more than one): a document is held by a trusted page where it is that page or
+    starts with it and a ``/``, never a longer name (``a/b`` holds ``a/b/c``, not ``a/bc``)."""
+    pages = {"/".join(p) for p in trusted}
+    url = "https://docs.example.com/" + "/".join(path)
+    passage = Passage("x", metadata={"source": url})
+    doc = document_of(passage) or ""
+    held = any(doc == f"docs.example.com/{p}" or doc.startswith(f"docs.example.com/{p}/")
+               for p in pages)  # fmt: skip
+    test = is_trusted_by({f"https://docs.example.com/{p}" for p in pages})
+    assert test(passage, source_of(passage)) is held
+
+
 def test_an_ambiguous_address_is_nobody_elses_source() -> None:
     """A backslash ends the host for browsers and HTTP clients (``requests`` fetches
     evil.example), not for ``urlsplit``: the attacker's page counted as the trusted host, and

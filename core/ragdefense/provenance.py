@@ -291,7 +291,13 @@ class _Sources:
         # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
         # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
         seen = [host + _clean("/" + path, browser) for browser in (True, False)]
-        return any(all(d == p or d.startswith(p + "/") for d in seen) for p in self.pages)
+        # a page p holds d where d is p or starts with p + "/": look d's prefixes up
+        return bool(self.pages.intersection(*map(_prefixes, seen)))
+
+
+def _prefixes(document: str) -> set[str]:
+    """``document`` and each of its prefixes ending before a ``/`` (the pages holding it)."""
+    return {document, *(document[:i] for i, c in enumerate(document) if c == "/")}
 
 
 @dataclass(frozen=True)
