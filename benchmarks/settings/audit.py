@@ -92,7 +92,7 @@ class AuditCorpus:
             if chunk_id not in self.planted:
                 out.append(self.links[chunk_id])
                 continue
-            target = int(chunk_id[1:].split("-")[0])
+            target = self.target(chunk_id)
             out.append(
                 {
                     "one upload": "uploads/planted.pdf",
@@ -102,6 +102,10 @@ class AuditCorpus:
                 }[name]
             )
         return out
+
+    def target(self, chunk_id: str) -> int | None:
+        """The index (in ``questions``) of the target a planted chunk was written for."""
+        return int(chunk_id[1:].split("-")[0]) if chunk_id in self.planted else None
 
     def tuning(self, chunk_id: str) -> bool:
         """Whether a chunk is in the tuning part (planted, or benign from a tuning dataset)."""

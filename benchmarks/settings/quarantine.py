@@ -20,7 +20,9 @@ attacker sites, from a site per target, or each on an honest chunk's site, where
 source would take honest chunks with it: the audit benchmark's layouts), where the passages
 carry those sources at query time too (a store returns the metadata it was audited with: the
 quarantine matches a chunk condemned for its source by text and source) and the per-query
-defense still reads their text only (``source_key=None``); nothing here was tuned.
+defense still reads their text only (``source_key=None``); nothing here was tuned. The
+context slots held by planted passages written for *another* target question are counted apart
+too: every target's set is in the one corpus, and a pool widened far enough reaches them.
 """
 
 from __future__ import annotations
@@ -126,8 +128,12 @@ def quarantine_table(
     }
     cells: dict[tuple[str, str], list[tuple[float, bool]]] = {}
     short = dict.fromkeys(defenses, 0)  # contexts under K passages (an empty one: no poison)
-    for question, answers, (_, family, count) in zip(
-        kb.questions, kb.answers, kb.targets, strict=True
+    # context slots held by another target's planted passages (poison for another question)
+    strays: dict[str, list[float]] = {name: [] for name in defenses}  # their query similarity
+    stray_share: dict[str, list[float]] = {name: [] for name in defenses}
+    row_of = {chunk_id: n for n, chunk_id in enumerate(kb.ids)}
+    for t, (question, answers, (_, family, count)) in enumerate(
+        zip(kb.questions, kb.answers, kb.targets, strict=True)
     ):
         q = emb.embed_query(question)
         sims = vectors @ q
@@ -136,6 +142,13 @@ def quarantine_table(
             passages, ctx = _one_line(guard, question, q, ranking, kb, vectors, sims)
             share = sum(passages[i].id in planted for i in ctx) / len(ctx) if ctx else 0.0
             short[name] += len(ctx) < K
+            stray = [
+                float(sims[row_of[passages[i].id]])
+                for i in ctx
+                if kb.target(passages[i].id) not in (None, t)
+            ]
+            strays[name] += stray
+            stray_share[name].append(len(stray) / len(ctx) if ctx else 0.0)
             found = any(  # an honest passage: a planted one may hold a short answer's string
                 passages[i].id not in planted and contains_answer(passages[i].text, answers)
                 for i in ctx
@@ -157,6 +170,7 @@ def quarantine_table(
                 if (name, col) in cells
             },
             "short_contexts": short[name],
+            "other_targets_share": float(np.mean(stray_share[name])),
         }
         for name in defenses
     ]
@@ -184,6 +198,16 @@ def quarantine_table(
         f"families: {', '.join(DEFAULT_ATTACKS)}; the others held out):",
         "",
         *table,
+        "",
+        'Of the poison share in "all", the part held by planted passages written for another '
+        "target question (off its subject; the pool reaches them as the one line widens it): "
+        + ", ".join(
+            f"{name} {np.mean(stray_share[name]):.3f}"
+            + (f" (query similarity {min(found):.2f}-{max(found):.2f})" if found else "")
+            for name, found in strays.items()
+            if name != "none"
+        )
+        + ".",
         "",
         f"Contexts of fewer than {K} passages (the one line's fetch rounds spent; an empty one "
         "counts as no poison): "
