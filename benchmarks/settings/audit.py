@@ -92,7 +92,7 @@ class AuditCorpus:
             if chunk_id not in self.planted:
                 out.append(self.links[chunk_id])
                 continue
-            target = self.target(chunk_id)
+            target = _target(chunk_id)
             out.append(
                 {
                     "one upload": "uploads/planted.pdf",
@@ -105,13 +105,18 @@ class AuditCorpus:
 
     def target(self, chunk_id: str) -> int | None:
         """The index (in ``questions``) of the target a planted chunk was written for."""
-        return int(chunk_id[1:].split("-")[0]) if chunk_id in self.planted else None
+        return _target(chunk_id) if chunk_id in self.planted else None
 
     def tuning(self, chunk_id: str) -> bool:
         """Whether a chunk is in the tuning part (planted, or benign from a tuning dataset)."""
         if chunk_id in self.planted:
             return _split(*self.planted[chunk_id][:2]) == "tuning"
         return self.sources[chunk_id] in TUNING_DATASETS
+
+
+def _target(chunk_id: str) -> int:
+    """The target index in a planted chunk's id (``t{target}-p{n}``)."""
+    return int(chunk_id[1:].split("-")[0])
 
 
 def _title(text: str) -> tuple[str, str]:

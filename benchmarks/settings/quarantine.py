@@ -143,9 +143,9 @@ def quarantine_table(
             share = sum(passages[i].id in planted for i in ctx) / len(ctx) if ctx else 0.0
             short[name] += len(ctx) < K
             stray = [
-                float(sims[row_of[passages[i].id]])
+                float(sims[row_of[str(passages[i].id)]])
                 for i in ctx
-                if kb.target(passages[i].id) not in (None, t)
+                if kb.target(str(passages[i].id)) not in (None, t)
             ]
             strays[name] += stray
             stray_share[name].append(len(stray) / len(ctx) if ctx else 0.0)
