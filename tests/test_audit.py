@@ -1722,3 +1722,28 @@ def test_a_small_clean_knowledge_base_is_reported_with_a_caution(tmp_path: Path)
     report = audit(texts, workdir=tmp_path / "w", progress=False)
     assert 5 * len(report.suspicious) > len(texts)
     assert "**Caution**" in report.to_markdown()
+
+
+def test_an_audit_that_failed_on_its_input_does_not_hold_the_folder(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """An audit refused for its input (an empty file, a duplicated id) recorded its parameters
+    first: the corrected input was then refused as "an audit made with other parameters",
+    though nothing had been read. An audit that had read its knowledge base still is."""
+    texts, ids, _ = toy_corpus()
+    kb, work = tmp_path / "kb.jsonl", tmp_path / "w"
+    kb.write_text("")
+    with pytest.raises(ValueError, match="empty"):
+        audit(kb, embedder=toy, workdir=work)
+
+    def lines(order: list[str]) -> str:
+        return "".join(
+            json.dumps({"id": i, "text": t}) + "\n" for i, t in zip(ids, order, strict=True)
+        )
+
+    kb.write_text(lines(texts))
+    assert audit(kb, embedder=toy, workdir=work).stats["chunks"] == len(texts)
+    other = tmp_path / "other.jsonl"
+    other.write_text(lines(texts[::-1]))
+    with pytest.raises(ValueError, match="other parameters"):
+        audit(other, embedder=toy, workdir=work)  # a finished audit's folder stays its own

@@ -257,9 +257,10 @@ class Workdir:
         """Record ``params``; on a restart they must equal the recorded ones (a changed
         parameter would mix results of two audits), unless ``fresh`` clears the audit's own
         files (:data:`AUDIT_ENTRIES`, its part folders with whatever they hold; anything
-        else in the folder stays). A folder that holds
-        other files but no audit (no manifest bearing :data:`MARKER`) is refused, never
-        cleared nor written to."""
+        else in the folder stays). An audit that stopped before it had read its whole
+        knowledge base (an empty or invalid input) is started over, whatever it recorded.
+        A folder that holds other files but no audit (no manifest bearing :data:`MARKER`)
+        is refused, never cleared nor written to."""
         self._run = None  # whatever was read before, this start decides
         # a manifest's temporary file is the audit's own (killed before its first write)
         stray = [p for p in self.path.iterdir() if p.name.startswith(".manifest.json.")]
@@ -276,31 +277,41 @@ class Workdir:
                     "the audit again with fresh=True (--fresh) to redo it"
                 )
         if fresh:
-            for tmp in stray:
-                tmp.unlink(missing_ok=True)
-            for entry in AUDIT_ENTRIES:
-                target = self.path / entry
-                if target.is_dir():
-                    shutil.rmtree(target)
-                else:
-                    target.unlink(missing_ok=True)
+            self._clear(stray)
         if self.has("manifest.json"):
-            known = self.read_json("manifest.json").get("params")
+            manifest = self.read_json("manifest.json")
+            known = manifest.get("params")
             if not isinstance(known, dict):
                 raise ValueError(
                     f"{self.path / 'manifest.json'}: damaged (no parameters recorded): run the "
                     "audit again with fresh=True (--fresh) to redo it"
                 )
             changed = sorted(k for k in {*known, *params} if known.get(k) != params.get(k))
-            if changed:
+            if not changed:
+                return
+            if manifest.get("part_digests") is not None:
                 raise ValueError(
                     f"{self.path} holds an audit made with other parameters "
                     f"({', '.join(changed)}): use another folder, or fresh=True (--fresh) to "
                     "start over"
                 )
-            return
+            # that audit stopped before it had read its knowledge base (an empty or invalid
+            # input, say): it holds nothing worth resuming, and its input is being corrected
+            self._clear(stray)
         self._run = uuid.uuid4().hex
         self.write_json("manifest.json", {MARKER: 1, "run": self._run, "params": params})
+
+    def _clear(self, stray: list[Path]) -> None:
+        """Remove the audit's own files (:data:`AUDIT_ENTRIES`) and a manifest's temporary
+        ones (``stray``); nothing else in the folder."""
+        for tmp in stray:
+            tmp.unlink(missing_ok=True)
+        for entry in AUDIT_ENTRIES:
+            target = self.path / entry
+            if target.is_dir():
+                shutil.rmtree(target)
+            else:
+                target.unlink(missing_ok=True)
 
     @property
     def run(self) -> str:
