@@ -1507,6 +1507,10 @@ def test_a_chunk_from_a_source_whose_other_chunks_look_planted_is_suspicious(
     assert not lone - {"lone-near"} & {f.id for f in off.suspicious}
     assert off.stats["possible_victims"] == 1  # the one next to a group, without its source
     assert all(f.source is None for f in off.findings) and off.stats["sources"] == 0
+    with pytest.warns(UserWarning, match="source_key='sorce' gave no chunk a source"):
+        typo = audit(ListCorpus(texts, ids, metadata=meta), embedder=toy, source_key="sorce",
+                     workdir=tmp_path / "t")  # fmt: skip
+    assert typo.stats["sources"] == 0  # run as without sources, and said
     bare = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "b")
     assert [(f.id, f.score) for f in bare.findings] == [(f.id, f.score) for f in off.findings]
     one = [{"source": "uploads/everything.pdf"}] * len(texts)  # a single-source knowledge base

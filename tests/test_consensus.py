@@ -3,6 +3,7 @@ and the provenance helpers; fast tests on hand-made vectors, then the real MiniL
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import replace
 from typing import Any
 
@@ -412,6 +413,31 @@ def test_sources_are_read_from_the_usual_keys() -> None:
     assert trusted(p, source_of(p)) and not trusted(Passage("x"), None)
 
 
+def test_a_misspelled_source_key_or_sourceless_trust_is_said() -> None:
+    """A source_key that no passage's metadata holds (``"sorce"``), or trusted sources where no
+    passage carries one, read nothing: provenance and trust were off without a word, and a
+    user who trusted a source kept its attacker's passages. It is warned and noted."""
+    passages, emb, q, _ = _pool(3, n_benign=6, n_poison=2)
+    sited = [replace(p, metadata={"source": f"site-{i % 3}.org"}) for i, p in enumerate(passages)]
+    for defense, pool in (
+        (Consensus(source_key="sorce"), sited),
+        (Consensus(trusted={"site-0.org"}), passages),
+    ):
+        with pytest.warns(UserWarning, match="misspelled|no passage carries one"):
+            result = defense.defend_embeddings("q", pool, emb, q)
+        assert "provenance" in result.estimates
+    quiet = [  # the key named, held by some passage; a predicate; provenance off; none given
+        (Consensus(source_key="source"), [replace(sited[0], metadata={}), *sited[1:]]),
+        (Consensus(trusted=lambda m: False), passages),
+        (Consensus(source_key=None), sited),
+        (Consensus(), passages),
+    ]
+    for defense, pool in quiet:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert "provenance" not in defense.defend_embeddings("q", pool, emb, q).estimates
+
+
 @pytest.mark.parametrize(
     "missing", [float("nan"), np.float32("nan"), "None", "null", "N/A", "nan", "<NA>", "NaT"]
 )
@@ -634,9 +660,10 @@ def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:
         Consensus(trusted={"noaa.gov"}, source_key=None)
     assert Consensus(trusted=lambda m: True, source_key=None).trusted is not None
     passages, emb, q, _ = _pool(1, n_benign=6)
-    result = Consensus(trusted={"noaa.gov"}).defend_embeddings("q", passages, emb, q)
+    with pytest.warns(UserWarning, match="no passage carries one"):  # no source at all
+        result = Consensus(trusted={"noaa.gov"}).defend_embeddings("q", passages, emb, q)
+        few = Consensus(trusted={"noaa.gov"}).defend("q", ["one", "two"])
     assert result.estimates["trusted"] == []  # configured, and no passage matched: said
-    few = Consensus(trusted={"noaa.gov"}).defend("q", ["one", "two"])
     assert few.estimates["trusted"] == [] and "nothing to compare" in few.estimates["note"]
     with pytest.raises(
         DefenseInputError, match=r"trusted= failed on passage 0's metadata.*KeyError"

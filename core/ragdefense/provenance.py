@@ -28,6 +28,7 @@ __all__ = [
     "document_of",
     "is_trusted_by",
     "metadata_source",
+    "no_source_read",
     "source_of",
     "sources_of",
 ]
@@ -130,6 +131,31 @@ def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         True
     """
     return metadata_source(passage.metadata, source_key)
+
+
+def no_source_read(
+    metadatas: Sequence[Any], sources: Sequence[str | None], source_key: str | None, trusted: Trust
+) -> str | None:
+    """Why provenance asked for reads nothing here, where it can only be a mistake (``None``
+    where it reads something, or was not asked for): a ``source_key`` named that no
+    ``metadatas`` holds (a misspelled key turns provenance, and trust by source, off
+    silently), or ``trusted`` sources where no passage has a source (``sources``, as read)."""
+    if not metadatas or source_key is None or any(s is not None for s in sources):
+        return None
+    if source_key != AUTO:
+        if any(isinstance(m, Mapping) and source_key in m for m in metadatas):
+            return None
+        return (
+            f"source_key={source_key!r} is in no passage's metadata: no source was read "
+            "(provenance and trust by source are off); is the key misspelled?"
+        )
+    if trusted is None or callable(trusted):
+        return None
+    return (
+        "trusted= names sources, but no passage carries one (metadata keys read: "
+        f"{', '.join(SOURCE_KEYS)}): nothing can be trusted; name the key with source_key=, "
+        "or pass a predicate on the metadata"
+    )
 
 
 def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:

@@ -32,14 +32,14 @@ from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
-from .settings import (
-    AuditSettings,
-    defense_mark,
-    embedder_mark,
-    queries_mark,
-    with_overrides,
+from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark, with_overrides
+from .sources import (
+    batch_sources,
+    chunk_source,
+    condemned_positions,
+    note_sourced,
+    suspect_sources,
 )
-from .sources import batch_sources, chunk_source, condemned_positions, suspect_sources
 from .space import check_space
 from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
 from .victims import possible_victims
@@ -297,7 +297,7 @@ def _ingest(
         sourced = sourced or sources is not None
         sizes.append(len(batch.ids))
         digests.append(digest)
-    wd.note("sourced", sourced)
+    note_sourced(wd, sourced, source_key)
     if not sizes:
         raise ValueError("the knowledge base is empty")
     if known is not None and known != digests:

@@ -6,12 +6,13 @@ rest of the knowledge base, condemns the rest of its chunks, however they are wo
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..provenance import metadata_source
+from ..provenance import AUTO, metadata_source
 from .corpus import Batch
 from .workdir import Workdir, part_name
 
@@ -24,6 +25,7 @@ __all__ = [
     "batch_sources",
     "chunk_source",
     "condemned_positions",
+    "note_sourced",
     "read_sources",
     "source_reason",
     "source_tally",
@@ -97,6 +99,19 @@ def support_of(bad: Any, others: Any, rest: Any) -> Any:
     rest = np.asarray(rest, dtype=np.float64)
     room = np.where(rest < 1, 1 - rest, 1.0)
     return np.where(rest < 1, np.maximum(share - rest, 0.0) / room, 0.0)
+
+
+def note_sourced(wd: Workdir, sourced: bool, source_key: str | None) -> None:
+    """Record whether any chunk has a source; warn where a ``source_key`` named gave none (a
+    misspelled key would run the audit without provenance, silently)."""
+    wd.note("sourced", sourced)
+    if not sourced and source_key not in (None, AUTO):
+        warnings.warn(
+            f"source_key={source_key!r} gave no chunk a source: the audit runs without "
+            "provenance; is the key misspelled?",
+            UserWarning,
+            stacklevel=3,
+        )
 
 
 def read_sources(wd: Workdir, chunk_parts: int) -> tuple[np.ndarray | None, list[str]]:

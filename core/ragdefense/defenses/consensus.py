@@ -59,13 +59,14 @@ passages quote the question. That is the ``"strict"`` mode's job (RAGDefender), 
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..embedders import passage_and_query_embeddings
-from ..provenance import AUTO, Trust, document_of, sources_of
+from ..provenance import AUTO, Trust, document_of, no_source_read, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
 from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .claims import repeated_claims
@@ -102,7 +103,8 @@ class Consensus:
         keep_copies: Keep every copy of a kept text (the same text up to spacing, case and
             accents); by default one stands for the others, and the context holds it once.
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
-            :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off).
+            :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off). A
+            key no passage holds is warned (a misspelling would turn provenance off).
         trusted: Sources never removed (but as copies of one trusted text), or a predicate on
             a passage's metadata.
         anchor: Least excess of an untrusted passage's query similarity over its best cosine
@@ -207,6 +209,10 @@ class Consensus:
         # with trust given, which passages it found is said (none found too)
         found = [i for i, t in enumerate(trusted) if t]
         said: dict[str, Any] = {"trusted": found} if found or self.trusted is not None else {}
+        unread = no_source_read([p.metadata for p in items], sources, self.source_key, self.trusted)
+        if unread:  # a misspelled key must not turn provenance off silently
+            warnings.warn(unread, UserWarning, stacklevel=2)
+            said["provenance"] = unread
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
