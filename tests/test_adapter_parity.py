@@ -14,6 +14,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 from llama_index.core import Document as LIDocument
 from llama_index.core import VectorStoreIndex
+from llama_index.core.llms import MockLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 
 from langchain_ragdefense import DefenseCompressor, RagdefenseEmbeddings
@@ -93,6 +94,22 @@ def test_the_same_mistakes_are_refused(both: tuple[Any, Any]) -> None:
             defend(retriever, adapter, fail_open=True)
         with pytest.raises(TypeError, match="not a defense"):
             defend(retriever, 42)
+        # the core's own plain errors, not a framework's validation error wrapping them
+        with pytest.raises(ValueError, match=r"^unknown defense 'consenus': use one of"):
+            defend(retriever, "consenus")
+        for size in ("4", 0, -1, True, 2.0):
+            for name in ("k", "fetch_k"):
+                with pytest.raises(ValueError, match=f"^{name} must be a positive int or None"):
+                    defend(retriever, **{name: size})
+    engine = lc_retriever.vectorstore  # a store, not its retriever
+    with pytest.raises(TypeError, match=r"pass store\.as_retriever"):
+        lc_defend(engine)
+    engine = li_retriever._index.as_query_engine(llm=MockLLM())  # an engine, not a retriever
+    with pytest.raises(TypeError, match=r"got RetrieverQueryEngine: pass its \.retriever$"):
+        li_defend(engine)
+    nodes = li_retriever.retrieve(QUERY)  # its repr alone ran to tens of kilobytes
+    with pytest.raises(TypeError, match=r"got list: pass index\.as_retriever"):
+        li_defend(nodes)
 
 
 def test_a_reranking_defense_keeps_its_order_under_the_node_scores(toy_embedder: Any) -> None:

@@ -351,7 +351,7 @@ def test_defend_retriever_bad_arguments(toy_embedder: Any) -> None:
     index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))
     with pytest.raises(ValueError, match="k must be a positive int"):
         defend(index, k=0)
-    with pytest.raises(TypeError, match="BaseRetriever"):
+    with pytest.raises(TypeError, match="takes a retriever or an index, got str"):
         defend("not a retriever")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="unknown defense"):
         defend(index, "nope")

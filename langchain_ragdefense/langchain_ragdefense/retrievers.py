@@ -17,9 +17,10 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragdefense.integration.adapter import configured, named, pooled
+from ragdefense.integration.adapter import configured, named, plain_params, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
+    check_request,
     fetch_rounds,
     fetched_enough,
     pool_size,
@@ -325,6 +326,8 @@ def defend(
             ".configurable_fields(base_retriever=...))"
         )
         raise TypeError(f"defend() takes a retriever, got {type(retriever).__name__}: pass {hint}")
+    if not isinstance(defense, BaseDocumentCompressor):
+        check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
     store = getattr(retriever, "vectorstore", None)
     rounds = fetch_rounds(defense, k is not None)
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)

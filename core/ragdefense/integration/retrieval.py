@@ -3,17 +3,39 @@ rounds that widen it, and a framework retriever's own top-k."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 from ..types import Defense
 
-__all__ = ["FETCH_ROUNDS", "fetch_rounds", "fetched_enough", "pool_size", "positive_int"]
+__all__ = [
+    "FETCH_ROUNDS",
+    "check_request",
+    "fetch_rounds",
+    "fetched_enough",
+    "pool_size",
+    "positive_int",
+]
 
 
 def positive_int(value: Any) -> int | None:
     """``value`` if it is a positive ``int`` (not a bool), else ``None``: how the adapters read
     a framework retriever's own top-k."""
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
+
+
+def check_request(defense: Any, params: Mapping[str, Any], **sizes: Any) -> None:
+    """What an adapter's ``defend()`` checks before it builds anything, so that a mistake is
+    the core's own plain error, not a framework's validation error wrapping it: each of
+    ``sizes`` (``k``, ``fetch_k``) a positive int or ``None``, and a defense given by name
+    built once with ``params`` (a misspelled name, parameter or value)."""
+    for label, value in sizes.items():
+        if value is not None and positive_int(value) is None:
+            raise ValueError(f"{label} must be a positive int or None, got {value!r}")
+    if defense is None or isinstance(defense, str):
+        from ..defenses.registry import defense as front_door
+
+        front_door(defense, **params)
 
 
 def pool_size(defense: Defense, k: int) -> int:

@@ -18,9 +18,17 @@ from llama_index.core.indices.base import BaseIndex
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
-from ragdefense.integration.adapter import configured, defense_embedder, named, pooled, same_space
+from ragdefense.integration.adapter import (
+    configured,
+    defense_embedder,
+    named,
+    plain_params,
+    pooled,
+    same_space,
+)
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
+    check_request,
     fetch_rounds,
     fetched_enough,
     pool_size,
@@ -127,7 +135,9 @@ class DefendedRetriever(BaseRetriever):
             if value is not None and positive_int(value) is None:
                 raise ValueError(f"{label} must be a positive int or None, got {value!r}")
         if not isinstance(retriever, BaseRetriever):
-            raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {retriever!r}")
+            raise TypeError(
+                f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}"
+            )
         own = _top_k(retriever)
         self.k = k if k is not None else own
         pool = max(pool_size(postprocessor.core, self.k), own or 0) if self.k else None
@@ -204,6 +214,14 @@ def defend(
 
     The same signature and fetch policy as the LangChain adapter's ``defend``.
     """
+    if not isinstance(retriever, (BaseRetriever, BaseIndex)):
+        inner = getattr(retriever, "retriever", None)  # a query engine's
+        hint = "its .retriever" if isinstance(inner, BaseRetriever) else "index.as_retriever()"
+        raise TypeError(
+            f"defend() takes a retriever or an index, got {type(retriever).__name__}: pass {hint}"
+        )
+    if not isinstance(defense, DefensePostprocessor):
+        check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
     index: Any = retriever
     if isinstance(retriever, BaseIndex):  # a summary or keyword index's too
         retriever = retriever.as_retriever()
