@@ -962,6 +962,12 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
         audit(tmp_path / "missing.jsonl")
     with pytest.raises(TypeError, match="cannot audit a int"):
         audit(42)  # type: ignore[arg-type]
+    records = ["a text", {"id": "d1", "text": "one"}]  # what a list of texts is not
+    with pytest.raises(
+        TypeError, match=r"a list holding a dict \(item 1\), not only texts.*ListCorpus"
+    ):
+        audit(records, workdir=tmp_path / "w4")
+    assert not (tmp_path / "w4").exists()  # refused before anything was written
     with pytest.raises(ValueError, match="top_m"):
         audit(["a b c"], top_m=1)
     with pytest.raises(ValueError, match="dimensions"):

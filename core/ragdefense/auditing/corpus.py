@@ -347,9 +347,14 @@ def as_corpus(knowledge_base: Any) -> Corpus:
             raise
     else:  # its adapter's own refusal (a store it cannot read) is the one to show
         return framework.corpus(knowledge_base)
+    what = type(knowledge_base).__name__
+    if isinstance(knowledge_base, Sequence):  # a list, but not of texts: say of what
+        n, item = next((n, t) for n, t in enumerate(knowledge_base) if not isinstance(t, str))
+        what = f"{what} holding a {type(item).__name__} (item {n}), not only texts"
     raise TypeError(
-        f"cannot audit a {type(knowledge_base).__name__}: pass a .jsonl / .parquet file of "
-        "{id, text}, a list of texts, a LangChain vector store or a LlamaIndex index"
+        f"cannot audit a {what}: pass a .jsonl / .parquet file of {{id, text}}, a list of "
+        "texts (str), ListCorpus(texts, ids, metadata=...) to keep ids and metadata, a "
+        "LangChain vector store or a LlamaIndex index"
     )
 
 
