@@ -122,6 +122,10 @@ def test_targets_file_errors_name_file_record_and_field(tmp_path: Path) -> None:
         json.dumps({"x": {"question": "q", "incorrect answer": "w", "adv_texts": ["a"]}})
     )
     assert load_targets(path) == [AttackTarget("q", "w", None, ("a",))]
+    record = {"id": "t1", "question": "q", "wrong_answer": "w", "corect_answer": "c"}
+    path.write_text(json.dumps([record]))  # the correct answer lost without a word before
+    with pytest.raises(ValueError, match=r"record 0 has unknown field 'corect_answer' \(did you"):
+        load_targets(path)
 
 
 def test_core_knowledge_base_red_team(minilm: Any) -> None:
