@@ -108,6 +108,9 @@ def test_cli_demo(capsys: pytest.CaptureFixture[str], minilm: object) -> None:
     assert main(["demo", "-k", "8"]) == 0
     out = capsys.readouterr().out
     assert "Totals" in out and "default + sources" in out and "benign removed" in out
+    assert "Note:" not in out
+    assert main(["demo", "-k", "4"]) == 0  # below the default's pool: said, not only shown
+    assert "Note: 4 passages is less than the pool of 8" in capsys.readouterr().out
     assert main(["demo", "-k", "100000"]) == 0  # no more than the knowledge base holds
     assert "retrieves its top 96; the context is the top 48" in capsys.readouterr().out
 

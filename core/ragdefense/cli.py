@@ -174,7 +174,11 @@ def build_parser() -> argparse.ArgumentParser:
         "demo", help="poisoned knowledge base, retrieval with and without defense"
     )
     demo.add_argument(
-        "-k", type=_positive, default=8, help="passages retrieved per question (default 8)"
+        "-k",
+        type=_positive,
+        default=8,
+        help="passages retrieved per question, the context half of them (default 8: the pool "
+        "the default filters from, the least defend() fetches)",
     )
     demo.set_defaults(func=_cmd_demo)
     sub.add_parser("limits", help="print the limits the library holds itself to").set_defaults(

@@ -48,6 +48,12 @@ def run_demo(
     context = max(1, k // 2)
     _introduce(kb, k, context, say)
     default = registry.defense(DEFAULT_DEFENSE, embedder=embedder)
+    if k < default.min_pool:  # what defend() would never fetch: say so, not only show it
+        say(
+            f"Note: {k} passages is less than the pool of {default.min_pool} the default "
+            "filters from, the least defend() fetches: in so few a planted majority passes, "
+            "and some steps do not run.\n"
+        )
     rows = {"no defense": None, "default, text only": default, "default + sources": default}
     totals: dict[tuple[str, str], dict[str, int]] = {}
     for attack, title in ATTACKS.items():
