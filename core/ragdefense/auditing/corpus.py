@@ -156,10 +156,8 @@ class ListCorpus:
         if len(set(self.ids)) != len(self.ids):
             raise ValueError("chunk ids must be unique")
         if self.vectors is not None and self.vectors.ndim != 2:
-            raise ValueError(
-                f"vectors: one row per chunk expected (a 2-D array), got {self.vectors.ndim}-D"
-                f" of shape {self.vectors.shape}"
-            )
+            shape = self.vectors.shape
+            raise ValueError(f"vectors: one row per chunk expected (a 2-D array), got {shape}")
         if self.vectors is not None and not np.isfinite(self.vectors).all():
             bad = sorted({int(i) for i in np.argwhere(~np.isfinite(self.vectors))[:, 0]})[:5]
             raise ValueError(f"the vectors of chunk(s) {bad} hold NaN or infinite values")
@@ -172,12 +170,10 @@ class ListCorpus:
 
     def batches(self, size: int) -> Iterator[Batch]:
         for start in range(0, len(self.texts), size):
-            end = start + size
-            vectors = None if self.vectors is None else self.vectors[start:end]
-            meta = None if self.metadata is None else self.metadata[start:end]
-            yield Batch(
-                self.ids[start:end], self.texts[start:end], self.titles[start:end], vectors, meta
-            )
+            part = slice(start, start + size)
+            vectors = None if self.vectors is None else self.vectors[part]
+            meta = None if self.metadata is None else self.metadata[part]
+            yield Batch(self.ids[part], self.texts[part], self.titles[part], vectors, meta)
 
 
 def unique_ids(batches: Iterable[Batch]) -> Iterator[Batch]:
@@ -352,9 +348,8 @@ def as_corpus(knowledge_base: Any) -> Corpus:
         n, item = next((n, t) for n, t in enumerate(knowledge_base) if not isinstance(t, str))
         what = f"{what} holding a {type(item).__name__} (item {n}), not only texts"
     raise TypeError(
-        f"cannot audit a {what}: pass a .jsonl / .parquet file of {{id, text}}, a list of "
-        "texts (str), ListCorpus(texts, ids, metadata=...) to keep ids and metadata, a "
-        "LangChain vector store or a LlamaIndex index"
+        f"cannot audit a {what}: pass a .jsonl / .parquet file of {{id, text}}, a list of texts "
+        "(str), ListCorpus(texts, ids, metadata=...), a LangChain store or a LlamaIndex index"
     )
 
 
