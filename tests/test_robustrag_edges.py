@@ -92,6 +92,10 @@ def test_max_new_tokens_must_be_an_int_and_nlp_a_pipeline() -> None:
             RobustRAG(llm=lambda p: "x", max_new_tokens=bad)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match=r"spacy.load\('en_core_web_sm'\)"):
         RobustRAG(llm=lambda p: "x", nlp="en_core_web_sm")  # before any LLM call
+    with pytest.raises(TypeError, match="llm='gpt-4' is a name, not a model"):
+        RobustRAG(llm="gpt-4")  # refused when made, not at the first answer
+    with pytest.raises(TypeError, match="cannot use int as an LLM"):
+        RobustRAG(llm=3)
 
 
 def test_the_engines_timeout_alone_bounds_a_model_it_wraps() -> None:

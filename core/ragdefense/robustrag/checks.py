@@ -36,6 +36,16 @@ def check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
         from ..llm.huggingface import check_packaged_llm
 
         check_packaged_llm()
+    elif isinstance(llm, str):  # a model's name: nothing here can call it
+        raise TypeError(
+            f"llm={llm!r} is a name, not a model: pass the model object (a LangChain chat "
+            "model, a LlamaIndex LLM, a transformers model, a callable str -> str, or a "
+            "ragdefense LLM), or None for the packaged SmolLM2"
+        )
+    else:
+        from ..llm import as_llm
+
+        as_llm(llm)  # a wrong kind of object refused now, not at the first answer
 
 
 def check_templates(**templates: tuple[str, tuple[str, ...]]) -> None:
