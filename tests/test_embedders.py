@@ -305,7 +305,7 @@ def test_as_embedder_dispatch_and_errors() -> None:
         as_embedder(3)
 
 
-def test_a_model_named_wrong_is_said_so(tmp_path: Path) -> None:
+def test_a_model_named_wrong_is_said_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A folder that is not there was taken for a Hugging Face repo id at the first query
     ("Repo id must use alphanumeric chars"), and a name not in the local cache for a network
     failure: a folder is refused when the embedder is made, a name when it is loaded."""
@@ -315,8 +315,13 @@ def test_a_model_named_wrong_is_said_so(tmp_path: Path) -> None:
         with pytest.raises(ValueError, match="no model folder at"):
             ragdefense.defense("strict", embedder=folder)
     named = as_embedder("no-such-org/no-such-model")  # a hub name: looked up when loaded
-    with pytest.raises(EmbeddingError, match="nor a model of that name in the local Hugging"):
+    with pytest.raises(EmbeddingError, match="no complete model of that name in the local"):
         named.embed(["one text"])
+    monkeypatch.setenv("HOME", str(tmp_path))  # a folder written with ~
+    (tmp_path / "model").mkdir()
+    embedder = as_embedder("~/model")
+    assert isinstance(embedder, SentenceTransformerEmbedder)
+    assert embedder._path == str(tmp_path / "model")  # the folder, not read as a hub name
 
 
 def test_default_embedder_is_lazy_and_shared() -> None:

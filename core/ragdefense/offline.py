@@ -82,26 +82,30 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
     try:
         with quiet_loading():
             return SentenceTransformer(path, device=device, local_files_only=True)
-    except (OSError, ValueError) as exc:  # a name neither here nor in the local hub cache
-        if Path(path).expanduser().exists():
+    except (OSError, ValueError) as exc:  # a name not here, or not whole in the hub cache
+        if Path(path).exists():
             raise
         raise OSError(
-            f"cannot load the embedding model {path!r}: no such folder, nor a model of that "
-            "name in the local Hugging Face cache (models are loaded from local files only): "
-            f"give the folder a sentence-transformers model was saved to ({exc})"
+            f"cannot load the embedding model {path!r} from local files (models are never "
+            "downloaded): no such folder here, and no complete model of that name in the local "
+            f"Hugging Face cache; give the folder a sentence-transformers model was saved to "
+            f"({exc})"
         ) from exc
 
 
 def model_folder(path: str) -> str:
-    """``path``, refused at once where it can only name a folder (absolute, or starting with
-    ``.`` or ``~``) and none is there; a model name (``org/name``) is looked up in the local
-    Hugging Face cache when loaded."""
-    if path.strip().startswith(("/", ".", "~", "\\")) and not Path(path).expanduser().exists():
+    """``path`` (``~`` expanded), refused at once where it can only name a folder (absolute,
+    or starting with ``.`` or ``~``) and none is there; a model name (``org/name``) is looked
+    up in the local Hugging Face cache when loaded."""
+    if not path.strip().startswith(("/", ".", "~", "\\")):
+        return path
+    folder = str(Path(path).expanduser())
+    if not Path(folder).exists():
         raise ValueError(
             f"no model folder at {path!r}: give the folder a sentence-transformers model was "
             "saved to, or the model object"
         )
-    return path
+    return folder
 
 
 def packaged_installed() -> bool:
