@@ -126,6 +126,9 @@ def test_targets_file_errors_name_file_record_and_field(tmp_path: Path) -> None:
     path.write_text(json.dumps([record]))  # the correct answer lost without a word before
     with pytest.raises(ValueError, match=r"record 0 has unknown field 'corect_answer' \(did you"):
         load_targets(path)
+    record = {"question": "q", "incorrect answer": "w", "keywords": ["k"], "qid": 3}
+    path.write_text(json.dumps({"t": record}))  # a derived dataset's own fields: left alone
+    assert load_targets(path) == [AttackTarget("q", "w")]
 
 
 def test_core_knowledge_base_red_team(minilm: Any) -> None:

@@ -49,9 +49,9 @@ class AttackTarget:
 def load_targets(path: str | Path) -> list[AttackTarget]:
     """Targets from a JSON list of ``{"question", "wrong_answer", "correct_answer"?, "poison"?,
     "alternatives"?}`` (PoisonedRAG's field names ``incorrect answer`` / ``correct answer`` /
-    ``adv_texts`` are accepted too, with its ``id``, and its id -> record object). Every field
-    is checked against that schema, an unknown one too (a misspelled field would be lost);
-    errors name the file, the record and the field."""
+    ``adv_texts`` are accepted too, and its id -> record object). Every field is checked
+    against that schema, and a field spelled nearly as one of them is refused (it would be
+    lost); other fields are ignored. Errors name the file, the record and the field."""
     p = Path(path)
     try:
         raw = json.loads(p.read_text(encoding="utf-8"))
@@ -69,14 +69,10 @@ def load_targets(path: str | Path) -> list[AttackTarget]:
             raise ValueError(f"{p}: record {i} is not an object")
 
         where = f"{p}: record {i}"
-        unknown = sorted(set(rec) - _FIELDS, key=str)
-        if unknown:  # a misspelled field would be lost without a word
-            near = difflib.get_close_matches(str(unknown[0]), _FIELDS, n=1)
-            hint = f" (did you mean {near[0]!r}?)" if near else ""
-            raise ValueError(
-                f"{where} has unknown field {unknown[0]!r}{hint}; a target's fields: "
-                f"{', '.join(sorted(_FIELDS))}"
-            )
+        for name in sorted(set(rec) - _FIELDS, key=str):  # a misspelling would be lost
+            near = difflib.get_close_matches(str(name), _FIELDS - {"id"}, n=1, cutoff=0.8)
+            if near:  # other fields (a dataset's own bookkeeping) are left alone
+                raise ValueError(f"{where} has unknown field {name!r} (did you mean {near[0]!r}?)")
         try:
             target = AttackTarget(
                 _field(where, rec, "question", required=True),
@@ -93,7 +89,7 @@ def load_targets(path: str | Path) -> list[AttackTarget]:
     return out
 
 
-#: the fields a targets-file record may hold (PoisonedRAG's names and its ``id`` too)
+#: the fields a targets-file record holds (PoisonedRAG's names and its ``id`` too)
 _FIELDS = frozenset(
     {"question", "wrong_answer", "correct_answer", "poison", "alternatives", "id"}
     | {"incorrect answer", "correct answer", "adv_texts"}
