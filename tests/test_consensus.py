@@ -423,12 +423,16 @@ def test_a_misspelled_source_key_or_sourceless_trust_is_said() -> None:
         (Consensus(source_key="sorce"), sited),
         (Consensus(trusted={"site-0.org"}), passages),
     ):
-        with pytest.warns(UserWarning, match="misspelled|no passage carries one"):
+        with pytest.warns(UserWarning, match="misspelled|none of these 8 passages carries one"):
             result = defense.defend_embeddings("q", pool, emb, q)
         assert "provenance" in result.estimates
+        with warnings.catch_warnings():  # warned once per defense, noted on every pool
+            warnings.simplefilter("error")
+            assert "provenance" in defense.defend_embeddings("q", pool, emb, q).estimates
     quiet = [  # the key named, held by some passage; a predicate; provenance off; none given
         (Consensus(source_key="source"), [replace(sited[0], metadata={}), *sited[1:]]),
         (Consensus(trusted=lambda m: False), passages),
+        (Consensus(trusted=[]), passages),  # an empty allow-list names no source
         (Consensus(source_key=None), sited),
         (Consensus(), passages),
     ]
@@ -660,7 +664,7 @@ def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:
         Consensus(trusted={"noaa.gov"}, source_key=None)
     assert Consensus(trusted=lambda m: True, source_key=None).trusted is not None
     passages, emb, q, _ = _pool(1, n_benign=6)
-    with pytest.warns(UserWarning, match="no passage carries one"):  # no source at all
+    with pytest.warns(UserWarning, match="passages carries one"):  # no source at all
         result = Consensus(trusted={"noaa.gov"}).defend_embeddings("q", passages, emb, q)
         few = Consensus(trusted={"noaa.gov"}).defend("q", ["one", "two"])
     assert result.estimates["trusted"] == []  # configured, and no passage matched: said

@@ -136,24 +136,26 @@ def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
 def no_source_read(
     metadatas: Sequence[Any], sources: Sequence[str | None], source_key: str | None, trusted: Trust
 ) -> str | None:
-    """Why provenance asked for reads nothing here, where it can only be a mistake (``None``
-    where it reads something, or was not asked for): a ``source_key`` named that no
-    ``metadatas`` holds (a misspelled key turns provenance, and trust by source, off
-    silently), or ``trusted`` sources where no passage has a source (``sources``, as read)."""
+    """Why provenance asked for reads nothing in these passages (``None`` where it reads
+    something, or was not asked for): a ``source_key`` named that none of ``metadatas`` holds
+    (a misspelled key turns provenance, and trust by source, off silently), or ``trusted``
+    sources where none has a source (``sources``, as read). Said of one pool: a store whose
+    chunks carry the key only in part may retrieve none that do."""
     if not metadatas or source_key is None or any(s is not None for s in sources):
         return None
+    n = len(metadatas)
     if source_key != AUTO:
         if any(isinstance(m, Mapping) and source_key in m for m in metadatas):
             return None
         return (
-            f"source_key={source_key!r} is in no passage's metadata: no source was read "
-            "(provenance and trust by source are off); is the key misspelled?"
+            f"none of these {n} passages holds source_key={source_key!r} in its metadata: no "
+            "source was read (provenance and trust by source are off); is the key misspelled?"
         )
-    if trusted is None or callable(trusted):
+    if trusted is None or callable(trusted) or not trusted:
         return None
     return (
-        "trusted= names sources, but no passage carries one (metadata keys read: "
-        f"{', '.join(SOURCE_KEYS)}): nothing can be trusted; name the key with source_key=, "
+        f"trusted= names sources, but none of these {n} passages carries one (metadata keys "
+        f"read: {', '.join(SOURCE_KEYS)}): nothing was trusted; name the key with source_key=, "
         "or pass a predicate on the metadata"
     )
 

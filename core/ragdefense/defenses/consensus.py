@@ -104,7 +104,8 @@ class Consensus:
             accents); by default one stands for the others, and the context holds it once.
         source_key: Metadata key naming a passage's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` present; ``None``: provenance off). A
-            key no passage holds is warned (a misspelling would turn provenance off).
+            pool in which no passage holds it is noted, and warned of once (a misspelling
+            would turn provenance off).
         trusted: Sources never removed (but as copies of one trusted text), or a predicate on
             a passage's metadata.
         anchor: Least excess of an untrusted passage's query similarity over its best cosine
@@ -181,6 +182,7 @@ class Consensus:
         self.support = support
         self.min_passages = int(min_passages)
         self._grada = GRADA()
+        self._unread_said = False  # whether a pool's unread provenance was warned of
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Filter ``passages`` retrieved for ``query``.
@@ -210,9 +212,10 @@ class Consensus:
         found = [i for i, t in enumerate(trusted) if t]
         said: dict[str, Any] = {"trusted": found} if found or self.trusted is not None else {}
         unread = no_source_read([p.metadata for p in items], sources, self.source_key, self.trusted)
-        if unread:  # a misspelled key must not turn provenance off silently
-            warnings.warn(unread, UserWarning, stacklevel=2)
-            said["provenance"] = unread
+        if unread:  # a misspelled key must not turn provenance off silently: said once
+            if not self._unread_said:
+                warnings.warn(unread, UserWarning, stacklevel=2)
+            said["provenance"], self._unread_said = unread, True
         # every step ranks by the query: a blank one (with no embedding given) ranks nothing
         blank = not query.strip() and query_embedding is None
         # copies of one passage (a document ingested twice) are one passage here: they are no
