@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import pytest
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
@@ -99,8 +100,10 @@ def test_the_same_mistakes_are_refused(both: tuple[Any, Any]) -> None:
             defend(retriever, "consenus")
         for size in ("4", 0, -1, True, 2.0):
             for name in ("k", "fetch_k"):
-                with pytest.raises(ValueError, match=f"^{name} must be a positive int or None"):
-                    defend(retriever, **{name: size})
+                for given in (None, adapter):  # a name, or an adapter configured already
+                    with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
+                        defend(retriever, given, **{name: size})
+        assert defend(retriever, k=np.int64(3)).k == 3  # a NumPy integer is an integer
     engine = lc_retriever.vectorstore  # a store, not its retriever
     with pytest.raises(TypeError, match=r"pass store\.as_retriever"):
         lc_defend(engine)

@@ -326,8 +326,8 @@ def defend(
             ".configurable_fields(base_retriever=...))"
         )
         raise TypeError(f"defend() takes a retriever, got {type(retriever).__name__}: pass {hint}")
-    if not isinstance(defense, BaseDocumentCompressor):
-        check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
+    sizes = check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
+    k, fetch_k = sizes["k"], sizes["fetch_k"]
     store = getattr(retriever, "vectorstore", None)
     rounds = fetch_rounds(defense, k is not None)
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)

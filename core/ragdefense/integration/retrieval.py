@@ -4,6 +4,7 @@ rounds that widen it, and a framework retriever's own top-k."""
 from __future__ import annotations
 
 from collections.abc import Mapping
+from numbers import Integral
 from typing import Any
 
 from ..types import Defense
@@ -24,18 +25,23 @@ def positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
-def check_request(defense: Any, params: Mapping[str, Any], **sizes: Any) -> None:
+def check_request(defense: Any, params: Mapping[str, Any], **sizes: Any) -> dict[str, int | None]:
     """What an adapter's ``defend()`` checks before it builds anything, so that a mistake is
     the core's own plain error, not a framework's validation error wrapping it: each of
-    ``sizes`` (``k``, ``fetch_k``) a positive int or ``None``, and a defense given by name
-    built once with ``params`` (a misspelled name, parameter or value)."""
+    ``sizes`` (``k``, ``fetch_k``) a positive integer (a NumPy one too) or ``None``, and a
+    defense given by name built once with ``params`` (a misspelled name, parameter or value).
+    Returns the sizes as plain ints."""
+    out: dict[str, int | None] = {}
     for label, value in sizes.items():
-        if value is not None and positive_int(value) is None:
+        whole = isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0
+        if value is not None and not whole:
             raise ValueError(f"{label} must be a positive int or None, got {value!r}")
+        out[label] = None if value is None else int(value)
     if defense is None or isinstance(defense, str):
         from ..defenses.registry import defense as front_door
 
         front_door(defense, **params)
+    return out
 
 
 def pool_size(defense: Defense, k: int) -> int:

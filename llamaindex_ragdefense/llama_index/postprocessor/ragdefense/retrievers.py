@@ -220,8 +220,8 @@ def defend(
         raise TypeError(
             f"defend() takes a retriever or an index, got {type(retriever).__name__}: pass {hint}"
         )
-    if not isinstance(defense, DefensePostprocessor):
-        check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
+    sizes = check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
+    k, fetch_k = sizes["k"], sizes["fetch_k"]
     index: Any = retriever
     if isinstance(retriever, BaseIndex):  # a summary or keyword index's too
         retriever = retriever.as_retriever()
