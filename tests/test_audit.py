@@ -1752,7 +1752,15 @@ def test_an_audit_that_failed_on_its_input_does_not_hold_the_folder(
         )
 
     kb.write_text(lines(texts))
-    assert audit(kb, embedder=toy, workdir=work).stats["chunks"] == len(texts)
+    with pytest.warns(UserWarning, match=r"stopped while reading .*\(0 chunk part"):
+        assert audit(kb, embedder=toy, workdir=work).stats["chunks"] == len(texts)
+    twice = tmp_path / "twice.jsonl"  # an id repeated at the end: refused after two parts
+    twice.write_text(lines(texts) + json.dumps({"id": ids[0], "text": "again"}) + "\n")
+    with pytest.raises(ValueError, match="same id"):
+        audit(twice, embedder=toy, workdir=tmp_path / "w2", part_size=len(texts) // 2)
+    twice.write_text(lines(texts))
+    with pytest.warns(UserWarning, match=r"\(2 chunk part\(s\) written\).*\(knowledge_base\)"):
+        audit(twice, embedder=toy, workdir=tmp_path / "w2", part_size=len(texts) // 2)
     other = tmp_path / "other.jsonl"
     other.write_text(lines(texts[::-1]))
     with pytest.raises(ValueError, match="other parameters"):

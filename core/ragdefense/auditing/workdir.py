@@ -23,6 +23,7 @@ import re
 import shutil
 import tempfile
 import uuid
+import warnings
 import zipfile
 from bisect import bisect_right
 from collections.abc import Iterator
@@ -258,7 +259,8 @@ class Workdir:
         parameter would mix results of two audits), unless ``fresh`` clears the audit's own
         files (:data:`AUDIT_ENTRIES`, its part folders with whatever they hold; anything
         else in the folder stays). An audit that stopped before it had read its whole
-        knowledge base (an empty or invalid input) is started over, whatever it recorded.
+        knowledge base (an empty or invalid input, or killed while reading) is started over,
+        with a warning, where the parameters changed: it holds nothing but that reading.
         A folder that holds other files but no audit (no manifest bearing :data:`MARKER`)
         is refused, never cleared nor written to."""
         self._run = None  # whatever was read before, this start decides
@@ -295,8 +297,16 @@ class Workdir:
                     f"({', '.join(changed)}): use another folder, or fresh=True (--fresh) to "
                     "start over"
                 )
-            # that audit stopped before it had read its knowledge base (an empty or invalid
-            # input, say): it holds nothing worth resuming, and its input is being corrected
+            # that audit stopped before it had read its whole knowledge base (an empty or
+            # invalid input, or killed while reading): nothing but the reading is lost
+            parts = len(list((self.path / "chunks").glob("?????.json")))
+            warnings.warn(
+                f"{self.path}: the audit there stopped while reading its knowledge base ({parts} "
+                "chunk part(s) written) and was made with other parameters "
+                f"({', '.join(changed)}): starting over with these",
+                UserWarning,
+                stacklevel=4,
+            )
             self._clear(stray)
         self._run = uuid.uuid4().hex
         self.write_json("manifest.json", {MARKER: 1, "run": self._run, "params": params})
