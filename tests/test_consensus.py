@@ -15,7 +15,14 @@ from hypothesis import strategies as st
 from ragdefense import Consensus, DefenseInputError, Passage
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.defenses.registry import defense as build
-from ragdefense.provenance import SOURCE_KEYS, document_of, is_trusted_by, source_of, sources_of
+from ragdefense.provenance import (
+    SOURCE_KEYS,
+    _clean,
+    document_of,
+    is_trusted_by,
+    source_of,
+    sources_of,
+)
 
 
 def _unit(v: np.ndarray) -> np.ndarray:
@@ -495,23 +502,28 @@ def test_trust_by_address_is_by_host_or_by_page_and_below() -> None:
 
 
 _SEGMENT = st.text(alphabet="ab-", min_size=1, max_size=3)
+#: a path's segments as an attacker may write them: dot segments, escaped or not, backslashes
+_TRICKS = st.sampled_from(["..", ".", "%2e%2e", "%2E.", "..\\", "a%5cb", "%7Ea", "~a"])
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=300, deadline=None)
 @given(
     st.lists(st.lists(_SEGMENT, min_size=1, max_size=3), min_size=1, max_size=6),
-    st.lists(_SEGMENT, max_size=5),
+    st.lists(_SEGMENT | _TRICKS, max_size=5),
 )
 def test_a_page_holds_exactly_the_pages_under_it(trusted: list[list[str]], path: list[str]) -> None:
     """Trust by page is looked up among the document's prefixes (a page list of thousands
-    costs no more than one): a document is held by a trusted page where it is that page or
-    starts with it and a ``/``, never a longer name (``a/b`` holds ``a/b/c``, not ``a/bc``)."""
+    costs no more than one), with the rule as written: a document is held by a trusted page
+    where, read as a browser reads it and as a server may, it is that page or starts with it
+    and a ``/``, never a longer name (``a/b`` holds ``a/b/c``, not ``a/bc``)."""
     pages = {"/".join(p) for p in trusted}
     url = "https://docs.example.com/" + "/".join(path)
     passage = Passage("x", metadata={"source": url})
-    doc = document_of(passage) or ""
-    held = any(doc == f"docs.example.com/{p}" or doc.startswith(f"docs.example.com/{p}/")
-               for p in pages)  # fmt: skip
+    host, _, rest = (document_of(passage) or "").partition("/")
+    readings = [host + _clean("/" + rest, browser) for browser in (True, False)]
+    held = any(
+        all(d == f"{host}/{p}" or d.startswith(f"{host}/{p}/") for d in readings) for p in pages
+    )
     test = is_trusted_by({f"https://docs.example.com/{p}" for p in pages})
     assert test(passage, source_of(passage)) is held
 
