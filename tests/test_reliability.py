@@ -558,7 +558,9 @@ def test_the_table_of_wrappers_keeps_no_model_alive() -> None:
     assert [r() for r in refs] == [None, None, None]
 
 
-def test_a_model_path_loads_once_per_defense(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_model_path_loads_once_per_defense(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     """``embedder="path/to/model"`` is a sentence-transformers model loaded once, on first
     use, by the defense that keeps it; not once per call."""
     import ragdefense
@@ -577,10 +579,12 @@ def test_a_model_path_loads_once_per_defense(monkeypatch: pytest.MonkeyPatch) ->
         return Loaded()
 
     monkeypatch.setattr(embedders, "load_sentence_transformer", load)
-    guard = ragdefense.defense("consensus", embedder="/models/mine")
+    folder = tmp_path / "mine"  # a folder that is there (one that is not is refused)
+    folder.mkdir()
+    guard = ragdefense.defense("consensus", embedder=str(folder))
     for _ in range(3):
         guard.defend("q?", ["Paris is in France.", "Berlin is in Germany.", "Rome is in Italy."])
-    assert loads == ["/models/mine"]
+    assert loads == [str(folder)]
     # pickled (to a Ray worker, a process pool) with its path, not the model it loaded
     import pickle
 
