@@ -14,7 +14,10 @@ from pathlib import Path
 from ragdefense.offline import offline
 
 offline()
-sys.path.insert(0, str(Path.cwd().parent))  # the repository root, where benchmarks/ lives
+# the repository root, where benchmarks/ lives: this folder's parent in the notebook, the
+# working folder itself when the source runs from the root
+ROOT = next(p for p in (Path.cwd(), *Path.cwd().parents) if (p / "benchmarks").is_dir())
+sys.path.insert(0, str(ROOT))
 
 # %%
 # %matplotlib inline
@@ -39,7 +42,7 @@ import os
 
 from benchmarks import data_dir, ragdefender_table
 
-folder = data_dir(os.environ.get("RAGDEFENSE_DATA") or Path.cwd().parents[1] / "shared" / "data")
+folder = data_dir(os.environ.get("RAGDEFENSE_DATA") or ROOT.parent / "shared" / "data")
 if folder is None:
     print("benchmark data not found: skipping the RAGDefender setting")
 else:
