@@ -240,6 +240,9 @@ def test_robustrag_synthesizer_with_and_without_poison(index: VectorStoreIndex) 
     assert str(empty) == "I don't know" and not report.certificate.certified
     with pytest.raises(ValueError, match="needs llm"):
         RobustRAGSynthesizer(llm=None)  # type: ignore[arg-type]
+    for wrong in ("gpt-4", lambda prompt: "Sydney"):  # failed deep inside LlamaIndex
+        with pytest.raises(TypeError, match="llm must be a LlamaIndex LLM, got"):
+            RobustRAGSynthesizer(llm=wrong)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

@@ -77,6 +77,11 @@ class RobustRAGSynthesizer(BaseSynthesizer):
     ) -> None:
         if llm is None:
             raise ValueError("RobustRAGSynthesizer needs llm= (it never falls back to Settings)")
+        if not isinstance(llm, LLM):  # a LangChain model or a name failed deep in LlamaIndex
+            raise TypeError(
+                f"llm must be a LlamaIndex LLM, got {type(llm).__name__} (a LangChain model goes "
+                "to langchain_ragdefense's RobustRAG chain, or to ragdefense.RobustRAG)"
+            )
         check_certify(certify, "injection", None)  # before any query, as the chain's
         if isinstance(max_concurrency, bool) or not isinstance(max_concurrency, int):
             raise TypeError(f"max_concurrency must be an int, got {max_concurrency!r}")
