@@ -179,8 +179,8 @@ def test_branch_to_the_no_retrieval_token() -> None:
 
 
 def test_decoding_needs_token_probabilities() -> None:
-    with pytest.raises(NotImplementedError, match="aggregation='keyword'"):
-        RobustRAG(llm=CallableLLM(lambda p: "x"), aggregation="decoding").answer(Q, ["c0"])
+    with pytest.raises(ValueError, match="aggregation='keyword'"):  # when made, not answering
+        RobustRAG(llm=CallableLLM(lambda p: "x"), aggregation="decoding")
 
 
 @pytest.mark.slow

@@ -1064,6 +1064,29 @@ def test_a_bad_prompt_template_fails_at_construction(
             RobustRAG(llm=str, nlp=nlp, **kwargs)
 
 
+@pytest.mark.parametrize(
+    ("kwargs", "missing"),
+    [
+        ({"isolated_prompt": "Query: {query}\nAnswer:"}, "context"),
+        ({"keyword_prompt": "Answer concisely.\nQuery: {query}\nAnswer:"}, "keywords"),
+        ({"choice_prompt": "{context} {query} Answer with a letter ({letters})"}, "choices"),
+    ],
+)
+def test_a_prompt_without_what_the_answer_rests_on_is_refused(
+    nlp: Any, kwargs: dict[str, str], missing: str
+) -> None:
+    """A keyword prompt without ``{keywords}`` (or an isolated one without ``{context}``) was
+    answered from the model's memory and certified: the certificate speaks of the passages."""
+    with pytest.raises(ValueError, match=rf"does not use \{{{missing}\}}: the answer rests"):
+        if missing == "keywords":
+            KeywordAggregation(**kwargs)
+        elif missing == "choices":
+            MajorityVote(**kwargs)
+        else:
+            RobustRAG(llm=str, nlp=nlp, **kwargs)
+    MajorityVote("{context} {query} {choices}")  # the letters may go unsaid
+
+
 def test_an_llm_without_deadline_shared_by_two_threads_and_pickled() -> None:
     """timeout=None with two callers at once used to kill a worker (a semaphore wait of
     infinity) and hang the caller; a backend pickles and deep-copies (Ray, copies)."""

@@ -96,6 +96,8 @@ def test_max_new_tokens_must_be_an_int_and_nlp_a_pipeline() -> None:
         RobustRAG(llm="gpt-4")  # refused when made, not at the first answer
     with pytest.raises(TypeError, match="cannot use int as an LLM"):
         RobustRAG(llm=3)
+    with pytest.raises(ValueError, match="secure decoding needs next-token probabilities"):
+        RobustRAG(llm=lambda p: "x", aggregation="decoding")  # was refused at answer() only
 
 
 def test_the_engines_timeout_alone_bounds_a_model_it_wraps() -> None:
@@ -243,6 +245,10 @@ def test_certify_needs_a_k_prime() -> None:
     for call in (rr.certify, rr.certify_calls):
         with pytest.raises(TypeError, match="certify needs k'"):
             call(result, None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="gold= takes effect with certify=k' only"):
+        rr.answer("Capital of France?", ["Paris is the capital."], gold="Paris")  # was dropped
+    with pytest.raises(ValueError, match="attack must be 'injection' or 'modification'"):
+        rr.answer("Capital of France?", ["Paris is the capital."], attack="bogus")  # type: ignore[arg-type]
 
 
 def test_the_certification_budget_counts_llm_calls_only() -> None:

@@ -4,6 +4,7 @@ and certification arguments (found later, each would waste the calls already mad
 from __future__ import annotations
 
 import dataclasses
+import string
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -45,21 +46,36 @@ def check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
     else:
         from ..llm import as_llm
 
-        as_llm(llm)  # a wrong kind of object refused now, not at the first answer
+        wrapped = as_llm(llm)  # a wrong kind of object refused now, not at the first answer
+        if aggregation == "decoding" and not wrapped.supports_token_probs:
+            raise ValueError(
+                f"secure decoding needs next-token probabilities, which {type(llm).__name__} "
+                "does not give: pass a transformers model (or None for the packaged SmolLM2), "
+                "or aggregation='keyword' / 'majority'"
+            )
 
 
-def check_templates(**templates: tuple[str, tuple[str, ...]]) -> None:
+def check_templates(**templates: tuple[Any, ...]) -> None:
     """Each template formats with its placeholders (a typo found at the first answer would
-    waste a batch of LLM calls)."""
-    for label, (template, fields) in templates.items():
+    waste a batch of LLM calls) and uses the ones the answer rests on: ``(template, fields)``
+    needs every field, ``(template, fields, needed)`` those ``needed`` (a prompt without the
+    passage or the keywords would be answered from the model's memory, and certified)."""
+    for label, (template, fields, *needed) in templates.items():
+        names = ", ".join("{" + f + "}" for f in fields)
         try:
             template.format(**dict.fromkeys(fields, ""))
+            used = {f for _, f, _, _ in string.Formatter().parse(template) if f is not None}
         except (KeyError, IndexError, ValueError, AttributeError) as exc:
-            names = ", ".join("{" + f + "}" for f in fields)
             raise ValueError(
                 f"{label} cannot be filled ({type(exc).__name__}: {exc}): it may use {names} "
                 "(double other braces: {{ }})"
             ) from None
+        missing = [f for f in (needed[0] if needed else fields) if f not in used]
+        if missing:
+            raise ValueError(
+                f"{label} does not use {', '.join('{' + f + '}' for f in missing)}: the "
+                f"answer rests on it (it may use {names})"
+            )
 
 
 def check_attack(attack: str) -> None:

@@ -130,9 +130,8 @@ class RobustRAG:
                 )
             aggregation = AGGREGATIONS[aggregation]()
         elif not isinstance(aggregation, (KeywordAggregation, MajorityVote, SecureDecoding)):
-            raise TypeError(
-                f"aggregation must be an aggregation's settings or name, got {aggregation!r}"
-            )
+            what = f"an aggregation's settings or name, got {aggregation!r}"
+            raise TypeError(f"aggregation must be {what}")
         tokens: Any = max_new_tokens
         if isinstance(tokens, bool) or not hasattr(tokens, "__index__"):
             raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
@@ -330,8 +329,10 @@ class RobustRAG:
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
         query, items = check_query(query), to_passages(passages)
-        if certify is not None or gold is not None:  # before any LLM call is made
+        if certify is not None or gold is not None or attack != "injection":  # before any call
             check_certify(certify, attack, gold)
+            if certify is None and gold is not None:  # it shapes a certificate only
+                raise ValueError("gold= takes effect with certify=k' only (the certificate's)")
         if choices is not None and self.aggregation.name != "majority":
             raise ValueError(f"choices are for aggregation='majority', not {self.aggregation.name}")
         if not items:

@@ -77,9 +77,8 @@ class MajorityVote:
     local: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        check_templates(
-            choice_prompt=(self.choice_prompt, ("context", "query", "choices", "letters"))
-        )
+        fields = ("context", "query", "choices", "letters")
+        check_templates(choice_prompt=(self.choice_prompt, fields, fields[:3]))
 
     def bind(self, run: Runtime) -> _Majority:
         """The algorithm with these settings, for one call of the engine."""
