@@ -74,6 +74,15 @@ def test_keywords_keep_numbers_and_drop_function_words(nlp) -> None:  # type: ig
         (None, True),
         ("Canberra", False),
         ("I know: Canberra", False),
+        ("Not mentioned in the context.", True),  # a context without the answer, said so
+        ("It is not stated in the passage.", True),
+        ("The context doesn't say.", True),
+        ("It cannot be determined from the context.", True),
+        ("Unknown", True),
+        ("N/A", True),
+        ("The Tomb of the Unknown Soldier", False),  # answers holding such words
+        ("It was not mentioned until 1990, in Paris.", False),
+        ("NA", False),  # sodium, say: only "N/A" written so is an abstention
     ],
 )
 def test_abstention(text: str | None, abstains: bool) -> None:

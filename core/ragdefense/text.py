@@ -127,15 +127,19 @@ _ABSTAIN = re.compile(
     r"|\bnot\s+sure\b"
     r"|\bno\s+(?:relevant\s+)?information\b"
     r"|\b(?:cannot|can['\u2019]?t|unable\s+to)\s+(?:answer|determine|find)\b"
-    r"|\b(?:does\s+not|doesn['\u2019]?t)\s+(?:contain|mention|provide)\b",
+    r"|\b(?:does\s+not|doesn['\u2019]?t)\s+(?:contain|mention|provide|say|state|specify)\b"
+    r"|\bnot\s+(?:mentioned|stated|specified|given|provided)\s+in\b"
+    r"|\bcannot\s+be\s+(?:determined|answered)\b"
+    r"|^\W*(?:unknown|n/a|not\s+mentioned)\W*$",  # the whole answer
     re.IGNORECASE,
 )
 
 
 def is_abstention(text: str | None) -> bool:
     """Whether an LLM's answer abstains: empty, failed, saying "I don't know", or one of the
-    usual paraphrases of small models ("I'm not sure", "no information", "cannot answer",
-    "the context does not contain ...")."""
+    usual paraphrases of models ("I'm not sure", "no information", "cannot answer", "the
+    context does not say ...", "not mentioned in the context", an answer that is "Unknown" or
+    "N/A" alone)."""
     return text is None or not text.strip() or bool(_ABSTAIN.search(text))
 
 
