@@ -1044,43 +1044,25 @@ def test_a_huge_passage_is_cut_before_it_reaches_the_model(nlp: Any) -> None:
 
 
 @pytest.mark.parametrize(
-    ("kwargs", "label"),
-    [
-        ({"isolated_prompt": "Context: {contxt}\nQ: {query}"}, "isolated_prompt"),
-        ({"keyword_prompt": "Words {keywords} for {query} in {lang}"}, "keyword_prompt"),
-        ({"choice_prompt": "{0} {context}"}, "choice_prompt"),
+    ("kwargs", "message"),
+    [  # (#27 item 10) was: a KeyError at the first answer, after the isolated calls
+        ({"isolated_prompt": "Context: {contxt}\nQ: {query}"}, r"cannot be filled.*\{query\}"),
+        ({"keyword_prompt": "Words {keywords} for {query} in {lang}"}, r"cannot be filled"),
+        ({"choice_prompt": "{0} {context}"}, r"cannot be filled.*\{query\}"),
+        # without what the answer rests on, the model answered from memory, and was certified
+        ({"isolated_prompt": "Query: {query}\nAnswer:"}, r"does not use \{context\}"),
+        ({"keyword_prompt": "Answer concisely.\nQuery: {query}"}, r"does not use \{keywords\}"),
+        ({"choice_prompt": "{context} {query} A letter ({letters})"}, r"does not use \{choices\}"),
     ],
 )
 def test_a_bad_prompt_template_fails_at_construction(
-    nlp: Any, kwargs: dict[str, str], label: str
+    nlp: Any, kwargs: dict[str, str], message: str
 ) -> None:
-    """(#27 item 10) was: a KeyError at the first answer, after the isolated calls."""
-    with pytest.raises(ValueError, match=rf"{label} cannot be filled.*\{{query\}}"):
+    label = next(iter(kwargs))
+    with pytest.raises(ValueError, match=rf"{label} {message}"):
         if label == "keyword_prompt":
             KeywordAggregation(**kwargs)
         elif label == "choice_prompt":
-            MajorityVote(**kwargs)
-        else:
-            RobustRAG(llm=str, nlp=nlp, **kwargs)
-
-
-@pytest.mark.parametrize(
-    ("kwargs", "missing"),
-    [
-        ({"isolated_prompt": "Query: {query}\nAnswer:"}, "context"),
-        ({"keyword_prompt": "Answer concisely.\nQuery: {query}\nAnswer:"}, "keywords"),
-        ({"choice_prompt": "{context} {query} Answer with a letter ({letters})"}, "choices"),
-    ],
-)
-def test_a_prompt_without_what_the_answer_rests_on_is_refused(
-    nlp: Any, kwargs: dict[str, str], missing: str
-) -> None:
-    """A keyword prompt without ``{keywords}`` (or an isolated one without ``{context}``) was
-    answered from the model's memory and certified: the certificate speaks of the passages."""
-    with pytest.raises(ValueError, match=rf"does not use \{{{missing}\}}: the answer rests"):
-        if missing == "keywords":
-            KeywordAggregation(**kwargs)
-        elif missing == "choices":
             MajorityVote(**kwargs)
         else:
             RobustRAG(llm=str, nlp=nlp, **kwargs)
