@@ -224,8 +224,8 @@ class RobustRAG:
             certify: k', the number of injected (or modified) passages to certify against.
             attack: ``"injection"`` (k' passages pushed in, the bottom k' pushed out) or
                 ``"modification"`` (any k' passages rewritten).
-            gold: Correct answer string(s): certify correctness instead of stability (majority
-                vote: a candidate's letter, its text or both; an offered letter is a letter).
+            gold: With ``certify``: correct answer(s), to certify correctness, not stability
+                (majority vote: a candidate's letter, its text or both; an offered letter is one).
             progress: Called as ``progress(done, total)``: for the answer's own calls (``total``
                 is :meth:`answer_calls`) before the first and as each completes, then while
                 certification asks the LLM (``total`` is :meth:`certify_calls`). From the
