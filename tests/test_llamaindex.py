@@ -564,3 +564,31 @@ def test_robustrag_synthesizer_streams_and_shows_its_prompts() -> None:
         plain.update_prompts({"isolated_prompt": PromptTemplate("{passage}: {query}")})
     with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
         RobustRAGSynthesizer(llm=llm, certify=0)
+
+
+def test_robustrag_synthesizer_prompts_keep_what_llamaindex_templates_carry() -> None:
+    """A template given to ``update_prompts`` reaches the LLM as LlamaIndex would format it:
+    its ``partial_format`` values (dropped before), its variable mappings, LlamaIndex's own
+    ``{context_str}`` / ``{query_str}``, literal braces kept literal; a variable nothing fills
+    is refused, not sent as text."""
+    from llama_index.core.prompts import PromptTemplate
+
+    llm = ScriptedLLM(rule=by_context)
+    nodes = [NodeWithScore(node=TextNode(text=t)) for t in QUESTION.benign[:2]]
+    synth = RobustRAGSynthesizer(llm=llm)
+    styled = PromptTemplate("{style}\n{context_str}\nQ: {question}\nA:").partial_format(
+        style='Answer as JSON: {"answer": ...}'
+    )
+    styled.template_var_mappings = {"query": "question"}
+    synth.update_prompts({"isolated_prompt": styled})
+    assert synth.robust.isolated_prompt.startswith('Answer as JSON: {{"answer": ...}}\n{context}')
+    llm.prompts.clear()
+    assert synth.synthesize(QUESTION.question, nodes).response == "Canberra"
+    first = 'Answer as JSON: {"answer": ...}\n' + QUESTION.benign[0]
+    assert llm.prompts[0] == f"{first}\nQ: {QUESTION.question}\nA:"
+    keyword = PromptTemplate("{lead} {query_str} Keywords: {keywords}").partial_format(lead="Hi.")
+    synth.update_prompts({"keyword_prompt": keyword})
+    shown = synth.get_prompts()["keyword_prompt"].get_template()
+    assert shown == "Hi. {query} Keywords: {keywords}"
+    with pytest.raises(ValueError, match=r"isolated_prompt cannot be filled: nothing gives \{tone"):
+        synth.update_prompts({"isolated_prompt": PromptTemplate("{tone} {context} {query}")})

@@ -13,7 +13,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
-from llama_index.core.prompts import PromptTemplate
+from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
@@ -62,7 +62,10 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             LlamaIndex's own synthesizers; the LLM keeps its own for its calls).
 
     Its prompts are the core's templates, shown and changed as LlamaIndex's are
-    (``get_prompts()``, ``update_prompts({"isolated_prompt": PromptTemplate(...)})``).
+    (``get_prompts()``, ``update_prompts({"isolated_prompt": PromptTemplate(...)})``): a
+    template given is formatted as LlamaIndex formats it (``partial_format`` values, variable
+    mappings), and LlamaIndex's ``{context_str}`` / ``{query_str}`` stand for ``{context}`` /
+    ``{query}``.
     """
 
     def __init__(
@@ -121,7 +124,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         unknown = sorted(set(prompts) - set(known))
         if unknown:
             raise ValueError(f"unknown prompt(s) {unknown}: this synthesizer has {sorted(known)}")
-        texts = {k: v.get_template() for k, v in prompts.items()}
+        texts = {k: _core_template(k, v) for k, v in prompts.items()}
         robust = copy.copy(self._robust)
         if "isolated_prompt" in texts:
             isolated = texts.pop("isolated_prompt")
@@ -199,6 +202,38 @@ class RobustRAGSynthesizer(BaseSynthesizer):
 
 #: the aggregations' templates a synthesizer shows beside the isolated one
 _AGGREGATION_PROMPTS = ("keyword_prompt", "choice_prompt")
+#: what the core fills in each template
+_FIELDS = {
+    "isolated_prompt": ("context", "query"),
+    "keyword_prompt": ("keywords", "query"),
+    "choice_prompt": ("context", "query", "choices", "letters"),
+}
+#: LlamaIndex's own names for the passage and the question (its QA templates use them)
+_ALIASES = {"context_str": "context", "query_str": "query"}
+
+
+def _core_template(label: str, prompt: BasePromptTemplate) -> str:
+    """``prompt`` as the core's template (``str.format`` style): its ``partial_format`` values,
+    variable and function mappings applied; ``{context_str}`` / ``{query_str}`` read as
+    ``{context}`` / ``{query}``. A variable nothing fills is refused (it would reach the LLM
+    as literal text)."""
+    fields = _FIELDS[label]
+    marks = {f: f"\x00{f}\x00" for f in fields}
+    given = {**marks, **{a: marks[f] for a, f in _ALIASES.items() if f in marks}}
+    mapped = prompt.template_var_mappings or {}
+    filled = {mapped.get(k, k) for k in [*prompt.kwargs, *given]}
+    filled |= set(prompt.function_mappings or {})
+    unfilled = [v for v in prompt.template_vars if v not in filled]
+    if unfilled:
+        names = ", ".join("{" + f + "}" for f in fields)
+        raise ValueError(
+            f"{label} cannot be filled: nothing gives {', '.join('{' + v + '}' for v in unfilled)}"
+            f" (RobustRAG fills {names}; give others with partial_format())"
+        )
+    text = prompt.format(llm=None, **given).replace("{", "{{").replace("}", "}}")
+    for f, mark in marks.items():
+        text = text.replace(mark, "{" + f + "}")
+    return text
 
 
 def _one(text: str) -> Generator[str, None, None]:
