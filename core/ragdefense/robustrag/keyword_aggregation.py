@@ -53,6 +53,9 @@ class KeywordAggregation:
     """Secure keyword aggregation for free-form answers (Algorithm 1) and its settings:
     ``RobustRAG(llm, aggregation=KeywordAggregation(alpha=0.3, beta=3))``.
 
+    It reads English answers: the keyword tagger (spaCy's English model), the stop words and
+    the abstention phrases are English; answers in another language are counted unreliably.
+
     Args:
         alpha: Share of the ``n`` non-abstaining answers a keyword must appear in: the
             threshold is ``mu = min(alpha * n, beta)`` (paper: 0.3 for QA).
