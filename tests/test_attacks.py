@@ -107,3 +107,24 @@ def test_dispersed_typo_and_news_families() -> None:
     assert {"dispersed", "typo", "news"} < set(ATTACKS)
     with pytest.raises(ValueError, match="rate"):
         typos("x", rate=2)
+
+
+def test_rewrites_keep_the_attackers_answer() -> None:
+    """The reworded families rewrite the claim, never its answer: "The Famous Five" planted as
+    "The Renowned Five", or "helium" as "hleium", asserted nothing the attacker wants; and a
+    typo is made in every text that has a long word outside the answer."""
+    from ragdefense.attacks import make_poison, substitute, typos
+
+    q = "Which book series did she write first?"
+    text = "The Famous Five was her first famous series, written in 1942 in Beaconsfield."
+    for attack in ("synonym", "paraphrase", "typo"):
+        for n, out in enumerate(make_poison(attack, q, "The Famous Five", 5, [text] * 5)):
+            assert "The Famous Five" in out, (attack, n, out)
+            assert out != f"{q}. {text}"  # rewritten all the same
+    kept = substitute(text, keep=["the famous five"])
+    assert kept.startswith("The Famous Five was her earliest ")
+    assert "renowned series" in substitute(text, keep=["The Famous Five"])
+    for seed in range(30):  # a swap of two equal letters used to leave the text as it was
+        assert typos("book keeper", rate=1.0, seed=seed) != "book keeper"
+        assert typos("Helium keeper", seed=seed, keep=["helium"]).startswith("Helium ")
+    assert typos("Helium is it", seed=0, keep=["Helium"]) == "Helium is it"  # nothing else long

@@ -150,27 +150,43 @@ def multi_answer(
     return out
 
 
-def substitute(text: str, synonyms: dict[str, str] | None = None) -> str:
+def _kept(text: str, keep: Sequence[str]) -> list[tuple[int, int]]:
+    """The spans of ``text`` holding one of ``keep`` (case aside): words an attacker's rewrite
+    leaves as they are (its own answer: "Mexico City" rewritten is not the claim)."""
+    spans = []
+    for phrase in (k.strip() for k in keep):
+        if phrase:
+            spans += [m.span() for m in re.finditer(re.escape(phrase), text, re.IGNORECASE)]
+    return spans
+
+
+def _free(match: re.Match[str], spans: list[tuple[int, int]]) -> bool:
+    return not any(a < match.end() and match.start() < b for a, b in spans)
+
+
+def substitute(text: str, synonyms: dict[str, str] | None = None, keep: Sequence[str] = ()) -> str:
     """``text`` with every word found in ``synonyms`` (default :data:`SYNONYMS`) replaced,
-    keeping a leading capital."""
+    keeping a leading capital; the words of ``keep`` (the attacker's answer) stay as written."""
     table = SYNONYMS if synonyms is None else synonyms
+    spans = _kept(text, keep)
 
     def swap(match: re.Match[str]) -> str:
         word = match.group(0)
         new = table.get(word.lower())
-        if new is None:
+        if new is None or not _free(match, spans):
             return word
         return new[0].upper() + new[1:] if word[0].isupper() else new
 
     return _WORD.sub(swap, text)
 
 
-def paraphrase(question: str, text: str) -> str:
+def paraphrase(question: str, text: str, keep: Sequence[str] = ()) -> str:
     """A rule-based rewrite of a PoisonedRAG passage: the sentences of ``text`` in reverse order,
-    synonyms substituted, the question moved to the end (no LLM: a test of whether a defense
-    depends on the exact wording and on the question standing first)."""
+    synonyms substituted (but in ``keep``, the attacker's answer), the question moved to the end
+    (no LLM: a test of whether a defense depends on the exact wording and on the question
+    standing first)."""
     sentences = split_sentences(text)
-    return f"{substitute(' '.join(reversed(sentences)))} {question.strip()}"
+    return f"{substitute(' '.join(reversed(sentences)), keep=keep)} {question.strip()}"
 
 
 def disperse(question: str, text: str, host: str) -> str:
@@ -185,29 +201,32 @@ def disperse(question: str, text: str, host: str) -> str:
     return " ".join([*sentences[:middle], text.strip(), *sentences[middle:]])
 
 
-def typos(text: str, rate: float = 0.2, seed: int | str = 0) -> str:
+def typos(text: str, rate: float = 0.2, seed: int | str = 0, keep: Sequence[str] = ()) -> str:
     """``text`` with character-level noise in about ``rate`` of its words (longer than three
-    letters; at least one when ``rate > 0``): two inner letters swapped, one dropped or one
-    doubled, chosen by a seeded RNG (GARAG-like low-level perturbation; deterministic)."""
+    letters; at least one when ``rate > 0`` and ``text`` has such a word outside ``keep``, the
+    attacker's answer, which stays as written): two inner letters swapped (where they differ),
+    one dropped or one doubled, chosen by a seeded RNG (GARAG-like low-level perturbation;
+    deterministic)."""
     if not 0 <= rate <= 1:
         raise ValueError(f"rate must be in [0, 1], got {rate}")
     rng = random.Random(f"{seed}:{text}")
+    spans = _kept(text, keep)
 
     def noisy(match: re.Match[str]) -> str:
         word = match.group(0)
-        if len(word) <= 3 or rng.random() >= rate:
+        if len(word) <= 3 or rng.random() >= rate or not _free(match, spans):
             return word
         i = rng.randrange(1, len(word) - 2)
         kind = rng.randrange(3)
-        if kind == 0:
+        if kind == 0 and word[i] != word[i + 1]:
             return word[:i] + word[i + 1] + word[i] + word[i + 2 :]
-        if kind == 1:
+        if kind < 2:  # a swap of two equal letters changes nothing: one is dropped instead
             return word[:i] + word[i + 1 :]
         return word[:i] + word[i] + word[i:]
 
     out = _WORD.sub(noisy, text)
-    long = _LONG.search(text)
-    if out == text and rate > 0 and long:  # at least one typo, in the first long word
+    long = next((m for m in _LONG.finditer(text) if _free(m, spans)), None)
+    if out == text and rate > 0 and long:  # at least one typo, in the first long free word
         rate = 1.0
         out = text[: long.start()] + noisy(long) + text[long.end() :]
     return out
@@ -251,7 +270,8 @@ def make_poison(
       texts (``texts[:n]``, else :data:`CLAIMS`) without the question prefix, as
       ``poisonedrag`` passages after :func:`substitute`, rewritten by :func:`paraphrase`, put
       inside ``hosts`` (benign on-topic paragraphs, in turn) by :func:`disperse`, as
-      ``poisonedrag`` passages after :func:`typos`, or as :func:`newswire` copies.
+      ``poisonedrag`` passages after :func:`typos`, or as :func:`newswire` copies; the rewrites
+      leave ``wrong_answer`` as written (the claim the passages exist for).
 
     Raises:
         ValueError: ``n`` is negative, or ``attack`` is not one of :data:`ATTACKS`.
@@ -272,17 +292,18 @@ def make_poison(
         ]
         if attack == "no-prefix":
             return own
+        keep = [wrong_answer]  # the claim the rewrites must keep asserting
         if attack == "synonym":
-            return poisonedrag(question, [substitute(t) for t in own])
+            return poisonedrag(question, [substitute(t, keep=keep) for t in own])
         if attack == "paraphrase":
-            return [paraphrase(question, t) for t in own]
+            return [paraphrase(question, t, keep) for t in own]
         if attack == "dispersed":
             return [
                 disperse(question, t, hosts[i % len(hosts)] if hosts else "")
                 for i, t in enumerate(own)
             ]
         if attack == "typo":
-            return poisonedrag(question, [typos(t, seed=i) for i, t in enumerate(own)])
+            return poisonedrag(question, [typos(t, seed=i, keep=keep) for i, t in enumerate(own)])
         if attack == "news":
             return [newswire(question, t, i) for i, t in enumerate(own)]
         if texts:
