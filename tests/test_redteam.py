@@ -483,3 +483,92 @@ def test_a_chroma_scratch_client_is_released_without_close(
         with chroma_scratch(source) as (_, target):
             target.add(ids=["a"], embeddings=[[0.1, 0.2]])
     assert _systems() == before
+
+
+def test_red_team_refuses_a_copy_over_the_users_remote_collection(toy_embedder: Any) -> None:
+    """A "copy" that is a new wrapper over the user's remote collection (one name, one client)
+    was refused by LangChain's red team and written into by LlamaIndex's: both refuse it before
+    writing anything, and a store on another server under the same name is no copy of it."""
+    from langchain_core.vectorstores import VectorStore
+    from llama_index.core import StorageContext
+    from llama_index.core.vector_stores.types import (
+        BasePydanticVectorStore,
+        VectorStoreQueryResult,
+    )
+    from pydantic import PrivateAttr
+
+    from ragdefense.integration.vectors import same_remote
+
+    server: dict[str, list[str]] = {}  # collection name -> texts, what a database holds
+
+    class Client:
+        def __init__(self, host: str) -> None:
+            self.host = host
+
+    client = Client("db.example")
+
+    class RemoteIndexStore(BasePydanticVectorStore):
+        stores_text: bool = True
+        collection_name: str
+        _client: Any = PrivateAttr(default=None)
+
+        def __init__(self, collection_name: str, client: Any) -> None:
+            super().__init__(collection_name=collection_name)
+            self._client = client
+
+        @property
+        def client(self) -> Any:
+            return self._client
+
+        def add(self, nodes: Any, **kwargs: Any) -> list[str]:
+            server.setdefault(self.collection_name, []).extend(n.get_content() for n in nodes)
+            return [n.node_id for n in nodes]
+
+        def delete(self, ref_doc_id: str, **kwargs: Any) -> None:
+            raise NotImplementedError
+
+        def query(self, query: Any, **kwargs: Any) -> VectorStoreQueryResult:
+            return VectorStoreQueryResult(nodes=[], similarities=[], ids=[])
+
+    class RemoteStore(VectorStore):
+        def __init__(self, collection_name: str, client: Any) -> None:
+            self.collection_name, self.client = collection_name, client
+
+        def add_texts(self, texts: Any, metadatas: Any = None, **kwargs: Any) -> list[str]:
+            server.setdefault(self.collection_name, []).extend(texts)
+            return []
+
+        def similarity_search(self, query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+            return []
+
+        @classmethod
+        def from_texts(cls, texts: Any, embedding: Any, metadatas: Any = None, **kw: Any) -> Any:
+            raise NotImplementedError
+
+    target = AttackTarget("Who wrote Hamlet?", "Marlowe")
+    embed = RagdefenseEmbedding(toy_embedder)
+    users = StorageContext.from_defaults(vector_store=RemoteIndexStore("li-user", client))
+    index = VectorStoreIndex([TextNode(text="Shakespeare wrote Hamlet.")], storage_context=users,
+                             embed_model=embed)  # fmt: skip
+
+    def reopened(idx: Any, nodes: list[Any]) -> Any:
+        store = RemoteIndexStore("li-user", client)
+        return VectorStoreIndex.from_vector_store(store, embed_model=embed)
+
+    with pytest.raises(
+        ValueError, match=r"the same collection_name \('li-user'\) on the same client"
+    ):
+        li_red_team(index, [target], copy_index=reopened)
+    store = RemoteStore("lc-user", client)
+    store.add_texts(["Shakespeare wrote Hamlet."])
+    with pytest.raises(
+        ValueError, match=r"the same collection_name \('lc-user'\) on the same client"
+    ):
+        lc_red_team(store, [target], copy_store=lambda s: RemoteStore("lc-user", client))
+    assert server == {
+        "li-user": ["Shakespeare wrote Hamlet."],
+        "lc-user": ["Shakespeare wrote Hamlet."],
+    }
+    elsewhere = RemoteIndexStore("li-user", Client("replica.example"))
+    assert same_remote(index.vector_store, elsewhere) is None
+    assert same_remote(index.vector_store, RemoteIndexStore("li-user", Client("db.example")))

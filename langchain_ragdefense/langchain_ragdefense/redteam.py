@@ -13,7 +13,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
-from ragdefense.integration.vectors import chroma_scratch
+from ragdefense.integration.vectors import chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -123,10 +123,10 @@ def _shared_storage(store: Any, copied: Any) -> str | None:
         mine, theirs = getattr(store, name, None), getattr(copied, name, None)
         if mine is not None and not isinstance(mine, _IMMUTABLE) and _same_object(mine, theirs):
             return f"the same {name!r}"
+    remote = same_remote(store, copied)  # the same collection / index / table on one client
+    if remote is not None:
+        return remote
     mine, theirs = vars(store), (vars(copied) if hasattr(copied, "__dict__") else {})
-    for name in _NAMES:  # a remote store: the same collection / index / table on one client
-        if name in mine and mine[name] == theirs.get(name) and _same_client(mine, theirs):
-            return f"the same {name} ({mine[name]!r}) on the same client"
     # a shallow copy: every attribute the same object (names and settings equal)
     if mine and all(
         (theirs.get(k) == v) if isinstance(v, _IMMUTABLE) else (theirs.get(k) is v)
@@ -134,19 +134,6 @@ def _shared_storage(store: Any, copied: Any) -> str | None:
     ):
         return "every attribute (a shallow copy)"
     return None
-
-
-#: attributes naming where a remote store keeps its data
-_NAMES = (
-    "collection_name",
-    "_collection_name",
-    "index_name",
-    "_index_name",
-    "namespace",
-    "_namespace",
-    "table_name",
-    "_table_name",
-)
 
 
 def _same_object(mine: Any, theirs: Any) -> bool:
@@ -159,22 +146,6 @@ def _same_object(mine: Any, theirs: Any) -> bool:
         return pointers[0] is not None and int(pointers[0]) == int(pointers[1])  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return False
-
-
-def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
-    """Whether two stores talk to one server: the same client object, or clients that say
-    the same address."""
-    for key in ("client", "_client"):
-        a, b = mine.get(key), theirs.get(key)
-        if a is not None and b is not None:
-            if a is b:
-                return True
-            addresses = [
-                tuple(str(getattr(c, attr, "")) for attr in ("host", "url", "uri", "_host", "port"))
-                for c in (a, b)
-            ]
-            return addresses[0] == addresses[1] and any(addresses[0])
-    return True  # no client to tell them apart: the same name is taken as the same data
 
 
 def _check_independent(store: VectorStore, copied: VectorStore) -> None:

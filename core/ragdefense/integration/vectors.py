@@ -11,7 +11,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["chroma_copy_settings", "chroma_scratch", "stored_vectors"]
+__all__ = ["chroma_copy_settings", "chroma_scratch", "same_remote", "stored_vectors"]
 
 logger = logging.getLogger("ragdefense")
 
@@ -98,3 +98,52 @@ def _release(client: Any) -> None:
     system = SharedSystemClient._identifier_to_system.pop(client._identifier, None)
     if system is not None:
         system.stop()
+
+
+#: attributes naming where a remote store keeps its data (LangChain's and LlamaIndex's stores)
+REMOTE_NAMES = (
+    "collection_name",
+    "_collection_name",
+    "index_name",
+    "_index_name",
+    "namespace",
+    "_namespace",
+    "table_name",
+    "_table_name",
+)
+
+
+def _attributes(store: Any) -> dict[str, Any]:
+    """A store's attributes: its ``__dict__`` and, for a pydantic model (LlamaIndex's stores),
+    its private attributes too (a client is often one)."""
+    found = dict(vars(store)) if hasattr(store, "__dict__") else {}
+    found.update(getattr(store, "__pydantic_private__", None) or {})
+    return found
+
+
+def same_remote(store: Any, copied: Any) -> str | None:
+    """Whether ``copied`` names the collection, index, namespace or table ``store`` keeps its
+    data in, on the same client: a red team's "copy" of a remote store that would write into
+    the user's (``None``: it does not)."""
+    mine, theirs = _attributes(store), _attributes(copied)
+    for name in REMOTE_NAMES:
+        named = mine.get(name) not in (None, "")  # a store of no name names nothing
+        if named and mine[name] == theirs.get(name) and _same_client(mine, theirs):
+            return f"the same {name} ({mine[name]!r}) on the same client"
+    return None
+
+
+def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
+    """Whether two stores talk to one server: the same client object, or clients that say
+    the same address."""
+    for key in ("client", "_client"):
+        a, b = mine.get(key), theirs.get(key)
+        if a is not None and b is not None:
+            if a is b:
+                return True
+            addresses = [
+                tuple(str(getattr(c, attr, "")) for attr in ("host", "url", "uri", "_host", "port"))
+                for c in (a, b)
+            ]
+            return addresses[0] == addresses[1] and any(addresses[0])
+    return True  # no client to tell them apart: the same name is taken as the same data

@@ -15,7 +15,7 @@ from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from ragdefense.integration.adapter import configured
-from ragdefense.integration.vectors import chroma_scratch
+from ragdefense.integration.vectors import chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -73,8 +73,8 @@ def _rebuilt(index: VectorStoreIndex, nodes: list[BaseNode], store: Any) -> Vect
 
 def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | None:
     """What ``copied`` shares of ``index``'s stores (``None``: nothing), found without writing
-    anything: the same storage context, vector store, docstore or index store, or the same
-    Chroma collection."""
+    anything: the same storage context, vector store, docstore or index store, the same
+    Chroma collection, or a remote store's collection on the same client."""
     for name in ("storage_context", "vector_store", "docstore", "index_struct"):
         mine = getattr(index, name, None)
         if mine is not None and getattr(copied, name, None) is mine:
@@ -96,7 +96,7 @@ def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | 
         return "the same Chroma collection"
     if store_kind(store) == "simple" and getattr(other, "data", None) is store.data:
         return "the same vector data"
-    return None
+    return same_remote(store, other)  # the same collection / index / table on one client
 
 
 def _check_independent(index: VectorStoreIndex, copied: VectorStoreIndex) -> None:
