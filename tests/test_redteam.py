@@ -436,6 +436,10 @@ def test_red_team_arguments_are_checked_before_any_copy(toy_embedder: Any) -> No
                 run(n_poison=bad)
         with pytest.raises(ValueError, match="unknown defense 'consensu'"):
             run(defense="consensu")
+        with pytest.raises(ValueError, match="unknown attack 'poisoned-rag'"):
+            run(attack="poisoned-rag")  # LangChain's used to copy the store first
+        with pytest.raises(ValueError, match="multi-answer plants several wrong answers"):
+            run(attack="multi-answer")  # one target without alternatives: one answer to plant
     assert not copied
     with pytest.raises(TypeError, match="copy_store must return a LangChain VectorStore"):
         lc_red_team(store, TARGETS[:1], copy_store=copy_store)
@@ -572,3 +576,22 @@ def test_red_team_refuses_a_copy_over_the_users_remote_collection(toy_embedder: 
     elsewhere = RemoteIndexStore("li-user", Client("replica.example"))
     assert same_remote(index.vector_store, elsewhere) is None
     assert same_remote(index.vector_store, RemoteIndexStore("li-user", Client("db.example")))
+
+
+def test_multi_answer_red_team_plants_several_wrong_answers(toy_embedder: Any) -> None:
+    """Targets without alternatives (as PoisonedRAG files and the demo's are) took one wrong
+    answer each under ``multi-answer``, the ``poisonedrag`` attack under another name; they
+    now take the other targets' wrong answers, as the benchmarks plant them."""
+    from ragdefense.redteam import check_red_team
+
+    targets = [AttackTarget(f"Who wrote play {i}?", f"Author {i}") for i in range(3)]
+    given = AttackTarget("Who wrote play 9?", "Author 9", alternatives=("Someone",))
+    ready = check_red_team([*targets, given], k=4, attack="multi-answer")
+    assert ready[0].alternatives == ("Author 1", "Author 2", "Author 9")
+    assert ready[3] == given  # alternatives given are kept
+    assert check_red_team(targets, k=4) == targets  # other attacks plant as given
+    kb = InMemoryKnowledgeBase(["a benign passage", "another one"], toy_embedder)
+    report = kb.red_team(targets, attack="multi-answer", n_poison=4)
+    assert report.attack == "multi-answer"
+    first = plant(ready[0], "multi-answer", 4)
+    assert sum("Author 0" in p for p in first) == 2 and any("Author 1" in p for p in first)

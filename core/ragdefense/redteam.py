@@ -9,12 +9,12 @@ poison to the copy and hand over one function per pipeline. The user's store is 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from .attacks import make_poison
+from .attacks import ATTACKS, make_poison
 from .embedders import as_embedder
 from .similarity import cosine_to
 from .targets import AttackTarget, load_targets
@@ -37,12 +37,20 @@ Pipeline = Callable[[str], tuple[Sequence[str], str | None]]
 
 
 def check_red_team(
-    targets: Sequence[AttackTarget], k: int, n_poison: int = 5, defense: Any = None
+    targets: Sequence[AttackTarget],
+    k: int,
+    n_poison: int = 5,
+    defense: Any = None,
+    attack: str = "poisonedrag",
 ) -> list[AttackTarget]:
     """The targets of a red team, checked with its other arguments before any copy is made: at
     least one target, each an :class:`AttackTarget`, one per question (the poison planted is
     counted per question); ``k`` and ``n_poison`` positive ints; ``defense``, when a name, a
-    known one."""
+    known one; ``attack`` a known one. For ``multi-answer``, a target without alternatives
+    takes the other targets' wrong answers as its own (as the benchmarks plant it): without
+    any, it would plant one answer, the ``poisonedrag`` attack under another name."""
+    if attack not in ATTACKS:
+        raise ValueError(f"unknown attack {attack!r}: use one of {ATTACKS}")
     found = list(targets)
     if not found:
         raise ValueError("no targets: give at least one AttackTarget")
@@ -66,7 +74,24 @@ def check_red_team(
         from .defenses.registry import preset
 
         preset(defense)
-    return found
+    return _with_alternatives(found) if attack == "multi-answer" else found
+
+
+def _with_alternatives(targets: list[AttackTarget]) -> list[AttackTarget]:
+    """``targets``, each without alternatives given the other targets' wrong answers."""
+    out = []
+    for t in targets:
+        if not t.alternatives:
+            others = [o.wrong_answer for o in targets if o.wrong_answer != t.wrong_answer]
+            if not others:
+                raise ValueError(
+                    f"multi-answer plants several wrong answers: the target {t.question!r} "
+                    "has no alternatives, and no other target has another wrong answer "
+                    "(give AttackTarget(alternatives=...), or more targets)"
+                )
+            t = replace(t, alternatives=tuple(dict.fromkeys(others)))
+        out.append(t)
+    return out
 
 
 def plant(target: AttackTarget, attack: str = "poisonedrag", n: int = 5) -> list[str]:
@@ -301,7 +326,7 @@ class InMemoryKnowledgeBase:
         ``defend()`` fetches, :func:`ragdefense.integration.retrieval.pool_size`) filtered by
         ``defense`` down to ``k``; ``answer(question, context)`` (an LLM call) makes the
         verdict answer-level."""
-        targets = check_red_team(targets, k, n_poison, defense)
+        targets = check_red_team(targets, k, n_poison, defense, attack)
         from .integration.retrieval import pool_size, positive_int
 
         if fetch_k is not None and positive_int(fetch_k) is None:

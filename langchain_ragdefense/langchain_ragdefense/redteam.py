@@ -192,7 +192,7 @@ def red_team(
             when the answer states a wrong answer. Without it, a target is hijacked when poison
             is most of the context.
     """
-    targets = check_red_team(targets, k, n_poison, defense)  # before any copy is made
+    targets = check_red_team(targets, k, n_poison, defense, attack)  # before any copy
     with contextlib.ExitStack() as stack:
         poisoned = copy_store(store) if copy_store is not None else _copy(store, stack)
         if poisoned is store:

@@ -152,7 +152,7 @@ def red_team(
         )
     if llm is not None and not isinstance(llm, LLM):
         raise TypeError(f"llm must be a LlamaIndex LLM, got {type(llm).__name__}")
-    targets = check_red_team(targets, k, n_poison, defense)  # before anything is copied
+    targets = check_red_team(targets, k, n_poison, defense, attack)  # before any copy
     configured(defense, embed_model, "embed_model")
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
