@@ -280,7 +280,10 @@ def test_a_copy_that_differs_only_in_invisible_characters_or_unicode_form_is_mat
     accented = {"id": "e", "text": "Caf\u00e9 Sydney", "score": 0.9, "suspicious": True}
     guard = Quarantine.from_report({"findings": [accented | {"group": {"size": 2}}]})
     assert guard.reason(Passage("Cafe\u0301 Sydney")) is not None  # the same text, decomposed
-    assert guard.reason(Passage("Cafe Sydney")) is None  # another text
+    # case and accents aside, as the per-query defense reads copies (an upper-cased copy of a
+    # quarantined passage reached the context)
+    assert guard.reason(Passage("CAFE SYDNEY")) is not None
+    assert guard.reason(Passage("Cafe Sydneys")) is None  # another text
 
 
 def test_min_score_below_what_the_report_lists_is_refused() -> None:
@@ -592,3 +595,63 @@ def test_a_quarantine_pickles_with_its_trust() -> None:
     trusted = Passage(TEXTS[3], metadata={"source": "https://who.int/a"})
     assert copied.reason(trusted) is None and copied.reason(Passage(TEXTS[3])) is not None
     assert copied.ids == guard.ids and copied.digests == guard.digests
+
+
+def test_the_one_line_widens_past_a_planted_set_larger_than_its_rounds(toy_embedder: Any) -> None:
+    """The one line doubled its fetch three times (8, 16, 32): a quarantined set of 40 filled
+    every round and the context came back empty, with honest passages in the store. It now
+    widens until its fetch passes the first pool by every chunk the quarantine holds."""
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from langchain_ragdefense import defend as lc_defend
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import defend as li_defend
+    from ragdefense.integration.retrieval import FETCH_ROUNDS, fetch_rounds
+
+    question = "what is the capital of australia"
+    planted = [
+        f"what is the capital of australia: sydney is the capital, note {i}" for i in range(40)
+    ]
+    honest = [f"canberra, seat of the australian government, fact {i}" for i in range(10)]
+    finding = {"score": 0.9, "suspicious": True, "group": {"id": "g0", "size": len(planted)}}
+    report = {"findings": [finding | {"id": f"p{i}", "text": t} for i, t in enumerate(planted)]}
+    guard = Quarantine.from_report(report, defense("consensus", embedder=toy_embedder))
+    assert guard.chunks == 40 and fetch_rounds(guard, k_given=False) == 4 > FETCH_ROUNDS
+    embeddings = RagdefenseEmbeddings(toy_embedder)
+    store = InMemoryVectorStore.from_documents([Document(t) for t in planted + honest], embeddings)
+    assert all(d.page_content in planted for d in store.similarity_search(question, k=32))
+    kept = lc_defend(store.as_retriever(), guard).invoke(question)
+    assert len(kept) == 4 and all(d.page_content in honest for d in kept)
+    nodes = [TextNode(text=t) for t in planted + honest]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))
+    found = li_defend(index, guard).retrieve(question)
+    assert len(found) == 2 and all(n.node.get_content() in honest for n in found)
+
+
+def test_an_uploads_set_does_not_take_the_honest_member_of_another_source() -> None:
+    """A group of five planted passages from a condemned upload and one honest page it
+    paraphrases (named as standing apart): the page was quarantined with the set, and the
+    demo lost the one passage answering its question. A member from a source the audit did
+    not condemn, in a group mostly from condemned ones, is left to the per-query defense."""
+    upload, planted = (
+        "uploads/notes.pdf",
+        [f"Water boils at 90 degrees, note {i}." for i in range(5)],
+    )
+    group = {"id": "g0", "size": 6}
+    findings = [
+        {"id": f"p{i}", "text": t, "score": 0.8, "suspicious": True, "group": group,
+         "source": upload} for i, t in enumerate(planted)
+    ] + [{"id": "w", "text": "Water boils at 100 degrees at sea level.", "score": 0.5,
+          "suspicious": True, "group": group, "source": "en.wikipedia.org"}]  # fmt: skip
+    stats = {"suspect_sources": [{"source": upload, "chunks": 5}]}
+    guard = Quarantine.from_report({"findings": findings, "stats": stats})
+    assert guard.ids == {f"p{i}" for i in range(5)}
+    page = Passage(findings[-1]["text"], metadata={"source": "en.wikipedia.org"})
+    assert guard.reason(page) is None
+    assert guard.reason(Passage(planted[0], metadata={"source": "elsewhere.org"})) is not None
+    # without a condemned source the group goes whole, its standing-apart member too
+    assert Quarantine.from_report({"findings": findings}).reason(page) is not None

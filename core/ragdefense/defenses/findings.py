@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from .pool import plain_text
+
 __all__ = ["copy_groups", "digest", "finding_source", "number", "read_report"]
 
 
@@ -25,13 +27,14 @@ _UNSEEN = re.compile(
 
 
 def digest(text: str) -> str:
-    """SHA-256 of ``text`` with its spacing, Unicode form and invisible characters (zero-width
-    spaces, joiners, variation selectors, fillers, controls) normalised: a store may strip,
-    rewrap or re-encode it, and an attacker's copy must not escape by a character no reader
-    sees."""
+    """SHA-256 of ``text`` with its spacing, Unicode form, case, accents and invisible
+    characters (zero-width spaces, joiners, variation selectors, fillers, controls) normalised:
+    a store may strip, rewrap or re-encode it, and an attacker's copy must not escape by a
+    character no reader sees, nor by a change of case or accents (which the per-query defense
+    reads as a copy of one text, :func:`~.pool.plain_text`)."""
     said = _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
     said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
-    said = " ".join(unicodedata.normalize("NFKC", said).split())
+    said = plain_text(unicodedata.normalize("NFKC", said))
     return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 

@@ -8,10 +8,11 @@ one pool can decide. :class:`Quarantine` carries the audit's findings to answer 
 the audit flagged is removed before the wrapped defense runs, with the audit's evidence as its
 reason, and the defense decides about the rest as usual.
 
-A passage is matched to a finding by its text (spacing aside), never by its id alone: a chunk
-stored again under a new id stays quarantined, while an honest chunk that happens to carry a
-flagged chunk's id (a store numbering its documents another way, a chunk replaced in place)
-does not; a reworded chunk is a new chunk, which the next audit and the per-query defense judge.
+A passage is matched to a finding by its text (spacing, case and accents aside), never by its
+id alone: a chunk stored again under a new id stays quarantined, while an honest chunk that
+happens to carry a flagged chunk's id (a store numbering its documents another way, a chunk
+replaced in place) does not; a reworded chunk is a new chunk, which the next audit and the
+per-query defense judge.
 A text flagged for its source alone, or one the report also lists as not suspicious (an honest
 passage an attacker's upload copies), is matched by text *and* source: its honest copies stay.
 Of a group of copies of one text, the defense judges the first copy in the pool (it may be an
@@ -63,6 +64,8 @@ class Quarantine:
         once: Digests of texts the audit found stored as a group of copies: of a pool's copies
             of one, the first passes to the defense, the others are held (whatever the
             defense does with copies, it judges the text once).
+        chunks: How many of the audited chunks it holds (their copies in one pool aside): how
+            far a retriever widens its fetch to refill a context (0: counted from the sets).
     """
 
     defense: Defense
@@ -72,6 +75,7 @@ class Quarantine:
     sourced: frozenset[tuple[str, str]] = frozenset()
     source_key: str | None = AUTO
     once: frozenset[str] = frozenset()
+    chunks: int = 0
 
     @classmethod
     def from_report(
@@ -99,7 +103,11 @@ class Quarantine:
                 is left to the per-query defense; ``False`` quarantines it too. A group's
                 member the report names as standing apart from it (possibly the honest passage
                 the group targets, for a person to check) is quarantined with its group: in a
-                large planted set it is as often one of the set's own variants. A possible
+                large planted set it is as often one of the set's own variants; but a member
+                from a source the audit did not condemn, in a group most of whose other
+                members come from condemned sources, is left to the per-query defense (the set
+                is the attacker's upload; that member is as often the honest passage the set
+                paraphrases). A possible
                 victim the report does not count as suspicious (``victim_of``) is never
                 quarantined, whatever its score; of a group whose members, all listed, hold one
                 text, the first copy in a pool is left to the defense (:attr:`once`).
@@ -151,9 +159,20 @@ class Quarantine:
             chosen.append((f, number(n, f, "score", score, whole=False), text, lone and grouped))
         copies, digests, sourced, once = copy_groups(findings), set(), set(), set()
         ids, reasons = set(), {}
+        members: dict[Any, list[str | None]] = {}  # each group's listed members' sources
+        for f in findings:
+            if isinstance(f.get("group"), Mapping):
+                members.setdefault(f["group"].get("id"), []).append(finding_source(f))
         for f, score, text, by_source in chosen:
             d, source = digest(text), finding_source(f)
-            if not by_source and (f.get("group") or {}).get("id") in copies:
+            group_id = (f.get("group") or {}).get("id")
+            others = list(members.get(group_id, [])) if group_id is not None else []
+            if source in others:
+                others.remove(source)  # the member itself
+            upload = 2 * sum(o in condemned for o in others) > len(others) > 0
+            if not by_source and source not in condemned and upload:
+                continue  # the set is a condemned upload's; this member is not: the defense's
+            if not by_source and group_id in copies:
                 if source is not None and source in condemned:
                     sourced.add((d, source))  # an attacker's upload: its copies go
                     ids.add(str(f.get("id")))
@@ -174,7 +193,12 @@ class Quarantine:
         key = key if key is None or isinstance(key, str) else AUTO
         guard = front_door(defense, embedder=embedder)
         sets = frozenset(ids), frozenset(digests), reasons, frozenset(sourced), key, frozenset(once)
-        return cls(guard, *sets)
+        return cls(guard, *sets, chunks=len(chosen))
+
+    @property
+    def size(self) -> int:
+        """How many chunks it holds at most (:attr:`chunks`, or what its sets name)."""
+        return max(self.chunks, len(self.ids), len(self.digests) + len(self.sourced))
 
     @property
     def embedder(self) -> Any:

@@ -3,9 +3,10 @@ rounds that widen it, and a framework retriever's own top-k."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from numbers import Integral
-from typing import Any
+from typing import Any, cast
 
 from ..types import Defense
 
@@ -58,15 +59,22 @@ FETCH_ROUNDS = 3
 
 def fetch_rounds(defense: Any, k_given: bool) -> int:
     """The rounds ``defend()`` lets its retriever fetch: :data:`FETCH_ROUNDS` where the caller
-    chose ``k`` or the defense (or the adapter's compressor or postprocessor holding it) is a
-    :class:`~ragdefense.Quarantine` holding anything, whose audited chunks can fill a pool: the
-    next round refills the context from the rest; else one (the retriever's own ``k``, fetched
-    once)."""
+    chose ``k``, else one (the retriever's own ``k``, fetched once); where the defense (or the
+    adapter's compressor or postprocessor holding it) is a :class:`~ragdefense.Quarantine`
+    holding anything, whose audited chunks can fill a pool, enough for the doubling fetch to
+    pass its first pool by every chunk it holds (a planted set larger than the pool would
+    empty the context otherwise), and never fewer than :data:`FETCH_ROUNDS`."""
     from ..defenses.quarantine import Quarantine
 
-    held = (defense, getattr(defense, "defense", None))  # a compressor's or postprocessor's
-    full = any(isinstance(d, Quarantine) and (d.digests or d.sourced or d.once) for d in held)
-    return FETCH_ROUNDS if k_given or full else 1
+    inner = getattr(defense, "defense", None)  # a compressor's or postprocessor's
+    held, first = 0, 0
+    for guard in (defense, inner):
+        while isinstance(guard, Quarantine):  # a quarantine inside another holds its own too
+            first = first or pool_size(cast(Defense, guard), 1)
+            held, guard = held + guard.size, guard.defense
+    if held:
+        return max(FETCH_ROUNDS, 1 + math.ceil(math.log2(1 + held / first)))
+    return FETCH_ROUNDS if k_given else 1
 
 
 def fetched_enough(
