@@ -141,6 +141,14 @@ def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     (tmp_path / "report.parquet").write_bytes(b"PAR1\x15\x00")  # a view: a decode error before
     with pytest.raises(ValueError, match=r"a view of an audit report: give its report.json"):
         Quarantine.from_report(tmp_path / "report.parquet")
+    # a finding that is not one was dropped, and min_score="x" or NaN failed deep or held nothing
+    edited = copy.deepcopy(REPORT)
+    edited["findings"].insert(1, ["d9", "Sydney, the capital"])
+    with pytest.raises(ValueError, match="finding 1 is list, not a mapping"):
+        Quarantine.from_report(edited)
+    for bad in ("0.5", float("nan"), True):
+        with pytest.raises(ValueError, match="min_score must be a number or None"):
+            Quarantine.from_report(REPORT, min_score=bad)  # type: ignore[arg-type]
 
 
 @pytest.mark.slow

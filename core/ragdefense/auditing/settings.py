@@ -54,7 +54,8 @@ class AuditSettings:
             highest scores.
         wide_neighbours: Nearest neighbours per chunk for the isolation of large planted sets
             (a set larger than ``neighbours`` fills a chunk's whole neighbour list, so only a
-            longer list shows it apart from the rest); 0 turns it off.
+            longer list shows it apart from the rest; a set as large as this list fills it too,
+            and shows no gap); 0 turns it off.
         source_key: The metadata key naming a chunk's source (``"auto"``: the first of
             :data:`ragdefense.provenance.SOURCE_KEYS` it has, as the per-query defenses read
             it; ``None``: provenance off). Chunks without one have no source evidence.

@@ -58,7 +58,13 @@ def read_report(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]
     if not isinstance(report, Mapping) or not isinstance(report.get("findings"), list):
         raise ValueError("not an audit report: expected its 'findings' (ragdefense.audit)")
     stats = report.get("stats")
-    findings = [f for f in report["findings"] if isinstance(f, Mapping)]
+    findings = report["findings"]
+    odd = next((n for n, f in enumerate(findings) if not isinstance(f, Mapping)), None)
+    if odd is not None:  # dropped, it would let a flagged chunk through unsaid
+        raise ValueError(
+            f"finding {odd} is {type(findings[odd]).__name__}, not a mapping (an audit "
+            "report's findings come from ragdefense.audit)"
+        )
     return findings, stats if isinstance(stats, Mapping) else {}
 
 

@@ -22,6 +22,7 @@ passage the wrapped defense trusts (``trusted=``) is never quarantined.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -121,6 +122,12 @@ class Quarantine:
         """
         from .registry import defense as front_door
 
+        if min_score is not None and (
+            isinstance(min_score, bool)
+            or not isinstance(min_score, int | float)
+            or math.isnan(min_score)
+        ):
+            raise ValueError(f"min_score must be a number or None, got {min_score!r}")
         findings, stats = read_report(report)
         suspect = stats.get("suspect_sources")
         condemned = {
