@@ -595,3 +595,24 @@ def test_multi_answer_red_team_plants_several_wrong_answers(toy_embedder: Any) -
     assert report.attack == "multi-answer"
     first = plant(ready[0], "multi-answer", 4)
     assert sum("Author 0" in p for p in first) == 2 and any("Author 1" in p for p in first)
+
+
+def test_red_team_inputs_fail_clearly(toy_embedder: Any) -> None:
+    """A pipeline returning Documents counted no poison, and one returning a string counted it
+    letter by letter; ``poison=None`` failed as "'NoneType' object is not iterable";
+    ``search(q, -1)`` returned every text but the last; a bar in a question split its table
+    row."""
+    target = AttackTarget("Who | wrote\nHamlet?", "Marlowe", poison=None, alternatives=None)
+    assert target.poison == () and target.alternatives == ()
+    with pytest.raises(ValueError, match="poison must be a sequence of strings"):
+        AttackTarget("Who wrote Hamlet?", "Marlowe", poison=5)  # type: ignore[arg-type]
+    poison = {target.question: plant(target, n=2)}
+    for context in ([Document(page_content=poison[target.question][0])], "some text"):
+        with pytest.raises(TypeError, match=r"returned a context of \w+: it must return"):
+            run_red_team([target], {"mine": lambda q, c=context: (c, None)}, poison)
+    report = run_red_team([target], {"mine": lambda q: (poison[q], None)}, poison)
+    row = report.to_table().splitlines()[2]
+    assert row.startswith("| Who \\| wrote Hamlet? | HIJACKED") and row.count(" | ") == 1
+    kb = InMemoryKnowledgeBase(["one", "two", "three"], toy_embedder)
+    with pytest.raises(ValueError, match="k must be a positive int, got -1"):
+        kb.search("one", -1)

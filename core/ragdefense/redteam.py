@@ -205,7 +205,8 @@ class RedTeamReport:
                 verdict = "HIJACKED" if o.hijacked else "ok"
                 others = f", {o.other_poison} for other questions" if o.other_poison else ""
                 cells.append(f"{verdict} ({o.poison_retrieved}/{o.retrieved} poison{others})")
-            short = q if len(q) <= width else q[: width - 1] + "…"
+            shown = " ".join(q.split()).replace("|", "\\|")  # one table cell: no break, no bar
+            short = shown if len(shown) <= width else shown[: width - 1] + "…"
             lines.append(f"| {short} | " + " | ".join(cells) + " |")
         lines.append(
             "| **hijacked** | " + " | ".join(f"**{self.hijack_rate(n):.0%}**" for n in names) + " |"
@@ -243,6 +244,11 @@ def run_red_team(
     for name, pipeline in pipelines.items():
         for target in targets:
             context, answer = pipeline(target.question)
+            if isinstance(context, str) or not all(isinstance(t, str) for t in context):
+                raise TypeError(
+                    f"pipeline {name!r} returned a context of {type(context).__name__}: it must "
+                    "return (the context's texts, a list of str; the answer or None)"
+                )
             if answer is not None and not isinstance(answer, str):
                 raise TypeError(
                     f"pipeline {name!r} answered {target.question!r} with a "
@@ -306,6 +312,10 @@ class InMemoryKnowledgeBase:
 
     def search(self, query: str, k: int) -> list[str]:
         """The ``k`` texts most similar to ``query``."""
+        from .integration.retrieval import positive_int
+
+        if positive_int(k) is None:
+            raise ValueError(f"k must be a positive int, got {k!r}")
         if not self.texts:
             return []
         sims = cosine_to(self._vectors, self.embedder.embed_query(query))

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -38,12 +39,16 @@ class AttackTarget:
             raise ValueError(f"target {self.question!r} needs a non-empty wrong_answer")
         for name in ("poison", "alternatives"):
             value = getattr(self, name)
-            if isinstance(value, str) or not all(isinstance(t, str) for t in value):
+            value = () if value is None else value  # None: none given
+            many = isinstance(value, Sequence | set | frozenset) and not isinstance(value, str)
+            if not many or not all(isinstance(t, str) for t in value):
                 raise ValueError(
                     f"target {self.question!r}: {name} must be a sequence of strings (one "
                     f"passage is {name}=(text,))"
                 )
-            object.__setattr__(self, name, tuple(value))
+            object.__setattr__(
+                self, name, tuple(sorted(value) if isinstance(value, set | frozenset) else value)
+            )
 
 
 def load_targets(path: str | Path) -> list[AttackTarget]:
