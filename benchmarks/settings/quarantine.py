@@ -10,11 +10,12 @@ families, not datasets, and the counts in turn; planted as the per-query benchma
 them; a family with fewer texts than asked plants what it has,
 and the target is counted with what was planted), no provenance at query
 time. Each target question is asked as the one line asks it, k = 5: the defense's pool by
-MiniLM similarity from the whole corpus (2k, at least 8), widened twice over while the defense
-keeps fewer than k, and the context is the top k it keeps. The audit runs with its shipped
-score: with probes
-derived from the corpus (never the target questions), and with the target questions as its
-query log (the users asked them: that is why they were attacked); and, derived probes again,
+MiniLM similarity from the whole corpus (2k, at least 8), widened as the adapters widen it
+for a given k while the defense keeps fewer than k (twice over; with a quarantine, until the
+fetch passes the first pool by every chunk it holds), and the context is the top k it keeps.
+The audit runs with its shipped score: with probes derived from the corpus (never the target
+questions), and with the target questions as its query log (the users asked them: that is why
+they were attacked); and, derived probes again,
 over the chunks with sources in their metadata (the benign chunks' own; the planted ones from 5
 attacker sites, from a site per target, or each on an honest chunk's site, where a condemned
 source would take honest chunks with it: the audit benchmark's layouts), where the passages
@@ -36,7 +37,7 @@ import numpy as np
 from ragdefense import Passage, Quarantine, audit, defense
 from ragdefense.attacks import DEFAULT_ATTACKS
 from ragdefense.embedders import as_embedder
-from ragdefense.integration.retrieval import FETCH_ROUNDS, fetched_enough, pool_size
+from ragdefense.integration.retrieval import fetch_rounds, fetched_enough, pool_size
 from ragdefense.text import contains_answer
 
 from ..report import markdown_table
@@ -58,7 +59,7 @@ def _one_line(
     (each chunk's source, in the passages' metadata)."""
     guard, sources = guard if isinstance(guard, tuple) else (guard, None)
     fetch = K if guard is None else pool_size(guard, K)
-    for _ in range(FETCH_ROUNDS):
+    for _ in range(fetch_rounds(guard, k_given=True)):  # the adapters' rounds for a given k
         top = ranking[:fetch]
         passages = [
             Passage(kb.texts[i], id=kb.ids[i], metadata={"source": sources[i]} if sources else {})
