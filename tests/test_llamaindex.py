@@ -581,7 +581,12 @@ def test_robustrag_synthesizer_prompts_keep_what_llamaindex_templates_carry() ->
     )
     styled.template_var_mappings = {"query": "question"}
     synth.update_prompts({"isolated_prompt": styled})
-    assert synth.robust.isolated_prompt.startswith('Answer as JSON: {{"answer": ...}}\n{context}')
+    core = synth.robust.isolated_prompt
+    assert core.startswith('Answer as JSON: {{"answer": ...}}\n{context}')
+    shown = synth.get_prompts()["isolated_prompt"]  # as LlamaIndex writes it: braces single
+    assert shown.get_template().startswith('Answer as JSON: {"answer": ...}\n{context}')
+    synth.update_prompts({"isolated_prompt": shown})  # given back: the same template
+    assert synth.robust.isolated_prompt == core
     llm.prompts.clear()
     assert synth.synthesize(QUESTION.question, nodes).response == "Canberra"
     first = 'Answer as JSON: {"answer": ...}\n' + QUESTION.benign[0]

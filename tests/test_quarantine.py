@@ -149,6 +149,9 @@ def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     for bad in ("0.5", float("nan"), True):
         with pytest.raises(ValueError, match="min_score must be a number or None"):
             Quarantine.from_report(REPORT, min_score=bad)  # type: ignore[arg-type]
+    assert Quarantine.from_report(REPORT, min_score=np.float32(0.55)).ids == {"d3", "zz"}
+    with pytest.raises(ValueError, match="chunks must be an int >= 0"):
+        Quarantine(defense("consensus"), frozenset(), frozenset(), {}, chunks=-1)
 
 
 @pytest.mark.slow
@@ -435,6 +438,22 @@ def test_an_empty_quarantine_fetches_as_its_defense() -> None:
     assert fetch_rounds(Quarantine.from_report(REPORT), k_given=False) == FETCH_ROUNDS
 
 
+def test_the_widening_stops_at_what_one_defense_call_accepts() -> None:
+    """A quarantine holding thousands of chunks allows many rounds: doubling past
+    MAX_PASSAGES made the defense refuse the pool (DefenseFailed) where it kept fewer than k."""
+    from ragdefense.integration.retrieval import fetch_rounds, fetched_enough, wider
+    from ragdefense.types import MAX_PASSAGES
+
+    big = Quarantine(defense("consensus"), frozenset(), frozenset(), {}, chunks=50_000)
+    fetch, rounds = 8, fetch_rounds(big, k_given=False)
+    for _ in range(rounds):
+        if fetched_enough(4, fetch, fetch, 0):
+            break
+        fetch = wider(fetch)  # type: ignore[assignment]
+    assert rounds > 9 and fetch == MAX_PASSAGES  # 8, 16, ..., 1024, then 2000 and no more
+    assert wider(None) is None and wider(3) == 6
+
+
 @pytest.mark.slow
 def test_an_honest_knowledge_base_stored_three_times_keeps_its_passages(tmp_path: Path) -> None:
     """The real audit of an honest knowledge base ingested three times over (under new ids):
@@ -654,7 +673,8 @@ def test_an_uploads_set_does_not_take_the_honest_member_of_another_source() -> N
         {"id": f"p{i}", "text": t, "score": 0.8, "suspicious": True, "group": group,
          "source": upload} for i, t in enumerate(planted)
     ] + [{"id": "w", "text": "Water boils at 100 degrees at sea level.", "score": 0.5,
-          "suspicious": True, "group": group, "source": "en.wikipedia.org"}]  # fmt: skip
+          "suspicious": True, "group": group, "source": "en.wikipedia.org",
+          "reasons": ["stands apart in group g0: mean cosine 0.78 to the others"]}]  # fmt: skip
     stats = {"suspect_sources": [{"source": upload, "chunks": 5}]}
     guard = Quarantine.from_report({"findings": findings, "stats": stats})
     assert guard.ids == {f"p{i}" for i in range(5)}
@@ -663,3 +683,16 @@ def test_an_uploads_set_does_not_take_the_honest_member_of_another_source() -> N
     assert guard.reason(Passage(planted[0], metadata={"source": "elsewhere.org"})) is not None
     # without a condemned source the group goes whole, its standing-apart member too
     assert Quarantine.from_report({"findings": findings}).reason(page) is not None
+    # the set's own members elsewhere (no source, a throwaway site) stay with it, as does a
+    # standing-apart member without a source
+    strays = [
+        {"id": "s0", "text": "Water boils at 90 degrees, as noted.", "score": 0.8,
+         "suspicious": True, "group": group},
+        {"id": "s1", "text": "Water boils at 90 degrees, noted.", "score": 0.8,
+         "suspicious": True, "group": group, "source": "throwaway.example"},
+    ]  # fmt: skip
+    unsourced = findings[-1] | {"source": None}
+    guard = Quarantine.from_report(
+        {"findings": [*findings[:-1], *strays, unsourced], "stats": stats}
+    )
+    assert guard.ids == {*(f"p{i}" for i in range(5)), "s0", "s1", "w"}

@@ -577,6 +577,14 @@ def test_red_team_refuses_a_copy_over_the_users_remote_collection(toy_embedder: 
     assert same_remote(index.vector_store, elsewhere) is None
     assert same_remote(index.vector_store, RemoteIndexStore("li-user", Client("db.example")))
 
+    class Table:  # a store holding no client, saying where its data lives
+        def __init__(self, uri: str | None) -> None:
+            self.table_name, self.uri = "vectors", uri
+
+    assert same_remote(Table("/data/users"), Table("/tmp/scratch")) is None
+    assert same_remote(Table("/data/users"), Table("/data/users"))
+    assert same_remote(Table(None), Table(None))  # nothing tells them apart: refused
+
 
 def test_multi_answer_red_team_plants_several_wrong_answers(toy_embedder: Any) -> None:
     """Targets without alternatives (as PoisonedRAG files and the demo's are) took one wrong
@@ -588,6 +596,12 @@ def test_multi_answer_red_team_plants_several_wrong_answers(toy_embedder: Any) -
     given = AttackTarget("Who wrote play 9?", "Author 9", alternatives=("Someone",))
     ready = check_red_team([*targets, given], k=4, attack="multi-answer")
     assert ready[0].alternatives == ("Author 1", "Author 2", "Author 9")
+    # never a target's own correct answer, nor its wrong answer written otherwise
+    honest = AttackTarget("Who wrote play 5?", "Author 5", correct_answer="author 1")
+    odd = AttackTarget("Who wrote play 6?", "AUTHOR 0")
+    found = check_red_team([*targets, honest, odd], k=4, attack="multi-answer")
+    assert found[3].alternatives == ("Author 0", "Author 2")  # "AUTHOR 0" is "Author 0"
+    assert found[4].alternatives == ("Author 1", "Author 2", "Author 5")
     assert ready[3] == given  # alternatives given are kept
     assert check_red_team(targets, k=4) == targets  # other attacks plant as given
     kb = InMemoryKnowledgeBase(["a benign passage", "another one"], toy_embedder)

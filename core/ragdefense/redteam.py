@@ -18,7 +18,7 @@ from .attacks import ATTACKS, make_poison
 from .embedders import as_embedder
 from .similarity import cosine_to
 from .targets import AttackTarget, load_targets
-from .text import gives_answer, names_answer
+from .text import gives_answer, names_answer, normalize
 
 __all__ = [
     "AttackTarget",
@@ -78,18 +78,23 @@ def check_red_team(
 
 
 def _with_alternatives(targets: list[AttackTarget]) -> list[AttackTarget]:
-    """``targets``, each without alternatives given the other targets' wrong answers."""
+    """``targets``, each without alternatives given the other targets' wrong answers (but its
+    own correct answer, and its own wrong answer however written)."""
     out = []
     for t in targets:
         if not t.alternatives:
-            others = [o.wrong_answer for o in targets if o.wrong_answer != t.wrong_answer]
+            taken = {normalize(a) for a in (t.wrong_answer, t.correct_answer) if a}
+            others = [o.wrong_answer for o in targets if normalize(o.wrong_answer) not in taken]
             if not others:
                 raise ValueError(
                     f"multi-answer plants several wrong answers: the target {t.question!r} "
                     "has no alternatives, and no other target has another wrong answer "
                     "(give AttackTarget(alternatives=...), or more targets)"
                 )
-            t = replace(t, alternatives=tuple(dict.fromkeys(others)))
+            unique: dict[str, str] = {}
+            for o in others:  # the first of each spelling
+                unique.setdefault(normalize(o), o)
+            t = replace(t, alternatives=tuple(unique.values()))
         out.append(t)
     return out
 

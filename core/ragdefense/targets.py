@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import difflib
 import json
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -39,16 +38,20 @@ class AttackTarget:
             raise ValueError(f"target {self.question!r} needs a non-empty wrong_answer")
         for name in ("poison", "alternatives"):
             value = getattr(self, name)
-            value = () if value is None else value  # None: none given
-            many = isinstance(value, Sequence | set | frozenset) and not isinstance(value, str)
-            if not many or not all(isinstance(t, str) for t in value):
+            try:  # None: none given; a set in a fixed order
+                found = (
+                    ()
+                    if value is None
+                    else tuple(sorted(value) if isinstance(value, set | frozenset) else value)
+                )
+            except TypeError:
+                found = (0,)  # not iterable: refused below
+            if isinstance(value, str | bytes) or not all(isinstance(t, str) for t in found):
                 raise ValueError(
                     f"target {self.question!r}: {name} must be a sequence of strings (one "
                     f"passage is {name}=(text,))"
                 )
-            object.__setattr__(
-                self, name, tuple(sorted(value) if isinstance(value, set | frozenset) else value)
-            )
+            object.__setattr__(self, name, tuple(str(t) for t in found))
 
 
 def load_targets(path: str | Path) -> list[AttackTarget]:

@@ -25,6 +25,7 @@ from ragdefense.integration.retrieval import (
     fetched_enough,
     pool_size,
     positive_int,
+    wider,
 )
 
 from .compressors import DefenseCompressor
@@ -121,7 +122,7 @@ class DefendedRetriever(BaseRetriever):
                 break
             # asked as it is (no size setting to raise): the same count again means it ignores k
             blind = base is self.base_retriever and not honoured and set(args) == {"k"}
-            fetch, before = (2 * fetch if fetch else None), (len(docs) if blind else None)
+            fetch, before = wider(fetch), (len(docs) if blind else None)
         return kept[:k] if k else kept
 
     async def _aget_relevant_documents(
@@ -141,7 +142,7 @@ class DefendedRetriever(BaseRetriever):
                 break
             # asked as it is (no size setting to raise): the same count again means it ignores k
             blind = base is self.base_retriever and not honoured and set(args) == {"k"}
-            fetch, before = (2 * fetch if fetch else None), (len(docs) if blind else None)
+            fetch, before = wider(fetch), (len(docs) if blind else None)
         return kept[:k] if k else kept
 
 
@@ -173,8 +174,8 @@ def widened(
         if filtered and type(retriever.vectorstore).__name__ == "FAISS":
             return _filtered_faiss(retriever, fetch)
         if retriever.search_type == "mmr":
-            wider = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
-            return retriever.model_copy(update={"search_kwargs": wider}), {}, True
+            search = retriever.search_kwargs | {"k": fetch, "fetch_k": fetch}
+            return retriever.model_copy(update={"search_kwargs": search}), {}, True
         return retriever, {"k": fetch}, True
     base = _compressed(retriever)
     if base is not None:  # a compression pipeline: its base asked (it passes call arguments
@@ -195,8 +196,8 @@ def widened(
         return retriever.model_copy(update={"k": fetch}), {}, True
     search_kwargs = getattr(retriever, "search_kwargs", None)
     if isinstance(retriever, BaseModel) and isinstance(search_kwargs, dict):
-        wider = search_kwargs | {"k": fetch}
-        return retriever.model_copy(update={"search_kwargs": wider}), {}, False
+        search = search_kwargs | {"k": fetch}
+        return retriever.model_copy(update={"search_kwargs": search}), {}, False
     return retriever, {"k": fetch}, False
 
 

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..defenses.claims import claim_terms
+from ..defenses.findings import STANDS_APART
 from .evidence import Evidence, Scoring
 from .workdir import Workdir, locate, part_starts, part_texts, rows_at
 
@@ -145,7 +146,7 @@ def apart_reason(found: tuple[str, float, float] | None) -> list[str]:
         return []
     group, mine, theirs = found
     return [
-        f"stands apart in group {group}: mean cosine {mine:.2f} to the others, who agree "
+        f"{STANDS_APART} {group}: mean cosine {mine:.2f} to the others, who agree "
         f"{theirs:.2f} among themselves; it shares their subject, not their wording: it may be "
         "the honest passage that group targets; check it before removing it"
     ]

@@ -15,7 +15,11 @@ from typing import Any
 
 from .pool import plain_text
 
-__all__ = ["copy_groups", "digest", "finding_source", "number", "read_report"]
+__all__ = ["STANDS_APART", "copy_groups", "digest", "finding_source", "number", "read_report"]
+
+#: how a report's reason opens where it names the member standing apart in its group (the
+#: audit writes it; the quarantine reads it)
+STANDS_APART = "stands apart in group"
 
 
 #: characters no reader sees beyond the format (Cf) and control (Cc) ones: Unicode's other

@@ -23,6 +23,7 @@ passage the wrapped defense trusts (``trusted=``) is never quarantined.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
@@ -40,7 +41,7 @@ from ..types import (
     check_query_embedding,
     to_passages,
 )
-from .findings import copy_groups, digest, finding_source, number, read_report
+from .findings import STANDS_APART, copy_groups, digest, finding_source, number, read_report
 from .renumber import copy_of, positions, renumbered
 from .trusting import trust_of
 
@@ -104,11 +105,11 @@ class Quarantine:
                 is left to the per-query defense; ``False`` quarantines it too. A group's
                 member the report names as standing apart from it (possibly the honest passage
                 the group targets, for a person to check) is quarantined with its group: in a
-                large planted set it is as often one of the set's own variants; but a member
-                from a source the audit did not condemn, in a group most of whose other
-                members come from condemned sources, is left to the per-query defense (the set
-                is the attacker's upload; that member is as often the honest passage the set
-                paraphrases). A possible
+                large planted set it is as often one of the set's own variants; but where that
+                member comes from a source the audit did not condemn, and most of the group's
+                other members from condemned sources, it is left to the per-query defense (the
+                set is the attacker's upload; that member is as often the honest passage the
+                set paraphrases). A possible
                 victim the report does not count as suspicious (``victim_of``) is never
                 quarantined, whatever its score; of a group whose members, all listed, hold one
                 text, the first copy in a pool is left to the defense (:attr:`once`).
@@ -124,7 +125,7 @@ class Quarantine:
 
         if min_score is not None and (
             isinstance(min_score, bool)
-            or not isinstance(min_score, int | float)
+            or not isinstance(min_score, numbers.Real)
             or math.isnan(min_score)
         ):
             raise ValueError(f"min_score must be a number or None, got {min_score!r}")
@@ -177,7 +178,8 @@ class Quarantine:
             if source in others:
                 others.remove(source)  # the member itself
             upload = 2 * sum(o in condemned for o in others) > len(others) > 0
-            if not by_source and source not in condemned and upload:
+            apart = any(str(r).startswith(STANDS_APART) for r in f.get("reasons") or [])
+            if not by_source and apart and upload and source not in (None, *condemned):
                 continue  # the set is a condemned upload's; this member is not: the defense's
             if not by_source and group_id in copies:
                 if source is not None and source in condemned:
@@ -201,6 +203,10 @@ class Quarantine:
         guard = front_door(defense, embedder=embedder)
         sets = frozenset(ids), frozenset(digests), reasons, frozenset(sourced), key, frozenset(once)
         return cls(guard, *sets, chunks=len(chosen))
+
+    def __post_init__(self) -> None:
+        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 0:
+            raise ValueError(f"chunks must be an int >= 0, got {self.chunks!r}")
 
     @property
     def size(self) -> int:

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from numbers import Integral
 from typing import Any, cast
 
-from ..types import Defense
+from ..types import MAX_PASSAGES, Defense
 
 __all__ = [
     "FETCH_ROUNDS",
@@ -17,6 +17,7 @@ __all__ = [
     "fetched_enough",
     "pool_size",
     "positive_int",
+    "wider",
 ]
 
 
@@ -90,7 +91,15 @@ def fetched_enough(
     (``honoured``: then it holds no more; FAISS with a filter filters its candidates after the
     search and gives fewer while it holds more), or no more than the round ``before`` (a
     retriever that ignores the size it is asked for: asking again gives the same), or no size
-    to widen."""
+    to widen, or the fetch reached what one defense call accepts."""
     if before is not None and fetched <= before:
         return True
+    if fetch and fetch >= MAX_PASSAGES:  # one defense call takes no more
+        return True
     return not k or not fetch or kept >= k or (honoured and fetched < fetch)
+
+
+def wider(fetch: int | None) -> int | None:
+    """The next round's fetch: twice this one, at most :data:`~ragdefense.types.MAX_PASSAGES`
+    (what one defense call accepts); ``None`` where there is no size to widen."""
+    return min(2 * fetch, MAX_PASSAGES) if fetch else None

@@ -146,4 +146,13 @@ def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
                 for c in (a, b)
             ]
             return addresses[0] == addresses[1] and any(addresses[0])
-    return True  # no client to tell them apart: the same name is taken as the same data
+    for key in _WHERE:  # no client: a store that says where its data lives
+        a, b = mine.get(key), theirs.get(key)
+        if a is not None and b is not None and a != b:
+            return False
+    return True  # nothing tells them apart: the same name is taken as the same data
+
+
+#: a store's own attributes saying where its data lives, where it holds no client
+_WHERE = ("uri", "_uri", "url", "_url", "host", "_host", "path", "_path", "persist_dir",
+          "_persist_dir", "connection_string", "_connection_string")  # fmt: skip

@@ -33,6 +33,7 @@ from ragdefense.integration.retrieval import (
     fetched_enough,
     pool_size,
     positive_int,
+    wider,
 )
 
 from ._private import index_embed_model, merged_retriever, retriever_index
@@ -159,7 +160,7 @@ class DefendedRetriever(BaseRetriever):
                 kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
             if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
                 break
-            fetch = 2 * fetch if fetch else None
+            fetch = wider(fetch)
         return kept[: self.k] if self.k else kept
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -171,7 +172,7 @@ class DefendedRetriever(BaseRetriever):
                 kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
             if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
                 break
-            fetch = 2 * fetch if fetch else None
+            fetch = wider(fetch)
         return kept[: self.k] if self.k else kept
 
 

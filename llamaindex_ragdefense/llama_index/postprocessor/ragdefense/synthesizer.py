@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextvars
 import copy
+import string
 from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import replace
 from typing import Any, cast
@@ -116,7 +117,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         found = {"isolated_prompt": self._robust.isolated_prompt}
         found |= {k: getattr(self._robust.aggregation, k) for k in _AGGREGATION_PROMPTS
                   if hasattr(self._robust.aggregation, k)}  # fmt: skip
-        return {k: PromptTemplate(v) for k, v in found.items()}
+        return {k: PromptTemplate(_shown(v)) for k, v in found.items()}
 
     def _update_prompts(self, prompts: PromptDictType) -> None:
         """Set the core's templates (checked as the core checks them); another key is refused."""
@@ -210,6 +211,15 @@ _FIELDS = {
 }
 #: LlamaIndex's own names for the passage and the question (its QA templates use them)
 _ALIASES = {"context_str": "context", "query_str": "query"}
+
+
+def _shown(template: str) -> str:
+    """A core template (``str.format``: literal braces doubled) as LlamaIndex writes one
+    (literal braces single), so that what ``get_prompts`` shows, given back, is the same."""
+    parts = string.Formatter().parse(template)
+    return "".join(
+        text + ("" if field is None else "{" + field + "}") for text, field, _, _ in parts
+    )
 
 
 def _core_template(label: str, prompt: BasePromptTemplate) -> str:
