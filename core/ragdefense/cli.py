@@ -192,7 +192,7 @@ def build_parser() -> argparse.ArgumentParser:
     attack.add_argument(
         "--targets",
         default=None,
-        help="JSON list of {question, wrong_answer, correct_answer?, poison?} "
+        help="JSON list of {question, wrong_answer, correct_answer?, poison?, alternatives?} "
         "(default: the demo questions)",
     )
     attack.add_argument(
