@@ -438,20 +438,31 @@ def test_an_empty_quarantine_fetches_as_its_defense() -> None:
     assert fetch_rounds(Quarantine.from_report(REPORT), k_given=False) == FETCH_ROUNDS
 
 
-def test_the_widening_stops_at_what_one_defense_call_accepts() -> None:
+def test_the_widening_stops_at_what_one_defense_call_accepts(monkeypatch: Any) -> None:
     """A quarantine holding thousands of chunks allows many rounds: doubling past
-    MAX_PASSAGES made the defense refuse the pool (DefenseFailed) where it kept fewer than k."""
+    MAX_PASSAGES made the defense refuse the pool (DefenseFailed) where it kept fewer than k,
+    and an ensemble returns more than each of its retrievers is asked for."""
+    from ragdefense import types
     from ragdefense.integration.retrieval import fetch_rounds, fetched_enough, wider
-    from ragdefense.types import MAX_PASSAGES
 
     big = Quarantine(defense("consensus"), frozenset(), frozenset(), {}, chunks=50_000)
-    fetch, rounds = 8, fetch_rounds(big, k_given=False)
-    for _ in range(rounds):
-        if fetched_enough(4, fetch, fetch, 0):
-            break
-        fetch = wider(fetch)  # type: ignore[assignment]
-    assert rounds > 9 and fetch == MAX_PASSAGES  # 8, 16, ..., 1024, then 2000 and no more
-    assert wider(None) is None and wider(3) == 6
+    rounds = fetch_rounds(big, k_given=False)
+    assert rounds > 9
+
+    def widen(per_fetch: int) -> list[int]:  # what each round returns, until the stop
+        fetch, returned = 8, []
+        for _ in range(rounds):
+            returned.append(per_fetch * fetch)
+            if fetched_enough(4, fetch, per_fetch * fetch, 0):
+                break
+            fetch = wider(fetch)  # type: ignore[assignment]
+        return returned
+
+    assert widen(1)[-1] == 1024 and widen(2)[-1] == 1024  # one retriever; an ensemble of two
+    assert all(n <= types.MAX_PASSAGES for n in widen(3))
+    assert wider(None) is None and wider(3) == 6 and wider(1500) == types.MAX_PASSAGES
+    monkeypatch.setattr(types, "MAX_PASSAGES", 10_000)  # raised knowingly: read when widening
+    assert widen(1)[-1] == 8192 and wider(8192) == 10_000
 
 
 @pytest.mark.slow

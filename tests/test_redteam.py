@@ -583,6 +583,9 @@ def test_red_team_refuses_a_copy_over_the_users_remote_collection(toy_embedder: 
 
     assert same_remote(Table("/data/users"), Table("/tmp/scratch")) is None
     assert same_remote(Table("/data/users"), Table("/data/users"))
+    assert same_remote(Table("/data/users"), Table("/data/users/"))  # one place, two spellings
+    assert same_remote(Table("/data/users"), Table(Path("/data/./users")))  # type: ignore[arg-type]
+    assert same_remote(Table("http://db:8000/"), Table("HTTP://db:8000"))
     assert same_remote(Table(None), Table(None))  # nothing tells them apart: refused
 
 
@@ -620,6 +623,8 @@ def test_red_team_inputs_fail_clearly(toy_embedder: Any) -> None:
     assert target.poison == () and target.alternatives == ()
     with pytest.raises(ValueError, match="poison must be a sequence of strings"):
         AttackTarget("Who wrote Hamlet?", "Marlowe", poison=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="correct_answer must be a string or None, got int"):
+        AttackTarget("Who wrote Hamlet?", "Marlowe", correct_answer=7)  # type: ignore[arg-type]
     poison = {target.question: plant(target, n=2)}
     for context in ([Document(page_content=poison[target.question][0])], "some text"):
         with pytest.raises(TypeError, match=r"returned a context of \w+: it must return"):

@@ -37,7 +37,7 @@ import numpy as np
 from ragdefense import Passage, Quarantine, audit, defense
 from ragdefense.attacks import DEFAULT_ATTACKS
 from ragdefense.embedders import as_embedder
-from ragdefense.integration.retrieval import fetch_rounds, fetched_enough, pool_size
+from ragdefense.integration.retrieval import fetch_rounds, fetched_enough, pool_size, wider
 from ragdefense.text import contains_answer
 
 from ..report import markdown_table
@@ -71,7 +71,7 @@ def _one_line(
         kept = sorted(result.kept_indices, key=lambda i: -sims[top[i]])
         if fetched_enough(K, fetch, len(top), len(kept)):  # the adapters' own stop rule
             break
-        fetch *= 2
+        fetch = wider(fetch) or fetch
     return passages, kept[:K]
 
 

@@ -36,6 +36,11 @@ class AttackTarget:
             raise ValueError("an attack target needs a non-empty question")
         if not isinstance(self.wrong_answer, str) or not self.wrong_answer.strip():
             raise ValueError(f"target {self.question!r} needs a non-empty wrong_answer")
+        if self.correct_answer is not None and not isinstance(self.correct_answer, str):
+            raise ValueError(
+                f"target {self.question!r}: correct_answer must be a string or None, got "
+                f"{type(self.correct_answer).__name__}"
+            )
         for name in ("poison", "alternatives"):
             value = getattr(self, name)
             try:  # None: none given; a set in a fixed order

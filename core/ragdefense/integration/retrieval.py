@@ -8,7 +8,8 @@ from collections.abc import Mapping
 from numbers import Integral
 from typing import Any, cast
 
-from ..types import MAX_PASSAGES, Defense
+from .. import types
+from ..types import Defense
 
 __all__ = [
     "FETCH_ROUNDS",
@@ -91,15 +92,17 @@ def fetched_enough(
     (``honoured``: then it holds no more; FAISS with a filter filters its candidates after the
     search and gives fewer while it holds more), or no more than the round ``before`` (a
     retriever that ignores the size it is asked for: asking again gives the same), or no size
-    to widen, or the fetch reached what one defense call accepts."""
+    to widen, or the next round could return more than one defense call accepts
+    (:data:`~ragdefense.types.MAX_PASSAGES`)."""
     if before is not None and fetched <= before:
         return True
-    if fetch and fetch >= MAX_PASSAGES:  # one defense call takes no more
-        return True
+    most = types.MAX_PASSAGES  # read now: a user may raise it
+    if (fetch and fetch >= most) or 2 * fetched > most:  # the next round could pass it (an
+        return True  # ensemble returns more than each retriever is asked): one call takes no more
     return not k or not fetch or kept >= k or (honoured and fetched < fetch)
 
 
 def wider(fetch: int | None) -> int | None:
     """The next round's fetch: twice this one, at most :data:`~ragdefense.types.MAX_PASSAGES`
     (what one defense call accepts); ``None`` where there is no size to widen."""
-    return min(2 * fetch, MAX_PASSAGES) if fetch else None
+    return min(2 * fetch, types.MAX_PASSAGES) if fetch else None

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import shutil
 import tempfile
 import uuid
@@ -148,9 +149,18 @@ def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
             return addresses[0] == addresses[1] and any(addresses[0])
     for key in _WHERE:  # no client: a store that says where its data lives
         a, b = mine.get(key), theirs.get(key)
-        if a is not None and b is not None and a != b:
+        if a is not None and b is not None and _place(a) != _place(b):
             return False
     return True  # nothing tells them apart: the same name is taken as the same data
+
+
+def _place(where: Any) -> str:
+    """A store's location written one way: a path made absolute and normal, an address
+    without its trailing slash (one place written two ways must not pass for two)."""
+    text = str(where).strip()
+    if "://" in text:
+        return text.rstrip("/").lower()
+    return os.path.normcase(os.path.abspath(os.path.expanduser(text)))
 
 
 #: a store's own attributes saying where its data lives, where it holds no client
