@@ -9,6 +9,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "TEMPLATE_FIELDS",
+    "TEMPLATE_NEEDS",
     "check_alike",
     "check_attack",
     "check_certify",
@@ -55,12 +57,26 @@ def check_installed(llm: Any, aggregation: str, nlp: Any) -> None:
             )
 
 
-def check_templates(**templates: tuple[Any, ...]) -> None:
-    """Each template formats with its placeholders (a typo found at the first answer would
-    waste a batch of LLM calls) and uses the ones the answer rests on: ``(template, fields)``
-    needs every field, ``(template, fields, needed)`` those ``needed`` (a prompt without the
-    passage or the keywords would be answered from the model's memory, and certified)."""
-    for label, (template, fields, *needed) in templates.items():
+#: what the engine fills in each template it takes (``str.format`` fields): a template may use
+#: any of them, and must use those :data:`TEMPLATE_NEEDS` names
+TEMPLATE_FIELDS: dict[str, tuple[str, ...]] = {
+    "isolated_prompt": ("context", "query"),
+    "keyword_prompt": ("keywords", "query"),
+    "choice_prompt": ("context", "query", "choices", "letters"),
+    "no_retrieval_prompt": ("query",),
+}
+#: the fields an answer rests on, where not every field (a multiple-choice prompt may leave
+#: out the letters)
+TEMPLATE_NEEDS: dict[str, tuple[str, ...]] = {"choice_prompt": ("context", "query", "choices")}
+
+
+def check_templates(**templates: str) -> None:
+    """Each template (by its name in :data:`TEMPLATE_FIELDS`) formats with its placeholders (a
+    typo found at the first answer would waste a batch of LLM calls) and uses the ones the
+    answer rests on (a prompt without the passage or the keywords would be answered from the
+    model's memory, and certified)."""
+    for label, template in templates.items():
+        fields = TEMPLATE_FIELDS[label]
         names = ", ".join("{" + f + "}" for f in fields)
         try:
             template.format(**dict.fromkeys(fields, ""))
@@ -70,7 +86,7 @@ def check_templates(**templates: tuple[Any, ...]) -> None:
                 f"{label} cannot be filled ({type(exc).__name__}: {exc}): it may use {names} "
                 "(double other braces: {{ }})"
             ) from None
-        missing = [f for f in (needed[0] if needed else fields) if f not in used]
+        missing = [f for f in TEMPLATE_NEEDS.get(label, fields) if f not in used]
         if missing:
             raise ValueError(
                 f"{label} does not use {', '.join('{' + f + '}' for f in missing)}: the "

@@ -141,7 +141,7 @@ class RobustRAG:
             raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
         if max_passage_chars is not None and max_passage_chars < 1:
             raise ValueError(f"max_passage_chars must be >= 1 (or None), got {max_passage_chars}")
-        check_templates(isolated_prompt=(isolated_prompt, ("context", "query")))
+        check_templates(isolated_prompt=isolated_prompt)
         self.aggregation: Aggregation = aggregation
         self.max_passage_chars = None if max_passage_chars is None else int(max_passage_chars)
         self._llm = llm

@@ -82,7 +82,7 @@ class KeywordAggregation:
             raise ValueError(f"need 0 <= alpha <= 1 and beta > 0, got {self.alpha}, {self.beta}")
         if self.max_certify_calls < 0 or self.max_undecided < 0:
             raise ValueError("max_certify_calls and max_undecided must be >= 0")
-        check_templates(keyword_prompt=(self.keyword_prompt, ("keywords", "query")))
+        check_templates(keyword_prompt=self.keyword_prompt)
 
     def threshold(self, n: int) -> float:
         """The keyword threshold ``mu = min(alpha * n, beta)``."""

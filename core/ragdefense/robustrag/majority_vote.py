@@ -77,8 +77,7 @@ class MajorityVote:
     local: ClassVar[bool] = False
 
     def __post_init__(self) -> None:
-        fields = ("context", "query", "choices", "letters")
-        check_templates(choice_prompt=(self.choice_prompt, fields, fields[:3]))
+        check_templates(choice_prompt=self.choice_prompt)
 
     def bind(self, run: Runtime) -> _Majority:
         """The algorithm with these settings, for one call of the engine."""

@@ -62,7 +62,7 @@ class SecureDecoding:
                 "need 0 <= gamma <= 1, eta >= 0 and max_certify_responses >= 1, got "
                 f"{self.gamma}, {self.eta}, {self.max_certify_responses}"
             )
-        check_templates(no_retrieval_prompt=(self.no_retrieval_prompt, ("query",)))
+        check_templates(no_retrieval_prompt=self.no_retrieval_prompt)
 
     def bind(self, run: Runtime) -> _Decoding:
         """The algorithm with these settings, for one call of the engine."""

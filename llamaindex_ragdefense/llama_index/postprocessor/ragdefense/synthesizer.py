@@ -24,7 +24,7 @@ from pydantic import Field
 from ragdefense import RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LlamaIndexLLM
-from ragdefense.robustrag.checks import check_certify, check_templates
+from ragdefense.robustrag.checks import TEMPLATE_FIELDS, check_certify, check_templates
 from ragdefense.robustrag.types import IDK
 
 __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
@@ -129,7 +129,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         robust = copy.copy(self._robust)
         if "isolated_prompt" in texts:
             isolated = texts.pop("isolated_prompt")
-            check_templates(isolated_prompt=(isolated, ("context", "query")))
+            check_templates(isolated_prompt=isolated)
             robust.isolated_prompt = isolated
         if texts:
             robust.aggregation = replace(cast(Any, robust.aggregation), **texts)  # checked anew
@@ -203,12 +203,6 @@ class RobustRAGSynthesizer(BaseSynthesizer):
 
 #: the aggregations' templates a synthesizer shows beside the isolated one
 _AGGREGATION_PROMPTS = ("keyword_prompt", "choice_prompt")
-#: what the core fills in each template
-_FIELDS = {
-    "isolated_prompt": ("context", "query"),
-    "keyword_prompt": ("keywords", "query"),
-    "choice_prompt": ("context", "query", "choices", "letters"),
-}
 #: LlamaIndex's own names for the passage and the question (its QA templates use them)
 _ALIASES = {"context_str": "context", "query_str": "query"}
 
@@ -227,7 +221,7 @@ def _core_template(label: str, prompt: BasePromptTemplate) -> str:
     variable and function mappings applied; ``{context_str}`` / ``{query_str}`` read as
     ``{context}`` / ``{query}``. A variable nothing fills is refused (it would reach the LLM
     as literal text)."""
-    fields = _FIELDS[label]
+    fields = TEMPLATE_FIELDS[label]
     marks = {f: f"\x00{f}\x00" for f in fields}
     given = {**marks, **{a: marks[f] for a, f in _ALIASES.items() if f in marks}}
     mapped = prompt.template_var_mappings or {}
