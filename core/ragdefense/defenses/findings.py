@@ -38,7 +38,7 @@ def digest(text: str) -> str:
     reads as a copy of one text, :func:`~.pool.plain_text`)."""
     said = _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
     said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
-    said = plain_text(unicodedata.normalize("NFKC", said))
+    said = plain_text(said)  # decomposed again (NFKD) where not ASCII, accents left out
     return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
 
 

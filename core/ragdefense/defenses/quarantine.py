@@ -174,13 +174,13 @@ class Quarantine:
         for f, score, text, by_source in chosen:
             d, source = digest(text), finding_source(f)
             group_id = (f.get("group") or {}).get("id")
-            others = list(members.get(group_id, [])) if group_id is not None else []
-            if source in others:
-                others.remove(source)  # the member itself
-            upload = 2 * sum(o in condemned for o in others) > len(others) > 0
             apart = any(str(r).startswith(STANDS_APART) for r in f.get("reasons") or [])
-            if not by_source and apart and upload and source not in (None, *condemned):
-                continue  # the set is a condemned upload's; this member is not: the defense's
+            if not by_source and apart and source not in (None, *condemned):
+                others = list(members.get(group_id, [])) if group_id is not None else []
+                if source in others:
+                    others.remove(source)  # the member itself
+                if 2 * sum(o in condemned for o in others) > len(others) > 0:
+                    continue  # the set is a condemned upload's; this member is not: the defense's
             if not by_source and group_id in copies:
                 if source is not None and source in condemned:
                     sourced.add((d, source))  # an attacker's upload: its copies go
