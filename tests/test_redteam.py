@@ -253,6 +253,32 @@ def test_llamaindex_red_team_defends_with_the_embed_model_given(minilm: Any) -> 
     assert calls and report.hijack_rate("consensus") <= report.hijack_rate("no defense")
 
 
+def test_langchain_red_team_defends_with_the_embeddings_given(minilm: Any) -> None:
+    """``embeddings=`` (as ``defend()`` takes them, LlamaIndex's ``embed_model=``) reach the
+    defended pipeline: the model is called; beside a defense object it is refused before any
+    copy is made."""
+    from langchain_core.embeddings import FakeEmbeddings
+
+    from ragdefense import Consensus
+
+    calls: list[int] = []
+
+    class Counted(RagdefenseEmbeddings):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            calls.append(len(texts))
+            return super().embed_documents(texts)
+
+    store = InMemoryVectorStore(embedding=FakeEmbeddings(size=384))
+    store.add_documents([Document(page_content=t) for t in BENIGN])
+    report = lc_red_team(store, TARGETS[:2], k=4, embeddings=Counted(minilm))
+    assert calls and report.hijack_rate("consensus") <= report.hijack_rate("no defense")
+    copied: list[Any] = []
+    with pytest.raises(TypeError, match="embeddings: a defense object comes configured"):
+        lc_red_team(store, TARGETS[:1], defense=Consensus(), embeddings=Counted(minilm),
+                    copy_store=lambda s: copied.append(s) or s)  # fmt: skip
+    assert not copied
+
+
 # ------------------------------------------------ the copy: private, cleaned up, the one line
 
 

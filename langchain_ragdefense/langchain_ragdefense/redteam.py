@@ -9,10 +9,12 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
+from ragdefense.integration.adapter import configured
 from ragdefense.integration.vectors import chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
@@ -169,6 +171,7 @@ def red_team(
     n_poison: int = 5,
     k: int = 4,
     chain: Callable[[BaseRetriever], Runnable[Any, Any]] | None = None,
+    embeddings: Embeddings | None = None,
     copy_store: Callable[[VectorStore], VectorStore] | None = None,
 ) -> RedTeamReport:
     """Plant ``n_poison`` passages per target in a copy of ``store``; report which targets are
@@ -191,8 +194,12 @@ def red_team(
             ``output`` or ``result`` when a mapping) is the answer, and a target is hijacked
             when the answer states a wrong answer. Without it, a target is hijacked when poison
             is most of the context.
+        embeddings: The defense's embeddings, as :func:`~langchain_ragdefense.defend` takes
+            them (default: the store's own).
+        copy_store: ``store -> an independent copy of it``, for stores copied nowhere else.
     """
     targets = check_red_team(targets, k, n_poison, defense, attack)  # before any copy
+    configured(defense, embeddings, "embeddings")
     with contextlib.ExitStack() as stack:
         poisoned = copy_store(store) if copy_store is not None else _copy(store, stack)
         if poisoned is store:
@@ -202,7 +209,7 @@ def red_team(
                 f"copy_store must return a LangChain VectorStore, got {type(poisoned).__name__}"
             )
         _check_independent(store, poisoned)
-        return _red_team(poisoned, targets, defense, attack, n_poison, k, chain)
+        return _red_team(poisoned, targets, defense, attack, n_poison, k, chain, embeddings)
 
 
 def _red_team(
@@ -213,11 +220,13 @@ def _red_team(
     n_poison: int,
     k: int,
     chain: Callable[[BaseRetriever], Runnable[Any, Any]] | None,
+    embeddings: Embeddings | None,
 ) -> RedTeamReport:
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     poisoned.add_documents([Document(page_content=p) for texts in poison.values() for p in texts])
     plain = poisoned.as_retriever(search_kwargs={"k": k})
-    guarded = defend(poisoned.as_retriever(search_kwargs={"k": k}), defense)  # the one line
+    # the one line
+    guarded = defend(poisoned.as_retriever(search_kwargs={"k": k}), defense, embeddings=embeddings)
 
     def pipeline(retriever: BaseRetriever) -> Callable[[str], tuple[list[str], str | None]]:
         runnable = chain(retriever) if chain is not None else None
