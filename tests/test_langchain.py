@@ -15,6 +15,7 @@ from langchain_core.language_models import FakeListChatModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_tests.integration_tests import RetrieversIntegrationTests
+from pydantic import ValidationError
 
 from langchain_ragdefense import (
     DefendedRetriever,
@@ -301,6 +302,11 @@ def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVector
     with ThreadPoolExecutor(6) as pool:
         outs = list(pool.map(chain.invoke, [QUESTION.question] * 6))
     assert flight[1] == 2 and all(o["answer"] == "Canberra" for o in outs)
+    with pytest.raises(ValidationError, match="max_concurrency"):
+        chain.max_concurrency = 0  # set later, as at construction (0 slots: a run waits forever)
+    with pytest.raises(ValidationError, match="certify"):
+        chain.certify = -1
+    assert chain.max_concurrency == 2 and chain.certify is None
 
     release = threading.Event()
 

@@ -68,7 +68,11 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         certify: k' to certify against (``None``: no certificate).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    # a field set after construction is checked as at construction (max_concurrency=0 would
+    # wait forever for a free slot)
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True, extra="forbid", validate_assignment=True
+    )
 
     llm: Runnable[Any, Any]
     retriever: RetrieverLike
