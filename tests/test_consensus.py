@@ -1213,3 +1213,103 @@ def test_the_context_holds_each_text_once_in_the_copy_standing_for_it() -> None:
     # without trust, the first copy stands for the text
     plain = Consensus(support=False).defend_embeddings("q", items, vectors, q)
     assert plain.removed_indices == [6, 7, 8] and plain.verdicts[0].kept
+
+
+def test_a_trusted_predicate_answers_true_or_false() -> None:
+    """``bool()`` of a predicate's value trusted passages whose flag said the opposite: NaN (a
+    missing flag in pandas) and ``"false"`` are true to ``bool()``. ``None`` reads as no; any
+    other value is an error naming the passage, never a verdict."""
+    passages, emb, q, _ = _pool(1, n_benign=6)
+
+    def run(flag: object) -> Any:
+        flagged = [replace(p, metadata={"reviewed": flag}) for p in passages]
+        return Consensus(trusted=lambda m: m.get("reviewed")).defend_embeddings(
+            "q", flagged, emb, q
+        )
+
+    assert run(True).estimates["trusted"] == list(range(6))
+    for no in (None, False, 0, np.False_):
+        assert run(no).estimates["trusted"] == []
+    for odd in (float("nan"), "false", "yes", 2.0):
+        with pytest.raises(DefenseInputError, match="must return True or False"):
+            run(odd)
+
+
+def test_trusted_sources_are_strings() -> None:
+    """A mapping of flags trusted every key (``{"evil.com": False}`` too); a list of lists
+    failed with ``unhashable type``; ``None`` among the entries was dropped without a word."""
+    for bad, says in (
+        ({"who.int": True, "evil.com": False}, "collection of sources"),
+        ([["who.int"]], "each source is a string"),
+        (["who.int", None], "each source is a string"),
+    ):
+        with pytest.raises(TypeError, match=says):
+            Consensus(trusted=bad)  # type: ignore[arg-type]
+
+
+def test_an_address_without_its_scheme_is_a_page_of_its_host() -> None:
+    """``attacker.example/page0`` was a source of its own per page (three pages of one site
+    were three independent voices), and ``trusted={"who.int"}`` did not trust
+    ``who.int/news/1`` though it trusted it with ``https://``; a folder named like a file
+    version stays a path."""
+
+    def source(value: str) -> str | None:
+        return source_of(Passage("...", metadata={"url": value}))
+
+    assert source("attacker.example/page0") == source("https://attacker.example/page1")
+    assert source("www.WHO.int:443/news") == "who.int"
+    assert source("10.0.0.5/wiki/a") == "10.0.0.5"
+    assert source("kb.v2/notes.md") == "kb.v2/notes.md"
+    assert source("reports/q3.pdf") == "reports/q3.pdf"
+    page = Passage("...", metadata={"url": "who.int/news/1"})
+    assert is_trusted_by({"who.int"})(page, source_of(page))
+    assert is_trusted_by({"who.int/news"})(page, source_of(page))
+    assert not is_trusted_by({"who.int/about"})(page, source_of(page))
+    assert document_of(page) == "who.int/news/1"
+
+
+def test_one_page_under_two_spellings_is_one_document() -> None:
+    """``~`` and ``%7E``, ``/./`` and a doubled ``/`` spell one page: three spellings of one
+    honest page were three documents, and the page was removed as one voice."""
+    spellings = ["https://who.int/~facts", "https://who.int/%7Efacts", "https://who.int/./~facts"]
+    docs = {document_of(Passage("...", metadata={"url": u})) for u in spellings}
+    assert docs == {"who.int/~facts"}
+    assert document_of(Passage("...", metadata={"url": "https://who.int//~facts/"})) == (
+        "who.int/~facts"
+    )
+
+
+def test_a_page_number_written_as_a_float_gives_way_to_its_file() -> None:
+    """``4.0`` (a page number through pandas or JSON) was not read as a page number: each page
+    of one file was a source of its own."""
+
+    def source(**meta: object) -> str | None:
+        return source_of(Passage("...", metadata=meta))
+
+    assert source(source=4.0, file_path="a.pdf") == source(source=5.0, file_path="a.pdf")
+    assert source(source=4.0, file_path="a.pdf") == "a.pdf"
+    assert source(source=4.5, file_path="a.pdf") == "4.5"
+    assert source(source=4) == "4"  # a number alone is the source it names
+
+
+def test_a_chunk_without_its_source_in_a_one_source_pool_reads_as_text_only() -> None:
+    """Where one copy of a text lacks the source every other passage has, the copy standing for
+    the text was chosen by the "source that lost a passage" rule, which one source cannot
+    inform: the result differed from the text-only one."""
+    e = np.eye(20)
+    planted = [0.6 * e[0] + 0.75 * e[1] + 0.3 * e[2 + i] for i in range(3)]
+    honest = [0.7 * e[0] + 0.7 * e[6 + i] for i in range(5)]
+    emb, q = np.vstack([*planted, *honest, honest[0]]), e[0] + 0.3 * e[1]
+    texts = [f"Attacker page {i} says the answer is X." for i in range(3)]
+    texts += [f"Honest text {i} on the topic." for i in range(5)] + ["Honest text 0 on the topic."]
+    metas: list[dict[str, str]] = [{"source": "kb.pdf"}] * 8 + [{}]
+    passages = [
+        Passage(t, id=f"d{i}", metadata=m)
+        for i, (t, m) in enumerate(zip(texts, metas, strict=True))
+    ]
+    with_source = Consensus().defend_embeddings("what is the answer?", passages, emb, q)
+    text_only = Consensus(source_key=None).defend_embeddings(
+        "what is the answer?", passages, emb, q
+    )
+    assert with_source.removed_indices == [0, 1, 2, 8]
+    assert with_source.kept_indices == text_only.kept_indices

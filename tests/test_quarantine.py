@@ -416,6 +416,27 @@ def test_of_copies_of_one_text_the_defense_judges_the_first() -> None:
     assert Quarantine.from_report(report).ids == {"d3", "zz", "c0", "c1", "c2"}
 
 
+def test_of_copies_of_one_text_a_trusted_copy_is_the_one_judged() -> None:
+    """The first copy was judged and the later ones held, a trusted one too: the context cited
+    the untrusted mirror, and a trusted passage was quarantined."""
+    from ragdefense import Consensus
+
+    truth = "Canberra was chosen in 1908."
+    report = _copies_report([None, None, None])
+    guard = Quarantine.from_report(report, Consensus(trusted={"gov.au"}))
+    pool = [
+        Passage(truth, metadata={"url": "https://mirror.example/a"}),
+        Passage(TEXTS[0]),
+        Passage(truth, metadata={"url": "https://www.gov.au/canberra"}),
+        Passage(truth, metadata={"url": "https://gov.au/history"}),
+        Passage(TEXTS[1]),
+    ]
+    result = guard.defend("When was Canberra chosen?", pool)
+    assert sorted(result.estimates["quarantined"]) == [0]
+    assert result.verdicts[0].reason.startswith("removed: a copy of passage 2")
+    assert result.verdicts[2].kept
+
+
 def test_an_attackers_condemned_copies_go_and_the_honest_copy_is_judged() -> None:
     report = _copies_report(["en.wikipedia.org", "evil.example", "evil.example"])
     report["stats"] = {"suspect_sources": [{"source": "evil.example"}]}

@@ -4,18 +4,23 @@ Real documents say where they come from: LangChain loaders set ``metadata["sourc
 LlamaIndex readers ``file_path`` / ``file_name`` / ``url``, nodes a ``ref_doc_id``. A defense
 that counts support per *source* rather than per passage is not outvoted by twenty chunks of one
 upload, or by one web domain repeating itself (search engines' host crowding). Web addresses
-(``http``, ``https``, ``ftp``) and bare host names count per host (``www.`` and a port
-dropped); any other value, a storage address (``s3://bucket/key``) included, is taken as it is.
+(``http``, ``https``, ``ftp``, or a host and path without the scheme) and bare host names
+count per host (``www.`` and a port dropped); any other value, a storage address
+(``s3://bucket/key``) included, is taken as it is.
 """
 
 from __future__ import annotations
 
+import numbers
+import os
 import posixpath
 import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
+
+import numpy as np
 
 from .integration.records import copied
 from .types import Passage
@@ -45,7 +50,8 @@ SOURCE_KEYS = (
     "ref_doc_id",
 )
 
-#: the keys naming a file or page, which a number under ``source`` (a page's) gives way to
+#: the keys naming a file or page, which a number under ``source`` (a page's) gives way to; not
+#: an id (a chunk's ``doc_id``, or the ``ref_doc_id`` of a reader's document per page)
 _FILES = ("url", "file_path", "file_name", "filename")
 
 #: ``source_key`` value meaning "the first of :data:`SOURCE_KEYS` a passage has"
@@ -65,6 +71,8 @@ _MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
 #: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``)
 _HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
+#: an IPv4 address, a host of its own (``10.0.0.5/wiki``)
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 #: last labels that make a bare dotted name a file's (``Report.PDF``), never a host's
 _FILE_TYPES = frozenset(
     {
@@ -102,6 +110,24 @@ def _is_web(text: str) -> bool:
     return bool(sep) and scheme.strip().lower() in WEB_SCHEMES
 
 
+def _bare_host(text: str) -> bool:
+    """Whether ``text`` reads as a host name (``who.int``, ``wiki.corp:8080``), not a file's
+    name (``Report.PDF``)."""
+    return bool(_HOST.fullmatch(text)) and text.rpartition(".")[2].lower() not in _FILE_TYPES
+
+
+def _schemeless(text: str) -> str | None:
+    """``text`` as a web address where it is one spelled without its scheme (``who.int/news``:
+    a host, then a path; the host's last label letters, as a top-level domain's are, so that a
+    folder such as ``kb.v2/notes.md`` stays a path); ``None`` otherwise."""
+    head, slash, _ = text.partition("/")
+    if not slash or any(c in text for c in " \\") or not _bare_host(head):
+        return None
+    host = head.partition(":")[0]
+    named = "." in host and host.rpartition(".")[2].isalpha()
+    return f"https://{text}" if named or _IPV4.fullmatch(host) else None
+
+
 def _normal(value: Any) -> str | None:
     if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
         return None
@@ -111,9 +137,10 @@ def _normal(value: Any) -> str | None:
     if "://" in text:  # a web address is its host; any other (a malformed one, a storage or
         return _web_host(text) or text  # file address) is a name of its own, one file
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
-    if _HOST.fullmatch(bare) and bare.rpartition(".")[2].lower() not in _FILE_TYPES:
+    if _bare_host(bare):
         return bare.partition(":")[0].lower().removeprefix("www.")
-    return text
+    web = _schemeless(text)  # "who.int/news/1": a page of who.int, as with its scheme
+    return (_web_host(web) or text) if web is not None else text
 
 
 def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
@@ -161,11 +188,11 @@ def no_source_read(
 
 
 def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
-    """The document ``passage`` belongs to, within its :func:`source_of`: for a web address its
-    host and path (scheme, ``www.``, query, fragment and a trailing ``/`` dropped: two pages of
-    one site are two documents of one source, one page under two spellings is one); any other
-    value is its source (the chunks of one file share their document). ``None`` when it has no
-    source.
+    """The document ``passage`` belongs to, within its :func:`source_of`: for a web address
+    (its scheme may be left out) its host and path in one spelling (scheme, ``www.``, query,
+    fragment and a trailing ``/`` dropped: two pages of one site are two documents of one
+    source, one page under two spellings is one); any other value is its source (the chunks
+    of one file share their document). ``None`` when it has no source.
 
     Examples:
         >>> document_of(Passage("...", metadata={"url": "https://www.who.int/news/1/?s=2#top"}))
@@ -174,13 +201,15 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         'reports/q3.pdf'
     """
     host, value = _source_value(passage.metadata, source_key)
-    if host is None or _web_host(str(value).strip()) is None:
+    text = str(value).strip()
+    text = text if "://" in text else (_schemeless(text) or text)
+    if host is None or _web_host(text) is None:
         return host
     try:
-        path = urlsplit(str(value).strip()).path.rstrip("/")
+        path = urlsplit(text).path
     except ValueError:
         return host
-    return f"{host}{path}"
+    return f"{host}{_clean(path, browser=False)}"
 
 
 def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
@@ -200,12 +229,19 @@ def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, An
         found = _normal(meta.get(key))
         if found is None:
             continue
-        if source_key == AUTO and key == "source" and found.isdigit():
+        if source_key == AUTO and key == "source" and _page_number(meta[key]):
             for beside in _FILES:  # a page number (PyMuPDFReader's): the file it is a page of
                 if (file := _normal(meta.get(beside))) is not None:
                     return file, meta[beside]
         return found, meta[key]
     return None, None
+
+
+def _page_number(value: Any) -> bool:
+    """Whether a ``source`` value is a page number (``4``, ``"4"``, ``4.0``)."""
+    if isinstance(value, float):
+        return value.is_integer()
+    return not isinstance(value, bool) and str(value).strip().isdigit()
 
 
 def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> list[str | None]:
@@ -217,7 +253,9 @@ def is_trusted_by(
     trusted: Trust, source_key: str | None = AUTO
 ) -> Callable[[Passage, str | None], bool]:
     """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources,
-    or a predicate on the passage's metadata. ``None``: nothing is.
+    or a predicate on the passage's metadata, returning ``True`` or ``False`` (``None`` reads as
+    ``False``; any other value, such as ``"false"`` or NaN, is an error, not a verdict).
+    ``None``: nothing is.
 
     A source is compared after the same reduction as :func:`source_of`: ``"who.int"`` and
     ``"https://www.who.int/"`` trust that host exactly (not ``apps.who.int``: a predicate can
@@ -241,19 +279,17 @@ def is_trusted_by(
         return _Sources(frozenset())
     if callable(trusted):
         return _Predicate(trusted)
-    if isinstance(trusted, (str, bytes)) or not isinstance(trusted, Collection):
+    if isinstance(trusted, (str, bytes, Mapping)) or not isinstance(trusted, Collection):
         raise TypeError(
-            "trusted must be a collection of sources or a predicate on metadata, got "
-            f"{type(trusted).__name__}"
+            "trusted must be a collection of sources (a set of strings) or a predicate on "
+            f"metadata, got {type(trusted).__name__}"
         )
+    odd = [t for t in trusted if not isinstance(t, (str, os.PathLike))]
+    if odd:
+        raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
     pages = {t: _page(t) for t in trusted}
-    # an entry is also trusted as the exact source it names, where it is one (a local folder
-    # named like a host, "www.who.int/index.html", is a path as source_of gives it)
-    names = frozenset(
-        n
-        for t, p in pages.items()
-        if (not p or "://" not in str(t)) and (n := _normal(t)) is not None
-    )
+    # a page trusts that page and below, never its whole host: only other entries name sources
+    names = frozenset(n for t, p in pages.items() if not p and (n := _normal(t)) is not None)
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key)
 
 
@@ -265,10 +301,10 @@ def _page(entry: Any) -> str | None:
     if "://" in text and not _is_web(text):
         return None  # a storage or file address: trusted as the one file it names
     if "://" not in text:
-        head, slash, _ = text.partition("/")
-        if not slash or "." not in head or any(c in text for c in " \\"):
+        web = _schemeless(text)
+        if web is None:
             return None
-        text = f"https://{text}"
+        text = web
     host = _web_host(text)
     if host is None:
         return None
@@ -336,4 +372,13 @@ class _Predicate:
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-        return bool(self.predicate({k: copied(v) for k, v in meta.items()}))  # the caller's stays
+        verdict = self.predicate({k: copied(v) for k, v in meta.items()})  # the caller's stays
+        if verdict is None:  # metadata.get("reviewed") where a passage has no such key
+            return False
+        if isinstance(verdict, (bool, np.bool_)) or (
+            isinstance(verdict, numbers.Integral) and verdict in (0, 1)
+        ):
+            return bool(verdict)
+        # "false", NaN (a missing flag in pandas) and other values are true to bool(): a
+        # passage would be trusted by a value that means the opposite
+        raise TypeError(f"the trusted= predicate must return True or False, got {verdict!r}")

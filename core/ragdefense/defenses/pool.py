@@ -93,9 +93,11 @@ def one_of_each(
     and ten copies of one planted text would fill ten slots of the context. The copy standing
     for the text is chosen in this order: trusted; not of a source step 2 ``judged``; not of a
     source that lost a passage (an attacker's copy of an honest page is not the one cited,
-    where the honest page's source is spared); the first. A removed passage's copies go with it
+    where the honest page's source is spared; only where the pool holds two sources or more,
+    so that one source reads as no source); the first. A removed passage's copies go with it
     (:func:`map_back`)."""
-    lost = {sources[i] for i in removed} - {None}
+    known = set(sources) - {None}
+    lost = {sources[i] for i in removed} - {None} if len(known) > 1 else set()
     out: dict[int, int] = {}
     for first, copies in copy_of.items():
         if first in removed:

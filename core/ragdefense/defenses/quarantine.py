@@ -15,9 +15,10 @@ replaced in place) does not; a reworded chunk is a new chunk, which the next aud
 per-query defense judge.
 A text flagged for its source alone, or one the report also lists as not suspicious (an honest
 passage an attacker's upload copies), is matched by text *and* source: its honest copies stay.
-Of a group of copies of one text, the defense judges the first copy in the pool (it may be an
-honest passage an attacker stored again); the attacker's condemned source loses its copies. A
-passage the wrapped defense trusts (``trusted=``) is never quarantined.
+Of a group of copies of one text, the defense judges one copy in the pool, a trusted one where
+there is one, else the first (it may be an honest passage an attacker stored again); the
+attacker's condemned source loses its copies. A passage the wrapped defense trusts
+(``trusted=``) is never quarantined.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class Quarantine:
                 set paraphrases). A possible
                 victim the report does not count as suspicious (``victim_of``) is never
                 quarantined, whatever its score; of a group whose members, all listed, hold one
-                text, the first copy in a pool is left to the defense (:attr:`once`).
+                text, one copy in a pool is left to the defense (a trusted one, else the first:
+                :attr:`once`).
             embedder: The embedding model of a ``defense`` given by name (anything
                 :func:`ragdefense.as_embedder` takes): the store's, where its vectors reach the
                 defense. A defense object comes with its own.
@@ -245,12 +247,15 @@ class Quarantine:
         source = source_of(passage, self.source_key) if self.sourced else None
         if text not in self.digests and (text, source) not in self.sourced:
             return None
-        inner = self.defense  # the wrapped defense's trust (the innermost's), as it is now
+        return None if self._trusted(passage) else self.reasons[text]
+
+    def _trusted(self, passage: Passage) -> bool:
+        """Whether the wrapped defense (the innermost) trusts ``passage``, as it is now."""
+        inner = self.defense
         while isinstance(inner, Quarantine):
             inner = inner.defense
         key = getattr(inner, "source_key", AUTO)
-        trusted = trust_of(getattr(inner, "trusted", None), key)(passage, source_of(passage, key))
-        return None if trusted else self.reasons[text]
+        return trust_of(getattr(inner, "trusted", None), key)(passage, source_of(passage, key))
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
@@ -310,21 +315,24 @@ class Quarantine:
     def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
         """The quarantined positions with their reasons, and the positions left."""
         held: dict[int, str] = {}
-        first: dict[str, int] = {}
+        copies: dict[str, list[tuple[bool, int]]] = {}  # once's texts: (untrusted?, position)
         for i, p in enumerate(items):
             d = digest(p.text)
             try:  # the wrapped defense's trusted= predicate may fail
                 why = self._held(p, d)
+                if why is None and d in self.once:
+                    copies.setdefault(d, []).append((not self._trusted(p), i))
             except Exception as exc:
                 raise DefenseInputError(
                     f"trusted= failed on passage {i}'s metadata: {exc!r}"
                 ) from exc
-            if why is None and d in self.once:  # copies of one text: the first is judged
-                if d in first:
-                    why = f"removed: a copy of passage {first[d]} (copies of it are in the audit)"
-                first.setdefault(d, i)
             if why is not None:
                 held[i] = why
+        for found in copies.values():  # copies of one text: one is judged, a trusted one first
+            stand = min(found)[1]
+            for untrusted, i in found:
+                if untrusted and i != stand:
+                    held[i] = f"removed: a copy of passage {stand} (copies of it are in the audit)"
         return held, [i for i in range(len(items)) if i not in held]
 
     def _merge(

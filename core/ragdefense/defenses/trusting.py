@@ -79,8 +79,9 @@ def trust_of(trusted: Trust, source_key: str | None) -> Callable[[Passage, str |
     """:func:`~ragdefense.provenance.is_trusted_by`, kept for the last few settings: a defense
     reads its fields at every query, and parsing thousands of trusted addresses each time
     would cost more than the query."""
-    key: Any = frozenset(trusted) if isinstance(trusted, (set, frozenset, list, tuple)) else trusted
     try:
+        listed = isinstance(trusted, (set, frozenset, list, tuple))
+        key: Any = frozenset(trusted) if listed else trusted  # type: ignore[arg-type]
         return _kept(key, source_key)
     except TypeError:  # unhashable (a predicate object), or entries refused: said as given
         return is_trusted_by(trusted, source_key)
