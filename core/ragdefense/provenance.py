@@ -42,6 +42,7 @@ __all__ = [
 SOURCE_KEYS = (
     "source",
     "url",
+    "link",  # LangChain's news and feed loaders
     "file_path",
     "file_name",
     "filename",
@@ -52,7 +53,7 @@ SOURCE_KEYS = (
 
 #: the keys naming a file or page, which a number under ``source`` (a page's) gives way to; not
 #: an id (a chunk's ``doc_id``, or the ``ref_doc_id`` of a reader's document per page)
-_FILES = ("url", "file_path", "file_name", "filename")
+_FILES = ("url", "link", "file_path", "file_name", "filename")
 
 #: ``source_key`` value meaning "the first of :data:`SOURCE_KEYS` a passage has"
 AUTO = "auto"
