@@ -4,6 +4,8 @@ and certification arguments (found later, each would waste the calls already mad
 from __future__ import annotations
 
 import dataclasses
+import math
+import numbers
 import string
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -14,7 +16,9 @@ __all__ = [
     "check_alike",
     "check_attack",
     "check_certify",
+    "check_count",
     "check_installed",
+    "check_real",
     "check_templates",
     "deciding",
 ]
@@ -92,6 +96,25 @@ def check_templates(**templates: str) -> None:
                 f"{label} does not use {', '.join('{' + f + '}' for f in missing)}: the "
                 f"answer rests on it (it may use {names})"
             )
+
+
+def check_real(**settings: Any) -> None:
+    """Each setting (by its name) is a finite real number, else ``TypeError`` (a bool or not a
+    number) or ``ValueError`` (NaN or infinite): a NaN passes every range check (``nan < 0`` is
+    False) and would make every comparison with it false."""
+    for name, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise TypeError(f"{name} must be a real number, got {type(value).__name__}: {value!r}")
+        if not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+
+
+def check_count(**settings: Any) -> None:
+    """Each setting (by its name) is an int, not a bool, else ``TypeError``: a float cap (NaN
+    or infinity) would make every comparison with it false, or bound nothing."""
+    for name, value in settings.items():
+        if isinstance(value, bool) or not isinstance(value, numbers.Integral):
+            raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
 
 
 def check_attack(attack: str) -> None:

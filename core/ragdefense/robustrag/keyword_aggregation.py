@@ -17,7 +17,7 @@ from typing import ClassVar, Literal
 from ..llm.base import Generation
 from ..text import gives_answer, normalize
 from ..types import Passage
-from .checks import check_templates
+from .checks import check_count, check_real, check_templates
 from .flow import Flow, Progress, Prompts, Runtime, failures_note
 from .keywords import extract_keywords
 from .types import (
@@ -78,6 +78,8 @@ class KeywordAggregation:
     local: ClassVar[bool] = False  # its work is LLM calls
 
     def __post_init__(self) -> None:
+        check_real(alpha=self.alpha, beta=self.beta)
+        check_count(max_undecided=self.max_undecided, max_certify_calls=self.max_certify_calls)
         if not 0 <= self.alpha <= 1 or self.beta <= 0:
             raise ValueError(f"need 0 <= alpha <= 1 and beta > 0, got {self.alpha}, {self.beta}")
         if self.max_certify_calls < 0 or self.max_undecided < 0:
@@ -232,10 +234,8 @@ class _Keyword:
         n = sum(not r.abstained for r in benign)
         if attack == "injection":  # k_eff of the injected answers do not abstain
             cases = [(n + e, e, 0) for e in range(k_prime + 1)]
-        else:  # k' rewritten answers: n moves by up to k', each count by up to +-k'
-            cases = [
-                (m, k_prime, k_prime) for m in range(max(0, n - k_prime), min(k, n + k_prime) + 1)
-            ]
+        else:  # k' rewritten answers: some answered, some abstained, some answer after
+            cases = _rewrites(n, k - n, min(k_prime, k))
         sets: set[tuple[str, ...]] = set()
         always: set[str] | None = None
         undecided: set[str] = set()
@@ -270,6 +270,19 @@ class _Keyword:
                 f"(budget max_certify_calls={rr.max_certify_calls})",
             )
         return _Plan(sorted(sets), tuple(sorted(always or ())), tuple(sorted(undecided)))
+
+
+def _rewrites(answering: int, abstaining: int, k_prime: int) -> list[tuple[int, int, int]]:
+    """What rewriting k' of the benign passages can do (Appendix C), as cases (answers that
+    do not abstain, the most a keyword's count can rise, the most it can fall): r of the
+    rewritten passages answered before and k' - r abstained (r <= answering, k' - r <=
+    abstaining), and s of them answer after: n - r + s answers, counts up by s, down by r.
+    Rewriting fewer passages is covered: a rewritten passage may give its benign answer."""
+    return [
+        (answering - r + s, s, r)
+        for r in range(max(0, k_prime - abstaining), min(k_prime, answering) + 1)
+        for s in range(k_prime + 1)
+    ]
 
 
 def _with_final(result: RobustAnswer, final: Generation) -> RobustAnswer:

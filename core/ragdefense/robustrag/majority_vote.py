@@ -27,19 +27,28 @@ from .types import (
 __all__ = ["MajorityVote", "check_choices"]
 
 #: the letter an answer opens with, after markdown and an "Answer:" / "The answer is" prefix:
-#: followed by a closing mark or nothing ("B.", "(b)", "**B**"), or, upper-case, by a space
-#: ("B is correct"), but for the article: "A" followed by a word in lower case is none ("A good
-#: guess would be B."; so is "A pacific", where a candidate is written in lower case)
+#: followed by a closing mark, a comma or nothing ("B.", "(b)", "**B**", "B, a city"), or,
+#: upper-case, by a space ("B is correct"), but for the article: "A" followed by a word in
+#: lower case is none ("A good guess would be B."; so is "A pacific", where a candidate is
+#: written in lower case)
 _CHOICE = re.compile(
     r"^[\W_]*(?:(?:the\s+)?(?:correct\s+|best\s+|final\s+)?"
     r"(?:answer|option|choice|candidate)\s*(?:is\b)?[\W_]*)?"
-    r"(?:([A-Ea-e])(?=[\.\):\]*_]|[\W_]*$)|(?-i:([B-E])(?=\s))|(?-i:(A)(?=\s(?!\s*[a-z]))))",
+    r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([B-E])(?=\s))|(?-i:(A)(?=\s(?!\s*[a-z]))))",
     re.IGNORECASE,
 )
 
 
-#: a second letter joined to the first ("B or C", "(B) and (C)", "B/C"): a hedge, no vote
-_HEDGE = re.compile(r"[\W_]*(?:or|and|/|,|&)[\W_]*[A-E]\b", re.IGNORECASE)
+#: a second letter joined to the first ("B or C", "(B) and (C)", "B/C", "A, B, C"): a hedge,
+#: no vote. The second letter is one as :data:`_CHOICE` reads a letter: followed by a closing
+#: mark or a separator that no letter follows ("C)", "C,", but not "e.g."), by nothing, or,
+#: upper-case, by a space, but for the article ("B, a city in France" votes B)
+_HEDGE = re.compile(
+    r"[\W_]*(?:or|and|/|,|&)[\W_]*"
+    r"(?:[A-Ea-e](?=[\.\):\]*_,;/&]+(?![A-Za-z])|[\W_]*$)"
+    r"|(?-i:[B-E])(?=\s)|(?-i:A)(?=\s(?!\s*[a-z])))",
+    re.IGNORECASE,
+)
 
 
 def _choice(text: str) -> str | None:

@@ -17,7 +17,7 @@ import numpy as np
 from ..llm import first_line_of
 from ..text import gives_answer, normalize
 from ..types import Passage
-from .checks import check_templates
+from .checks import check_count, check_real, check_templates
 from .flow import Flow, Progress, Runtime
 from .types import (
     IDK,
@@ -31,6 +31,12 @@ from .types import (
 )
 
 __all__ = ["SecureDecoding"]
+
+#: a top-2 gap must exceed eta by more than this to count as a lead: averaging rounds, and at
+#: a tie (two tokens equally likely) leaves a gap of the order of the float epsilon that would
+#: beat eta = 0 and pick whichever token the sort ranks first (an order of the passages); a
+#: tie falls back to the no-retrieval token. The certificate compares with the same margin.
+TIE_TOLERANCE = 1e-9
 
 
 @dataclass(frozen=True)
@@ -57,6 +63,8 @@ class SecureDecoding:
     local: ClassVar[bool] = True  # CPU/GPU work in this process: async callers use a thread
 
     def __post_init__(self) -> None:
+        check_real(gamma=self.gamma, eta=self.eta)
+        check_count(max_certify_responses=self.max_certify_responses)
         if not 0 <= self.gamma <= 1 or self.eta < 0 or self.max_certify_responses < 1:
             raise ValueError(
                 "need 0 <= gamma <= 1, eta >= 0 and max_certify_responses >= 1, got "
@@ -95,9 +103,13 @@ class _Decoding:
             )
         return llm
 
-    def _sessions(self, query: str, passages: Sequence[Passage]) -> tuple[Any, list[float]]:
+    def _sessions(
+        self, query: str, passages: Sequence[Passage], numbers: Sequence[int] | None = None
+    ) -> tuple[Any, list[float]]:
         """A session over the isolated contexts plus the no-retrieval context (last row), and
-        each isolated context's probability of answering "I don't know" (teacher-forced)."""
+        each isolated context's probability of answering "I don't know" (teacher-forced).
+        ``numbers``: each passage's index among the answer's passages (default: its place)."""
+        numbers = range(len(passages)) if numbers is None else numbers
         llm = self._token_llm()
         prompts = self.run.isolated_prompts(query, passages)
         prompts.append(self.cfg.no_retrieval_prompt.format(query=query))
@@ -105,7 +117,7 @@ class _Decoding:
         probe = session.clone()
         p_idk = [1.0] * len(passages)
         for token in _idk_tokens(llm, prompts[0]):  # every prompt ends alike
-            probs = _finite(probe.probs)
+            probs = _finite(probe.probs, numbers)
             p_idk = [p * float(probs[j, token]) for j, p in enumerate(p_idk)]
             probe.advance(token)
         return session, p_idk
@@ -117,8 +129,8 @@ class _Decoding:
     def answer(
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
     ) -> Flow[RobustAnswer]:
-        yield from ()  # local work: no prompt batch for the caller's LLM
         """Algorithm 2: average the kept contexts' next-token distributions at every step."""
+        yield from ()  # local work: no prompt batch for the caller's LLM
         llm = self._token_llm()
         tok = llm.tokenizer
         session, p_idk = self._sessions(query, items)
@@ -131,12 +143,12 @@ class _Decoding:
         tokens: list[int] = []
         steps: list[DecodingStep] = []
         for _ in range(self.run.max_new_tokens):
-            probs = _finite(session.probs)
+            probs = _finite(session.probs, kept)
             nor = int(probs[-1].argmax())
             if kept:
                 avg = probs[:-1].mean(axis=0)
                 a, b = (int(i) for i in avg.argsort()[-1:-3:-1])
-                use_a = float(avg[a] - avg[b]) > self.cfg.eta
+                use_a = float(avg[a] - avg[b]) > self.cfg.eta + TIE_TOLERANCE
                 token = a if use_a else nor
                 step = DecodingStep(
                     tok.decode([token]),
@@ -179,9 +191,10 @@ class _Decoding:
 
         With benign probability sums S over the m benign contexts kept, top-1 a (sum A) and
         runner-up (sum B), an attacker shifting any token's sum by at most d = k' (injection) or
-        2k' (modification) with n in [n_lo, n_hi] contexts averaged: if A - B > d + eta * n_hi
-        the next token is always a; if A - B >= d - eta * n_lo it is a or the no-retrieval
-        token; otherwise the attacker can choose it, and the answer is not certifiable.
+        2k' (modification) with n in [n_lo, n_hi] contexts averaged, and e = eta +
+        :data:`TIE_TOLERANCE` (the lead the inference requires): if A - B > d + e * n_hi the next
+        token is always a; if A - B >= d - e * n_lo it is a or the no-retrieval token;
+        otherwise the attacker can choose it, and the answer is not certifiable.
         """
         yield from ()  # local work
         llm = self._token_llm()
@@ -200,7 +213,9 @@ class _Decoding:
             )
         d = k_prime if attack == "injection" else 2 * k_prime
         n_hi, n_lo = m + k_prime, (m if attack == "injection" else max(1, m - k_prime))
-        root, _ = self._sessions(result.query, [r.passage for r in rows])
+        numbers = [r.index for r in rows]
+        root, _ = self._sessions(result.query, [r.passage for r in rows], numbers)
+        lead = self.cfg.eta + TIE_TOLERANCE  # as the inference compares
         stack: list[tuple[Any, list[int]]] = [(root, [])]
         finished: list[list[int]] = []
         while stack:
@@ -209,14 +224,14 @@ class _Decoding:
                 if len(tokens) >= self.run.max_new_tokens:
                     finished.append(tokens)
                     break
-                probs = session.probs
+                probs = _finite(session.probs, numbers, after=tok.decode(tokens))
                 total = probs[:-1].sum(axis=0)
                 a, b = (int(i) for i in total.argsort()[-1:-3:-1])
                 gap = float(total[a] - total[b])
                 nor = int(probs[-1].argmax())
-                if gap > d + self.cfg.eta * n_hi:
+                if gap > d + lead * n_hi:
                     choices = [a]
-                elif gap >= d - self.cfg.eta * n_lo:
+                elif gap >= d - lead * n_lo:
                     choices = [a] if a == nor else [a, nor]
                 else:
                     return Certificate(
@@ -248,7 +263,9 @@ class _Decoding:
                     break
                 tokens = [*tokens, token]
                 session.advance(token)
-        # each possible output read as the inference reads it (a hedge is an abstention)
+        # each possible output read as the inference reads it: its first line, "I don't know"
+        # where that is empty or abstains (says "I don't know"); a hedge such as "Paris or
+        # London" is kept as written
         possible = tuple(
             dict.fromkeys(_answer_of(tok.decode(t, skip_special_tokens=True)) for t in finished)
         )
@@ -287,10 +304,20 @@ def _idk_tokens(llm: Any, prompt: str) -> list[int]:
     return list(alone or tok(IDK, add_special_tokens=False)["input_ids"])
 
 
-def _finite(probs: Any) -> Any:
+def _finite(probs: Any, numbers: Sequence[int] | None = None, after: str | None = None) -> Any:
     """``probs`` where every row is a distribution of finite numbers, else ``ValueError``: one
-    NaN row would make every average NaN and every token silently the no-retrieval one."""
+    NaN row would make every average NaN and every token silently the no-retrieval one (and a
+    certificate's verdict meaningless). ``numbers``: the passage number of each row but the
+    last, the no-retrieval context's, which the error names so; ``after``: the output decoded
+    so far on the certificate's branch."""
     bad = np.flatnonzero(~np.isfinite(np.asarray(probs)).all(axis=1)).tolist()
-    if bad:
-        raise ValueError(f"the model's next-token probabilities of context(s) {bad} are not finite")
-    return probs
+    if not bad:
+        return probs
+    where = f"context(s) {bad}"
+    if numbers is not None:
+        named = [numbers[i] for i in bad if i < len(numbers)]
+        parts = [f"the passage(s) at index {named}"] if named else []
+        parts += ["the no-retrieval context"] if any(i >= len(numbers) for i in bad) else []
+        where = " and ".join(parts)
+    on = "" if after is None else f" while certifying, after the output {after!r}"
+    raise ValueError(f"the model's next-token probabilities of {where} are not finite{on}")
