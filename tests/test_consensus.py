@@ -1315,3 +1315,14 @@ def test_a_chunk_without_its_source_in_a_one_source_pool_reads_as_text_only() ->
     )
     assert with_source.removed_indices == [0, 1, 2, 8]
     assert with_source.kept_indices == text_only.kept_indices
+
+
+def test_a_file_path_is_one_source_however_it_is_spelled() -> None:
+    """``./kb/a.pdf``, ``kb/a.pdf`` and ``kb\\a.pdf`` (a Windows loader's) were three sources,
+    and ``trusted={"kb/a.pdf"}`` trusted only one spelling."""
+    spellings = ["./kb/a.pdf", "kb/a.pdf", "kb\\a.pdf", "kb//a.pdf", "kb/x/../a.pdf"]
+    passages = [Passage("x", metadata={"source": s}) for s in spellings]
+    assert set(sources_of(passages)) == {"kb/a.pdf"}
+    trusted = is_trusted_by({"./kb/a.pdf"})
+    assert all(trusted(p, source_of(p)) for p in passages)
+    assert source_of(Passage("x", metadata={"source": "s3://bucket/a//b"})) == "s3://bucket/a//b"

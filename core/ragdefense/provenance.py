@@ -141,7 +141,11 @@ def _normal(value: Any) -> str | None:
     if _bare_host(bare):
         return bare.partition(":")[0].lower().removeprefix("www.")
     web = _schemeless(text)  # "who.int/news/1": a page of who.int, as with its scheme
-    return (_web_host(web) or text) if web is not None else text
+    if web is not None:
+        return _web_host(web) or text
+    if "/" in text or "\\" in text:  # a file path in one spelling: "./kb/a.pdf", "kb\\a.pdf"
+        return posixpath.normpath(text.replace("\\", "/"))
+    return text
 
 
 def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
