@@ -253,3 +253,56 @@ def test_a_chroma_record_without_a_document_is_refused_by_both_readers() -> None
     for knowledge_base in (index, store):
         with pytest.raises(ValueError, match="'bare' has no text string"):
             audit(knowledge_base, embedder=CallableEmbedder(bag_of_words))
+
+
+def _verdicts(report: Any) -> list[tuple[str, float, bool]]:
+    return [(f.id, round(f.score, 9), f.suspicious) for f in report.findings]
+
+
+def test_a_fresh_start_stopped_while_clearing_is_cleared_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Clearing removed the manifest first: stopped after that, the folder held an audit's
+    parts without a manifest, refused by every later start ("holds no audit"), --fresh too."""
+    import ragdefense.auditing.workdir as workdir
+
+    first = _verdicts(_audit(tmp_path, ["consensus"]))
+    real = workdir.shutil.rmtree
+
+    def stopped(*args: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(workdir.shutil, "rmtree", stopped)
+    texts, ids, _ = toy_corpus()
+    with pytest.raises(KeyboardInterrupt):
+        audit(ListCorpus(texts, ids), AuditSettings(defenses=["consensus"], part_size=32),
+              queries=QUERIES, workdir=tmp_path / "w", embedder=CallableEmbedder(bag_of_words),
+              fresh=True)  # fmt: skip
+    monkeypatch.setattr(workdir.shutil, "rmtree", real)
+    assert (tmp_path / "w" / "manifest.json").exists()
+    assert _verdicts(_audit(tmp_path, ["consensus"])) == first
+
+
+def test_a_routed_audit_stopped_before_its_first_suspects_resumes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The recheck round was noted before the suspects were written: stopped between the
+    two, a resumed audit rechecked a list that did not exist and asked to start over."""
+    texts, ids, _ = toy_corpus()
+
+    def routed(name: str) -> Any:
+        return audit(ListCorpus(texts, ids), AuditSettings(part_size=32, shards=3, route=2),
+                     workdir=tmp_path / name, embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+
+    real = Workdir.write_array
+
+    def stopped(self: Workdir, name: str, array: Any) -> None:
+        if name == "route/suspects.npy":
+            raise KeyboardInterrupt
+        real(self, name, array)
+
+    monkeypatch.setattr(Workdir, "write_array", stopped)
+    with pytest.raises(KeyboardInterrupt):
+        routed("stopped")
+    monkeypatch.setattr(Workdir, "write_array", real)
+    assert _verdicts(routed("stopped")) == _verdicts(routed("whole"))

@@ -262,7 +262,7 @@ def recheck_suspects(
         run(RecheckStep(str(wd.path), n_shards, k, index, round_), n_shards, "recheck suspects")
 
     for _ in range(RECHECK_ROUNDS):  # until no new suspect: a resumed run finds none
-        if round_:
+        if round_ and wd.has("route/suspects.npy"):  # none: killed before the first list
             recheck()
         scores = scored(assess(wd, names, scoring), names[0], scoring)[0]
         suspects = np.flatnonzero(scores >= scoring.threshold).astype(np.int64)

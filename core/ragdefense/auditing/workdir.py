@@ -66,8 +66,7 @@ AUDIT_ENTRIES = (
 
 
 def part_name(kind: str, part: int) -> str:
-    """``chunks/00003``, ``probes/00003``, ``probed/00003``: where a part of ``kind`` lives
-    (without suffix)."""
+    """Where a part of ``kind`` lives, without suffix: ``chunks/00003``, ``probed/00003``."""
     return f"{kind}/{part:05d}"
 
 
@@ -83,8 +82,7 @@ def index_file(shard: int, n_shards: int) -> str:
 
 
 def search_file(shard: int, n_shards: int, kind: str, part: int) -> str:
-    """Where a shard's hits for a part are kept (a resumed audit with another number of
-    shards writes new files instead of mixing)."""
+    """Where a shard's hits for a part are kept (another number of shards: other files)."""
     return f"search/{shard}-of-{n_shards}/{kind}-{part:05d}.npz"
 
 
@@ -280,6 +278,8 @@ class Workdir:
                 )
         if fresh:
             self._clear(stray)
+        if self.has("manifest.json") and self.read_json("manifest.json").get("clearing"):
+            self._clear(stray)  # a start stopped while clearing the folder: clear it again
         if self.has("manifest.json"):
             manifest = self.read_json("manifest.json")
             known = manifest.get("params")
@@ -313,10 +313,12 @@ class Workdir:
 
     def _clear(self, stray: list[Path]) -> None:
         """Remove the audit's own files (:data:`AUDIT_ENTRIES`) and a manifest's temporary
-        ones (``stray``); nothing else in the folder."""
+        ones (``stray``); nothing else in the folder. The manifest, first marked "clearing",
+        goes last: a run stopped on the way leaves a folder the next start clears again."""
+        self.write_json("manifest.json", {MARKER: 1, "params": {}, "clearing": 1})
         for tmp in stray:
             tmp.unlink(missing_ok=True)
-        for entry in AUDIT_ENTRIES:
+        for entry in (*AUDIT_ENTRIES[1:], AUDIT_ENTRIES[0]):
             target = self.path / entry
             if target.is_dir():
                 shutil.rmtree(target)
