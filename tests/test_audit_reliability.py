@@ -16,6 +16,7 @@ from ragdefense import CallableEmbedder
 from ragdefense.auditing import AuditSettings, ListCorpus, audit, read_queries
 from ragdefense.auditing.corpus import Batch
 from ragdefense.auditing.naming import defense_names
+from ragdefense.auditing.report import BLANK
 from ragdefense.auditing.workdir import Workdir, part_texts
 from ragdefense.types import DefenseResult, Verdict, to_passages
 from tests.conftest import bag_of_words
@@ -306,3 +307,45 @@ def test_a_routed_audit_stopped_before_its_first_suspects_resumes(
         routed("stopped")
     monkeypatch.setattr(Workdir, "write_array", real)
     assert _verdicts(routed("stopped")) == _verdicts(routed("whole"))
+
+
+def test_blank_chunks_are_never_suspicious(tmp_path: Path) -> None:
+    """Empty pages (blank chunks) are copies of one text: they were reported as a planted set
+    and counted among the suspicious chunks."""
+    texts, ids, planted = toy_corpus()
+    texts, ids = [*texts, *[""] * 6], [*ids, *[f"empty-{i}" for i in range(6)]]
+    report = audit(ListCorpus(texts, ids), AuditSettings(part_size=32),
+                   workdir=tmp_path / "w", embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    assert {f.id for f in report.suspicious} == planted
+    blank = [f for f in report.findings if f.id.startswith("empty-")]
+    assert blank and all(BLANK in f.reasons and not f.suspicious for f in blank)
+
+
+def test_stored_vectors_of_zeros_and_deep_json_are_refused_by_name(tmp_path: Path) -> None:
+    """A zero vector (an embedding that failed) was taken and its chunk could never be
+    flagged; JSON nested past Python's recursion limit crashed the reader with a traceback."""
+    texts, ids, _ = toy_corpus()
+    vectors = np.asarray(bag_of_words(texts), dtype=np.float32)
+    vectors[3] = 0.0
+    with pytest.raises(ValueError, match=f"chunk '{ids[3]}': its stored vector is all zeros"):
+        audit(ListCorpus(texts, ids, vectors=vectors), workdir=tmp_path / "w",
+              embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    deep = "[" * 100_000 + "]" * 100_000
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text(json.dumps({"id": "a", "text": "x"}) + "\n" + deep + "\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"kb\.jsonl:2: JSON nested too deep"):
+        audit(kb, workdir=tmp_path / "w2", embedder=CallableEmbedder(bag_of_words))
+    log = tmp_path / "queries.json"
+    log.write_text(deep, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"queries\.json: JSON nested too deep"):
+        read_queries(log)
+
+
+def test_numpy_integers_are_settings_as_ints(tmp_path: Path) -> None:
+    """``top_m=np.int64(5)`` passed the checks, then the manifest could not be written."""
+    settings = AuditSettings(top_m=np.int64(5), part_size=np.int32(32), shards=np.int64(1))
+    assert type(settings.top_m) is int and type(settings.shards) is int
+    texts, ids, _ = toy_corpus()
+    report = audit(ListCorpus(texts, ids), settings, workdir=tmp_path / "w",
+                   embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    assert report.stats["chunks"] == len(texts)

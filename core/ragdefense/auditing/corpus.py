@@ -17,6 +17,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
+from .space import check_stored
+
 __all__ = [
     "Batch",
     "Corpus",
@@ -77,14 +79,7 @@ class Batch:
                 if not value.isascii():  # ASCII is valid; else say which chunk is not
                     _check_text(value, f"chunk {i + 1} of the batch ({chunk_id!r})", field)
         if self.vectors is not None:
-            with np.errstate(over="ignore"):  # beyond float32's range is what is looked for
-                finite = np.isfinite(np.asarray(self.vectors, dtype=np.float32)).all(axis=-1)
-            if not finite.all():  # NaN, inf, or beyond float32's range once stored as float32
-                chunk = self.ids[int(np.argmin(finite))]
-                raise ValueError(
-                    f"chunk {chunk!r}: its stored vector is not finite (NaN, infinite, or "
-                    "beyond float32's range): embed it again, or audit the texts (no vectors)"
-                )
+            check_stored(self.ids, self.vectors)
 
 
 @runtime_checkable
@@ -253,6 +248,8 @@ class FileCorpus:
                     record = json.loads(line)
                 except json.JSONDecodeError as exc:
                     raise ValueError(f"{self.path}:{line_no}: not JSON ({exc.msg})") from None
+                except RecursionError:
+                    raise ValueError(f"{self.path}:{line_no}: JSON nested too deep") from None
                 if not isinstance(record, dict):
                     raise ValueError(f"{self.path}:{line_no}: expected an object with id and text")
                 yield record
@@ -379,6 +376,8 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
             except json.JSONDecodeError as exc:
                 kind = "JSON lines" if lines else "JSON (.txt: one query per line)"
                 raise ValueError(f"{path}: not {kind} ({exc})") from None
+            except RecursionError:
+                raise ValueError(f"{path}: JSON nested too deep") from None
             items = list(items.values()) if isinstance(items, dict) else items
             if not isinstance(items, list):
                 raise ValueError(f"{path}: expected a list of queries, got {type(items).__name__}")

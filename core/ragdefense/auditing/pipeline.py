@@ -30,16 +30,10 @@ from .evidence import Scoring, assess, reasons, scored
 from .naming import defense_names
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
-from .report import AuditReport, Finding
+from .report import BLANK, AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark, with_overrides
-from .sources import (
-    batch_sources,
-    chunk_source,
-    condemned_positions,
-    note_sourced,
-    suspect_sources,
-)
+from .sources import batch_sources, chunk_source, condemned_positions, note_sourced, suspect_sources
 from .space import check_space
 from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
 from .victims import possible_victims
@@ -362,15 +356,17 @@ def _report(
     for i in sorted(chosen):  # part by part
         part, offset = locate(starts, i)
         data = part_texts(wd, part)
-        source = chunk_source(evidence, tally, own, i)
+        source, text = chunk_source(evidence, tally, own, i), data["texts"][offset]
+        above[i] &= bool(text.strip())  # blank chunks (empty pages) are copies of nothing
         findings.append(
             Finding(
                 id=data["ids"][offset],
-                text=data["texts"][offset],
+                text=text,
                 score=float(scores[i]),
                 suspicious=bool(above[i]),
                 reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
-                + victims.reasons(i),
+                + victims.reasons(i)
+                + ([] if text.strip() else [BLANK]),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},
                 probes=examples.get(i, []),

@@ -18,12 +18,16 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
 
-__all__ = ["FORMATS", "FORMAT_NEEDS", "AuditReport", "Finding"]
+__all__ = ["BLANK", "FORMATS", "FORMAT_NEEDS", "AuditReport", "Finding"]
 
 #: the report's formats
 FORMATS = ("md", "json", "csv", "parquet", "png")
 #: the formats needing a library beyond the standard one: (module, what to install)
 FORMAT_NEEDS = {"parquet": ("pyarrow", "'ragdefense[audit]'"), "png": ("matplotlib", "matplotlib")}
+
+
+#: the reason of a blank chunk's finding (an empty page): never suspicious, whatever its score
+BLANK = "blank: no text to judge (never suspicious)"
 
 
 @dataclass

@@ -93,9 +93,11 @@ class AuditSettings:
     def __post_init__(self) -> None:
         for name in ("top_m", "neighbours", "part_size", "report_top", "wide_neighbours"):
             _whole(name, getattr(self, name))
+            object.__setattr__(self, name, int(getattr(self, name)))  # a numpy int: JSON's
         for name in ("max_probes", "shards", "route"):
             if getattr(self, name) is not None:
                 _whole(name, getattr(self, name))
+                object.__setattr__(self, name, int(getattr(self, name)))
         if self.max_probes is not None and self.max_probes < 1:
             raise ValueError(
                 f"max_probes must be None (every probe) or >= 1, got {self.max_probes}"

@@ -12,7 +12,7 @@ import numpy as np
 
 from ..similarity import unit_rows
 
-__all__ = ["SAMPLE", "check_space"]
+__all__ = ["SAMPLE", "check_space", "check_stored"]
 
 #: chunks embedded again to compare with their stored vectors
 SAMPLE = 8
@@ -47,4 +47,24 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
             "was embedded with",
             UserWarning,
             stacklevel=5,
+        )
+
+
+def check_stored(ids: Sequence[str], vectors: Any) -> None:
+    """Refuse stored vectors the search cannot use, naming the first such chunk: not finite
+    (NaN, infinite, or beyond float32's range once stored as float32), or all zeros (no
+    direction: near nothing, so never flagged; an embedding that failed)."""
+    with np.errstate(over="ignore"):  # beyond float32's range is what is looked for
+        stored = np.asarray(vectors, dtype=np.float32)
+    finite = np.isfinite(stored).all(axis=-1)
+    if not finite.all():
+        raise ValueError(
+            f"chunk {ids[int(np.argmin(finite))]!r}: its stored vector is not finite (NaN, "
+            "infinite, or beyond float32's range): embed it again, or audit the texts (no vectors)"
+        )
+    zero = ~stored.any(axis=-1)
+    if zero.any():
+        raise ValueError(
+            f"chunk {ids[int(np.argmax(zero))]!r}: its stored vector is all zeros (an embedding "
+            "that failed?): embed it again, or audit the texts (no vectors)"
         )
