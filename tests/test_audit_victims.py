@@ -12,7 +12,13 @@ import pytest
 from ragdefense import Quarantine
 from ragdefense.auditing import ListCorpus, Scoring, audit
 from ragdefense.auditing.evidence import Evidence
-from ragdefense.auditing.victims import MIN_SHARED, possible_victims, unlike_their_group
+from ragdefense.auditing.victims import (
+    MIN_SHARED,
+    like_reason,
+    like_their_group,
+    possible_victims,
+    unlike_their_group,
+)
 from ragdefense.auditing.workdir import Workdir, part_name
 
 PLANTED = [
@@ -225,3 +231,41 @@ def test_the_plot_rings_the_possible_victims_and_its_title_sets_them_aside() -> 
     plain = AuditReport([finding(0)], 0.5, {"chunks": 10, "suspicious": 1}).figure().axes[0]
     assert not any("possible victims" in str(c.get_label()) for c in plain.collections)
     assert "aside" not in plain.get_title()
+
+
+def test_a_member_holding_its_sets_claim_is_counted_with_the_set(tmp_path: Path) -> None:
+    """A planted set's member scored under the threshold reached the contexts alone once the
+    rest was quarantined: a member of a group at least half suspects that holds every word
+    most of them share joins them; the honest passage the set targets does not, nor anyone in
+    a group mostly not suspicious."""
+    texts = [PLANTED[0], PLANTED[1], TRUTH, PLANTED[2], LIKE_THE_SET, TRUTH]
+    wd = _workdir(tmp_path, texts)
+    group_of = np.array([0, 0, 0, 0, 0, -1])
+    evidence = Evidence(np.zeros(6), {}, np.zeros(6), group_of, [{"id": "g0"}])
+    suspects = np.array([True, True, False, True, False, False])
+    every = np.ones(6, dtype=bool)
+    found = like_their_group(wd, evidence, suspects, every)
+    assert set(found) == {4} and found[4][0] == "g0" and found[4][1] >= MIN_SHARED
+    assert like_reason(found[4])[0].startswith(f"holds every one of the {found[4][1]} words")
+    few = np.array([True, True, False, False, False, False])
+    assert like_their_group(wd, evidence, few, every) == {}
+    cleared = every.copy()
+    cleared[4] = False  # a possible victim is never counted back with the set
+    assert like_their_group(wd, evidence, suspects, cleared) == {}
+
+    def embed(batch: list[str]) -> np.ndarray:
+        return np.vstack([np.random.default_rng(len(t)).normal(size=16) for t in batch])
+
+    corpus = _corpus()
+    first = audit(corpus, embedder=embed, workdir=tmp_path / "a")
+    planted = sorted((f for f in first.findings if f.id.startswith("p")), key=lambda f: f.score)
+    assert all(f.suspicious for f in planted) and len(planted) == 4
+    low = planted[0]  # raise the threshold past its score only: it falls under, the others not
+    cut = (low.score + planted[1].score) / 2
+    report = audit(corpus, embedder=embed, workdir=tmp_path / "a",
+                   scoring=Scoring(threshold=cut, wide_threshold=0))  # fmt: skip
+    by_id = {f.id: f for f in report.findings}
+    assert by_id[low.id].score < cut and by_id[low.id].suspicious
+    assert any(r.startswith("holds every one") for r in by_id[low.id].reasons)
+    assert all(by_id[f.id].score >= cut for f in planted[1:])
+    assert not by_id["truth"].suspicious

@@ -36,7 +36,7 @@ from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark, 
 from .sources import batch_sources, chunk_source, condemned_positions, note_sourced, suspect_sources
 from .space import check_space
 from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
-from .victims import possible_victims
+from .victims import like_reason, like_their_group, possible_victims
 from .workdir import Workdir, locate, part_digest, part_name, part_starts, part_texts
 
 __all__ = ["audit"]
@@ -348,7 +348,10 @@ def _report(
     victims = possible_victims(wd, evidence, above, condemned, scoring)
     # the report lists every chunk past the threshold and at least the `report_top` highest
     chosen = np.argsort(-scores, kind="stable")[: max(report_top, int(above.sum()))].tolist()
-    above &= ~victims.cleared(len(above))  # the possible victims they are, not suspects
+    above &= ~(cleared := victims.cleared(len(above)))  # possible victims, not suspects
+    joined = like_their_group(wd, evidence, above, ~cleared)  # a set's members under the cut
+    above[list(joined)] = True
+    chosen = sorted({*chosen, *joined})
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
     asked = closest_questions(wd, evidence.closest_probe, chosen)
     starts = part_starts(sizes)
@@ -366,6 +369,7 @@ def _report(
                 suspicious=bool(above[i]),
                 reasons=reasons(i, evidence, names[0], scoring, asked.get(i), source)
                 + victims.reasons(i)
+                + (like_reason(joined[i]) if i in joined else [])
                 + ([] if text.strip() else [BLANK]),
                 retrieved=int(evidence.retrieved[i]),
                 flagged={d: int(evidence.flagged[d][i]) for d in names},

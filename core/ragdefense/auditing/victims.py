@@ -24,6 +24,8 @@ __all__ = [
     "PossibleVictims",
     "apart_in_groups",
     "apart_reason",
+    "like_reason",
+    "like_their_group",
     "possible_victims",
     "targeted",
     "unlike_their_group",
@@ -207,6 +209,42 @@ def unlike_their_group(
         if len(named) < alike:  # inside and beside it, fewer than the members sharing its words
             out.update(named)
     return out
+
+
+def like_their_group(
+    wd: Workdir,
+    evidence: Evidence,
+    suspicious: np.ndarray,
+    eligible: np.ndarray,
+    share: float = 0.8,
+) -> dict[int, tuple[str, int]]:
+    """Per position: the ``eligible`` member (a possible victim is not) of a group of three or
+    more, at least half of it suspects, that is no suspect itself and holds every word more
+    than ``share`` of those suspects hold (at least :data:`MIN_SHARED`: their planted answer and
+    wording): ``(group id, those words)``. A planted set's last member scored under the
+    threshold reaches the contexts alone where the rest is quarantined; the honest passage the
+    set targets lacks its planted answer. Reads the texts of those groups only."""
+    groups = {g: ms.tolist() for g, ms in _suspect_groups(evidence, suspicious).items()}
+    words = _words(wd, sorted({m for ms in groups.values() for m in ms}))
+    out: dict[int, tuple[str, int]] = {}
+    for g, members in groups.items():
+        suspects = [m for m in members if suspicious[m]]
+        tally = Counter(w for m in suspects for w in words[m])
+        claim = {w for w, c in tally.items() if c > share * len(suspects)}
+        if len(claim) >= MIN_SHARED:
+            name = evidence.groups[g]["id"]
+            out.update({m: (name, len(claim)) for m in members
+                        if eligible[m] and not suspicious[m] and claim <= words[m]})  # fmt: skip
+    return out
+
+
+def like_reason(found: tuple[str, int]) -> list[str]:
+    """Why :func:`like_their_group` named a chunk."""
+    group, shared = found
+    return [
+        f"holds every one of the {shared} words most of the suspects of group {group} share "
+        "(their claim, its planted answer among them): counted with them"
+    ]
 
 
 def unlike_reason(found: tuple[str, int, int]) -> list[str]:
