@@ -415,6 +415,8 @@ def test_sources_are_read_from_the_usual_keys() -> None:
     assert source_of(Passage("x", metadata={"ref_doc_id": "doc-1"})) == "doc-1"
     news = {"title": "t", "link": "https://www.reuters.com/world/x", "publish_date": "2024"}
     assert source_of(Passage("x", metadata=news)) == "reuters.com"  # NewsURLLoader, RSS feeds
+    assert source_of(Passage("x", metadata={"URL": "https://a.org/1", "Title": "t"})) == "a.org"
+    assert source_of(Passage("x", metadata={"Source": "b.pdf", "url": "https://a.org/"})) == "a.org"
     assert source_of(Passage("x", metadata={"tenant": "t1"}), "tenant") == "t1"
     assert source_of(p, None) is None
     assert sources_of([Passage("x"), Passage("y", metadata={"source": " "})]) == [None, None]

@@ -225,11 +225,14 @@ def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
 
 def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, Any]:
     """The source and the metadata value it is read from: ``source_key``'s, or the first of
-    :data:`SOURCE_KEYS` that names one (``(None, None)``: none, or provenance off)."""
+    :data:`SOURCE_KEYS` that names one, their case aside where none is written as listed
+    (``(None, None)``: none, or provenance off)."""
     if source_key is None:
         return None, None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
+    if source_key == AUTO and meta and not any(key in meta for key in keys):
+        meta = {k.lower(): v for k, v in meta.items() if isinstance(k, str)}  # "URL", "Source"
     for key in keys:
         found = _normal(meta.get(key))
         if found is None:
