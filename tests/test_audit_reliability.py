@@ -309,16 +309,28 @@ def test_a_routed_audit_stopped_before_its_first_suspects_resumes(
     assert _verdicts(routed("stopped")) == _verdicts(routed("whole"))
 
 
-def test_blank_chunks_are_never_suspicious(tmp_path: Path) -> None:
-    """Empty pages (blank chunks) are copies of one text: they were reported as a planted set
-    and counted among the suspicious chunks."""
+def test_blank_chunks_are_never_suspicious_nor_condemn_their_file(tmp_path: Path) -> None:
+    """Empty pages (blank chunks) a store embedded alike were a planted set, and condemned the
+    file they came from with its honest pages. A blank chunk has no direction: it is no
+    neighbour, no group, no suspect, and its stored vector may be zeros."""
     texts, ids, planted = toy_corpus()
-    texts, ids = [*texts, *[""] * 6], [*ids, *[f"empty-{i}" for i in range(6)]]
-    report = audit(ListCorpus(texts, ids), AuditSettings(part_size=32),
-                   workdir=tmp_path / "w", embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    vectors = np.asarray(bag_of_words(texts), dtype=np.float32)
+    blank = np.full((8, vectors.shape[1]), 0.3, dtype=np.float32)  # the store's "" embedding
+    blank[-1] = 0.0  # or none
+    metadata = [{"source": "scan.pdf" if i < 4 else f"doc{i}.pdf"} for i in range(len(ids))]
+    corpus = ListCorpus(
+        [*texts, *["", " "] * 4],
+        [*ids, *[f"empty-{i}" for i in range(8)]],
+        None,
+        np.vstack([vectors, blank]),
+        [*metadata, *[{"source": "scan.pdf"}] * 8],
+    )
+    report = audit(corpus, workdir=tmp_path / "w", embedder=CallableEmbedder(bag_of_words),
+                   report_top=len(corpus.ids))  # fmt: skip
     assert {f.id for f in report.suspicious} == planted
-    blank = [f for f in report.findings if f.id.startswith("empty-")]
-    assert blank and all(BLANK in f.reasons and not f.suspicious for f in blank)
+    assert not report.stats["suspect_sources"]
+    empty = [f for f in report.findings if f.id.startswith("empty-")]
+    assert len(empty) == 8 and all(f.score == 0 and BLANK in f.reasons for f in empty)
 
 
 def test_stored_vectors_of_zeros_and_deep_json_are_refused_by_name(tmp_path: Path) -> None:

@@ -269,3 +269,10 @@ def test_a_member_holding_its_sets_claim_is_counted_with_the_set(tmp_path: Path)
     assert any(r.startswith("holds every one") for r in by_id[low.id].reasons)
     assert all(by_id[f.id].score >= cut for f in planted[1:])
     assert not by_id["truth"].suspicious
+    assert report.stats["joined"] == 1 and "1 counted with their set" in report.to_markdown()
+    # listed below the top of the report, a joined member does not vouch for what is missing
+    few = audit(corpus, embedder=embed, workdir=tmp_path / "a", report_top=1,
+                scoring=Scoring(threshold=cut, wide_threshold=0))  # fmt: skip
+    assert low.id in {f.id for f in few.findings} and len(few.findings) < few.stats["chunks"]
+    with pytest.raises(ValueError, match="may be missing"):
+        Quarantine.from_report(few, min_score=(by_id[low.id].score + cut) / 2)

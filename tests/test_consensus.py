@@ -416,7 +416,8 @@ def test_sources_are_read_from_the_usual_keys() -> None:
     news = {"title": "t", "link": "https://www.reuters.com/world/x", "publish_date": "2024"}
     assert source_of(Passage("x", metadata=news)) == "reuters.com"  # NewsURLLoader, RSS feeds
     assert source_of(Passage("x", metadata={"URL": "https://a.org/1", "Title": "t"})) == "a.org"
-    assert source_of(Passage("x", metadata={"Source": "b.pdf", "url": "https://a.org/"})) == "a.org"
+    assert source_of(Passage("x", metadata={"Source": "b.pdf", "url": "https://a.org/"})) == "b.pdf"
+    assert source_of(Passage("x", metadata={"Source": "b.pdf", "doc_id": "c1"})) == "b.pdf"
     assert source_of(Passage("x", metadata={"tenant": "t1"}), "tenant") == "t1"
     assert source_of(p, None) is None
     assert sources_of([Passage("x"), Passage("y", metadata={"source": " "})]) == [None, None]
@@ -1219,10 +1220,10 @@ def test_the_context_holds_each_text_once_in_the_copy_standing_for_it() -> None:
     assert plain.removed_indices == [6, 7, 8] and plain.verdicts[0].kept
 
 
-def test_a_trusted_predicate_answers_true_or_false() -> None:
+def test_a_trusted_predicate_answering_a_string_or_nan_is_an_error() -> None:
     """``bool()`` of a predicate's value trusted passages whose flag said the opposite: NaN (a
-    missing flag in pandas) and ``"false"`` are true to ``bool()``. ``None`` reads as no; any
-    other value is an error naming the passage, never a verdict."""
+    missing flag in pandas) and ``"false"`` are true to ``bool()``; they are an error naming the
+    passage. Other values are read as Python's truth (a regex match, an empty list)."""
     passages, emb, q, _ = _pool(1, n_benign=6)
 
     def run(flag: object) -> Any:
@@ -1231,11 +1232,12 @@ def test_a_trusted_predicate_answers_true_or_false() -> None:
             "q", flagged, emb, q
         )
 
-    assert run(True).estimates["trusted"] == list(range(6))
-    for no in (None, False, 0, np.False_):
+    for yes in (True, 1, np.True_, ["x"]):
+        assert run(yes).estimates["trusted"] == list(range(6))
+    for no in (None, False, 0, np.False_, []):
         assert run(no).estimates["trusted"] == []
-    for odd in (float("nan"), "false", "yes", 2.0):
-        with pytest.raises(DefenseInputError, match="must return True or False"):
+    for odd in (float("nan"), np.float32("nan"), "false", "yes", b"0"):
+        with pytest.raises(DefenseInputError, match="return True or False"):
             run(odd)
 
 
@@ -1265,6 +1267,10 @@ def test_an_address_without_its_scheme_is_a_page_of_its_host() -> None:
     assert source("10.0.0.5/wiki/a") == "10.0.0.5"
     assert source("kb.v2/notes.md") == "kb.v2/notes.md"
     assert source("reports/q3.pdf") == "reports/q3.pdf"
+    for folder in ("my.notes/a.md", "company.wiki/hr/policy.pdf", "Node.js/guide.md"):
+        local = Passage("...", metadata={"source": folder})  # a path, not a host's page
+        assert source_of(local) == folder and document_of(local) == folder
+    assert not is_trusted_by({"company.wiki"})(local, source_of(local))
     page = Passage("...", metadata={"url": "who.int/news/1"})
     assert is_trusted_by({"who.int"})(page, source_of(page))
     assert is_trusted_by({"who.int/news"})(page, source_of(page))

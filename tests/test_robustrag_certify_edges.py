@@ -31,15 +31,16 @@ def test_a_tie_between_the_top_two_falls_back_to_the_no_retrieval_token() -> Non
     rounds to a gap of about 1e-16 that beats eta = 0 alone, electing whichever token the sort
     ranks first (an order of the passages). A tie is no lead: Algorithm 2 falls back, in
     every order."""
-    tables = {
-        **{f"c{i}": [dist(can=0.9, syd=0.1)] for i in range(3)},
-        **{f"s{i}": [dist(syd=0.9, can=0.1)] for i in range(3)},
-        **NOR,
-    }
     names = [f"c{i}" for i in range(3)] + [f"s{i}" for i in range(3)]
-    for order in (names, names[::-1], ["c0", "s0", "c1", "s1", "c2", "s2"]):
-        r = rr(tables).answer(Q, order)
-        assert r.answer == "Perth" and r.steps[0].source == "no-retrieval", order
+    for dtype in (np.float64, np.float32):  # a model's probabilities come in float32
+        tables = {
+            **{f"c{i}": [dist(can=0.9, syd=0.1).astype(dtype)] for i in range(3)},
+            **{f"s{i}": [dist(syd=0.9, can=0.1).astype(dtype)] for i in range(3)},
+            **{key: [row.astype(dtype) for row in rows] for key, rows in NOR.items()},
+        }
+        for order in (names, names[::-1], ["c0", "s0", "c1", "s1", "c2", "s2"]):
+            r = rr(tables).answer(Q, order)
+            assert r.answer == "Perth" and r.steps[0].source == "no-retrieval", (dtype, order)
 
 
 def _attacked_answers(tables: dict[str, Any], benign: list[str], **kw: Any) -> set[str]:

@@ -4,13 +4,14 @@ Real documents say where they come from: LangChain loaders set ``metadata["sourc
 LlamaIndex readers ``file_path`` / ``file_name`` / ``url``, nodes a ``ref_doc_id``. A defense
 that counts support per *source* rather than per passage is not outvoted by twenty chunks of one
 upload, or by one web domain repeating itself (search engines' host crowding). Web addresses
-(``http``, ``https``, ``ftp``, or a host and path without the scheme) and bare host names
+(``http``, ``https``, ``ftp``; under ``url`` / ``link`` also without the scheme) and host names
 count per host (``www.`` and a port dropped); any other value, a storage address
 (``s3://bucket/key``) included, is taken as it is.
 """
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
 import posixpath
@@ -19,8 +20,6 @@ from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlsplit
-
-import numpy as np
 
 from .integration.records import copied
 from .types import Passage
@@ -54,6 +53,9 @@ SOURCE_KEYS = (
 #: the keys naming a file or page, which a number under ``source`` (a page's) gives way to; not
 #: an id (a chunk's ``doc_id``, or the ``ref_doc_id`` of a reader's document per page)
 _FILES = ("url", "link", "file_path", "file_name", "filename")
+
+#: the keys whose values are web addresses, with their scheme or without
+_WEB_KEYS = frozenset({"url", "link"})
 
 #: ``source_key`` value meaning "the first of :data:`SOURCE_KEYS` a passage has"
 AUTO = "auto"
@@ -129,7 +131,8 @@ def _schemeless(text: str) -> str | None:
     return f"https://{text}" if named or _IPV4.fullmatch(host) else None
 
 
-def _normal(value: Any) -> str | None:
+def _normal(value: Any, web: bool = False) -> str | None:
+    """``value`` as a source; ``web``: a ``url`` / ``link`` value (a page, even scheme-less)."""
     if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
         return None
     text = str(value).strip()
@@ -140,9 +143,9 @@ def _normal(value: Any) -> str | None:
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
     if _bare_host(bare):
         return bare.partition(":")[0].lower().removeprefix("www.")
-    web = _schemeless(text)  # "who.int/news/1": a page of who.int, as with its scheme
-    if web is not None:
-        return _web_host(web) or text
+    page = _schemeless(text) if web else None  # "who.int/news/1": as with its scheme
+    if page is not None:
+        return _web_host(page) or text
     if "/" in text or "\\" in text:  # a file path in one spelling: "./kb/a.pdf", "kb\\a.pdf"
         return posixpath.normpath(text.replace("\\", "/"))
     return text
@@ -194,10 +197,11 @@ def no_source_read(
 
 def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
     """The document ``passage`` belongs to, within its :func:`source_of`: for a web address
-    (its scheme may be left out) its host and path in one spelling (scheme, ``www.``, query,
-    fragment and a trailing ``/`` dropped: two pages of one site are two documents of one
-    source, one page under two spellings is one); any other value is its source (the chunks
-    of one file share their document). ``None`` when it has no source.
+    (under ``url`` / ``link`` its scheme may be left out) its host and path in one spelling
+    (scheme, ``www.``, query, fragment and a trailing ``/`` dropped: two pages of one site
+    are two documents of one source, one page under two spellings is one); any other value
+    is its source (the chunks of one file share their document). ``None`` when it has no
+    source.
 
     Examples:
         >>> document_of(Passage("...", metadata={"url": "https://www.who.int/news/1/?s=2#top"}))
@@ -207,7 +211,8 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
     """
     host, value = _source_value(passage.metadata, source_key)
     text = str(value).strip()
-    text = text if "://" in text else (_schemeless(text) or text)
+    page = None if "://" in text else _schemeless(text)
+    text = page if page is not None and _web_host(page) == host else text  # read as a page
     if host is None or _web_host(text) is None:
         return host
     try:
@@ -225,21 +230,22 @@ def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
 
 def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, Any]:
     """The source and the metadata value it is read from: ``source_key``'s, or the first of
-    :data:`SOURCE_KEYS` that names one, their case aside where none is written as listed
+    :data:`SOURCE_KEYS` that names one, a key as listed before one in another case
     (``(None, None)``: none, or provenance off)."""
     if source_key is None:
         return None, None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
-    if source_key == AUTO and meta and not any(key in meta for key in keys):
-        meta = {k.lower(): v for k, v in meta.items() if isinstance(k, str)}  # "URL", "Source"
+    if source_key == AUTO and meta:  # a key written in another case: "URL", "Source"
+        other = {k.lower(): v for k, v in meta.items() if isinstance(k, str) and not k.islower()}
+        meta = {**other, **meta} if other else meta
     for key in keys:
-        found = _normal(meta.get(key))
+        found = _normal(meta.get(key), web=key in _WEB_KEYS)
         if found is None:
             continue
         if source_key == AUTO and key == "source" and _page_number(meta[key]):
             for beside in _FILES:  # a page number (PyMuPDFReader's): the file it is a page of
-                if (file := _normal(meta.get(beside))) is not None:
+                if (file := _normal(meta.get(beside), web=beside in _WEB_KEYS)) is not None:
                     return file, meta[beside]
         return found, meta[key]
     return None, None
@@ -261,8 +267,8 @@ def is_trusted_by(
     trusted: Trust, source_key: str | None = AUTO
 ) -> Callable[[Passage, str | None], bool]:
     """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources,
-    or a predicate on the passage's metadata, returning ``True`` or ``False`` (``None`` reads as
-    ``False``; any other value, such as ``"false"`` or NaN, is an error, not a verdict).
+    or a predicate on the passage's metadata, its answer read as Python's truth but for a
+    string or NaN (``"false"`` or a missing flag in pandas, true to Python), which is an error.
     ``None``: nothing is.
 
     A source is compared after the same reduction as :func:`source_of`: ``"who.int"`` and
@@ -296,8 +302,12 @@ def is_trusted_by(
     if odd:
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
     pages = {t: _page(t) for t in trusted}
-    # a page trusts that page and below, never its whole host: only other entries name sources
-    names = frozenset(n for t, p in pages.items() if not p and (n := _normal(t)) is not None)
+    # also the exact source an entry names ("www.who.int/index.html": a path under "source")
+    names = frozenset(
+        n
+        for t, p in pages.items()
+        if (not p or "://" not in str(t)) and (n := _normal(t)) is not None
+    )
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key)
 
 
@@ -381,12 +391,10 @@ class _Predicate:
     def __call__(self, passage: Passage, source: str | None) -> bool:
         meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
         verdict = self.predicate({k: copied(v) for k, v in meta.items()})  # the caller's stays
-        if verdict is None:  # metadata.get("reviewed") where a passage has no such key
-            return False
-        if isinstance(verdict, (bool, np.bool_)) or (
-            isinstance(verdict, numbers.Integral) and verdict in (0, 1)
+        # "false" (a flag read from CSV or JSON) and NaN (a missing flag in pandas) are true
+        # to bool(): a passage would be trusted by a value that means the opposite
+        if isinstance(verdict, (str, bytes)) or (
+            isinstance(verdict, numbers.Real) and math.isnan(verdict)
         ):
-            return bool(verdict)
-        # "false", NaN (a missing flag in pandas) and other values are true to bool(): a
-        # passage would be trusted by a value that means the opposite
-        raise TypeError(f"the trusted= predicate must return True or False, got {verdict!r}")
+            raise TypeError(f"the trusted= predicate answered {verdict!r}: return True or False")
+        return bool(verdict)

@@ -79,7 +79,7 @@ class Batch:
                 if not value.isascii():  # ASCII is valid; else say which chunk is not
                     _check_text(value, f"chunk {i + 1} of the batch ({chunk_id!r})", field)
         if self.vectors is not None:
-            check_stored(self.ids, self.vectors)
+            check_stored(self.ids, self.vectors, self.texts)
 
 
 @runtime_checkable

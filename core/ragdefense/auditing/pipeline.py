@@ -278,7 +278,7 @@ def _ingest(
                 if not checked:
                     check_space(batch.texts, batch.vectors, step_embedder(embedder))
                 checked = True
-                wd.write_array(f"{name}.npy", unit(batch.vectors))
+                wd.write_array(f"{name}.npy", unit(batch.vectors, batch.texts))
             wd.write_json(
                 f"{name}.json",
                 {"ids": batch.ids, "texts": batch.texts, "titles": batch.titles, "digest": digest},
@@ -347,20 +347,19 @@ def _report(
     condemned = condemned_positions(evidence, tally, scoring.source_threshold)
     victims = possible_victims(wd, evidence, above, condemned, scoring)
     # the report lists every chunk past the threshold and at least the `report_top` highest
-    chosen = np.argsort(-scores, kind="stable")[: max(report_top, int(above.sum()))].tolist()
+    top = np.argsort(-scores, kind="stable")[: max(report_top, int(above.sum()))].tolist()
     above &= ~(cleared := victims.cleared(len(above)))  # possible victims, not suspects
     joined = like_their_group(wd, evidence, above, ~cleared)  # a set's members under the cut
     above[list(joined)] = True
-    chosen = sorted({*chosen, *joined})
+    chosen = sorted({*top, *joined})
     examples = flag_examples(wd, wd.noted("probe_parts"), set(chosen))
     asked = closest_questions(wd, evidence.closest_probe, chosen)
     starts = part_starts(sizes)
     findings = []
-    for i in sorted(chosen):  # part by part
+    for i in chosen:  # part by part
         part, offset = locate(starts, i)
         data = part_texts(wd, part)
         source, text = chunk_source(evidence, tally, own, i), data["texts"][offset]
-        above[i] &= bool(text.strip())  # blank chunks (empty pages) are copies of nothing
         findings.append(
             Finding(
                 id=data["ids"][offset],
@@ -385,11 +384,12 @@ def _report(
         "probes": wd.noted("probes"),
         "suspicious": int(above.sum()),
         "listed": len(findings),
+        "listed_down_to": float(scores[top[-1]]) if top else None,  # every score above listed
         "retrieved_at_least_once": int((evidence.retrieved > 0).sum()),
         "flagged_at_least_once": int((evidence.flagged[names[0]] > 0).sum()),
         "groups": len(evidence.groups),
-        "possible_victims": len(victims.near.keys() | victims.apart.keys() | victims.unlike.keys()),
-        "victims": len(victims.unlike),
+        **victims.counts(),
+        "joined": len(joined),
         "targeted": 0
         if evidence.targeting is None or scoring.target_threshold <= 0
         else int((evidence.targeting >= scoring.target_threshold).sum()),

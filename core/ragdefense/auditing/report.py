@@ -40,7 +40,8 @@ class Finding:
         score: How suspicious (0 and up, suspicious from the scoring's ``threshold``; the report
             is sorted by it).
         suspicious: The verdict: ``score >= threshold``, unless it is a suspicious group's
-            possible victim (``victim_of``).
+            possible victim (``victim_of``); or, under it, a member of a group at least half
+            suspects that holds every word nearly all of them share (a reason says so).
         reasons: The evidence in words.
         retrieved: Probes whose top M held the chunk.
         flagged: Per defense, the probes on which it removed the chunk.
@@ -293,8 +294,10 @@ def _cell(value: Any) -> Any:
 
 
 def _aside(stats: dict[str, Any]) -> str:
-    """What the verdict leaves out of ``score >= threshold``: the possible victims."""
-    return ", possible victims aside" if stats.get("victims") else ""
+    """What the verdict adds to ``score >= threshold`` or leaves out: the members counted with
+    their set, the possible victims."""
+    joined = f", {stats['joined']} counted with their set" if stats.get("joined") else ""
+    return joined + (", possible victims aside" if stats.get("victims") else "")
 
 
 def _replace(path: Path, write: Callable[[Path], None]) -> None:

@@ -50,10 +50,11 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
         )
 
 
-def check_stored(ids: Sequence[str], vectors: Any) -> None:
+def check_stored(ids: Sequence[str], vectors: Any, texts: Sequence[str]) -> None:
     """Refuse stored vectors the search cannot use, naming the first such chunk: not finite
     (NaN, infinite, or beyond float32's range once stored as float32), or all zeros (no
-    direction: near nothing, so never flagged; an embedding that failed)."""
+    direction: near nothing, so never flagged; an embedding that failed) but for a blank
+    text's, whose vector the audit zeroes anyway."""
     with np.errstate(over="ignore"):  # beyond float32's range is what is looked for
         stored = np.asarray(vectors, dtype=np.float32)
     finite = np.isfinite(stored).all(axis=-1)
@@ -62,7 +63,7 @@ def check_stored(ids: Sequence[str], vectors: Any) -> None:
             f"chunk {ids[int(np.argmin(finite))]!r}: its stored vector is not finite (NaN, "
             "infinite, or beyond float32's range): embed it again, or audit the texts (no vectors)"
         )
-    zero = ~stored.any(axis=-1)
+    zero = ~stored.any(axis=-1) & np.array([bool(t.strip()) for t in texts], dtype=bool)
     if zero.any():
         raise ValueError(
             f"chunk {ids[int(np.argmax(zero))]!r}: its stored vector is all zeros (an embedding "

@@ -53,9 +53,14 @@ EF_SEARCH = 64  # HNSW's search width
 _CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shard indexes
 
 
-def unit(vectors: Any) -> np.ndarray:
-    """Rows scaled to unit length (zero rows stay zero), float32: what the parts store."""
-    return unit_rows(np.asarray(vectors, dtype=np.float32), np.float32)
+def unit(vectors: Any, texts: list[str] | None = None) -> np.ndarray:
+    """Rows scaled to unit length (zero rows stay zero), float32: what the parts store. The
+    rows of blank ``texts`` (empty pages) are zero: no direction, so never anyone's neighbour,
+    never a group, never retrieved, whatever the model made of nothing."""
+    out = unit_rows(np.asarray(vectors, dtype=np.float32), np.float32)
+    if texts is not None:
+        out[[i for i, t in enumerate(texts) if not t.strip()]] = 0.0
+    return out
 
 
 def shard_parts(n_parts: int, n_shards: int, shard: int) -> range:
@@ -99,7 +104,7 @@ class EmbedStep:
             vectors = np.stack([model.embed_query(t) for t in texts])  # asymmetric models
         else:
             vectors = model.embed(texts)
-        wd.write_array(f"{name}.npy", unit(vectors))
+        wd.write_array(f"{name}.npy", unit(vectors, texts))
         return len(texts)
 
 

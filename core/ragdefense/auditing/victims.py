@@ -49,6 +49,12 @@ class PossibleVictims:
             return unlike_reason(self.unlike[i])
         return victim_reason(self.near.get(i)) + apart_reason(self.apart.get(i))
 
+    def counts(self) -> dict[str, int]:
+        """The report's counts: chunks shown as possible victims, and those not counted as
+        suspicious."""
+        named = self.near.keys() | self.apart.keys() | self.unlike.keys()
+        return {"possible_victims": len(named), "victims": len(self.unlike)}
+
     def cleared(self, n: int) -> np.ndarray:
         """Per position of ``n``: whether it is a possible victim not counted as suspicious."""
         out = np.zeros(n, dtype=bool)

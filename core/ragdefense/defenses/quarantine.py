@@ -65,8 +65,8 @@ class Quarantine:
         sourced: ``(digest, source)`` of the chunks matched by text and source.
         source_key: How a passage's source is read (the audit's ``source_key``).
         once: Digests of texts the audit found stored as a group of copies: of a pool's copies
-            of one, the first passes to the defense, the others are held (whatever the
-            defense does with copies, it judges the text once).
+            of one, a trusted one, else the first, passes to the defense, the untrusted others
+            are held (whatever the defense does with copies, it judges the text once).
         chunks: How many of the audited chunks it holds (their copies in one pool aside): how
             far a retriever widens its fetch to refill a context (0: counted from the sets).
     """
@@ -139,6 +139,9 @@ class Quarantine:
         scored = stats.get("chunks") if not isinstance(stats.get("chunks"), bool) else None
         if min_score is not None and isinstance(scored, int) and len(findings) < scored:
             listed = [number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
+            floor = stats.get("listed_down_to")  # the top listing's last: members joined aside
+            if isinstance(floor, numbers.Real) and not isinstance(floor, bool):
+                listed = [float(floor)]
             if not listed or min(listed) >= min_score:
                 raise ValueError(
                     f"the report lists {len(findings)} of the {scored} chunks it scored, all "

@@ -309,8 +309,10 @@ def _finite(probs: Any, numbers: Sequence[int] | None = None, after: str | None 
     NaN row would make every average NaN and every token silently the no-retrieval one (and a
     certificate's verdict meaningless). ``numbers``: the passage number of each row but the
     last, the no-retrieval context's, which the error names so; ``after``: the output decoded
-    so far on the certificate's branch."""
-    bad = np.flatnonzero(~np.isfinite(np.asarray(probs)).all(axis=1)).tolist()
+    so far on the certificate's branch. Returned in float64: a model's float32 rows, averaged
+    in float32, leave a tie a gap past :data:`TIE_TOLERANCE`."""
+    probs = np.asarray(probs, dtype=np.float64)
+    bad = np.flatnonzero(~np.isfinite(probs).all(axis=1)).tolist()
     if not bad:
         return probs
     where = f"context(s) {bad}"
