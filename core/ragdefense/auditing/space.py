@@ -1,6 +1,7 @@
-"""Whether a knowledge base's stored vectors are in the space of the model the audit embeds its
-probes with: a store embedded by another model of the same width gives vectors the audit would
-compare with its probes silently (no planted passage found, no word said)."""
+"""Stored vectors the audit can use: finite, with a direction (:func:`check_stored`), and in the
+space of the model the audit embeds its probes with (:func:`check_space`): a store embedded by
+another model of the same width gives vectors the audit would compare with its probes silently
+(no planted passage found, no word said)."""
 
 from __future__ import annotations
 

@@ -140,9 +140,9 @@ class Quarantine:
         if min_score is not None and isinstance(scored, int) and len(findings) < scored:
             listed = [number(n, f, "score", f.get("score"), False) for n, f in enumerate(findings)]
             floor = stats.get("listed_down_to")  # the top listing's last: members joined aside
-            if isinstance(floor, numbers.Real) and not isinstance(floor, bool):
-                listed = [float(floor)]
-            if not listed or min(listed) >= min_score:
+            known = isinstance(floor, numbers.Real) and not isinstance(floor, bool)
+            lowest = float(floor) if known else min(listed, default=None)
+            if lowest is None or lowest >= min_score:
                 raise ValueError(
                     f"the report lists {len(findings)} of the {scored} chunks it scored, all "
                     f"scored {min_score} or more: chunks above min_score={min_score} may be "
