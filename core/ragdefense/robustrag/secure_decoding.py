@@ -189,12 +189,14 @@ class _Decoding:
         """Algorithm 4 (and its modification variant), for the averaged inference rule: the
         published depth-first search, kept in one piece so that it reads as the paper does.
 
-        With benign probability sums S over the m benign contexts kept, top-1 a (sum A) and
-        runner-up (sum B), an attacker shifting any token's sum by at most d = k' (injection) or
-        2k' (modification) with n in [n_lo, n_hi] contexts averaged, and e = eta +
-        :data:`TIE_TOLERANCE` (the lead the inference requires): if A - B > d + e * n_hi the next
-        token is always a; if A - B >= d - e * n_lo it is a or the no-retrieval token;
-        otherwise the attacker can choose it, and the answer is not certifiable.
+        With benign probability sums over the m benign contexts kept, top-1 a (sum A),
+        runner-up (sum B) and best token other than a and the no-retrieval one (sum C), each
+        way k' passages can act (:func:`_reach`: a shift s of any token's sum against
+        another's, n contexts then averaged) and e = eta + :data:`TIE_TOLERANCE` (the lead the
+        inference requires): if A - B > s + e * n in every way, the next token is always a;
+        if some way gives A - C < s - e * n, the attacker can choose a token of its own, and
+        the answer is not certifiable; otherwise the next token is a or the no-retrieval one,
+        and only the latter where A + s > B + e * n in no way (the paper's third case).
         """
         yield from ()  # local work
         llm = self._token_llm()
@@ -212,7 +214,7 @@ class _Decoding:
                 "attacker's passages decide every token",
             )
         d = k_prime if attack == "injection" else 2 * k_prime
-        n_hi, n_lo = m + k_prime, (m if attack == "injection" else max(1, m - k_prime))
+        reach = _reach(m, k_prime, attack, len(benign) - m)
         numbers = [r.index for r in rows]
         root, _ = self._sessions(result.query, [r.passage for r in rows], numbers)
         lead = self.cfg.eta + TIE_TOLERANCE  # as the inference compares
@@ -226,22 +228,27 @@ class _Decoding:
                     break
                 probs = _finite(session.probs, numbers, after=tok.decode(tokens))
                 total = probs[:-1].sum(axis=0)
+                nor = int(probs[-1].argmax())
                 a, b = (int(i) for i in total.argsort()[-1:-3:-1])
                 gap = float(total[a] - total[b])
-                nor = int(probs[-1].argmax())
-                if gap > d + lead * n_hi:
-                    choices = [a]
-                elif gap >= d - lead * n_lo:
-                    choices = [a] if a == nor else [a, nor]
-                else:
+                rivals = np.delete(total, [a, nor])  # tokens the inference never falls back to
+                rival_gap = float(total[a] - rivals.max()) if rivals.size else np.inf
+                if any(s - rival_gap > lead * n for s, n in reach if n):
                     return Certificate(
                         k_prime,
                         attack,
                         False,
-                        f"at token {len(tokens) + 1} the benign top-2 "
-                        f"gap {gap:.3f} (sums over {m} contexts) is within the attacker's reach "
-                        f"({d}): it can choose the next token",
+                        f"at token {len(tokens) + 1} the benign top token's lead "
+                        f"{rival_gap:.3f} over the next but the no-retrieval one (sums over {m} "
+                        f"contexts) is within the attacker's reach ({d}): it can choose the "
+                        "next token",
                     )
+                if all(n and gap - s > lead * n for s, n in reach):
+                    choices = [a]  # a leads by more than eta however the attacker acts
+                elif a != nor and any(n and gap + s > lead * n for s, n in reach):
+                    choices = [a, nor]
+                else:
+                    choices = [nor]  # a never leads by more than eta: always the fallback
                 if len(finished) + len(stack) + len(choices) > self.cfg.max_certify_responses:
                     return Certificate(
                         k_prime,
@@ -280,6 +287,23 @@ class _Decoding:
                 "all equal the answer" if ok else "the attacker can change the answer"
             )
         return Certificate(k_prime, attack, ok, why, possible)
+
+
+def _reach(m: int, k_prime: int, attack: Attack, silent: int) -> list[tuple[int, int]]:
+    """Each way ``k_prime`` attacker passages can act on one decoding step of ``m`` benign
+    contexts (``silent`` more benign contexts abstain), as (s, n): s, the most it moves one
+    token's probability sum against another's, and n, the contexts then averaged (0: none, the
+    no-retrieval token). Injection adds up to k' contexts (each moves a sum by 1 at most);
+    modification silences a context (1: it abstains), rewrites one (2) or makes a silent one
+    answer (1)."""
+    if attack == "injection":
+        return [(j, m + j) for j in range(k_prime + 1)]
+    ways = set()
+    for quiet in range(min(k_prime, m) + 1):
+        for rewritten in range(min(k_prime - quiet, m - quiet) + 1):
+            for woken in range(min(k_prime - quiet - rewritten, silent) + 1):
+                ways.add((quiet + 2 * rewritten + woken, m - quiet + woken))
+    return sorted(ways)
 
 
 def _answer_of(decoded: str) -> str:
