@@ -11,7 +11,7 @@ from langchain_core.documents import BaseDocumentCompressor
 from langchain_core.embeddings import Embeddings
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
-from langchain_tests.integration_tests import EmbeddingsIntegrationTests
+from langchain_tests.integration_tests import EmbeddingsIntegrationTests, RetrieversIntegrationTests
 from langchain_tests.unit_tests import EmbeddingsUnitTests
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.embeddings import BaseEmbedding
@@ -26,6 +26,7 @@ from langchain_ragdefense import RagdefenseEmbeddings
 
 PACKAGE = "llama_index.postprocessor.ragdefense"
 LANGCHAIN_EXPECTED_ALL = [
+    "EVENT_NAME",
     "AutoDefenseCompressor",
     "ConsensusCompressor",
     "DefendedRetriever",
@@ -148,3 +149,35 @@ class TestRagdefenseEmbeddingsIntegration(EmbeddingsIntegrationTests):
     @property
     def embedding_model_params(self) -> dict[str, Any]:
         return {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("defense", [None, "strict", "grada"])
+class TestOneLineDefendStandard(RetrieversIntegrationTests):
+    """LangChain's standard retriever suite on what the one line builds,
+    ``defend(store.as_retriever(), defense)``, for the default and two named defenses (the
+    class itself passes it with a compressor, in ``test_langchain``)."""
+
+    @pytest.fixture(autouse=True)
+    def _defense(self, defense: str | None) -> None:
+        self.defense = defense
+
+    @property
+    def retriever_constructor(self) -> Any:
+        from langchain_core.vectorstores import InMemoryVectorStore
+
+        from langchain_ragdefense import defend
+        from ragdefense.data import demo_documents
+
+        store = InMemoryVectorStore.from_texts(
+            [text for text, _ in demo_documents()], RagdefenseEmbeddings()
+        )
+        return lambda k=None: defend(store.as_retriever(), self.defense, k=k)
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return "What is the capital of Australia?"

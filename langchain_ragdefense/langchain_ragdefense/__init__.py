@@ -14,6 +14,7 @@ The adapters only convert types; every algorithm lives in :mod:`ragdefense`.
 from ._version import __version__
 from .chain import RobustRAGChain
 from .compressors import (
+    EVENT_NAME,
     AutoDefenseCompressor,
     ConsensusCompressor,
     DefenseCompressor,
@@ -25,6 +26,7 @@ from .redteam import red_team
 from .retrievers import DefendedRetriever, defend
 
 __all__ = [
+    "EVENT_NAME",
     "AutoDefenseCompressor",
     "ConsensusCompressor",
     "DefendedRetriever",

@@ -19,7 +19,7 @@ from langchain_core.runnables.config import patch_config
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from ragdefense import RobustAnswer, RobustRAG
-from ragdefense.integration.adapter import robust_engine
+from ragdefense.integration.adapter import checked_set, robust_engine
 from ragdefense.integration.records import check_items
 from ragdefense.llm import LangChainLLM
 from ragdefense.robustrag.checks import check_certify
@@ -106,6 +106,11 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         """Build the engine now, so that a bad aggregation fails at construction."""
         super().model_post_init(context)
         self._engine()
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field set later is checked as at construction (the engine built again); a value
+        it refuses is undone."""
+        checked_set(self, name, value, super().__setattr__, self._engine)
 
     def _engine(self) -> RobustRAG:
         """The core engine for the current ``robust`` and ``aggregation`` (built again when

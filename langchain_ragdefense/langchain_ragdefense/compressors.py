@@ -18,6 +18,7 @@ from ragdefense.integration.adapter import (
     AdapterCore,
     TrustedField,
     adapter_params,
+    checked_set,
     configured,
     defense_embedder,
     defense_field,
@@ -82,7 +83,9 @@ class DefenseCompressor(BaseDocumentCompressor):
             ``defend(retriever)`` sets it.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True, extra="forbid", validate_assignment=True
+    )
 
     defense: Any = DEFAULT_DEFENSE
     params: dict[str, Any] = Field(default_factory=dict)
@@ -100,6 +103,11 @@ class DefenseCompressor(BaseDocumentCompressor):
         """Build the core defense now, so that bad parameters fail at construction."""
         super().model_post_init(context)
         _ = self.core
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field set later is checked as at construction (the core defense built again); a
+        value it refuses is undone."""
+        checked_set(self, name, value, super().__setattr__, lambda: self.core)
 
     @property
     def core(self) -> Defense:

@@ -62,7 +62,9 @@ class DefendedRetriever(BaseRetriever):
             many documents.
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True, extra="forbid", validate_assignment=True
+    )
 
     base_retriever: BaseRetriever
     compressor: BaseDocumentCompressor

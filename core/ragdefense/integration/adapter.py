@@ -24,6 +24,7 @@ __all__ = [
     "AdapterCore",
     "TrustedField",
     "adapter_params",
+    "checked_set",
     "configured",
     "defense_embedder",
     "defense_field",
@@ -262,6 +263,25 @@ def _unbound(prompt: str) -> str:
 #: ``trusted=`` as an adapter's field holds it: sources as a list (a set given is sorted into one,
 #: so that the adapter serializes to JSON), or a predicate on a passage's metadata
 TrustedField = list[str] | Callable[[Mapping[str, Any]], bool] | None
+
+
+def checked_set(
+    model: Any, name: str, value: Any, assign: Callable[[str, Any], None], build: Callable[[], Any]
+) -> None:
+    """Set a pydantic model's field through ``assign`` (its own ``__setattr__``, which checks
+    the type), then ``build`` what the fields configure, as at construction: a value the build
+    refuses is undone and the error raised (it would otherwise fail at the next query, and
+    leave the object holding it). Other attributes are only assigned."""
+    if name not in type(model).model_fields:
+        assign(name, value)
+        return
+    before = model.__dict__.get(name)
+    assign(name, value)
+    try:
+        build()
+    except Exception:
+        model.__dict__[name] = before
+        raise
 
 
 def plain_value(value: Any) -> Any:

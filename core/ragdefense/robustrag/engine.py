@@ -24,7 +24,7 @@ from ..types import Passage, PassageLike, check_query, to_passages
 from .checks import check_alike, check_certify, check_installed, check_templates, deciding
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
-from .keywords import load_spacy
+from .keywords import SPACY_LOCK, load_spacy
 from .majority_vote import MajorityVote
 from .secure_decoding import SecureDecoding
 from .types import IDK, ISOLATED_PROMPT, Attack, Certificate, RobustAnswer
@@ -132,8 +132,7 @@ class RobustRAG:
         elif not isinstance(aggregation, (KeywordAggregation, MajorityVote, SecureDecoding)):
             what = f"an aggregation's settings or name, got {aggregation!r}"
             raise TypeError(f"aggregation must be {what}")
-        tokens: Any = max_new_tokens
-        if isinstance(tokens, bool) or not hasattr(tokens, "__index__"):
+        if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__"):
             raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
         if max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
@@ -166,7 +165,8 @@ class RobustRAG:
     def nlp(self) -> Any:
         """The spaCy pipeline for keyword extraction (loaded on first use)."""
         if self._nlp is None:
-            self._nlp = load_spacy()
+            with SPACY_LOCK:  # concurrent async answers extract keywords in threads: load once
+                self._nlp = load_spacy() if self._nlp is None else self._nlp
         return self._nlp
 
     def with_llm(self, llm: Any) -> RobustRAG:

@@ -5,6 +5,7 @@ an aggregation uses of the engine that runs it, handed to it per call."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -103,16 +104,26 @@ def drive(flow: Flow[T], generate: Callable[[list[str]], Sequence[Generation]]) 
 async def adrive(
     flow: Flow[T], agenerate: Callable[[list[str]], Awaitable[Sequence[Generation]]]
 ) -> T:
-    """:func:`drive` with an async ``agenerate``."""
+    """:func:`drive` with an async ``agenerate``. The flow's own work between two batches
+    (keyword extraction and loading spaCy, certification) runs in a worker thread: on the
+    event loop it would stall every other request meanwhile."""
+    done, got = await asyncio.to_thread(_step, flow, None)
+    while not done:
+        prompts = got
+        with reporting(getattr(prompts, "on_done", None)), _for(prompts):
+            generations = list(await agenerate(list(prompts)))
+        done, got = await asyncio.to_thread(_step, flow, generations)
+    result: T = got
+    return result
+
+
+def _step(flow: Flow[Any], sent: list[Generation] | None) -> tuple[bool, Any]:
+    """The flow's next batch (``sent`` None: its first), or ``(True, result)`` at its end: a
+    ``StopIteration`` cannot cross a thread's future."""
     try:
-        prompts = next(flow)
-        while True:
-            with reporting(getattr(prompts, "on_done", None)), _for(prompts):
-                generations = list(await agenerate(list(prompts)))
-            prompts = flow.send(generations)
+        return False, (next(flow) if sent is None else flow.send(sent))
     except StopIteration as stop:
-        result: T = stop.value
-        return result
+        return True, stop.value
 
 
 def _for(prompts: Sequence[str]) -> AbstractContextManager[None]:

@@ -11,6 +11,7 @@ shared keyword, which the aggregation gives the LLM as one more hint.
 
 from __future__ import annotations
 
+import threading
 from functools import lru_cache
 from typing import Any
 
@@ -157,6 +158,10 @@ STOP_WORDS = frozenset(
         "now",
     ]
 )
+
+
+#: held while a pipeline loads (async answers extract keywords in worker threads)
+SPACY_LOCK = threading.Lock()
 
 
 @lru_cache(maxsize=1)

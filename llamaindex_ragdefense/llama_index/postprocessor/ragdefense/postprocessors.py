@@ -30,6 +30,7 @@ from ragdefense.integration.adapter import (
     AdapterCore,
     TrustedField,
     adapter_params,
+    checked_set,
     configured,
     defense_field,
     plain_params,
@@ -124,7 +125,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
     or in ``params``, would otherwise be dropped).
     """
 
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+    model_config = ConfigDict(
+        arbitrary_types_allowed=True, extra="forbid", validate_assignment=True
+    )
 
     defense: Any = Field(
         default=DEFAULT_DEFENSE,
@@ -210,6 +213,11 @@ class DefensePostprocessor(BaseNodePostprocessor):
         """Build the core defense now, so that bad parameters fail at construction."""
         super().model_post_init(context)
         _ = self.core
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """A field set later is checked as at construction (the core defense built again); a
+        value it refuses is undone."""
+        checked_set(self, name, value, super().__setattr__, lambda: self.core)
 
     @property
     def core(self) -> Defense:

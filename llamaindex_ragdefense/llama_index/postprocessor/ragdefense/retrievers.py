@@ -9,6 +9,7 @@ RAGDefender needs to compare), runs the defense on the pool, and returns the top
 from __future__ import annotations
 
 import copy
+import dataclasses
 from typing import Any
 
 from llama_index.core import VectorStoreIndex
@@ -133,11 +134,16 @@ class DefendedRetriever(BaseRetriever):
         max_rounds: int = FETCH_ROUNDS,
     ) -> None:
         for label, value in (("k", k), ("fetch_k", fetch_k), ("max_rounds", max_rounds)):
-            if value is not None and positive_int(value) is None:
-                raise ValueError(f"{label} must be a positive int or None, got {value!r}")
+            _check_size(label, value)
         if not isinstance(retriever, BaseRetriever):
             raise TypeError(
                 f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}"
+            )
+        if not isinstance(postprocessor, DefensePostprocessor):
+            raise TypeError(
+                "postprocessor must be a DefensePostprocessor (ConsensusPostprocessor, ...), got "
+                f"{type(postprocessor).__name__}: another postprocessor goes in a query engine's "
+                "node_postprocessors"
             )
         own = _top_k(retriever)
         self.k = k if k is not None else own
@@ -147,6 +153,12 @@ class DefendedRetriever(BaseRetriever):
         self.retriever = retriever
         self.postprocessor = postprocessor
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        """``k``, ``fetch_k`` and ``max_rounds`` set later are checked as at construction."""
+        if name in ("k", "fetch_k", "max_rounds"):
+            _check_size(name, value)
+        super().__setattr__(name, value)
 
     def _first_fetch(self) -> int | None:
         return self.fetch_k if _top_k(self.retriever) is not None else None
@@ -164,6 +176,7 @@ class DefendedRetriever(BaseRetriever):
         return kept[: self.k] if self.k else kept
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        query_bundle = await _embedded(self.retriever, query_bundle)
         fetch = self._first_fetch()
         for _ in range(self.max_rounds):
             retriever, honoured = widened(self.retriever, fetch)
@@ -174,6 +187,27 @@ class DefendedRetriever(BaseRetriever):
                 break
             fetch = wider(fetch)
         return kept[: self.k] if self.k else kept
+
+
+async def _embedded(retriever: BaseRetriever, bundle: QueryBundle) -> QueryBundle:
+    """A copy of ``bundle`` with the query's embedding, where ``retriever`` embeds the query
+    (a vector index's): its sync path leaves the embedding in the bundle, for every round and
+    the defense, but its async path in a bundle of its own, so that each round and the
+    defense would embed the query again."""
+    needs = getattr(retriever, "_needs_embedding", None)
+    model = getattr(retriever, "_embed_model", None)
+    if bundle.embedding is not None or model is None or not callable(needs) or not needs():
+        return bundle
+    if not bundle.embedding_strs:
+        return bundle
+    vector = await model.aget_agg_embedding_from_queries(bundle.embedding_strs)
+    return dataclasses.replace(bundle, embedding=vector)
+
+
+def _check_size(name: str, value: Any) -> None:
+    if (value is not None or name == "max_rounds") and positive_int(value) is None:
+        allowed = "a positive int" + ("" if name == "max_rounds" else " or None")
+        raise ValueError(f"{name} must be {allowed}, got {value!r}")
 
 
 def defend(
