@@ -36,8 +36,8 @@ retrieval must come through, so each removal needs one of four pieces of evidenc
    of what is left while the other passages' support (HRSIM PageRank over BM25) ranks it in the
    bottom half. A lone passage written for the query mimics the query and nothing else. Lower-ranked
    passages are never dropped by this step, so it cannot empty a poisoned majority of its benign
-   passages and refill the context from below. It needs a pool (``min_pool`` passages or more, what
-   the adapters fetch, of which ``min_support`` distinct ones or more on the query's topic,
+   passages and refill the context from below. It needs a pool (``min_pool`` distinct passages
+   or more, what the adapters fetch, of which ``min_support`` or more on the query's topic,
    ``min_vote`` or more left by the earlier steps: over fewer "the bottom half" says little), and
    only passages at least half as similar to the query as the best one take part (the rest of a
    small store's pool is about other topics, which HRSIM would otherwise reward for being unlike the
@@ -112,7 +112,7 @@ class Consensus:
             to a trusted passage for it to count as contradicting them (``None``: never; the
             edited-copy rule of step 3 does not use it).
         support: Drop the top-ranked passages the others do not support (step 4).
-        min_passages: Below this many passages nothing is removed (nor, but for copies,
+        min_passages: Below this many distinct passages nothing is removed (nor, but for copies,
             for a blank query with no query embedding given: it ranks nothing), with a note
             saying so.
 
@@ -223,10 +223,11 @@ class Consensus:
         keep, copy_of = distinct(items, embeddings)
         if copy_of:
             said["copies"] = copy_of
-        if m < self.min_passages or len(keep) == 1 or blank:
+        if len(keep) < self.min_passages or blank:  # copies count once here too
             check_given(embeddings, query_embedding, items)  # unused, still checked
-            why = f"only {m} passage(s): nothing to compare (min_passages={self.min_passages})"
-            if m >= self.min_passages:
+            n = f"{len(keep)} distinct" if len(keep) < m else str(m)
+            why = f"only {n} passage(s): nothing to compare (min_passages={self.min_passages})"
+            if len(keep) == 1 and m >= self.min_passages:
                 why = "only copies of one passage: nothing to compare"
             if blank:
                 why = "the query is blank: nothing to rank the passages by, none judged"
@@ -260,8 +261,8 @@ class Consensus:
         self._voices(pool, query)
         contradicting(pool, self.tightness, self.anchor)
         estimates = pool.estimates
-        if self.support and m < self.min_pool:
-            why = f"{m} passages, fewer than min_pool={self.min_pool}"
+        if self.support and len(keep) < self.min_pool:  # a pool ingested twice is no larger
+            why = f"{len(keep)} distinct passages, fewer than min_pool={self.min_pool}"
             estimates["support"] = f"skipped: {why}"
         elif self.support and len(pool.topical) < self.min_support:
             why = f"{len(pool.topical)} distinct passages on the query's topic"
@@ -299,9 +300,10 @@ class Consensus:
 
     def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
-        most lifted group always goes; further groups only while at most half of the pool is
-        removed (the threat model: honest passages outnumber the attacker's, so peeling group
-        after group past half is about something else, a tightly clustered topic)."""
+        most lifted group that counts as evidence (no trusted member, ``min_group`` or more)
+        always goes; further groups only while at most half of the pool is removed (the threat
+        model: honest passages outnumber the attacker's, so peeling group after group past half
+        is about something else, a tightly clustered topic)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
         groups = coordinated_groups(sim, qs, self.tightness, self.margin)
         cap = (len(qs) + 1) // 2
@@ -325,7 +327,7 @@ class Consensus:
             if self.absorb is None:
                 continue
             floor = float(qs[members].min())
-            for i in range(len(qs)):
+            for i in sorted(range(len(qs)), key=lambda i: (-qs[i], i)):  # by rank, not input
                 if i in removed or trusted[i] or qs[i] < floor - self.margin:
                     continue
                 best = float(sim[i, members].max())
@@ -370,7 +372,7 @@ class Consensus:
         half = (len(left) + 1) // 2
         by_query = sorted(left, key=lambda i: (-qs[i], i))[:half]
         score = {v.index: v.score for v in ranked.verdicts}
-        by_support = sorted(left, key=lambda i: (-score[i], i))
+        by_support = sorted(left, key=lambda i: (-round(score[i], 12), -qs[i], i))  # ties: query
         low = set(by_support[len(left) - len(left) // 2 :])
         dropped, apart = [], []
         for i in by_query:
