@@ -54,8 +54,10 @@ def test_passages_restating_a_group_go_by_rank_not_by_input_order() -> None:
 
 
 def test_copies_do_not_lift_a_pool_to_min_passages() -> None:
-    """Two distinct passages are too few to judge (``min_passages=3``); a copy of either one
-    made the pool of three judged, and the untrusted passage went as contradicting."""
+    """Two distinct passages are too few for the text alone (``min_passages=3``), and a copy of
+    either made the pool of three judged. Copies count once now: without trust nothing is
+    removed from any of the three pools; with one passage trusted, the other is compared
+    with it (step 3) in every one of them alike, and contradicting it, goes."""
     trusted = Passage(
         "Trusted answer.",
         metadata={"source": "https://kb.example/a", "trusted": True},
@@ -66,13 +68,17 @@ def test_copies_do_not_lift_a_pool_to_min_passages() -> None:
         metadata={"source": "https://web.example/b"},
         embedding=np.array([0.9, 0.0, 0.19**0.5]),
     )
-    d = Consensus(trusted=lambda m: m.get("trusted", False))
     q = np.array([1.0, 0.0, 0.0])
-    for pool in ([trusted, other], [trusted, other, other], [trusted, trusted, other]):
-        result = d.defend_embeddings("which answer?", pool, query_embedding=q)
-        assert {pool[i].text for i in result.kept_indices} == {trusted.text, other.text}
-        assert all(v.kept or v.details.get("copy") for v in result.verdicts), result
-        assert "nothing to compare" in result.estimates["note"]
+    pools = ([trusted, other], [trusted, other, other], [trusted, trusted, other])
+    for trust, expected in ((None, []), (lambda m: m.get("trusted", False), ["Other answer."])):
+        d = Consensus(trusted=trust)
+        for pool in pools:
+            result = d.defend_embeddings("which answer?", pool, query_embedding=q)
+            assert _removed(result, [p.text for p in pool]) == expected, (trust, pool)
+            if not expected:
+                assert "2 distinct passage(s): nothing to compare" in result.estimates["note"]
+            else:
+                assert "contradicts the trusted" in result.verdicts[pool.index(other)].reason
 
 
 @pytest.mark.slow

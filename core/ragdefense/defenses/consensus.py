@@ -112,9 +112,9 @@ class Consensus:
             to a trusted passage for it to count as contradicting them (``None``: never; the
             edited-copy rule of step 3 does not use it).
         support: Drop the top-ranked passages the others do not support (step 4).
-        min_passages: Below this many distinct passages nothing is removed (nor, but for copies,
-            for a blank query with no query embedding given: it ranks nothing), with a note
-            saying so.
+        min_passages: Below this many distinct passages nothing is removed but by trust (step 3:
+            a trusted passage to compare with); for a blank query with no query embedding
+            given, nothing but copies (it ranks nothing). A note says so.
 
     Examples:
         >>> result = Consensus().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
@@ -223,10 +223,10 @@ class Consensus:
         keep, copy_of = distinct(items, embeddings)
         if copy_of:
             said["copies"] = copy_of
-        if len(keep) < self.min_passages or blank:  # copies count once here too
+        # copies count once; a trusted passage is what another is compared with (step 3)
+        if (len(keep) < self.min_passages and not (found and len(keep) > 1)) or blank:
             check_given(embeddings, query_embedding, items)  # unused, still checked
-            n = f"{len(keep)} distinct" if len(keep) < m else str(m)
-            why = f"only {n} passage(s): nothing to compare (min_passages={self.min_passages})"
+            why = f"only {len(keep)} distinct passage(s): nothing to compare ({self.min_passages}+)"
             if len(keep) == 1 and m >= self.min_passages:
                 why = "only copies of one passage: nothing to compare"
             if blank:
