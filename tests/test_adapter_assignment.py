@@ -46,6 +46,7 @@ def test_a_setting_assigned_later_is_checked_and_undone(compressor: Any) -> None
     with pytest.raises(ValueError, match="min_passages"):
         c.min_passages = 1  # the core wants >= 2
     assert c.tightness == 0.9 and c.min_passages == 3
+    assert "min_passages" not in c.model_fields_set  # undone as if never set
     c.tightness = 0.8  # a good value still takes
     assert c.core.tightness == 0.8
 
@@ -84,6 +85,12 @@ def test_llamaindex_refuses_a_postprocessor_that_is_no_defense(toy_embedder: Any
     )
     with pytest.raises(TypeError, match=r"DefensePostprocessor.*node_postprocessors"):
         DefendedRetriever(index.as_retriever(), SimilarityPostprocessor())  # type: ignore[arg-type]
+    retriever = li_defend(index)
+    with pytest.raises(TypeError, match="DefensePostprocessor"):
+        retriever.postprocessor = SimilarityPostprocessor()  # type: ignore[assignment]
+    with pytest.raises(TypeError, match="BaseRetriever"):
+        retriever.retriever = "index"  # type: ignore[assignment]
+    assert type(retriever.postprocessor).__name__ == "DefensePostprocessor"  # kept
 
 
 def test_a_robustrag_chains_aggregation_assigned_later_is_checked(toy_embedder: Any) -> None:

@@ -81,6 +81,36 @@ def test_copies_do_not_lift_a_pool_to_min_passages() -> None:
                 assert "contradicts the trusted" in result.verdicts[pool.index(other)].reason
 
 
+def test_below_min_passages_only_the_trust_step_acts() -> None:
+    """Under a raised ``min_passages``, a pool of three distinct passages holding a trusted
+    one is judged by trust alone: two planted near-copies lifted above it are no coordinated
+    group there (the whole pipeline ran), and with ``anchor=None`` nothing is removed."""
+
+    def unit(*v: float) -> np.ndarray:
+        return np.array(v) / np.linalg.norm(v)
+
+    planted = [
+        Passage("Planted one.", embedding=unit(0.95, 0.3, 0.05, 0, 0)),
+        Passage("Planted two.", embedding=unit(0.95, 0.3, 0.0, 0.05, 0)),
+    ]
+    answer = Passage(
+        "Trusted answer.", metadata={"trusted": True}, embedding=unit(0.6, 0, 0, 0, 0.8)
+    )
+    q = np.array([1.0, 0, 0, 0, 0])
+    trust = lambda m: m.get("trusted", False)  # noqa: E731
+    for anchor in (0.05, None):
+        d = Consensus(trusted=trust, min_passages=5, anchor=anchor)
+        result = d.defend_embeddings("which?", [answer, *planted], query_embedding=q)
+        assert "groups" not in result.estimates
+        assert all("coordinated group" not in v.reason for v in result.verdicts)
+        if anchor is None:
+            assert result.removed == []
+    judged = Consensus(trusted=trust).defend_embeddings(
+        "which?", [answer, *planted], query_embedding=q
+    )
+    assert "groups" in judged.estimates  # at the default floor the group is evidence
+
+
 @pytest.mark.slow
 @pytest.mark.data
 def test_verdicts_do_not_follow_the_input_order_or_copies(data_dir: Path, minilm: Any) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from ragdefense.robustrag import secure_decoding
 
-from .test_decoding import CAN, EOS, PER, SYD, Q, dist, rr
+from .test_decoding import CAN, EOS, PER, SYD, FakeSession, Q, dist, rr
 
 TOKENS = {"can": CAN, "syd": SYD, "per": PER, "eos": EOS}
 ANSWERS = {CAN: "Canberra", SYD: "Sydney", PER: "Perth"}
@@ -27,11 +27,11 @@ def _attack_rows(rich: bool) -> dict[str, list[np.ndarray]]:
     if rich:
         for (x, y), f in itertools.product(itertools.combinations(TOKENS, 2), (0.25, 0.5, 0.75)):
             firsts[f"{x}{f}{y}"] = dist(**{x: f, y: 1 - f})
-    out: dict[str, list[np.ndarray]] = {"atk_idk": [dist(idk=1.0)]}
-    for name, row in firsts.items():
-        out[f"atk_{name}"] = [row]
+    out: dict[str, list[np.ndarray]] = {"[atk idk]": [dist(idk=1.0)]}
+    for name, row in firsts.items():  # bracketed: the fake session finds a key in the prompt
+        out[f"[atk {name}]"] = [row]  # by substring, so no name may hold another
         if rich:
-            out[f"atk_{name}_then_syd"] = [row, dist(syd=1.0)]
+            out[f"[atk {name} then syd]"] = [row, dist(syd=1.0)]
     return out
 
 
@@ -48,6 +48,14 @@ def _benign(rng: np.random.Generator, m: int, alpha: float) -> dict[str, list[np
     nor = ("can", "syd", "per")[int(rng.integers(3))]
     tables["If you do not know the answer confidently"] = [dist(**{nor: 1.0})]
     return tables
+
+
+def test_every_attack_row_is_read_as_its_own() -> None:
+    """The fake session picks the first key found in a prompt: with one attack's name inside
+    another's, every mixed row was read as a one-hot row."""
+    attacks = _attack_rows(rich=True)
+    both = {**_benign(np.random.default_rng(0), 8, 0.6), **attacks}  # as _attacked looks up
+    assert FakeSession(both, list(both)).keys == list(both)
 
 
 def _attacked(
@@ -83,7 +91,7 @@ def _check(seed: int, attack: str, k_prime: int, trials: int) -> tuple[int, int]
         benign = [f"c{i}" for i in range(m)]
         eta = float(rng.choice([0.0, 0.1, 0.25, 0.5]))
         gold = ANSWERS[int(rng.choice([CAN, SYD, PER]))]
-        passages = benign + ["atk_idk"] * k_prime if attack == "injection" else benign
+        passages = benign + ["[atk idk]"] * k_prime if attack == "injection" else benign
         engine = rr({**tables, **_attack_rows(False)}, eta=eta)
         cert = engine.answer(Q, passages, certify=k_prime, gold=gold, attack=attack).certificate
         assert cert is not None

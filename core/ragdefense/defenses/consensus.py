@@ -223,8 +223,8 @@ class Consensus:
         keep, copy_of = distinct(items, embeddings)
         if copy_of:
             said["copies"] = copy_of
-        # copies count once; a trusted passage is what another is compared with (step 3)
-        if (len(keep) < self.min_passages and not (found and len(keep) > 1)) or blank:
+        few = len(keep) < self.min_passages  # copies count once
+        if (few and not (found and len(keep) > 1)) or blank:
             check_given(embeddings, query_embedding, items)  # unused, still checked
             why = f"only {len(keep)} distinct passage(s): nothing to compare ({self.min_passages}+)"
             if len(keep) == 1 and m >= self.min_passages:
@@ -255,13 +255,14 @@ class Consensus:
             [any(trusted[j] for j in [i, *copy_of.get(i, [])]) for i in keep],
             holders(keep, copy_of, sources, [document_of(p, self.source_key) for p in items]),
         )
-        self._groups(pool)
-        if self.quotes:
-            quoting(pool, query)
-        self._voices(pool, query)
+        if not few:  # below min_passages, a trusted passage is compared with (step 3) alone
+            self._groups(pool)
+            if self.quotes:
+                quoting(pool, query)
+            self._voices(pool, query)
         contradicting(pool, self.tightness, self.anchor)
         estimates = pool.estimates
-        if self.support and len(keep) < self.min_pool:  # a pool ingested twice is no larger
+        if self.support and len(keep) < max(self.min_pool, self.min_passages):  # copies once
             why = f"{len(keep)} distinct passages, fewer than min_pool={self.min_pool}"
             estimates["support"] = f"skipped: {why}"
         elif self.support and len(pool.topical) < self.min_support:
@@ -275,8 +276,7 @@ class Consensus:
             estimates["unsupported_apart"] = [
                 i for i in estimates["unsupported_apart"] if i not in left
             ]
-        known = [s for s in sources if s is not None]
-        estimates["sources"] = len(set(known)) if known else None
+        estimates["sources"] = len({s for s in sources if s is not None}) or None
         estimates.update(said)
         return consensus_result(
             self.name, query, items, full_qs, sources, trusted, removed, estimates, left

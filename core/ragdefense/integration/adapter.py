@@ -275,12 +275,14 @@ def checked_set(
     if name not in type(model).model_fields:
         assign(name, value)
         return
-    before = model.__dict__.get(name)
+    before, was_set = model.__dict__.get(name), name in model.model_fields_set
     assign(name, value)
     try:
         build()
     except Exception:
         model.__dict__[name] = before
+        if not was_set:
+            model.model_fields_set.discard(name)
         raise
 
 

@@ -229,7 +229,7 @@ class RobustRAG:
             progress: Called as ``progress(done, total)``: for the answer's own calls (``total``
                 is :meth:`answer_calls`) before the first and as each completes, then while
                 certification asks the LLM (``total`` is :meth:`certify_calls`). From the
-                calling thread; with :meth:`aanswer` and a sync model, from a worker thread.
+                calling thread; with :meth:`aanswer`, also from a worker thread.
         """
         flow = self._answer_flow(query, passages, choices, certify, attack, gold, progress)
         return self._run(flow)

@@ -160,8 +160,9 @@ STOP_WORDS = frozenset(
 )
 
 
-#: held while a pipeline loads (async answers extract keywords in worker threads)
-SPACY_LOCK = threading.Lock()
+#: held while a pipeline loads or reads a text: async answers extract keywords in worker
+#: threads, and spaCy does not promise that one pipeline may run in several at once
+SPACY_LOCK = threading.RLock()
 
 
 @lru_cache(maxsize=1)
@@ -189,7 +190,8 @@ def _meaningful(phrase: str) -> bool:
 def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
     """The keyword set of one response (see the module docstring)."""
     nlp = nlp or load_spacy()
-    doc = nlp(text)
+    with SPACY_LOCK:
+        doc = nlp(text)
     whole = text.strip()  # the whole response is its own keyword, stop word or not ("No")
     found: set[str] = set()
     run: list[Any] = []

@@ -133,18 +133,9 @@ class DefendedRetriever(BaseRetriever):
         fetch_k: int | None = None,
         max_rounds: int = FETCH_ROUNDS,
     ) -> None:
-        for label, value in (("k", k), ("fetch_k", fetch_k), ("max_rounds", max_rounds)):
-            _check_size(label, value)
-        if not isinstance(retriever, BaseRetriever):
-            raise TypeError(
-                f"retriever must be a LlamaIndex BaseRetriever, got {type(retriever).__name__}"
-            )
-        if not isinstance(postprocessor, DefensePostprocessor):
-            raise TypeError(
-                "postprocessor must be a DefensePostprocessor (ConsensusPostprocessor, ...), got "
-                f"{type(postprocessor).__name__}: another postprocessor goes in a query engine's "
-                "node_postprocessors"
-            )
+        given = {"k": k, "fetch_k": fetch_k, "max_rounds": max_rounds, "retriever": retriever}
+        for name, value in {**given, "postprocessor": postprocessor}.items():
+            _check_setting(name, value)  # before any is used (assigned, they are checked again)
         own = _top_k(retriever)
         self.k = k if k is not None else own
         pool = max(pool_size(postprocessor.core, self.k), own or 0) if self.k else None
@@ -155,9 +146,8 @@ class DefendedRetriever(BaseRetriever):
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """``k``, ``fetch_k`` and ``max_rounds`` set later are checked as at construction."""
-        if name in ("k", "fetch_k", "max_rounds"):
-            _check_size(name, value)
+        """The settings given to the constructor, set later, are checked as there."""
+        _check_setting(name, value)
         super().__setattr__(name, value)
 
     def _first_fetch(self) -> int | None:
@@ -204,10 +194,20 @@ async def _embedded(retriever: BaseRetriever, bundle: QueryBundle) -> QueryBundl
     return dataclasses.replace(bundle, embedding=vector)
 
 
-def _check_size(name: str, value: Any) -> None:
-    if (value is not None or name == "max_rounds") and positive_int(value) is None:
-        allowed = "a positive int" + ("" if name == "max_rounds" else " or None")
-        raise ValueError(f"{name} must be {allowed}, got {value!r}")
+def _check_setting(name: str, value: Any) -> None:
+    """A :class:`DefendedRetriever` setting checked (other attributes pass)."""
+    if name in ("k", "fetch_k", "max_rounds"):
+        if (value is not None or name == "max_rounds") and positive_int(value) is None:
+            allowed = "a positive int" + ("" if name == "max_rounds" else " or None")
+            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+    elif name == "retriever" and not isinstance(value, BaseRetriever):
+        raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(value).__name__}")
+    elif name == "postprocessor" and not isinstance(value, DefensePostprocessor):
+        raise TypeError(
+            "postprocessor must be a DefensePostprocessor (ConsensusPostprocessor, ...), got "
+            f"{type(value).__name__}: another postprocessor goes in a query engine's "
+            "node_postprocessors"
+        )
 
 
 def defend(
