@@ -151,3 +151,36 @@ def test_auto_benchmark_smoke(data_dir: Path, minilm: Embedder) -> None:
     # the poisoned majority: far better than GRADA, with or without the peel
     assert by[("nq", auto)]["poison_share"] < by[("nq", "groups only (grada-peel)")]["poison_share"]
     assert "auto misses" in table and "tight majority only" in table
+
+
+def test_a_page_stored_twice_is_no_coordinated_majority_nor_group() -> None:
+    """RAGDefender flags two copies of one text as its most similar pair (its design), and
+    AutoDefense read their cosine of 1 as a tight majority of 2 out of 9; and a copy of the
+    top passage lifted a pair past the peel's margin (counted twice in the mean)."""
+    rng = np.random.default_rng(0)
+    emb = np.c_[np.full(8, 2.0), rng.normal(size=(8, 15))]
+    q = np.r_[1.0, np.zeros(15)]
+    texts = [
+        f"passage {w} about topic 0"
+        for w in ["alpha", "bravo", "charlie", "delta", "echo", "fox", "golf", "hotel"]
+    ]
+    order = [*range(8), 1]  # passage 1 stored twice
+    once = AutoDefense().defend_embeddings("question?", texts, emb, q)
+    twice = AutoDefense().defend_embeddings("question?", [texts[i] for i in order], emb[order], q)
+    assert once.estimates["regime"] == twice.estimates["regime"] == "minority"
+
+    def unit(qs: float, k: int) -> np.ndarray:
+        v = np.zeros(9)
+        v[0], v[k] = qs, np.sqrt(1 - qs**2)
+        return v
+
+    emb9 = np.array([unit(0.94, 1), unit(0.87, 1)] + [unit(0.89, k) for k in range(2, 8)])
+    pages = [
+        f"{w} page."
+        for w in ["Alpha", "Bravo", "Charlie", "Delta", "Echo", "Foxtrot", "Golf", "Hotel"]
+    ]
+    for order in (list(range(8)), [*range(8), 0]):  # Alpha and Bravo lifted by 0.015 only
+        r = AutoDefense().defend_embeddings(
+            "q?", [pages[i] for i in order], emb9[order], np.eye(9)[0]
+        )
+        assert "groups" not in r.estimates.get("evidence", {}), order

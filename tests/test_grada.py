@@ -133,7 +133,7 @@ def test_no_positive_edge_keeps_retrieval_order() -> None:
 
 
 def test_ties_broken_by_retrieval_rank_not_text() -> None:
-    texts = ["zebra apple", "apple zebra", "zebra apple"]  # identical token sets: equal scores
+    texts = ["zebra apple", "apple zebra", "apple, zebra"]  # identical token sets: equal scores
     r = GRADA(similarity="bm25", n=3).defend("fruit", texts)
     assert r.kept_indices == [0, 1, 2]
 
@@ -198,23 +198,46 @@ def test_two_copies_of_one_text_are_no_group_three_are() -> None:
     assert [g.indices for g in coordinated_groups(sim, q, texts=[0, 0, 0, 3, 4, 5])] == [(0, 1, 2)]
 
 
-@pytest.mark.parametrize("name", ["auto", "grada-peel"])
-def test_a_clean_knowledge_base_ingested_twice_keeps_its_answers(
-    minilm: Embedder, name: str
-) -> None:
+@pytest.mark.parametrize("name", ["auto", "grada-peel", "grada"])
+def test_a_knowledge_base_ingested_twice_is_judged_as_once(minilm: Embedder, name: str) -> None:
     """Every page stored twice (a common indexing slip): the answer and its copy were peeled
-    as a coordinated group, and no question kept a passage on its subject."""
+    as a coordinated group, and no question kept a passage on its subject; then each copy
+    supported its own text in GRADA's graph (a planted passage stored twice was promoted).
+    Each text now counts once: the kept texts are those of the knowledge base stored once."""
     import ragdefense
     from ragdefense import InMemoryKnowledgeBase
     from ragdefense.data import load_demo_kb
 
     kb = load_demo_kb()
     benign = [t for q in kb for t in q.benign]
-    store = InMemoryKnowledgeBase(benign + benign, embedder=minilm)
+    once = InMemoryKnowledgeBase(benign, embedder=minilm)
+    twice = InMemoryKnowledgeBase(benign + benign, embedder=minilm)
     defense = ragdefense.defense(name, embedder=minilm)
     for q in kb:
-        kept = {p.text for p in defense.defend(q.question, store.search(q.question, 16)).kept}
-        assert kept & set(q.benign), q.question
+        alone = defense.defend(q.question, once.search(q.question, 8))
+        both = defense.defend(q.question, twice.search(q.question, 16))
+        assert {p.text for p in both.kept} == {p.text for p in alone.kept}, q.question
+        assert not any("coordinated group" in v.reason for v in both.verdicts)
+
+
+def test_a_planted_passage_stored_twice_gains_nothing_in_grada() -> None:
+    """The edge between two copies (a text's BM25 against itself) was the heaviest in the
+    graph: stored twice, the planted passage of the docstring's example filled the context."""
+    texts = [
+        "Who wrote Hamlet? Hamlet was written by Christopher Marlowe.",
+        "Hamlet is a tragedy by William Shakespeare.",
+        "Shakespeare wrote Hamlet around 1600.",
+        "The First Folio of Shakespeare's plays includes Hamlet.",
+    ]
+    plain = GRADA(n=2).defend("Who wrote Hamlet?", texts)
+    copied = GRADA(n=2).defend("Who wrote Hamlet?", [*texts, texts[0]])
+    assert plain.kept_indices == copied.kept_indices == [1, 3]
+    assert (
+        copied.verdicts[4].details["copy"] == 1.0
+        and "a copy of passage 0" in copied.verdicts[4].reason
+    )
+    assert copied.estimates["copies"] == {0: [4]}
+    assert GRADA().defend("Who wrote Hamlet?", texts + texts).kept_indices == [1, 3]
 
 
 def test_peel_removes_coordinated_poison_before_the_graph(toy_embedder: Embedder) -> None:
@@ -226,7 +249,8 @@ def test_peel_removes_coordinated_poison_before_the_graph(toy_embedder: Embedder
     for i in (0, 1, 2):
         reason = r.verdicts[i].reason
         assert reason.startswith("removed: coordinated group 1 of 3") and r.verdicts[i].score == 0
-    assert all("PageRank" in r.verdicts[i].reason for i in range(3, len(texts)))
+    assert all("PageRank" in r.verdicts[i].reason for i in range(3, len(texts) - 1))
+    assert "a copy of passage" in r.verdicts[-1].reason  # the pair's text is ranked once
     assert sum(v.score for v in r.verdicts) == pytest.approx(1.0)
     # the same configuration without the peel keeps some of the poison
     plain = GRADA(similarity="bm25", n=4, embedder=toy_embedder).defend(Q, texts)

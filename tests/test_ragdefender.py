@@ -301,3 +301,17 @@ def test_junk_passage_never_removes_the_on_topic_ones(minilm: Embedder, junk: st
     if not junk:  # without the step, the reported failure: the empty passage alone is kept
         old = RAGDefender(embedder=minilm, off_topic=None).defend(q.question, passages)
         assert old.kept_indices == [8]
+
+
+def test_stage_two_ties_in_float_noise_fall_to_input_position() -> None:
+    """Two passages' centralities are equal (188/25 each) but for float noise, which decided
+    which went: the documented tie-break, input position, decides now."""
+    emb = np.array([[.7, .3, .3, .1, .1, 1.3], [.1, .7, 1.3, .1, .3, .3], [.3, .3, .1, 1.3, .1, .7],
+                    [1.3, .7, .3, .1, .3, .1], [.1, 1.3, .7, .3, .1, .3], [1.3, .1, .7, .1, .3, .3],
+                    [.3, .1, .7, 1.3, .3, .1]])  # fmt: skip
+    pairs = [("alpha", "charlie"), ("bravo", "echo"), ("charlie", "india"), ("delta", "bravo"),
+             ("echo", "charlie"), ("foxtrot", "india"), ("golf", "hotel")]  # fmt: skip
+    texts = [f"about {a} and {b} things" for a, b in pairs]
+    order = [6, 3, 0, 5, 2, 1, 4]
+    r = RAGDefender().defend_embeddings("about things?", [texts[i] for i in order], emb[order])
+    assert sorted(order[i] for i in r.removed_indices) == [1, 3, 5]

@@ -133,17 +133,16 @@ class AutoDefense:
         query_sim = cosine_to(emb, q_emb)
         flagged_by_rd = self.ragdefender.defend_embeddings(query, items, emb, q_emb)
         flagged = set(flagged_by_rd.removed_indices)
+        texts = copy_numbers(items, emb)  # copies of one text count once
         groups = (
-            coordinated_groups(
-                sim, query_sim, self.peel_tightness, self.peel_margin, copy_numbers(items, emb)
-            )
+            coordinated_groups(sim, query_sim, self.peel_tightness, self.peel_margin, texts)
             if self.peel
             else []
         )
         evidence: dict[str, Any] = {"ragdefender_flagged": sorted(flagged)}
         if groups:
             return self._groups(query, items, emb, q_emb, sim, query_sim, groups, flagged, evidence)
-        tightness = _least_pairwise(sim, sorted(flagged))
+        tightness = _least_pairwise(sim, sorted({texts[i] for i in flagged}))  # a copy: no group
         evidence["flagged_least_cosine"] = tightness
         if (
             tightness is not None

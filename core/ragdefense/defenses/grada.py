@@ -24,15 +24,12 @@ not (several coordinated poison passages); the benchmark pages show the effect.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
-from scipy.cluster.hierarchy import linkage
-from scipy.spatial.distance import squareform
 
 from ..embedders import passage_and_query_embeddings
-from ..similarity import BM25, cosine_matrix, cosine_to, cut, pagerank, pairs_among
+from ..similarity import BM25, cosine_matrix, cosine_to, pagerank
 from ..types import (
     DefenseResult,
     PassageLike,
@@ -40,79 +37,22 @@ from ..types import (
     check_query,
     to_passages,
 )
+from .groups import CoordinatedGroup, coordinated_groups
 from .params import check_embedder, check_given, differences, flags, integers, reals
-from .pool import copy_numbers
+from .pool import COPY_REASON, copy_numbers, distinct
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
 Similarity = Literal["hrsim", "bm25", "ebd"]
 
 
-@dataclass(frozen=True)
-class CoordinatedGroup:
-    """A group removed by :func:`coordinated_groups`: its passage indices, the mean cosine
-    similarity within it, and how much its mean query similarity exceeds the other passages'."""
-
-    indices: tuple[int, ...]
-    cohesion: float
-    query_margin: float
-
-
-def coordinated_groups(
-    sim: np.ndarray,
-    query_sim: np.ndarray,
-    tightness: float = 0.9,
-    margin: float = 0.02,
-    texts: Sequence[int] | None = None,
-) -> list[CoordinatedGroup]:
-    """Peel coordinated groups off a retrieved set, most query-elevated first.
-
-    Repeatedly: cluster the passages still in (average linkage on cosine similarity, merged
-    while the average similarity is >= ``tightness``); among the clusters of two or more
-    passages that are not all of them, take the one whose mean query similarity exceeds the
-    others' by the most; stop when that is below ``margin`` or fewer than three passages are
-    left. Near-duplicate *benign* passages (syndicated news) form tight groups too, but the
-    retriever does not rank them above their neighbours; passages written for the query do.
-
-    Args:
-        sim: (M, M) cosine similarities between the passages.
-        query_sim: (M,) cosine similarity of each passage to the query.
-        tightness: Least average cosine within a group (clusters merge while at or above it).
-        margin: Least excess of a group's mean query similarity over the other passages'.
-        texts: One number per passage, equal for copies of one text: two copies of one text
-            are no group (a page ingested twice), three or more are (a passage repeated).
-    """
-    m = len(query_sim)
-    alive = np.ones(m, dtype=bool)
-    groups: list[CoordinatedGroup] = []
-    while alive.sum() >= 3:
-        idx = np.flatnonzero(alive)
-        dist = np.clip(1.0 - sim[np.ix_(idx, idx)], 0.0, None)
-        np.fill_diagonal(dist, 0.0)
-        labels = cut(
-            linkage(squareform(dist, checks=False), method="average"), height=1 - tightness
-        )
-        best: tuple[float, np.ndarray] | None = None
-        for label in np.unique(labels):
-            member = labels == label
-            if member.sum() < 2 or member.all():
-                continue
-            if texts is not None and member.sum() < 3 and len({texts[i] for i in idx[member]}) < 2:
-                continue  # one text stored twice
-            lift = float(query_sim[idx[member]].mean() - query_sim[idx[~member]].mean())
-            if best is None or lift > best[0]:
-                best = (lift, idx[member])
-        if best is None or best[0] < margin:
-            break
-        lift, members = best
-        inner = pairs_among(sim, members)
-        groups.append(CoordinatedGroup(tuple(int(i) for i in members), float(inner.mean()), lift))
-        alive[members] = False
-    return groups
-
-
 class GRADA:
     """GRADA graph reranker.
+
+    Copies of one text (a page stored twice) count once, beyond the paper: the graph holds the
+    first copy, and the others are left out beside it (between two copies the edge is a
+    text's similarity to itself, the heaviest of the graph: a passage stored twice would
+    support itself into the top n). ``n=None`` halves the distinct texts.
 
     Args:
         similarity: Edge weights: ``"hrsim"`` (default, the paper's best: similarity minus
@@ -121,7 +61,8 @@ class GRADA:
         hrsim_base: Base similarity of ``"hrsim"``: ``"bm25"`` (default, as the paper) or
             ``"ebd"``.
         alpha: HRSIM penalty coefficient (paper: 0.4).
-        n: Passages kept; ``None`` keeps ``M // 2`` (the paper retrieves M = 2n).
+        n: Passages kept; ``None`` keeps ``M // 2`` of the distinct texts (the paper retrieves
+            M = 2n).
         damping: PageRank damping factor (``networkx``'s default).
         tol: PageRank convergence tolerance (``networkx``'s default).
         max_iter: Most PageRank iterations (``networkx``'s default).
@@ -248,7 +189,9 @@ class GRADA:
         peeled = dict(exclude or {})
         if any(not 0 <= i < m for i in peeled):
             raise ValueError(f"exclude has indices outside 0..{m - 1}: {sorted(peeled)}")
-        keep = m // 2 if self.n is None else self.n
+        _, copy_of = distinct(items, embeddings)  # a copy would support its own text
+        copies = {c: first for first, later in copy_of.items() for c in later}
+        keep = (m - len(copies)) // 2 if self.n is None else self.n
         keep = min(max(keep, 1), m)
         if m < 2:
             check_given(embeddings, query_embedding, items)  # unused, still checked
@@ -285,7 +228,9 @@ class GRADA:
                         f"the graph (mean cosine {group.cohesion:.3f} within it; query "
                         f"similarity {group.query_margin:+.3f} above the rest)"
                     )
-        rest = [i for i in range(m) if i not in peeled]
+        left = {i: t for i, t in copies.items() if i not in peeled and t not in peeled}
+        peeled |= {i: peeled[t] for i, t in copies.items() if t in peeled}  # go with it
+        rest = [i for i in range(m) if i not in peeled and i not in left]
         weights = np.zeros((m, m))
         q_sim = np.zeros(m)
         scores = np.zeros(m)
@@ -308,10 +253,12 @@ class GRADA:
         }
         if self.peel or peeled:
             estimates["peeled"] = sorted(peeled)
+        if copies:  # as Consensus says them: each first copy, and its later copies
+            estimates["copies"] = copy_of
         if len(rest) > 1 and not (weights > 0).any():
             estimates["note"] = "no positive edge: uniform scores, retrieval order kept"
         return self._result(
-            query, items, scores, q_sim, weights, min(keep, len(rest)), estimates, peeled
+            query, items, scores, q_sim, weights, min(keep, len(rest)), estimates, peeled, left
         )
 
     def _weights(
@@ -344,9 +291,10 @@ class GRADA:
         keep: int,
         estimates: dict[str, Any],
         peeled: dict[int, str] | None = None,
+        copies: dict[int, int] | None = None,
     ) -> DefenseResult:
         m = len(items)
-        peeled = peeled or {}
+        peeled, copies = peeled or {}, copies or {}
         # higher score first; equal scores (to 1e-12) keep retrieval order
         order = np.lexsort((np.arange(m), -np.round(scores, 12)))
         rank = np.empty(m, dtype=int)
@@ -356,9 +304,11 @@ class GRADA:
         uniform = "note" in estimates
         verdicts = []
         for i, passage in enumerate(items):
-            kept = bool(rank[i] < keep) and i not in peeled
+            kept = bool(rank[i] < keep) and i not in peeled and i not in copies
             where = f"rank {rank[i] + 1} of {m} (was {i + 1})"
-            if i in peeled:
+            if i in copies:
+                why = COPY_REASON.format(copies[i])
+            elif i in peeled:
                 why = peeled[i]
             elif uniform:
                 why = f"{estimates['note']}; {where}"
@@ -377,7 +327,7 @@ class GRADA:
                         "kept: "
                         if kept
                         else "removed: "
-                        if i in peeled
+                        if i in peeled or i in copies
                         else f"removed: below the top {keep}; "
                     )
                     + why,
@@ -386,6 +336,7 @@ class GRADA:
                         "query_sim": float(q_sim[i]),
                         "degree": float(degree[i]),
                         "strength": float(strength[i]),
+                        "copy": float(i in copies),
                     },
                 )
             )

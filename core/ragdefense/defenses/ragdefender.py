@@ -146,7 +146,7 @@ def identify_adversarial(
     n = sim.shape[0]
     f, pairs = pair_frequency_scores(sim, n_adv, p)
     centrality = sim.sum(axis=1) - np.diag(sim)
-    order = np.lexsort((np.arange(n), -centrality, -f))
+    order = np.lexsort((np.arange(n), -np.round(centrality, 12), -np.round(f, 12)))  # noise: a tie
     return order, f, pairs
 
 
