@@ -184,3 +184,31 @@ def test_a_page_stored_twice_is_no_coordinated_majority_nor_group() -> None:
             "q?", [pages[i] for i in order], emb9[order], np.eye(9)[0]
         )
         assert "groups" not in r.estimates.get("evidence", {}), order
+
+
+@pytest.mark.parametrize(("copies", "regime"), [(2, "minority"), (3, "poisoned majority")])
+def test_one_text_flagged_three_times_is_a_majority_twice_is_not(copies: int, regime: str) -> None:
+    """Tightness is read on distinct texts: two copies of a page flagged are one text, no
+    group; three or more are a passage repeated, as step 1 reads them (the injection family's
+    identical planted copies), and RAGDefender's verdicts stand."""
+    rng = np.random.default_rng(0)
+    emb = np.c_[np.full(8, 2.0), rng.normal(size=(8, 15))]
+    texts = [f"passage {w} about topic 0" for w in ["a", "b", "c", "d", "e", "f", "g", "h"]]
+    order = [*range(8), *[1] * (copies - 1)]
+    flagged = [1, *range(8, 8 + copies - 1)]
+
+    class Flags:  # RAGDefender's flags: exactly the copies
+        def defend_embeddings(self, query: str, items: Sequence[Any], *args: Any) -> DefenseResult:
+            given = to_passages(items)
+            verdicts = tuple(
+                Verdict(i, p, i not in flagged, 0.0, "kept" if i not in flagged else "removed")
+                for i, p in enumerate(given)
+            )
+            return DefenseResult("RAGDefender", query, verdicts, "score")
+
+    auto = AutoDefense(peel=False)
+    auto.ragdefender = Flags()  # type: ignore[assignment]
+    r = auto.defend_embeddings(
+        "q?", [texts[i] for i in order], emb[order], np.r_[1.0, np.zeros(15)]
+    )
+    assert r.estimates["regime"] == regime

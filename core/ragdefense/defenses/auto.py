@@ -142,7 +142,9 @@ class AutoDefense:
         evidence: dict[str, Any] = {"ragdefender_flagged": sorted(flagged)}
         if groups:
             return self._groups(query, items, emb, q_emb, sim, query_sim, groups, flagged, evidence)
-        tightness = _least_pairwise(sim, sorted({texts[i] for i in flagged}))  # a copy: no group
+        once = sorted({texts[i] for i in flagged})  # a page stored twice is no group; one text
+        repeated = len(once) == 1 and len(flagged) >= 3  # three times or more is, as in step 1
+        tightness = 1.0 if repeated else _least_pairwise(sim, once)
         evidence["flagged_least_cosine"] = tightness
         if (
             tightness is not None
