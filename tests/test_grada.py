@@ -232,11 +232,16 @@ def test_a_planted_passage_stored_twice_gains_nothing_in_grada() -> None:
     plain = GRADA(n=2).defend("Who wrote Hamlet?", texts)
     copied = GRADA(n=2).defend("Who wrote Hamlet?", [*texts, texts[0]])
     assert plain.kept_indices == copied.kept_indices == [1, 3]
-    assert (
-        copied.verdicts[4].details["copy"] == 1.0
-        and "a copy of passage 0" in copied.verdicts[4].reason
-    )
     assert copied.estimates["copies"] == {0: [4]}
+    # its first copy ranked out, the copy goes with it (no "stands for it": nothing does)
+    assert copied.verdicts[4].details["copy"] == 0.0
+    assert "a copy of passage 0, removed with it" in copied.verdicts[4].reason
+    kept = GRADA(n=2).defend("Who wrote Hamlet?", [*texts, texts[1]])  # a kept text's copy
+    assert kept.kept_indices == [1, 3] and kept.verdicts[4].details["copy"] == 1.0
+    assert "which stands for it" in kept.verdicts[4].reason
+    given = {0: "reason A", 4: "reason B"}  # a caller's own reason for a copy stays
+    excluded = GRADA(n=2).defend_embeddings("Who wrote Hamlet?", [*texts, texts[0]], exclude=given)
+    assert excluded.verdicts[4].reason == "removed: reason B"
     assert GRADA().defend("Who wrote Hamlet?", texts + texts).kept_indices == [1, 3]
 
 

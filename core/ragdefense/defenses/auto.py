@@ -47,7 +47,7 @@ class AutoDefense:
     Args:
         embedder: Anything :func:`ragdefense.as_embedder` accepts (``None``: the packaged
             all-MiniLM-L6-v2); passages that carry an embedding are not re-embedded.
-        n: Passages GRADA keeps (``None``: half of those retrieved, as GRADA).
+        n: Passages GRADA keeps (``None``: half the distinct texts retrieved, as GRADA).
         peel_tightness: The coordinated groups' ``tightness``
             (:func:`~ragdefense.defenses.grada.coordinated_groups`).
         peel_margin: The coordinated groups' ``margin``
@@ -99,7 +99,7 @@ class AutoDefense:
 
     @property
     def n(self) -> int | None:
-        """Passages GRADA keeps (``None``: half of those retrieved)."""
+        """Passages GRADA keeps (``None``: half the distinct texts retrieved)."""
         return self.grada.n
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:

@@ -61,8 +61,8 @@ class GRADA:
         hrsim_base: Base similarity of ``"hrsim"``: ``"bm25"`` (default, as the paper) or
             ``"ebd"``.
         alpha: HRSIM penalty coefficient (paper: 0.4).
-        n: Passages kept; ``None`` keeps ``M // 2`` of the distinct texts (the paper retrieves
-            M = 2n).
+        n: Passages kept; ``None`` keeps half the distinct texts (the paper retrieves M = 2n
+            and keeps n).
         damping: PageRank damping factor (``networkx``'s default).
         tol: PageRank convergence tolerance (``networkx``'s default).
         max_iter: Most PageRank iterations (``networkx``'s default).
@@ -130,7 +130,7 @@ class GRADA:
             raise ValueError(f"tol must be > 0 and max_iter >= 1, got {tol} and {max_iter}")
         differences(peel_margin=peel_margin)
         if n is not None and n < 1:
-            raise ValueError(f"n must be >= 1 (or None for M // 2), got {n}")
+            raise ValueError(f"n must be >= 1 (or None for half the distinct texts), got {n}")
         if not 0 < damping < 1:
             raise ValueError(f"damping must be in (0, 1), got {damping}")
         if alpha < 0:
@@ -229,7 +229,7 @@ class GRADA:
                         f"similarity {group.query_margin:+.3f} above the rest)"
                     )
         left = {i: t for i, t in copies.items() if i not in peeled and t not in peeled}
-        peeled |= {i: peeled[t] for i, t in copies.items() if t in peeled}  # go with it
+        peeled |= {i: peeled[t] for i, t in copies.items() if t in peeled and i not in peeled}
         rest = [i for i in range(m) if i not in peeled and i not in left]
         weights = np.zeros((m, m))
         q_sim = np.zeros(m)
@@ -303,11 +303,16 @@ class GRADA:
         strength = weights.sum(axis=1)
         uniform = "note" in estimates
         verdicts = []
+        keeps = [bool(rank[i] < keep) and i not in peeled and i not in copies for i in range(m)]
+        # a copy is left out beside its kept first copy, or goes with a first copy ranked out
+        standing = {i for i, t in copies.items() if keeps[t]}
         for i, passage in enumerate(items):
-            kept = bool(rank[i] < keep) and i not in peeled and i not in copies
+            kept = keeps[i]
             where = f"rank {rank[i] + 1} of {m} (was {i + 1})"
-            if i in copies:
+            if i in standing:
                 why = COPY_REASON.format(copies[i])
+            elif i in copies:
+                why = f"a copy of passage {copies[i]}, removed with it: below the top {keep}"
             elif i in peeled:
                 why = peeled[i]
             elif uniform:
@@ -336,7 +341,7 @@ class GRADA:
                         "query_sim": float(q_sim[i]),
                         "degree": float(degree[i]),
                         "strength": float(strength[i]),
-                        "copy": float(i in copies),
+                        "copy": float(i in standing),
                     },
                 )
             )
