@@ -39,7 +39,7 @@ from ..types import (
 )
 from .groups import CoordinatedGroup, coordinated_groups
 from .params import check_embedder, check_given, differences, flags, integers, reals
-from .pool import COPY_REASON, copy_numbers, distinct
+from .pool import COPY_REASON, distinct
 
 __all__ = ["GRADA", "CoordinatedGroup", "coordinated_groups", "pagerank"]
 
@@ -219,7 +219,7 @@ class GRADA:
                 cosine_to(emb[rest], q_emb),
                 self.peel_tightness,
                 self.peel_margin,
-                copy_numbers([items[i] for i in rest], emb[rest]),
+                [copies.get(i, i) for i in rest],  # equal for copies of one text
             )
             for g, group in enumerate(groups, start=1):
                 for i in (rest[j] for j in group.indices):

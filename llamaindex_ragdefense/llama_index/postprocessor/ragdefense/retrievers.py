@@ -133,9 +133,14 @@ class DefendedRetriever(BaseRetriever):
         fetch_k: int | None = None,
         max_rounds: int = FETCH_ROUNDS,
     ) -> None:
-        given = {"k": k, "fetch_k": fetch_k, "max_rounds": max_rounds, "retriever": retriever}
-        for name, value in {**given, "postprocessor": postprocessor}.items():
-            _check_setting(name, value)  # before any is used (assigned, they are checked again)
+        for name, value in (
+            ("k", k),
+            ("fetch_k", fetch_k),  # checked before use: "fetch_k or pool" would hide a 0
+            ("max_rounds", max_rounds),
+            ("retriever", retriever),
+            ("postprocessor", postprocessor),
+        ):
+            _check_setting(name, value)
         own = _top_k(retriever)
         self.k = k if k is not None else own
         pool = max(pool_size(postprocessor.core, self.k), own or 0) if self.k else None
