@@ -105,6 +105,11 @@ def test_below_min_passages_only_the_trust_step_acts() -> None:
         assert all("coordinated group" not in v.reason for v in result.verdicts)
         if anchor is None:
             assert result.removed == []
+    # the support vote's note names the floor that stopped it: min_passages here, not min_pool
+    raised = Consensus(trusted=trust, min_passages=12).defend_embeddings(
+        "which?", [answer, *planted], query_embedding=q
+    )
+    assert raised.estimates["support"] == "skipped: 3 distinct texts, under min_passages=12"
     judged = Consensus(trusted=trust).defend_embeddings(
         "which?", [answer, *planted], query_embedding=q
     )

@@ -242,6 +242,8 @@ def test_a_planted_passage_stored_twice_gains_nothing_in_grada() -> None:
     given = {0: "reason A", 4: "reason B"}  # a caller's own reason for a copy stays
     excluded = GRADA(n=2).defend_embeddings("Who wrote Hamlet?", [*texts, texts[0]], exclude=given)
     assert excluded.verdicts[4].reason == "removed: reason B"
+    alone = GRADA().defend_embeddings("Who wrote Hamlet?", texts[:1], exclude={0: "reason A"})
+    assert alone.kept_indices == [] and alone.verdicts[0].reason == "removed: reason A"
     assert GRADA().defend("Who wrote Hamlet?", texts + texts).kept_indices == [1, 3]
 
 

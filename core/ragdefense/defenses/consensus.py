@@ -262,9 +262,9 @@ class Consensus:
             self._voices(pool, query)
         contradicting(pool, self.tightness, self.anchor)
         estimates = pool.estimates
-        if self.support and len(keep) < max(self.min_pool, self.min_passages):  # copies once
-            why = f"{len(keep)} distinct passages, fewer than min_pool={self.min_pool}"
-            estimates["support"] = f"skipped: {why}"
+        floor, name = max((self.min_pool, "min_pool"), (self.min_passages, "min_passages"))
+        if self.support and len(keep) < floor:  # copies once
+            estimates["support"] = f"skipped: {len(keep)} distinct texts, under {name}={floor}"
         elif self.support and len(pool.topical) < self.min_support:
             why = f"{len(pool.topical)} distinct passages on the query's topic"
             estimates["support"] = f"skipped: {why}, fewer than min_support={self.min_support}"

@@ -203,6 +203,7 @@ class GRADA:
                 np.zeros((m, m)),
                 keep,
                 {"note": "fewer than 2 passages: nothing to rerank"},
+                peeled,
             )
         emb = q_emb = None
         if self.uses_embeddings:  # resolved once, for the peel and the graph
