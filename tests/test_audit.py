@@ -972,7 +972,9 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
         audit(["a b c"], top_m=1)
     with pytest.raises(ValueError, match="dimensions"):
         audit(ListCorpus(["one two three"] * 3, vectors=np.ones((3, 5))), embedder=toy)
-    with pytest.raises(ValueError, match=r"chunk '1': its text is not valid Unicode"):
+    with pytest.raises(
+        ValueError, match=r"chunk 2 of the batch \('1'\): its text is not valid Unicode"
+    ):
         ListCorpus(["fine text", "broken \ud800 text"])
     with pytest.raises(ValueError, match="one row of numbers per chunk"):
         ListCorpus(["a", "b"], vectors=[[1.0, 2.0], [1.0]])

@@ -361,3 +361,84 @@ def test_numpy_integers_are_settings_as_ints(tmp_path: Path) -> None:
     report = audit(ListCorpus(texts, ids), settings, workdir=tmp_path / "w",
                    embedder=CallableEmbedder(bag_of_words))  # fmt: skip
     assert report.stats["chunks"] == len(texts)
+
+
+class DefendOnly(Drop):
+    """A defense with ``defend()`` alone: what :class:`~ragdefense.types.Defense` asks for."""
+
+    defend_embeddings = None  # type: ignore[assignment]
+
+
+def test_a_defense_with_defend_only_is_audited_with(tmp_path: Path) -> None:
+    """The probes' step called ``defend_embeddings`` on every defense: one with ``defend()``
+    alone failed after the whole embedding and search; an object that is no defense is
+    refused when the settings are made."""
+    report = _audit(tmp_path, [DefendOnly(True)])
+    assert report.stats["flagged_at_least_once"] > 0
+    for spec in (None, object()):
+        with pytest.raises(TypeError, match="neither a name nor a defense"):
+            AuditSettings(defenses=[spec])
+
+
+def test_scoring_is_checked_when_made_and_written_as_json(tmp_path: Path) -> None:
+    """``AuditSettings.scoring`` was used as given: a dict or a string threshold failed at
+    the report, after the whole run, and a numpy float made ``report.json`` unwritable."""
+    from ragdefense.auditing.evidence import Scoring
+
+    for scoring, error in (
+        ({"threshold": 0.3}, TypeError),
+        (Scoring(threshold="0.3"), TypeError),  # type: ignore[arg-type]
+        (Scoring(threshold=None), TypeError),  # type: ignore[arg-type]
+        (Scoring(threshold=float("nan")), ValueError),
+        (Scoring(wide_threshold=-1.0), ValueError),
+        (Scoring(min_group=1), ValueError),
+        (Scoring(max_group=2.5), TypeError),  # type: ignore[arg-type]
+    ):
+        with pytest.raises(error, match="scoring"):
+            AuditSettings(scoring=scoring)  # type: ignore[arg-type]
+    settings = AuditSettings(scoring=Scoring(threshold=np.float32(0.25), min_group=np.int64(3)))
+    assert settings.scoring is not None and type(settings.scoring.threshold) is float
+    assert type(settings.scoring.min_group) is int
+    texts, ids, _ = toy_corpus()
+    report = audit(ListCorpus(texts, ids), settings, workdir=tmp_path / "w",
+                   embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    report.write(tmp_path / "out", ["json"])
+    written = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert written["stats"]["scoring"]["threshold"] == 0.25
+
+
+def test_parquet_map_metadata_is_read_and_odd_metadata_refused(tmp_path: Path) -> None:
+    """A Parquet ``map<string, string>`` column (Spark, Delta) came back as key-value pairs and
+    was dropped without a word, turning provenance off; a JSON record's metadata that is no
+    object was dropped too."""
+    pa = pytest.importorskip("pyarrow")
+    pq = pytest.importorskip("pyarrow.parquet")
+    from ragdefense.auditing.corpus import as_corpus
+
+    meta = pa.array(
+        [[("source", "a.pdf")], [("source", "b.pdf")]], pa.map_(pa.string(), pa.string())
+    )
+    path = tmp_path / "kb.parquet"
+    pq.write_table(pa.table({"id": ["1", "2"], "text": ["one", "two"], "metadata": meta}), path)
+    batch = next(iter(as_corpus(path).batches(8)))
+    assert batch.metadata == [{"source": "a.pdf"}, {"source": "b.pdf"}]
+    odd = tmp_path / "kb.jsonl"
+    odd.write_text('{"id": "1", "text": "one", "metadata": [["source", "a.pdf"]]}\n')
+    with pytest.raises(ValueError, match="chunk '1': metadata must be an object"):
+        next(iter(as_corpus(odd).batches(8)))
+
+
+def test_a_corpus_is_told_apart_whatever_its_texts_hold() -> None:
+    """The fingerprint and the part digest joined ids and texts with NUL: two corpora whose
+    texts hold one (PDF extraction writes them) read as one, and a resume would reuse the other's
+    parts; a missing text became the word "None"."""
+    from ragdefense.auditing.workdir import part_digest
+
+    one = ListCorpus(["x\0y", "z"], ["a", "b"])
+    other = ListCorpus(["y", "z"], ["a", "b\0x"])
+    assert one.fingerprint() != other.fingerprint()
+    assert part_digest(one.ids, one.texts, ["", ""], None) != part_digest(
+        other.ids, other.texts, ["", ""], None
+    )
+    with pytest.raises(ValueError, match="has no text string"):
+        ListCorpus(["Real passage.", None])  # type: ignore[list-item]

@@ -136,11 +136,9 @@ class ListCorpus:
         vectors: Any = None,
         metadata: Sequence[Mapping[str, Any] | None] | None = None,
     ) -> None:
-        self.texts = [str(t) for t in texts]
+        self.texts = [t if t is None else str(t) for t in texts]  # None: refused below
         self.ids = [str(i) for i in ids] if ids is not None else [str(i) for i in range(len(texts))]
         self.titles = [str(t or "") for t in titles] if titles is not None else [""] * len(texts)
-        for chunk_id, text in zip(self.ids, self.texts, strict=False):
-            _check_text(text, f"chunk {chunk_id!r}")
         try:
             self.vectors = None if vectors is None else np.asarray(vectors, dtype=np.float32)
         except (TypeError, ValueError) as exc:
@@ -156,11 +154,11 @@ class ListCorpus:
         if self.vectors is not None and not np.isfinite(self.vectors).all():
             bad = sorted({int(i) for i in np.argwhere(~np.isfinite(self.vectors))[:, 0]})[:5]
             raise ValueError(f"the vectors of chunk(s) {bad} hold NaN or infinite values")
-        Batch(self.ids, self.texts, self.titles, self.vectors, self.metadata)  # the lengths
+        Batch(self.ids, self.texts, self.titles, self.vectors, self.metadata)  # lengths, texts
 
     def fingerprint(self) -> str:
         """Size and a hash of the ids and texts."""
-        digest = hashlib.sha256("\0".join([*self.ids, *self.texts]).encode()).hexdigest()
+        digest = hashlib.sha256(json.dumps([self.ids, self.texts]).encode()).hexdigest()
         return f"{len(self.texts)} chunks {digest[:16]}"
 
     def batches(self, size: int) -> Iterator[Batch]:
@@ -230,7 +228,7 @@ class FileCorpus:
             try:
                 parts = _parquet().ParquetFile(self.path).iter_batches(batch_size=4096)
                 for record_batch in parts:
-                    yield from record_batch.to_pylist()
+                    yield from record_batch.to_pylist(maps_as_pydicts="lossy")  # map: dict
             except Exception as exc:  # pyarrow's, on a damaged file
                 raise ValueError(f"{self.path}: not a readable Parquet file ({exc})") from None
             return
@@ -317,6 +315,8 @@ def _metadata(record: dict[str, Any]) -> dict[str, Any]:
             nested = json.loads(nested)
         except json.JSONDecodeError:
             nested = None
+    if nested is not None and not isinstance(nested, (str, Mapping)):  # a string: not JSON
+        raise ValueError(f"chunk {record.get('id')!r}: metadata must be an object, not {nested!r}")
     extra = {k: v for k, v in record.items() if k not in _OWN_FIELDS}
     return {**extra, **nested} if isinstance(nested, Mapping) else extra
 

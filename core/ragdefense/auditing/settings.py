@@ -128,6 +128,33 @@ class AuditSettings:
             raise ValueError("source_key must be a metadata key, 'auto' or None")
         if not self.defenses:
             raise ValueError("give at least one defense")
+        for spec in self.defenses:  # an object must defend, before hours of embedding
+            if not isinstance(spec, str) and not callable(getattr(spec, "defend", None)):
+                raise TypeError(f"defenses: {spec!r} is neither a name nor a defense")
+        if self.scoring is not None:
+            object.__setattr__(self, "scoring", _checked(self.scoring))
+
+
+def _checked(scoring: Any) -> Scoring:
+    """``scoring`` with each value a plain number (JSON writes the report's ``stats``), each
+    checked: a whole number >= 2 for the group sizes, a finite one >= 0 for the rest."""
+    if not isinstance(scoring, Scoring):
+        raise TypeError(f"scoring must be a Scoring, got {scoring!r}")
+    values = {}
+    for f in fields(scoring):
+        value = getattr(scoring, f.name)
+        if f.name in ("min_group", "max_group"):
+            _whole(f"scoring.{f.name}", value)
+            if value < 2:
+                raise ValueError(f"scoring.{f.name} must be >= 2, got {value}")
+            values[f.name] = int(value)
+            continue
+        if isinstance(value, bool) or not isinstance(value, int | float | np.integer | np.floating):
+            raise TypeError(f"scoring.{f.name} must be a number, got {value!r}")
+        if not np.isfinite(value) or value < 0:
+            raise ValueError(f"scoring.{f.name} must be finite and >= 0, got {value}")
+        values[f.name] = float(value)
+    return replace(scoring, **values)
 
 
 #: the search indexes an audit builds

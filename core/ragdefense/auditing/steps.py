@@ -368,7 +368,12 @@ class DefendStep:
             for name, defense in self._defenses():
                 if len(passages) < 2:
                     break
-                result = defense.defend_embeddings(question, passages, vectors, queries[row])
+                given = getattr(defense, "defend_embeddings", None)  # a defend()-only defense
+                result = (
+                    given(question, passages, vectors, queries[row])
+                    if callable(given)
+                    else defense.defend(question, passages)
+                )
                 record["flags"][name] = {  # a copy left out is no flag: its text stays
                     str(hits[v.index]): v.reason
                     for v in result.verdicts

@@ -349,7 +349,7 @@ def part_digest(ids: list[str], texts: list[str], titles: list[str], vectors: An
     """A chunk part's identity: a hash of its ids, texts and titles (they choose the derived
     probes) and of its stored vectors (``None``: the audit embeds it), at unit length and 5
     decimals (a store read again gives them as it stored them, whatever their float type)."""
-    digest = hashlib.sha256("\0".join([*ids, *texts, "\0", *titles]).encode("utf-8"))
+    digest = hashlib.sha256(json.dumps([ids, texts, titles]).encode())  # unambiguous
     if vectors is not None:
         digest.update(np.round(unit_rows(np.asarray(vectors, dtype=np.float64)), 5).tobytes())
     return digest.hexdigest()[:32]
