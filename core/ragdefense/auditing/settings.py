@@ -140,7 +140,7 @@ def _checked(scoring: Any) -> Scoring:
     checked: a whole number >= 2 for the group sizes, a finite one >= 0 for the rest."""
     if not isinstance(scoring, Scoring):
         raise TypeError(f"scoring must be a Scoring, got {scoring!r}")
-    values = {}
+    values: dict[str, Any] = {}
     for f in fields(scoring):
         value = getattr(scoring, f.name)
         if f.name in ("min_group", "max_group"):
