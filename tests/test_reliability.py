@@ -4,6 +4,7 @@ that failed before its fix."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import subprocess
 import sys
@@ -681,6 +682,34 @@ def test_cli_checks_output_paths_first(tmp_path: Any, capsys: pytest.CaptureFixt
     assert "give --out" in capsys.readouterr().err
     assert main(["attack", "--json", str(tmp_path / "missing" / "r.json")]) == 2
     assert "existing folder" in capsys.readouterr().err
+
+
+def test_cli_attack_checks_its_targets_first_and_never_writes_over_an_input(
+    tmp_path: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Found by an independent review: the targets were checked after the model loaded and the
+    knowledge base was embedded (an empty or duplicated file, a multi-answer target without
+    alternatives), and ``--json`` naming the targets file wrote the report over it."""
+    from ragdefense.cli import main
+
+    one = {"question": "Capital of Australia?", "wrong_answer": "Sydney"}
+    for records, message in (
+        ([], "no targets"),
+        ([one, one], "two targets share the question"),
+        ([one], "multi-answer plants several wrong answers"),
+    ):
+        targets = tmp_path / "t.json"
+        targets.write_text(json.dumps(records))
+        argv = ["attack", "--targets", str(targets), "--attack", "multi-answer", "--llm", "x:y"]
+        assert main(argv) == 2  # --llm x:y, never imported: the targets fail first
+        err = capsys.readouterr().err
+        assert message in err and err.count("\n") == 1 and "x:y" not in err
+    targets.write_text(json.dumps([one]))
+    for given in ("--targets", "--kb"):
+        argv = ["attack", given, str(targets), "--json", str(tmp_path / "." / "t.json")]
+        assert main(argv) == 2
+        assert "that is an input of this command" in capsys.readouterr().err
+    assert json.loads(targets.read_text()) == [one]
 
 
 def test_suite_errors_column_counts_each_defense_alone() -> None:

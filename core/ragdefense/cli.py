@@ -51,7 +51,8 @@ def _llm(spec: str | None) -> Any:
     return _resolve(spec, "--llm (use 'packaged' or module:attribute)")
 
 
-def _out_file(path: str | None) -> None:
+def _out_file(path: str | None, *inputs: str | None) -> None:
+    """``--json``: a writable file in an existing folder, none of the command's ``inputs``."""
     if path is None:
         return
     file = Path(path)
@@ -59,6 +60,8 @@ def _out_file(path: str | None) -> None:
         raise UsageError(f"--json {path}: name a file in an existing folder")
     if not os.access(file if file.exists() else file.parent, os.W_OK):
         raise UsageError(f"--json {path}: not writable")
+    if file.exists() and any(i and Path(i).exists() and file.samefile(i) for i in inputs):
+        raise UsageError(f"--json {path}: that is an input of this command; name another file")
 
 
 def _cmd_demo(args: argparse.Namespace) -> int:
@@ -81,9 +84,9 @@ def _cmd_limits(args: argparse.Namespace) -> int:
 def _cmd_attack(args: argparse.Namespace) -> int:
     from .data import load_demo_kb
     from .defenses.registry import preset
-    from .redteam import InMemoryKnowledgeBase, load_targets
+    from .redteam import InMemoryKnowledgeBase, check_red_team, load_targets
 
-    _out_file(args.json)
+    _out_file(args.json, args.targets, args.kb)
     try:
         preset(args.defense)  # a bad name fails here, before any work
     except ValueError as exc:
@@ -91,12 +94,16 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     if args.store and (args.kb or args.llm):
         flag = "--kb" if args.kb else "--llm"
         raise UsageError(f"{flag} is for the built-in knowledge base; --store red-teams your own")
+    try:  # the targets, checked before a model loads or a knowledge base is embedded
+        targets = load_targets(args.targets) if args.targets else demo_targets()
+        check_red_team(targets, args.k, args.n_poison, args.defense, args.attack)
+    except (ValueError, TypeError, OSError) as exc:
+        raise UsageError(str(exc)) from None
     llm = _llm(args.llm)
     if not args.store:
         require_embeddings("attack on the built-in knowledge base")
     store: Any = _resolve(args.store, "--store") if args.store else None
     try:
-        targets = load_targets(args.targets) if args.targets else demo_targets()
         options = {"defense": args.defense, "attack": args.attack, "n_poison": args.n_poison}
         if store is not None:
             from .plugins import framework_of
@@ -127,8 +134,10 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         return 2
     print(report)
     if args.json:
-        try:
-            Path(args.json).write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+        try:  # whole or not at all: a file of that name is replaced only by a full report
+            part = Path(f"{args.json}.part")
+            part.write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+            os.replace(part, args.json)
         except OSError as exc:
             print(f"error: --json {args.json}: {exc}", file=sys.stderr)
             return 1
