@@ -138,6 +138,12 @@ def test_targets_file_errors_name_file_record_and_field(tmp_path: Path) -> None:
     record = {"question": "q", "incorrect answer": "w", "keywords": ["k"], "qid": 3}
     path.write_text(json.dumps({"t": record}))  # a derived dataset's own fields: left alone
     assert load_targets(path) == [AttackTarget("q", "w")]
+    path.write_text(json.dumps({"t": record}), encoding="utf-8-sig")  # an editor's BOM first
+    assert load_targets(path) == [AttackTarget("q", "w")]
+    from ragdefense.cli import _kb_texts
+
+    path.write_text(json.dumps(["a passage"]), encoding="utf-8-sig")  # and so the --kb file
+    assert _kb_texts(str(path)) == ["a passage"]
 
 
 def test_core_knowledge_base_red_team(minilm: Any) -> None:

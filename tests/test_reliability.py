@@ -712,6 +712,26 @@ def test_cli_attack_checks_its_targets_first_and_never_writes_over_an_input(
     assert json.loads(targets.read_text()) == [one]
 
 
+def test_a_module_failing_as_it_loads_is_one_line(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--store mod:attr`` whose module raised while loading (its own error, a syntax error)
+    ended in a traceback, exit 1; an error calling what it names was already one line."""
+    from ragdefense.cli import main
+
+    (tmp_path / "rd_broken_at_import.py").write_text("raise RuntimeError('boom')\n")
+    (tmp_path / "rd_broken_syntax.py").write_text("def (\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for spec, why in (
+        ("rd_broken_at_import:store", "RuntimeError: boom"),
+        ("rd_broken_syntax:s", "SyntaxError"),
+    ):
+        assert main(["attack", "--store", spec]) == 2
+        err = capsys.readouterr().err
+        assert f"importing it failed ({why}" in err and err.count("\n") == 1, err
+
+
 def test_suite_errors_column_counts_each_defense_alone() -> None:
     from benchmarks.suite import suite_markdown
 

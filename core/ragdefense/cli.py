@@ -157,7 +157,7 @@ def _called(store: Any, spec: str) -> Any:
 def _kb_texts(path: str) -> list[str]:
     """The passages of ``--kb``: a JSON list of strings, one at least that is not blank."""
     try:
-        texts = json.loads(Path(path).read_text(encoding="utf-8"))
+        texts = json.loads(Path(path).read_text(encoding="utf-8-sig"))
     except RecursionError:
         raise ValueError(f"{path}: JSON nested too deeply to be a list of passages") from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:

@@ -89,4 +89,6 @@ def import_object(spec: str) -> Any:
         if module.startswith(".") or any(c in module for c in "/\\"):
             raise ValueError(f"{spec!r}: name a module (kb:store), not a path") from None
         raise ValueError(f"{spec!r}: cannot import it (TypeError: {exc})") from exc
+    except Exception as exc:  # the module's own failure while it loads (its code, its syntax)
+        raise ValueError(f"{spec!r}: importing it failed ({type(exc).__name__}: {exc})") from exc
     return obj

@@ -67,7 +67,7 @@ def load_targets(path: str | Path) -> list[AttackTarget]:
     lost); other fields are ignored. Errors name the file, the record and the field."""
     p = Path(path)
     try:
-        raw = json.loads(p.read_text(encoding="utf-8"))
+        raw = json.loads(p.read_text(encoding="utf-8-sig"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ValueError(f"{p}: cannot read targets ({exc})") from exc
     except RecursionError:
