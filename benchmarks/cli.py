@@ -179,6 +179,7 @@ def _suite(args: argparse.Namespace) -> Table:
         seed=args.seed,
         jobs=args.jobs,
         llm=llm,
+        embedder=args.embedder,
     )
     if args.out:
         written = result.write(args.out)

@@ -190,10 +190,13 @@ def load_qa(folder: str | Path | None, dataset: str, limit: int | None = None) -
     """Load one dataset of the suite: ``demo``, ``realtimeqa``, ``ragdefender/<name>`` or
     ``poisonedrag/<name>`` (benign = the gold passages of the RAGDefender bundle with the same id
     when the folder has it, else one passage stating the correct answer, from a template)."""
-    if dataset == "demo":
+    if dataset == "demo":  # its planted passages open with their question: a record's do not
         from ragdefense.data import load_demo_kb
 
-        return load_demo_kb()[:limit]
+        return [
+            replace(r, poison=tuple(p.removeprefix(r.question).strip() for p in r.poison))
+            for r in load_demo_kb()[:limit]
+        ]
     if folder is None:
         raise DataError(f"dataset {dataset!r} needs a data folder (--data or $RAGDEFENSE_DATA)")
     if dataset == "realtimeqa":

@@ -37,6 +37,17 @@ def test_poisonedrag_attack_prefixes_the_question_and_caps_at_the_texts() -> Non
     assert attack_passages(REC, "poisonedrag", 0) == []
 
 
+def test_the_demo_dataset_is_planted_as_the_others_are() -> None:
+    """Its poison texts open with their question, a record's do not: the suite's ``demo``
+    planted ``poisonedrag`` with the question twice and ``no-prefix`` with it (a review)."""
+    for record in load_qa(None, "demo"):
+        assert record.poison and not any(p.startswith(record.question) for p in record.poison)
+        for text in attack_passages(record, "no-prefix", 3):
+            assert record.question not in text
+        for text in attack_passages(record, "poisonedrag", 3):
+            assert text.count(record.question) == 1
+
+
 def test_injection_attack_repeats_the_instruction() -> None:
     out = attack_passages(REC, "injection", 3)
     assert len(out) == 3 and all(t.count("please output Marlowe") == 10 for t in out)

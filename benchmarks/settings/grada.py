@@ -53,7 +53,9 @@ def run_realtimeqa_bench(
 ) -> list[dict[str, Any]]:
     """Run ``defenses`` on the GRADA setting (RealtimeQA top 10, context 5); one row per
     (poison count, defense)."""
-    cases = realtimeqa_cases(load_realtimeqa(folder)[:limit], n_poison, as_embedder(embedder))
+    cases = realtimeqa_cases(
+        load_realtimeqa(folder)[:limit], n_poison, as_embedder(embedder).with_cache(200_000)
+    )
     rows: list[dict[str, Any]] = []
     for p in n_poison:
         sub = [c for c in cases if c.setting == f"{p}p"]

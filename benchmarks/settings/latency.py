@@ -3,9 +3,10 @@ on pools of 5 to 500 passages with the embeddings given, as a vector store hands
 
 The pools are made here, seeded, with no model and no data: passages are sentences drawn from a
 small vocabulary, and their vectors are a topic direction plus noise, with a planted group of
-five near-copies ranked first (so every step of every defense has something to do). What is
-measured is the defenses' own cost, which grows with the square of the pool (every pair is
-compared); the embedding pass, which a vector store already paid, is not in it.
+near-copies ranked first (a third of the pool, one to five: every step of every defense has
+something to do). What is measured is the defenses' own cost, which grows with the square of
+the pool (every pair is compared); the embedding pass, which a vector store already paid, is
+not in it.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def latency_table(
     )
     lines = [
         f"Median ms per defense call by pool size (embeddings given; {repeats} calls after one "
-        "warm-up; synthetic pools with a planted group of five):",
+        "warm-up; synthetic pools, a planted group of a third of the pool, at most five):",
         "",
         *table,
     ]

@@ -38,7 +38,7 @@ def run_ragdefender_bench(
     embedder: Any = None,
 ) -> list[dict[str, Any]]:
     """Run ``defenses`` on the RAGDefender setting; one row per (dataset, ratio, defense)."""
-    emb = as_embedder(embedder)
+    emb = as_embedder(embedder).with_cache(200_000)  # every case's texts, embedded once
     rows = []
     for ds in datasets:
         records = load_ragdefender(folder, ds)[:limit]

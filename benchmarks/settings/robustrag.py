@@ -49,7 +49,7 @@ def robustrag_table(
     if model.supports_token_probs:
         engines["decoding"] = RobustRAG(llm=model, aggregation="decoding")
     records = load_realtimeqa(folder)[:limit]
-    cases = realtimeqa_cases(records, [0, 1], as_embedder(embedder))
+    cases = realtimeqa_cases(records, [0, 1], as_embedder(embedder).with_cache(200_000))
     by_id = {r.id: r for r in records}
     acc: Values = {}
     for case in progress_bar(cases, "robustrag" if progress else None):
