@@ -13,11 +13,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ragdefense import Consensus, DefenseInputError, Passage
+from ragdefense.addresses import clean_path
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.defenses.registry import defense as build
 from ragdefense.provenance import (
     SOURCE_KEYS,
-    _clean,
     document_of,
     is_trusted_by,
     source_of,
@@ -525,7 +525,7 @@ def test_a_page_holds_exactly_the_pages_under_it(trusted: list[list[str]], path:
     url = "https://docs.example.com/" + "/".join(path)
     passage = Passage("x", metadata={"source": url})
     host, _, rest = (document_of(passage) or "").partition("/")
-    readings = [host + _clean("/" + rest, browser) for browser in (True, False)]
+    readings = [host + clean_path("/" + rest, browser) for browser in (True, False)]
     held = any(
         all(d == f"{host}/{p}" or d.startswith(f"{host}/{p}/") for d in readings) for p in pages
     )

@@ -15,12 +15,12 @@ import math
 import numbers
 import os
 import posixpath
-import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote, urlsplit
+from urllib.parse import urlsplit
 
+from .addresses import WEB_SCHEMES, bare_host, clean_path, is_web, schemeless, web_host
 from .integration.records import copied
 from .types import Passage
 
@@ -69,68 +69,6 @@ Trust = Collection[str] | Callable[[Mapping[str, Any]], bool] | None
 _MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 
 
-#: the schemes of addresses whose host is their source; any other (``s3://``, ``gs://``,
-#: ``file://``) names one file, its own source
-WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
-#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``)
-_HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
-#: an IPv4 address, a host of its own (``10.0.0.5/wiki``)
-_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
-#: last labels that make a bare dotted name a file's (``Report.PDF``), never a host's
-_FILE_TYPES = frozenset(
-    {
-        *("pdf", "txt", "md", "mdx", "rst", "html", "htm", "xml", "json", "jsonl", "csv", "tsv"),
-        *("parquet", "doc", "docx", "odt", "rtf", "ppt", "pptx", "xls", "xlsx", "epub", "png"),
-        *("jpg", "jpeg", "gif", "yaml", "yml", "log", "ipynb"),
-    }
-)
-#: a percent escape of an unreserved character (RFC 3986), the only ones decoded in a path
-_UNRESERVED_ESCAPE = re.compile(r"%(2[dDeE]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
-_UNRESERVED_NOT_DOT = re.compile(r"%(2[dD]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
-
-
-def _web_host(text: str) -> str | None:
-    """The host of a web address (:data:`WEB_SCHEMES`), lowercased, ``www.`` and a final dot
-    dropped; ``None`` for another address or one whose host part is not unambiguous (a
-    backslash in it, which browsers and HTTP clients read as the end of the host; an invalid
-    port): never another host's source."""
-    if not _is_web(text):
-        return None
-    try:
-        parts = urlsplit(text)
-        parts.port  # noqa: B018 - raises on an invalid port ("who.int:443.evil.com")
-        host = parts.hostname
-    except ValueError:
-        return None
-    if not host or "\\" in parts.netloc:
-        return None
-    return host.lower().rstrip(".").removeprefix("www.") or None
-
-
-def _is_web(text: str) -> bool:
-    """Whether ``text`` is an address of one of :data:`WEB_SCHEMES`."""
-    scheme, sep, _ = text.partition("://")
-    return bool(sep) and scheme.strip().lower() in WEB_SCHEMES
-
-
-def _bare_host(text: str) -> bool:
-    """Whether ``text`` reads as a host name (``who.int``, ``wiki.corp:8080``), not a file's
-    name (``Report.PDF``)."""
-    return bool(_HOST.fullmatch(text)) and text.rpartition(".")[2].lower() not in _FILE_TYPES
-
-
-def _schemeless(text: str) -> str | None:
-    """``text`` as a web address where it is one spelled without its scheme (``who.int/news``:
-    a host, then a path; the host's last label letters, as a top-level domain's are, so that a
-    folder such as ``kb.v2/notes.md`` stays a path); ``None`` otherwise."""
-    head, slash, _ = text.partition("/")
-    if not slash or any(c in text for c in " \\") or not _bare_host(head):
-        return None
-    host = head.partition(":")[0]
-    named = "." in host and host.rpartition(".")[2].isalpha()
-    return f"https://{text}" if named or _IPV4.fullmatch(host) else None
-
-
 def _normal(value: Any, web: bool = False) -> str | None:
     """``value`` as a source; ``web``: a ``url`` / ``link`` value (a page, even scheme-less)."""
     if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
@@ -139,13 +77,13 @@ def _normal(value: Any, web: bool = False) -> str | None:
     if not text or text.casefold() in _MISSING:
         return None
     if "://" in text:  # a web address is its host; any other (a malformed one, a storage or
-        return _web_host(text) or text  # file address) is a name of its own, one file
+        return web_host(text) or text  # file address) is a name of its own, one file
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
-    if _bare_host(bare):
+    if bare_host(bare):
         return bare.partition(":")[0].lower().removeprefix("www.")
-    page = _schemeless(text) if web else None  # "who.int/news/1": as with its scheme
+    page = schemeless(text) if web else None  # "who.int/news/1": as with its scheme
     if page is not None:
-        return _web_host(page) or text
+        return web_host(page) or text
     if "/" in text or "\\" in text:  # a file path in one spelling: "./kb/a.pdf", "kb\\a.pdf"
         return posixpath.normpath(text.replace("\\", "/"))
     return text
@@ -211,15 +149,15 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
     """
     host, value = _source_value(passage.metadata, source_key)
     text = str(value).strip()
-    page = None if "://" in text else _schemeless(text)
-    text = page if page is not None and _web_host(page) == host else text  # read as a page
-    if host is None or _web_host(text) is None:
+    page = None if "://" in text else schemeless(text)
+    text = page if page is not None and web_host(page) == host else text  # read as a page
+    if host is None or web_host(text) is None:
         return host
     try:
         path = urlsplit(text).path
     except ValueError:
         return host
-    return f"{host}{_clean(path, browser=False)}"
+    return f"{host}{clean_path(path, browser=False)}"
 
 
 def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
@@ -316,14 +254,14 @@ def _page(entry: Any) -> str | None:
     dot segments resolved; ``None`` for any other entry. One with a query is refused: a query
     names a page among a site's pages, and a path prefix cannot say which."""
     text = str(entry).strip()
-    if "://" in text and not _is_web(text):
+    if "://" in text and not is_web(text):
         return None  # a storage or file address: trusted as the one file it names
     if "://" not in text:
-        web = _schemeless(text)
+        web = schemeless(text)
         if web is None:
             return None
         text = web
-    host = _web_host(text)
+    host = web_host(text)
     if host is None:
         return None
     parts = urlsplit(text)
@@ -332,24 +270,8 @@ def _page(entry: Any) -> str | None:
             f"trusted {entry!r}: an address with a query is not a page prefix; trust such "
             "pages with a predicate on the metadata"
         )
-    path = _clean(parts.path)
+    path = clean_path(parts.path)
     return f"{host}{path}" if path else None
-
-
-def _clean(path: str, browser: bool = True) -> str:
-    r"""A web address's path in one form whatever its spelling (``~`` or ``%7E``, ``ö`` or
-    ``%C3%B6``, a space or ``%20``) with its dot segments resolved (``/a/../b`` is ``/b``),
-    without a trailing ``/`` (the root is ``""``). ``browser``: as browsers read it, a ``\``
-    (or ``%5C``) a ``/`` and ``%2e`` a dot; otherwise as a server may, both left as they are
-    (names, not separators or dot segments)."""
-    if browser:
-        path = re.sub(r"%5[cC]", "/", path.replace("\\", "/"))
-    unreserved = _UNRESERVED_ESCAPE if browser else _UNRESERVED_NOT_DOT
-    decoded = unreserved.sub(lambda m: chr(int(m.group(1), 16)), path)
-    decoded = re.sub(r"%[0-9a-f]{2}", lambda m: m.group(0).upper(), decoded)
-    spelled = quote(decoded, safe="/%:@!$&'()*+,;=-._~\\")
-    resolved = posixpath.normpath("/" + spelled.lstrip("/"))
-    return "" if resolved == "/" else resolved
 
 
 @dataclass(frozen=True)
@@ -372,7 +294,7 @@ class _Sources:
         host, _, path = doc.partition("/")
         # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
         # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
-        seen = [host + _clean("/" + path, browser) for browser in (True, False)]
+        seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
         # a page p holds d where d is p or starts with p + "/": look d's prefixes up
         return bool(self.pages.intersection(*map(_prefixes, seen)))
 

@@ -1,0 +1,88 @@
+"""Web addresses and host names as provenance reads them: which text is an address, its host,
+a scheme-less address, a path in one spelling (:mod:`ragdefense.provenance` turns them into
+sources and documents)."""
+
+from __future__ import annotations
+
+import posixpath
+import re
+from urllib.parse import quote, urlsplit
+
+__all__ = ["WEB_SCHEMES", "bare_host", "clean_path", "is_web", "schemeless", "web_host"]
+
+#: the schemes of addresses whose host is their source; any other (``s3://``, ``gs://``,
+#: ``file://``) names one file, its own source
+WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
+#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``)
+_HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
+#: an IPv4 address, a host of its own (``10.0.0.5/wiki``)
+_IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
+#: last labels that make a bare dotted name a file's (``Report.PDF``), never a host's
+_FILE_TYPES = frozenset(
+    {
+        *("pdf", "txt", "md", "mdx", "rst", "html", "htm", "xml", "json", "jsonl", "csv", "tsv"),
+        *("parquet", "doc", "docx", "odt", "rtf", "ppt", "pptx", "xls", "xlsx", "epub", "png"),
+        *("jpg", "jpeg", "gif", "yaml", "yml", "log", "ipynb"),
+    }
+)
+#: a percent escape of an unreserved character (RFC 3986), the only ones decoded in a path
+_UNRESERVED_ESCAPE = re.compile(r"%(2[dDeE]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
+_UNRESERVED_NOT_DOT = re.compile(r"%(2[dD]|5[fF]|7[eE]|[46][1-9a-fA-F]|[57][0-9aA]|3[0-9])")
+
+
+def web_host(text: str) -> str | None:
+    """The host of a web address (:data:`WEB_SCHEMES`), lowercased, ``www.`` and a final dot
+    dropped; ``None`` for another address or one whose host part is not unambiguous (a
+    backslash in it, which browsers and HTTP clients read as the end of the host; an invalid
+    port): never another host's source."""
+    if not is_web(text):
+        return None
+    try:
+        parts = urlsplit(text)
+        parts.port  # noqa: B018 - raises on an invalid port ("who.int:443.evil.com")
+        host = parts.hostname
+    except ValueError:
+        return None
+    if not host or "\\" in parts.netloc:
+        return None
+    return host.lower().rstrip(".").removeprefix("www.") or None
+
+
+def is_web(text: str) -> bool:
+    """Whether ``text`` is an address of one of :data:`WEB_SCHEMES`."""
+    scheme, sep, _ = text.partition("://")
+    return bool(sep) and scheme.strip().lower() in WEB_SCHEMES
+
+
+def bare_host(text: str) -> bool:
+    """Whether ``text`` reads as a host name (``who.int``, ``wiki.corp:8080``), not a file's
+    name (``Report.PDF``)."""
+    return bool(_HOST.fullmatch(text)) and text.rpartition(".")[2].lower() not in _FILE_TYPES
+
+
+def schemeless(text: str) -> str | None:
+    """``text`` as a web address where it is one spelled without its scheme (``who.int/news``:
+    a host, then a path; the host's last label letters, as a top-level domain's are, so that a
+    folder such as ``kb.v2/notes.md`` stays a path); ``None`` otherwise."""
+    head, slash, _ = text.partition("/")
+    if not slash or any(c in text for c in " \\") or not bare_host(head):
+        return None
+    host = head.partition(":")[0]
+    named = "." in host and host.rpartition(".")[2].isalpha()
+    return f"https://{text}" if named or _IPV4.fullmatch(host) else None
+
+
+def clean_path(path: str, browser: bool = True) -> str:
+    r"""A web address's path in one form whatever its spelling (``~`` or ``%7E``, ``ö`` or
+    ``%C3%B6``, a space or ``%20``) with its dot segments resolved (``/a/../b`` is ``/b``),
+    without a trailing ``/`` (the root is ``""``). ``browser``: as browsers read it, a ``\``
+    (or ``%5C``) a ``/`` and ``%2e`` a dot; otherwise as a server may, both left as they are
+    (names, not separators or dot segments)."""
+    if browser:
+        path = re.sub(r"%5[cC]", "/", path.replace("\\", "/"))
+    unreserved = _UNRESERVED_ESCAPE if browser else _UNRESERVED_NOT_DOT
+    decoded = unreserved.sub(lambda m: chr(int(m.group(1), 16)), path)
+    decoded = re.sub(r"%[0-9a-f]{2}", lambda m: m.group(0).upper(), decoded)
+    spelled = quote(decoded, safe="/%:@!$&'()*+,;=-._~\\")
+    resolved = posixpath.normpath("/" + spelled.lstrip("/"))
+    return "" if resolved == "/" else resolved
