@@ -557,6 +557,11 @@ def test_an_ambiguous_address_is_nobody_elses_source() -> None:
         "https://github.com/acme/hb/%2e%2e%5cx",
     ):
         assert not handbook(page(url), "github.com"), url  # a browser reads "\\" as "/"
+    for url in (  # a server decoding %2F (nginx) serves "../": out of the page, as "../" is
+        "https://github.com/acme/hb/..%2f..%2fmallory/x.md",
+        "https://github.com/acme/hb/%2e%2e%2f%2e%2e%2fmallory/x.md",
+    ):
+        assert not handbook(page(url), "github.com"), url
     spellings = [  # one page however it is spelled, on either side
         ("https://example.edu/%7Ejsmith", "https://example.edu/%7Ejsmith/paper.pdf"),
         ("https://example.edu/~jsmith", "https://example.edu/%7ejsmith/paper.pdf"),
@@ -566,6 +571,23 @@ def test_an_ambiguous_address_is_nobody_elses_source() -> None:
     ]
     for entry, url in spellings:
         assert is_trusted_by({entry})(page(url), source_of(page(url))), (entry, url)
+
+
+def test_file_names_keep_their_case_and_scheme_relative_links_are_pages() -> None:
+    """Found by an independent review: a file key's ``Main.py`` was read as a host and
+    lowercased (two files of one name but its case were one voice), and a scheme-relative
+    link under ``url`` (``//who.int/news/1``, as scraped ``href``s hold it) was a source per
+    page, which ``trusted={"who.int"}`` never matched."""
+    files = [Passage("x", metadata={"file_name": n}) for n in ("Main.py", "main.py", "WHO.int")]
+    assert sources_of(files) == ["Main.py", "main.py", "WHO.int"]
+    assert is_trusted_by({"Main.py"})(files[0], "Main.py")  # an entry as the file is named
+    assert source_of(Passage("x", metadata={"source": "WHO.int"})) == "who.int"  # may be a host
+    links = [Passage("x", metadata={"url": f"//www.who.int/news/{i}"}) for i in (1, 2)]
+    assert sources_of(links) == ["who.int", "who.int"]
+    assert [document_of(p) for p in links] == ["who.int/news/1", "who.int/news/2"]
+    assert is_trusted_by({"who.int"})(links[0], "who.int")
+    assert is_trusted_by({"https://who.int/news"})(links[1], "who.int")
+    assert source_of(Passage("x", metadata={"source": "//server/share/a.pdf"})) != "server"
 
 
 def test_entries_and_values_read_as_their_writers_mean() -> None:

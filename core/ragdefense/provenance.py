@@ -18,7 +18,7 @@ import posixpath
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from .addresses import WEB_SCHEMES, bare_host, clean_path, is_web, schemeless, web_host
 from .integration.records import copied
@@ -56,6 +56,8 @@ _FILES = ("url", "link", "file_path", "file_name", "filename")
 
 #: the keys whose values are web addresses, with their scheme or without
 _WEB_KEYS = frozenset({"url", "link"})
+#: the keys whose values are files, never hosts (``Main.py`` and ``main.py`` are two files)
+_FILE_KEYS = frozenset({"file_path", "file_name", "filename"})
 
 #: ``source_key`` value meaning "the first of :data:`SOURCE_KEYS` a passage has"
 AUTO = "auto"
@@ -69,17 +71,20 @@ Trust = Collection[str] | Callable[[Mapping[str, Any]], bool] | None
 _MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 
 
-def _normal(value: Any, web: bool = False) -> str | None:
-    """``value`` as a source; ``web``: a ``url`` / ``link`` value (a page, even scheme-less)."""
+def _normal(value: Any, web: bool = False, file: bool = False) -> str | None:
+    """``value`` as a source; ``web``: a ``url`` / ``link`` value (a page, even scheme-less or
+    scheme-relative, ``//who.int/news``); ``file``: a file key's, never a host."""
     if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
         return None
     text = str(value).strip()
     if not text or text.casefold() in _MISSING:
         return None
+    if web and text.startswith("//") and not text.startswith("///"):  # scheme-relative
+        text = text[2:]
     if "://" in text:  # a web address is its host; any other (a malformed one, a storage or
         return web_host(text) or text  # file address) is a name of its own, one file
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
-    if bare_host(bare):
+    if not file and bare_host(bare):
         return bare.partition(":")[0].lower().removeprefix("www.")
     page = schemeless(text) if web else None  # "who.int/news/1": as with its scheme
     if page is not None:
@@ -149,7 +154,7 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
     """
     host, value = _source_value(passage.metadata, source_key)
     text = str(value).strip()
-    page = None if "://" in text else schemeless(text)
+    page = None if "://" in text else schemeless(text[2:] if text[:2] == "//" else text)
     text = page if page is not None and web_host(page) == host else text  # read as a page
     if host is None or web_host(text) is None:
         return host
@@ -178,12 +183,13 @@ def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, An
         other = {k.lower(): v for k, v in meta.items() if isinstance(k, str) and not k.islower()}
         meta = {**other, **meta} if other else meta
     for key in keys:
-        found = _normal(meta.get(key), web=key in _WEB_KEYS)
+        found = _normal(meta.get(key), key in _WEB_KEYS, key in _FILE_KEYS)
         if found is None:
             continue
         if source_key == AUTO and key == "source" and _page_number(meta[key]):
             for beside in _FILES:  # a page number (PyMuPDFReader's): the file it is a page of
-                if (file := _normal(meta.get(beside), web=beside in _WEB_KEYS)) is not None:
+                file = _normal(meta.get(beside), beside in _WEB_KEYS, beside in _FILE_KEYS)
+                if file is not None:
                     return file, meta[beside]
         return found, meta[key]
     return None, None
@@ -241,10 +247,12 @@ def is_trusted_by(
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
     pages = {t: _page(t) for t in trusted}
     # also the exact source an entry names ("www.who.int/index.html": a path under "source")
-    names = frozenset(
+    names = frozenset(  # read as a host where it may be one, and as a file's name, its case kept
         n
         for t, p in pages.items()
-        if (not p or "://" not in str(t)) and (n := _normal(t)) is not None
+        if not p or "://" not in str(t)
+        for n in (_normal(t), _normal(t, file=True))
+        if n is not None
     )
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key)
 
@@ -292,9 +300,11 @@ class _Sources:
         if doc is None:
             return False
         host, _, path = doc.partition("/")
-        # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
-        # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
-        seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
+        # under a trusted page as a browser and as servers may read it (decoding no escape,
+        # or every one: "..%2f" is "../" to some): "../" (or "..\\") cannot climb out of
+        # one, nor an escaped dot segment ("%2e%2e") lead into one
+        readings = ((path, True), (path, False), (unquote(path), True))
+        seen = [host + clean_path("/" + p, browser) for p, browser in readings]
         # a page p holds d where d is p or starts with p + "/": look d's prefixes up
         return bool(self.pages.intersection(*map(_prefixes, seen)))
 
