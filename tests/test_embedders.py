@@ -442,3 +442,22 @@ def test_a_users_own_model_needs_no_default_model(
         assert defense.defend_embeddings("largest ocean?", texts, vectors).verdicts
     report = audit(texts, embedder=own, workdir=f"{tmp_path}/w")
     assert report.stats["chunks"] == 8
+
+
+def test_a_model_with_query_and_document_prompts_embeds_each_side_with_its_own(
+    minilm: Embedder,
+) -> None:
+    """Queries went through ``encode`` as passages do: a model configured with query and
+    document prompts (e5, bge, nomic) had its queries embedded as documents (an independent
+    review). Without prompts both sides are ``encode``'s, bit for bit."""
+    import copy
+
+    model = copy.deepcopy(minilm.model)  # type: ignore[attr-defined]
+    plain = SentenceTransformerEmbedder(model)
+    q, d = "Who wrote Hamlet?", "Hamlet is a tragedy by Shakespeare."
+    assert np.array_equal(plain.embed_query(q), model.encode([q], convert_to_numpy=True)[0])
+    model.prompts = {"query": "query: ", "document": "passage: "}
+    prompted = SentenceTransformerEmbedder(model)
+    np.testing.assert_allclose(prompted.embed_query(q), model.encode_query([q])[0], atol=1e-6)
+    np.testing.assert_allclose(prompted.embed([d])[0], model.encode_document([d])[0], atol=1e-6)
+    assert float(prompted.embed_query(q) @ plain.embed_query(q)) < 0.99  # the prompt counts

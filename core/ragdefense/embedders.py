@@ -249,7 +249,17 @@ class SentenceTransformerEmbedder(Embedder):
         return self._model
 
     def _embed(self, texts: list[str]) -> ArrayLike:
-        return self.model.encode(  # type: ignore[no-any-return]
+        return self._encode("encode_document", texts)
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        row: np.ndarray = self._encode("encode_query", [text])[0]
+        return row
+
+    def _encode(self, side: str, texts: list[str]) -> np.ndarray:
+        """The model's ``encode_query`` / ``encode_document`` (sentence-transformers 5: a model
+        with query and document prompts applies each to its side), else ``encode``."""
+        encode = getattr(self.model, side, None) or self.model.encode
+        return encode(  # type: ignore[no-any-return]
             texts, batch_size=self.batch_size, convert_to_numpy=True, show_progress_bar=False
         )
 

@@ -149,14 +149,22 @@ class TransformersLLM(LLM):
 
                 from ..offline import quiet_loading
 
+                # only local files (never a hub); SmolLM2's only where nothing else is given
+                path = self._path
+                if path is None and (self._loaded["model"] is None or not self._tokenizer_path):
+                    path = str(packaged_smollm2_dir(self.cache_dir))
                 with quiet_loading():
-                    path = self._path or str(packaged_smollm2_dir(self.cache_dir))
                     if self._loaded["model"] is None:
-                        loaded: Any = AutoModelForCausalLM.from_pretrained(path)
+                        assert path is not None  # a model to load: a folder given or SmolLM2's
+                        loaded: Any = AutoModelForCausalLM.from_pretrained(
+                            path, local_files_only=True
+                        )
                         self._loaded["model"] = loaded.to(self.device).eval()
                 if self._loaded["tokenizer"] is None:
                     found = self._tokenizer_path or path
-                    self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(found)
+                    self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(
+                        found, local_files_only=True
+                    )
             tok = self._loaded["tokenizer"]
             if tok.padding_side != "left" or tok.pad_token is None:
                 tok = copy.deepcopy(tok)  # a caller's tokenizer is left as it was given
@@ -290,9 +298,13 @@ class TransformersLLM(LLM):
 
     @property
     def stop_ids(self) -> set[int]:
-        """Token ids that end an answer (EOS)."""
-        eos = self.tokenizer.eos_token_id
-        return {eos} if isinstance(eos, int) else set(eos or [])
+        """Token ids that end an answer: the tokenizer's EOS and the model's own (its
+        generation config may list an end-of-turn token beside it)."""
+        config = getattr(self.model, "generation_config", None)
+        ids: set[int] = set()
+        for eos in (self.tokenizer.eos_token_id, getattr(config, "eos_token_id", None)):
+            ids |= {eos} if isinstance(eos, int) else set(eos or [])
+        return ids
 
     def _greedy(
         self, texts: list[str], max_new_tokens: int, end: float = float("inf")
@@ -318,7 +330,9 @@ class TransformersLLM(LLM):
                 if token in stop:
                     continue
                 gen[i].append(token)
-                if not (self.first_line and "\n" in tok.decode([token])):
+                # a newline ends the first line, once it holds text (not a leading newline)
+                ends = self.first_line and "\n" in tok.decode([token])
+                if not (ends and tok.decode(gen[i], skip_special_tokens=True).strip()):
                     keep.append(row)
             if not keep or step == max_new_tokens - 1:
                 break

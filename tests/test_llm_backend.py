@@ -1,0 +1,80 @@
+"""The local transformers LLM, with the packaged SmolLM2: it reads local files only, loads
+SmolLM2 only where nothing else is given, stops at the model's own end of turn, and a leading
+newline does not end its first line. Found by an independent review of the backends."""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+
+from ragdefense.llm import TransformersLLM
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def smollm2() -> tuple[Any, Any]:
+    """A model and tokenizer of their own (the tests change their settings)."""
+    packaged = TransformersLLM()
+    return copy.deepcopy(packaged.model), copy.deepcopy(packaged.tokenizer)
+
+
+def test_models_and_tokenizers_are_read_from_local_files_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A hub name was sent to the hub (about 25 s of retries, air-gapped); the project's
+    models are local folders or objects."""
+    import transformers
+
+    asked: list[dict[str, Any]] = []
+
+    def record(name: Any, **kwargs: Any) -> Any:
+        asked.append(kwargs)
+        raise OSError("no such local folder")
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record)
+    out = TransformersLLM("HuggingFaceTB/SmolLM2-135M-Instruct").generate(["hi"])
+    assert not out[0].ok and "no such local folder" in str(out[0].error)
+    assert asked == [{"local_files_only": True}]
+
+
+def test_a_model_object_needs_no_packaged_llm(
+    smollm2: tuple[Any, Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A user's model without its tokenizer had SmolLM2's folder worked out (converted from
+    its GGUF, or the install asked for) for a path never used."""
+    import ragdefense.llm.huggingface as hf
+
+    def missing(*_: Any) -> Any:
+        raise ImportError("the packaged LLM is missing")
+
+    monkeypatch.setattr(hf, "packaged_smollm2_dir", missing)
+    model, _ = smollm2
+    out = TransformersLLM(model).generate(["What is the capital of France?"], max_new_tokens=12)
+    assert out[0].ok and "Paris" in str(out[0].text)
+
+
+def test_generation_stops_at_the_models_own_end_of_turn(smollm2: tuple[Any, Any]) -> None:
+    """Only the tokenizer's EOS stopped decoding: a model whose generation config lists its
+    end-of-turn token beside it (Gemma's) ran on into the next turn."""
+    model, tok = copy.deepcopy(smollm2)
+    turn_end = tok.eos_token_id
+    tok.eos_token = "<|endoftext|>"  # the document end, as such tokenizers name it
+    model.generation_config.eos_token_id = [turn_end, tok.eos_token_id]
+    llm = TransformersLLM(model, tok, first_line=False)
+    assert llm.stop_ids == {turn_end, tok.eos_token_id}
+    text = llm.generate(["What is the capital of France?"], max_new_tokens=25)[0].text
+    assert text is not None and "Paris" in text and "user" not in text
+
+
+def test_a_leading_newline_does_not_end_the_first_line(smollm2: tuple[Any, Any]) -> None:
+    """Decoding stopped at the first newline even before any text: an empty answer, marked
+    ok (a base model's raw prompt often opens its answer with one)."""
+    model, tok = smollm2
+    prompt = "Write a haiku about the sea.\n"
+    full = TransformersLLM(model, tok, chat=False, first_line=False)
+    assert str(full._greedy([full.format(prompt)], 8)[0]).startswith("\n")  # the premise
+    first = TransformersLLM(model, tok, chat=False).generate([prompt], max_new_tokens=8)[0]
+    assert first.ok and first.text, first
