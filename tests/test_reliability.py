@@ -1236,7 +1236,8 @@ def test_attack_with_an_llm_that_fails_is_an_error_not_a_defense_win(
         json.dumps([{"question": "Capital of France?", "wrong_answer": "Lyon",
                      "correct_answer": "Paris"}])
     )  # fmt: skip
-    assert main(["attack", "--targets", str(targets), "--llm", "downllm:down"]) == 2
+    # exit 1: the run failed (2 is for arguments refused before any work)
+    assert main(["attack", "--targets", str(targets), "--llm", "downllm:down"]) == 1
     assert "failed to answer" in capsys.readouterr().err
 
 

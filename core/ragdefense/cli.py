@@ -51,6 +51,10 @@ def _llm(spec: str | None) -> Any:
     return _resolve(spec, "--llm (use 'packaged' or module:attribute)")
 
 
+class RunFailed(RuntimeError):
+    """A command that failed past its checks (a model or server down): exit code 1."""
+
+
 def _out_file(path: str | None, *inputs: str | None) -> None:
     """``--json``: a writable file in an existing folder, none of the command's ``inputs``."""
     if path is None:
@@ -123,7 +127,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
                     prompt = ISOLATED_PROMPT.format(context="\n\n".join(ctx), query=q)
                     made = model.generate([prompt])[0]
                     if made.text is None or not made.ok:  # no answer is no verdict either
-                        raise ValueError(f"--llm {args.llm} failed to answer: {made.error}")
+                        raise RunFailed(f"--llm {args.llm} failed to answer: {made.error}")
                     return made.text
 
             report = InMemoryKnowledgeBase(texts).red_team(
@@ -132,6 +136,9 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     except (ValueError, TypeError, ImportError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except RunFailed as exc:  # the run failed (a model down), not its arguments
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
     print(report)
     if args.json:
         try:  # whole or not at all: a file of that name is replaced only by a full report
