@@ -156,6 +156,29 @@ def test_certified_by_hand(nlp) -> None:  # type: ignore[no-untyped-def]
     assert c.possible_answers == ("Canberra",)
 
 
+def test_an_answer_its_own_aggregation_call_failed_is_never_certified(nlp) -> None:  # type: ignore[no-untyped-def]
+    """The final call failed once (a 503): the answer was "I don't know", and the certificate
+    read the keyword sets alone, answered by the certification's own calls, and said
+    certified as correct (found by an independent review)."""
+    calls = {"final": 0}
+
+    def fn(prompt: str) -> str:
+        if prompt.startswith("Word suggestion"):
+            calls["final"] += 1
+            if calls["final"] == 1:
+                raise RuntimeError("HTTP 503 from provider (transient)")
+        return "Paris"
+
+    passages = [f"Passage {i}: Paris is the capital of France." for i in range(6)]
+    for gold in ("Paris", None):
+        calls["final"] = 0
+        r = RobustRAG(fn, nlp=nlp, timeout=None).answer(Q, passages, certify=1, gold=gold)
+        assert r.answer == "I don't know" and r.certificate is not None
+        assert not r.certificate.certified and "answer again" in r.certificate.reason
+    answered = RobustRAG(fn, nlp=nlp, timeout=None).answer(Q, passages, certify=1, gold="Paris")
+    assert answered.answer == "Paris" and answered.certificate.certified  # type: ignore[union-attr]
+
+
 def test_a_report_is_plain_json(nlp) -> None:  # type: ignore[no-untyped-def]
     """``json.dumps`` failed on a report (keyword sets, passages, the settings dataclass)."""
     import json
