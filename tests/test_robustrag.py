@@ -303,6 +303,9 @@ def test_majority_vote_and_its_certificates() -> None:
     # a certified winner that is not the gold answer is not certified correct
     wrong = rr.answer(Q, passages, choices=CHOICES, certify=1, gold="A")
     assert wrong.certificate is not None and not wrong.certificate.certified
+    for gold in ("B.", "(B)", " b) "):  # the letter as a key writes it: read as the letter
+        given = rr.answer(Q, passages, choices=CHOICES, certify=1, gold=gold)
+        assert given.certificate is not None and given.certificate.certified, gold
 
 
 def test_majority_vote_needs_choices() -> None:

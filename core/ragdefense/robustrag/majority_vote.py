@@ -191,13 +191,14 @@ class _Majority:
 
 
 def _letter(gold: str, choices: Sequence[str]) -> str:
-    """A gold answer as its letter: given as the letter (an offered letter is always read as
-    one, even where a candidate's text is a letter too), the candidate's text or both
-    (``"A. Pacific"``), case and spacing aside; anything else as it is."""
+    """A gold answer as its letter: given as the letter (``B``, ``B.``, ``(B)``; an offered
+    letter is always read as one, even where a candidate's text is a letter too), the
+    candidate's text or both (``"A. Pacific"``), case and spacing aside; anything else as it
+    is."""
     said = " ".join(gold.split()).casefold()
     letters = _letters(len(choices))
-    if said.upper() in letters:
-        return said.upper()
+    if said.strip("().: ").upper() in letters:  # "B", "B.", "(B)", "B)"
+        return said.strip("().: ").upper()
     for letter, choice in zip(letters, choices, strict=True):
         text = " ".join(choice.split()).casefold()
         if said in (text, f"{letter.casefold()}. {text}"):
