@@ -981,13 +981,13 @@ def test_a_missing_extra_is_named_at_construction(
     answer "I don't know")."""
     import importlib.util
 
-    from ragdefense.llm import huggingface
+    from ragdefense.llm import packaged
 
     real = importlib.util.find_spec
     monkeypatch.setattr(
         importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a)
     )
-    monkeypatch.setattr(huggingface, "_cache_root", lambda: Path("/nonexistent-ragdefense"))
+    monkeypatch.setattr(packaged, "_cache_root", lambda: Path("/nonexistent-ragdefense"))
     with pytest.raises(ImportError, match=message):
         RobustRAG(**kwargs)
     RobustRAG(llm=str, aggregation="majority")  # nothing missing for that one

@@ -22,6 +22,9 @@ from .carried import carried_vectors, check_carried
 from .offline import load_sentence_transformer, model_folder, packaged_installed
 from .similarity import cosine_matrix, cosine_to
 from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
+from .vector_rows import EmbeddingError, as_rows
+from .vector_rows import keep as _keep
+from .vector_rows import kept as _kept
 
 __all__ = [
     "CallableEmbedder",
@@ -39,10 +42,6 @@ __all__ = [
     "embed_passages",
     "passage_and_query_embeddings",
 ]
-
-
-class EmbeddingError(RuntimeError):
-    """The embedding model failed or returned something unusable."""
 
 
 class Embedder(ABC):
@@ -92,7 +91,7 @@ class Embedder(ABC):
                 raise EmbeddingError(f"embedding model failed: {exc!r}") from exc
             self.calls += 1
             self.texts_embedded += len(missing)
-            arr = _as_matrix(raw, expected_rows=len(missing))
+            arr = as_rows(raw, expected_rows=len(missing))
             fresh = dict(zip(missing, arr, strict=True))
         with self._lock:
             for t, v in fresh.items():
@@ -116,7 +115,7 @@ class Embedder(ABC):
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
-        vec: np.ndarray = _as_matrix([raw], expected_rows=1)[0]  # checked as the passages' rows
+        vec: np.ndarray = as_rows([raw], expected_rows=1)[0]  # checked as the passages' rows
         if kept is not None:
             with self._lock:
                 _keep(kept, text, vec.copy(), self.query_cache)
@@ -146,39 +145,6 @@ class Embedder(ABC):
         with self._lock:
             self._cache.clear()
             self.__dict__.get("_queries", {}).clear()
-
-
-def _keep(cache: OrderedDict[str, np.ndarray], text: str, vec: np.ndarray, bound: int) -> None:
-    """Remember ``vec`` for ``text`` as the most recent of at most ``bound`` (0: none)."""
-    if bound:
-        cache[text] = vec
-        cache.move_to_end(text)
-    while len(cache) > bound:
-        cache.popitem(last=False)
-
-
-def _kept(cache: OrderedDict[str, np.ndarray], text: str) -> np.ndarray:
-    """The vector remembered for ``text``, now the most recent."""
-    cache.move_to_end(text)
-    return cache[text]
-
-
-def _as_matrix(raw: Any, expected_rows: int) -> np.ndarray:
-    """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
-    direction (rescaled where float32 would lose it), as vectors passages carry do."""
-    try:
-        arr = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
-        why = f"embedding model returned a ragged or non-numeric result: {exc}"
-        raise EmbeddingError(why) from exc
-    if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
-        why = f"embedding model returned shape {arr.shape}, expected ({expected_rows}, d)"
-        raise EmbeddingError(why)
-    if not np.isfinite(arr).all():
-        raise EmbeddingError("embedding model returned NaN or infinite values")
-    peak = np.abs(arr).max(axis=1, keepdims=True)
-    scale = np.where((peak > 1e15) | ((peak > 0) & (peak < 1e-15)), peak, 1.0)
-    return (arr / scale).astype(np.float32)
 
 
 class CallableEmbedder(Embedder):

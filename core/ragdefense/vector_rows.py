@@ -1,0 +1,48 @@
+"""An embedding model's output as checked float32 rows, and the bounded caches an
+:class:`~ragdefense.embedders.Embedder` keeps them in (most recent last)."""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from typing import Any
+
+import numpy as np
+
+__all__ = ["EmbeddingError", "as_rows", "keep", "kept"]
+
+
+class EmbeddingError(RuntimeError):
+    """The embedding model failed or returned something unusable."""
+
+
+def keep(cache: OrderedDict[str, np.ndarray], text: str, vec: np.ndarray, bound: int) -> None:
+    """Remember ``vec`` for ``text`` as the most recent of at most ``bound`` (0: none)."""
+    if bound:
+        cache[text] = vec
+        cache.move_to_end(text)
+    while len(cache) > bound:
+        cache.popitem(last=False)
+
+
+def kept(cache: OrderedDict[str, np.ndarray], text: str) -> np.ndarray:
+    """The vector remembered for ``text``, now the most recent."""
+    cache.move_to_end(text)
+    return cache[text]
+
+
+def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
+    """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
+    direction (rescaled where float32 would lose it), as vectors passages carry do."""
+    try:
+        arr = np.asarray(raw, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError) as exc:
+        why = f"embedding model returned a ragged or non-numeric result: {exc}"
+        raise EmbeddingError(why) from exc
+    if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
+        why = f"embedding model returned shape {arr.shape}, expected ({expected_rows}, d)"
+        raise EmbeddingError(why)
+    if not np.isfinite(arr).all():
+        raise EmbeddingError("embedding model returned NaN or infinite values")
+    peak = np.abs(arr).max(axis=1, keepdims=True)
+    scale = np.where((peak > 1e15) | ((peak > 0) & (peak < 1e-15)), peak, 1.0)
+    return (arr / scale).astype(np.float32)
