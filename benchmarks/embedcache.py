@@ -66,10 +66,8 @@ class DiskCachedEmbedder(Embedder):
         missing = [t for t, k in zip(texts, keys, strict=True) if k not in self._known]
         self.hits += len(texts) - len(missing)
         if missing:
-            if kind == "q":
-                fresh = np.stack([self.inner.embed_query(t) for t in missing])
-            else:
-                fresh = self.inner.embed(missing)
+            embed = self.inner.embed_queries if kind == "q" else self.inner.embed
+            fresh = embed(missing)
             for t, v in zip(missing, fresh, strict=True):
                 k = _key(kind, t)
                 self._known[k] = self._new[k] = v
@@ -83,6 +81,9 @@ class DiskCachedEmbedder(Embedder):
     def _embed_query(self, text: str) -> ArrayLike:
         row: np.ndarray = self._get("q", [text])[0]
         return row
+
+    def _embed_queries(self, texts: list[str]) -> ArrayLike:
+        return self._get("q", texts)
 
     def flush(self) -> None:
         """Write the vectors computed since the last flush as one new shard."""

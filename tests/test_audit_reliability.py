@@ -442,3 +442,33 @@ def test_a_corpus_is_told_apart_whatever_its_texts_hold() -> None:
     )
     with pytest.raises(ValueError, match="has no text string"):
         ListCorpus(["Real passage.", None])  # type: ignore[list-item]
+
+
+def test_probes_are_embedded_as_queries_in_one_call_per_part(tmp_path: Path) -> None:
+    """A model that embeds queries apart (``encode_query``) had every probe embedded alone:
+    one model call per probe, a million for a million chunks (a review of the diff)."""
+    from ragdefense import SentenceTransformerEmbedder
+
+    class Model:
+        """``encode_query`` / ``encode_document`` as sentence-transformers 5 has them."""
+
+        def __init__(self) -> None:
+            self.calls = {"encode_query": 0, "encode_document": 0}
+
+        def _side(self, side: str, texts: list[str], **_: Any) -> np.ndarray:
+            self.calls[side] += 1
+            return np.asarray(bag_of_words(texts)) + (0.01 if side == "encode_query" else 0.0)
+
+        def encode_query(self, texts: list[str], **kw: Any) -> np.ndarray:
+            return self._side("encode_query", texts, **kw)
+
+        def encode_document(self, texts: list[str], **kw: Any) -> np.ndarray:
+            return self._side("encode_document", texts, **kw)
+
+    model = Model()
+    texts, ids, _ = toy_corpus()
+    settings = AuditSettings(part_size=64)
+    audit(ListCorpus(texts, ids), settings, workdir=tmp_path / "w",
+          embedder=SentenceTransformerEmbedder(model))  # fmt: skip
+    parts = -(-len(texts) // 64)
+    assert 0 < model.calls["encode_query"] <= parts < len(texts)

@@ -121,6 +121,25 @@ class Embedder(ABC):
                 _keep(kept, text, vec.copy(), self.query_cache)
         return vec
 
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed many queries (an audit's probes), uncached: float32 rows, in one model call
+        where the model embeds queries as passages or batches them (:meth:`_embed_queries`)."""
+        texts = list(texts)
+        try:
+            raw = self._embed_queries(texts)
+        except Exception as exc:
+            raise EmbeddingError(f"embedding model failed on the queries: {exc!r}") from exc
+        self.calls += 1
+        self.texts_embedded += len(texts)
+        return as_rows(raw, expected_rows=len(texts))
+
+    def _embed_queries(self, texts: list[str]) -> ArrayLike:
+        """Queries in one call: :meth:`_embed`'s where queries are embedded as passages, else
+        :meth:`_embed_query` one at a time (a subclass that can batch them says how)."""
+        if type(self)._embed_query is Embedder._embed_query:
+            return self._embed(texts)
+        return [np.ravel(np.asarray(self._embed_query(t))) for t in texts]
+
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its lock and cache (e.g. to send it to Ray workers)."""
         state = self.__dict__.copy()
@@ -220,6 +239,9 @@ class SentenceTransformerEmbedder(Embedder):
     def _embed_query(self, text: str) -> ArrayLike:
         row: np.ndarray = self._encode("encode_query", [text])[0]
         return row
+
+    def _embed_queries(self, texts: list[str]) -> ArrayLike:
+        return self._encode("encode_query", texts)
 
     def _encode(self, side: str, texts: list[str]) -> np.ndarray:
         """The model's ``encode_query`` / ``encode_document`` (sentence-transformers 5: a model

@@ -20,7 +20,6 @@ from typing import Any
 
 import numpy as np
 
-from ..embedders import Embedder
 from ..similarity import unit_rows
 from .workdir import (
     Workdir,
@@ -100,10 +99,8 @@ class EmbedStep:
         data = wd.read_json(f"{name}.json")
         texts = data["texts"]
         model = step_embedder(self.embedder)
-        if self.kind == "probes" and type(model)._embed_query is not Embedder._embed_query:
-            vectors = np.stack([model.embed_query(t) for t in texts])  # asymmetric models
-        else:
-            vectors = model.embed(texts)
+        # probes as queries (an asymmetric model embeds them apart), batched where it can
+        vectors = model.embed_queries(texts) if self.kind == "probes" else model.embed(texts)
         wd.write_array(f"{name}.npy", unit(vectors, texts))
         return len(texts)
 
