@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 from dataclasses import replace
 from typing import Any
+from urllib.parse import unquote
 
 import numpy as np
 import pytest
@@ -508,7 +509,9 @@ def test_trust_by_address_is_by_host_or_by_page_and_below() -> None:
 
 _SEGMENT = st.text(alphabet="ab-", min_size=1, max_size=3)
 #: a path's segments as an attacker may write them: dot segments, escaped or not, backslashes
-_TRICKS = st.sampled_from(["..", ".", "%2e%2e", "%2E.", "..\\", "a%5cb", "%7Ea", "~a"])
+_TRICKS = st.sampled_from(
+    ["..", ".", "%2e%2e", "%2E.", "..\\", "a%5cb", "%7Ea", "~a", "..%2f..", "a%2Fb", "100%25"]
+)
 
 
 @settings(max_examples=300, deadline=None)
@@ -525,9 +528,17 @@ def test_a_page_holds_exactly_the_pages_under_it(trusted: list[list[str]], path:
     url = "https://docs.example.com/" + "/".join(path)
     passage = Passage("x", metadata={"source": url})
     host, _, rest = (document_of(passage) or "").partition("/")
+
+    def decoded(path: str) -> str:  # as a server decoding every escape reads it
+        return host + clean_path("/" + unquote(path))
+
+    def under(d: str, p: str) -> bool:
+        return d == p or d.startswith(p + "/")
+
     readings = [host + clean_path("/" + rest, browser) for browser in (True, False)]
     held = any(
-        all(d == f"{host}/{p}" or d.startswith(f"{host}/{p}/") for d in readings) for p in pages
+        all(under(d, f"{host}/{p}") for d in readings) and under(decoded(rest), decoded(p))
+        for p in pages
     )
     test = is_trusted_by({f"https://docs.example.com/{p}" for p in pages})
     assert test(passage, source_of(passage)) is held
@@ -562,6 +573,11 @@ def test_an_ambiguous_address_is_nobody_elses_source() -> None:
         "https://github.com/acme/hb/%2e%2e%2f%2e%2e%2fmallory/x.md",
     ):
         assert not handbook(page(url), "github.com"), url
+    for entry, url in (  # a page whose own path holds an escaped "/" or "%" still holds its own
+        ("https://who.int/a%2Fb", "https://who.int/a%2Fb/c"),
+        ("https://who.int/100%25", "https://who.int/100%25"),
+    ):
+        assert is_trusted_by({entry})(page(url), "who.int"), (entry, url)
     spellings = [  # one page however it is spelled, on either side
         ("https://example.edu/%7Ejsmith", "https://example.edu/%7Ejsmith/paper.pdf"),
         ("https://example.edu/~jsmith", "https://example.edu/%7ejsmith/paper.pdf"),

@@ -300,13 +300,20 @@ class _Sources:
         if doc is None:
             return False
         host, _, path = doc.partition("/")
-        # under a trusted page as a browser and as servers may read it (decoding no escape,
-        # or every one: "..%2f" is "../" to some): "../" (or "..\\") cannot climb out of
-        # one, nor an escaped dot segment ("%2e%2e") lead into one
-        readings = ((path, True), (path, False), (unquote(path), True))
-        seen = [host + clean_path("/" + p, browser) for p, browser in readings]
+        # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
+        # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
+        seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
         # a page p holds d where d is p or starts with p + "/": look d's prefixes up
-        return bool(self.pages.intersection(*map(_prefixes, seen)))
+        held = self.pages.intersection(*map(_prefixes, seen))
+        # and as servers decoding every escape read page and document ("..%2f" is "../")
+        return any(_decoded(p) in _prefixes(_decoded(doc)) for p in held)
+
+
+def _decoded(document: str) -> str:
+    """``host/path`` with every escape of its path decoded (``%2F`` a ``/``), as some servers
+    read it before resolving its dot segments."""
+    host, _, path = document.partition("/")
+    return host + clean_path("/" + unquote(path))
 
 
 def _prefixes(document: str) -> set[str]:
