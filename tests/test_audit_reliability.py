@@ -442,6 +442,9 @@ def test_a_corpus_is_told_apart_whatever_its_texts_hold() -> None:
     )
     with pytest.raises(ValueError, match="has no text string"):
         ListCorpus(["Real passage.", None])  # type: ignore[list-item]
+    from ragdefense.auditing.settings import queries_mark
+
+    assert queries_mark(["a\0b", "c"]) != queries_mark(["a", "b\0c"])  # and a query log
 
 
 def test_probes_are_embedded_as_queries_in_one_call_per_part(tmp_path: Path) -> None:

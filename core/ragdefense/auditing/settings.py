@@ -12,6 +12,7 @@ report = audit("chunks.jsonl", settings, workdir="other/", part_size=256)  # one
 from __future__ import annotations
 
 import hashlib
+import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, replace
 from typing import Any
@@ -169,7 +170,7 @@ def _whole(name: str, value: Any) -> None:
 
 def queries_mark(texts: list[str]) -> str:
     """How many texts, and a hash of them: what a resumed audit compares a query log by."""
-    joined = "\0".join(texts).encode("utf-8", errors="surrogatepass")
+    joined = json.dumps(texts).encode()  # unambiguous: texts may hold any character
     return f"{len(texts)} {hashlib.sha256(joined).hexdigest()[:16]}"
 
 
