@@ -177,6 +177,16 @@ def test_an_answer_its_own_aggregation_call_failed_is_never_certified(nlp) -> No
         assert not r.certificate.certified and "answer again" in r.certificate.reason
     answered = RobustRAG(fn, nlp=nlp, timeout=None).answer(Q, passages, certify=1, gold="Paris")
     assert answered.answer == "Paris" and answered.certificate.certified  # type: ignore[union-attr]
+    worded = {"final": 0}  # a sampling LLM wording the same answer otherwise: still certified
+
+    def sampled(prompt: str) -> str:
+        if prompt.startswith("Word suggestion"):
+            worded["final"] += 1
+            return "The capital is Paris." if worded["final"] == 1 else "Paris"
+        return "Paris"
+
+    again = RobustRAG(sampled, nlp=nlp, timeout=None).answer(Q, passages, certify=1, gold="Paris")
+    assert again.answer == "The capital is Paris." and again.certificate.certified  # type: ignore[union-attr]
 
 
 def test_a_report_is_plain_json(nlp) -> None:  # type: ignore[no-untyped-def]

@@ -200,11 +200,17 @@ class _Keyword:
             g = next(it)
             answers.append(IDK if not g.ok or is_abstention(g.text) else (g.text or "").strip())
         possible = tuple(dict.fromkeys(answers))
-        if normalize(result.answer) not in {normalize(a) for a in possible}:
-            why = (  # the clean keyword set is one of them: the answer given is not its answer
-                f"the answer given ({result.answer!r}) is none of the {len(possible)} the keyword "
-                f"sets give (e.g. {possible[0]!r}): its own aggregation call failed or answered "
-                "otherwise; answer again"
+        # the answer given is the clean keyword set's (one of these): with a gold answer, a
+        # correct one however a sampling LLM words it; else its own aggregation call failed
+        if golds:
+            stands = gives_answer(result.answer, golds)
+        else:
+            stands = normalize(result.answer) in {normalize(a) for a in possible}
+        if not stands:
+            why = (
+                f"the answer given ({result.answer!r}) is not what the keyword sets give "
+                f"({possible[0]!r}, ...): its own aggregation call failed or answered otherwise; "
+                "answer again"
             )
             return Certificate(
                 k_prime, attack, False, why, possible, plan.always_kept, plan.undecided
