@@ -243,10 +243,13 @@ def test_llamaindex_index_is_copied_never_touched(minilm: Any) -> None:
 def test_cli_attack_on_the_built_in_knowledge_base(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    out = tmp_path / "r.json"
+    (tmp_path / "reports").mkdir()
+    out = tmp_path / "r.json"  # a link to the file kept elsewhere: written through, kept a link
+    out.symlink_to(tmp_path / "reports" / "r.json")
     assert main(["attack", "--attack", "injection", "--n-poison", "2", "--json", str(out)]) == 0
     assert "| **hijacked** |" in capsys.readouterr().out
-    report = json.loads(out.read_text())
+    assert out.is_symlink() and not list(tmp_path.glob("**/*.part"))
+    report = json.loads((tmp_path / "reports" / "r.json").read_text())
     assert report["n_poison"] == 2 and len(report["outcomes"]) == 2 * len(load_demo_kb())
     assert main(["attack", "--targets", str(tmp_path / "missing.json")]) == 2
 
