@@ -85,14 +85,7 @@ class Embedder(ABC):
         missing = [t for t in dict.fromkeys(texts) if t not in cached]
         fresh: dict[str, np.ndarray] = {}
         if missing:
-            try:
-                raw = self._embed(missing)
-            except Exception as exc:
-                raise EmbeddingError(f"embedding model failed: {exc!r}") from exc
-            self.calls += 1
-            self.texts_embedded += len(missing)
-            arr = as_rows(raw, expected_rows=len(missing))
-            fresh = dict(zip(missing, arr, strict=True))
+            fresh = dict(zip(missing, self._rows(self._embed, missing, ""), strict=True))
         with self._lock:
             for t, v in fresh.items():
                 _keep(self._cache, t, v, self.cache_size)
@@ -124,11 +117,15 @@ class Embedder(ABC):
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Embed many queries (an audit's probes), uncached: float32 rows, in one model call
         where the model embeds queries as passages or batches them (:meth:`_embed_queries`)."""
-        texts = list(texts)
+        return self._rows(self._embed_queries, list(texts), " on the queries")
+
+    def _rows(self, embed: Callable[[list[str]], Any], texts: list[str], what: str) -> np.ndarray:
+        """``embed(texts)`` as checked float32 rows (a failure is an :class:`EmbeddingError`
+        saying ``what`` was embedded), counted in :attr:`calls` and :attr:`texts_embedded`."""
         try:
-            raw = self._embed_queries(texts)
+            raw = embed(texts)
         except Exception as exc:
-            raise EmbeddingError(f"embedding model failed on the queries: {exc!r}") from exc
+            raise EmbeddingError(f"embedding model failed{what}: {exc!r}") from exc
         self.calls += 1
         self.texts_embedded += len(texts)
         return as_rows(raw, expected_rows=len(texts))
