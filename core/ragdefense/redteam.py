@@ -220,7 +220,7 @@ class RedTeamReport:
 
     def __str__(self) -> str:
         return (
-            f"Red team: {self.attack}, {self.n_poison} poison passage(s) per question\n\n"
+            f"Red team: {self.attack}, up to {self.n_poison} poison passage(s) per question\n\n"
             + self.to_table()
         )
 
