@@ -732,6 +732,40 @@ def test_a_module_failing_as_it_loads_is_one_line(
         assert f"importing it failed ({why}" in err and err.count("\n") == 1, err
 
 
+def test_cli_json_edge_paths_are_one_line_never_a_traceback(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A review of the ``--json`` write: a folder already named ``<file>.part`` raised from
+    the clean-up, a link loop raised from ``resolve()``. The red team itself is a stand-in
+    here (the real one runs in tests/test_redteam.py)."""
+    import ragdefense.cli as cli
+    import ragdefense.redteam as redteam
+
+    class Report:
+        def __str__(self) -> str:
+            return "report"
+
+        def to_dict(self) -> dict[str, int]:
+            return {"ok": 1}
+
+    class KnowledgeBase:
+        def __init__(self, texts: Any) -> None:
+            pass
+
+        def red_team(self, targets: Any, **kwargs: Any) -> Report:
+            return Report()
+
+    monkeypatch.setattr(redteam, "InMemoryKnowledgeBase", KnowledgeBase)
+    monkeypatch.setattr(cli, "require_embeddings", lambda *_: None)
+    (tmp_path / "r.json.part").mkdir()
+    assert cli.main(["attack", "--json", str(tmp_path / "r.json")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: --json") and err.count("\n") == 1
+    (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
+    assert cli.main(["attack", "--json", str(tmp_path / "loop.json")]) in (0, 1, 2)
+    assert "Traceback" not in capsys.readouterr().err
+
+
 def test_suite_errors_column_counts_each_defense_alone() -> None:
     from benchmarks.suite import suite_markdown
 

@@ -185,6 +185,9 @@ def test_an_answer_its_own_aggregation_call_failed_is_never_certified(nlp) -> No
             return "The capital is Paris." if worded["final"] == 1 else "Paris"
         return "Paris"
 
+    wrong = RobustRAG(fn, nlp=nlp, timeout=None).answer(Q, passages, certify=1, gold="Lyon")
+    assert wrong.certificate is not None and not wrong.certificate.certified  # the sets' answer,
+    assert "miss the gold answer" in wrong.certificate.reason  # wrong: not "answer again"
     again = RobustRAG(sampled, nlp=nlp, timeout=None).answer(Q, passages, certify=1, gold="Paris")
     assert again.answer == "The capital is Paris." and again.certificate.certified  # type: ignore[union-attr]
 

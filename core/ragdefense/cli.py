@@ -59,11 +59,11 @@ def _out_file(path: str | None, *inputs: str | None) -> None:
     """``--json``: a writable file in an existing folder, none of the command's ``inputs``."""
     if path is None:
         return
-    file = Path(path)
+    file = Path(os.path.realpath(path))  # a link's file (a link loop: its own path)
     if file.is_dir() or not file.parent.is_dir():
         raise UsageError(f"--json {path}: name a file in an existing folder")
-    if not os.access(file.resolve().parent, os.W_OK):  # written beside it, then moved in
-        raise UsageError(f"--json {path}: not writable (its folder must be)")
+    if not os.access(file.parent, os.W_OK) or (file.exists() and not os.access(file, os.W_OK)):
+        raise UsageError(f"--json {path}: not writable (the file, nor its folder)")
     if file.exists() and any(i and Path(i).exists() and file.samefile(i) for i in inputs):
         raise UsageError(f"--json {path}: that is an input of this command; name another file")
 
@@ -141,13 +141,14 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         return 1
     print(report)
     if args.json:
-        target = Path(args.json).resolve()  # a link's file, not the link
+        target = Path(os.path.realpath(args.json))  # a link's file, not the link
         part = target.with_name(target.name + ".part")
         try:  # whole or not at all: a file of that name is replaced only by a full report
             part.write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
             os.replace(part, target)
         except OSError as exc:
-            part.unlink(missing_ok=True)
+            with contextlib.suppress(OSError):  # (a folder of that name stays)
+                part.unlink(missing_ok=True)
             print(f"error: --json {args.json}: {exc}", file=sys.stderr)
             return 1
     return 0

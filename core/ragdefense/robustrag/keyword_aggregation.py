@@ -200,13 +200,10 @@ class _Keyword:
             g = next(it)
             answers.append(IDK if not g.ok or is_abstention(g.text) else (g.text or "").strip())
         possible = tuple(dict.fromkeys(answers))
-        # the answer given is the clean keyword set's (one of these): with a gold answer, a
+        # the answer given is the clean keyword set's (one of these), or with a gold answer a
         # correct one however a sampling LLM words it; else its own aggregation call failed
-        if golds:
-            stands = gives_answer(result.answer, golds)
-        else:
-            stands = normalize(result.answer) in {normalize(a) for a in possible}
-        if not stands:
+        stands = normalize(result.answer) in {normalize(a) for a in possible}
+        if not (stands or (golds and gives_answer(result.answer, golds))):
             why = (
                 f"the answer given ({result.answer!r}) is not what the keyword sets give "
                 f"({possible[0]!r}, ...): its own aggregation call failed or answered otherwise; "
