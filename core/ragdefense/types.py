@@ -20,6 +20,7 @@ __all__ = [
     "Verdict",
     "check_embeddings",
     "check_query_embedding",
+    "defend_given",
     "to_passages",
 ]
 
@@ -348,3 +349,14 @@ class Defense(Protocol):
     def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult:
         """Decide, per passage, what reaches the generator."""
         ...
+
+
+def defend_given(
+    defense: Defense, query: str, passages: Sequence[Any], embeddings: Any, query_embedding: Any
+) -> DefenseResult:
+    """``defense`` run with the vectors given where it takes them (``defend_embeddings``), else
+    its ``defend()`` alone (all :class:`Defense` asks for), which embeds what it needs."""
+    run = getattr(defense, "defend_embeddings", None)
+    if callable(run):
+        return run(query, passages, embeddings, query_embedding)  # type: ignore[no-any-return]
+    return defense.defend(query, passages)

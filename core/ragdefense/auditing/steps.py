@@ -349,7 +349,7 @@ class DefendStep:
         return list(_CACHE[key])
 
     def __call__(self, part: int) -> int:
-        from ..types import Passage
+        from ..types import Passage, defend_given
 
         wd = Workdir(self.workdir)
         probes = wd.read_json(f"{part_name('probes', part)}.json")
@@ -365,12 +365,7 @@ class DefendStep:
             for name, defense in self._defenses():
                 if len(passages) < 2:
                     break
-                given = getattr(defense, "defend_embeddings", None)  # a defend()-only defense
-                result = (
-                    given(question, passages, vectors, queries[row])
-                    if callable(given)
-                    else defense.defend(question, passages)
-                )
+                result = defend_given(defense, question, passages, vectors, queries[row])
                 record["flags"][name] = {  # a copy left out is no flag: its text stays
                     str(hits[v.index]): v.reason
                     for v in result.verdicts

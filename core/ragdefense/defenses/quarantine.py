@@ -40,6 +40,7 @@ from ..types import (
     check_embeddings,
     check_query,
     check_query_embedding,
+    defend_given,
     to_passages,
 )
 from .findings import STANDS_APART, copy_groups, digest, finding_source, number, read_report
@@ -287,14 +288,9 @@ class Quarantine:
         held, rest = self._split(items)
         inner = None
         if rest:
-            run = getattr(self.defense, "defend_embeddings", None)
-            subset = [items[i] for i in rest]
+            subset, given = [items[i] for i in rest], None if rows is None else rows[rest]
             with renumbered(rest):
-                inner = (
-                    run(query, subset, None if rows is None else rows[rest], query_embedding)
-                    if callable(run)
-                    else self.defense.defend(query, subset)
-                )
+                inner = defend_given(self.defense, query, subset, given, query_embedding)
         return self._merge(query, items, held, rest, inner)
 
     def fallback(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
