@@ -306,7 +306,8 @@ class _Sources:
         # a page p holds d where d is p or starts with p + "/": look d's prefixes up
         held = self.pages.intersection(*map(_prefixes, seen))
         # and as servers decoding every escape read page and document ("..%2f" is "../")
-        return any(_decoded(p) in _prefixes(_decoded(doc)) for p in held)
+        decoded = _prefixes(_decoded(doc)) if held else set()
+        return any(_decoded(p) in decoded for p in held)
 
 
 def _decoded(document: str) -> str:
