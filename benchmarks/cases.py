@@ -14,7 +14,7 @@ import numpy as np
 from ragdefense.attacks import make_poison, poisonedrag
 from ragdefense.cases import Case, demo_cases
 from ragdefense.defenses import registry
-from ragdefense.embedders import Embedder
+from ragdefense.embedders import Embedder, as_embedder
 from ragdefense.integration.retrieval import pool_size
 from ragdefense.similarity import cosine_to, unit_rows
 from ragdefense.text import contains_answer, normalize, split_sentences
@@ -27,6 +27,7 @@ __all__ = [
     "RAGDEFENDER_K",
     "Case",
     "attack_passages",
+    "case_embedder",
     "demo_cases",
     "one_line_pool",
     "provenance_case",
@@ -36,6 +37,13 @@ __all__ = [
     "store_cases",
     "suite_cases",
 ]
+
+
+def case_embedder(embedder: Any = None) -> Embedder:
+    """``embedder`` (anything :func:`~ragdefense.as_embedder` takes) with a cache that holds
+    every case's texts: each is embedded once per run, as one batch or case by case."""
+    return as_embedder(embedder).with_cache(200_000)
+
 
 #: the RAGDefender setting: poison per gold passage at ratio 1x, and the context size
 RAGDEFENDER_BASE = {"nq": 5, "msmarco": 2, "hotpotqa": 2}

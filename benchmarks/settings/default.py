@@ -29,9 +29,8 @@ from typing import Any
 from ragdefense.attacks import ATTACKS
 from ragdefense.defenses import registry
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
-from ragdefense.embedders import as_embedder
 
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, demo_cases, suite_cases
+from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, case_embedder, demo_cases, suite_cases
 from ..datasets import load_qa
 from ..report import cell, markdown_table
 from ..runner import (
@@ -65,7 +64,7 @@ def default_cases(
 ) -> list[Case]:
     """Every case of both settings for every family; ``setting`` is ``"<n>p"`` (RealtimeQA)
     or ``"<ratio>x"``, the family is ``extra["attack"]``."""
-    emb = as_embedder(embedder).with_cache(200_000)
+    emb = case_embedder(embedder)
     cases: list[Case] = []
     folder = Path(folder)
     records = load_qa(folder, "realtimeqa", limit)

@@ -27,11 +27,17 @@ from pathlib import Path
 from typing import Any
 
 from ragdefense.defenses import registry
-from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT
 
-from ..cases import RAGDEFENDER_BASE, RAGDEFENDER_K, Case, attack_passages, provenance_case
+from ..cases import (
+    RAGDEFENDER_BASE,
+    RAGDEFENDER_K,
+    Case,
+    attack_passages,
+    case_embedder,
+    provenance_case,
+)
 from ..datasets import DataError, load_qa
 from ..report import markdown_table
 from ..runner import answer_metrics, context_indices, on_case, run_case
@@ -94,7 +100,7 @@ def e2e_table(
     cached)."""
     from ragdefense.progress import progress_bar
 
-    emb = as_embedder(embedder).with_cache(200_000)
+    emb = case_embedder(embedder)
     groups = _cases(Path(folder), limit, emb)
     defenses = {
         name: on_case(registry.defense(name)) for name, _ in E2E_ROWS.values() if name != "none"

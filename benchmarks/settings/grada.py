@@ -9,10 +9,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from ragdefense.defenses import registry
-from ragdefense.embedders import as_embedder
 from ragdefense.similarity import BM25
 
-from ..cases import realtimeqa_cases
+from ..cases import case_embedder, realtimeqa_cases
 from ..datasets import load_realtimeqa
 from ..report import cell, markdown_table
 from ..runner import CaseDefense, no_defense, on_case, run_cases, summarize
@@ -53,9 +52,7 @@ def run_realtimeqa_bench(
 ) -> list[dict[str, Any]]:
     """Run ``defenses`` on the GRADA setting (RealtimeQA top 10, context 5); one row per
     (poison count, defense)."""
-    cases = realtimeqa_cases(
-        load_realtimeqa(folder)[:limit], n_poison, as_embedder(embedder).with_cache(200_000)
-    )
+    cases = realtimeqa_cases(load_realtimeqa(folder)[:limit], n_poison, case_embedder(embedder))
     rows: list[dict[str, Any]] = []
     for p in n_poison:
         sub = [c for c in cases if c.setting == f"{p}p"]

@@ -13,7 +13,7 @@ from ragdefense.attacks import poisonedrag
 from ragdefense.defenses.ragdefender import RAGDefender
 from ragdefense.embedders import CallableEmbedder, as_embedder
 
-from ..cases import RAGDEFENDER_BASE, ragdefender_cases
+from ..cases import RAGDEFENDER_BASE, case_embedder, ragdefender_cases
 from ..datasets import load_ragdefender
 from ..report import cell, markdown_table
 from ..runner import CaseDefense, on_case, run_cases, summarize
@@ -38,7 +38,7 @@ def run_ragdefender_bench(
     embedder: Any = None,
 ) -> list[dict[str, Any]]:
     """Run ``defenses`` on the RAGDefender setting; one row per (dataset, ratio, defense)."""
-    emb = as_embedder(embedder).with_cache(200_000)  # every case's texts, embedded once
+    emb = case_embedder(embedder)
     rows = []
     for ds in datasets:
         records = load_ragdefender(folder, ds)[:limit]

@@ -12,12 +12,11 @@ import statistics
 import time
 from typing import Any
 
-from ragdefense.embedders import as_embedder
 from ragdefense.llm import as_llm
 from ragdefense.robustrag import ISOLATED_PROMPT, RobustRAG
 from ragdefense.text import normalize
 
-from ..cases import realtimeqa_cases
+from ..cases import case_embedder, realtimeqa_cases
 from ..datasets import load_realtimeqa
 from ..report import markdown_table
 from ..runner import answer_metrics, progress_bar
@@ -49,7 +48,7 @@ def robustrag_table(
     if model.supports_token_probs:
         engines["decoding"] = RobustRAG(llm=model, aggregation="decoding")
     records = load_realtimeqa(folder)[:limit]
-    cases = realtimeqa_cases(records, [0, 1], as_embedder(embedder).with_cache(200_000))
+    cases = realtimeqa_cases(records, [0, 1], case_embedder(embedder))
     by_id = {r.id: r for r in records}
     acc: Values = {}
     for case in progress_bar(cases, "robustrag" if progress else None):

@@ -37,13 +37,14 @@ from pathlib import Path
 from typing import Any
 
 from ragdefense.defenses import registry
-from ragdefense.embedders import Embedder, as_embedder
+from ragdefense.embedders import Embedder
 
 from ..cases import (
     RAGDEFENDER_BASE,
     RAGDEFENDER_K,
     Case,
     attack_passages,
+    case_embedder,
     provenance_case,
 )
 from ..datasets import QARecord, load_qa
@@ -158,7 +159,7 @@ def threats_table(
     embedder: Any = None,
 ) -> tuple[list[dict[str, Any]], str]:
     """Every row of :data:`THREAT_ROWS` on every scenario; the table and the S curve."""
-    emb = as_embedder(embedder).with_cache(200_000)
+    emb = case_embedder(embedder)
     groups = _cases(Path(folder), families, limit, emb)
     rows: list[dict[str, Any]] = []
     by: dict[tuple[str, str, str, str], dict[str, Any]] = {}
