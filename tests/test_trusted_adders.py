@@ -97,3 +97,32 @@ def test_an_honest_site_adding_to_a_trusted_page_stays(
     result = Consensus(embedder=minilm, trusted={trusted}).defend(query, passages)
     assert result.estimates["trusted"] == [0]
     assert result.removed == [], result.to_table()
+
+
+def test_a_how_to_closer_to_the_question_than_terse_trusted_docs_goes_unless_anchor_none(
+    minilm: object,
+) -> None:
+    """As the provenance page says: an honest passage answering in the question's words, beside
+    terse trusted reference docs, reads as answering apart from them (the embedding rule) and
+    goes, the trusted passage keeping the answer; ``anchor=None`` keeps it (real MiniLM)."""
+    query = "What is the default port for PostgreSQL?"
+    pages = [
+        (
+            "https://www.postgresql.org/docs/current/runtime-config-connection.html",
+            "port (integer): The TCP port the server listens on; 5432 by default. Note that the "
+            "same port number is used for all IP addresses the server listens on. This parameter "
+            "can only be set at server start.",
+        ),
+        (
+            "https://www.digitalocean.com/community/tutorials/how-to-install-postgresql-on-ubuntu",
+            "PostgreSQL listens on port 5432. If you want to connect from another machine, open "
+            "it in ufw with sudo ufw allow 5432/tcp and set listen_addresses in postgresql.conf.",
+        ),
+    ]
+    passages = [Passage(text, metadata={"source": source}) for source, text in pages]
+    trusted = {"https://www.postgresql.org/docs/"}
+    result = Consensus(embedder=minilm, trusted=trusted).defend(query, passages)
+    assert result.removed_indices == [1], result.to_table()
+    assert "contradicts the trusted passages" in result.verdicts[1].reason
+    spared = Consensus(embedder=minilm, trusted=trusted, anchor=None).defend(query, passages)
+    assert spared.removed == []
