@@ -30,6 +30,7 @@ from ragdefense.auditing import (
 )
 from ragdefense.auditing.engines import RayEngine
 from ragdefense.auditing.evidence import isolation
+from ragdefense.auditing.report import BLANK
 from ragdefense.auditing.steps import EmbedStep
 from ragdefense.cli import main
 from ragdefense.data import load_demo_kb
@@ -1524,6 +1525,25 @@ def test_a_chunk_from_a_source_whose_other_chunks_look_planted_is_suspicious(
     one = [{"source": "uploads/everything.pdf"}] * len(texts)  # a single-source knowledge base
     single = audit(ListCorpus(texts, ids, metadata=one), embedder=toy, workdir=tmp_path / "1")
     assert [(f.id, f.score) for f in single.findings] == [(f.id, f.score) for f in bare.findings]
+
+
+def test_a_blank_chunk_of_a_condemned_source_is_not_suspicious(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """An empty page of the attacker's upload gets its source's support as a score, but a
+    blank chunk is never suspicious: its finding says so, and it is not counted among the
+    suspicious chunks nor its source's (it was, beside the reason 'never suspicious')."""
+    texts, ids, meta, _, _ = _sourced_corpus()
+    texts, ids = [*texts, "   "], [*ids, "empty-page"]
+    meta = [*meta, {"source": "uploads/attack.pdf"}]
+    report = audit(ListCorpus(texts, ids, metadata=meta), embedder=toy, workdir=tmp_path / "w")
+    empty = {f.id: f for f in report.findings}["empty-page"]
+    assert empty.score >= report.threshold and BLANK in empty.reasons  # the source's support
+    assert not empty.suspicious
+    assert report.stats["suspicious"] == len(report.suspicious)
+    assert report.stats["suspect_sources"] == [
+        {"source": "uploads/attack.pdf", "chunks": 16, "suspicious": 15, "on_own_evidence": 11}
+    ]
 
 
 def test_sources_feed_the_report_only_a_resumed_audit_reads_them_again(

@@ -346,7 +346,6 @@ def _report(
     above = scores >= scoring.threshold
     condemned = condemned_positions(evidence, tally, scoring.source_threshold)
     victims = possible_victims(wd, evidence, above, condemned, scoring)
-    # the report lists every chunk past the threshold and at least the `report_top` highest
     top = np.argsort(-scores, kind="stable")[: max(report_top, int(above.sum()))].tolist()
     above &= ~(cleared := victims.cleared(len(above)))  # possible victims, not suspects
     joined = like_their_group(wd, evidence, above, ~cleared)  # a set's members under the cut
@@ -360,6 +359,7 @@ def _report(
         part, offset = locate(starts, i)
         data = part_texts(wd, part)
         source, text = chunk_source(evidence, tally, own, i), data["texts"][offset]
+        above[i] &= bool(text.strip())  # a blank chunk: never suspicious, its source's aside
         findings.append(
             Finding(
                 id=data["ids"][offset],
