@@ -79,6 +79,38 @@ def test_a_retrievers_rounds_and_sizes_are_checked_when_assigned(toy_embedder: A
     assert lc.invoke(QUERY) and li.retrieve(QUERY)
 
 
+def test_a_llamaindex_retrievers_pool_follows_settings_assigned_later(
+    toy_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """As LangChain's: the pool is worked out at each call, so ``k``, ``fetch_k`` and the
+    retriever assigned after ``defend()`` take effect (they were fixed at construction: after
+    ``k = 6`` the store was still asked for 8, after ``fetch_k = None`` for the retriever's 2)."""
+    from llama_index.core.vector_stores import SimpleVectorStore
+
+    asked: list[int] = []
+    query = SimpleVectorStore.query
+
+    def counted(self: SimpleVectorStore, q: Any, **kwargs: Any) -> Any:
+        asked.append(q.similarity_top_k)
+        return query(self, q, **kwargs)
+
+    monkeypatch.setattr(SimpleVectorStore, "query", counted)
+    index = VectorStoreIndex.from_documents(
+        [LIDocument(text=t) for t in TOPICS], embed_model=RagdefenseEmbedding(toy_embedder)
+    )
+    li = li_defend(index)
+    assert (li.k, li.fetch_k) == (2, 8)
+    li.k = 6
+    assert (li.k, li.fetch_k) == (6, 12) and len(li.retrieve(QUERY)) <= 6 and asked[-1] == 12
+    li.k, li.fetch_k = None, 3
+    assert (li.k, li.fetch_k) == (2, 3)  # None: the retriever's own again
+    li.fetch_k = None
+    li.retrieve(QUERY)
+    assert asked[-1] == 8  # the defense's pool, not the retriever's 2
+    li.retriever = index.as_retriever(similarity_top_k=5)
+    assert (li.k, li.fetch_k) == (5, 10)
+
+
 def test_llamaindex_refuses_a_postprocessor_that_is_no_defense(toy_embedder: Any) -> None:
     index = VectorStoreIndex.from_documents(
         [LIDocument(text=t) for t in TOPICS], embed_model=RagdefenseEmbedding(toy_embedder)

@@ -23,6 +23,7 @@ from llama_index.postprocessor.ragdefense import (
     defend,
     red_team,
 )
+from llama_index.postprocessor.ragdefense.retrievers import widened
 from ragdefense import Consensus, DefenseResult, Verdict
 from ragdefense.data import demo_documents
 from ragdefense.redteam import AttackTarget
@@ -178,6 +179,21 @@ def test_an_embed_model_given_embeds_nodes_carrying_another_models_vectors(
     guard = DefensePostprocessor(embed_model=Counted(toy_embedder), node_embeddings=False)
     guard.postprocess_nodes(retriever.retrieve(OCEAN), query_str=OCEAN)
     assert len(guard.embed_model.texts) == 8  # type: ignore[union-attr]
+
+
+def test_a_retriever_keeping_its_top_k_private_is_widened(toy_embedder: Any) -> None:
+    """A summary index's embedding retriever keeps its top k in ``_similarity_top_k``: it was
+    never widened (k None: it returned its own 4 nodes, the defense judging those alone)."""
+    texts = [t for t, m in demo_documents() if m["q"] in ("q1", "q7")]
+    model = RagdefenseEmbedding(toy_embedder)
+    retriever = SummaryIndex([TextNode(text=t) for t in texts]).as_retriever(
+        retriever_mode="embedding", embed_model=model, similarity_top_k=4
+    )
+    defended = defend(retriever, embed_model=model)
+    assert (defended.k, defended.fetch_k) == (4, 8)
+    pool, honoured = widened(retriever, 8)
+    assert len(pool.retrieve(OCEAN)) == 8 and honoured
+    assert retriever._similarity_top_k == 4  # type: ignore[attr-defined]  # the caller's
 
 
 def test_the_index_model_and_an_object_on_it_reuse_its_vectors(toy_embedder: Any) -> None:

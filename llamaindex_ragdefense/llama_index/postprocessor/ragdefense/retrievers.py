@@ -53,7 +53,15 @@ def _top_k(retriever: BaseRetriever) -> int | None:
     hybrid = positive_int(getattr(retriever, "_hybrid_top_k", None))
     if hybrid and _mode(retriever) == VectorStoreQueryMode.HYBRID:
         return hybrid
-    return positive_int(getattr(retriever, "similarity_top_k", None))
+    return positive_int(getattr(retriever, _top_k_name(retriever), None))
+
+
+def _top_k_name(retriever: BaseRetriever) -> str:
+    """The attribute holding its top k: ``similarity_top_k``, or a private
+    ``_similarity_top_k`` where it has no public one (a summary index's embedding retriever,
+    an auto retriever)."""
+    public = "similarity_top_k"
+    return public if hasattr(retriever, public) else "_" + public
 
 
 def _mode(retriever: BaseRetriever) -> Any:
@@ -84,7 +92,7 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
     if inner is not None:
         pool._vector_retriever = widened(inner, fetch)[0]
         return pool, False
-    pool.similarity_top_k = fetch
+    setattr(pool, _top_k_name(retriever), fetch)
     if _mode(retriever) == VectorStoreQueryMode.HYBRID:  # what it returns, and fuses from
         if positive_int(getattr(retriever, "_hybrid_top_k", None)):
             pool._hybrid_top_k = fetch
@@ -141,19 +149,39 @@ class DefendedRetriever(BaseRetriever):
             ("postprocessor", postprocessor),
         ):
             _check_setting(name, value)
-        own = _top_k(retriever)
-        self.k = k if k is not None else own
-        pool = max(pool_size(postprocessor.core, self.k), own or 0) if self.k else None
-        self.fetch_k = fetch_k or pool
-        self.max_rounds = max_rounds
         self.retriever = retriever
         self.postprocessor = postprocessor
+        self.k, self.fetch_k = k, fetch_k
+        self.max_rounds = max_rounds
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
 
     def __setattr__(self, name: str, value: Any) -> None:
         """The settings given to the constructor, set later, are checked as there."""
         _check_setting(name, value)
         super().__setattr__(name, value)
+
+    # k and fetch_k are read from the settings as they are at each call, as the LangChain
+    # adapter's are: k, fetch_k, the retriever or the defense assigned later take effect
+    @property
+    def k(self) -> int | None:
+        """Nodes returned: as given, else the retriever's own ``similarity_top_k``."""
+        return self._k if self._k is not None else _top_k(self.retriever)
+
+    @k.setter
+    def k(self, value: int | None) -> None:
+        self._k = value
+
+    @property
+    def fetch_k(self) -> int | None:
+        """Pool asked of the retriever: as given, else the defense's pool for :attr:`k`, at
+        least the retriever's own ``similarity_top_k``."""
+        if self._fetch_k or not self.k:
+            return self._fetch_k
+        return max(pool_size(self.postprocessor.core, self.k), _top_k(self.retriever) or 0)
+
+    @fetch_k.setter
+    def fetch_k(self, value: int | None) -> None:
+        self._fetch_k = value
 
     def _first_fetch(self) -> int | None:
         return self.fetch_k if _top_k(self.retriever) is not None else None
