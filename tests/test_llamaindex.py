@@ -347,6 +347,12 @@ def test_defend_index_widens_llamaindex_default_top_k(index: VectorStoreIndex) -
     wide = defend(retriever, "grada", k=3)
     assert wide.fetch_k == 6 and retriever.similarity_top_k == 3  # type: ignore[attr-defined]
     assert len(wide.retrieve(QUESTION.question)) == 3
+    # GRADA's peel needs the planted set whole beside the honest ones: AutoDefense's floor
+    # of 8 (it fetched 4 at LlamaIndex's k of 2, and the peel kept the demo's poison)
+    assert (defend(index, "grada").fetch_k, defend(index, "grada-peel").fetch_k) == (4, 8)
+    peeled, narrow = defend(index, "grada-peel"), defend(index, "grada-peel", fetch_k=4)
+    found = [(poison(peeled.retrieve(q.question)), poison(narrow.retrieve(q.question))) for q in KB]
+    assert 2 * sum(a for a, _ in found) <= sum(b for _, b in found), found
 
 
 def test_defend_retriever_bad_arguments(toy_embedder: Any) -> None:

@@ -50,12 +50,12 @@ class DefendedRetriever(BaseRetriever):
         fetch_k: Documents first asked of the base retriever (how: :func:`widened`); by default the
             defense's pool for ``k`` (:func:`ragdefense.integration.retrieval.pool_size`:
             twice ``k`` and at least 8 for Consensus, the default; twice ``k`` for GRADA, as its
-            M = 2n; ``k`` and at least 8 for RAGDefender, which filters the retrieved set), and
-            at least what
-            the base retriever returns by default (one set to fetch more is not narrowed: the
-            defense judges what it would have returned). When the defense
-            leaves fewer than ``k``, the fetch doubles (up to ``max_rounds`` rounds) while the
-            base retriever has more (the same policy as the LlamaIndex adapter's).
+            M = 2n, and at least 8 with its peel; ``k`` and at least 8 for RAGDefender, which
+            filters the retrieved set), and at least what the base retriever returns by default
+            (one set to fetch more is not narrowed: the defense judges what it would have
+            returned). When the defense leaves fewer than ``k``, the fetch doubles (up to
+            ``max_rounds`` rounds) while the base retriever has more (the same policy as the
+            LlamaIndex adapter's).
         max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``, but for a
             :class:`~ragdefense.Quarantine` holding anything). A ``k`` given per call
             (``invoke(query, k=4)``) gets at least ``FETCH_ROUNDS``: the caller asked for that

@@ -95,9 +95,13 @@ class GRADA:
     name = "GRADA"
     #: retrieval pool per passage returned, for the adapters that widen retrieval (M = 2n)
     pool_factor = 2
-    #: a reranker: any pool, from a single passage, is ranked
-    min_pool = 0
     min_passages = 1
+
+    @property
+    def min_pool(self) -> int:
+        """A reranker ranks any pool, from a single passage (0); the peel needs a pool that
+        holds a planted set whole beside the honest passages, as AutoDefense's (8)."""
+        return 8 if self.peel else 0
 
     def __init__(
         self,

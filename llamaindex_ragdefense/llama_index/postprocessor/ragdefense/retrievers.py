@@ -125,7 +125,8 @@ class DefendedRetriever(BaseRetriever):
             default 2), else all kept.
         fetch_k: Pool size asked of the retriever; ``None``: the defense's pool for ``k``
             (:func:`ragdefense.integration.retrieval.pool_size`: ``2 * k`` and at least 8 for
-            Consensus, the default; ``2 * k`` for GRADA; ``k`` and at least 8 for RAGDefender),
+            Consensus, the default; ``2 * k`` for GRADA, at least 8 with its peel; ``k`` and at
+            least 8 for RAGDefender),
             and at least the
             retriever's own ``similarity_top_k`` (a retriever set to fetch more is not
             narrowed: the defense sees what it would have returned).
