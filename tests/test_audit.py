@@ -139,6 +139,37 @@ def test_a_lone_passage_written_for_a_logged_question_is_found_with_the_query_lo
     assert (logged.stats["targeted"], derived.stats["targeted"]) == (1, 0)
 
 
+def test_targeting_alone_never_condemns_a_source(tmp_path: Path) -> None:
+    """An honest FAQ site whose pages each answer one logged question: every page is targeted
+    (the one answer ranks top for its question, as a planted passage would), and stays a lone
+    suspect left to the defense; its source is not condemned for it, so a quarantine built
+    from the report holds none of them (it held every true answer)."""
+    rng = np.random.default_rng(2)
+    benign = rng.normal(size=(400, 16))
+    asked = rng.normal(size=(4, 16))
+    faq = asked + 0.1 * rng.normal(size=(4, 16))
+    vectors = np.vstack([benign, faq]).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    questions = [f"What does the library do about thing {i}?" for i in range(4)]
+    texts = [f"Benign chunk {i} about things." for i in range(400)]
+    texts += [f"The library answer about thing {i}." for i in range(4)]
+    ids = [f"b{i}" for i in range(400)] + [f"faq-{i}" for i in range(4)]
+    meta = [{"source": f"https://site-{i % 40}.example/{i}"} for i in range(400)]
+    meta += [{"source": f"https://library.example/faq/{i}"} for i in range(4)]
+    vector = dict(zip(questions, asked, strict=True))
+
+    def embed(batch: list[str]) -> np.ndarray:  # each question where it was asked
+        rows = [vector.get(t, np.random.default_rng(len(t)).normal(size=16)) for t in batch]
+        return np.vstack(rows)
+
+    corpus = ListCorpus(texts, ids, None, vectors, meta)
+    report = audit(corpus, embedder=embed, queries=questions, workdir=tmp_path / "w")
+    assert report.stats["targeted"] == 4
+    assert {f.id for f in report.suspicious} == {f"faq-{i}" for i in range(4)}
+    assert report.stats["suspect_sources"] == []
+    assert not Quarantine.from_report(report).ids
+
+
 def test_a_chunk_with_no_other_chunk_is_not_targeted(toy: CallableEmbedder, tmp_path: Path) -> None:
     """Closer to the question than to any other chunk is empty when there is none."""
     report = audit(

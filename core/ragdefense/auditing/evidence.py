@@ -280,10 +280,11 @@ def score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
 def scored(
     evidence: Evidence, primary: str, scoring: Scoring
 ) -> tuple[np.ndarray, np.ndarray, SourceTally | None]:
-    """:func:`score`, whether each position is suspicious on its own evidence, and the
-    :class:`SourceTally` of that (``None`` without sources)."""
+    """:func:`score`, whether each position is suspicious on its own evidence but targeting
+    (a FAQ site's pages, each the one answer to a logged question, are no campaign), and the
+    :class:`SourceTally` of that, ``None`` without sources."""
     own_values = own_score(evidence, primary, scoring)
-    own = own_values >= scoring.threshold
+    own = own_score(evidence, primary, scoring, targeting=False) >= scoring.threshold
     tally = source_tally(evidence, own)
     if tally is None or evidence.source is None or scoring.source_threshold <= 0:
         return own_values, own, tally
@@ -292,11 +293,14 @@ def scored(
     return out, own, tally
 
 
-def own_score(evidence: Evidence, primary: str, scoring: Scoring) -> np.ndarray:
-    """The score on a chunk's own evidence (no source support)."""
+def own_score(
+    evidence: Evidence, primary: str, scoring: Scoring, targeting: bool = True
+) -> np.ndarray:
+    """The score on a chunk's own evidence (no source support; without ``targeting``, that
+    too left out)."""
     rate = _flag_rate(evidence, evidence.flagged[primary])
     w = scoring.probe_weight
-    out: np.ndarray = (1 - w) * _isolation(evidence, scoring) + w * rate
+    out: np.ndarray = (1 - w) * _isolation(evidence, scoring, targeting) + w * rate
     if _flags_count(evidence, scoring):
         sets = _flag_rate(evidence, evidence.removed_with_set(primary))
         gated = np.where(out >= scoring.flag_gate, sets, 0.0)
@@ -316,15 +320,15 @@ def _flags_count(evidence: Evidence, scoring: Scoring) -> bool:
     return scoring.flag_threshold > 0 and evidence.closest_query is not None
 
 
-def _isolation(evidence: Evidence, scoring: Scoring) -> np.ndarray:
-    """The isolation, or the wide isolation or the targeting where it is further past its own
-    threshold (each on the scale of ``scoring.threshold``)."""
+def _isolation(evidence: Evidence, scoring: Scoring, targeting: bool = True) -> np.ndarray:
+    """The isolation, or the wide isolation or (with ``targeting``) the targeting where it is
+    further past its own threshold (each on the scale of ``scoring.threshold``)."""
     out: np.ndarray = evidence.isolated
     if evidence.wide is not None and scoring.wide_threshold > 0:
         out = np.maximum(out, evidence.wide * scoring.threshold / scoring.wide_threshold)
-    targeting = evidence.targeting
-    if targeting is not None and scoring.target_threshold > 0:
-        out = np.maximum(out, targeting * scoring.threshold / scoring.target_threshold)
+    targeted = evidence.targeting if targeting else None
+    if targeted is not None and scoring.target_threshold > 0:
+        out = np.maximum(out, targeted * scoring.threshold / scoring.target_threshold)
     return out
 
 
