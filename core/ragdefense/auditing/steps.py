@@ -55,7 +55,8 @@ _CACHE: dict[Any, Any] = {}  # per process: the default embedder, defenses, shar
 def unit(vectors: Any, texts: list[str] | None = None) -> np.ndarray:
     """Rows scaled to unit length (zero rows stay zero), float32: what the parts store. The
     rows of blank ``texts`` (empty pages) are zero: no direction, so never anyone's neighbour,
-    never a group, never retrieved, whatever the model made of nothing."""
+    never a group, retrieved (at cosine 0) only by a probe that fewer chunks with text than it
+    asks for resemble more, whatever the model made of nothing."""
     out = unit_rows(np.asarray(vectors, dtype=np.float32), np.float32)
     if texts is not None:
         out[[i for i, t in enumerate(texts) if not t.strip()]] = 0.0
