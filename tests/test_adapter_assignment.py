@@ -111,6 +111,25 @@ def test_a_llamaindex_retrievers_pool_follows_settings_assigned_later(
     assert (li.k, li.fetch_k) == (5, 10)
 
 
+def test_a_llamaindex_call_reads_its_settings_once(
+    toy_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A retriever assigned while a call runs takes effect at the next call: the call in
+    progress returns the k it fetched for (it sliced by the new retriever's k)."""
+    index = VectorStoreIndex.from_documents(
+        [LIDocument(text=t) for t in TOPICS], embed_model=RagdefenseEmbedding(toy_embedder)
+    )
+    li = li_defend(index)
+    postprocess = type(li.postprocessor).postprocess_nodes
+
+    def swapping(self: Any, *args: Any, **kwargs: Any) -> Any:
+        li.retriever = index.as_retriever(similarity_top_k=6)  # another thread's assignment
+        return postprocess(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(li.postprocessor), "postprocess_nodes", swapping)
+    assert len(li.retrieve(QUERY)) <= 2 and li.k == 6
+
+
 def test_llamaindex_refuses_a_postprocessor_that_is_no_defense(toy_embedder: Any) -> None:
     index = VectorStoreIndex.from_documents(
         [LIDocument(text=t) for t in TOPICS], embed_model=RagdefenseEmbedding(toy_embedder)

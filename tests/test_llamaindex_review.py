@@ -163,11 +163,11 @@ def test_an_embed_model_given_embeds_nodes_carrying_another_models_vectors(
     retriever = SummaryIndex(_carrying(texts, _reversed_words)).as_retriever(
         retriever_mode="embedding",
         embed_model=RagdefenseEmbedding(_reversed_words),
-        similarity_top_k=8,
+        similarity_top_k=len(texts),  # every node: the pool cannot grow past it
     )
     model = Counted(toy_embedder)
     got = defend(retriever, embed_model=model, k=4).retrieve(OCEAN)
-    assert got and len(model.texts) >= 8  # the pool's texts, embedded by the model given
+    assert got and len(model.texts) >= len(texts)  # the pool's texts, embedded by the model
     stripped = [
         NodeWithScore(node=n.node.model_copy(update={"embedding": None}), score=n.score)
         for n in retriever.retrieve(OCEAN)
@@ -178,7 +178,7 @@ def test_an_embed_model_given_embeds_nodes_carrying_another_models_vectors(
     # the postprocessor's switch: False embeds every node, whatever it carries
     guard = DefensePostprocessor(embed_model=Counted(toy_embedder), node_embeddings=False)
     guard.postprocess_nodes(retriever.retrieve(OCEAN), query_str=OCEAN)
-    assert len(guard.embed_model.texts) == 8  # type: ignore[union-attr]
+    assert len(guard.embed_model.texts) == len(texts)  # type: ignore[union-attr]
 
 
 def test_a_retriever_keeping_its_top_k_private_is_widened(toy_embedder: Any) -> None:

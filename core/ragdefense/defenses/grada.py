@@ -97,11 +97,17 @@ class GRADA:
     pool_factor = 2
     min_passages = 1
 
+    _min_pool: int | None = None  # assigned: it stands whatever the peel
+
     @property
     def min_pool(self) -> int:
         """A reranker ranks any pool, from a single passage (0); the peel needs a pool that
         holds a planted set whole beside the honest passages, as AutoDefense's (8)."""
-        return 8 if self.peel else 0
+        return self._min_pool if self._min_pool is not None else 8 if self.peel else 0
+
+    @min_pool.setter
+    def min_pool(self, value: int) -> None:
+        self._min_pool = value
 
     def __init__(
         self,

@@ -16,6 +16,7 @@ from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.indices.base import BaseIndex
+from llama_index.core.indices.list.retrievers import SummaryIndexEmbeddingRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.vector_stores.types import VectorStoreQueryMode
 
@@ -57,11 +58,12 @@ def _top_k(retriever: BaseRetriever) -> int | None:
 
 
 def _top_k_name(retriever: BaseRetriever) -> str:
-    """The attribute holding its top k: ``similarity_top_k``, or a private
-    ``_similarity_top_k`` where it has no public one (a summary index's embedding retriever,
-    an auto retriever)."""
-    public = "similarity_top_k"
-    return public if hasattr(retriever, public) else "_" + public
+    """The attribute holding the nodes it returns: ``similarity_top_k``, or a summary index's
+    embedding retriever's private ``_similarity_top_k`` (other retrievers' private one may
+    count something else: a document summary index's counts documents)."""
+    if isinstance(retriever, SummaryIndexEmbeddingRetriever):
+        return "_similarity_top_k"
+    return "similarity_top_k"
 
 
 def _mode(retriever: BaseRetriever) -> Any:
@@ -166,7 +168,7 @@ class DefendedRetriever(BaseRetriever):
     @property
     def k(self) -> int | None:
         """Nodes returned: as given, else the retriever's own ``similarity_top_k``."""
-        return self._k if self._k is not None else _top_k(self.retriever)
+        return self._plan()[2]
 
     @k.setter
     def k(self, value: int | None) -> None:
@@ -176,41 +178,48 @@ class DefendedRetriever(BaseRetriever):
     def fetch_k(self) -> int | None:
         """Pool asked of the retriever: as given, else the defense's pool for :attr:`k`, at
         least the retriever's own ``similarity_top_k``."""
-        if self._fetch_k or not self.k:
-            return self._fetch_k
-        return max(pool_size(self.postprocessor.core, self.k), _top_k(self.retriever) or 0)
+        return self._plan()[3]
 
     @fetch_k.setter
     def fetch_k(self, value: int | None) -> None:
         self._fetch_k = value
 
-    def _first_fetch(self) -> int | None:
-        return self.fetch_k if _top_k(self.retriever) is not None else None
+    def _plan(self) -> tuple[BaseRetriever, DefensePostprocessor, int | None, int | None]:
+        """The retriever, the postprocessor, ``k`` and the pool as they are now: read once per
+        call (settings assigned during a call take effect at the next)."""
+        retriever, postprocessor = self.retriever, self.postprocessor
+        k = self._k if self._k is not None else _top_k(retriever)
+        fetch = self._fetch_k
+        if not fetch and k:
+            fetch = max(pool_size(postprocessor.core, k), _top_k(retriever) or 0)
+        return retriever, postprocessor, k, fetch
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        fetch = self._first_fetch()
+        base, postprocessor, k, fetch = self._plan()
+        fetch = fetch if _top_k(base) is not None else None  # one it cannot ask: as it is
         for _ in range(self.max_rounds):
-            retriever, honoured = widened(self.retriever, fetch)
+            retriever, honoured = widened(base, fetch)
             pool = retriever.retrieve(query_bundle)
             with pooled(honoured, fetch):
-                kept = self.postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
+                kept = postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
+            if fetched_enough(k, fetch, len(pool), len(kept), honoured):
                 break
             fetch = wider(fetch)
-        return kept[: self.k] if self.k else kept
+        return kept[:k] if k else kept
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        query_bundle = await _embedded(self.retriever, query_bundle)
-        fetch = self._first_fetch()
+        base, postprocessor, k, fetch = self._plan()
+        fetch = fetch if _top_k(base) is not None else None
+        query_bundle = await _embedded(base, query_bundle)
         for _ in range(self.max_rounds):
-            retriever, honoured = widened(self.retriever, fetch)
+            retriever, honoured = widened(base, fetch)
             pool = await retriever.aretrieve(query_bundle)
             with pooled(honoured, fetch):
-                kept = await self.postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(self.k, fetch, len(pool), len(kept), honoured):
+                kept = await postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
+            if fetched_enough(k, fetch, len(pool), len(kept), honoured):
                 break
             fetch = wider(fetch)
-        return kept[: self.k] if self.k else kept
+        return kept[:k] if k else kept
 
 
 async def _embedded(retriever: BaseRetriever, bundle: QueryBundle) -> QueryBundle:
