@@ -60,7 +60,8 @@ class Scoring:
 
     With sources in the chunks' metadata, *provenance*: planted passages arrive together, from
     the few sources an attacker controls (an upload, a site), so a chunk whose source's *other*
-    chunks are mostly suspicious on their own evidence is suspicious too, whatever its wording.
+    chunks are mostly suspicious on their own evidence (targeting aside: a FAQ site's pages each
+    answer a logged question) is suspicious too, whatever its wording.
     The support (:func:`support_of`) is the share ``suspicious others / (others + 2)`` (the 2:
     at the shipped threshold one suspicious chunk never condemns another of its source; two of
     three can) above the suspicious share of the rest of the knowledge base (where most chunks
@@ -281,8 +282,7 @@ def scored(
     evidence: Evidence, primary: str, scoring: Scoring
 ) -> tuple[np.ndarray, np.ndarray, SourceTally | None]:
     """:func:`score`, whether each position is suspicious on its own evidence but targeting
-    (a FAQ site's pages, each the one answer to a logged question, are no campaign), and the
-    :class:`SourceTally` of that, ``None`` without sources."""
+    (see :class:`Scoring`), and the :class:`SourceTally` of that (``None`` without sources)."""
     own_values = own_score(evidence, primary, scoring)
     own = own_score(evidence, primary, scoring, targeting=False) >= scoring.threshold
     tally = source_tally(evidence, own)
