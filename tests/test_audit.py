@@ -156,9 +156,9 @@ def test_targeting_alone_never_condemns_a_source(tmp_path: Path) -> None:
     ids = [f"b{i}" for i in range(400)] + [f"faq-{i}" for i in range(4)]
     meta = [{"source": f"https://site-{i % 40}.example/{i}"} for i in range(400)]
     meta += [{"source": f"https://library.example/faq/{i}"} for i in range(4)]
-    vector = dict(zip(questions, asked, strict=True))
+    vector = dict(zip(texts, vectors, strict=True)) | dict(zip(questions, asked, strict=True))
 
-    def embed(batch: list[str]) -> np.ndarray:  # each question where it was asked
+    def embed(batch: list[str]) -> np.ndarray:  # the stored vectors' model, questions included
         rows = [vector.get(t, np.random.default_rng(len(t)).normal(size=16)) for t in batch]
         return np.vstack(rows)
 
