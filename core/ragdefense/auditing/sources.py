@@ -193,4 +193,4 @@ def source_reason(source: tuple[str, int, int, float], threshold: float) -> str:
             f"their own evidence (against {rest:.1%} of the rest of the knowledge base): "
             "planted passages arrive together, from the sources an attacker controls"
         )
-    return f"from source {name!r} ({bad} of its {others} other chunks suspicious but by targeting)"
+    return f"from source {name!r} ({bad} of its {others} other chunks suspicious, targeting aside)"
