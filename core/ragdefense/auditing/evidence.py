@@ -283,8 +283,10 @@ def scored(
 ) -> tuple[np.ndarray, np.ndarray, SourceTally | None]:
     """:func:`score`, whether each position is suspicious on its own evidence but targeting
     (see :class:`Scoring`), and the :class:`SourceTally` of that (``None`` without sources)."""
-    own_values = own_score(evidence, primary, scoring)
-    own = own_score(evidence, primary, scoring, targeting=False) >= scoring.threshold
+    own_values = voiced = own_score(evidence, primary, scoring)
+    if evidence.targeting is not None:  # what its source counts: targeting left out
+        voiced = own_score(evidence, primary, scoring, targeting=False)
+    own = voiced >= scoring.threshold
     tally = source_tally(evidence, own)
     if tally is None or evidence.source is None or scoring.source_threshold <= 0:
         return own_values, own, tally
@@ -296,8 +298,7 @@ def scored(
 def own_score(
     evidence: Evidence, primary: str, scoring: Scoring, targeting: bool = True
 ) -> np.ndarray:
-    """The score on a chunk's own evidence (no source support; without ``targeting``, that
-    too left out)."""
+    """The score on a chunk's own evidence (no source support; nor targeting without it)."""
     rate = _flag_rate(evidence, evidence.flagged[primary])
     w = scoring.probe_weight
     out: np.ndarray = (1 - w) * _isolation(evidence, scoring, targeting) + w * rate

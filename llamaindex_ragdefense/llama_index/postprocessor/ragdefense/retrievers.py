@@ -188,10 +188,11 @@ class DefendedRetriever(BaseRetriever):
         """The retriever, the postprocessor, ``k`` and the pool as they are now: read once per
         call (settings assigned during a call take effect at the next)."""
         retriever, postprocessor = self.retriever, self.postprocessor
-        k = self._k if self._k is not None else _top_k(retriever)
+        own = _top_k(retriever)
+        k = self._k if self._k is not None else own
         fetch = self._fetch_k
         if not fetch and k:
-            fetch = max(pool_size(postprocessor.core, k), _top_k(retriever) or 0)
+            fetch = max(pool_size(postprocessor.core, k), own or 0)
         return retriever, postprocessor, k, fetch
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
