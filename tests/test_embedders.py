@@ -108,6 +108,25 @@ def test_the_last_queries_are_kept_apart_from_the_passages() -> None:
     assert asked.seen[-2:] == ["q", "q"]
 
 
+def test_a_query_vector_computed_elsewhere_is_remembered() -> None:
+    """A vector store's search embedded the query with this embedder's model: remembered, the
+    defense's embed_query serves it without a model call; checked as the model's output is;
+    not kept where the cache is off."""
+    asked = AskedQueries()
+    emb = CallableEmbedder(bag_of_words, query_fn=asked)
+    given = [3.0, 4.0] + [0.0] * (bag_of_words(["x"]).shape[1] - 2)
+    np.testing.assert_array_equal(emb.remember_query("q", given), emb.embed_query("q"))
+    assert asked.seen == [] and emb.embed_query("q").dtype == np.float32
+    with pytest.raises(EmbeddingError, match="NaN"):
+        emb.remember_query("bad", [float("nan")] * len(given))
+    emb.embed_query("bad")
+    assert asked.seen == ["bad"]  # the refused vector was not kept
+    off = CallableEmbedder(bag_of_words, query_fn=asked, cache_size=0)
+    off.remember_query("q", given)
+    off.embed_query("q")
+    assert asked.seen[-1] == "q"
+
+
 def test_a_subclass_that_skips_init_embeds_queries_uncached() -> None:
     class Bare(Embedder):
         def __init__(self) -> None:  # no Embedder.__init__: no cache, no lock

@@ -81,6 +81,53 @@ def test_langchain_one_line_defense_reuses_the_stored_vectors(
     assert docs and not any(d.page_content in POISON for d in docs)
 
 
+@pytest.mark.parametrize("kind", ["inmemory", "chroma", "faiss"])
+def test_langchain_one_line_defense_embeds_the_query_once(
+    kind: str, minilm: Any, tmp_path: Path
+) -> None:
+    """The store's search and the defense need the query's vector by one model: it is computed
+    once (a hosted model is paid once per question), sync and async, and the documents are
+    those of the store's own search, defended; the caller's store is not changed."""
+    import asyncio
+
+    from langchain_core.embeddings import Embeddings
+
+    from langchain_ragdefense import RagdefenseEmbeddings, defend
+
+    class Queries(Embeddings):
+        def __init__(self) -> None:
+            self.inner, self.calls = RagdefenseEmbeddings(minilm), 0
+
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return self.inner.embed_documents(texts)
+
+        def embed_query(self, text: str) -> list[float]:
+            self.calls += 1
+            return self.inner.embed_query(text)
+
+        async def aembed_query(self, text: str) -> list[float]:
+            self.calls += 1
+            return self.inner.embed_query(text)
+
+    embeddings = Queries()
+    store = _lc_store(kind, embeddings, tmp_path)
+    retriever = store.as_retriever(search_kwargs={"filter": None} if kind == "chroma" else {})
+    defended = defend(retriever)
+    for ask, question in ((defended.invoke, KB[1].question), (defended.ainvoke, KB[2].question)):
+        embeddings.calls = 0
+        got = ask(question)
+        docs = asyncio.run(got) if asyncio.iscoroutine(got) else got
+        assert embeddings.calls == 1
+        expected = defended.compressor.compress_documents(
+            store.similarity_search(question, k=8, **retriever.search_kwargs), question
+        )[:4]
+        assert [(d.id, d.page_content, d.metadata) for d in docs] == [
+            (d.id, d.page_content, d.metadata) for d in expected
+        ]
+        assert docs and not any(d.page_content in POISON for d in docs)
+    assert "similarity_search" not in vars(store) and retriever.vectorstore is store
+
+
 @pytest.mark.parametrize("search_type", ["similarity", "mmr"])
 def test_langchain_faiss_with_a_filter_is_asked_for_candidates(
     search_type: str, minilm: Any, tmp_path: Path

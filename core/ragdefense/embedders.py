@@ -108,7 +108,15 @@ class Embedder(ABC):
             raw = self._embed_query(text)
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
-        vec: np.ndarray = as_rows([raw], expected_rows=1)[0]  # checked as the passages' rows
+        return self.remember_query(text, raw)
+
+    def remember_query(self, text: str, vector: ArrayLike) -> np.ndarray:
+        """Keep ``vector``, computed elsewhere by this embedder's own model (a vector store
+        searching with it), as the query embedding of ``text``: :meth:`embed_query` then
+        returns it without calling the model (not kept where the cache is off). Checked as the
+        model's output is; returned as :meth:`embed_query` returns it."""
+        vec: np.ndarray = as_rows([vector], expected_rows=1)[0]  # checked as the passages' rows
+        kept = self.__dict__.get("_queries") if self.cache_size else None
         if kept is not None:
             with self._lock:
                 _keep(kept, text, vec.copy(), self.query_cache)
