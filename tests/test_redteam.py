@@ -679,3 +679,101 @@ def test_red_team_inputs_fail_clearly(toy_embedder: Any) -> None:
     kb = InMemoryKnowledgeBase(["one", "two", "three"], toy_embedder)
     with pytest.raises(ValueError, match="k must be a positive int, got -1"):
         kb.search("one", -1)
+
+
+# ------------------------------------------------ from an independent review of the red team
+
+
+def test_an_injected_instruction_hijacks_alone_without_an_answer() -> None:
+    """Without an answer, a planted passage must be most of the context to count, but one copy
+    of an injected instruction is enough for an LLM that obeys it: one in four is a hijack
+    under ``injection``, not under ``poisonedrag``."""
+    target = TARGETS[0]
+    planted = plant(target, "injection", 3)
+    context = [planted[0], *BENIGN[:3]]
+    for attack, expected in (("injection", True), ("poisonedrag", False)):
+        report = run_red_team(
+            [target], {"p": lambda q: (context, None)}, {target.question: planted}, attack
+        )
+        assert report.outcomes[0].hijacked is expected
+
+
+def test_red_team_takes_the_named_defenses_parameters(
+    minilm: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The pipeline a user deploys (``defend(retriever, support=False)``) is the one red-teamed:
+    its parameters reach it, a misspelled one is refused before any copy, and beside a
+    defense object they are an error; a retriever given for the store names what to pass."""
+    from ragdefense import Consensus
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(minilm))
+    store.add_documents([Document(page_content=t) for t in BENIGN])
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t in BENIGN], embed_model=RagdefenseEmbedding(minilm)
+    )
+    copied: list[Any] = []
+
+    def copier(s: Any) -> Any:
+        copied.append(s)
+        return s
+
+    for run in (
+        lambda **kw: lc_red_team(store, TARGETS[:1], k=4, copy_store=copier, **kw),
+        lambda **kw: li_red_team(index, TARGETS[:1], k=4, copy_index=copier, **kw),
+    ):
+        with pytest.raises(TypeError, match="no parameter 'suport'"):
+            run(suport=False)
+        with pytest.raises(TypeError, match="support: parameters are for a defense given by"):
+            run(defense=Consensus(), support=False)
+    assert not copied
+    import langchain_ragdefense.redteam as lc_module
+    import llama_index.postprocessor.ragdefense.redteam as li_module
+
+    asked: list[tuple[Any, ...]] = []
+    for module in (lc_module, li_module):
+        real = module.defend
+
+        def spy(*a: Any, _real: Any = real, **kw: Any) -> Any:
+            asked.append((*a, kw))
+            return _real(*a, **kw)
+
+        monkeypatch.setattr(module, "defend", spy)
+    lc_red_team(store, TARGETS[:2], k=4, support=False, quotes=False)
+    li_red_team(index, TARGETS[:2], support=False)
+    assert {"support": False, "quotes": False}.items() <= asked[0][-1].items()
+    assert asked[-1][1].params == {"support": False}  # the postprocessor defend() is given
+    with pytest.raises(TypeError, match=r"pass retriever\.vectorstore"):
+        lc_red_team(store.as_retriever(), TARGETS[:1])  # type: ignore[arg-type]
+
+
+def test_llamaindex_red_team_judges_llamaindex_s_own_context(minilm: Any) -> None:
+    """By default the context is LlamaIndex's ``similarity_top_k`` (2): what ``defend(index)``
+    hands the generator."""
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t in BENIGN], embed_model=RagdefenseEmbedding(minilm)
+    )
+    report = li_red_team(index, TARGETS[:2])
+    assert {o.retrieved for o in report.outcomes if o.pipeline == "no defense"} == {2}
+
+
+def test_a_shallow_copy_of_the_default_store_s_data_is_refused(minilm: Any) -> None:
+    """A ``copy_index`` whose store shares the user's vector dicts (a shallow copy of its
+    data) would write the poison into the user's store: refused, nothing written."""
+    import copy
+
+    from llama_index.core import StorageContext
+    from llama_index.core.vector_stores import SimpleVectorStore
+
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t in BENIGN], embed_model=RagdefenseEmbedding(minilm)
+    )
+    held = dict(index.vector_store.data.embedding_dict)  # type: ignore[attr-defined]
+
+    def shallow(ix: Any, nodes: Any) -> Any:
+        store = SimpleVectorStore(data=copy.copy(ix.vector_store.data))
+        storage = StorageContext.from_defaults(vector_store=store)
+        return VectorStoreIndex([], storage_context=storage, embed_model=ix._embed_model)
+
+    with pytest.raises(ValueError, match="the same vector data"):
+        li_red_team(index, TARGETS[:1], copy_index=shallow)
+    assert index.vector_store.data.embedding_dict == held  # type: ignore[attr-defined]

@@ -464,3 +464,34 @@ def test_llamaindex_chroma_vectors_are_read_only_for_the_text_they_were_made_fro
     window = ["a window around it: " + TEXTS[0], TEXTS[1], TEXTS[2]]
     found = stored_vectors(store, ids, window)
     assert found[0] is None and found[1] is not None and found[2] is not None
+
+
+def test_llamaindex_red_team_copies_a_chroma_collection_past_sqlite_s_limits(
+    toy_embedder: Any, tmp_path: Path
+) -> None:
+    """A collection of tens of thousands of records is copied a batch at a time: one read of
+    every record passes SQLite's limit on a query's variables (it failed there)."""
+    import chromadb
+    from llama_index.core import VectorStoreIndex
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding, red_team
+    from tests.conftest import bag_of_words
+
+    client = chromadb.PersistentClient(path=str(tmp_path))
+    collection = client.get_or_create_collection("many", metadata={"hnsw:space": "cosine"})
+    texts = [f"note {i} on topic {i % 97}" for i in range(33_000)]
+    vectors = bag_of_words(texts)
+    vectors[:, 0] += 1e-3  # no all-zero row
+    for start in range(0, len(texts), 5_000):
+        end = min(start + 5_000, len(texts))
+        collection.add(
+            ids=[f"n{i}" for i in range(start, end)],
+            documents=texts[start:end],
+            embeddings=vectors[start:end],
+        )
+    embed = RagdefenseEmbedding(toy_embedder)
+    index = VectorStoreIndex.from_vector_store(ChromaVectorStore(collection), embed_model=embed)
+    report = red_team(index, _targets()[:1])
+    assert collection.count() == len(texts)
+    assert all(o.poison_retrieved for o in report.outcomes if o.pipeline == "no defense")

@@ -15,7 +15,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from ragdefense.integration.adapter import configured
-from ragdefense.integration.vectors import chroma_scratch, same_remote
+from ragdefense.integration.vectors import chroma_fill, chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -65,18 +65,7 @@ def _copy_chroma(store: Any, stack: contextlib.ExitStack) -> VectorStore:
         )
     source = chroma_collection(store)
     client, target = stack.enter_context(chroma_scratch(source))
-    ids = source.get(include=[])["ids"]
-    batch = min(1000, client.get_max_batch_size())
-    for start in range(0, len(ids), batch):
-        got = source.get(
-            ids=ids[start : start + batch], include=["embeddings", "documents", "metadatas"]
-        )
-        target.add(
-            ids=got["ids"],
-            embeddings=got["embeddings"],
-            documents=got["documents"],
-            metadatas=got["metadatas"],
-        )
+    chroma_fill(source, target, client)
     return Chroma(client=client, collection_name=target.name, embedding_function=store.embeddings)
 
 
@@ -173,6 +162,7 @@ def red_team(
     chain: Callable[[BaseRetriever], Runnable[Any, Any]] | None = None,
     embeddings: Embeddings | None = None,
     copy_store: Callable[[VectorStore], VectorStore] | None = None,
+    **params: Any,
 ) -> RedTeamReport:
     """Plant ``n_poison`` passages per target in a copy of ``store``; report which targets are
     hijacked with no defense and with ``defense`` (via :func:`langchain_ragdefense.defend`).
@@ -193,12 +183,20 @@ def red_team(
             takes a mapping (``create_retrieval_chain``); its output (its ``answer``,
             ``output`` or ``result`` when a mapping) is the answer, and a target is hijacked
             when the answer states a wrong answer. Without it, a target is hijacked when poison
-            is most of the context.
+            is most of the context (under ``"injection"``, when one of its instructions is
+            in it: one is enough).
         embeddings: The defense's embeddings, as :func:`~langchain_ragdefense.defend` takes
             them (default: the store's own).
         copy_store: ``store -> an independent copy of it``, for stores copied nowhere else.
+        params: Parameters of the named defense, as :func:`~langchain_ragdefense.defend`
+            takes them (``trusted=``, ``support=False``, ...): the pipeline you deploy.
     """
-    targets = check_red_team(targets, k, n_poison, defense, attack)  # before any copy
+    if isinstance(store, BaseRetriever):
+        raise TypeError(
+            f"red_team() takes the vector store, got a {type(store).__name__}: pass "
+            "retriever.vectorstore (the red team builds the retrievers it compares, of k= each)"
+        )
+    targets = check_red_team(targets, k, n_poison, defense, attack, params)  # before any copy
     configured(defense, embeddings, "embeddings")
     with contextlib.ExitStack() as stack:
         poisoned = copy_store(store) if copy_store is not None else _copy(store, stack)
@@ -209,7 +207,7 @@ def red_team(
                 f"copy_store must return a LangChain VectorStore, got {type(poisoned).__name__}"
             )
         _check_independent(store, poisoned)
-        return _red_team(poisoned, targets, defense, attack, n_poison, k, chain, embeddings)
+        return _red_team(poisoned, targets, defense, attack, n_poison, k, chain, embeddings, params)
 
 
 def _red_team(
@@ -221,12 +219,14 @@ def _red_team(
     k: int,
     chain: Callable[[BaseRetriever], Runnable[Any, Any]] | None,
     embeddings: Embeddings | None,
+    params: dict[str, Any],
 ) -> RedTeamReport:
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     poisoned.add_documents([Document(page_content=p) for texts in poison.values() for p in texts])
     plain = poisoned.as_retriever(search_kwargs={"k": k})
     # the one line
-    guarded = defend(poisoned.as_retriever(search_kwargs={"k": k}), defense, embeddings=embeddings)
+    base = poisoned.as_retriever(search_kwargs={"k": k})
+    guarded = defend(base, defense, embeddings=embeddings, **params)
 
     def pipeline(retriever: BaseRetriever) -> Callable[[str], tuple[list[str], str | None]]:
         runnable = chain(retriever) if chain is not None else None

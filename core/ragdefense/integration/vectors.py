@@ -12,7 +12,13 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
-__all__ = ["chroma_copy_settings", "chroma_scratch", "same_remote", "stored_vectors"]
+__all__ = [
+    "chroma_copy_settings",
+    "chroma_fill",
+    "chroma_scratch",
+    "same_remote",
+    "stored_vectors",
+]
 
 logger = logging.getLogger("ragdefense")
 
@@ -82,6 +88,24 @@ def chroma_scratch(source: Any) -> Iterator[tuple[Any, Any]]:
         with contextlib.suppress(Exception):
             _release(client)
         shutil.rmtree(folder, ignore_errors=True)
+
+
+def chroma_fill(source: Any, target: Any, client: Any) -> None:
+    """Copy every record of the Chroma collection ``source`` (ids, vectors, texts, metadata)
+    into ``target`` of ``client``, a batch at a time: one read of every record at once passes
+    SQLite's limit on a query's variables (tens of thousands of records)."""
+    ids = source.get(include=[])["ids"]
+    batch = min(1000, client.get_max_batch_size())
+    for start in range(0, len(ids), batch):
+        got = source.get(
+            ids=ids[start : start + batch], include=["embeddings", "documents", "metadatas"]
+        )
+        target.add(
+            ids=got["ids"],
+            embeddings=got["embeddings"],
+            documents=got["documents"],
+            metadatas=got["metadatas"],
+        )
 
 
 def _release(client: Any) -> None:

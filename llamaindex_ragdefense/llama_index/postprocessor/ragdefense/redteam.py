@@ -7,15 +7,16 @@ import contextlib
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from llama_index.core import StorageContext, VectorStoreIndex
+from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.constants import DEFAULT_SIMILARITY_TOP_K
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.llms import LLM
 from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from ragdefense.integration.adapter import configured
-from ragdefense.integration.vectors import chroma_scratch, same_remote
+from ragdefense.integration.vectors import chroma_fill, chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -44,31 +45,34 @@ def _copy(index: VectorStoreIndex, stack: contextlib.ExitStack) -> VectorStoreIn
     memory over the default store, or a new collection in a Chroma client of the red team's
     own over a temporary folder (removed with ``stack``, on an error too)."""
     store: Any = index.vector_store
+    kind = store_kind(store)
+    if kind == "chroma":  # its records as they are, a batch at a time (ids, vectors, metadata)
+        from llama_index.vector_stores.chroma import ChromaVectorStore
+
+        # ChromaVectorStore.client is its Chroma collection
+        client, target = stack.enter_context(chroma_scratch(store.client))
+        chroma_fill(store.client, target, client)
+        return VectorStoreIndex.from_vector_store(
+            ChromaVectorStore(target), embed_model=_embed_model(index)
+        )
     found = index_nodes(index)
-    if found is None:
+    if kind != "simple" or found is None:
         raise TypeError(
             f"ragdefense cannot copy an index over a {type(store).__name__} safely: pass "
-            "copy_index=, a function returning an independent copy of your index with the given "
-            "nodes added; the red team never writes to your index"
+            "copy_index=, a function returning an independent copy of your index; the red "
+            "team never writes to your index"
         )
-    if store_kind(store) == "simple":  # the docstore's own nodes: copied
-        return _rebuilt(index, [n.model_copy(deep=True) for n in found], None)
-    from llama_index.vector_stores.chroma import ChromaVectorStore
-
-    # ChromaVectorStore.client is its Chroma collection; the nodes were read fresh
-    _, target = stack.enter_context(chroma_scratch(store.client))
-    return _rebuilt(index, found, ChromaVectorStore(target))
+    return _rebuilt(index, [n.model_copy(deep=True) for n in found])  # the docstore's own
 
 
-def _rebuilt(index: VectorStoreIndex, nodes: list[BaseNode], store: Any) -> VectorStoreIndex:
-    """A new index over ``store`` (default: a new ``SimpleVectorStore``) holding ``nodes`` with
-    the vectors ``index`` stores for them."""
+def _rebuilt(index: VectorStoreIndex, nodes: list[BaseNode]) -> VectorStoreIndex:
+    """A new index over a new ``SimpleVectorStore`` holding ``nodes`` with the vectors
+    ``index`` stores for them."""
     found = stored_vectors(index.vector_store, [n.node_id for n in nodes])
     for node, vector in zip(nodes, found, strict=True):
         if node.embedding is None and vector is not None:
             node.embedding = [float(x) for x in vector]
-    storage = StorageContext.from_defaults(vector_store=store) if store is not None else None
-    return VectorStoreIndex(nodes, storage_context=storage, embed_model=_embed_model(index))
+    return VectorStoreIndex(nodes, embed_model=_embed_model(index))
 
 
 def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | None:
@@ -94,8 +98,14 @@ def _shared_storage(index: VectorStoreIndex, copied: VectorStoreIndex) -> str | 
     chroma = store_kind(store) == "chroma" and store_kind(other) == "chroma"
     if chroma and other.client.id == store.client.id:
         return "the same Chroma collection"
-    if store_kind(store) == "simple" and getattr(other, "data", None) is store.data:
-        return "the same vector data"
+    if store_kind(store) == "simple":  # its data, or the dicts a shallow copy of it shares
+        data, theirs = store.data, getattr(other, "data", None)
+        if theirs is data:
+            return "the same vector data"
+        for name in ("embedding_dict", "text_id_to_ref_doc_id", "metadata_dict"):
+            mine = getattr(data, name, None)
+            if mine is not None and getattr(theirs, name, None) is mine:
+                return f"the same vector data ({name})"
     return same_remote(store, other)  # the same collection / index / table on one client
 
 
@@ -118,10 +128,11 @@ def red_team(
     defense: Any = None,
     attack: str = "poisonedrag",
     n_poison: int = 5,
-    k: int = 4,
+    k: int = DEFAULT_SIMILARITY_TOP_K,
     llm: LLM | None = None,
     embed_model: BaseEmbedding | None = None,
     copy_index: Callable[[VectorStoreIndex, list[TextNode]], VectorStoreIndex] | None = None,
+    **params: Any,
 ) -> RedTeamReport:
     """Plant ``n_poison`` passages per target in a copy of ``index``; report which targets are
     hijacked with no defense (top ``k``) and with ``defense`` as :func:`defend` runs it (the
@@ -137,13 +148,18 @@ def red_team(
             ``"injection"``, ``"multi-answer"`` or a variant; see
             :func:`ragdefense.redteam.plant`).
         n_poison: Poison passages planted per target.
-        k: Nodes in the context.
+        k: Nodes in the context (LlamaIndex's default ``similarity_top_k``, 2, the context
+            ``defend(index)`` gives unless told otherwise).
         llm: When given, each context is answered by this LLM (a compact response synthesizer)
             and a target is hijacked when the answer states the wrong answer; otherwise when
-            poison is most of the context.
+            poison is most of the context (under ``"injection"``, when one of its
+            instructions is in it: one is enough).
         embed_model: The defense's embeddings (default: the index's own); a defense object
             embeds with its own ``embedder`` (``embed_model`` with one is an error).
-        copy_index: ``(index, nodes) -> a copy of index with nodes added``.
+        copy_index: ``(index, nodes) -> an independent copy of index``; it is called with no
+            nodes (``[]``), and the red team plants the poison in the copy itself.
+        params: Parameters of the named defense, as :func:`defend` takes them (``trusted=``,
+            ``support=False``, ...): the pipeline you deploy.
     """
     if not isinstance(index, VectorStoreIndex):
         raise TypeError(
@@ -152,7 +168,7 @@ def red_team(
         )
     if llm is not None and not isinstance(llm, LLM):
         raise TypeError(f"llm must be a LlamaIndex LLM, got {type(llm).__name__}")
-    targets = check_red_team(targets, k, n_poison, defense, attack)  # before any copy
+    targets = check_red_team(targets, k, n_poison, defense, attack, params)  # before any copy
     configured(defense, embed_model, "embed_model")
     poison = {t.question: plant(t, attack, n_poison) for t in targets}
     nodes = [TextNode(text=p) for texts in poison.values() for p in texts]
@@ -166,7 +182,7 @@ def red_team(
             )
         _check_independent(index, poisoned)  # before any poison is written
         return _red_team(poisoned, index, nodes, poison, targets, defense, attack, n_poison, k,
-                         llm, embed_model)  # fmt: skip
+                         llm, embed_model, params)  # fmt: skip
 
 
 def _red_team(
@@ -181,10 +197,11 @@ def _red_team(
     k: int,
     llm: LLM | None,
     embed_model: BaseEmbedding | None,
+    params: dict[str, Any],
 ) -> RedTeamReport:
     poisoned.insert_nodes(nodes)
     # another model's vectors are another space: the store's are read only for its own
-    post = guard(defense, _embed_model(index), poisoned.vector_store, embed_model)
+    post = guard(defense, _embed_model(index), poisoned.vector_store, embed_model, params=params)
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 
     def pipeline(defended: bool) -> Callable[[str], tuple[list[str], str | None]]:

@@ -74,9 +74,8 @@ def index_nodes(index: VectorStoreIndex) -> list[BaseNode] | None:
     if kind == "simple":
         held = _held(index)
         return list(index.docstore.get_nodes(held)) if held else []
-    if kind == "chroma":
-        nodes: list[BaseNode] = index.vector_store.get_nodes(None)
-        return nodes
+    if kind == "chroma":  # a page at a time: one read of every record passes SQLite's limits
+        return [node for page in IndexCorpus(index)._pages(1000) for node in page]
     return None
 
 
