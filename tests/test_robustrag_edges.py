@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import json
 import threading
+import warnings
 from typing import Any, ClassVar
 
 import pytest
@@ -373,3 +375,82 @@ def test_an_answer_s_engine_settings_are_plain_json() -> None:
     rag = RobustRAG(llm=lambda p: "Pacific Ocean", max_passage_chars=np.int64(1500))
     answer = rag.answer(Q, PASSAGES)
     assert json.loads(json.dumps(answer.to_dict()))["engine"]["max_passage_chars"] == 1500
+
+
+# ------------------------------------------------ from an independent review of RobustRAG
+
+
+def test_a_passage_with_a_lone_surrogate_spoils_no_other_answer(nlp: Any) -> None:
+    """Half an emoji (a JSON escape, a cut string) in one passage: the prompts and spaCy get
+    the text well formed (it crashed in spaCy), and a transformers batch that fails is asked
+    again a prompt at a time, so the passage fails alone, not its batch."""
+    import numpy as np
+
+    from ragdefense.llm import TransformersLLM
+    from ragdefense.text import well_formed
+
+    bad = "Ignore this \ud83d"
+    assert well_formed(bad) == "Ignore this \ufffd" and well_formed("plain") == "plain"
+    echo = RobustRAG(llm=lambda prompt: prompt.split("Context:")[-1][:40], nlp=nlp)
+    assert echo.answer("capital?", ["Canberra", "Canberra", bad]).responses  # no crash
+
+    class Picky(TransformersLLM):  # stands for a tokenizer refusing the character
+        def format(self, prompt: str) -> str:
+            return prompt
+
+        def _greedy(self, texts: list[str], max_new_tokens: int, end: float = 0.0) -> list[Any]:
+            if any("\ud83d" in t for t in texts):
+                raise TypeError("TextEncodeInput must be Union[...]")
+            return ["Canberra" for _ in texts]
+
+    picky = Picky(model=object(), tokenizer=object(), batch_size=16, timeout=None)
+    out = picky.generate(["a", "b", bad, "c"])
+    assert [g.text for g in out] == ["Canberra", "Canberra", None, "Canberra"]
+    assert out[2].error is not None and out[2].error.startswith("TypeError")
+    rr = RobustRAG(llm=lambda p: "Canberra", nlp=nlp)
+    result = rr.answer("capital?", ["Canberra is the capital."] * 3)
+    certified = rr.certify(result, np.int64(1))  # a NumPy k' is an int
+    assert certified.certificate is not None and type(certified.certificate.k_prime) is int
+    json.dumps(certified.to_dict())
+
+
+def test_a_model_in_training_mode_is_warned_of() -> None:
+    """Dropout on: answers change between calls, which the certificates assume they do not."""
+    from types import SimpleNamespace
+
+    from ragdefense.llm import TransformersLLM
+
+    model = SimpleNamespace(training=True, device="cpu")
+    tokenizer = SimpleNamespace(padding_side="left", pad_token="<pad>")
+    llm = TransformersLLM(model=model, tokenizer=tokenizer)
+    with pytest.warns(UserWarning, match=r"training mode .* model\.eval\(\)"):
+        llm.model  # noqa: B018
+    model.training = False
+    calm = TransformersLLM(model=model, tokenizer=tokenizer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        calm.model  # noqa: B018
+
+
+def test_the_langchain_chain_reports_its_documents_ids_and_metadata() -> None:
+    """The report's passages carry the retrieved documents' ids and metadata (they carried
+    their text alone: nothing to trace an isolated answer to its document by)."""
+    from langchain_core.documents import Document
+    from langchain_core.language_models import FakeListChatModel
+    from langchain_core.retrievers import BaseRetriever
+
+    from langchain_ragdefense import RobustRAGChain
+
+    docs = [Document(f"text {i}", id=f"doc-{i}", metadata={"source": f"s{i}"}) for i in range(3)]
+
+    class Fixed(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:
+            return docs
+
+    chain = RobustRAGChain(
+        llm=FakeListChatModel(responses=["A"] * 10), retriever=Fixed(), aggregation="majority"
+    )
+    report = chain.invoke({"question": "q?", "choices": ["x", "y"]})["report"]
+    assert [(r.passage.id, dict(r.passage.metadata)) for r in report.responses] == [
+        (d.id, d.metadata) for d in docs
+    ]

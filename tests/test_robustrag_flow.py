@@ -158,3 +158,55 @@ def test_calls_waiting_for_the_shared_limit_are_served_in_arrival_order() -> Non
     asyncio.run(requests())
     overtaken = [sum(j > i for j in started[: started.index(i)]) for i in range(40)]
     assert max(overtaken) <= 2, overtaken  # at most the limit's width ahead of a waiter
+
+
+def test_a_cancelled_async_batch_cancels_its_calls() -> None:
+    """The caller giving up (a timeout, a client gone) cancels the isolated calls still
+    running: they held the backend's shared slots and kept a hosted model busy."""
+    finished: list[str] = []
+
+    async def slow(prompt: str) -> str:
+        await asyncio.sleep(0.6)
+        finished.append(prompt)
+        return "Paris"
+
+    llm = CallableLLM(slow, max_concurrency=2)
+
+    async def give_up() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(llm.agenerate(["a", "b", "c"]), 0.1)
+        await asyncio.sleep(1.0)  # what was left running would finish by now
+
+    asyncio.run(give_up())
+    assert finished == []
+    assert [g.text for g in asyncio.run(llm.agenerate(["d"]))] == ["Paris"]  # slots freed
+
+
+class _Stop(BaseException):
+    """An error outside ``Exception`` raised by a model call (a framework's control flow)."""
+
+
+def test_a_call_raising_outside_exception_fails_its_prompt_alone() -> None:
+    """A call raising a ``BaseException`` (a ``CancelledError`` of its own, a framework's
+    exit) fails its own prompt at once, sync and async: the sync batch waited out its whole
+    deadline (forever without one) and called it a timeout; the async one raised it."""
+    import time
+
+    def sync_call(prompt: str) -> str:
+        if prompt == "bad":
+            raise _Stop("its own")
+        return "Paris"
+
+    async def async_call(prompt: str) -> str:
+        if prompt == "bad":
+            raise asyncio.CancelledError("its own")
+        return "Paris"
+
+    start = time.monotonic()
+    plain = CallableLLM(sync_call, timeout=5).generate(["ok", "bad", "ok"])
+    assert time.monotonic() - start < 2
+    assert [g.text for g in plain] == ["Paris", None, "Paris"]
+    assert plain[1].error is not None and plain[1].error.startswith("_Stop")
+    awaited = asyncio.run(CallableLLM(async_call).agenerate(["ok", "bad", "ok"]))
+    assert [g.text for g in awaited] == ["Paris", None, "Paris"]
+    assert awaited[1].error is not None and awaited[1].error.startswith("CancelledError")

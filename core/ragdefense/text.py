@@ -22,6 +22,7 @@ __all__ = [
     "split_sentences",
     "summed_tfidf",
     "tokenize",
+    "well_formed",
 ]
 
 #: scikit-learn's English stop words (the same 318 words, tested), without importing scikit-learn
@@ -92,6 +93,20 @@ def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
 
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def well_formed(text: str) -> str:
+    r"""``text`` as UTF-8 can hold it: a lone surrogate (a JSON escape of half an emoji, a
+    string cut inside one) becomes U+FFFD. Tokenizers, spaCy and HTTP clients refuse it, and
+    one passage holding one would fail every answer batched with it.
+
+    Examples:
+        >>> well_formed("half an emoji: \ud83d") == "half an emoji: \ufffd"
+        True
+    """
+    if text.isascii():
+        return text
+    return text.encode("utf-16", "surrogatepass").decode("utf-16", "replace")
 
 
 def normalize(text: str) -> str:

@@ -18,7 +18,7 @@ from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializa
 from langchain_core.runnables.config import patch_config
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
-from ragdefense import RobustAnswer, RobustRAG
+from ragdefense import Passage, RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import checked_set, robust_engine
 from ragdefense.integration.records import check_items
 from ragdefense.llm import LangChainLLM
@@ -166,7 +166,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         child = patch_config(config, callbacks=run_manager.get_child())
         docs = check_items(self.retriever.invoke(query, child), Document, "LangChain Document")
         report = self._core(child).answer(
-            query, [d.page_content for d in docs], choices=choices, certify=self.certify
+            query, _passages(docs), choices=choices, certify=self.certify
         )
         return self._output(query, docs, report)
 
@@ -178,7 +178,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         found = await self.retriever.ainvoke(query, child)
         docs = check_items(found, Document, "LangChain Document")
         report = await self._core(child).aanswer(
-            query, [d.page_content for d in docs], choices=choices, certify=self.certify
+            query, _passages(docs), choices=choices, certify=self.certify
         )
         return self._output(query, docs, report)
 
@@ -196,3 +196,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         return await self._acall_with_config(
             self._ainvoke, input, config, run_type="chain", **kwargs
         )
+
+
+def _passages(docs: list[Document]) -> list[Passage]:
+    """The documents as the engine's passages: their ids and metadata in its report (the
+    prompts hold their text alone)."""
+    return [Passage(d.page_content, id=d.id, metadata=d.metadata) for d in docs]

@@ -124,8 +124,8 @@ def run_threads(
                 i = pending.pop()
             try:
                 value: Any = caller.copy().run(call, prompts[i])
-            except Exception as exc:  # reported on this prompt
-                value = exc
+            except BaseException as exc:  # reported on this prompt (a CancelledError or an
+                value = exc  # exit raised by the call too: the thread goes on counting)
             finally:
                 slots.release()
             with lock:
@@ -172,6 +172,7 @@ async def gather_within(
     end = time.monotonic() + budget
     observe, told = observer(), 0
     failed: list[Exception] = []
+    stopping = False  # the calls are being cancelled here (the deadline, or the caller's)
 
     async def one(p: str) -> Generation:
         nonlocal told
@@ -188,6 +189,10 @@ async def gather_within(
         async with sem, _held(slots, max(1, workers)):
             try:
                 value = await call(p)
+            except asyncio.CancelledError as exc:  # a cancellation of the call's own making is
+                if stopping:  # its failure; one of ours stops it
+                    raise
+                return as_generation(exc)
             except Exception as exc:  # reported on this prompt
                 return as_generation(exc)
             # a model that blocks the event loop cannot be cancelled in time: what it returns
@@ -201,7 +206,17 @@ async def gather_within(
     tasks = [asyncio.ensure_future(one(p)) for p in prompts]
     if not tasks:
         return []
-    done, pending = await asyncio.wait(tasks, timeout=None if budget == float("inf") else budget)
+    try:
+        done, pending = await asyncio.wait(
+            tasks, timeout=None if budget == float("inf") else budget
+        )
+    except BaseException:  # the caller gave up (a timeout, a client gone): no call runs on
+        stopping = True
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        raise
+    stopping = True
     for task in pending:
         task.cancel()
     await asyncio.gather(*pending, return_exceptions=True)

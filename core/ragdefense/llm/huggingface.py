@@ -8,6 +8,7 @@ import copy
 import inspect
 import threading
 import time
+import warnings
 from collections.abc import Sequence
 from functools import lru_cache
 from pathlib import Path
@@ -34,7 +35,9 @@ class TransformersLLM(LLM):
         model: A model object, a local folder, or ``None`` for the packaged SmolLM2.
         tokenizer: Its tokenizer (loaded from the folder when ``model`` is a path or ``None``).
         chat: Format prompts with the tokenizer's chat template.
-        batch_size: Prompts per forward batch.
+        batch_size: Prompts per forward batch of :meth:`generate` and
+            :meth:`next_token_probs` (a decoding :meth:`session` prefills all its prompts in
+            one pass).
         device: Torch device; ``None`` uses the given model's device, else a GPU when one is
             present, else the CPU.
         first_line: Keep only the first line of each answer (short-answer QA).
@@ -115,7 +118,16 @@ class TransformersLLM(LLM):
                 if tok.pad_token is None:
                     tok.pad_token = tok.eos_token
                 self._loaded["tokenizer"] = tok
-            return self._loaded["model"], tok
+            model = self._loaded["model"]
+            if getattr(model, "training", False) and not self._loaded.get("warned"):
+                self._loaded["warned"] = True  # once per model: its copies share the holder
+                warnings.warn(
+                    "the model is in training mode (dropout on): its answers change from one "
+                    "call to the next, which RobustRAG's certificates assume they do not; call "
+                    "model.eval() first",
+                    stacklevel=4,
+                )
+            return model, tok
 
     @property
     def model(self) -> Any:
@@ -157,19 +169,29 @@ class TransformersLLM(LLM):
             if time.monotonic() >= end:
                 out += [timed_out(budget)] * len(batch)
                 continue
-            try:
-                texts = self._greedy([self.format(p) for p in batch], max_new_tokens, end)
-                out += [
-                    timed_out(budget)
-                    if t is None
-                    else Generation(first_line_of(t) if self.first_line else t.strip())
-                    for t in texts
-                ]
-            except Exception as exc:  # a batch that fails is reported on each of its prompts
-                out += [Generation(None, f"{type(exc).__name__}: {exc}")] * len(batch)
+            out += self._batch(batch, max_new_tokens, end, budget)
             if (observe := observer()) is not None:
                 observe(len(out))
         return out
+
+    def _batch(
+        self, batch: list[str], max_new_tokens: int, end: float, budget: float
+    ) -> list[Generation]:
+        """:meth:`generate` on one batch. Where the batch fails, its prompts are asked one at a
+        time: one prompt the tokenizer or the model cannot take (an unencodable character, a
+        passage past the model's length) fails alone, not every isolated answer beside it."""
+        try:
+            texts = self._greedy([self.format(p) for p in batch], max_new_tokens, end)
+        except Exception as exc:
+            if len(batch) == 1:
+                return [Generation(None, f"{type(exc).__name__}: {exc}")]
+            return [g for p in batch for g in self._batch([p], max_new_tokens, end, budget)]
+        return [
+            timed_out(budget)
+            if t is None
+            else Generation(first_line_of(t) if self.first_line else t.strip())
+            for t in texts
+        ]
 
     def next_token_probs(self, prompts: Sequence[str]) -> Any:
         """Next-token probabilities after each (formatted) prompt, one batched forward pass:

@@ -122,13 +122,16 @@ def check_attack(attack: str) -> None:
         raise ValueError(f"attack must be 'injection' or 'modification', got {attack!r}")
 
 
-def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True) -> None:
+def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True) -> Any:
     """Certification arguments checked up front (a wrong type found after every isolated call
-    would waste them all); ``k_prime`` may be ``None`` (no certificate) where ``optional``."""
+    would waste them all); ``k_prime`` may be ``None`` (no certificate) where ``optional``.
+    Returns ``k_prime`` as a plain int (a NumPy integer too), or ``None``."""
     if k_prime is None and not optional:
         raise TypeError("certify needs k' (an int: the injected passages to withstand)")
-    if k_prime is not None and (isinstance(k_prime, bool) or not isinstance(k_prime, int)):
+    whole = isinstance(k_prime, numbers.Integral) and not isinstance(k_prime, bool)
+    if k_prime is not None and not whole:
         raise TypeError(f"certify (k') must be an int, got {type(k_prime).__name__}: {k_prime!r}")
+    k_prime = None if k_prime is None else int(k_prime)
     if k_prime is not None and k_prime < 1:
         raise ValueError(f"certify (k') must be >= 1 (None: no certificate), got {k_prime}")
     check_attack(attack)
@@ -137,6 +140,7 @@ def check_certify(k_prime: Any, attack: str, gold: Any, *, optional: bool = True
         not isinstance(golds, Sequence) or not all(isinstance(g, str) for g in golds)
     ):
         raise TypeError(f"gold must be a str or a sequence of str, got {type(gold).__name__}")
+    return k_prime
 
 
 def check_alike(result: Any, aggregation: Any, engine: Mapping[str, Any]) -> None:

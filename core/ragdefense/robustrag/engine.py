@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
+from ..text import well_formed
 from ..types import Passage, PassageLike, check_query, to_passages
 from .checks import check_alike, check_certify, check_installed, check_templates, deciding
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
@@ -197,8 +198,8 @@ class RobustRAG:
         return self.aggregation.bind(run)
 
     def context(self, passage: Passage) -> str:
-        """The passage's text as a prompt holds it: cut to ``max_passage_chars`` at a word."""
-        text, cap = passage.text, self.max_passage_chars
+        """The passage's text as a prompt holds it: well formed, cut to ``max_passage_chars``."""
+        text, cap = well_formed(passage.text), self.max_passage_chars
         if cap is None or len(text) <= cap:
             return text
         cut = text[:cap]
@@ -235,10 +236,9 @@ class RobustRAG:
         return self._run(flow)
 
     def answer_calls(self, passages: Sequence[PassageLike]) -> int:
-        """LLM calls :meth:`answer` makes before any certification, known before the work:
-        one per passage, and the keyword aggregation's one (decoding: the passages' and the
-        no-retrieval prompt's, run locally). Certification adds :meth:`certify_calls`, at
-        most ``max_certify_calls``."""
+        """LLM calls :meth:`answer` makes before certification, known before the work: one
+        per passage, and the keyword aggregation's one (decoding: the passages' and the
+        no-retrieval prompt's, run locally); :meth:`certify_calls` adds at most its cap."""
         k = len(to_passages(passages))
         return k + (1 if k and self.aggregation.name in ("keyword", "decoding") else 0)
 
@@ -289,7 +289,7 @@ class RobustRAG:
     ) -> int:
         """How many LLM calls :meth:`certify` would make for ``result`` (0 when it is refused
         without asking, or decided without generation)."""
-        check_certify(k_prime, attack, None, optional=False)
+        k_prime = check_certify(k_prime, attack, None, optional=False)
         if _refusal(len(result.responses), k_prime) is not None or _failed(result) is not None:
             return 0
         return int(self._bound().calls_needed(result, k_prime, attack))
@@ -330,7 +330,7 @@ class RobustRAG:
     ) -> Flow[RobustAnswer]:
         query, items = check_query(query), to_passages(passages)
         if certify is not None or gold is not None or attack != "injection":  # before any call
-            check_certify(certify, attack, gold)
+            certify = check_certify(certify, attack, gold)
             if certify is None and gold is not None:  # it shapes a certificate only
                 raise ValueError("gold= takes effect with certify=k' only (the certificate's)")
         if choices is not None and self.aggregation.name != "majority":
@@ -360,7 +360,7 @@ class RobustRAG:
         gold: Sequence[str] | str | None,
         progress: Progress | None,
     ) -> Flow[RobustAnswer]:
-        check_certify(k_prime, attack, gold, optional=False)
+        k_prime = check_certify(k_prime, attack, gold, optional=False)
         check_alike(result, self.aggregation, deciding(self))
         golds = [gold] if isinstance(gold, str) else list(gold or [])
         refusal = _refusal(len(result.responses), k_prime) or _failed(result)

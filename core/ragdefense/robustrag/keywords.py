@@ -15,6 +15,8 @@ import threading
 from functools import lru_cache
 from typing import Any
 
+from ..text import well_formed
+
 __all__ = ["INFORMATIVE_POS", "STOP_WORDS", "extract_keywords", "load_spacy"]
 
 INFORMATIVE_POS = frozenset({"ADJ", "ADV", "NOUN", "NUM", "PROPN", "SYM", "X"})
@@ -190,6 +192,7 @@ def _meaningful(phrase: str) -> bool:
 def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
     """The keyword set of one response (see the module docstring)."""
     nlp = nlp or load_spacy()
+    text = well_formed(text)  # spaCy refuses a lone surrogate (a model may echo one)
     with SPACY_LOCK:
         doc = nlp(text)
     whole = text.strip()  # the whole response is its own keyword, stop word or not ("No")
