@@ -454,3 +454,27 @@ def test_the_langchain_chain_reports_its_documents_ids_and_metadata() -> None:
     assert [(r.passage.id, dict(r.passage.metadata)) for r in report.responses] == [
         (d.id, d.metadata) for d in docs
     ]
+
+
+def test_the_llamaindex_synthesizer_reports_its_nodes_ids_and_metadata() -> None:
+    """The report's passages carry the nodes' ids and metadata, sync and async (they carried
+    the chunks' text alone); asked with bare chunks, it has none to give."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+
+    nodes = [
+        NodeWithScore(node=TextNode(text=f"text {i}", id_=f"node-{i}", metadata={"s": i}))
+        for i in range(3)
+    ]
+    synth = RobustRAGSynthesizer(llm=MockLLM(), aggregation="majority")
+    for response in (
+        synth.synthesize("q?", nodes, choices=["x", "y"]),
+        asyncio.run(synth.asynthesize("q?", nodes, choices=["x", "y"])),
+    ):
+        report = response.metadata["ragdefense"]  # type: ignore[index]
+        assert [(r.passage.id, dict(r.passage.metadata)) for r in report.responses] == [
+            (f"node-{i}", {"s": i}) for i in range(3)
+        ]
+    synth.get_response("q?", ["a", "b"], choices=["x", "y"])  # no synthesis: no nodes to name

@@ -21,7 +21,7 @@ from llama_index.core.response_synthesizers import BaseSynthesizer
 from llama_index.core.schema import NodeWithScore
 from pydantic import Field
 
-from ragdefense import RobustAnswer, RobustRAG
+from ragdefense import Passage, RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
 from ragdefense.llm import LlamaIndexLLM
 from ragdefense.robustrag.checks import TEMPLATE_FIELDS, check_certify, check_templates
@@ -31,6 +31,10 @@ __all__ = ["RobustRAGQueryEngine", "RobustRAGSynthesizer"]
 
 _report: contextvars.ContextVar[RobustAnswer | None] = contextvars.ContextVar(
     "ragdefense_report", default=None
+)
+#: the nodes of the synthesis in progress: their ids and metadata go with their chunks
+_nodes: contextvars.ContextVar[Sequence[NodeWithScore]] = contextvars.ContextVar(
+    "ragdefense_nodes", default=()
 )
 
 
@@ -141,7 +145,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         """Answer ``query_str`` from ``text_chunks`` (one isolated call per chunk)."""
         report = self._robust.answer(
             query_str,
-            list(text_chunks),
+            _passages(text_chunks),
             choices=response_kwargs.get("choices"),
             certify=self._certify,
         )
@@ -154,7 +158,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         """Async :meth:`get_response` (the isolated calls go out concurrently)."""
         report = await self._robust.aanswer(
             query_str,
-            list(text_chunks),
+            _passages(text_chunks),
             choices=response_kwargs.get("choices"),
             certify=self._certify,
         )
@@ -171,6 +175,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         """LlamaIndex's synthesis (events and callbacks included), with the core's report in
         the response's ``metadata["ragdefense"]``."""
         token = _report.set(None)  # this call's report only, never an earlier one's
+        given = _nodes.set(nodes)
         try:
             response = super().synthesize(query, nodes, additional_source_nodes, **response_kwargs)
             if not nodes:  # LlamaIndex answers "Empty Response" without asking: our answer
@@ -179,6 +184,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             return _with_report(response, _report.get())
         finally:
             _report.reset(token)
+            _nodes.reset(given)
 
     async def asynthesize(
         self,
@@ -189,6 +195,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
     ) -> RESPONSE_TYPE:
         """Async :meth:`synthesize`."""
         token = _report.set(None)
+        given = _nodes.set(nodes)
         try:
             response = await super().asynthesize(
                 query, nodes, additional_source_nodes, **response_kwargs
@@ -199,6 +206,21 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             return _with_report(response, _report.get())
         finally:
             _report.reset(token)
+            _nodes.reset(given)
+
+
+def _passages(chunks: Sequence[str]) -> list[Passage]:
+    """The chunks LlamaIndex hands :meth:`RobustRAGSynthesizer.get_response`, as the engine's
+    passages: with their nodes' ids and metadata in its report where they come from the nodes
+    of the synthesis in progress, one each (the prompts hold the chunks as LlamaIndex wrote
+    them)."""
+    nodes = _nodes.get()
+    if len(nodes) != len(chunks):  # asked directly, or chunks LlamaIndex joined or split
+        return [Passage(c) for c in chunks]
+    return [
+        Passage(c, id=n.node.node_id, metadata=n.node.metadata)
+        for c, n in zip(chunks, nodes, strict=True)
+    ]
 
 
 #: the aggregations' templates a synthesizer shows beside the isolated one
