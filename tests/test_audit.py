@@ -587,7 +587,8 @@ def test_a_killed_audit_resumes_without_recomputing(toy: CallableEmbedder, tmp_p
         mp.setattr(EmbedStep, "__call__", dies_on_probes)
         with pytest.raises(KeyboardInterrupt):
             audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
-    mark = 1  # the text that tells the model apart on resume (embedded once: it is cached)
+    mark = 2  # the text that tells the model apart on resume, as a passage and as a query
+    # (each embedded once: both are cached)
     assert calls["n"] == len(texts) + mark
     resumed = audit(ListCorpus(texts, ids), embedder=embedder, workdir=work, part_size=32)
     assert calls["n"] - len(texts) - mark == resumed.stats["probes"]  # the probes, no chunk

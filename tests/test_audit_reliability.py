@@ -474,4 +474,123 @@ def test_probes_are_embedded_as_queries_in_one_call_per_part(tmp_path: Path) -> 
     audit(ListCorpus(texts, ids), settings, workdir=tmp_path / "w",
           embedder=SentenceTransformerEmbedder(model))  # fmt: skip
     parts = -(-len(texts) // 64)
-    assert 0 < model.calls["encode_query"] <= parts < len(texts)
+    assert 0 < model.calls["encode_query"] <= parts + 1 < len(texts)  # + the model's mark
+
+
+# ------------------------------------------------ from an independent review of the audit CLI
+
+
+def _kb_file(tmp_path: Path) -> Path:
+    texts, ids, _ = toy_corpus()
+    kb = tmp_path / "kb.jsonl"
+    vectors = bag_of_words(texts)
+    kb.write_text(
+        "".join(
+            json.dumps({"id": i, "text": t, "embedding": v.tolist()}) + "\n"
+            for i, t, v in zip(ids, texts, vectors, strict=True)
+        )
+    )
+    (tmp_path / "mymodel.py").write_text(
+        "from tests.conftest import bag_of_words\nembed = bag_of_words\n"
+    )
+    return kb
+
+
+def test_the_cli_says_in_one_line_when_the_report_or_the_run_fails(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A report that cannot be written (a folder in its place) and a store failing as it is
+    read are one line each, exit code 1, no traceback; the report files are written together
+    or not at all (an earlier run's stay whole, none mixed with this run's)."""
+    from ragdefense.cli import main
+
+    kb = _kb_file(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    run = ["audit", str(kb), "--embedder", "mymodel:embed", "--quiet", "--format", "md,csv"]
+    assert main([*run, "--workdir", str(tmp_path / "w")]) == 0
+    kept = (tmp_path / "w" / "report.md").read_bytes()
+    (tmp_path / "w" / "report.csv").unlink()
+    (tmp_path / "w" / "report.csv").mkdir()  # a folder where the report goes
+    capsys.readouterr()
+    assert main([*run, "--workdir", str(tmp_path / "w")]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error: cannot write the report") and err.count("\n") == 1
+    assert (tmp_path / "w" / "report.md").read_bytes() == kept
+    assert not [p for p in (tmp_path / "w").iterdir() if p.name.startswith(".report")]
+    (tmp_path / "failing.py").write_text(
+        "from ragdefense.auditing import Batch\n"
+        "class Failing:\n"
+        "    def fingerprint(self): return 'failing'\n"
+        "    def batches(self, size):\n"
+        "        yield Batch(['a', 'b', 'c'], ['x y z', 'y z w', 'z w v'], ['', '', ''])\n"
+        "        raise RuntimeError('chromadb: database is locked')\n"
+        "store = Failing()\n"
+    )
+    failing = ["audit", "failing:store", "--embedder", "mymodel:embed", "--quiet"]
+    assert main([*failing, "--workdir", str(tmp_path / "f")]) == 1
+    err = capsys.readouterr().err
+    assert err == "error: the audit failed: RuntimeError: chromadb: database is locked\n"
+    assert main(["attack", "--store", " "]) == 2
+    assert "--store is empty" in capsys.readouterr().err
+
+
+def test_a_resumed_audit_tells_a_model_embedding_queries_otherwise(tmp_path: Path) -> None:
+    """An asymmetric model with another query prefix embeds the probes otherwise: resuming
+    with it is refused (its probes' vectors would have been reused)."""
+
+    class Prefixed(CallableEmbedder):
+        def __init__(self, prefix: str) -> None:
+            super().__init__(bag_of_words, query_fn=lambda q: bag_of_words([prefix + q])[0])
+
+    texts, ids, _ = toy_corpus()
+    settings = AuditSettings(part_size=32)
+    audit(ListCorpus(texts, ids), settings, workdir=tmp_path / "w", embedder=Prefixed(""))
+    with pytest.raises(ValueError, match="other parameters"):
+        audit(
+            ListCorpus(texts, ids), settings, workdir=tmp_path / "w", embedder=Prefixed("query: ")
+        )
+
+
+def test_stored_vectors_of_another_width_are_refused_before_any_work(tmp_path: Path) -> None:
+    """Stored vectors of another width than the embedder's are refused before a part is
+    written (after a whole read and the probes' embedding, and the advised rerun was refused);
+    vectors of two widths in one knowledge base are refused by chunk, across batches and in a
+    store's own lists, before the search."""
+    texts, ids, _ = toy_corpus()
+    vectors = bag_of_words(texts)
+    narrow = CallableEmbedder(lambda t: bag_of_words(t, dim=128))
+    with pytest.raises(ValueError, match="256 dimensions, the embedder's 128"):
+        audit(ListCorpus(texts, ids, vectors=vectors), workdir=tmp_path / "w", embedder=narrow)
+    assert not list((tmp_path / "w").glob("**/*.npy"))
+    right = CallableEmbedder(bag_of_words)
+    with pytest.warns(UserWarning, match="starting over"):  # nothing was written: no refusal
+        done = audit(
+            ListCorpus(texts, ids, vectors=vectors), workdir=tmp_path / "w", embedder=right
+        )
+    assert done.findings
+
+    class TwoModels:
+        def fingerprint(self) -> str:
+            return "two models"
+
+        def batches(self, size: int) -> Any:
+            yield Batch(ids[:3], texts[:3], [""] * 3, vectors[:3])
+            yield Batch(ids[3:6], texts[3:6], [""] * 3, bag_of_words(texts[3:6], dim=64))
+
+    with pytest.raises(ValueError, match=f"chunk {ids[3]!r}: its stored vector has 64 numbers"):
+        audit(TwoModels(), workdir=tmp_path / "t", embedder=right)
+    rows = [list(vectors[0]), list(vectors[1][:64])]
+    with pytest.raises(ValueError, match=f"chunk {ids[1]!r}: its stored vector has 64 numbers"):
+        Batch(ids[:2], texts[:2], ["", ""], rows)  # type: ignore[arg-type]
+
+
+def test_the_markdown_report_escapes_html_from_chunk_text(tmp_path: Path) -> None:
+    """A chunk's text reaches the Markdown report as text: an attacker's ``<img onerror>``
+    would run where the report is rendered with HTML (MkDocs, a notebook)."""
+    texts, ids, _ = toy_corpus()
+    texts[-1] = "<img src=x onerror=alert(1)> " + texts[-1]
+    report = audit(
+        ListCorpus(texts, ids), workdir=tmp_path / "w", embedder=CallableEmbedder(bag_of_words)
+    )
+    shown = report.to_markdown(top=len(texts))
+    assert "<img" not in shown and "&lt;img src=x onerror=alert(1)&gt;" in shown

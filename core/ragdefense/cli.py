@@ -95,6 +95,8 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         preset(args.defense)  # a bad name fails here, before any work
     except ValueError as exc:
         raise UsageError(f"--defense: {exc}") from None
+    if args.store is not None and not args.store.strip():
+        raise UsageError("--store is empty: give module:attribute of your store or index")
     if args.store and (args.kb or args.llm):
         flag = "--kb" if args.kb else "--llm"
         raise UsageError(f"{flag} is for the built-in knowledge base; --store red-teams your own")

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import copy
 from contextvars import ContextVar
-from typing import Any, TypeGuard
+from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
@@ -19,7 +17,7 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field
 
-from ragdefense import EmbeddingError, LangChainEmbedder
+from ragdefense import LangChainEmbedder
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
@@ -32,7 +30,7 @@ from ragdefense.integration.retrieval import (
 )
 
 from .compressors import DefenseCompressor
-from .vectors import store_kind
+from .vectors import by_vector, remembered, searches_by_vector
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -123,10 +121,10 @@ class DefendedRetriever(BaseRetriever):
         vector = None
         for _ in range(rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
-            if once is not None and _searches_by_vector(base, once.embeddings):
+            if once is not None and searches_by_vector(base, once.embeddings):
                 if vector is None:  # the store's model, called once for the search and the defense
-                    vector = _remembered(once, query, once.embeddings.embed_query(query))
-                base = _by_vector(base, vector)
+                    vector = remembered(once, query, once.embeddings.embed_query(query))
+                base = by_vector(base, vector)
             docs = base.invoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
@@ -148,11 +146,11 @@ class DefendedRetriever(BaseRetriever):
         vector = None
         for _ in range(rounds):
             base, args, honoured = widened(self.base_retriever, fetch, extra)
-            if once is not None and _searches_by_vector(base, once.embeddings):
+            if once is not None and searches_by_vector(base, once.embeddings):
                 if vector is None:
                     raw = await once.embeddings.aembed_query(query)
-                    vector = _remembered(once, query, raw)
-                base = _by_vector(base, vector)
+                    vector = remembered(once, query, raw)
+                base = by_vector(base, vector)
             docs = await base.ainvoke(query, config, **(args | extra))
             with pooled(honoured, fetch):
                 compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
@@ -169,7 +167,8 @@ def _embedded_once(compressor: BaseDocumentCompressor) -> LangChainEmbedder | No
     """The defense's embedder where it embeds the query with the very ``Embeddings`` object of
     the store its compressor reads (what ``defend(store.as_retriever())`` sets up): the query
     vector the store's search needs is then the defense's, and one model call serves both
-    (:func:`_by_vector`); ``None`` otherwise (each embeds the query itself)."""
+    (:func:`~langchain_ragdefense.vectors.by_vector`); ``None`` otherwise (each embeds the
+    query itself)."""
     if not isinstance(compressor, DefenseCompressor) or compressor.vectorstore is None:
         return None
     embeddings = getattr(compressor.vectorstore, "embeddings", None)
@@ -177,54 +176,6 @@ def _embedded_once(compressor: BaseDocumentCompressor) -> LangChainEmbedder | No
     if isinstance(embedder, LangChainEmbedder) and embeddings is not None:
         return embedder if embedder.embeddings is embeddings else None
     return None
-
-
-def _searches_by_vector(
-    retriever: BaseRetriever, embeddings: Embeddings
-) -> TypeGuard[VectorStoreRetriever]:
-    """Whether ``retriever`` is a plain similarity search of a store of a kind ragdefense reads
-    (InMemory, Chroma, FAISS) embedding with ``embeddings``, whose search embeds the query with
-    them and searches by that vector, as the library wrote it (a subclass or a patch that
-    searches otherwise, or a store swapped in with another model, is asked as it is)."""
-    if type(retriever) is not VectorStoreRetriever or retriever.search_type != "similarity":
-        return False
-    store = retriever.vectorstore
-    if store_kind(store) is None or getattr(store, "embeddings", None) is not embeddings:
-        return False
-    methods = ("similarity_search", "asimilarity_search", "similarity_search_by_vector")
-    library = ("langchain_core.", "langchain_chroma.", "langchain_community.vectorstores.faiss")
-    for name in methods:  # the functions' own modules: a method patched on the class is not
-        found = getattr(type(store), name, None)  # the library's (a tracer, a spy)
-        if not str(getattr(found, "__module__", "")).startswith(library) or name in vars(store):
-            return False
-    return True
-
-
-def _remembered(embedder: LangChainEmbedder, query: str, raw: Any) -> Any:
-    """``raw``, the store's model's vector for ``query``, kept as the defense's query embedding
-    (a vector the defense would refuse is left for it to refuse as before: the defense then
-    embeds the query itself)."""
-    with contextlib.suppress(EmbeddingError):
-        embedder.remember_query(query, raw)
-    return raw
-
-
-def _by_vector(retriever: VectorStoreRetriever, vector: Any) -> VectorStoreRetriever:
-    """A copy of ``retriever`` over a shallow copy of its store whose similarity search is by
-    ``vector`` (the query's, already embedded by the store's own model): the same documents,
-    one model call fewer. The caller's retriever and store are not changed."""
-    store = copy.copy(retriever.vectorstore)
-    search = type(store).similarity_search_by_vector
-
-    def similarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
-        return search(store, vector, k, **kwargs)
-
-    async def asimilarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
-        return await type(store).asimilarity_search_by_vector(store, vector, k, **kwargs)
-
-    store.similarity_search = similarity_search  # type: ignore[method-assign]
-    store.asimilarity_search = asimilarity_search  # type: ignore[method-assign]
-    return retriever.model_copy(update={"vectorstore": store})
 
 
 def widened(

@@ -3,19 +3,26 @@ does not embed them again: ``InMemoryVectorStore``, Chroma (``langchain-chroma``
 (``langchain-community``) by document id; other stores give none (the defense then embeds the
 documents, and says so once per store type: :func:`ragdefense.integration.vectors.stored_vectors`).
 
-:func:`store_corpus` reads a whole store of those kinds, in batches, for ``ragdefense.audit``."""
+:func:`store_corpus` reads a whole store of those kinds, in batches, for ``ragdefense.audit``;
+:func:`by_vector` asks one's similarity search by a query vector already embedded (the one
+line embeds the query once for the search and the defense)."""
 
 from __future__ import annotations
 
+import contextlib
+import copy
 import weakref
 from collections.abc import Iterator, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
-import numpy as np
 from langchain_core.documents import Document
-from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
+from langchain_core.embeddings import Embeddings
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.vectorstores import InMemoryVectorStore, VectorStore, VectorStoreRetriever
 
+from ragdefense import EmbeddingError, LangChainEmbedder
 from ragdefense.auditing import Batch
+from ragdefense.auditing.space import stored_rows
 from ragdefense.integration import vectors as core_vectors
 
 from ._private import chroma_collection
@@ -184,15 +191,58 @@ class StoreCorpus:
 def _batch(ids: Any, texts: Any, metadatas: Any, vectors: Any) -> Batch:
     metadata = [dict(m or {}) for m in metadatas]
     titles = [str(m.get("title") or "") for m in metadata]
-    return Batch(
-        [str(i) for i in ids],
-        list(texts),
-        titles,
-        np.asarray(vectors, dtype=np.float32),
-        metadata,
-    )
+    named = [str(i) for i in ids]
+    return Batch(named, list(texts), titles, stored_rows(named, vectors), metadata)
 
 
 def store_corpus(store: VectorStore) -> StoreCorpus:
     """``store`` as a corpus for :func:`ragdefense.audit`."""
     return StoreCorpus(store)
+
+
+def searches_by_vector(
+    retriever: BaseRetriever, embeddings: Embeddings
+) -> TypeGuard[VectorStoreRetriever]:
+    """Whether ``retriever`` is a plain similarity search of a store of a kind ragdefense reads
+    (InMemory, Chroma, FAISS) embedding with ``embeddings``, whose search embeds the query with
+    them and searches by that vector, as the library wrote it (a subclass or a patch that
+    searches otherwise, or a store swapped in with another model, is asked as it is)."""
+    if type(retriever) is not VectorStoreRetriever or retriever.search_type != "similarity":
+        return False
+    store = retriever.vectorstore
+    if store_kind(store) is None or getattr(store, "embeddings", None) is not embeddings:
+        return False
+    methods = ("similarity_search", "asimilarity_search", "similarity_search_by_vector")
+    library = ("langchain_core.", "langchain_chroma.", "langchain_community.vectorstores.faiss")
+    for name in methods:  # the functions' own modules: a method patched on the class is not
+        found = getattr(type(store), name, None)  # the library's (a tracer, a spy)
+        if not str(getattr(found, "__module__", "")).startswith(library) or name in vars(store):
+            return False
+    return True
+
+
+def remembered(embedder: LangChainEmbedder, query: str, raw: Any) -> Any:
+    """``raw``, the store's model's vector for ``query``, kept as the defense's query embedding
+    (a vector the defense would refuse is left for it to refuse as before: the defense then
+    embeds the query itself)."""
+    with contextlib.suppress(EmbeddingError):
+        embedder.remember_query(query, raw)
+    return raw
+
+
+def by_vector(retriever: VectorStoreRetriever, vector: Any) -> VectorStoreRetriever:
+    """A copy of ``retriever`` over a shallow copy of its store whose similarity search is by
+    ``vector`` (the query's, already embedded by the store's own model): the same documents,
+    one model call fewer. The caller's retriever and store are not changed."""
+    store = copy.copy(retriever.vectorstore)
+    search = type(store).similarity_search_by_vector
+
+    def similarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        return search(store, vector, k, **kwargs)
+
+    async def asimilarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
+        return await type(store).asimilarity_search_by_vector(store, vector, k, **kwargs)
+
+    store.similarity_search = similarity_search  # type: ignore[method-assign]
+    store.asimilarity_search = asimilarity_search  # type: ignore[method-assign]
+    return retriever.model_copy(update={"vectorstore": store})

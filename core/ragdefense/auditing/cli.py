@@ -111,7 +111,18 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    written = report.write(args.workdir, args.format)
+    except Exception as exc:  # past the checks (a store failing as it is read): one line
+        print(f"error: the audit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    try:
+        written = report.write(args.workdir, args.format)
+    except OSError as exc:  # a full disk, a folder in a report's place: the run is kept
+        print(
+            f"error: cannot write the report in {args.workdir}: {exc}; the audit is kept there, "
+            "and the same command writes it again without redoing the work",
+            file=sys.stderr,
+        )
+        return 1
     print(report.to_markdown(top=args.show))
     print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0

@@ -34,7 +34,7 @@ from .report import BLANK, AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark, with_overrides
 from .sources import batch_sources, chunk_source, condemned_positions, note_sourced, suspect_sources
-from .space import check_space
+from .space import check_space, one_width
 from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
 from .victims import like_reason, like_their_group, possible_victims
 from .workdir import Workdir, locate, part_digest, part_name, part_starts, part_texts
@@ -265,7 +265,7 @@ def _ingest(
     give now). A run's first stored vectors are checked against ``embedder`` (``check_space``)."""
     known = wd.noted("part_digests")
     sizes, digests, sourced, checked = [], [], False, False
-    for part, batch in enumerate(unique_ids(corpus.batches(part_size))):
+    for part, batch in enumerate(one_width(unique_ids(corpus.batches(part_size)))):
         name = part_name("chunks", part)
         digest = part_digest(batch.ids, batch.texts, batch.titles, batch.vectors)
         if wd.has(f"{name}.json"):  # the same ids, texts, titles and stored vectors

@@ -4,6 +4,7 @@ CSV, Parquet, a plot)."""
 from __future__ import annotations
 
 import csv
+import html
 import importlib.util
 import json
 import os
@@ -143,8 +144,8 @@ class AuditReport:
         suspect = s.get("suspect_sources") or []
         if suspect:
             named = ", ".join(
-                f"{_shown(str(r['source']))} ({r['on_own_evidence']} of {r['chunks']} chunks on "
-                f"their own evidence, {r['suspicious']} in all)"
+                f"{_md(_shown(str(r['source'])))} ({r['on_own_evidence']} of {r['chunks']} "
+                f"chunks on their own evidence, {r['suspicious']} in all)"
                 for r in suspect[:10]
             )
             more = f" and {len(suspect) - 10} more" if len(suspect) > 10 else ""
@@ -164,7 +165,7 @@ class AuditReport:
             mark = "**" if f.suspicious else ""
             cells = [str(rank), f"{mark}{_shown(f.id)}{mark}", f"{f.score:.2f}", str(f.retrieved)]
             cells += [flagged, group, _shown("; ".join(f.reasons)), text]
-            lines.append("| " + " | ".join(c.replace("|", "\\|") for c in cells) + " |")
+            lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
@@ -186,12 +187,9 @@ class AuditReport:
                 raise ImportError(f"report format {fmt} needs {module}: pip install {install}")
         folder = Path(folder)
         folder.mkdir(parents=True, exist_ok=True)
-        written = []
-        for fmt in formats:
-            path = folder / f"report.{fmt}"
-            _replace(path, partial(self._write, fmt=fmt))
-            written.append(path)
-        return written
+        paths = [folder / f"report.{fmt}" for fmt in formats]
+        _replace(paths, [partial(self._write, fmt=fmt) for fmt in formats])
+        return paths
 
     def _write(self, path: Path, fmt: str) -> None:
         if fmt == "md":
@@ -280,6 +278,13 @@ def _shown(text: str) -> str:
     )
 
 
+def _md(text: str) -> str:
+    """``text`` as a Markdown table cell shows it: ``<``, ``>`` and ``&`` escaped (an attacker's
+    chunk holding ``<img onerror=...>`` would run where the report is rendered with HTML, in
+    MkDocs or a notebook), ``|`` too (it would end the cell)."""
+    return html.escape(text, quote=False).replace("|", "\\|")
+
+
 def _hidden(ch: str) -> bool:
     category = unicodedata.category(ch)
     return category[0] == "C" or category in ("Zl", "Zp")
@@ -300,17 +305,26 @@ def _aside(stats: dict[str, Any]) -> str:
     return joined + (", possible victims aside" if stats.get("victims") else "")
 
 
-def _replace(path: Path, write: Callable[[Path], None]) -> None:
-    """Write ``path`` whole or not at all: into a temporary file beside it (same suffix, for
-    the formats that read it), renamed over it once complete. A reader, such as a quarantine
-    loading the report while it is written again, or a killed run, never sees half a report."""
-    # created as open() creates files (the umask's mode, not mkstemp's owner-only 0600): a
-    # service reading the report as another user still can
-    tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
-    os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+def _replace(paths: list[Path], writes: list[Callable[[Path], None]]) -> None:
+    """Write ``paths`` whole or not at all: each into a temporary file beside it (same suffix,
+    for the formats that read it), renamed over it once all are complete. A reader, such as a
+    quarantine loading the report while it is written again, or a killed run, never sees half
+    a report, nor one format of this run beside another of an earlier one (a full disk)."""
+    taken = next((p for p in paths if p.is_dir()), None)  # a rename over it would fail late
+    if taken is not None:
+        raise IsADirectoryError(f"{taken} is a folder: the report cannot be written there")
+    done: list[Path] = []
     try:
-        write(Path(tmp))
-        os.replace(tmp, path)
+        for path, write in zip(paths, writes, strict=True):
+            # created as open() creates files (the umask's mode, not mkstemp's owner-only
+            # 0600): a service reading the report as another user still can
+            tmp = path.with_name(f".{path.stem}.{uuid.uuid4().hex}{path.suffix}")
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+            done.append(tmp)
+            write(tmp)
+        for tmp, path in zip(done, paths, strict=True):
+            os.replace(tmp, path)
     except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        for tmp in done:
+            tmp.unlink(missing_ok=True)
         raise

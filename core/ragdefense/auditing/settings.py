@@ -179,17 +179,20 @@ _PROBE = "ragdefense audit: which model embeds this text?"
 
 
 def embedder_mark(embedder: Any, recorded: Any = None) -> str | None:
-    """The embedder as a resumed audit compares it: its type and projections of its vector
-    for a fixed text (another model of the same type gives others), ``None`` for the
-    packaged default (given as ``None`` or as :func:`~ragdefense.default_embedder`'s own).
-    ``recorded`` (an earlier run's mark) is returned when it is the same model's, up to
+    """The embedder as a resumed audit compares it: its type and projections of its vectors
+    for a fixed text, as a passage and as a query (another model of the same type gives
+    others; so does one embedding queries otherwise, an instruction prefix changed), ``None``
+    for the packaged default (given as ``None`` or as :func:`~ragdefense.default_embedder`'s
+    own). ``recorded`` (an earlier run's mark) is returned when it is the same model's, up to
     rounding (another machine computes the last digits otherwise)."""
     if embedder is None or as_embedder(embedder) is embedders._DEFAULT:  # never builds it
         return None
-    vector = np.asarray(as_embedder(embedder).embed([_PROBE]), dtype=np.float64).ravel()
-    vector = vector / (np.linalg.norm(vector) or 1.0)
-    # eight fixed projections of the whole vector: a few coordinates may be zero in any model
-    signature = vector @ np.random.default_rng(0).standard_normal((len(vector), 8))
+    model = as_embedder(embedder)
+    rows = [model.embed([_PROBE]), model.embed_query(_PROBE)]  # the chunks' and the probes' (kept)
+    vectors = np.concatenate([np.asarray(r, dtype=np.float64).reshape(1, -1) for r in rows])
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True).clip(min=1e-12)
+    # eight fixed projections of each: a few coordinates may be zero in any model
+    signature = (vectors @ np.random.default_rng(0).standard_normal((vectors.shape[1], 8))).ravel()
     mark = f"{type(embedder).__name__} " + " ".join(f"{v:.3f}" for v in signature)
     if isinstance(recorded, str) and recorded.split(" ")[0] == mark.split(" ")[0]:
         try:

@@ -6,14 +6,14 @@ another model of the same width gives vectors the audit would compare with its p
 from __future__ import annotations
 
 import warnings
-from collections.abc import Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from typing import Any
 
 import numpy as np
 
 from ..similarity import unit_rows
 
-__all__ = ["SAMPLE", "check_space", "check_stored"]
+__all__ = ["SAMPLE", "check_space", "check_stored", "one_width", "stored_rows"]
 
 #: chunks embedded again to compare with their stored vectors
 SAMPLE = 8
@@ -37,8 +37,12 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
         return
     stored = unit_rows(np.asarray(vectors, dtype=np.float64)[picked])
     again = unit_rows(np.asarray(embedder.embed([texts[i] for i in picked]), dtype=np.float64))
-    if again.shape != stored.shape:
-        return  # another width: the search names it
+    if again.shape != stored.shape:  # named before anything is written, not after a read
+        raise ValueError(
+            f"the stored vectors have {stored.shape[1]} dimensions, the embedder's "
+            f"{again.shape[1]}: pass embedder= (--embedder), the model the knowledge base was "
+            "embedded with"
+        )
     own = int((np.argmax(stored @ again.T, axis=1) == np.arange(len(picked))).sum())
     if 2 * own < len(picked):
         warnings.warn(
@@ -51,13 +55,45 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
         )
 
 
+#: a stored vector of another width than the first's (a chunk id, its width, the first's)
+_WIDTHS = (
+    "chunk {!r}: its stored vector has {} numbers, the first chunk's {}: the store holds vectors "
+    "of two models? embed it again, or audit the texts (no vectors)"
+)
+
+
+def stored_rows(ids: Sequence[str], vectors: Any) -> np.ndarray:
+    """A batch's stored ``vectors`` as float32 rows, or a ``ValueError`` naming the first chunk
+    whose vector is not a row of the first's width (a store holding two models' vectors)."""
+    widths = [int(np.size(v)) if np.ndim(v) == 1 else 0 for v in vectors]
+    if not widths:
+        return np.zeros((0, 0), dtype=np.float32)
+    bad = next((i for i, w in enumerate(widths) if w != widths[0] or not w), None)
+    if bad is not None:
+        raise ValueError(_WIDTHS.format(ids[bad], widths[bad], widths[0]))
+    with np.errstate(over="ignore"):  # beyond float32's range: refused by check_stored
+        rows: np.ndarray = np.asarray(vectors, dtype=np.float32).reshape(len(widths), -1)
+    return rows
+
+
+def one_width(batches: Iterable[Any]) -> Iterator[Any]:
+    """``batches``, refused at the first whose stored vectors are of another width than the
+    first such batch's (found here, not when the search joins the parts)."""
+    width = 0
+    for batch in batches:
+        if batch.vectors is not None and len(batch.ids):
+            width = width or int(np.shape(batch.vectors)[1])
+            if np.shape(batch.vectors)[1] != width:
+                raise ValueError(_WIDTHS.format(batch.ids[0], np.shape(batch.vectors)[1], width))
+        yield batch
+
+
 def check_stored(ids: Sequence[str], vectors: Any, texts: Sequence[str]) -> None:
-    """Refuse stored vectors the search cannot use, naming the first such chunk: not finite
-    (NaN, infinite, or beyond float32's range once stored as float32), or all zeros (no
-    direction: near nothing, so never flagged; an embedding that failed) but for a blank
-    text's, whose vector the audit zeroes anyway."""
-    with np.errstate(over="ignore"):  # beyond float32's range is what is looked for
-        stored = np.asarray(vectors, dtype=np.float32)
+    """Refuse stored vectors the search cannot use, naming the first such chunk: not rows of
+    one width (:func:`stored_rows`), not finite (NaN, infinite, or beyond float32's range once
+    stored as float32), or all zeros (no direction: near nothing, so never flagged; an
+    embedding that failed) but for a blank text's, whose vector the audit zeroes anyway."""
+    stored = stored_rows(ids, vectors)
     finite = np.isfinite(stored).all(axis=-1)
     if not finite.all():
         raise ValueError(

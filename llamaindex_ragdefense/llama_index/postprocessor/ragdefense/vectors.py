@@ -11,13 +11,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-import numpy as np
 from llama_index.core import VectorStoreIndex
 from llama_index.core.schema import BaseNode, MetadataMode, TextNode
 from llama_index.core.vector_stores import SimpleVectorStore
 from llama_index.core.vector_stores.utils import metadata_dict_to_node
 
 from ragdefense.auditing import Batch
+from ragdefense.auditing.space import stored_rows
 from ragdefense.integration import vectors as core_vectors
 
 __all__ = [
@@ -156,7 +156,7 @@ class IndexCorpus:
                 ids,
                 [n.get_content(metadata_mode=MetadataMode.NONE) for n in part],
                 [str(n.metadata.get("title") or "") for n in part],
-                None if any(v is None for v in vectors) else np.asarray(vectors, dtype=np.float32),
+                None if any(v is None for v in vectors) else stored_rows(ids, vectors),
                 [with_document(n) for n in part],
             )
 
