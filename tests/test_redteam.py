@@ -777,3 +777,28 @@ def test_a_shallow_copy_of_the_default_store_s_data_is_refused(minilm: Any) -> N
     with pytest.raises(ValueError, match="the same vector data"):
         li_red_team(index, TARGETS[:1], copy_index=shallow)
     assert index.vector_store.data.embedding_dict == held  # type: ignore[attr-defined]
+
+
+def test_a_compressor_s_column_is_named_by_its_defense(minilm: Any) -> None:
+    """A compressor given as ``defense`` (what ``defend()`` accepts) names its column by the
+    defense it holds, so ``hijacked("grada")`` finds it (the column read ``DefenseCompressor``)."""
+    from langchain_ragdefense import DefenseCompressor
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(minilm))
+    store.add_documents([Document(page_content=t) for t in BENIGN])
+    compressor = DefenseCompressor(defense="grada", embeddings=RagdefenseEmbeddings(minilm))
+    report = lc_red_team(store, TARGETS[:1], k=4, defense=compressor)
+    assert report.pipelines == ["no defense", "grada"]
+    assert report.hijacked("grada") == report.hijacked("GRADA")
+
+
+def test_llamaindex_red_team_takes_a_postprocessor_as_defend_does(minilm: Any) -> None:
+    """A configured postprocessor (what ``defend(index, post)`` takes) is red-teamed as it is,
+    its column named by its defense (it was refused: "is not a defense")."""
+    from llama_index.postprocessor.ragdefense import DefensePostprocessor
+
+    embed = RagdefenseEmbedding(minilm)
+    index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=embed)
+    post = DefensePostprocessor(defense="grada", embed_model=embed)
+    report = li_red_team(index, TARGETS[:1], k=4, defense=post)
+    assert report.pipelines == ["no defense", "grada"]

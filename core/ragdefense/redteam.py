@@ -388,7 +388,8 @@ class InMemoryKnowledgeBase:
 
 
 def defense_label(defense: Any) -> str:
-    """The column name of a defense in a report: its name, or its ``name`` / class name."""
+    """The column name of a defense in a report: its name, or its ``name`` / class name (a
+    compressor's or postprocessor's: its defense's)."""
     if defense is None:
         from .defenses.registry import DEFAULT_DEFENSE
 
@@ -397,4 +398,7 @@ def defense_label(defense: Any) -> str:
         from .defenses.registry import preset
 
         return preset(defense).name
+    inner = getattr(defense, "defense", None)  # a compressor or postprocessor holding one
+    if not isinstance(getattr(defense, "name", None), str) and inner is not None:
+        return defense_label(inner)
     return str(getattr(defense, "name", None) or type(defense).__name__)

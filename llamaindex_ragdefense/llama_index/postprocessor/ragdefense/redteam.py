@@ -27,6 +27,7 @@ from ragdefense.redteam import (
 )
 
 from ._private import index_embed_model
+from .postprocessors import DefensePostprocessor
 from .retrievers import defend, guard
 from .vectors import index_nodes, store_kind, stored_vectors
 
@@ -143,7 +144,8 @@ def red_team(
             here (with its stored vectors), other stores need ``copy_index``. It
             is never written to.
         targets: Questions with the attacker's answers.
-        defense: A registry name (``None``: the default defense) or a core defense object.
+        defense: A registry name (``None``: the default defense), a core defense object, or a
+            :class:`DefensePostprocessor` (configured: as :func:`defend` takes it).
         attack: One of :data:`ragdefense.attacks.ATTACKS` (``"poisonedrag"``,
             ``"injection"``, ``"multi-answer"`` or a variant; see
             :func:`ragdefense.redteam.plant`).
@@ -201,7 +203,11 @@ def _red_team(
 ) -> RedTeamReport:
     poisoned.insert_nodes(nodes)
     # another model's vectors are another space: the store's are read only for its own
-    post = guard(defense, _embed_model(index), poisoned.vector_store, embed_model, params=params)
+    post = (
+        defense  # configured by the user, as defend() takes it
+        if isinstance(defense, DefensePostprocessor)
+        else guard(defense, _embed_model(index), poisoned.vector_store, embed_model, params=params)
+    )
     synthesizer = get_response_synthesizer(llm=llm) if llm is not None else None
 
     def pipeline(defended: bool) -> Callable[[str], tuple[list[str], str | None]]:
