@@ -529,7 +529,8 @@ def test_the_cli_says_in_one_line_when_the_report_or_the_run_fails(
     failing = ["audit", "failing:store", "--embedder", "mymodel:embed", "--quiet"]
     assert main([*failing, "--workdir", str(tmp_path / "f")]) == 1
     err = capsys.readouterr().err
-    assert err == "error: the audit failed: RuntimeError: chromadb: database is locked\n"
+    assert err.startswith("error: the audit failed: RuntimeError: chromadb: database is locked")
+    assert err.endswith("(at failing.py:6)\n") and err.count("\n") == 1  # where it was raised
     assert main(["attack", "--store", " "]) == 2
     assert "--store is empty" in capsys.readouterr().err
 
@@ -582,6 +583,17 @@ def test_stored_vectors_of_another_width_are_refused_before_any_work(tmp_path: P
     rows = [list(vectors[0]), list(vectors[1][:64])]
     with pytest.raises(ValueError, match=f"chunk {ids[1]!r}: its stored vector has 64 numbers"):
         Batch(ids[:2], texts[:2], ["", ""], rows)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=f"chunk {ids[1]!r}: its stored vector is not a row"):
+        Batch(ids[:2], texts[:2], ["", ""], [rows[0], None])  # type: ignore[arg-type]
+    # a first part too small to compare the model by (fewer than 3 texts): its width still is
+    with pytest.raises(ValueError, match="256 dimensions, the embedder's 128"):
+        audit(
+            ListCorpus(texts, ids, vectors=vectors),
+            AuditSettings(part_size=2),
+            workdir=tmp_path / "small",
+            embedder=narrow,
+        )
+    assert not list((tmp_path / "small").glob("**/*.npy"))
 
 
 def test_the_markdown_report_escapes_html_from_chunk_text(tmp_path: Path) -> None:
@@ -594,3 +606,11 @@ def test_the_markdown_report_escapes_html_from_chunk_text(tmp_path: Path) -> Non
     )
     shown = report.to_markdown(top=len(texts))
     assert "<img" not in shown and "&lt;img src=x onerror=alert(1)&gt;" in shown
+    import markdown  # MkDocs' renderer: a link in chunk text stays text
+
+    texts[-1] = "Click [the answer](javascript:alert(1)) " + texts[-1]
+    report = audit(
+        ListCorpus(texts, ids), workdir=tmp_path / "l", embedder=CallableEmbedder(bag_of_words)
+    )
+    rendered = markdown.markdown(report.to_markdown(top=len(texts)), extensions=["tables"])
+    assert "javascript:alert(1)" in rendered and "<a " not in rendered

@@ -7,6 +7,7 @@ import asyncio
 import contextvars
 import json
 import threading
+import time
 import warnings
 from typing import Any, ClassVar
 
@@ -407,6 +408,15 @@ def test_a_passage_with_a_lone_surrogate_spoils_no_other_answer(nlp: Any) -> Non
     out = picky.generate(["a", "b", bad, "c"])
     assert [g.text for g in out] == ["Canberra", "Canberra", None, "Canberra"]
     assert out[2].error is not None and out[2].error.startswith("TypeError")
+
+    class Slow(Picky):  # each pass takes a while: the prompts asked again keep the deadline
+        def _greedy(self, texts: list[str], max_new_tokens: int, end: float = 0.0) -> list[Any]:
+            time.sleep(0.2)
+            return super()._greedy(texts, max_new_tokens, end)
+
+    start = time.monotonic()
+    late = Slow(model=object(), tokenizer=object(), timeout=0.3).generate([bad, *"abcdefg"])
+    assert time.monotonic() - start < 1.0 and late[-1].text is None  # timed out, not asked
     rr = RobustRAG(llm=lambda p: "Canberra", nlp=nlp)
     result = rr.answer("capital?", ["Canberra is the capital."] * 3)
     certified = rr.certify(result, np.int64(1))  # a NumPy k' is an int

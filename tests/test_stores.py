@@ -128,6 +128,43 @@ def test_langchain_one_line_defense_embeds_the_query_once(
     assert "similarity_search" not in vars(store) and retriever.vectorstore is store
 
 
+def test_the_query_is_embedded_by_the_store_where_it_searches_its_own_way(minilm: Any) -> None:
+    """A store subclass (which may embed or score the query its own way: an instruction prefix)
+    and a defense embedder with a query side of its own are asked as before: the query-once
+    path would have searched, or judged, with another vector."""
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    from langchain_ragdefense import RagdefenseEmbeddings, defend
+    from langchain_ragdefense.vectors import searches_by_vector
+    from ragdefense import Consensus, LangChainEmbedder
+
+    embeddings = RagdefenseEmbeddings(minilm)
+
+    class Prefixed(InMemoryVectorStore):
+        def similarity_search_with_score(self, query: str, k: int = 4, **kw: Any) -> Any:
+            return super().similarity_search_with_score("query: " + query, k, **kw)
+
+    docs = [Document(t) for t in TEXTS]
+    assert searches_by_vector(
+        InMemoryVectorStore.from_documents(docs, embeddings).as_retriever(), embeddings
+    )
+    assert not searches_by_vector(
+        Prefixed.from_documents(docs, embeddings).as_retriever(), embeddings
+    )
+    asked: list[str] = []
+
+    class Instructed(LangChainEmbedder):
+        def _embed_query(self, text: str) -> Any:
+            asked.append(text)
+            return self.embeddings.embed_query("query: " + text)
+
+    store = InMemoryVectorStore.from_documents(docs, embeddings)
+    guard = Consensus(embedder=Instructed(embeddings))
+    defend(store.as_retriever(), guard).invoke(KB[3].question)
+    assert asked == [KB[3].question]  # its own query vector, not the store's
+
+
 @pytest.mark.parametrize("search_type", ["similarity", "mmr"])
 def test_langchain_faiss_with_a_filter_is_asked_for_candidates(
     search_type: str, minilm: Any, tmp_path: Path

@@ -173,9 +173,10 @@ def _embedded_once(compressor: BaseDocumentCompressor) -> LangChainEmbedder | No
         return None
     embeddings = getattr(compressor.vectorstore, "embeddings", None)
     embedder = getattr(compressor.core, "embedder", None)
-    if isinstance(embedder, LangChainEmbedder) and embeddings is not None:
-        return embedder if embedder.embeddings is embeddings else None
-    return None
+    if not isinstance(embedder, LangChainEmbedder) or embeddings is None:
+        return None
+    plain = type(embedder)._embed_query is LangChainEmbedder._embed_query  # no prefix of its own
+    return embedder if plain and embedder.embeddings is embeddings else None
 
 
 def widened(
@@ -337,7 +338,7 @@ def defend(
         fetch_k: Documents the base retriever is asked for (``None``: the defense's pool for
             ``k``, see :class:`DefendedRetriever`).
         embeddings: Embeddings for the defense; by default the vector store's own when the
-            retriever has one (no second model; with an InMemory, Chroma or FAISS store's
+            retriever has one (no second model; with an InMemory, Chroma or FAISS store's own
             similarity search, one call of it embeds the query for the search and the
             defense), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are, unless

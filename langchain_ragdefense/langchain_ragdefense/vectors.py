@@ -212,8 +212,10 @@ def searches_by_vector(
     store = retriever.vectorstore
     if store_kind(store) is None or getattr(store, "embeddings", None) is not embeddings:
         return False
-    methods = ("similarity_search", "asimilarity_search", "similarity_search_by_vector")
     library = ("langchain_core.", "langchain_chroma.", "langchain_community.vectorstores.faiss")
+    if not type(store).__module__.startswith(library):  # a subclass may embed or score otherwise
+        return False
+    methods = ("similarity_search", "asimilarity_search", "similarity_search_by_vector")
     for name in methods:  # the functions' own modules: a method patched on the class is not
         found = getattr(type(store), name, None)  # the library's (a tracer, a spy)
         if not str(getattr(found, "__module__", "")).startswith(library) or name in vars(store):

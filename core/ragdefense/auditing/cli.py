@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from pathlib import Path
 from typing import Any
 
@@ -111,8 +112,10 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 130
-    except Exception as exc:  # past the checks (a store failing as it is read): one line
-        print(f"error: the audit failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    except Exception as exc:  # past the checks (a store failing as it is read): one line,
+        where = traceback.extract_tb(exc.__traceback__)[-1]  # with where it was raised
+        at = f" (at {Path(where.filename).name}:{where.lineno})"
+        print(f"error: the audit failed: {type(exc).__name__}: {exc}{at}", file=sys.stderr)
         return 1
     try:
         written = report.write(args.workdir, args.format)

@@ -8,6 +8,7 @@ import html
 import importlib.util
 import json
 import os
+import re
 import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
@@ -163,9 +164,9 @@ class AuditReport:
             flagged = ", ".join(f"{k} {v}" for k, v in f.flagged.items())
             group = f"{f.group['id']} ({f.group['size']})" if f.group else ""
             mark = "**" if f.suspicious else ""
-            cells = [str(rank), f"{mark}{_shown(f.id)}{mark}", f"{f.score:.2f}", str(f.retrieved)]
-            cells += [flagged, group, _shown("; ".join(f.reasons)), text]
-            lines.append("| " + " | ".join(_md(c) for c in cells) + " |")
+            cells = [str(rank), f"{mark}{_md(_shown(f.id))}{mark}", f"{f.score:.2f}"]
+            cells += [str(f.retrieved), flagged, group, _md(_shown("; ".join(f.reasons)))]
+            lines.append("| " + " | ".join([*cells, _md(text)]) + " |")
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
@@ -279,10 +280,15 @@ def _shown(text: str) -> str:
 
 
 def _md(text: str) -> str:
-    """``text`` as a Markdown table cell shows it: ``<``, ``>`` and ``&`` escaped (an attacker's
-    chunk holding ``<img onerror=...>`` would run where the report is rendered with HTML, in
-    MkDocs or a notebook), ``|`` too (it would end the cell)."""
-    return html.escape(text, quote=False).replace("|", "\\|")
+    """``text`` as a Markdown table cell shows it, as text: ``<``, ``>`` and ``&`` escaped (an
+    attacker's chunk holding ``<img onerror=...>`` would run where the report is rendered with
+    HTML, in MkDocs or a notebook), and the marks that make links and images
+    (``[link](javascript:...)``) or end the cell (``|``) backslash-escaped."""
+    return _MARKDOWN.sub(r"\\\g<0>", html.escape(text, quote=False))
+
+
+#: what Markdown reads as a link or image in a table cell, or as its end (and the escape)
+_MARKDOWN = re.compile(r"[\\\[\]|]")
 
 
 def _hidden(ch: str) -> bool:

@@ -32,9 +32,9 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
             break
         if text.strip():
             first.setdefault(text, i)
-    picked = list(first.values())
-    if len(picked) < 3:  # too few to tell a match from chance
+    if not len(texts):
         return
+    picked = list(first.values()) or [0]  # one text at least: the width is checked anyway
     stored = unit_rows(np.asarray(vectors, dtype=np.float64)[picked])
     again = unit_rows(np.asarray(embedder.embed([texts[i] for i in picked]), dtype=np.float64))
     if again.shape != stored.shape:  # named before anything is written, not after a read
@@ -43,6 +43,8 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
             f"{again.shape[1]}: pass embedder= (--embedder), the model the knowledge base was "
             "embedded with"
         )
+    if len(picked) < 3:  # too few to tell a match from chance
+        return
     own = int((np.argmax(stored @ again.T, axis=1) == np.arange(len(picked))).sum())
     if 2 * own < len(picked):
         warnings.warn(
@@ -68,7 +70,13 @@ def stored_rows(ids: Sequence[str], vectors: Any) -> np.ndarray:
     widths = [int(np.size(v)) if np.ndim(v) == 1 else 0 for v in vectors]
     if not widths:
         return np.zeros((0, 0), dtype=np.float32)
-    bad = next((i for i, w in enumerate(widths) if w != widths[0] or not w), None)
+    missing = next((i for i, w in enumerate(widths) if not w), None)
+    if missing is not None:  # a None, a number, a matrix: no row of numbers
+        raise ValueError(
+            f"chunk {ids[missing]!r}: its stored vector is not a row of numbers (got "
+            f"{type(vectors[missing]).__name__}): give every chunk one, or none (the texts)"
+        )
+    bad = next((i for i, w in enumerate(widths) if w != widths[0]), None)
     if bad is not None:
         raise ValueError(_WIDTHS.format(ids[bad], widths[bad], widths[0]))
     with np.errstate(over="ignore"):  # beyond float32's range: refused by check_stored

@@ -185,7 +185,12 @@ class TransformersLLM(LLM):
         except Exception as exc:
             if len(batch) == 1:
                 return [Generation(None, f"{type(exc).__name__}: {exc}")]
-            return [g for p in batch for g in self._batch([p], max_new_tokens, end, budget)]
+            return [  # within the deadline: the prompts not asked by then are timed out
+                timed_out(budget)
+                if time.monotonic() >= end
+                else self._batch([p], max_new_tokens, end, budget)[0]
+                for p in batch
+            ]
         return [
             timed_out(budget)
             if t is None
