@@ -906,7 +906,7 @@ def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=32)
     report.findings.sort(key=lambda f: f.id != ids[0])  # the planted text first
     shown = report.to_markdown(top=len(texts))
-    assert "\x1b" not in shown and "\r" not in shown and "\\x1b[2J" in shown
+    assert "\x1b" not in shown and "\r" not in shown and "\\\\x1b\\[2J" in shown  # (Markdown)
     [csv_path] = report.write(tmp_path / "out", ["csv"])
     import csv
 
