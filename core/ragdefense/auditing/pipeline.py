@@ -34,7 +34,7 @@ from .report import BLANK, AuditReport, Finding
 from .routing import effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark, with_overrides
 from .sources import batch_sources, chunk_source, condemned_positions, note_sourced, suspect_sources
-from .space import check_space, one_width
+from .space import check_space, one_width, other_width
 from .steps import DefendStep, EmbedStep, ShardSearchStep, step_embedder, unit
 from .victims import like_reason, like_their_group, possible_victims
 from .workdir import Workdir, locate, part_digest, part_name, part_starts, part_texts
@@ -230,10 +230,7 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     wd, settings = job.wd, job.settings
     probe_dim = int(wd.read_array(f"{part_name('probes', 0)}.npy").shape[1])
     if probe_dim != wd.noted("dim"):
-        raise ValueError(
-            f"the stored vectors have {wd.noted('dim')} dimensions, the embedder's {probe_dim}: "
-            "pass embedder= (--embedder), the model the knowledge base was embedded with"
-        )
+        raise other_width(wd.noted("dim"), probe_dim)
     # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
     needed = settings.searched

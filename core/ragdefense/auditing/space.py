@@ -13,7 +13,7 @@ import numpy as np
 
 from ..similarity import unit_rows
 
-__all__ = ["SAMPLE", "check_space", "check_stored", "one_width", "stored_rows"]
+__all__ = ["SAMPLE", "check_space", "check_stored", "one_width", "other_width", "stored_rows"]
 
 #: chunks embedded again to compare with their stored vectors
 SAMPLE = 8
@@ -38,11 +38,7 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
     stored = unit_rows(np.asarray(vectors, dtype=np.float64)[picked])
     again = unit_rows(np.asarray(embedder.embed([texts[i] for i in picked]), dtype=np.float64))
     if again.shape != stored.shape:  # named before anything is written, not after a read
-        raise ValueError(
-            f"the stored vectors have {stored.shape[1]} dimensions, the embedder's "
-            f"{again.shape[1]}: pass embedder= (--embedder), the model the knowledge base was "
-            "embedded with"
-        )
+        raise other_width(stored.shape[1], again.shape[1])
     if len(picked) < 3:  # too few to tell a match from chance
         return
     own = int((np.argmax(stored @ again.T, axis=1) == np.arange(len(picked))).sum())
@@ -57,6 +53,15 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
         )
 
 
+def other_width(stored: int, embedded: int) -> ValueError:
+    """The error for stored vectors of ``stored`` dimensions where the audit's embedder gives
+    ``embedded``: the model the knowledge base was embedded with is another."""
+    return ValueError(
+        f"the stored vectors have {stored} dimensions, the embedder's {embedded}: pass "
+        "embedder= (--embedder), the model the knowledge base was embedded with"
+    )
+
+
 #: a stored vector of another width than the first's (a chunk id, its width, the first's)
 _WIDTHS = (
     "chunk {!r}: its stored vector has {} numbers, the first chunk's {}: the store holds vectors "
@@ -67,6 +72,9 @@ _WIDTHS = (
 def stored_rows(ids: Sequence[str], vectors: Any) -> np.ndarray:
     """A batch's stored ``vectors`` as float32 rows, or a ``ValueError`` naming the first chunk
     whose vector is not a row of the first's width (a store holding two models' vectors)."""
+    if isinstance(vectors, np.ndarray) and vectors.ndim == 2 and vectors.shape[1]:
+        with np.errstate(over="ignore"):  # rows of one width already (a file, a batch checked)
+            return vectors.astype(np.float32, copy=False)
     widths = [int(np.size(v)) if np.ndim(v) == 1 else 0 for v in vectors]
     if not widths:
         return np.zeros((0, 0), dtype=np.float32)
