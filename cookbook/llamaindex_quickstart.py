@@ -23,15 +23,18 @@ from llama_index.core.llms import (
     CustomLLM,
     LLMMetadata,
 )
+from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import TextNode
 from llama_index.vector_stores.chroma import ChromaVectorStore
 
 from llama_index.postprocessor.ragdefense import (
+    ConsensusPostprocessor,
     RAGDefenderPostprocessor,
     RagdefenseEmbedding,
     RobustRAGSynthesizer,
+    defend,
 )
-from ragdefense.data import load_demo_kb
+from ragdefense.data import demo_documents, load_demo_kb
 from ragdefense.llm import default_llm
 
 smol = default_llm()
@@ -54,8 +57,18 @@ class SmolLM2(CustomLLM):
 
 
 kb = load_demo_kb()
-nodes = [TextNode(text=t, metadata={"poison": False}) for q in kb for t in q.benign]
-nodes += [TextNode(text=t, metadata={"poison": True}) for q in kb for t in q.poison]
+# LlamaIndex readers record where a document came from (file_name, url, ...): here "source"
+# (reference sites for the benign passages, one upload for the planted ones). Only the text is
+# embedded, and the demo's labels stay out of the prompt.
+nodes = [
+    TextNode(
+        text=text,
+        metadata=meta,
+        excluded_embed_metadata_keys=["q", "poison", "source"],
+        excluded_llm_metadata_keys=["q", "poison"],
+    )
+    for text, meta in demo_documents()
+]
 embed = RagdefenseEmbedding()
 client = chromadb.PersistentClient(path=tempfile.mkdtemp(prefix="cookbook-chroma-"))
 chroma = ChromaVectorStore(chroma_collection=client.get_or_create_collection("knowledge"))
@@ -64,39 +77,45 @@ index = VectorStoreIndex(nodes, storage_context=storage, embed_model=embed)
 llm = SmolLM2()
 question = kb[0]
 
+
+def show(label: str, response: Any) -> None:
+    """The answer, and how many of the nodes it was given are planted."""
+    nodes = response.source_nodes
+    poison = sum(n.node.metadata["poison"] for n in nodes)
+    print(f"{label}: {str(response).strip()[:70]!r} | {poison} poison of {len(nodes)}")
+
+
 # %% [markdown]
-# ## Without and with `RAGDefenderPostprocessor`
+# ## Without a defense, then the one line: `defend(index)`
 #
-# A postprocessor cannot widen retrieval, so ask for enough nodes (`similarity_top_k=8`; the
-# LlamaIndex default is 2). `vector_store=index.vector_store` lets the defense read the vectors
-# Chroma holds instead of embedding the retrieved nodes again.
+# LlamaIndex retrieves 2 nodes by default: here both are planted. `defend(index)` returns a
+# retriever that asks the index for the pool the defense needs (twice `similarity_top_k`, at least
+# 8), removes what it has evidence against and returns at most `similarity_top_k` nodes. The
+# default (Consensus) reads the nodes' `source`, so the five planted passages of one upload count
+# as one voice; it reads the vectors Chroma holds instead of embedding the nodes again.
 
 # %%
-plain = index.as_query_engine(llm=llm, similarity_top_k=8).query(question.question)
-print(
-    "no defense :",
-    plain,
-    "|",
-    sum(n.node.metadata["poison"] for n in plain.source_nodes),
-    "poison of",
-    len(plain.source_nodes),
-)
-engine = index.as_query_engine(
-    llm=llm,
-    similarity_top_k=8,
-    node_postprocessors=[
-        RAGDefenderPostprocessor(embed_model=embed, vector_store=index.vector_store)
-    ],
-)
-defended = engine.query(question.question)
-print(
-    "RAGDefender:",
-    defended,
-    "|",
-    sum(n.node.metadata["poison"] for n in defended.source_nodes),
-    "poison of",
-    len(defended.source_nodes),
-)
+show("no defense", index.as_query_engine(llm=llm).query(question.question))
+defended = RetrieverQueryEngine.from_args(defend(index), llm=llm).query(question.question)
+show("defend(index)", defended)
+for n in defended.source_nodes:
+    print("-", n.node.get_content()[:70], "|", n.node.metadata["ragdefense"]["reason"])
+
+# %% [markdown]
+# ## As a node postprocessor, and the other modes
+#
+# A postprocessor cannot widen retrieval, so ask for enough nodes (`similarity_top_k=8`).
+# `vector_store=index.vector_store` lets it read the vectors Chroma holds. The modes by name, as
+# with `defend(index, "strict")`: `"strict"` (RAGDefender) assumes a poisoned majority without
+# sources, at a cost on clean retrieval.
+
+# %%
+for label, post in [
+    ("Consensus (default)", ConsensusPostprocessor(vector_store=index.vector_store)),
+    ("RAGDefender (strict)", RAGDefenderPostprocessor(vector_store=index.vector_store)),
+]:
+    engine = index.as_query_engine(llm=llm, similarity_top_k=8, node_postprocessors=[post])
+    show(label, engine.query(question.question))
 
 # %% [markdown]
 # ## RobustRAG synthesizer
