@@ -531,6 +531,15 @@ def test_the_cli_says_in_one_line_when_the_report_or_the_run_fails(
     err = capsys.readouterr().err
     assert err.startswith("error: the audit failed: RuntimeError: chromadb: database is locked")
     assert err.endswith("(at failing.py:6)\n") and err.count("\n") == 1  # where it was raised
+    (tmp_path / "oserror.py").write_text(  # an OSError past the checks fails the run too
+        (tmp_path / "failing.py").read_text().replace("RuntimeError", "OSError")
+    )
+    oserror = ["audit", "oserror:store", "--embedder", "mymodel:embed", "--quiet"]
+    assert main([*oserror, "--workdir", str(tmp_path / "o")]) == 1
+    assert capsys.readouterr().err.startswith("error: the audit failed: OSError: chromadb")
+    missing_log = [*run, "--queries", str(tmp_path / "none.txt")]  # an input: usage, exit 2
+    assert main([*missing_log, "--workdir", str(tmp_path / "q")]) == 2
+    assert "no query log at" in capsys.readouterr().err
     assert main(["attack", "--store", " "]) == 2
     assert "--store is empty" in capsys.readouterr().err
 

@@ -103,7 +103,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=not args.quiet,
         )
-    except (ValueError, OSError, TypeError, ImportError) as exc:  # OSError: Ray's connection too
+    # the inputs' errors (a file or log not found, a Ray address not reachable): usage, exit 2;
+    # other OSErrors (a full disk, a store failing as it is read) fail the run below, exit 1
+    except (ValueError, TypeError, ImportError, FileNotFoundError, ConnectionError) as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         print(
