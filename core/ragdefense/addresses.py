@@ -6,15 +6,28 @@ from __future__ import annotations
 
 import posixpath
 import re
+from contextlib import suppress
 from urllib.parse import quote, urlsplit
 
-__all__ = ["WEB_SCHEMES", "bare_host", "clean_path", "is_web", "schemeless", "web_host"]
+__all__ = [
+    "WEB_SCHEMES",
+    "bare_host",
+    "clean_path",
+    "has_scheme",
+    "host_name",
+    "is_web",
+    "schemeless",
+    "web_host",
+]
 
 #: the schemes of addresses whose host is their source; any other (``s3://``, ``gs://``,
 #: ``file://``) names one file, its own source
 WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
-#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``)
-_HOST = re.compile(r"((?:[a-z0-9_-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
+#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``, ``bücher.de``)
+_HOST = re.compile(r"((?:[\w-]+\.)+[\w-]+|localhost)(?::\d+)?")
+#: an address's scheme, at the start of the text (``https://``, ``s3://``), not one further on
+#: (``who.int/redirect?to=https://...`` is a scheme-less address)
+_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
 #: an IPv4 address, a host of its own (``10.0.0.5/wiki``)
 _IPV4 = re.compile(r"\d{1,3}(?:\.\d{1,3}){3}")
 #: last labels that make a bare dotted name a file's (``Report.PDF``), never a host's
@@ -45,7 +58,23 @@ def web_host(text: str) -> str | None:
         return None
     if not host or "\\" in parts.netloc:
         return None
-    return host.lower().rstrip(".").removeprefix("www.") or None
+    return host_name(host)
+
+
+def host_name(host: str) -> str | None:
+    """A host name in one spelling: lowercased, an internationalised name in its ASCII form
+    (``bücher.example`` is ``xn--bcher-kva.example``, as crawlers write it), ``www.`` and a
+    final dot dropped; ``None`` when nothing is left."""
+    name = host.lower().rstrip(".")
+    if not name.isascii():
+        with suppress(UnicodeError):  # a label IDNA cannot spell (too long, empty): as written
+            name = name.encode("idna").decode("ascii")
+    return name.removeprefix("www.") or None
+
+
+def has_scheme(text: str) -> bool:
+    """Whether ``text`` starts with an address's scheme (``https://``, ``s3://``)."""
+    return _SCHEME.match(text) is not None
 
 
 def is_web(text: str) -> bool:

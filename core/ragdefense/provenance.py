@@ -3,9 +3,10 @@
 Real documents say where they come from: LangChain loaders set ``metadata["source"]``,
 LlamaIndex readers ``file_path`` / ``file_name`` / ``url``, nodes a ``ref_doc_id``. A defense
 that counts support per *source* rather than per passage is not outvoted by twenty chunks of one
-upload, or by one web domain repeating itself (search engines' host crowding). Web addresses
+upload, or by one web host repeating itself (search engines' host crowding). Web addresses
 (``http``, ``https``, ``ftp``; under ``url`` / ``link`` also without the scheme) and host names
-count per host (``www.`` and a port dropped); any other value, a storage address
+count per host (``www.`` and a port dropped, an internationalised name in its ASCII form;
+subdomains are hosts of their own); any other value, a storage address
 (``s3://bucket/key``) included, is taken as it is.
 """
 
@@ -20,7 +21,16 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from .addresses import WEB_SCHEMES, bare_host, clean_path, is_web, schemeless, web_host
+from .addresses import (
+    WEB_SCHEMES,
+    bare_host,
+    clean_path,
+    has_scheme,
+    host_name,
+    is_web,
+    schemeless,
+    web_host,
+)
 from .integration.records import copied
 from .types import Passage
 
@@ -81,11 +91,11 @@ def _normal(value: Any, web: bool = False, file: bool = False) -> str | None:
         return None
     if web and text.startswith("//") and not text.startswith("///"):  # scheme-relative
         text = text[2:]
-    if "://" in text:  # a web address is its host; any other (a malformed one, a storage or
+    if has_scheme(text):  # a web address is its host; any other (a malformed one, a storage or
         return web_host(text) or text  # file address) is a name of its own, one file
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
     if not file and bare_host(bare):
-        return bare.partition(":")[0].lower().removeprefix("www.")
+        return host_name(bare.partition(":")[0]) or text
     page = schemeless(text) if web else None  # "who.int/news/1": as with its scheme
     if page is not None:
         return web_host(page) or text
@@ -152,9 +162,9 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         >>> document_of(Passage("...", metadata={"file_path": "reports/q3.pdf"}))
         'reports/q3.pdf'
     """
-    host, value = _source_value(passage.metadata, source_key)
+    host, value, _ = _source_value(passage.metadata, source_key)
     text = str(value).strip()
-    page = None if "://" in text else schemeless(text[2:] if text[:2] == "//" else text)
+    page = None if has_scheme(text) else schemeless(text[2:] if text[:2] == "//" else text)
     text = page if page is not None and web_host(page) == host else text  # read as a page
     if host is None or web_host(text) is None:
         return host
@@ -171,28 +181,30 @@ def metadata_source(metadata: Any, source_key: str | None = AUTO) -> str | None:
     return _source_value(metadata, source_key)[0]
 
 
-def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, Any]:
-    """The source and the metadata value it is read from: ``source_key``'s, or the first of
+def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, Any, str | None]:
+    """The source, the metadata value it is read from and the key of that value (its kind,
+    web or file, read in any case: ``URL`` is a ``url``): ``source_key``'s, or the first of
     :data:`SOURCE_KEYS` that names one, a key as listed before one in another case
-    (``(None, None)``: none, or provenance off)."""
+    (``(None, None, None)``: none, or provenance off)."""
     if source_key is None:
-        return None, None
+        return None, None, None
     meta = metadata if isinstance(metadata, Mapping) else {}
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
     if source_key == AUTO and meta:  # a key written in another case: "URL", "Source"
         other = {k.lower(): v for k, v in meta.items() if isinstance(k, str) and not k.islower()}
         meta = {**other, **meta} if other else meta
     for key in keys:
-        found = _normal(meta.get(key), key in _WEB_KEYS, key in _FILE_KEYS)
+        kind = key.lower() if isinstance(key, str) else key
+        found = _normal(meta.get(key), kind in _WEB_KEYS, kind in _FILE_KEYS)
         if found is None:
             continue
         if source_key == AUTO and key == "source" and _page_number(meta[key]):
             for beside in _FILES:  # a page number (PyMuPDFReader's): the file it is a page of
                 file = _normal(meta.get(beside), beside in _WEB_KEYS, beside in _FILE_KEYS)
                 if file is not None:
-                    return file, meta[beside]
-        return found, meta[key]
-    return None, None
+                    return file, meta[beside], beside
+        return found, meta[key], kind
+    return None, None, None
 
 
 def _page_number(value: Any) -> bool:
@@ -246,15 +258,13 @@ def is_trusted_by(
     if odd:
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
     pages = {t: _page(t) for t in trusted}
-    # also the exact source an entry names ("www.who.int/index.html": a path under "source")
-    names = frozenset(  # read as a host where it may be one, and as a file's name, its case kept
-        n
-        for t, p in pages.items()
-        if not p or "://" not in str(t)
-        for n in (_normal(t), _normal(t, file=True))
-        if n is not None
-    )
-    return _Sources(names, frozenset(p for p in pages.values() if p), source_key)
+    # also the exact source an entry names ("www.who.int/index.html": a path under "source"),
+    # read as a host where it may be one, and as a file key's value, its case kept ("Main.py"
+    # trusts the file Main.py, not main.py)
+    named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
+    names = frozenset(n for n in map(_normal, named) if n is not None)
+    files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
+    return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files)
 
 
 def _page(entry: Any) -> str | None:
@@ -262,9 +272,9 @@ def _page(entry: Any) -> str | None:
     dot segments resolved; ``None`` for any other entry. One with a query is refused: a query
     names a page among a site's pages, and a path prefix cannot say which."""
     text = str(entry).strip()
-    if "://" in text and not is_web(text):
+    if has_scheme(text) and not is_web(text):
         return None  # a storage or file address: trusted as the one file it names
-    if "://" not in text:
+    if not has_scheme(text):
         web = schemeless(text)
         if web is None:
             return None
@@ -284,17 +294,19 @@ def _page(entry: Any) -> str | None:
 
 @dataclass(frozen=True)
 class _Sources:
-    """Trusted: a passage from one of ``names``, or from one of ``pages`` or under it (a
-    defense holding it pickles)."""
+    """Trusted: a passage from one of ``names`` (``files`` where its source is read from a file
+    key), or from one of ``pages`` or under it (a defense holding it pickles)."""
 
     names: frozenset[str]
     pages: frozenset[str] = frozenset()
     source_key: str | None = AUTO
+    files: frozenset[str] = frozenset()
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
-        if source in self.names:
+        key = _source_value(passage.metadata, self.source_key)[2]
+        if source in (self.files if key in _FILE_KEYS else self.names):
             return True
         doc = document_of(passage, self.source_key) if self.pages else None
         if doc is None:

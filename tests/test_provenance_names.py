@@ -1,0 +1,77 @@
+"""Sources in one spelling: a file key's name keeps its case against trust too, a host is one
+source however it is spelled (Unicode or its ASCII form), an address embedded in a scheme-less
+one does not make it a name of its own, and a key named in another case reads as in auto."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from ragdefense import Passage
+from ragdefense.provenance import document_of, is_trusted_by, source_of
+
+
+def _trusted(trusted: set[str], metadata: dict[str, Any], key: str | None = "auto") -> bool:
+    passage = Passage("text", metadata=metadata)
+    return is_trusted_by(trusted, key)(passage, source_of(passage, key))
+
+
+def test_trusting_a_file_does_not_trust_another_named_in_another_case() -> None:
+    # file keys keep the case ("Main.py" and "main.py" are two files): trust reads them so too
+    assert not _trusted({"Main.py"}, {"file_name": "main.py"})
+    assert not _trusted({"www.Main.py"}, {"file_name": "main.py"})
+    assert not _trusted({"Handbook.v2"}, {"file_path": "handbook.v2"})
+    assert _trusted({"Main.py"}, {"file_name": "Main.py"})
+    assert _trusted({"handbook.v2"}, {"file_path": "handbook.v2"})
+    # a host-like value under "source" is a host, lowercased on both sides as before
+    assert _trusted({"Handbook.v2"}, {"source": "handbook.v2"})
+    assert _trusted({"https://www.who.int/"}, {"url": "https://who.int/news"})
+
+
+@pytest.mark.parametrize(
+    "value",
+    [
+        "https://bücher.example/a",
+        "https://xn--bcher-kva.example/b",
+        "https://BÜCHER.example/c",
+        "https://www.bücher.example./d",
+        "bücher.example/e",
+    ],
+)
+def test_an_internationalised_host_is_one_source_however_spelled(value: str) -> None:
+    assert source_of(Passage("x", metadata={"url": value})) == "xn--bcher-kva.example"
+    assert _trusted({"bücher.example"}, {"url": value})
+    assert _trusted({"https://xn--bcher-kva.example"}, {"url": value})
+    assert not _trusted({"example"}, {"url": value})
+    assert source_of(Passage("x", metadata={"source": "Bücher.Example"})) == (
+        "xn--bcher-kva.example"
+    )
+
+
+@pytest.mark.parametrize(
+    ("metadata", "document"),
+    [
+        ({"url": "who.int/redirect?to=https://evil.com"}, "who.int/redirect"),
+        ({"link": "//who.int/r?u=http://x.org"}, "who.int/r"),
+        ({"url": "https://who.int/redirect?to=https://evil.com"}, "who.int/redirect"),
+    ],
+)
+def test_an_address_inside_a_schemeless_one_leaves_it_a_page_of_its_host(
+    metadata: dict[str, Any], document: str
+) -> None:
+    passage = Passage("x", metadata=metadata)
+    assert source_of(passage) == "who.int"
+    assert document_of(passage) == document
+    assert _trusted({"who.int"}, metadata)
+    assert not _trusted({"evil.com"}, metadata) and not _trusted({"x.org"}, metadata)
+
+
+def test_a_key_named_in_another_case_is_read_as_its_kind() -> None:
+    web = {"URL": "who.int/news/1"}
+    assert source_of(Passage("x", metadata=web), "URL") == source_of(Passage("x", metadata=web))
+    assert source_of(Passage("x", metadata={"Url": "//who.int/news/1"}), "Url") == "who.int"
+    files = {"FILE_NAME": "Who.int"}  # a file key keeps the case, named or found
+    assert source_of(Passage("x", metadata=files), "FILE_NAME") == "Who.int"
+    assert source_of(Passage("x", metadata=files)) == "Who.int"
+    assert not _trusted({"who.int"}, files, "FILE_NAME")
