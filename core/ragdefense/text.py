@@ -121,20 +121,28 @@ def normalize(text: str) -> str:
 
 def contains_answer(text: str | None, answers: Sequence[str]) -> bool:
     """Whether ``text`` contains any of ``answers``, compared after :func:`normalize` (the
-    papers' substring match, insensitive to case, punctuation and spacing).
+    papers' substring match, insensitive to case, punctuation and spacing). An answer of one
+    or two characters (a number, a letter) counts only as whole words: ``"5"`` is not in
+    ``"2025"``, nor ``"V"`` in every word holding a v.
 
     Examples:
         >>> contains_answer("Hamlet was written by William  Shakespeare.", ["william shakespeare"])
         True
         >>> contains_answer("Hamlet was written by Marlowe.", ["Shakespeare", "Bacon"])
         False
+        >>> contains_answer("Rose in 2025.", ["5"]), contains_answer("It took 5 years.", ["5"])
+        (False, True)
         >>> contains_answer(None, ["Shakespeare"])
         False
     """
     if not text:
         return False
     low = normalize(text)
-    return any((a := normalize(str(answer))) and a in low for answer in answers)
+    words = f" {low} "
+    return any(
+        (a := normalize(str(answer))) and (a in low if len(a) > 2 else f" {a} " in words)
+        for answer in answers
+    )
 
 
 _ABSTAIN = re.compile(
