@@ -372,6 +372,22 @@ def test_e2e_table_with_a_gullible_llm(
     e2e_table(data_dir, limit=3, llm=CallableLLM(counted), embedder=minilm, progress=False,
               cache=tmp_path)  # fmt: skip
     assert len(asked) == 2 * n  # another model given: never read from the cache
+    # a failed answer is counted, scored as no answer, and not kept: the next run asks it again
+    broken = next(p for p in asked if "RealtimeQA" not in p)
+
+    def failing(prompt: str) -> str:
+        if prompt == broken:
+            raise TimeoutError("the model went away")
+        return counted(prompt)
+
+    monkeypatch.setattr(e2e, "as_llm", lambda _: CallableLLM(failing))
+    fresh = tmp_path / "fresh"
+    rows, table = e2e_table(data_dir, limit=3, embedder=minilm, progress=False, cache=fresh)
+    assert sum(r["llm_errors"] for r in rows) >= 1 and "LLM errors: " in table
+    del asked[:]
+    monkeypatch.setattr(e2e, "as_llm", lambda _: CallableLLM(counted))
+    again, _ = e2e_table(data_dir, limit=3, embedder=minilm, progress=False, cache=fresh)
+    assert asked == [broken] and again == first
 
 
 def test_an_ablation_threshold_flags_at_most_its_budget_whatever_the_ties() -> None:
