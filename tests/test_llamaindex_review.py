@@ -418,3 +418,51 @@ def test_any_index_is_defended_through_its_default_retriever(toy_embedder: Any) 
     got = defend(index, embed_model=RagdefenseEmbedding(toy_embedder)).retrieve(OCEAN)
     assert 0 < len(got) <= len(texts)
     assert all("ragdefense" in n.node.metadata for n in got)
+
+
+def test_a_summary_index_embedding_retriever_is_defended_in_its_own_models_space(
+    toy_embedder: Any,
+) -> None:
+    """A summary index's embedding retriever puts its own model's vectors on the nodes it
+    returns, and the index has no model: the one line reads them as that model's (it failed
+    on every query, the vectors taken for another model's than the packaged one)."""
+    nodes = [TextNode(text=t, metadata=m) for t, m in demo_documents()]
+    model = RagdefenseEmbedding(toy_embedder)
+    retriever = SummaryIndex(nodes).as_retriever(
+        retriever_mode="embedding", embed_model=model, similarity_top_k=2
+    )
+    got = defend(retriever).retrieve(OCEAN)
+    given = defend(retriever, embed_model=model).retrieve(OCEAN)
+    assert [n.node.node_id for n in got] == [n.node.node_id for n in given] and len(got) == 2
+
+
+def test_a_multi_modal_retriever_is_refused_by_name() -> None:
+    """A multi-modal index's retriever overwrites the query's vector with its image model's
+    and returns images the defense would cut: refused, naming what to defend instead."""
+    from llama_index.core.embeddings import MultiModalEmbedding
+    from llama_index.core.indices.multi_modal import MultiModalVectorStoreIndex
+
+    class Images(MultiModalEmbedding):
+        def _get_query_embedding(self, query: str) -> list[float]:
+            return [1.0, 0.0]
+
+        async def _aget_query_embedding(self, query: str) -> list[float]:
+            return [1.0, 0.0]
+
+        def _get_text_embedding(self, text: str) -> list[float]:
+            return [1.0, 0.0]
+
+        def _get_image_embedding(self, img_file_path: Any) -> list[float]:
+            return [0.0, 1.0]
+
+        async def _aget_image_embedding(self, img_file_path: Any) -> list[float]:
+            return [0.0, 1.0]
+
+    index = MultiModalVectorStoreIndex(
+        [TextNode(text=t) for t, _ in HONEST[:4]],
+        embed_model=RagdefenseEmbedding(),
+        image_embed_model=Images(),
+    )
+    for given in (index, index.as_retriever()):
+        with pytest.raises(TypeError, match="also retrieves images; defend a retriever of the"):
+            defend(given)

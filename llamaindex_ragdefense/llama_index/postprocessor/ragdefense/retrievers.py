@@ -15,6 +15,7 @@ from typing import Any
 from llama_index.core import VectorStoreIndex
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.embeddings import BaseEmbedding
+from llama_index.core.image_retriever import BaseImageRetriever
 from llama_index.core.indices.base import BaseIndex
 from llama_index.core.indices.list.retrievers import SummaryIndexEmbeddingRetriever
 from llama_index.core.schema import NodeWithScore, QueryBundle
@@ -306,6 +307,11 @@ def defend(
         retriever = retriever.as_retriever()
     else:
         index = retriever_index(retriever)
+    if isinstance(retriever, BaseImageRetriever):  # its image search rewrites the query's
+        raise TypeError(  # vector with the image model's, and its images would be cut
+            f"defend() judges text: {type(retriever).__name__} also retrieves images; defend a "
+            "retriever of the text nodes (a VectorStoreIndex over them) and query images apart"
+        )
     rounds = fetch_rounds(defense, k is not None)
     if isinstance(defense, DefensePostprocessor):
         given = [n for n, v in (("embed_model", embed_model), ("fail_open", fail_open)) if v]
@@ -316,7 +322,10 @@ def defend(
         post = defense
     else:
         store = index.vector_store if isinstance(index, VectorStoreIndex) else None
-        post = guard(defense, index_embed_model(index), store, embed_model, fail_open, params)
+        # the model the nodes' vectors are in: the index's, else the retriever's own (a summary
+        # index's embedding retriever puts its model's vectors on the nodes it returns)
+        own = index_embed_model(index) or index_embed_model(retriever)
+        post = guard(defense, own, store, embed_model, fail_open, params)
         # its RERANKING events go where the retriever's go (Settings.callback_manager's, say)
         post.callback_manager = getattr(retriever, "callback_manager", post.callback_manager)
     return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k, max_rounds=rounds)

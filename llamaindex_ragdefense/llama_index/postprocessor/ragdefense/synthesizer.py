@@ -63,8 +63,9 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         streaming: Give a streaming response (``query_engine.query(q).response_gen``) as
             LlamaIndex's synthesizers do: the answer needs every isolated one, so it comes as
             one chunk.
-        callback_manager: LlamaIndex's callback manager (default: ``Settings``'s, as
-            LlamaIndex's own synthesizers; the LLM keeps its own for its calls).
+        callback_manager: LlamaIndex's callback manager (default: ``Settings``'s). As with
+            LlamaIndex's own synthesizers, one given is set on ``llm`` too (its calls are
+            traced there); without one the LLM keeps its own.
 
     Its prompts are the core's templates, shown and changed as LlamaIndex's are
     (``get_prompts()``, ``update_prompts({"isolated_prompt": PromptTemplate(...)})``): a
