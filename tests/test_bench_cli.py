@@ -127,6 +127,7 @@ def test_ragdefender_benchmark_smoke(data_dir: Path, minilm: object) -> None:
     assert by[("4x", "auto")]["poison_share"] <= 0.3
     assert by[("4x", "auto")]["gold_in_context"] >= 0.75
     assert "authors' pkg (all questions)" in table and "Cold timing" in table  # a sample
+    assert "each the fastest of 3 runs, the two ways alternated" in table
 
 
 @pytest.mark.slow

@@ -106,6 +106,10 @@ def ragdefender_table(
     return rows, "\n".join(lines)
 
 
+#: runs of each way per query in the cold timing (the fastest kept)
+REPEATS = 3
+
+
 def _cold_timing(
     folder: str | os.PathLike[str],
     datasets: Sequence[str],
@@ -114,34 +118,50 @@ def _cold_timing(
     embedder: Any,
     rows: list[dict[str, Any]],
 ) -> str:
-    """Median ms per query: one embedding pass alone vs embedding + RAGDefender (no cache)."""
+    """Median ms per query: one embedding pass alone (the passages and the query) vs
+    embedding + RAGDefender (no cache). Each query is timed :data:`REPEATS` times both ways, in
+    alternating order, and each way's fastest run is kept (the cost without the machine's
+    noise); the ratio is the median of the queries' own ratios."""
     model = as_embedder(getattr(embedder, "inner", embedder))  # the model, never a disk cache
     table = []
     for ds in datasets:
         records = load_ragdefender(folder, ds)[:n_queries]
         base = RAGDEFENDER_BASE.get(ds, 2)
-        t_embed, t_full, sizes = [], [], []
+        t_embed, t_full, ratios, sizes = [], [], [], []
         for r in records:
             items = list(r.benign) + poisonedrag(r.question, r.poison[: base * ratio])
             sizes.append(len(items))
-            # a fresh cache-less wrapper: every call really runs the model
-            fresh = CallableEmbedder(model._embed, cache_size=0)
-            t0 = time.perf_counter()
-            fresh.embed(items)
-            t_embed.append((time.perf_counter() - t0) * 1000)
-            defender = RAGDefender(embedder=CallableEmbedder(model._embed, cache_size=0))
-            t0 = time.perf_counter()
-            defender.defend(r.question, items)
-            t_full.append((time.perf_counter() - t0) * 1000)
-        e, f = statistics.median(t_embed), statistics.median(t_full)
+            runs: dict[str, list[float]] = {"embed": [], "full": []}
+            for rep in range(REPEATS):
+                for way in ("embed", "full") if rep % 2 == 0 else ("full", "embed"):
+                    # a fresh cache-less wrapper: every call really runs the model
+                    fresh = CallableEmbedder(model._embed, cache_size=0)
+                    t0 = time.perf_counter()
+                    if way == "embed":
+                        fresh.embed(items)
+                        fresh.embed_query(r.question)
+                    else:
+                        RAGDefender(embedder=fresh).defend(r.question, items)
+                    runs[way].append((time.perf_counter() - t0) * 1000)
+            e, f = min(runs["embed"]), min(runs["full"])
+            t_embed.append(e)
+            t_full.append(f)
+            ratios.append(f / e)
         table.append(
-            [ds, f"{statistics.median(sizes):.0f}", f"{e:.1f}", f"{f:.1f}", f"{f / e:.3f}"]
+            [
+                ds,
+                f"{statistics.median(sizes):.0f}",
+                f"{statistics.median(t_embed):.1f}",
+                f"{statistics.median(t_full):.1f}",
+                f"{statistics.median(ratios):.3f}",
+            ]
         )
     p50 = max(r["ms_p50"] for r in rows if r["defense"] == "auto")
     header = ["dataset", "passages", "embedding pass", "embedding + RAGDefender", "ratio"]
     lines = [
         f"Cold timing, {n_queries} queries per dataset at {ratio}x (no embedding cache; median ms "
-        "per query):",
+        f"per query, each the fastest of {REPEATS} runs, the two ways alternated; ratio: the "
+        "median of the queries' own):",
         "",
         *markdown_table(header, table),
         "",
