@@ -401,3 +401,19 @@ def test_an_ablation_threshold_flags_at_most_its_budget_whatever_the_ties() -> N
     assert sum(v > t for v in benign) <= 10
     spread = [i / 1000 for i in range(1000)]
     assert sum(v > at_most(spread, 0.01) for v in spread) == 10
+
+
+def test_the_audit_rows_split_benign_flagged_by_the_part_thresholds_are_chosen_on() -> None:
+    """The audit's thresholds flag at most 1% of the tuning part's benign chunks: the row says
+    how many of each part it flagged, so that rule can be read off the table."""
+    from benchmarks.settings.audit import TUNING_DATASETS, AuditCorpus, _recall_rows
+
+    tuned = next(iter(TUNING_DATASETS))
+    ids = ["b1", "b2", "b3", "b4", "t0-p1"]
+    sources = {"b1": tuned, "b2": tuned, "b3": "ragdefender/msmarco", "b4": "ragdefender/msmarco"}
+    kb = AuditCorpus(ids, ["x"] * 5, [""] * 5, {"t0-p1": (tuned, "poisonedrag", 1)}, ["q"],
+                     sources)  # fmt: skip
+    row = _recall_rows(kb, {"b1", "b3", "b4", "t0-p1"}, "run", "variant")
+    assert row["benign flagged: tuning part"] == "1 (50.00%)"
+    assert row["benign flagged: held-out part"] == "2 (100.00%)"
+    assert row["benign flagged"] == "3 (75.00%)" and row["recall"] == 1.0

@@ -240,6 +240,10 @@ def _recall_rows(kb: AuditCorpus, flagged: set[str], run: str, variant: str) -> 
         honest = [i for i, d in kb.sources.items() if _kind(d) == kind]
         wrong = sum(i in flagged for i in honest)
         row[f"benign flagged: {kind}"] = f"{wrong} ({wrong / len(honest):.2%})" if honest else ""
+    for part, tuned in (("tuning part", True), ("held-out part", False)):  # thresholds: tuning's
+        honest = [i for i in kb.sources if kb.tuning(i) == tuned]
+        wrong = sum(i in flagged for i in honest)
+        row[f"benign flagged: {part}"] = f"{wrong} ({wrong / len(honest):.2%})" if honest else ""
     row["precision"] = (len(flagged) - false) / len(flagged) if flagged else 0.0
     return row
 
@@ -341,6 +345,7 @@ def audit_quality(
     columns = ["run", "scoring", "sources", "threshold", "recall", "tuning", "held out: family"]
     columns += ["held out: dataset", *KINDS, *ATTACKS, *[f"{c} per target" for c in COUNTS]]
     columns += ["benign flagged", *[f"benign flagged: {k}" for k in KINDS]]
+    columns += ["benign flagged: tuning part", "benign flagged: held-out part"]
     columns += ["precision", "possible victims", "neighbour recall@10", "seconds"]
     head = (
         f"{len(kb.ids)} chunks ({len(kb.planted)} planted for {len(kb.questions)} targets); "
