@@ -75,3 +75,27 @@ def test_a_key_named_in_another_case_is_read_as_its_kind() -> None:
     assert source_of(Passage("x", metadata=files), "FILE_NAME") == "Who.int"
     assert source_of(Passage("x", metadata=files)) == "Who.int"
     assert not _trusted({"who.int"}, files, "FILE_NAME")
+
+
+def test_an_internationalised_host_is_spelled_as_browsers_spell_it() -> None:
+    # IDNA 2003 (Python's codec) maps these onto other, real domains; browsers do not
+    assert not _trusted({"boss.com"}, {"url": "https://boß.com/offer"})
+    assert not _trusted({"paypal.com"}, {"url": "https://pay\u200dpal.com/login"})
+    assert _trusted({"xn--bo-hia.com"}, {"url": "https://boß.com/offer"})
+    assert _trusted({"straße.de"}, {"url": "https://xn--strae-oqa.de/x"})
+    assert _trusted({"who.int"}, {"url": "https://\uff37\uff28\uff2f.int/x"})  # full-width
+    assert _trusted({"localhost:8000"}, {"source": "LOCALHOST:8000"})
+    assert source_of(Passage("x", metadata={"source": "報告.文件"})) == "報告.文件"  # a name
+
+
+def test_a_trusted_page_written_with_spaces_around_it_trusts_that_page_only() -> None:
+    for entry in (" https://github.com/myorg/docs", "\thttps://github.com/myorg/docs\n"):
+        assert not _trusted({entry}, {"url": "https://github.com/attacker/repo"})
+        assert _trusted({entry}, {"url": "https://github.com/myorg/docs/a"})
+
+
+def test_an_address_under_a_file_key_is_trusted_by_its_host() -> None:
+    address = {"file_path": "https://www.who.int/docs/report.pdf"}
+    assert source_of(Passage("x", metadata=address)) == "who.int"
+    assert _trusted({"www.who.int"}, address) and _trusted({"WHO.int"}, address)
+    assert not _trusted({"www.who.int"}, {"file_path": "who.int"})  # a file's name, as written

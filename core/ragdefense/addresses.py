@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import posixpath
 import re
-from contextlib import suppress
+import unicodedata
 from urllib.parse import quote, urlsplit
 
 __all__ = [
@@ -23,8 +23,9 @@ __all__ = [
 #: the schemes of addresses whose host is their source; any other (``s3://``, ``gs://``,
 #: ``file://``) names one file, its own source
 WEB_SCHEMES = frozenset({"http", "https", "ftp", "ftps"})
-#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``, ``bücher.de``)
-_HOST = re.compile(r"((?:[\w-]+\.)+[\w-]+|localhost)(?::\d+)?")
+#: a bare host name, with a port or not (``wiki.corp:8080``, ``localhost:8000``, ``bücher.de``;
+#: its last label Latin, as a top-level domain's: ``報告.文件`` is a name, not a host)
+_HOST = re.compile(r"((?:[\w-]+\.)+[a-z0-9_-]+|localhost)(?::\d+)?", re.IGNORECASE)
 #: an address's scheme, at the start of the text (``https://``, ``s3://``), not one further on
 #: (``who.int/redirect?to=https://...`` is a scheme-less address)
 _SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://")
@@ -62,19 +63,23 @@ def web_host(text: str) -> str | None:
 
 
 def host_name(host: str) -> str | None:
-    """A host name in one spelling: lowercased, an internationalised name in its ASCII form
-    (``bücher.example`` is ``xn--bcher-kva.example``, as crawlers write it), ``www.`` and a
-    final dot dropped; ``None`` when nothing is left."""
-    name = host.lower().rstrip(".")
+    """A host name in one spelling: Unicode's compatibility form (a full-width ``WHO.int`` is
+    ``who.int``), lowercased, each internationalised label in its ASCII form as browsers
+    write it (``bücher.example`` is ``xn--bcher-kva.example``; ``boß.com`` stays another host
+    than ``boss.com``), ``www.`` and a final dot dropped; ``None`` when nothing is left."""
+    name = unicodedata.normalize("NFKC", host).lower().rstrip(".")
     if not name.isascii():
-        with suppress(UnicodeError):  # a label IDNA cannot spell (too long, empty): as written
-            name = name.encode("idna").decode("ascii")
+        name = ".".join(
+            label if label.isascii() else "xn--" + label.encode("punycode").decode("ascii")
+            for label in name.split(".")
+        )
     return name.removeprefix("www.") or None
 
 
 def has_scheme(text: str) -> bool:
-    """Whether ``text`` starts with an address's scheme (``https://``, ``s3://``)."""
-    return _SCHEME.match(text) is not None
+    """Whether ``text`` starts with an address's scheme (``https://``, ``s3://``), spaces
+    around it aside."""
+    return _SCHEME.match(text.strip()) is not None
 
 
 def is_web(text: str) -> bool:

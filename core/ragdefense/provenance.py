@@ -305,8 +305,9 @@ class _Sources:
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
-        key = _source_value(passage.metadata, self.source_key)[2]
-        if source in (self.files if key in _FILE_KEYS else self.names):
+        _, value, key = _source_value(passage.metadata, self.source_key)
+        as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
+        if source in (self.files if as_file else self.names):
             return True
         doc = document_of(passage, self.source_key) if self.pages else None
         if doc is None:
