@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import socket
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Any
 
@@ -531,15 +533,31 @@ def test_the_cli_says_in_one_line_when_the_report_or_the_run_fails(
     err = capsys.readouterr().err
     assert err.startswith("error: the audit failed: RuntimeError: chromadb: database is locked")
     assert err.endswith("(at failing.py:6)\n") and err.count("\n") == 1  # where it was raised
-    (tmp_path / "oserror.py").write_text(  # an OSError past the checks fails the run too
-        (tmp_path / "failing.py").read_text().replace("RuntimeError", "OSError")
-    )
-    oserror = ["audit", "oserror:store", "--embedder", "mymodel:embed", "--quiet"]
-    assert main([*oserror, "--workdir", str(tmp_path / "o")]) == 1
-    assert capsys.readouterr().err.startswith("error: the audit failed: OSError: chromadb")
+    for n, error in enumerate(("OSError", "ConnectionResetError", "FileNotFoundError")):
+        (tmp_path / f"oserror{n}.py").write_text(  # an OSError past the checks fails the run
+            (tmp_path / "failing.py").read_text().replace("RuntimeError", error)
+        )
+        oserror = ["audit", f"oserror{n}:store", "--embedder", "mymodel:embed", "--quiet"]
+        assert main([*oserror, "--workdir", str(tmp_path / f"o{n}")]) == 1
+        assert capsys.readouterr().err.startswith(f"error: the audit failed: {error}: chromadb")
     missing_log = [*run, "--queries", str(tmp_path / "none.txt")]  # an input: usage, exit 2
     assert main([*missing_log, "--workdir", str(tmp_path / "q")]) == 2
     assert "no query log at" in capsys.readouterr().err
+    if find_spec("ray") is not None:  # a cluster nothing answers at: usage, before any work
+        with socket.socket() as free:
+            free.bind(("127.0.0.1", 0))
+            port = free.getsockname()[1]
+        ray = [
+            "--engine",
+            "ray",
+            "--address",
+            f"127.0.0.1:{port}",
+            "--workdir",
+            str(tmp_path / "r"),
+        ]
+        assert main([*run, *ray]) == 2
+        assert "cannot reach the Ray cluster" in capsys.readouterr().err
+        assert not (tmp_path / "r").exists()
     assert main(["attack", "--store", " "]) == 2
     assert "--store is empty" in capsys.readouterr().err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from pathlib import Path
@@ -49,6 +50,15 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--engine ray needs Ray: pip install 'ragdefense[ray]'")
     if args.engine != "ray" and (args.address or args.workers):
         raise UsageError("--address and --workers are for --engine ray")
+    if args.queries is not None and not Path(args.queries).is_file():
+        raise UsageError(f"no query log at {args.queries}")
+    if args.engine == "ray":
+        from .engines import _reachable
+
+        try:  # an unreachable cluster: said now, not as a run failing
+            _reachable(args.address or os.environ.get("RAY_ADDRESS"))
+        except ConnectionError as exc:
+            raise UsageError(str(exc)) from None
     if Path(args.knowledge_base).exists() and args.embedder is None:  # the packaged model embeds
         require_embeddings(f"auditing {args.knowledge_base}")
 
@@ -103,9 +113,9 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             workers=args.workers,
             progress=not args.quiet,
         )
-    # the inputs' errors (a file or log not found, a Ray address not reachable): usage, exit 2;
-    # other OSErrors (a full disk, a store failing as it is read) fail the run below, exit 1
-    except (ValueError, TypeError, ImportError, FileNotFoundError, ConnectionError) as exc:
+    # OSErrors past the checks (a full disk, a store failing as it is read, its connection
+    # dropped) fail the run below, exit 1; a query log or Ray cluster not found is checked first
+    except (ValueError, TypeError, ImportError) as exc:
         raise UsageError(str(exc)) from None
     except KeyboardInterrupt:
         print(
