@@ -466,3 +466,24 @@ def test_a_multi_modal_retriever_is_refused_by_name() -> None:
     for given in (index, index.as_retriever()):
         with pytest.raises(TypeError, match="also retrieves images; defend a retriever of the"):
             defend(given)
+
+
+def test_only_a_summary_index_embedding_retriever_lends_its_model() -> None:
+    """Other retrievers keep a model of their own too (``Settings.embed_model`` by default, a
+    hosted one, say): the one line does not embed with it, but with the packaged MiniLM."""
+    from llama_index.core.base.base_retriever import BaseRetriever
+    from llama_index.core.embeddings import MockEmbedding
+
+    class Own(BaseRetriever):
+        def __init__(self) -> None:
+            super().__init__()
+            self._embed_model = MockEmbedding(embed_dim=8)
+
+        def _retrieve(self, query_bundle: Any) -> list[NodeWithScore]:
+            return [NodeWithScore(node=TextNode(text=t), score=1.0) for t, _ in HONEST[:8]]
+
+    assert defend(Own()).postprocessor.embed_model is None  # the packaged model
+    summary = SummaryIndex([TextNode(text=t) for t, _ in HONEST[:4]]).as_retriever(
+        retriever_mode="embedding", embed_model=MockEmbedding(embed_dim=8)
+    )
+    assert isinstance(defend(summary).postprocessor.embed_model, MockEmbedding)

@@ -25,7 +25,7 @@ def retriever_index(retriever: Any) -> Any:
 
 
 def index_embed_model(index: Any) -> BaseEmbedding | None:
-    """The model a ``VectorStoreIndex`` embeds with (``VectorStoreIndex._embed_model``), or
-    a retriever embedding with its own (``SummaryIndexEmbeddingRetriever._embed_model``)."""
+    """The model a ``VectorStoreIndex`` embeds with (``VectorStoreIndex._embed_model``; a
+    ``SummaryIndexEmbeddingRetriever``'s own, given one)."""
     model = getattr(index, "_embed_model", None)
     return model if isinstance(model, BaseEmbedding) else None

@@ -322,9 +322,11 @@ def defend(
         post = defense
     else:
         store = index.vector_store if isinstance(index, VectorStoreIndex) else None
-        # the model the nodes' vectors are in: the index's, else the retriever's own (a summary
-        # index's embedding retriever puts its model's vectors on the nodes it returns)
-        own = index_embed_model(index) or index_embed_model(retriever)
+        # the model the nodes' vectors are in: the index's; a summary index's embedding
+        # retriever's own (it puts its model's vectors on the nodes it returns)
+        own = index_embed_model(index)
+        if own is None and isinstance(retriever, SummaryIndexEmbeddingRetriever):
+            own = index_embed_model(retriever)
         post = guard(defense, own, store, embed_model, fail_open, params)
         # its RERANKING events go where the retriever's go (Settings.callback_manager's, say)
         post.callback_manager = getattr(retriever, "callback_manager", post.callback_manager)
