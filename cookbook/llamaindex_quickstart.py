@@ -1,5 +1,5 @@
 # %% [markdown]
-# # LlamaIndex quickstart: `node_postprocessors=[...]` and the RobustRAG synthesizer
+# # LlamaIndex quickstart: `defend(index)`, node postprocessors and the RobustRAG synthesizer
 #
 # The same poisoned knowledge base in a `VectorStoreIndex` over Chroma (a persistent client in a
 # folder, as users start it). `llm=` and `embed_model=` are always passed explicitly: LlamaIndex's
