@@ -305,10 +305,11 @@ class _Sources:
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
-        _, value, key = _source_value(passage.metadata, self.source_key)
-        as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
-        if source in (self.files if as_file else self.names):
-            return True
+        if source in self.names or source in self.files:  # which form: read its key again
+            _, value, key = _source_value(passage.metadata, self.source_key)
+            as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
+            if source in (self.files if as_file else self.names):
+                return True
         doc = document_of(passage, self.source_key) if self.pages else None
         if doc is None:
             return False
