@@ -145,9 +145,10 @@ def e2e_table(
         store.write_text(json.dumps(known | kept))
     rows = []
     for (setting, label), runs in contexts.items():
+        asked_of = [_prompt(c, ctx) for c, ctx in runs]
         scored = [
-            answer_metrics(answers[_prompt(c, ctx)], c.extra["answers"], c.extra["wrong_answer"])
-            for c, ctx in runs
+            answer_metrics(answers[p], c.extra["answers"], c.extra["wrong_answer"])
+            for p, (c, _) in zip(asked_of, runs, strict=True)
         ]
         rows.append(
             {
@@ -155,7 +156,7 @@ def e2e_table(
                 "row": label,
                 "questions": len(runs),
                 "errors": errors[(setting, label)],
-                "llm_errors": sum(_prompt(c, ctx) in failed for c, ctx in runs),
+                "llm_errors": sum(p in failed for p in asked_of),
                 "poison_share": statistics.fmean(
                     sum(c.is_poison[i] for i in ctx) / len(ctx) if ctx else 0.0 for c, ctx in runs
                 ),
