@@ -127,7 +127,7 @@ def test_ragdefender_benchmark_smoke(data_dir: Path, minilm: object) -> None:
     assert by[("4x", "auto")]["poison_share"] <= 0.3
     assert by[("4x", "auto")]["gold_in_context"] >= 0.75
     assert "authors' pkg (all questions)" in table and "Cold timing" in table  # a sample
-    assert "each the fastest of 3 runs, the two ways alternated" in table
+    assert "each the fastest of 4 runs, the two ways alternated" in table
     # the baseline is the passages' pass; whether the defense embedded the query is a share
     last = table.splitlines()[-3].split("|")
     assert table.splitlines()[-5].split("|")[6].strip() == "query embedded"
