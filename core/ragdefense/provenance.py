@@ -163,10 +163,12 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         'reports/q3.pdf'
     """
     host, value, _ = _source_value(passage.metadata, source_key)
+    if host is None:
+        return None
     text = str(value).strip()
     page = None if has_scheme(text) else schemeless(text[2:] if text[:2] == "//" else text)
     text = page if page is not None and web_host(page) == host else text  # read as a page
-    if host is None or web_host(text) is None:
+    if web_host(text) is None:
         return host
     try:
         path = urlsplit(text).path
@@ -186,11 +188,11 @@ def _source_value(metadata: Any, source_key: str | None) -> tuple[str | None, An
     web or file, read in any case: ``URL`` is a ``url``): ``source_key``'s, or the first of
     :data:`SOURCE_KEYS` that names one, a key as listed before one in another case
     (``(None, None, None)``: none, or provenance off)."""
-    if source_key is None:
-        return None, None, None
-    meta = metadata if isinstance(metadata, Mapping) else {}
+    if source_key is None or not isinstance(metadata, Mapping) or not metadata:
+        return None, None, None  # checked first: no metadata is the common case
+    meta = metadata
     keys = SOURCE_KEYS if source_key == AUTO else (source_key,)
-    if source_key == AUTO and meta:  # a key written in another case: "URL", "Source"
+    if source_key == AUTO:  # a key written in another case: "URL", "Source"
         other = {k.lower(): v for k, v in meta.items() if isinstance(k, str) and not k.islower()}
         meta = {**other, **meta} if other else meta
     for key in keys:
