@@ -56,6 +56,9 @@ def coordinated_groups(
     while alive.sum() >= 3:
         idx = np.flatnonzero(alive)
         dist = np.clip(1.0 - sim[np.ix_(idx, idx)], 0.0, None)
+        np.fill_diagonal(dist, np.inf)
+        if dist.min() > 1 - tightness:  # no pair close enough: the first merge would be above it
+            break
         np.fill_diagonal(dist, 0.0)
         labels = cut(
             linkage(squareform(dist, checks=False), method="average"), height=1 - tightness
