@@ -191,6 +191,46 @@ def test_bad_input_and_failures() -> None:
         defend(DefendedRetriever.model_construct(), "shield")  # type: ignore[call-arg]
 
 
+def test_fail_open_never_hides_bad_input_or_set_up(toy_embedder: Any) -> None:
+    """fail_open rides out a defense that cannot run; a query that is not a string, or a
+    query embedded by another model than the documents, is a bug that raises either way."""
+    from langchain_ragdefense import DefenseCompressor, RagdefenseEmbeddings
+    from ragdefense import DefenseInputError
+
+    class OtherSize(Embeddings):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return [[1.0, float(i), 0.5] for i, _ in enumerate(texts)]
+
+        def embed_query(self, text: str) -> list[float]:
+            return [1.0] * 10
+
+    docs = [Document(f"passage {i} about the capital of France") for i in range(8)]
+    fine = DefenseCompressor(embeddings=RagdefenseEmbeddings(toy_embedder), fail_open=True)
+    with pytest.raises(DefenseInputError, match="query must be str"):
+        fine.compress_documents(docs, None)  # type: ignore[arg-type]
+    mixed = DefenseCompressor(embeddings=OtherSize(), fail_open=True)
+    with pytest.raises(DefenseInputError):
+        mixed.compress_documents(docs, "capital of France?")
+
+
+def test_document_with_no_metadata_dict() -> None:
+    """A Document built without validation (metadata None) is read as having no metadata."""
+    from langchain_ragdefense import DefenseCompressor
+
+    class Words(Embeddings):
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return [[float(len(t)), 1.0, float(t.count("a"))] for t in texts]
+
+        def embed_query(self, text: str) -> list[float]:
+            return [float(len(text)), 1.0, 1.0]
+
+    docs = [Document(f"text {i} " + "a" * i) for i in range(4)]
+    docs.append(Document.model_construct(page_content="no metadata", metadata=None))
+    out = DefenseCompressor(embeddings=Words()).compress_documents(docs, "which text?")
+    assert out and all(set(d.metadata) == {"ragdefense"} for d in out)
+    assert docs[-1].metadata is None  # the caller's document untouched
+
+
 def test_async_compressor_with_empty_content(toy_embedder: Any) -> None:
     from langchain_ragdefense import DefenseCompressor
     from ragdefense import RAGDefender

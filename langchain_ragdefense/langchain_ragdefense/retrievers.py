@@ -348,7 +348,8 @@ def defend(
             another model than the store's embeds the documents itself, the same way).
         fail_open: Where the defense fails (a model that cannot load, a server down), pass
             the documents (but those a quarantine holds) through with a warning instead of
-            raising (the default: a defense that cannot run stops the chain).
+            raising (the default: a defense that cannot run stops the chain). Bad input or
+            set-up (:class:`ragdefense.DefenseInputError`) raises either way.
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
             ``trusted=``); unknown ones, or any given with a defense object, are an error.
 

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..embedders import Embedder
-from ..types import Defense, DefenseFailed, DefenseResult, Passage
+from ..types import Defense, DefenseFailed, DefenseInputError, DefenseResult, Passage
 
 if TYPE_CHECKING:
     from ..defenses.registry import Parameter
@@ -166,7 +166,8 @@ class AdapterCore:
         """Run ``defense``; on failure raise :class:`~ragdefense.DefenseFailed` (fail closed,
         the default) or, with ``fail_open``, warn and return ``None`` (the caller passes the
         passages through), or the defense's ``fallback(query, passages)`` where it has one (a
-        :class:`~ragdefense.Quarantine` still removes what the audit flagged).
+        :class:`~ragdefense.Quarantine` still removes what the audit flagged). A
+        :class:`~ragdefense.DefenseInputError` (bad input or set-up) raises either way.
         ``query_embedding``: the query's vector by the defense's own model, as the retriever
         computed it (a defense that ``uses_embeddings`` then does not embed
         the query again; any other ignores it).
@@ -184,6 +185,9 @@ class AdapterCore:
             # its defend() with the query's vector given: the passages it embeds as before
             run = defense.defend_embeddings  # type: ignore[attr-defined]
             return run(query, passages, None, query_embedding)  # type: ignore[no-any-return]
+        except DefenseInputError:
+            raise  # bad input or set-up (a query not a string, vectors of another size): a bug
+            # to fix, never an outage to ride out by passing every document unchecked
         except Exception as exc:
             message = (
                 f"{defense.name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"

@@ -22,13 +22,16 @@ __all__ = [
 METADATA_KEY = "ragdefense"
 
 
-def tagged_metadata(metadata: Mapping[str, Any], record: Mapping[str, Any]) -> dict[str, Any]:
+def tagged_metadata(
+    metadata: Mapping[str, Any] | None, record: Mapping[str, Any]
+) -> dict[str, Any]:
     """A deep copy of a document's ``metadata`` with ``record`` under :data:`METADATA_KEY`. A
     value already there (a user's own, or an earlier defense's) is kept, as
     ``record["previous"]``: nothing is overwritten, and nothing returned shares state with the
     caller's document, except a value that cannot be copied at all (a lock, a generator, an
     open file), which is carried as the very object, as the undefended retriever would."""
-    out = {key: copied(value) for key, value in dict(metadata).items()}
+    given = {} if metadata is None else dict(metadata)  # None: a document built unvalidated
+    out = {key: copied(value) for key, value in given.items()}
     mine = dict(record)
     if METADATA_KEY in out:
         mine["previous"] = out[METADATA_KEY]
