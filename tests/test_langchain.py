@@ -686,7 +686,22 @@ def test_all_kept_is_judged_on_the_defense_pool(store: InMemoryVectorStore) -> N
 
     plain = DefendedRetriever(base_retriever=store.as_retriever(), compressor=ConsensusCompressor())
     for got in (
-        plain.invoke(QUESTION.question),
+        plain.invoke(QUESTION.question, k=None),
         defend(store.as_retriever()).invoke(QUESTION.question, k=None),
     ):
         assert got and not poison(got)
+
+
+def test_built_without_k_returns_what_the_base_retriever_would(toy_embedder: Any) -> None:
+    """A DefendedRetriever built without ``k`` returns at most its base retriever's own k, as
+    defend() does (it returned the whole kept pool); ``k=None`` per call still asks for all."""
+    from langchain_ragdefense import ConsensusCompressor, DefendedRetriever
+
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_documents([Document(f"capital city fact number {i} of {i * 7}") for i in range(12)])
+    base = store.as_retriever()  # LangChain's own k: 4
+    plain = DefendedRetriever(base_retriever=base, compressor=ConsensusCompressor())
+    every = plain.invoke("capital city", k=None)
+    assert len(every) > 4
+    assert len(plain.invoke("capital city")) == len(defend(base).invoke("capital city")) == 4
+    assert len(asyncio.run(plain.ainvoke("capital city"))) == 4

@@ -48,7 +48,9 @@ class DefendedRetriever(BaseRetriever):
     Attributes:
         base_retriever: The retriever to protect.
         compressor: A :class:`DefenseCompressor` (or any ``BaseDocumentCompressor``).
-        k: Documents returned (``invoke(query, k=...)`` overrides it); ``None`` returns all kept.
+        k: Documents returned (``invoke(query, k=...)`` overrides it; ``k=None`` there: all
+            kept); ``None``: at most what the base retriever returns by default (as
+            :func:`defend`'s), all kept where that is not known.
         fetch_k: Documents first asked of the base retriever (how: :func:`widened`); by default the
             defense's pool for ``k`` (:func:`ragdefense.integration.retrieval.pool_size`:
             twice ``k`` and at least 8 for Consensus, the default; twice ``k`` for GRADA, as its
@@ -95,7 +97,8 @@ class DefendedRetriever(BaseRetriever):
             _CALLER_CONFIG.reset(token)
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, int, dict[str, Any]]:
-        rounds = max(self.max_rounds, FETCH_ROUNDS) if "k" in kwargs else self.max_rounds
+        asked = "k" in kwargs
+        rounds = max(self.max_rounds, FETCH_ROUNDS) if asked else self.max_rounds
         k = kwargs.pop("k", self.k)
         if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
@@ -103,6 +106,8 @@ class DefendedRetriever(BaseRetriever):
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
         own = _retriever_k(self.base_retriever)
+        if k is None and not asked:  # no more than the retriever alone would return
+            k = own
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
         base_k = k or own
         if base_k and not fetch:  # another compressor: GRADA's M = 2n
