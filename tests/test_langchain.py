@@ -518,6 +518,34 @@ def test_defend_widens_every_retriever_of_an_ensemble(store: InMemoryVectorStore
     assert own.k == 3 and vectors.search_kwargs == {}  # the caller's retrievers are unchanged
 
 
+def test_defend_finds_the_store_inside_a_nesting_retriever(toy_embedder: Any) -> None:
+    """An ensemble (hybrid search), a compression or a multi-query retriever holding one vector
+    store lends its model to the defense, as the store's own retriever does (the packaged
+    MiniLM, a second model, was used); two stores lend none."""
+    from langchain_classic.retrievers import (
+        ContextualCompressionRetriever,
+        EnsembleRetriever,
+        MultiQueryRetriever,
+    )
+
+    model = RagdefenseEmbeddings(toy_embedder)
+    store, other = (
+        InMemoryVectorStore(model),
+        InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder)),
+    )
+    vectors = store.as_retriever()
+    llm = FakeListChatModel(responses=["capital city"])
+    for nesting in (
+        EnsembleRetriever(retrievers=[_OwnK(store=store, k=3), vectors]),
+        ContextualCompressionRetriever(base_compressor=_TopN(), base_retriever=vectors),
+        MultiQueryRetriever.from_llm(retriever=vectors, llm=llm),
+    ):
+        compressor = defend(nesting).compressor
+        assert compressor.embeddings is model and compressor.vectorstore is store
+    both = EnsembleRetriever(retrievers=[vectors, other.as_retriever()])
+    assert defend(both).compressor.embeddings is None
+
+
 class _TopN(BaseDocumentCompressor):
     """A reranker as LangChain's are: keeps the first ``top_n`` documents (``None``: all)."""
 

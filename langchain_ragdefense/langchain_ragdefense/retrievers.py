@@ -29,6 +29,7 @@ from ragdefense.integration.retrieval import (
     wider,
 )
 
+from ._nesting import _compressed, _ensemble, _retriever_k, _store
 from .compressors import DefenseCompressor
 from .vectors import by_vector, remembered, searches_by_vector
 
@@ -265,20 +266,6 @@ def _filtered_faiss(
 EVERY_CANDIDATE = 10_000
 
 
-def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:
-    """The base retriever of a ``ContextualCompressionRetriever`` (a ``base_retriever`` beside a
-    ``base_compressor``), ``None`` for another."""
-    base = getattr(retriever, "base_retriever", None)
-    compressing = hasattr(retriever, "base_compressor") and isinstance(retriever, BaseModel)
-    return base if compressing and isinstance(base, BaseRetriever) else None
-
-
-def _ensemble(retriever: BaseRetriever) -> list[Any] | None:
-    """The retrievers of an ensemble or merger (``retrievers``), ``None`` for another."""
-    children = getattr(retriever, "retrievers", None)
-    return children if isinstance(retriever, BaseModel) and isinstance(children, list) else None
-
-
 def _settled(child: Any, fetch: int) -> tuple[Any, bool]:
     """``child`` of an ensemble asked for ``fetch`` with no argument per call (an ensemble
     passes none on): the retriever to hold, and whether it returns ``fetch``."""
@@ -290,29 +277,6 @@ def _settled(child: Any, fetch: int) -> tuple[Any, bool]:
     if isinstance(base, VectorStoreRetriever):
         return base.model_copy(update={"search_kwargs": base.search_kwargs | args}), honoured
     return child, False
-
-
-def _retriever_k(retriever: BaseRetriever) -> int | None:
-    """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
-    its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
-    its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
-    set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
-    their union, at most that many); a compression retriever's, its base retriever's, at most
-    its compressor's ``top_n``."""
-    base = _compressed(retriever)
-    if base is not None:  # what its compressor keeps of its base's: at most a reranker's top_n
-        top_n = positive_int(getattr(getattr(retriever, "base_compressor", None), "top_n", None))
-        under = _retriever_k(base)
-        return min(top_n, under) if top_n and under else top_n or under
-    children = _ensemble(retriever)
-    if children is not None:
-        ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
-        return sum(k for k in ks if k is not None) or None
-    own = positive_int(getattr(retriever, "k", None))
-    search_kwargs = getattr(retriever, "search_kwargs", None)
-    if own is None and isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
-        return positive_int(search_kwargs.get("k", 4))  # VectorStoreRetriever's default
-    return own
 
 
 def defend(
@@ -343,7 +307,9 @@ def defend(
         fetch_k: Documents the base retriever is asked for (``None``: the defense's pool for
             ``k``, see :class:`DefendedRetriever`).
         embeddings: Embeddings for the defense; by default the vector store's own when the
-            retriever has one (no second model; with an InMemory, Chroma or FAISS store's own
+            retriever searches one (found inside a compression, multi-query or ensemble
+            retriever too, where it holds one store; no second model; with an InMemory, Chroma
+            or FAISS store's own
             similarity search, one call of it embeds the query for the search and the
             defense), else the packaged all-MiniLM-L6-v2. Vectors
             the store already holds for the retrieved documents are used as they are, unless
@@ -370,7 +336,7 @@ def defend(
         raise TypeError(f"defend() takes a retriever, got {type(retriever).__name__}: pass {hint}")
     sizes = check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
     k, fetch_k = sizes["k"], sizes["fetch_k"]
-    store = getattr(retriever, "vectorstore", None)
+    store = _store(retriever)
     rounds = fetch_rounds(defense, k is not None)
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)
         k = _retriever_k(retriever)

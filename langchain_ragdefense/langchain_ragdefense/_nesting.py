@@ -1,0 +1,68 @@
+"""How a LangChain retriever nests others (a compression retriever's base, an ensemble's
+retrievers, a multi-query retriever's inner one), read to size the pool and to find the
+store whose model embedded the documents."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.retrievers import BaseRetriever
+from pydantic import BaseModel
+
+from ragdefense.integration.retrieval import positive_int
+
+__all__ = ["_compressed", "_ensemble", "_retriever_k", "_store"]
+
+
+def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:
+    """The base retriever of a ``ContextualCompressionRetriever`` (a ``base_retriever`` beside a
+    ``base_compressor``), ``None`` for another."""
+    base = getattr(retriever, "base_retriever", None)
+    compressing = hasattr(retriever, "base_compressor") and isinstance(retriever, BaseModel)
+    return base if compressing and isinstance(base, BaseRetriever) else None
+
+
+def _ensemble(retriever: BaseRetriever) -> list[Any] | None:
+    """The retrievers of an ensemble or merger (``retrievers``), ``None`` for another."""
+    children = getattr(retriever, "retrievers", None)
+    return children if isinstance(retriever, BaseModel) and isinstance(children, list) else None
+
+
+def _retriever_k(retriever: BaseRetriever) -> int | None:
+    """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
+    its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
+    its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
+    set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
+    their union, at most that many); a compression retriever's, its base retriever's, at most
+    its compressor's ``top_n``."""
+    base = _compressed(retriever)
+    if base is not None:  # what its compressor keeps of its base's: at most a reranker's top_n
+        top_n = positive_int(getattr(getattr(retriever, "base_compressor", None), "top_n", None))
+        under = _retriever_k(base)
+        return min(top_n, under) if top_n and under else top_n or under
+    children = _ensemble(retriever)
+    if children is not None:
+        ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
+        return sum(k for k in ks if k is not None) or None
+    own = positive_int(getattr(retriever, "k", None))
+    search_kwargs = getattr(retriever, "search_kwargs", None)
+    if own is None and isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
+        return positive_int(search_kwargs.get("k", 4))  # VectorStoreRetriever's default
+    return own
+
+
+def _store(retriever: Any) -> Any:
+    """The vector store ``retriever`` searches: its own, a compression retriever's base's, a
+    multi-query retriever's inner one's, or the one store an ensemble's retrievers search
+    (beside BM25 and the like); ``None`` where it has none or several (whose model embedded a
+    document would then be a guess)."""
+    own = getattr(retriever, "vectorstore", None)
+    if own is not None:
+        return own
+    inner = _compressed(retriever)
+    if inner is None and isinstance(getattr(retriever, "retriever", None), BaseRetriever):
+        inner = retriever.retriever  # a MultiQueryRetriever's
+    if inner is not None:
+        return _store(inner)
+    found = {id(s): s for s in map(_store, _ensemble(retriever) or []) if s is not None}
+    return next(iter(found.values())) if len(found) == 1 else None
