@@ -302,3 +302,14 @@ def test_grada_benchmark_smoke(data_dir: Path, minilm: Embedder) -> None:
     assert by["hrsim"]["poison_share"] < by["none"]["poison_share"]
     assert by["hrsim+peel"]["poison_share"] < by["hrsim"]["poison_share"]
     assert "GRADA" in table
+
+
+@pytest.mark.parametrize("cosine, found", [(0.75, True), (0.7499, False)])
+def test_a_pair_exactly_at_the_tightness_merges(cosine: float, found: bool) -> None:
+    """The clustering merges at a distance of exactly 1 - tightness (its shortcut when no pair
+    is that close must not skip a pair on the boundary)."""
+    sim = np.eye(5)
+    sim[0, 1] = sim[1, 0] = cosine
+    qs = np.array([0.9, 0.9, 0.5, 0.5, 0.5])
+    groups = coordinated_groups(sim, qs, tightness=0.75)
+    assert [g.indices for g in groups] == ([(0, 1)] if found else [])

@@ -15,7 +15,7 @@ from langchain_core.language_models import FakeListChatModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_tests.integration_tests import RetrieversIntegrationTests
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 from langchain_ragdefense import (
     DefendedRetriever,
@@ -191,11 +191,13 @@ def test_bad_input_and_failures() -> None:
         defend(DefendedRetriever.model_construct(), "shield")  # type: ignore[call-arg]
 
 
-def test_fail_open_never_hides_bad_input_or_set_up(toy_embedder: Any) -> None:
-    """fail_open rides out a defense that cannot run; a query that is not a string, or a
-    query embedded by another model than the documents, is a bug that raises either way."""
+def test_fail_open_never_hides_a_query_it_cannot_use(toy_embedder: Any) -> None:
+    """fail_open rides out a defense that cannot run, and a document's bad data; a query that
+    is not a string, or one embedded by another model than the documents, is a bug that no
+    document causes: it raises either way."""
     from langchain_ragdefense import DefenseCompressor, RagdefenseEmbeddings
-    from ragdefense import DefenseInputError
+    from ragdefense import Consensus, DefenseInputError, Passage, QueryInputError
+    from ragdefense.integration.adapter import AdapterCore
 
     class OtherSize(Embeddings):
         def embed_documents(self, texts: list[str]) -> list[list[float]]:
@@ -206,11 +208,19 @@ def test_fail_open_never_hides_bad_input_or_set_up(toy_embedder: Any) -> None:
 
     docs = [Document(f"passage {i} about the capital of France") for i in range(8)]
     fine = DefenseCompressor(embeddings=RagdefenseEmbeddings(toy_embedder), fail_open=True)
-    with pytest.raises(DefenseInputError, match="query must be str"):
+    with pytest.raises(QueryInputError, match="query must be str"):
         fine.compress_documents(docs, None)  # type: ignore[arg-type]
     mixed = DefenseCompressor(embeddings=OtherSize(), fail_open=True)
-    with pytest.raises(DefenseInputError):
+    with pytest.raises(QueryInputError, match="query embedding size 10, passages 3"):
         mixed.compress_documents(docs, "capital of France?")
+    # a document's own bad data (a NaN vector from the store) is ridden out like any failure
+    passages = [Passage(d.page_content, embedding=np.ones(3)) for d in docs]
+    passages[3] = Passage("bad", embedding=np.array([1.0, np.nan, 0.0]))
+    with pytest.warns(UserWarning, match="passing the documents through unchecked"):
+        assert AdapterCore().run(Consensus(), "capital?", passages, fail_open=True) is None
+    with pytest.raises(DefenseFailed, match="NaN"):
+        AdapterCore().run(Consensus(), "capital?", passages)
+    assert issubclass(QueryInputError, DefenseInputError)
 
 
 def test_document_with_no_metadata_dict() -> None:
@@ -521,7 +531,7 @@ def test_defend_widens_every_retriever_of_an_ensemble(store: InMemoryVectorStore
 def test_defend_finds_the_store_inside_a_nesting_retriever(toy_embedder: Any) -> None:
     """An ensemble (hybrid search), a compression or a multi-query retriever holding one vector
     store lends its model to the defense, as the store's own retriever does (the packaged
-    MiniLM, a second model, was used); two stores lend none."""
+    MiniLM, a second model, was used); stores of two models lend none."""
     from langchain_classic.retrievers import (
         ContextualCompressionRetriever,
         EnsembleRetriever,
@@ -544,6 +554,14 @@ def test_defend_finds_the_store_inside_a_nesting_retriever(toy_embedder: Any) ->
         assert compressor.embeddings is model and compressor.vectorstore is store
     both = EnsembleRetriever(retrievers=[vectors, other.as_retriever()])
     assert defend(both).compressor.embeddings is None
+    shared = EnsembleRetriever(retrievers=[vectors, InMemoryVectorStore(model).as_retriever()])
+    compressor = defend(shared).compressor
+    assert compressor.embeddings is model and compressor.vectorstore is None  # whose vectors?
+    store.add_documents([Document(f"capital city fact {i} of {i * 7}") for i in range(12)])
+    docs = defend(EnsembleRetriever(retrievers=[_OwnK(store=store, k=3), vectors])).invoke(
+        "capital"
+    )
+    assert docs and all(d.metadata["ragdefense"]["kept"] for d in docs)
 
 
 class _TopN(BaseDocumentCompressor):
@@ -733,3 +751,23 @@ def test_built_without_k_returns_what_the_base_retriever_would(toy_embedder: Any
     assert len(every) > 4
     assert len(plain.invoke("capital city")) == len(defend(base).invoke("capital city")) == 4
     assert len(asyncio.run(plain.ainvoke("capital city"))) == 4
+
+    class EveryFourth(BaseDocumentCompressor):
+        """Keeps every fourth document, counting what it is handed."""
+
+        seen: list[int] = Field(default_factory=list)
+
+        def compress_documents(
+            self, documents: Sequence[Document], query: str, callbacks: Any = None
+        ) -> Sequence[Document]:
+            self.seen.append(len(documents))
+            return list(documents)[::4]
+
+    # fetched as defend() fetches it: once (the defense leaving fewer than k is no refill)
+    built, lent = EveryFourth(), EveryFourth()
+    assert DefendedRetriever(base_retriever=base, compressor=built).invoke("capital city")
+    assert defend(base, lent).invoke("capital city")
+    assert built.seen == lent.seen == [8]
+    refill = DefendedRetriever(base_retriever=base, compressor=EveryFourth(), max_rounds=3)
+    refill.invoke("capital city")
+    assert refill.compressor.seen[1:] == [12]  # asked for: the pool widens (the store holds 12)

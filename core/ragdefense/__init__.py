@@ -51,6 +51,7 @@ _EXPORTS = {
     "Defense": "types",
     "DefenseFailed": "types",
     "DefenseInputError": "types",
+    "QueryInputError": "types",
     "DefenseResult": "types",
     "Passage": "types",
     "PassageLike": "types",
@@ -106,4 +107,5 @@ if TYPE_CHECKING:  # static view of the lazy names, for type checkers and IDEs
     from .types import DefenseResult as DefenseResult
     from .types import Passage as Passage
     from .types import PassageLike as PassageLike
+    from .types import QueryInputError as QueryInputError
     from .types import Verdict as Verdict

@@ -394,7 +394,4 @@ def passage_and_query_embeddings(
             check_carried(passages, list(emb), embedder, default_embedder, not carried)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="
-    q = check_query_embedding(query_embedding)
-    if q.shape[0] != emb.shape[1]:
-        raise DefenseInputError(f"query embedding size {q.shape[0]}, passages {emb.shape[1]}{fix}")
-    return emb, q
+    return emb, check_query_embedding(query_embedding, emb.shape[1], fix)

@@ -29,6 +29,12 @@ class DefenseInputError(ValueError):
     """Raised when a defense is given input it cannot work on (the message says which item)."""
 
 
+class QueryInputError(DefenseInputError):
+    """A query (or its embedding) a defense cannot use: no retrieved document causes it, so the
+    adapters raise it even with ``fail_open`` (a bug to fix, such as a query that is not a
+    string, or a query embedded by another model than the documents)."""
+
+
 class DefenseFailed(RuntimeError):
     """Raised by the framework adapters when a defense fails and they are set to fail closed."""
 
@@ -152,34 +158,37 @@ def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
     return arr
 
 
-def check_query_embedding(query_embedding: Any, dim: int | None = None) -> np.ndarray:
+def check_query_embedding(
+    query_embedding: Any, dim: int | None = None, fix: str = ""
+) -> np.ndarray:
     """A given query embedding as a finite float64 vector (of ``dim`` numbers when given),
-    else :class:`DefenseInputError` saying what is wrong with it."""
+    else :class:`QueryInputError` saying what is wrong with it (and ``fix``, how to mend a
+    size that is not ``dim``)."""
     try:
         raw = np.asarray(query_embedding)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise DefenseInputError(f"query_embedding is not a vector of numbers ({exc})") from exc
+        raise QueryInputError(f"query_embedding is not a vector of numbers ({exc})") from exc
     if raw.ndim != 1 or raw.dtype.kind not in "iufO" or raw.size == 0:
         kind = type(query_embedding).__name__
-        raise DefenseInputError(
+        raise QueryInputError(
             f"query_embedding must be a 1-D vector of real numbers, got {kind} of shape "
             f"{raw.shape} and dtype {raw.dtype}"
         )
     try:
         q: np.ndarray = raw.astype(np.float64)
     except (TypeError, ValueError, OverflowError) as exc:
-        raise DefenseInputError(f"query_embedding is not a vector of real numbers ({exc})") from exc
+        raise QueryInputError(f"query_embedding is not a vector of real numbers ({exc})") from exc
     if not np.isfinite(q).all():
-        raise DefenseInputError("query_embedding contains NaN or infinite values")
+        raise QueryInputError("query_embedding contains NaN or infinite values")
     if dim is not None and q.shape[0] != dim:
-        raise DefenseInputError(f"query embedding size {q.shape[0]}, passages {dim}")
+        raise QueryInputError(f"query embedding size {q.shape[0]}, passages {dim}{fix}")
     return q
 
 
 def check_query(query: object) -> str:
-    """Return ``query`` if it is a string, else raise :class:`DefenseInputError`."""
+    """Return ``query`` if it is a string, else raise :class:`QueryInputError`."""
     if not isinstance(query, str):
-        raise DefenseInputError(f"query must be str, got {type(query).__name__}")
+        raise QueryInputError(f"query must be str, got {type(query).__name__}")
     return query
 
 

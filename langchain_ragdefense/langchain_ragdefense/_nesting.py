@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from ragdefense.integration.retrieval import positive_int
 
-__all__ = ["_compressed", "_ensemble", "_retriever_k", "_store"]
+__all__ = ["_compressed", "_ensemble", "_retriever_k", "_store_and_model", "_stores"]
 
 
 def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:
@@ -51,18 +51,27 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
     return own
 
 
-def _store(retriever: Any) -> Any:
-    """The vector store ``retriever`` searches: its own, a compression retriever's base's, a
-    multi-query retriever's inner one's, or the one store an ensemble's retrievers search
-    (beside BM25 and the like); ``None`` where it has none or several (whose model embedded a
-    document would then be a guess)."""
+def _stores(retriever: Any) -> list[Any]:
+    """The vector stores ``retriever`` searches, each once: its own, a compression retriever's
+    base's, a multi-query retriever's inner one's, an ensemble's retrievers' (beside BM25 and
+    the like)."""
     own = getattr(retriever, "vectorstore", None)
     if own is not None:
-        return own
+        return [own]
     inner = _compressed(retriever)
     if inner is None and isinstance(getattr(retriever, "retriever", None), BaseRetriever):
         inner = retriever.retriever  # a MultiQueryRetriever's
     if inner is not None:
-        return _store(inner)
-    found = {id(s): s for s in map(_store, _ensemble(retriever) or []) if s is not None}
-    return next(iter(found.values())) if len(found) == 1 else None
+        return _stores(inner)
+    found = {id(s): s for child in _ensemble(retriever) or [] for s in _stores(child)}
+    return list(found.values())
+
+
+def _store_and_model(retriever: Any) -> tuple[Any, Any]:
+    """The one store ``retriever`` searches (``None``: none, or several: which one holds a
+    document's vector would be a guess), and the one embeddings model its stores share
+    (``None``: none, or several)."""
+    stores = _stores(retriever)
+    models = {id(m): m for m in (getattr(s, "embeddings", None) for s in stores) if m is not None}
+    model = next(iter(models.values())) if len(models) == 1 else None
+    return (stores[0] if len(stores) == 1 else None), model

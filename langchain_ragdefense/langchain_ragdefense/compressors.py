@@ -71,9 +71,9 @@ class DefenseCompressor(BaseDocumentCompressor):
             all-MiniLM-L6-v2. With a defense object it is an error: the object embeds with its
             own ``embedder`` (give it ``embedder=``).
         fail_open: On a defense error, pass the documents through with a warning instead of
-            raising :class:`ragdefense.DefenseFailed`. Bad input or set-up (a query that is not
-            a string, vectors of another size: :class:`ragdefense.DefenseInputError`) raises
-            either way.
+            raising :class:`ragdefense.DefenseFailed`. A query it cannot use (not a string, or
+            embedded by another model than the documents: :class:`ragdefense.QueryInputError`)
+            raises either way.
         vectorstore: The store the documents come from: the vectors it holds for them are
             used instead of embedding them again
             (:func:`langchain_ragdefense.vectors.stored_vectors`) where the defense's model is

@@ -29,7 +29,7 @@ from ragdefense.integration.retrieval import (
     wider,
 )
 
-from ._nesting import _compressed, _ensemble, _retriever_k, _store
+from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model
 from .compressors import DefenseCompressor
 from .vectors import by_vector, remembered, searches_by_vector
 
@@ -107,8 +107,10 @@ class DefendedRetriever(BaseRetriever):
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
         own = _retriever_k(self.base_retriever)
-        if k is None and not asked:  # no more than the retriever alone would return
-            k = own
+        if k is None and not asked and own:  # no more than the retriever alone would return,
+            k = own  # fetched as defend() fetches it (once, unless a quarantine holds chunks)
+            if "max_rounds" not in self.model_fields_set:
+                rounds = fetch_rounds(self.compressor, False)
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
         base_k = k or own
         if base_k and not fetch:  # another compressor: GRADA's M = 2n
@@ -308,7 +310,7 @@ def defend(
             ``k``, see :class:`DefendedRetriever`).
         embeddings: Embeddings for the defense; by default the vector store's own when the
             retriever searches one (found inside a compression, multi-query or ensemble
-            retriever too, where it holds one store; no second model; with an InMemory, Chroma
+            retriever too: the model its stores share; no second model; with an InMemory, Chroma
             or FAISS store's own
             similarity search, one call of it embeds the query for the search and the
             defense), else the packaged all-MiniLM-L6-v2. Vectors
@@ -319,8 +321,8 @@ def defend(
             another model than the store's embeds the documents itself, the same way).
         fail_open: Where the defense fails (a model that cannot load, a server down), pass
             the documents (but those a quarantine holds) through with a warning instead of
-            raising (the default: a defense that cannot run stops the chain). Bad input or
-            set-up (:class:`ragdefense.DefenseInputError`) raises either way.
+            raising (the default: a defense that cannot run stops the chain). A query it
+            cannot use (:class:`ragdefense.QueryInputError`) raises either way.
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
             ``trusted=``); unknown ones, or any given with a defense object, are an error.
 
@@ -336,7 +338,7 @@ def defend(
         raise TypeError(f"defend() takes a retriever, got {type(retriever).__name__}: pass {hint}")
     sizes = check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
     k, fetch_k = sizes["k"], sizes["fetch_k"]
-    store = _store(retriever)
+    store, model = _store_and_model(retriever)
     rounds = fetch_rounds(defense, k is not None)
     if k is None:  # at most what the retriever would return (a vector store retriever: 4)
         k = _retriever_k(retriever)
@@ -350,7 +352,7 @@ def defend(
         compressor = defense
     else:
         configured(defense, embeddings, "embeddings")  # an object embeds with its own embedder
-        own = getattr(store, "embeddings", None) if named(defense) else None
+        own = model if named(defense) else None
         compressor = DefenseCompressor(
             defense=defense,
             params=params,

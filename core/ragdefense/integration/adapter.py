@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from ..embedders import Embedder
-from ..types import Defense, DefenseFailed, DefenseInputError, DefenseResult, Passage
+from ..types import Defense, DefenseFailed, DefenseResult, Passage, QueryInputError
 
 if TYPE_CHECKING:
     from ..defenses.registry import Parameter
@@ -167,7 +167,8 @@ class AdapterCore:
         the default) or, with ``fail_open``, warn and return ``None`` (the caller passes the
         passages through), or the defense's ``fallback(query, passages)`` where it has one (a
         :class:`~ragdefense.Quarantine` still removes what the audit flagged). A
-        :class:`~ragdefense.DefenseInputError` (bad input or set-up) raises either way.
+        :class:`~ragdefense.QueryInputError` (the query, which no document causes) raises
+        either way; a document's own bad data (a NaN vector) fails like any error.
         ``query_embedding``: the query's vector by the defense's own model, as the retriever
         computed it (a defense that ``uses_embeddings`` then does not embed
         the query again; any other ignores it).
@@ -185,9 +186,9 @@ class AdapterCore:
             # its defend() with the query's vector given: the passages it embeds as before
             run = defense.defend_embeddings  # type: ignore[attr-defined]
             return run(query, passages, None, query_embedding)  # type: ignore[no-any-return]
-        except DefenseInputError:
-            raise  # bad input or set-up (a query not a string, vectors of another size): a bug
-            # to fix, never an outage to ride out by passing every document unchecked
+        except QueryInputError:
+            raise  # no document causes it (a query not a string, embedded by another model):
+            # a bug to fix, never an outage to ride out by passing every document unchecked
         except Exception as exc:
             message = (
                 f"{defense.name} failed on {len(passages)} passage(s): {type(exc).__name__}: {exc}"

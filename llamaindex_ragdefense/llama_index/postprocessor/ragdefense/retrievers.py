@@ -288,8 +288,8 @@ def defend(
             give the object ``embedder=``.
         fail_open: Where the defense fails (a model that cannot load, a server down), pass
             the nodes (but those a quarantine holds) through with a warning instead of raising
-            (the default: a defense that cannot run stops the query). Bad input or set-up
-            (:class:`ragdefense.DefenseInputError`) raises either way.
+            (the default: a defense that cannot run stops the query). A query it cannot use
+            (:class:`ragdefense.QueryInputError`) raises either way.
         params: Parameters of the named defense (e.g. ``trusted=``); unknown ones, or any
             given with a defense object, are an error.
 
