@@ -61,7 +61,8 @@ class DefendedRetriever(BaseRetriever):
             returned). When the defense leaves fewer than ``k``, the fetch doubles (up to
             ``max_rounds`` rounds) while the base retriever has more (the same policy as the
             LlamaIndex adapter's).
-        max_rounds: Fetch rounds at most (``defend`` sets one where it chose ``k``, but for a
+        max_rounds: Fetch rounds at most (one where ``k`` is the base retriever's own, unless
+            set here, and ``defend`` sets one where it chose ``k``, but for a
             :class:`~ragdefense.Quarantine` holding anything). A ``k`` given per call
             (``invoke(query, k=4)``) gets at least ``FETCH_ROUNDS``: the caller asked for that
             many documents.
