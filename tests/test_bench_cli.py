@@ -161,6 +161,8 @@ def test_default_benchmark_smoke(data_dir: Path, minilm: object) -> None:
     assert by[("nq", "4x", "poisonedrag", "grada")]["poison_share"] >= 0.8
     assert by[("nq", "4x", "poisonedrag", "ragdefender")]["poison_share"] <= 0.3
     assert "Targets for grada" in table and "- target 3: missed" in table
+    # target 6 is timed per case as the fastest of several runs, not one run's noise
+    assert "- defense only, NQ 6x: median " in table and "fastest of 5 runs)" in table
     assert all(f"{f} (held out)" in table for f in HELD_OUT)
     # the hindsight choice per question is never worse than either defense it chooses from
     assert "Targets for ragdefender|grada: per question" in table
