@@ -223,20 +223,14 @@ def test_fail_open_never_hides_a_query_it_cannot_use(toy_embedder: Any) -> None:
     assert issubclass(QueryInputError, DefenseInputError)
 
 
-def test_document_with_no_metadata_dict() -> None:
+def test_document_with_no_metadata_dict(toy_embedder: Any) -> None:
     """A Document built without validation (metadata None) is read as having no metadata."""
     from langchain_ragdefense import DefenseCompressor
 
-    class Words(Embeddings):
-        def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            return [[float(len(t)), 1.0, float(t.count("a"))] for t in texts]
-
-        def embed_query(self, text: str) -> list[float]:
-            return [float(len(text)), 1.0, 1.0]
-
     docs = [Document(f"text {i} " + "a" * i) for i in range(4)]
     docs.append(Document.model_construct(page_content="no metadata", metadata=None))
-    out = DefenseCompressor(embeddings=Words()).compress_documents(docs, "which text?")
+    embeddings = RagdefenseEmbeddings(toy_embedder)
+    out = DefenseCompressor(embeddings=embeddings).compress_documents(docs, "which text?")
     assert out and all(set(d.metadata) == {"ragdefense"} for d in out)
     assert docs[-1].metadata is None  # the caller's document untouched
 
