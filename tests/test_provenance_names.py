@@ -99,3 +99,52 @@ def test_an_address_under_a_file_key_is_trusted_by_its_host() -> None:
     assert source_of(Passage("x", metadata=address)) == "who.int"
     assert _trusted({"www.who.int"}, address) and _trusted({"WHO.int"}, address)
     assert not _trusted({"www.who.int"}, {"file_path": "who.int"})  # a file's name, as written
+
+
+@pytest.mark.parametrize(
+    ("entry", "metadata"),
+    [
+        ("kb/handbook", {"source": "kb/handbook/leave.md"}),  # a LangChain DirectoryLoader's
+        ("./kb/handbook/", {"source": "kb/handbook/leave.md"}),
+        ("/srv/kb/handbook", {"file_path": "/srv/kb/handbook/2024/leave.pdf"}),  # LlamaIndex's
+        ("C:\\kb\\handbook", {"source": "C:\\kb\\handbook\\leave.pdf"}),
+        ("s3://acme-docs/policies/", {"source": "s3://acme-docs/policies/leave.pdf"}),
+        ("s3://acme-docs", {"source": "s3://acme-docs/policies/leave.pdf"}),
+        ("file:///srv/kb/handbook", {"source": "file:///srv/kb/handbook/leave.pdf"}),
+    ],
+)
+def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[str, str]) -> None:
+    assert _trusted({entry}, metadata)
+
+
+@pytest.mark.parametrize(
+    ("entry", "metadata"),
+    [
+        ("kb/handbook", {"source": "kb/handbook-drafts/leave.md"}),  # a prefix, not a folder
+        ("kb/handbook", {"source": "kb/handbook/../uploads/leave.md"}),
+        ("/srv/kb/handbook", {"file_path": "/srv/kb/uploads/x.pdf"}),
+        ("s3://acme-docs/policies", {"source": "s3://acme-docs/policies/../uploads/x.pdf"}),
+        ("s3://acme-docs", {"source": "s3://acme-docs-evil/x.pdf"}),
+        ("file:///srv/kb/handbook", {"source": "file:///srv/kb/handbook/%2e%2e/up/x.pdf"}),
+        ("kb/handbook", {"source": "https://kb/handbook/x"}),  # a web address: its host
+        ("kb/handbook", {"file_name": "handbook"}),
+    ],
+)
+def test_a_trusted_folder_trusts_nothing_beside_it(entry: str, metadata: dict[str, str]) -> None:
+    assert not _trusted({entry}, metadata)
+
+
+@pytest.mark.parametrize("entry", ["/", "s3://", "file:///", " / "])
+def test_a_trusted_root_is_refused(entry: str) -> None:
+    with pytest.raises(ValueError, match="root"):
+        is_trusted_by({entry})
+
+
+def test_a_trusted_folder_keeps_its_files_through_the_default_defense() -> None:
+    from ragdefense import Consensus
+
+    texts = ["Leave is 25 days a year.", "Parental leave is 16 weeks.", "Leave is 40 days."]
+    sources = ["kb/handbook/leave.md", "kb/handbook/family.md", "uploads/leave.md"]
+    passages = [Passage(t, metadata={"source": s}) for t, s in zip(texts, sources, strict=True)]
+    result = Consensus(trusted={"kb/handbook/"}).defend("How many days of leave?", passages)
+    assert result.estimates["trusted"] == [0, 1]

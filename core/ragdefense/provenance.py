@@ -234,7 +234,10 @@ def is_trusted_by(
     match more). An address with a path, with or without its scheme, trusts that page and the
     pages under it (:func:`document_of` read with ``source_key``, dot segments resolved), not
     its whole host: a shared host (a code forge, a blog platform) serves anyone's pages. One
-    with a query (``?t=1``) is refused: a path prefix cannot tell one thread from another.
+    with a query (``?t=1``) is refused: a path prefix cannot tell one thread from another. A
+    file path or storage address trusts that file and, as a folder, the files under it
+    (``"kb/handbook"`` trusts ``kb/handbook/leave.md``; dot segments resolved); a root is
+    refused.
 
     Examples:
         >>> passage = Passage("...", metadata={"source": "https://who.int/x", "reviewed": True})
@@ -266,7 +269,38 @@ def is_trusted_by(
     named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
-    return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files)
+    folders = frozenset(f for t in named if (f := _folder(t)) is not None)
+    return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
+
+
+def _folder(entry: Any) -> str | None:
+    """A trusted file path or storage address (``kb/handbook``, ``s3://acme/policies/``) as the
+    folder or key prefix holding the files under it, in :func:`_resolved` form; ``None`` for
+    another entry (a host, a bare file name, a web address). A root (``/``, ``C:/``,
+    ``s3://``) is refused: it would trust every file."""
+    text = _normal(entry, file=True)
+    if text is None or "/" not in text:
+        return None
+    folder = _resolved(text)
+    named = folder.partition("://")[2] if has_scheme(folder) else folder
+    if not named.strip("/"):
+        raise ValueError(
+            f"trusted {entry!r}: a root trusts every file under it; name a folder, a bucket "
+            "or a file"
+        )
+    return folder
+
+
+def _resolved(path: str) -> str:
+    """A file path (as :func:`_normal` writes it) or a storage address with its dot segments
+    resolved and no trailing ``/``: ``s3://acme/a/../b/`` is ``s3://acme/b``."""
+    if not has_scheme(path):
+        return path.rstrip("/") or path
+    scheme, _, rest = path.strip().partition("://")
+    head, slash, tail = rest.partition("/")
+    tail = unquote(tail) if scheme.lower() == "file" else tail  # a file URL's %2e%2e is ".."
+    tail = posixpath.normpath("/" + tail).lstrip("/") if slash else ""
+    return f"{scheme.lower()}://{head}" + (f"/{tail}" if tail else "")
 
 
 def _page(entry: Any) -> str | None:
@@ -297,16 +331,25 @@ def _page(entry: Any) -> str | None:
 @dataclass(frozen=True)
 class _Sources:
     """Trusted: a passage from one of ``names`` (``files`` where its source is read from a file
-    key), or from one of ``pages`` or under it (a defense holding it pickles)."""
+    key), from one of ``pages`` or under it, or a file under one of ``folders`` (a defense
+    holding it pickles)."""
 
     names: frozenset[str]
     pages: frozenset[str] = frozenset()
     source_key: str | None = AUTO
     files: frozenset[str] = frozenset()
+    folders: frozenset[str] = frozenset()
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
+        # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md")
+        if (
+            self.folders
+            and "/" in source
+            and self.folders.intersection(_prefixes(_resolved(source)))
+        ):
+            return True
         if source in self.names or source in self.files:  # which form: read its key again
             _, value, key = _source_value(passage.metadata, self.source_key)
             as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
