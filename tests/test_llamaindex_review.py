@@ -487,3 +487,36 @@ def test_only_a_summary_index_embedding_retriever_lends_its_model() -> None:
         retriever_mode="embedding", embed_model=MockEmbedding(embed_dim=8)
     )
     assert isinstance(defend(summary).postprocessor.embed_model, MockEmbedding)
+
+
+def test_a_retriever_built_by_hand_fetches_as_defend_does() -> None:
+    """A ``DefendedRetriever`` built without ``k`` or ``max_rounds`` refilled up to
+    ``FETCH_ROUNDS`` rounds where ``defend()`` fetches once (a refill brings lower-ranked
+    nodes into the context); the LangChain adapter's fetches as ``defend()`` there too."""
+    from llama_index.postprocessor.ragdefense import DefendedRetriever
+    from ragdefense.integration.retrieval import FETCH_ROUNDS
+
+    seen: list[int] = []
+
+    class EveryFourth:
+        """Keeps every fourth passage, counting what it is handed."""
+
+        def defend(self, query: str, passages: Any) -> DefenseResult:
+            seen.append(len(passages))
+            verdicts = tuple(
+                Verdict(i, p, i % 4 == 0, 0.0, "kept" if i % 4 == 0 else "every fourth")
+                for i, p in enumerate(to_passages(passages))
+            )
+            return DefenseResult("every fourth", query, verdicts, "none")
+
+    nodes = [TextNode(text=f"capital city fact number {i} of {i * 7}") for i in range(12)]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(bag_of_words))
+    post = DefensePostprocessor(defense=EveryFourth())
+    built = DefendedRetriever(index.as_retriever(), post)
+    assert built.max_rounds == 1
+    assert built.retrieve("capital city") and seen == [4]  # its pool for the own k, 2
+    asked = DefendedRetriever(index.as_retriever(), post, k=2)
+    assert asked.max_rounds == FETCH_ROUNDS
+    seen.clear()
+    asked.retrieve("capital city")
+    assert seen == [4, 8]  # a k given: the pool widens

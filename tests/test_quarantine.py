@@ -656,39 +656,74 @@ def test_a_quarantine_pickles_with_its_trust() -> None:
     assert copied.ids == guard.ids and copied.digests == guard.digests
 
 
-def test_the_one_line_widens_past_a_planted_set_larger_than_its_rounds(toy_embedder: Any) -> None:
-    """The one line doubled its fetch three times (8, 16, 32): a quarantined set of 40 filled
-    every round and the context came back empty, with honest passages in the store. It now
-    widens until its fetch passes the first pool by every chunk the quarantine holds."""
+_QUESTION = "what is the capital of australia"
+_PLANTED = [f"what is the capital of australia: sydney is the capital, note {i}" for i in range(40)]
+_HONEST = [f"canberra, seat of the australian government, fact {i}" for i in range(10)]
+
+
+def _planted_forty(toy_embedder: Any) -> tuple[Quarantine, Any, Any]:
+    """A quarantine of a planted set of 40 that fills a query's first 32 results, a LangChain
+    store and a LlamaIndex index holding it beside 10 honest passages."""
     from langchain_core.documents import Document
     from langchain_core.vectorstores import InMemoryVectorStore
     from llama_index.core import VectorStoreIndex
     from llama_index.core.schema import TextNode
 
     from langchain_ragdefense import RagdefenseEmbeddings
-    from langchain_ragdefense import defend as lc_defend
     from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+
+    finding = {"score": 0.9, "suspicious": True, "group": {"id": "g0", "size": len(_PLANTED)}}
+    report = {"findings": [finding | {"id": f"p{i}", "text": t} for i, t in enumerate(_PLANTED)]}
+    guard = Quarantine.from_report(report, defense("consensus", embedder=toy_embedder))
+    texts = _PLANTED + _HONEST
+    store = InMemoryVectorStore.from_documents(
+        [Document(t) for t in texts], RagdefenseEmbeddings(toy_embedder)
+    )
+    assert all(d.page_content in _PLANTED for d in store.similarity_search(_QUESTION, k=32))
+    nodes = [TextNode(text=t) for t in texts]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))
+    return guard, store, index
+
+
+def test_the_one_line_widens_past_a_planted_set_larger_than_its_rounds(toy_embedder: Any) -> None:
+    """The one line doubled its fetch three times (8, 16, 32): a quarantined set of 40 filled
+    every round and the context came back empty, with honest passages in the store. It now
+    widens until its fetch passes the first pool by every chunk the quarantine holds."""
+    from langchain_ragdefense import defend as lc_defend
     from llama_index.postprocessor.ragdefense import defend as li_defend
     from ragdefense.integration.retrieval import FETCH_ROUNDS, fetch_rounds
 
-    question = "what is the capital of australia"
-    planted = [
-        f"what is the capital of australia: sydney is the capital, note {i}" for i in range(40)
-    ]
-    honest = [f"canberra, seat of the australian government, fact {i}" for i in range(10)]
-    finding = {"score": 0.9, "suspicious": True, "group": {"id": "g0", "size": len(planted)}}
-    report = {"findings": [finding | {"id": f"p{i}", "text": t} for i, t in enumerate(planted)]}
-    guard = Quarantine.from_report(report, defense("consensus", embedder=toy_embedder))
+    guard, store, index = _planted_forty(toy_embedder)
     assert guard.chunks == 40 and fetch_rounds(guard, k_given=False) == 4 > FETCH_ROUNDS
-    embeddings = RagdefenseEmbeddings(toy_embedder)
-    store = InMemoryVectorStore.from_documents([Document(t) for t in planted + honest], embeddings)
-    assert all(d.page_content in planted for d in store.similarity_search(question, k=32))
-    kept = lc_defend(store.as_retriever(), guard).invoke(question)
-    assert len(kept) == 4 and all(d.page_content in honest for d in kept)
-    nodes = [TextNode(text=t) for t in planted + honest]
-    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(toy_embedder))
-    found = li_defend(index, guard).retrieve(question)
-    assert len(found) == 2 and all(n.node.get_content() in honest for n in found)
+    kept = lc_defend(store.as_retriever(), guard).invoke(_QUESTION)
+    assert len(kept) == 4 and all(d.page_content in _HONEST for d in kept)
+    found = li_defend(index, guard).retrieve(_QUESTION)
+    assert len(found) == 2 and all(n.node.get_content() in _HONEST for n in found)
+
+
+def test_a_retriever_built_by_hand_widens_past_a_planted_set_too(toy_embedder: Any) -> None:
+    """A ``DefendedRetriever`` built by hand with ``k`` fetched ``FETCH_ROUNDS`` rounds at most
+    whatever its defense, where ``defend()`` fetches as many as the quarantine needs: the
+    context came back empty. Without ``max_rounds`` it fetches as ``defend()`` does."""
+    from langchain_ragdefense import DefendedRetriever as LCRetriever
+    from langchain_ragdefense import DefenseCompressor
+    from llama_index.postprocessor.ragdefense import DefendedRetriever as LIRetriever
+    from llama_index.postprocessor.ragdefense import DefensePostprocessor
+
+    guard, store, index = _planted_forty(toy_embedder)
+    lc = LCRetriever(
+        base_retriever=store.as_retriever(), compressor=DefenseCompressor(defense=guard), k=4
+    )
+    kept = lc.invoke(_QUESTION)
+    assert len(kept) == 4 and all(d.page_content in _HONEST for d in kept)
+    li = LIRetriever(index.as_retriever(), DefensePostprocessor(defense=guard), k=2)
+    assert li.max_rounds == 4
+    found = li.retrieve(_QUESTION)
+    assert len(found) == 2 and all(n.node.get_content() in _HONEST for n in found)
+    li.max_rounds = 3  # as set: the set fills every round
+    assert li.max_rounds == 3 and li.retrieve(_QUESTION) == []
+    li.max_rounds = None
+    assert li.max_rounds == 4
 
 
 def test_an_uploads_set_does_not_take_the_honest_member_of_another_source() -> None:

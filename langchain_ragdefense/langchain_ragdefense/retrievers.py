@@ -61,11 +61,12 @@ class DefendedRetriever(BaseRetriever):
             returned). When the defense leaves fewer than ``k``, the fetch doubles (up to
             ``max_rounds`` rounds) while the base retriever has more (the same policy as the
             LlamaIndex adapter's).
-        max_rounds: Fetch rounds at most (one where ``k`` is the base retriever's own, unless
-            set here, and ``defend`` sets one where it chose ``k``, but for a
-            :class:`~ragdefense.Quarantine` holding anything). A ``k`` given per call
-            (``invoke(query, k=4)``) gets at least ``FETCH_ROUNDS``: the caller asked for that
-            many documents.
+        max_rounds: Fetch rounds at most. Unless set here, as :func:`defend` fetches
+            (:func:`ragdefense.integration.retrieval.fetch_rounds`): ``FETCH_ROUNDS`` for a
+            ``k`` given, one fetch for the base retriever's own (refilling would bring the
+            context lower-ranked documents), more for a :class:`~ragdefense.Quarantine`
+            holding anything. A ``k`` given per call (``invoke(query, k=4)``) gets at least
+            ``FETCH_ROUNDS``: the caller asked for that many documents.
     """
 
     model_config = ConfigDict(
@@ -100,7 +101,11 @@ class DefendedRetriever(BaseRetriever):
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, int, dict[str, Any]]:
         asked = "k" in kwargs
-        rounds = max(self.max_rounds, FETCH_ROUNDS) if asked else self.max_rounds
+        rounds = self.max_rounds
+        if "max_rounds" not in self.model_fields_set:  # as defend() fetches: once for the
+            # retriever's own k, unless a quarantine holds chunks (then as many as it needs)
+            rounds = fetch_rounds(self.compressor, asked or self.k is not None)
+        rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
         k = kwargs.pop("k", self.k)
         if k is not None and positive_int(k) is None:
             raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
@@ -108,10 +113,8 @@ class DefendedRetriever(BaseRetriever):
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
         own = _retriever_k(self.base_retriever)
-        if k is None and not asked and own:  # no more than the retriever alone would return,
-            k = own  # fetched as defend() fetches it (once, unless a quarantine holds chunks)
-            if "max_rounds" not in self.model_fields_set:
-                rounds = fetch_rounds(self.compressor, False)
+        if k is None and not asked and own:  # no more than the retriever alone would return
+            k = own
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
         base_k = k or own
         if base_k and not fetch:  # another compressor: GRADA's M = 2n

@@ -30,7 +30,6 @@ from ragdefense.integration.adapter import (
     same_space,
 )
 from ragdefense.integration.retrieval import (
-    FETCH_ROUNDS,
     check_request,
     fetch_rounds,
     fetched_enough,
@@ -135,6 +134,10 @@ class DefendedRetriever(BaseRetriever):
             narrowed: the defense sees what it would have returned).
         max_rounds: When the defense leaves fewer than ``k``, the pool doubles (up to this many
             rounds) while the retriever has more: the same policy as the LangChain adapter's.
+            ``None``: as :func:`defend` fetches
+            (:func:`ragdefense.integration.retrieval.fetch_rounds`): ``FETCH_ROUNDS`` for a
+            ``k`` given, one fetch for the retriever's own (refilling would bring the context
+            lower-ranked nodes), more for a :class:`~ragdefense.Quarantine` holding anything.
     """
 
     def __init__(
@@ -143,7 +146,7 @@ class DefendedRetriever(BaseRetriever):
         postprocessor: DefensePostprocessor,
         k: int | None = None,
         fetch_k: int | None = None,
-        max_rounds: int = FETCH_ROUNDS,
+        max_rounds: int | None = None,
     ) -> None:
         for name, value in (
             ("k", k),
@@ -184,6 +187,15 @@ class DefendedRetriever(BaseRetriever):
     @fetch_k.setter
     def fetch_k(self, value: int | None) -> None:
         self._fetch_k = value
+
+    @property
+    def max_rounds(self) -> int:
+        """Fetch rounds at most: as given, else as :func:`defend` fetches for :attr:`k`."""
+        return self._max_rounds or fetch_rounds(self.postprocessor, self._k is not None)
+
+    @max_rounds.setter
+    def max_rounds(self, value: int | None) -> None:
+        self._max_rounds = value
 
     def _plan(self) -> tuple[BaseRetriever, DefensePostprocessor, int | None, int | None]:
         """The retriever, the postprocessor, ``k`` and the pool as they are now: read once per
@@ -242,9 +254,8 @@ async def _embedded(retriever: BaseRetriever, bundle: QueryBundle) -> QueryBundl
 def _check_setting(name: str, value: Any) -> None:
     """A :class:`DefendedRetriever` setting checked (other attributes pass)."""
     if name in ("k", "fetch_k", "max_rounds"):
-        if (value is not None or name == "max_rounds") and positive_int(value) is None:
-            allowed = "a positive int" + ("" if name == "max_rounds" else " or None")
-            raise ValueError(f"{name} must be {allowed}, got {value!r}")
+        if value is not None and positive_int(value) is None:
+            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
     elif name == "retriever" and not isinstance(value, BaseRetriever):
         raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(value).__name__}")
     elif name == "postprocessor" and not isinstance(value, DefensePostprocessor):
