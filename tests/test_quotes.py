@@ -5,6 +5,8 @@ Hand-made vectors that show no group and no veto (the words are the evidence), t
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ragdefense import Consensus, Passage
 from tests.conftest import scattered
@@ -204,3 +206,34 @@ def test_texts_join_through_a_third() -> None:
     d = f"nine ten eleven twelve {question} iota kappa lambda mu"
     for order in ([a, b, c, d], [c, a, b, d], [a, b, d, c]):
         assert _removed(HONEST + order, question) == [], order  # two texts: c joins a and b
+
+
+_PIECES = ["who", "wrote", "the", "é", "e\u0301", "ß", "ss", "x_y", "1990", "İ", "\u200b", "don't"]
+
+
+@settings(max_examples=400, deadline=None)
+@given(
+    st.lists(st.sampled_from([*_PIECES[:4], "the"]), min_size=1, max_size=4),
+    st.lists(
+        st.tuples(st.sampled_from(_PIECES), st.sampled_from([" ", ", ", "-", "_", "", "?", "\n"])),
+        max_size=12,
+    ),
+    st.integers(min_value=0, max_value=12),
+)
+def test_a_quote_is_found_where_the_words_follow_each_other(
+    asked_words: list[str], pieces: list[tuple[str, str]], at: int
+) -> None:
+    """The quote is searched with one pattern over the text; it finds what a scan of the
+    text's words for the question's words in a row finds, and the same words around it."""
+    from ragdefense.defenses.quotes import _around, _quote, _seen, _words
+
+    text = "".join(w + sep for w, sep in pieces[:at]) + " ".join(asked_words)
+    text += " " + "".join(w + sep for w, sep in pieces[at:])
+    asked, words = _words(" ".join(asked_words)), _words(text)
+    n = len(asked)
+    starts = [i for i in range(len(words)) if words[i : i + n] == asked]
+    expected = None
+    if starts:
+        s = starts[0]
+        expected = (tuple(words[max(0, s - 4) : s]), tuple(words[s + n : s + n + 4]))
+    assert _around(_seen(text), _quote(asked)) == expected

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from itertools import islice
 from typing import Any
 
 from .pool import Pool
@@ -60,9 +61,10 @@ def quoting(pool: Pool, query: str) -> None:
     asked = _words(query)
     if not _question(query, asked):
         return
+    quote = _quote(asked)
     found, contexts = [], []
     for i, passage in enumerate(pool.items):
-        around = _around(_words(passage.text), asked)
+        around = _around(_seen(passage.text), quote)
         if around is not None:
             found.append(i)
             contexts.append(around)
@@ -101,27 +103,38 @@ def _question(query: str, asked: list[str]) -> bool:
     return asked[0] in _ASKING and asked[1] != "to" and 2 * capitalised <= len(words)
 
 
-def _words(text: str) -> list[str]:
-    """The words of ``text`` without case, accents or invisible characters (what a reader of
-    the passage does not see either)."""
+def _seen(text: str) -> str:
+    """``text`` without case, accents or invisible characters (what a reader of the passage
+    does not see either)."""
     if not text.isascii():
         text = "".join(
             ch
             for ch in unicodedata.normalize("NFKD", text)
             if unicodedata.category(ch) not in _UNSEEN
         )
-    return _WORD.findall(text.casefold())
+    return text.casefold()
 
 
-def _around(words: list[str], asked: list[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """The words before and after the first quote of ``asked`` in ``words`` (``None``: none)."""
-    n = len(asked)
-    first = asked[0]
-    for start in (i for i, w in enumerate(words) if w == first):
-        if words[start : start + n] == asked:
-            before = tuple(words[max(0, start - _AROUND) : start])
-            return before, tuple(words[start + n : start + n + _AROUND])
-    return None
+def _words(text: str) -> list[str]:
+    """The words of ``text`` as :func:`_seen` reads it."""
+    return _WORD.findall(_seen(text))
+
+
+def _quote(asked: list[str]) -> re.Pattern[str]:
+    """A pattern matching the words ``asked`` in a row in a :func:`_seen` text: each a whole
+    word (what :data:`_WORD` finds), anything but words between them."""
+    return re.compile(r"(?<!\w)" + r"\W+".join(map(re.escape, asked)) + r"(?!\w)")
+
+
+def _around(seen: str, quote: re.Pattern[str]) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """The :data:`_AROUND` words before and after the first quote in ``seen`` (``None``:
+    none)."""
+    match = quote.search(seen)
+    if match is None:
+        return None
+    before = _WORD.findall(seen, 0, match.start())[-_AROUND:]
+    after = [m.group() for m in islice(_WORD.finditer(seen, match.end()), _AROUND)]
+    return tuple(before), tuple(after)
 
 
 def _documents(
