@@ -107,11 +107,9 @@ def _seen(text: str) -> str:
     """``text`` without case, accents or invisible characters (what a reader of the passage
     does not see either)."""
     if not text.isascii():
-        text = "".join(
-            ch
-            for ch in unicodedata.normalize("NFKD", text)
-            if unicodedata.category(ch) not in _UNSEEN
-        )
+        text = unicodedata.normalize("NFKD", text)
+        unseen = [ord(ch) for ch in set(text) if unicodedata.category(ch) in _UNSEEN]
+        text = text.translate(dict.fromkeys(unseen)) if unseen else text
     return text.casefold()
 
 
