@@ -111,6 +111,8 @@ def test_an_address_under_a_file_key_is_trusted_by_its_host() -> None:
         ("s3://acme-docs/policies/", {"source": "s3://acme-docs/policies/leave.pdf"}),
         ("s3://acme-docs", {"source": "s3://acme-docs/policies/leave.pdf"}),
         ("file:///srv/kb/handbook", {"source": "file:///srv/kb/handbook/leave.pdf"}),
+        ("docs/", {"source": "docs/leave.md"}),  # one level, written as a folder
+        ("kb.v2/notes", {"source": "kb.v2/notes/leave.md"}),
     ],
 )
 def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[str, str]) -> None:
@@ -128,13 +130,21 @@ def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[s
         ("file:///srv/kb/handbook", {"source": "file:///srv/kb/handbook/%2e%2e/up/x.pdf"}),
         ("kb/handbook", {"source": "https://kb/handbook/x"}),  # a web address: its host
         ("kb/handbook", {"file_name": "handbook"}),
+        ("file:///C:/kb/handbook", {"source": "file:///C:/kb/handbook/..\\..\\secret.md"}),
+        ("file:///C:/kb/handbook", {"source": "file:///C:/kb/handbook/..%5c..%5csecret.md"}),
+        # a scheme-less page is trusted by the page rule, which reads escapes as servers do
+        ("github.com/acme/handbook", {"source": "github.com/acme/handbook/..%2f..%2fother"}),
+        ("10.0.0.1/admin", {"source": "10.0.0.1/admin/%2e%2e/x"}),
+        ("who.int/", {"source": "who.int/x"}),  # a host written with its slash: no folder
     ],
 )
 def test_a_trusted_folder_trusts_nothing_beside_it(entry: str, metadata: dict[str, str]) -> None:
     assert not _trusted({entry}, metadata)
 
 
-@pytest.mark.parametrize("entry", ["/", "s3://", "file:///", " / "])
+@pytest.mark.parametrize(
+    "entry", ["/", "s3://", "file:///", " / ", "file://localhost/", "C:/", "C:\\"]
+)
 def test_a_trusted_root_is_refused(entry: str) -> None:
     with pytest.raises(ValueError, match="root"):
         is_trusted_by({entry})

@@ -705,6 +705,8 @@ def test_a_retriever_built_by_hand_widens_past_a_planted_set_too(toy_embedder: A
     """A ``DefendedRetriever`` built by hand with ``k`` fetched ``FETCH_ROUNDS`` rounds at most
     whatever its defense, where ``defend()`` fetches as many as the quarantine needs: the
     context came back empty. Without ``max_rounds`` it fetches as ``defend()`` does."""
+    from langchain_core.runnables import ConfigurableField
+
     from langchain_ragdefense import DefendedRetriever as LCRetriever
     from langchain_ragdefense import DefenseCompressor
     from llama_index.postprocessor.ragdefense import DefendedRetriever as LIRetriever
@@ -716,6 +718,10 @@ def test_a_retriever_built_by_hand_widens_past_a_planted_set_too(toy_embedder: A
     )
     kept = lc.invoke(_QUESTION)
     assert len(kept) == 4 and all(d.page_content in _HONEST for d in kept)
+    # rebuilt from its fields (configurable fields do so at each call): still unset
+    configurable = lc.configurable_fields(k=ConfigurableField(id="k"))
+    kept = configurable.invoke(_QUESTION, {"configurable": {"k": 3}})
+    assert len(kept) == 3 and all(d.page_content in _HONEST for d in kept)
     li = LIRetriever(index.as_retriever(), DefensePostprocessor(defense=guard), k=2)
     assert li.max_rounds == 4
     found = li.retrieve(_QUESTION)

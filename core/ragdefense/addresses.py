@@ -7,7 +7,7 @@ from __future__ import annotations
 import posixpath
 import re
 import unicodedata
-from urllib.parse import quote, urlsplit
+from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
     "WEB_SCHEMES",
@@ -16,6 +16,7 @@ __all__ = [
     "has_scheme",
     "host_name",
     "is_web",
+    "resolved_path",
     "schemeless",
     "web_host",
 ]
@@ -120,3 +121,17 @@ def clean_path(path: str, browser: bool = True) -> str:
     spelled = quote(decoded, safe="/%:@!$&'()*+,;=-._~\\")
     resolved = posixpath.normpath("/" + spelled.lstrip("/"))
     return "" if resolved == "/" else resolved
+
+
+def resolved_path(path: str) -> str:
+    """A file path (one spelling, ``/`` separators) or a storage address (``s3://``, ``file://``)
+    with its dot segments resolved and no trailing ``/``: ``s3://acme/a/../b/`` is
+    ``s3://acme/b``; a file URL as it is opened (``%2e%2e`` is ``..``, ``\\`` a separator)."""
+    if not has_scheme(path):
+        return path.rstrip("/") or path
+    scheme, _, rest = path.strip().partition("://")
+    head, slash, tail = rest.partition("/")
+    if scheme.lower() == "file":
+        tail = unquote(tail).replace("\\", "/")
+    tail = posixpath.normpath("/" + tail).lstrip("/") if slash else ""
+    return f"{scheme.lower()}://{head}" + (f"/{tail}" if tail else "")

@@ -16,6 +16,7 @@ import math
 import numbers
 import os
 import posixpath
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -28,6 +29,7 @@ from .addresses import (
     has_scheme,
     host_name,
     is_web,
+    resolved_path,
     schemeless,
     web_host,
 )
@@ -269,38 +271,32 @@ def is_trusted_by(
     named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
-    folders = frozenset(f for t in named if (f := _folder(t)) is not None)
+    # a page's entry trusts what is under it by the page rule (escapes read as servers do)
+    folders = frozenset(f for t in named if not pages[t] and (f := _folder(t)) is not None)
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
 
 
 def _folder(entry: Any) -> str | None:
-    """A trusted file path or storage address (``kb/handbook``, ``s3://acme/policies/``) as the
-    folder or key prefix holding the files under it, in :func:`_resolved` form; ``None`` for
-    another entry (a host, a bare file name, a web address). A root (``/``, ``C:/``,
-    ``s3://``) is refused: it would trust every file."""
-    text = _normal(entry, file=True)
-    if text is None or "/" not in text:
+    """A trusted file path or storage address (``kb/handbook``, ``docs/``,
+    ``s3://acme/policies/``) as the folder or key prefix holding the files under it
+    (:func:`~ragdefense.addresses.resolved_path`); ``None`` for another entry (a host,
+    ``who.int/`` too, a bare file name, a web address). A root (``/``, ``C:/``, ``s3://``,
+    ``file:///``, ``file://host/``) is refused: it would trust every file."""
+    raw = str(entry).strip()
+    if not ("/" in raw or "\\" in raw) or bare_host(raw.rstrip("/").rstrip(".")):
         return None
-    folder = _resolved(text)
-    named = folder.partition("://")[2] if has_scheme(folder) else folder
-    if not named.strip("/"):
+    text = _normal(entry, file=True)
+    if text is None:
+        return None
+    folder = resolved_path(text)
+    scheme, sep, rest = folder.partition("://")
+    path = rest.partition("/")[2] if sep and scheme == "file" else rest if sep else folder
+    if not path.strip("/") or re.fullmatch(r"/?[A-Za-z]:/?", path):  # "/", or a drive "C:/"
         raise ValueError(
             f"trusted {entry!r}: a root trusts every file under it; name a folder, a bucket "
             "or a file"
         )
     return folder
-
-
-def _resolved(path: str) -> str:
-    """A file path (as :func:`_normal` writes it) or a storage address with its dot segments
-    resolved and no trailing ``/``: ``s3://acme/a/../b/`` is ``s3://acme/b``."""
-    if not has_scheme(path):
-        return path.rstrip("/") or path
-    scheme, _, rest = path.strip().partition("://")
-    head, slash, tail = rest.partition("/")
-    tail = unquote(tail) if scheme.lower() == "file" else tail  # a file URL's %2e%2e is ".."
-    tail = posixpath.normpath("/" + tail).lstrip("/") if slash else ""
-    return f"{scheme.lower()}://{head}" + (f"/{tail}" if tail else "")
 
 
 def _page(entry: Any) -> str | None:
@@ -347,7 +343,7 @@ class _Sources:
         if (
             self.folders
             and "/" in source
-            and self.folders.intersection(_prefixes(_resolved(source)))
+            and self.folders.intersection(_prefixes(resolved_path(source)))
         ):
             return True
         if source in self.names or source in self.files:  # which form: read its key again

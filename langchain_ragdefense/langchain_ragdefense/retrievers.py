@@ -61,7 +61,7 @@ class DefendedRetriever(BaseRetriever):
             returned). When the defense leaves fewer than ``k``, the fetch doubles (up to
             ``max_rounds`` rounds) while the base retriever has more (the same policy as the
             LlamaIndex adapter's).
-        max_rounds: Fetch rounds at most. Unless set here, as :func:`defend` fetches
+        max_rounds: Fetch rounds at most; ``None``: as :func:`defend` fetches
             (:func:`ragdefense.integration.retrieval.fetch_rounds`): ``FETCH_ROUNDS`` for a
             ``k`` given, one fetch for the base retriever's own (refilling would bring the
             context lower-ranked documents), more for a :class:`~ragdefense.Quarantine`
@@ -77,7 +77,7 @@ class DefendedRetriever(BaseRetriever):
     compressor: BaseDocumentCompressor
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
-    max_rounds: int = Field(default=FETCH_ROUNDS, ge=1)
+    max_rounds: int | None = Field(default=None, ge=1)
 
     def invoke(
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
@@ -102,8 +102,8 @@ class DefendedRetriever(BaseRetriever):
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, int, dict[str, Any]]:
         asked = "k" in kwargs
         rounds = self.max_rounds
-        if "max_rounds" not in self.model_fields_set:  # as defend() fetches: once for the
-            # retriever's own k, unless a quarantine holds chunks (then as many as it needs)
+        if rounds is None:  # as defend() fetches: once for the retriever's own k, unless a
+            # quarantine holds chunks (then as many as it needs)
             rounds = fetch_rounds(self.compressor, asked or self.k is not None)
         rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
         k = kwargs.pop("k", self.k)
