@@ -35,6 +35,8 @@ LANGCHAIN_EXPECTED_ALL = [
     "RAGDefenderCompressor",
     "RagdefenseEmbeddings",
     "RobustRAGChain",
+    "RobustRAGOutput",
+    "RobustRAGQuestion",
     "__version__",
     "defend",
     "red_team",

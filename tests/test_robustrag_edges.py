@@ -151,6 +151,15 @@ def test_langchain_chain_follows_its_fields() -> None:
     assert out["report"].aggregation == "majority"
     copy = chain.model_copy(update={"aggregation": "keyword"})
     assert copy.invoke(Q)["report"].aggregation == "keyword"
+    # the schemas say what it takes and returns (a playground or a typed chain reads them)
+    schema = chain.get_input_jsonschema()
+    assert {"type": "string"} in schema["anyOf"]
+    asked = schema["$defs"]["RobustRAGQuestion"]["properties"]
+    assert {"question", "query", "input", "choices"} == set(asked)
+    assert chain.input_schema.model_validate({"question": Q, "choices": CHOICES}).root["choices"]
+    returned = chain.get_output_jsonschema()
+    fields = returned["$defs"]["RobustRAGOutput"]["properties"]
+    assert set(fields) == {"query", "answer", "context", "report"} == set(out)
 
 
 def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> None:

@@ -12,7 +12,7 @@ The adapters only convert types; every algorithm lives in :mod:`ragdefense`.
 """
 
 from ._version import __version__
-from .chain import RobustRAGChain
+from .chain import RobustRAGChain, RobustRAGOutput, RobustRAGQuestion
 from .compressors import (
     EVENT_NAME,
     AutoDefenseCompressor,
@@ -35,6 +35,8 @@ __all__ = [
     "RAGDefenderCompressor",
     "RagdefenseEmbeddings",
     "RobustRAGChain",
+    "RobustRAGOutput",
+    "RobustRAGQuestion",
     "__version__",
     "defend",
     "red_team",

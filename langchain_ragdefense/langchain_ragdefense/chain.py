@@ -17,6 +17,7 @@ from langchain_core.retrievers import RetrieverLike
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import patch_config
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
+from typing_extensions import TypedDict
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import checked_set, robust_engine
@@ -24,7 +25,28 @@ from ragdefense.integration.records import check_items
 from ragdefense.llm import LangChainLLM
 from ragdefense.robustrag.checks import check_certify
 
-__all__ = ["RobustRAGChain"]
+__all__ = ["RobustRAGChain", "RobustRAGOutput", "RobustRAGQuestion"]
+
+
+class RobustRAGQuestion(TypedDict, total=False):
+    """A question as a dict: ``question`` (or ``query`` / ``input``), and for multiple choice
+    the ``choices``."""
+
+    question: str
+    query: str
+    input: str
+    choices: list[str]
+
+
+class RobustRAGOutput(TypedDict):
+    """What the chain returns: the query, the aggregated answer, the retrieved documents and
+    the core :class:`ragdefense.RobustAnswer` behind the answer."""
+
+    query: str
+    answer: str
+    context: list[Document]
+    report: Any
+
 
 _SLOTS_LOCK = threading.Lock()
 
@@ -125,6 +147,17 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         ):
             self._robust, self._built_for = robust_engine(*fields), fields
         return self._robust
+
+    @property
+    def InputType(self) -> Any:
+        """A question string, or a ``RobustRAGQuestion`` dict (what the input schema
+        shows)."""
+        return str | RobustRAGQuestion
+
+    @property
+    def OutputType(self) -> Any:
+        """A ``RobustRAGOutput`` dict (what the output schema shows)."""
+        return RobustRAGOutput
 
     @classmethod
     def from_llm(
