@@ -201,3 +201,34 @@ def test_the_audit_reads_the_sources_the_default_reads(
         report = audit(kb, embedder=toy_embedder, workdir=tmp_path / name)
         assert {f.source for f in report.findings} == expected[name], name
         assert report.stats["sources"] == len(TOPICS)
+
+
+def test_a_trusted_folder_given_as_the_reader_was_trusts_its_nodes(
+    tmp_path: Path, toy_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A LlamaIndex reader given the relative folder ``kb/handbook`` writes absolute
+    ``file_path``s; ``trusted={"kb/handbook"}`` named the folder as the reader was given it and
+    trusted none of its nodes. A relative entry is also read from the working folder."""
+    handbook, uploads = tmp_path / "kb" / "handbook", tmp_path / "kb" / "uploads"
+    for where, texts in ((handbook, TOPICS[:3]), (uploads, TOPICS[3:])):
+        where.mkdir(parents=True)
+        for i, text in enumerate(texts):
+            (where / f"note_{i}.txt").write_text(text, encoding="utf-8")
+    monkeypatch.chdir(tmp_path)
+    documents = SimpleDirectoryReader("kb", recursive=True).load_data()
+    assert all(Path(d.metadata["file_path"]).is_absolute() for d in documents)
+    embed = RagdefenseEmbedding(toy_embedder)
+    nodes = (
+        VectorStoreIndex.from_documents(documents, embed_model=embed)
+        .as_retriever(similarity_top_k=10)
+        .retrieve(QUERY)
+    )
+    for entry in ("kb/handbook", "./kb/handbook/", str(handbook)):
+        post = ConsensusPostprocessor(embed_model=embed, trusted={entry})
+        out = post.postprocess_nodes(nodes, query_bundle=QueryBundle(QUERY))
+        trusted = {
+            n.node.metadata["file_path"]
+            for n in out
+            if "', trusted)" in n.node.metadata["ragdefense"]["reason"]
+        }
+        assert trusted == {str(handbook / f"note_{i}.txt") for i in range(3)}, entry

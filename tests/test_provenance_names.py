@@ -158,3 +158,34 @@ def test_a_trusted_folder_keeps_its_files_through_the_default_defense() -> None:
     passages = [Passage(t, metadata={"source": s}) for t, s in zip(texts, sources, strict=True)]
     result = Consensus(trusted={"kb/handbook/"}).defend("How many days of leave?", passages)
     assert result.estimates["trusted"] == [0, 1]
+
+
+def test_a_relative_folder_is_also_read_from_the_working_folder(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    absolute = f"{tmp_path}/kb/handbook/leave.pdf"
+    assert _trusted({"kb/handbook"}, {"file_path": absolute})
+    assert _trusted({"kb/handbook"}, {"source": "kb/handbook/leave.pdf"})  # as written, too
+    assert not _trusted({"kb/handbook"}, {"file_path": "/elsewhere/kb/handbook/leave.pdf"})
+    assert not _trusted({"../handbook"}, {"file_path": absolute})
+
+
+def test_a_defense_reads_a_relative_folder_from_the_working_folder_of_each_query(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The trusted test is cached per setting: the working folder is part of the setting."""
+    from ragdefense import Consensus
+
+    first, second = tmp_path / "a", tmp_path / "b"
+    first.mkdir(), second.mkdir()
+    texts = ["Leave is 25 days a year.", "Parental leave is 16 weeks.", "Leave is 40 days."]
+    defense = Consensus(trusted={"kb/handbook"})
+    for here in (first, second):
+        monkeypatch.chdir(here)
+        passages = [
+            Passage(t, metadata={"file_path": f"{where}/kb/handbook/{i}.md"})
+            for i, (t, where) in enumerate(zip(texts, (first, second, here), strict=True))
+        ]
+        found = defense.defend("How many days of leave?", passages).estimates["trusted"]
+        assert found == ([0, 2] if here == first else [1, 2])

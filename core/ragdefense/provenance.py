@@ -272,8 +272,21 @@ def is_trusted_by(
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
     # a page's entry trusts what is under it by the page rule (escapes read as servers do)
-    folders = frozenset(f for t in named if not pages[t] and (f := _folder(t)) is not None)
+    folders = frozenset(f for t in named if not pages[t] for f in _folders(t))
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
+
+
+def _folders(entry: Any) -> list[str]:
+    """:func:`_folder` of ``entry``, a relative one (``data/handbook``) also from the working
+    folder: a LlamaIndex reader writes absolute paths for the relative folder it was given."""
+    folder = _folder(entry)
+    if folder is None or folder.startswith("/") or has_scheme(folder) or folder[1:2] == ":":
+        return [folder] if folder else []
+    try:
+        here = os.getcwd().replace("\\", "/")
+    except OSError:  # the working folder was removed
+        return [folder]
+    return [folder, posixpath.normpath(posixpath.join(here, folder))]
 
 
 def _folder(entry: Any) -> str | None:
@@ -282,11 +295,8 @@ def _folder(entry: Any) -> str | None:
     (:func:`~ragdefense.addresses.resolved_path`); ``None`` for another entry (a host,
     ``who.int/`` too, a bare file name, a web address). A root (``/``, ``C:/``, ``s3://``,
     ``file:///``, ``file://host/``) is refused: it would trust every file."""
-    raw = str(entry).strip()
-    if not ("/" in raw or "\\" in raw) or bare_host(raw.rstrip("/").rstrip(".")):
-        return None
-    text = _normal(entry, file=True)
-    if text is None:
+    raw, text = str(entry).strip(), _normal(entry, file=True)
+    if text is None or "/" not in raw.replace("\\", "/") or bare_host(raw.rstrip("/").rstrip(".")):
         return None
     folder = resolved_path(text)
     scheme, sep, rest = folder.partition("://")
@@ -326,9 +336,8 @@ def _page(entry: Any) -> str | None:
 
 @dataclass(frozen=True)
 class _Sources:
-    """Trusted: a passage from one of ``names`` (``files`` where its source is read from a file
-    key), from one of ``pages`` or under it, or a file under one of ``folders`` (a defense
-    holding it pickles)."""
+    """Trusted: a passage from one of ``names`` (``files`` for a file key's), from or under one
+    of ``pages``, or under one of ``folders`` (a defense holding it pickles)."""
 
     names: frozenset[str]
     pages: frozenset[str] = frozenset()
@@ -340,11 +349,7 @@ class _Sources:
         if source is None:
             return False
         # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md")
-        if (
-            self.folders
-            and "/" in source
-            and self.folders.intersection(_prefixes(resolved_path(source)))
-        ):
+        if self.folders and "/" in source and self.folders & _prefixes(resolved_path(source)):
             return True
         if source in self.names or source in self.files:  # which form: read its key again
             _, value, key = _source_value(passage.metadata, self.source_key)

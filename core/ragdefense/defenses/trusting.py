@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
@@ -82,11 +83,19 @@ def trust_of(trusted: Trust, source_key: str | None) -> Callable[[Passage, str |
     try:
         listed = isinstance(trusted, (set, frozenset, list, tuple))
         key: Any = frozenset(trusted) if listed else trusted  # type: ignore[arg-type]
-        return _kept(key, source_key)
+        return _kept(key, source_key, _here() if listed else None)
     except TypeError:  # unhashable (a predicate object), or entries refused: said as given
         return is_trusted_by(trusted, source_key)
 
 
+def _here() -> str | None:
+    """The working folder, which a relative trusted folder is also read from."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None
+
+
 @lru_cache(maxsize=16)
-def _kept(trusted: Any, source_key: str | None) -> Callable[[Passage, str | None], bool]:
+def _kept(trusted: Any, source_key: str | None, here: str | None) -> Callable[..., bool]:
     return is_trusted_by(trusted, source_key)
