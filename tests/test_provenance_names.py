@@ -125,7 +125,8 @@ def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[s
         ("kb/handbook", {"source": "kb/handbook-drafts/leave.md"}),  # a prefix, not a folder
         ("kb/handbook", {"source": "kb/handbook/../uploads/leave.md"}),
         ("/srv/kb/handbook", {"file_path": "/srv/kb/uploads/x.pdf"}),
-        ("s3://acme-docs/policies", {"source": "s3://acme-docs/policies/../uploads/x.pdf"}),
+        # a storage key is opaque: this one is written under uploads/, as the store reads it
+        ("s3://acme-docs/policies", {"source": "s3://acme-docs/uploads/../policies/x.pdf"}),
         ("s3://acme-docs", {"source": "s3://acme-docs-evil/x.pdf"}),
         ("file:///srv/kb/handbook", {"source": "file:///srv/kb/handbook/%2e%2e/up/x.pdf"}),
         ("kb/handbook", {"source": "https://kb/handbook/x"}),  # a web address: its host
@@ -143,11 +144,20 @@ def test_a_trusted_folder_trusts_nothing_beside_it(entry: str, metadata: dict[st
 
 
 @pytest.mark.parametrize(
-    "entry", ["/", "s3://", "file:///", " / ", "file://localhost/", "C:/", "C:\\"]
+    "entry",
+    ["/", "s3://", "file:///", " / ", "file://localhost/", "C:/", "C:\\", "s3:/", "file:/", "./"],
 )
 def test_a_trusted_root_is_refused(entry: str) -> None:
     with pytest.raises(ValueError, match="root"):
-        is_trusted_by({entry})
+        is_trusted_by({entry}, cwd="/srv/app")
+
+
+@pytest.mark.parametrize(("entry", "cwd"), [("../", "/srv"), ("../", "C:\\app"), ("kb/..", "/")])
+def test_a_relative_folder_that_is_a_root_from_the_working_folder_is_refused(
+    entry: str, cwd: str
+) -> None:
+    with pytest.raises(ValueError, match="root"):
+        is_trusted_by({entry}, cwd=cwd)
 
 
 def test_a_trusted_folder_keeps_its_files_through_the_default_defense() -> None:
@@ -169,6 +179,8 @@ def test_a_relative_folder_is_also_read_from_the_working_folder(
     assert _trusted({"kb/handbook"}, {"source": "kb/handbook/leave.pdf"})  # as written, too
     assert not _trusted({"kb/handbook"}, {"file_path": "/elsewhere/kb/handbook/leave.pdf"})
     assert not _trusted({"../handbook"}, {"file_path": absolute})
+    other = Passage("text", metadata={"file_path": "/elsewhere/kb/handbook/leave.pdf"})
+    assert is_trusted_by({"kb/handbook"}, cwd="/elsewhere")(other, source_of(other))
 
 
 def test_a_defense_reads_a_relative_folder_from_the_working_folder_of_each_query(
@@ -189,3 +201,18 @@ def test_a_defense_reads_a_relative_folder_from_the_working_folder_of_each_query
         ]
         found = defense.defend("How many days of leave?", passages).estimates["trusted"]
         assert found == ([0, 2] if here == first else [1, 2])
+
+
+def test_the_cached_trust_test_reads_the_working_folder_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its cache key and its folders came from two reads of the working folder: a ``chdir``
+    in another thread between them cached one folder's test under the other's key."""
+    import os
+
+    from ragdefense.defenses.trusting import trust_of
+
+    folders = iter(["/first", "/second", "/third"])
+    monkeypatch.setattr(os, "getcwd", lambda: next(folders))
+    test = trust_of({"kb/only-this-test"}, "auto")
+    assert test.folders == {"kb/only-this-test", "/first/kb/only-this-test"}  # type: ignore[attr-defined]

@@ -157,6 +157,7 @@ def test_langchain_chain_follows_its_fields() -> None:
     asked = schema["$defs"]["RobustRAGQuestion"]["properties"]
     assert {"question", "query", "input", "choices"} == set(asked)
     assert chain.input_schema.model_validate({"question": Q, "choices": CHOICES}).root["choices"]
+    assert chain.input_schema.model_validate({"question": Q, "choices": None})  # no choices
     returned = chain.get_output_jsonschema()
     fields = returned["$defs"]["RobustRAGOutput"]["properties"]
     assert set(fields) == {"query", "answer", "context", "report"} == set(out)

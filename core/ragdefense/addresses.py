@@ -1,21 +1,27 @@
-"""Web addresses and host names as provenance reads them: which text is an address, its host,
-a scheme-less address, a path in one spelling (:mod:`ragdefense.provenance` turns them into
-sources and documents)."""
+"""Web addresses, host names and file paths as provenance reads them: which text is an
+address, its host, a scheme-less address, a path in one spelling, the pages and folders a
+trusted entry names (:mod:`ragdefense.provenance` turns them into sources, documents and
+trust)."""
 
 from __future__ import annotations
 
 import posixpath
 import re
 import unicodedata
+from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
     "WEB_SCHEMES",
     "bare_host",
     "clean_path",
+    "decoded_document",
+    "folder_forms",
     "has_scheme",
     "host_name",
     "is_web",
+    "page_prefix",
+    "path_prefixes",
     "resolved_path",
     "schemeless",
     "web_host",
@@ -123,15 +129,76 @@ def clean_path(path: str, browser: bool = True) -> str:
     return "" if resolved == "/" else resolved
 
 
+def page_prefix(entry: Any) -> str | None:
+    """``host/path`` of a trusted web address with a path (its scheme may be left out), the
+    path's dot segments resolved; ``None`` for any other entry. One with a query is refused: a
+    query names a page among a site's pages, and a path prefix cannot say which."""
+    text = str(entry).strip()
+    if has_scheme(text) and not is_web(text):
+        return None  # a storage or file address: trusted as the one file it names
+    if not has_scheme(text):
+        web = schemeless(text)
+        if web is None:
+            return None
+        text = web
+    host = web_host(text)
+    if host is None:
+        return None
+    parts = urlsplit(text)
+    if parts.query:
+        raise ValueError(
+            f"trusted {entry!r}: an address with a query is not a page prefix; trust such "
+            "pages with a predicate on the metadata"
+        )
+    path = clean_path(parts.path)
+    return f"{host}{path}" if path else None
+
+
+def decoded_document(document: str) -> str:
+    """``host/path`` with every escape of its path decoded (``%2F`` a ``/``), as some servers
+    read it before resolving its dot segments."""
+    host, _, path = document.partition("/")
+    return host + clean_path("/" + unquote(path))
+
+
+def path_prefixes(document: str) -> set[str]:
+    """``document`` and each of its prefixes ending before a ``/`` (the pages holding it)."""
+    return {document, *(document[:i] for i, c in enumerate(document) if c == "/")}
+
+
+#: a drive (``C:``) or a scheme written without its slashes (``s3:``) opening a path
+_DRIVE = re.compile(r"[A-Za-z][\w+.-]*:")
+
+
 def resolved_path(path: str) -> str:
-    """A file path (one spelling, ``/`` separators) or a storage address (``s3://``, ``file://``)
-    with its dot segments resolved and no trailing ``/``: ``s3://acme/a/../b/`` is
-    ``s3://acme/b``; a file URL as it is opened (``%2e%2e`` is ``..``, ``\\`` a separator)."""
+    """A file path (one spelling, ``/`` separators) or a storage address without a trailing
+    ``/``; a file path's or file URL's dot segments resolved (a file URL as it is opened:
+    ``%2e%2e`` is ``..``, ``\\`` a separator). Another storage address's key is opaque:
+    ``s3://acme/uploads/../policies/x`` is a key under ``uploads/``, as the store reads it."""
     if not has_scheme(path):
         return path.rstrip("/") or path
     scheme, _, rest = path.strip().partition("://")
+    if scheme.lower() != "file":
+        return f"{scheme.lower()}://{rest.rstrip('/')}"
     head, slash, tail = rest.partition("/")
-    if scheme.lower() == "file":
-        tail = unquote(tail).replace("\\", "/")
-    tail = posixpath.normpath("/" + tail).lstrip("/") if slash else ""
-    return f"{scheme.lower()}://{head}" + (f"/{tail}" if tail else "")
+    tail = posixpath.normpath("/" + unquote(tail).replace("\\", "/")).lstrip("/") if slash else ""
+    return f"file://{head}" + (f"/{tail}" if tail else "")
+
+
+def folder_forms(folder: str, here: str | None) -> list[str]:
+    """A trusted folder (:func:`resolved_path`), and a relative one also from ``here`` (the
+    working folder). A root (``/``, ``C:/``, ``s3://``, ``file://host/``, ``.``) is refused,
+    either way: it would trust every file."""
+    forms = [folder]
+    if here and not (folder.startswith("/") or has_scheme(folder) or _DRIVE.match(folder)):
+        forms.append(posixpath.normpath(posixpath.join(here.replace("\\", "/"), folder)))
+    for form in forms:
+        scheme, sep, rest = form.partition("://")
+        path = (rest.partition("/")[2] if scheme == "file" else rest) if sep else form
+        path = path.strip("/")
+        if not path or path in (".", "..") or _DRIVE.fullmatch(path):
+            raise ValueError(
+                f"trusted {folder!r} is a root ({form!r}): it trusts every file under it; name "
+                "a folder, a bucket or a file"
+            )
+    return forms

@@ -16,19 +16,21 @@ import math
 import numbers
 import os
 import posixpath
-import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import urlsplit
 
 from .addresses import (
     WEB_SCHEMES,
     bare_host,
     clean_path,
+    decoded_document,
+    folder_forms,
     has_scheme,
     host_name,
-    is_web,
+    page_prefix,
+    path_prefixes,
     resolved_path,
     schemeless,
     web_host,
@@ -224,7 +226,7 @@ def sources_of(passages: Sequence[Passage], source_key: str | None = AUTO) -> li
 
 
 def is_trusted_by(
-    trusted: Trust, source_key: str | None = AUTO
+    trusted: Trust, source_key: str | None = AUTO, *, cwd: str | None = None
 ) -> Callable[[Passage, str | None], bool]:
     """A test ``(passage, its source) -> trusted?`` for ``trusted``: a collection of sources,
     or a predicate on the passage's metadata, its answer read as Python's truth but for a
@@ -237,9 +239,10 @@ def is_trusted_by(
     pages under it (:func:`document_of` read with ``source_key``, dot segments resolved), not
     its whole host: a shared host (a code forge, a blog platform) serves anyone's pages. One
     with a query (``?t=1``) is refused: a path prefix cannot tell one thread from another. A
-    file path or storage address trusts that file and, as a folder, the files under it
-    (``"kb/handbook"`` trusts ``kb/handbook/leave.md``; dot segments resolved); a root is
-    refused.
+    file path or storage address written as a path trusts that file and, as a folder, the
+    files under it (``"kb/handbook"`` trusts ``kb/handbook/leave.md``; a file path's dot
+    segments resolved, a storage key's not), a relative one also from ``cwd`` (``None``: the
+    working folder now), as readers write absolute paths; a root is refused.
 
     Examples:
         >>> passage = Passage("...", metadata={"source": "https://who.int/x", "reviewed": True})
@@ -264,7 +267,7 @@ def is_trusted_by(
     odd = [t for t in trusted if not isinstance(t, (str, os.PathLike))]
     if odd:
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
-    pages = {t: _page(t) for t in trusted}
+    pages = {t: page_prefix(t) for t in trusted}
     # also the exact source an entry names ("www.who.int/index.html": a path under "source"),
     # read as a host where it may be one, and as a file key's value, its case kept ("Main.py"
     # trusts the file Main.py, not main.py)
@@ -272,66 +275,25 @@ def is_trusted_by(
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
     # a page's entry trusts what is under it by the page rule (escapes read as servers do)
-    folders = frozenset(f for t in named if not pages[t] for f in _folders(t))
+    if cwd is None:
+        try:
+            cwd = os.getcwd()
+        except OSError:  # the working folder was removed: relative folders as written only
+            cwd = None
+    found = [f for t in named if not pages[t] and (f := _folder(t)) is not None]
+    folders = frozenset(form for f in found for form in folder_forms(f, cwd))
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
 
 
-def _folders(entry: Any) -> list[str]:
-    """:func:`_folder` of ``entry``, a relative one (``data/handbook``) also from the working
-    folder: a LlamaIndex reader writes absolute paths for the relative folder it was given."""
-    folder = _folder(entry)
-    if folder is None or folder.startswith("/") or has_scheme(folder) or folder[1:2] == ":":
-        return [folder] if folder else []
-    try:
-        here = os.getcwd().replace("\\", "/")
-    except OSError:  # the working folder was removed
-        return [folder]
-    return [folder, posixpath.normpath(posixpath.join(here, folder))]
-
-
 def _folder(entry: Any) -> str | None:
-    """A trusted file path or storage address (``kb/handbook``, ``docs/``,
+    """A trusted file path or storage address written as a path (``kb/handbook``, ``docs/``,
     ``s3://acme/policies/``) as the folder or key prefix holding the files under it
     (:func:`~ragdefense.addresses.resolved_path`); ``None`` for another entry (a host,
-    ``who.int/`` too, a bare file name, a web address). A root (``/``, ``C:/``, ``s3://``,
-    ``file:///``, ``file://host/``) is refused: it would trust every file."""
+    ``who.int/`` too, a bare file name, a web address)."""
     raw, text = str(entry).strip(), _normal(entry, file=True)
     if text is None or "/" not in raw.replace("\\", "/") or bare_host(raw.rstrip("/").rstrip(".")):
         return None
-    folder = resolved_path(text)
-    scheme, sep, rest = folder.partition("://")
-    path = rest.partition("/")[2] if sep and scheme == "file" else rest if sep else folder
-    if not path.strip("/") or re.fullmatch(r"/?[A-Za-z]:/?", path):  # "/", or a drive "C:/"
-        raise ValueError(
-            f"trusted {entry!r}: a root trusts every file under it; name a folder, a bucket "
-            "or a file"
-        )
-    return folder
-
-
-def _page(entry: Any) -> str | None:
-    """``host/path`` of a web address with a path (its scheme may be left out), the path's
-    dot segments resolved; ``None`` for any other entry. One with a query is refused: a query
-    names a page among a site's pages, and a path prefix cannot say which."""
-    text = str(entry).strip()
-    if has_scheme(text) and not is_web(text):
-        return None  # a storage or file address: trusted as the one file it names
-    if not has_scheme(text):
-        web = schemeless(text)
-        if web is None:
-            return None
-        text = web
-    host = web_host(text)
-    if host is None:
-        return None
-    parts = urlsplit(text)
-    if parts.query:
-        raise ValueError(
-            f"trusted {entry!r}: an address with a query is not a page prefix; trust such "
-            "pages with a predicate on the metadata"
-        )
-    path = clean_path(parts.path)
-    return f"{host}{path}" if path else None
+    return resolved_path(text)
 
 
 @dataclass(frozen=True)
@@ -349,7 +311,7 @@ class _Sources:
         if source is None:
             return False
         # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md")
-        if self.folders and "/" in source and self.folders & _prefixes(resolved_path(source)):
+        if self.folders and "/" in source and self.folders & path_prefixes(resolved_path(source)):
             return True
         if source in self.names or source in self.files:  # which form: read its key again
             _, value, key = _source_value(passage.metadata, self.source_key)
@@ -364,22 +326,10 @@ class _Sources:
         # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
         seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
         # a page p holds d where d is p or starts with p + "/": look d's prefixes up
-        held = self.pages.intersection(*map(_prefixes, seen))
+        held = self.pages.intersection(*map(path_prefixes, seen))
         # and as servers decoding every escape read page and document ("..%2f" is "../")
-        decoded = _prefixes(_decoded(doc)) if held else set()
-        return any(_decoded(p) in decoded for p in held)
-
-
-def _decoded(document: str) -> str:
-    """``host/path`` with every escape of its path decoded (``%2F`` a ``/``), as some servers
-    read it before resolving its dot segments."""
-    host, _, path = document.partition("/")
-    return host + clean_path("/" + unquote(path))
-
-
-def _prefixes(document: str) -> set[str]:
-    """``document`` and each of its prefixes ending before a ``/`` (the pages holding it)."""
-    return {document, *(document[:i] for i, c in enumerate(document) if c == "/")}
+        decoded = path_prefixes(decoded_document(doc)) if held else set()
+        return any(decoded_document(p) in decoded for p in held)
 
 
 @dataclass(frozen=True)

@@ -35,7 +35,7 @@ class RobustRAGQuestion(TypedDict, total=False):
     question: str
     query: str
     input: str
-    choices: list[str]
+    choices: list[str] | None
 
 
 class RobustRAGOutput(TypedDict):

@@ -83,7 +83,7 @@ def trust_of(trusted: Trust, source_key: str | None) -> Callable[[Passage, str |
     try:
         listed = isinstance(trusted, (set, frozenset, list, tuple))
         key: Any = frozenset(trusted) if listed else trusted  # type: ignore[arg-type]
-        return _kept(key, source_key, _here() if listed else None)
+        return _kept(key, source_key, _here())
     except TypeError:  # unhashable (a predicate object), or entries refused: said as given
         return is_trusted_by(trusted, source_key)
 
@@ -98,4 +98,4 @@ def _here() -> str | None:
 
 @lru_cache(maxsize=16)
 def _kept(trusted: Any, source_key: str | None, here: str | None) -> Callable[..., bool]:
-    return is_trusted_by(trusted, source_key)
+    return is_trusted_by(trusted, source_key, cwd=here)  # the folder the key was read in
