@@ -12,6 +12,7 @@ subdomains are hosts of their own); any other value, a storage address
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -274,12 +275,9 @@ def is_trusted_by(
     named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
+    with contextlib.suppress(OSError):  # a removed working folder: relative ones as written
+        cwd = os.getcwd() if cwd is None else cwd
     # a page's entry trusts what is under it by the page rule (escapes read as servers do)
-    if cwd is None:
-        try:
-            cwd = os.getcwd()
-        except OSError:  # the working folder was removed: relative folders as written only
-            cwd = None
     found = [f for t in named if not pages[t] and (f := _folder(t)) is not None]
     folders = frozenset(form for f in found for form in folder_forms(f, cwd))
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
