@@ -216,3 +216,17 @@ def test_the_cached_trust_test_reads_the_working_folder_once(
     monkeypatch.setattr(os, "getcwd", lambda: next(folders))
     test = trust_of({"kb/only-this-test"}, "auto")
     assert test.folders == {"kb/only-this-test", "/first/kb/only-this-test"}  # type: ignore[attr-defined]
+
+
+def test_a_long_source_value_is_read_as_a_short_one() -> None:
+    """Readings of source values are kept (a store's documents come back query after query),
+    but for values too long to be a name: those are read each time, the same way."""
+    from ragdefense.provenance import _normal_text
+
+    long_path = "kb/" + "x" * 3000 + "/a.pdf"
+    before = _normal_text.cache_info().currsize
+    passage = Passage("text", metadata={"file_path": long_path, "url": None})
+    assert source_of(passage) == document_of(passage) == long_path
+    assert _normal_text.cache_info().currsize == before
+    page = Passage("text", metadata={"url": "https://who.int/news/" + "n" * 3000})
+    assert source_of(page) == "who.int" and document_of(page) == "who.int/news/" + "n" * 3000

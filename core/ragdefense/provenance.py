@@ -19,6 +19,7 @@ import os
 import posixpath
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -91,7 +92,17 @@ def _normal(value: Any, web: bool = False, file: bool = False) -> str | None:
     scheme-relative, ``//who.int/news``); ``file``: a file key's, never a host."""
     if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
         return None
-    text = str(value).strip()
+    text = value if type(value) is str else str(value)
+    return (_normal_text if len(text) <= _CACHED else _normal_text.__wrapped__)(text, web, file)
+
+
+#: the longest value whose reading is kept (a source is a name or an address, not a document)
+_CACHED = 2048
+
+
+@lru_cache(maxsize=8192)  # a store's documents come back query after query
+def _normal_text(value: str, web: bool, file: bool) -> str | None:
+    text = value.strip()
     if not text or text.casefold() in _MISSING:
         return None
     if web and text.startswith("//") and not text.startswith("///"):  # scheme-relative
@@ -170,7 +181,14 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
     host, value, _ = _source_value(passage.metadata, source_key)
     if host is None:
         return None
-    text = str(value).strip()
+    text = str(value)
+    return (_document if len(text) <= _CACHED else _document.__wrapped__)(host, text)
+
+
+@lru_cache(maxsize=8192)
+def _document(host: str, value: str) -> str:
+    """:func:`document_of` of a passage whose source ``host`` is read from ``value``."""
+    text = value.strip()
     page = None if has_scheme(text) else schemeless(text[2:] if text[:2] == "//" else text)
     text = page if page is not None and web_host(page) == host else text  # read as a page
     if web_host(text) is None:

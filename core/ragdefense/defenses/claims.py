@@ -13,6 +13,7 @@ or another language's function words are not), and a site's own name is never it
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 
 from ..text import split_sentences, tokenize
 from .pool import Pool
@@ -48,6 +49,7 @@ def _number(written: str) -> str:
     return written.replace(",", "") if _THOUSANDS.fullmatch(written) else written
 
 
+@lru_cache(maxsize=65536)
 def _singular(token: str) -> str:
     if len(token) > 4 and token.endswith("ies"):
         return token[:-3] + "y"
