@@ -239,3 +239,14 @@ def test_numbers_with_a_point_or_separators_are_one_term() -> None:
     found = steps.defend_embeddings(query, passages, emb, q)
     assert found.removed_indices == [3, 4, 5], found.to_table()
     assert found.estimates["claims"] == {"attacker.example": ["5.28084"]}
+
+
+def test_a_long_token_is_folded_without_being_kept() -> None:
+    """Plural folds of words are kept; a long token (a poisoned corpus can hold any) is not,
+    so the kept folds stay small."""
+    from ragdefense.defenses.claims import _singular
+
+    before = _singular.cache_info().currsize
+    token = "x" * 200 + "ies"
+    assert claim_terms(f"the {token} went") == {"x" * 200 + "y", "went"}
+    assert _singular.cache_info().currsize <= before + 1  # "went" at most

@@ -137,6 +137,13 @@ def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[s
         ("github.com/acme/handbook", {"source": "github.com/acme/handbook/..%2f..%2fother"}),
         ("10.0.0.1/admin", {"source": "10.0.0.1/admin/%2e%2e/x"}),
         ("who.int/", {"source": "who.int/x"}),  # a host written with its slash: no folder
+        # off Windows a backslash is part of a name: this is a file of uploads/
+        ("/srv/kb/handbook", {"file_path": "/srv/kb/uploads/x\\..\\..\\handbook\\a.md"}),
+        ("/srv/kb/handbook/a.md", {"file_path": "/srv/kb/uploads/x\\..\\..\\handbook\\a.md"}),
+        ("file:///srv/kb/handbook", {"source": "file:///srv/kb/uploads/..%5Chandbook%5Cx.md"}),
+        # stores differ on dot segments in keys (HDFS, SFTP resolve them; S3 does not)
+        ("hdfs://nn/kb/handbook", {"source": "hdfs://nn/kb/handbook/../uploads/x.md"}),
+        ("s3://acme/policies", {"source": "s3://acme/policies/../uploads/x.md"}),
     ],
 )
 def test_a_trusted_folder_trusts_nothing_beside_it(entry: str, metadata: dict[str, str]) -> None:
@@ -152,7 +159,18 @@ def test_a_trusted_root_is_refused(entry: str) -> None:
         is_trusted_by({entry}, cwd="/srv/app")
 
 
-@pytest.mark.parametrize(("entry", "cwd"), [("../", "/srv"), ("../", "C:\\app"), ("kb/..", "/")])
+@pytest.mark.parametrize(
+    ("entry", "cwd"),
+    [
+        ("../", "/srv"),
+        ("../", "C:\\app"),
+        ("kb/..", "/"),
+        ("../..", "\\\\server\\share\\app"),  # never above a share
+        ("//server/share/", "/"),
+        ("\\\\server\\share", "/"),
+        ("file://server/share/", "/"),
+    ],
+)
 def test_a_relative_folder_that_is_a_root_from_the_working_folder_is_refused(
     entry: str, cwd: str
 ) -> None:
@@ -230,3 +248,12 @@ def test_a_long_source_value_is_read_as_a_short_one() -> None:
     assert _normal_text.cache_info().currsize == before
     page = Passage("text", metadata={"url": "https://who.int/news/" + "n" * 3000})
     assert source_of(page) == "who.int" and document_of(page) == "who.int/news/" + "n" * 3000
+
+
+def test_a_relative_folder_never_climbs_above_the_working_folders_drive() -> None:
+    assert is_trusted_by({"../../kb"}, cwd="C:\\app").folders == {  # type: ignore[attr-defined]
+        "../../kb",
+        "C:/kb",
+    }
+    windows = Passage("text", metadata={"file_path": "C:\\kb\\handbook\\a.pdf"})
+    assert is_trusted_by({"C:\\kb\\handbook"})(windows, source_of(windows))

@@ -5,6 +5,7 @@ trust)."""
 
 from __future__ import annotations
 
+import ntpath
 import posixpath
 import re
 import unicodedata
@@ -15,6 +16,7 @@ __all__ = [
     "WEB_SCHEMES",
     "bare_host",
     "clean_path",
+    "climbs_by_backslash",
     "decoded_document",
     "folder_forms",
     "has_scheme",
@@ -170,35 +172,52 @@ def path_prefixes(document: str) -> set[str]:
 _DRIVE = re.compile(r"[A-Za-z][\w+.-]*:")
 
 
-def resolved_path(path: str) -> str:
+def resolved_path(path: str, dots: bool = False) -> str:
     """A file path (one spelling, ``/`` separators) or a storage address without a trailing
-    ``/``; a file path's or file URL's dot segments resolved (a file URL as it is opened:
-    ``%2e%2e`` is ``..``, ``\\`` a separator). Another storage address's key is opaque:
-    ``s3://acme/uploads/../policies/x`` is a key under ``uploads/``, as the store reads it."""
+    ``/``, a file URL's path decoded. Dot segments are resolved in a file path and a file URL,
+    and in another address's key with ``dots`` only: stores differ (S3 reads
+    ``uploads/../policies/x`` as a key under ``uploads/``, HDFS and SFTP resolve it), so a
+    key is under a folder only when it is both ways (:func:`climbs_by_backslash` for ``\\``)."""
     if not has_scheme(path):
         return path.rstrip("/") or path
     scheme, _, rest = path.strip().partition("://")
-    if scheme.lower() != "file":
-        return f"{scheme.lower()}://{rest.rstrip('/')}"
+    scheme = scheme.lower()
+    if scheme != "file" and not dots:
+        return f"{scheme}://{rest.rstrip('/')}"
     head, slash, tail = rest.partition("/")
-    tail = posixpath.normpath("/" + unquote(tail).replace("\\", "/")).lstrip("/") if slash else ""
-    return f"file://{head}" + (f"/{tail}" if tail else "")
+    tail = unquote(tail) if scheme == "file" else tail
+    tail = posixpath.normpath("/" + tail).lstrip("/") if slash else ""
+    return f"{scheme}://{head}" + (f"/{tail}" if tail else "")
 
 
-def folder_forms(folder: str, here: str | None) -> list[str]:
+def climbs_by_backslash(path: str) -> bool:
+    """Whether ``path`` (a file URL's decoded) holds a ``..`` segment next to a ``\\``: on
+    Windows a separator, elsewhere part of a file's name (``uploads/x\\..\\..\\handbook``
+    is a file in ``uploads``), so no folder can be said to hold it."""
+    text = unquote(path) if has_scheme(path) else path
+    return "\\" in text and ".." in re.split(r"[\\/]", text)
+
+
+def folder_forms(entry: Any, folder: str, here: str | None) -> list[str]:
     """A trusted folder (:func:`resolved_path`), and a relative one also from ``here`` (the
-    working folder). A root (``/``, ``C:/``, ``s3://``, ``file://host/``, ``.``) is refused,
-    either way: it would trust every file."""
+    working folder; never above its drive, share or root). A folder that names none of its
+    own (``/``, ``C:/``, ``//server/share``, ``s3://``, ``file://host/``, ``.``, ``..``) is
+    refused, as written or from ``here``: it would trust every file."""
     forms = [folder]
     if here and not (folder.startswith("/") or has_scheme(folder) or _DRIVE.match(folder)):
-        forms.append(posixpath.normpath(posixpath.join(here.replace("\\", "/"), folder)))
+        drive, base = ntpath.splitdrive(here.replace("\\", "/"))
+        forms.append(drive + posixpath.normpath(posixpath.join(base or "/", folder)))
     for form in forms:
         scheme, sep, rest = form.partition("://")
-        path = (rest.partition("/")[2] if scheme == "file" else rest) if sep else form
+        host, _, path = rest.partition("/") if scheme == "file" else ("", "", rest)
+        if not sep:  # below its drive or share ("//server/share" is one, as "C:")
+            path = ntpath.splitdrive(form)[1]
         path = path.strip("/")
-        if not path or path in (".", "..") or _DRIVE.fullmatch(path):
+        share = host not in ("", "localhost") and "/" not in path  # file://server/share/
+        if not path or path in (".", "..") or _DRIVE.fullmatch(path) or share:
             raise ValueError(
-                f"trusted {folder!r} is a root ({form!r}): it trusts every file under it; name "
-                "a folder, a bucket or a file"
+                f"trusted {entry!r} names no folder of its own ({form!r}: a root, a share, "
+                "'.' or '..'): it would trust every file under it; name a folder, a bucket or "
+                "a file"
             )
     return forms

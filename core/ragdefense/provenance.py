@@ -27,6 +27,7 @@ from .addresses import (
     WEB_SCHEMES,
     bare_host,
     clean_path,
+    climbs_by_backslash,
     decoded_document,
     folder_forms,
     has_scheme,
@@ -260,8 +261,9 @@ def is_trusted_by(
     with a query (``?t=1``) is refused: a path prefix cannot tell one thread from another. A
     file path or storage address written as a path trusts that file and, as a folder, the
     files under it (``"kb/handbook"`` trusts ``kb/handbook/leave.md``; a file path's dot
-    segments resolved, a storage key's not), a relative one also from ``cwd`` (``None``: the
-    working folder now), as readers write absolute paths; a root is refused.
+    segments resolved, a storage key under it both ways, nothing under it through ``..`` and
+    a backslash), a relative one also from ``cwd`` (``None``: the working folder now), as
+    readers write absolute paths; an entry naming no folder of its own is refused.
 
     Examples:
         >>> passage = Passage("...", metadata={"source": "https://who.int/x", "reviewed": True})
@@ -296,8 +298,8 @@ def is_trusted_by(
     with contextlib.suppress(OSError):  # a removed working folder: relative ones as written
         cwd = os.getcwd() if cwd is None else cwd
     # a page's entry trusts what is under it by the page rule (escapes read as servers do)
-    found = [f for t in named if not pages[t] and (f := _folder(t)) is not None]
-    folders = frozenset(form for f in found for form in folder_forms(f, cwd))
+    found = [(t, f) for t in named if not pages[t] and (f := _folder(t)) is not None]
+    folders = frozenset(form for t, f in found for form in folder_forms(t, f, cwd))
     return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
 
 
@@ -326,11 +328,20 @@ class _Sources:
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
-        # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md")
-        if self.folders and "/" in source and self.folders & path_prefixes(resolved_path(source)):
+        _, value, key = _source_value(passage.metadata, self.source_key)
+        if "/" in source and climbs_by_backslash(str(value)):
+            return False  # "uploads/x\\..\\handbook\\a.md": a file of uploads off Windows
+        # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md"),
+        # read with and without its dot segments resolved (stores differ)
+        if (
+            self.folders
+            and "/" in source
+            and all(
+                self.folders & path_prefixes(resolved_path(source, dots)) for dots in (False, True)
+            )
+        ):
             return True
-        if source in self.names or source in self.files:  # which form: read its key again
-            _, value, key = _source_value(passage.metadata, self.source_key)
+        if source in self.names or source in self.files:  # which form: read from its key
             as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
             if source in (self.files if as_file else self.names):
                 return True

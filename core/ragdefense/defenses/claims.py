@@ -42,7 +42,8 @@ def claim_terms(text: str) -> set[str]:
         ['1200', '3.28084', '5.28084', 'ft', 'meter', 'mg']
     """
     numbers = {_number(n) for n in _NUMBER.findall(text)}  # 3.28084 and 5.28084 are two answers
-    return numbers | {_singular(t) for t in tokenize(_NUMBER.sub(" ", text))}
+    words = tokenize(_NUMBER.sub(" ", text))  # a word's fold is kept, not a long token's
+    return numbers | {(_singular if len(t) <= 64 else _singular.__wrapped__)(t) for t in words}
 
 
 def _number(written: str) -> str:
