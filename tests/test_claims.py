@@ -250,3 +250,8 @@ def test_a_long_token_is_folded_without_being_kept() -> None:
     token = "x" * 200 + "ies"
     assert claim_terms(f"the {token} went") == {"x" * 200 + "y", "went"}
     assert _singular.cache_info().currsize <= before + 1  # "went" at most
+    from ragdefense.defenses.claims import _name_parts
+
+    before = _singular.cache_info().currsize
+    assert "x" * 200 in _name_parts("/srv/" + "x" * 200 + ".md")  # a source's long name part
+    assert _singular.cache_info().currsize <= before + 2  # "srv", "md" at most

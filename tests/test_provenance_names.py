@@ -144,6 +144,11 @@ def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[s
         # stores differ on dot segments in keys (HDFS, SFTP resolve them; S3 does not)
         ("hdfs://nn/kb/handbook", {"source": "hdfs://nn/kb/handbook/../uploads/x.md"}),
         ("s3://acme/policies", {"source": "s3://acme/policies/../uploads/x.md"}),
+        # a file URL fsspec writes and opens without decoding: one file name in uploads/
+        ("file:///srv/kb/handbook", {"source": "file:///srv/kb/uploads/%2e%2e%2fhandbook%2fa.md"}),
+        ("file:///srv/kb/handbook", {"source": "file:///srv/kb/uploads/%2e%2e/handbook/a.md"}),
+        # both separators, no drive: off Windows a file of /srv/kb
+        ("/srv/kb/handbook", {"file_path": "/srv/kb/handbook\\evil.md"}),
     ],
 )
 def test_a_trusted_folder_trusts_nothing_beside_it(entry: str, metadata: dict[str, str]) -> None:
@@ -248,6 +253,24 @@ def test_a_long_source_value_is_read_as_a_short_one() -> None:
     assert _normal_text.cache_info().currsize == before
     page = Passage("text", metadata={"url": "https://who.int/news/" + "n" * 3000})
     assert source_of(page) == "who.int" and document_of(page) == "who.int/news/" + "n" * 3000
+
+
+@pytest.mark.parametrize(
+    ("entry", "metadata"),
+    [
+        ("..\\kb\\handbook\\a.pdf", {"file_path": "..\\kb\\handbook\\a.pdf"}),  # the very string
+        ("C:/kb/handbook", {"file_path": "C:/kb/handbook\\a.pdf"}),  # a drive opens it: Windows
+        ("file:///srv/my kb/handbook", {"source": "file:///srv/my%20kb/handbook/a.pdf"}),
+    ],
+)
+def test_an_unambiguous_or_identical_path_is_trusted(entry: str, metadata: dict[str, str]) -> None:
+    assert _trusted({entry}, metadata)
+
+
+def test_a_storage_folder_with_dot_segments_is_refused() -> None:
+    """A key read with its dot segments resolved never holds one: it would trust nothing."""
+    with pytest.raises(ValueError, match="segments"):
+        is_trusted_by({"s3://acme/a/../policies"})
 
 
 def test_a_relative_folder_never_climbs_above_the_working_folders_drive() -> None:

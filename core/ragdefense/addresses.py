@@ -14,9 +14,9 @@ from urllib.parse import quote, unquote, urlsplit
 
 __all__ = [
     "WEB_SCHEMES",
+    "ambiguous_path",
     "bare_host",
     "clean_path",
-    "climbs_by_backslash",
     "decoded_document",
     "folder_forms",
     "has_scheme",
@@ -177,7 +177,7 @@ def resolved_path(path: str, dots: bool = False) -> str:
     ``/``, a file URL's path decoded. Dot segments are resolved in a file path and a file URL,
     and in another address's key with ``dots`` only: stores differ (S3 reads
     ``uploads/../policies/x`` as a key under ``uploads/``, HDFS and SFTP resolve it), so a
-    key is under a folder only when it is both ways (:func:`climbs_by_backslash` for ``\\``)."""
+    key is under a folder only when it is both ways (and see :func:`ambiguous_path`)."""
     if not has_scheme(path):
         return path.rstrip("/") or path
     scheme, _, rest = path.strip().partition("://")
@@ -190,12 +190,25 @@ def resolved_path(path: str, dots: bool = False) -> str:
     return f"{scheme}://{head}" + (f"/{tail}" if tail else "")
 
 
-def climbs_by_backslash(path: str) -> bool:
-    """Whether ``path`` (a file URL's decoded) holds a ``..`` segment next to a ``\\``: on
-    Windows a separator, elsewhere part of a file's name (``uploads/x\\..\\..\\handbook``
-    is a file in ``uploads``), so no folder can be said to hold it."""
-    text = unquote(path) if has_scheme(path) else path
-    return "\\" in text and ".." in re.split(r"[\\/]", text)
+def ambiguous_path(path: str) -> bool:
+    """Whether readers of ``path`` may disagree on which folder holds it, so that none can be
+    said to: a ``..`` segment next to a ``\\`` (on Windows a separator, elsewhere part of a
+    file's name: ``uploads/x\\..\\..\\handbook\\a.md`` is a file of ``uploads``); both
+    separators where no drive or share opens the path (``/srv/kb/handbook\\x.md`` is a file of
+    ``/srv/kb`` off Windows); a URL segment whose escapes hide a ``/``, ``\\``, ``.`` or ``..``
+    (``%2e%2e%2fhandbook``: one file name to a reader that does not decode it)."""
+    text = path.strip()
+    if has_scheme(text):
+        raw = text.partition("://")[2]
+        for segment in raw.split("/"):
+            plain = unquote(segment)
+            if plain != segment and ("/" in plain or "\\" in plain or plain in (".", "..")):
+                return True
+        text = unquote(raw)
+    if "\\" not in text:
+        return False
+    opened = ntpath.splitdrive(text.replace("\\", "/"))[0]  # "C:", "//server/share"
+    return ".." in re.split(r"[\\/]", text) or ("/" in text and not opened)
 
 
 def folder_forms(entry: Any, folder: str, here: str | None) -> list[str]:
@@ -203,6 +216,9 @@ def folder_forms(entry: Any, folder: str, here: str | None) -> list[str]:
     working folder; never above its drive, share or root). A folder that names none of its
     own (``/``, ``C:/``, ``//server/share``, ``s3://``, ``file://host/``, ``.``, ``..``) is
     refused, as written or from ``here``: it would trust every file."""
+    scheme, sep, rest = folder.partition("://")
+    if sep and scheme != "file" and {".", ".."} & set(rest.split("/")):
+        raise ValueError(f"trusted {entry!r}: name the folder without '.' or '..' segments")
     forms = [folder]
     if here and not (folder.startswith("/") or has_scheme(folder) or _DRIVE.match(folder)):
         drive, base = ntpath.splitdrive(here.replace("\\", "/"))

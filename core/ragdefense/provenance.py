@@ -25,9 +25,9 @@ from urllib.parse import urlsplit
 
 from .addresses import (
     WEB_SCHEMES,
+    ambiguous_path,
     bare_host,
     clean_path,
-    climbs_by_backslash,
     decoded_document,
     folder_forms,
     has_scheme,
@@ -300,7 +300,9 @@ def is_trusted_by(
     # a page's entry trusts what is under it by the page rule (escapes read as servers do)
     found = [(t, f) for t in named if not pages[t] and (f := _folder(t)) is not None]
     folders = frozenset(form for t, f in found for form in folder_forms(t, f, cwd))
-    return _Sources(names, frozenset(p for p in pages.values() if p), source_key, files, folders)
+    written = frozenset(str(t).strip() for t, _ in found)
+    pages_ = frozenset(p for p in pages.values() if p)
+    return _Sources(names, pages_, source_key, files, folders, written)
 
 
 def _folder(entry: Any) -> str | None:
@@ -324,12 +326,15 @@ class _Sources:
     source_key: str | None = AUTO
     files: frozenset[str] = frozenset()
     folders: frozenset[str] = frozenset()
+    written: frozenset[str] = frozenset()  # the entries that are paths, as written
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
         _, value, key = _source_value(passage.metadata, self.source_key)
-        if "/" in source and climbs_by_backslash(str(value)):
+        if str(value).strip() in self.written:  # the very string trusted: one file anywhere
+            return True
+        if "/" in source and ambiguous_path(str(value)):
             return False  # "uploads/x\\..\\handbook\\a.md": a file of uploads off Windows
         # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md"),
         # read with and without its dot segments resolved (stores differ)

@@ -42,12 +42,16 @@ def claim_terms(text: str) -> set[str]:
         ['1200', '3.28084', '5.28084', 'ft', 'meter', 'mg']
     """
     numbers = {_number(n) for n in _NUMBER.findall(text)}  # 3.28084 and 5.28084 are two answers
-    words = tokenize(_NUMBER.sub(" ", text))  # a word's fold is kept, not a long token's
-    return numbers | {(_singular if len(t) <= 64 else _singular.__wrapped__)(t) for t in words}
+    return numbers | {_fold(t) for t in tokenize(_NUMBER.sub(" ", text))}
 
 
 def _number(written: str) -> str:
     return written.replace(",", "") if _THOUSANDS.fullmatch(written) else written
+
+
+def _fold(token: str) -> str:
+    """:func:`_singular`, kept for words (not for long tokens: a corpus can hold any)."""
+    return (_singular if len(token) <= 64 else _singular.__wrapped__)(token)
 
 
 @lru_cache(maxsize=65536)
@@ -148,7 +152,7 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
 
 def _name_parts(source: str) -> set[str]:
     """The words of a source's name (``reuters.com``: ``reuter``, ``com``)."""
-    return {_singular(p) for p in _PARTS.findall(source.lower())}
+    return {_fold(p) for p in _PARTS.findall(source.lower())}
 
 
 def _listed(terms: list[str], most: int = 3) -> str:
