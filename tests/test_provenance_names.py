@@ -149,6 +149,12 @@ def test_a_trusted_folder_trusts_the_files_under_it(entry: str, metadata: dict[s
         ("file:///srv/kb/handbook", {"source": "file:///srv/kb/uploads/%2e%2e/handbook/a.md"}),
         # both separators, no drive: off Windows a file of /srv/kb
         ("/srv/kb/handbook", {"file_path": "/srv/kb/handbook\\evil.md"}),
+        # urlopen drops a fragment or query before opening: this opens uploads/evil.md
+        ("file:///srv/kb/handbook", {"source": "file:///srv/uploads/e.md#/../../kb/handbook/x"}),
+        ("file:///srv/kb/handbook", {"source": "file:///srv/uploads/e.md?/../../kb/handbook/x"}),
+        ("s3://b/kb/handbook", {"source": "s3://b/kb/handbook/%2e%2e/x.pdf"}),
+        # a web address names a host, never a local folder of that name
+        ("https://who.int", {"file_path": "who.int/evil.md"}),
     ],
 )
 def test_a_trusted_folder_trusts_nothing_beside_it(entry: str, metadata: dict[str, str]) -> None:
@@ -261,6 +267,7 @@ def test_a_long_source_value_is_read_as_a_short_one() -> None:
         ("..\\kb\\handbook\\a.pdf", {"file_path": "..\\kb\\handbook\\a.pdf"}),  # the very string
         ("C:/kb/handbook", {"file_path": "C:/kb/handbook\\a.pdf"}),  # a drive opens it: Windows
         ("file:///srv/my kb/handbook", {"source": "file:///srv/my%20kb/handbook/a.pdf"}),
+        ("s3://b/kb/handbook", {"source": "s3://b/kb/handbook/a%2Fb.pdf"}),  # one level deeper
     ],
 )
 def test_an_unambiguous_or_identical_path_is_trusted(entry: str, metadata: dict[str, str]) -> None:
@@ -269,8 +276,9 @@ def test_an_unambiguous_or_identical_path_is_trusted(entry: str, metadata: dict[
 
 def test_a_storage_folder_with_dot_segments_is_refused() -> None:
     """A key read with its dot segments resolved never holds one: it would trust nothing."""
-    with pytest.raises(ValueError, match="segments"):
-        is_trusted_by({"s3://acme/a/../policies"})
+    for entry in ("s3://acme/a/../policies", "s3://acme/a/%2e%2e/policies"):
+        with pytest.raises(ValueError, match="segments"):
+            is_trusted_by({entry})
 
 
 def test_a_relative_folder_never_climbs_above_the_working_folders_drive() -> None:

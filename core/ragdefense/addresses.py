@@ -196,13 +196,20 @@ def ambiguous_path(path: str) -> bool:
     file's name: ``uploads/x\\..\\..\\handbook\\a.md`` is a file of ``uploads``); both
     separators where no drive or share opens the path (``/srv/kb/handbook\\x.md`` is a file of
     ``/srv/kb`` off Windows); a URL segment whose escapes hide a ``/``, ``\\``, ``.`` or ``..``
-    (``%2e%2e%2fhandbook``: one file name to a reader that does not decode it)."""
+    (``%2e%2e%2fhandbook``: one file name to a reader that does not decode it; in a storage
+    key, only a hidden dot segment); a file URL with a query or fragment (``#/../../x``: which
+    part names the file depends on the reader)."""
     text = path.strip()
     if has_scheme(text):
-        raw = text.partition("://")[2]
+        scheme, _, raw = text.partition("://")
+        file = scheme.strip().lower() == "file"
+        if file and ("?" in raw or "#" in raw):
+            return True
         for segment in raw.split("/"):
             plain = unquote(segment)
-            if plain != segment and ("/" in plain or "\\" in plain or plain in (".", "..")):
+            parts = set(re.split(r"[\\/]", plain))
+            hidden = "/" in plain or "\\" in plain if file else False
+            if plain != segment and (hidden or bool(parts & {".", ".."})):
                 return True
         text = unquote(raw)
     if "\\" not in text:
@@ -217,7 +224,7 @@ def folder_forms(entry: Any, folder: str, here: str | None) -> list[str]:
     own (``/``, ``C:/``, ``//server/share``, ``s3://``, ``file://host/``, ``.``, ``..``) is
     refused, as written or from ``here``: it would trust every file."""
     scheme, sep, rest = folder.partition("://")
-    if sep and scheme != "file" and {".", ".."} & set(rest.split("/")):
+    if sep and scheme != "file" and {".", ".."} & {unquote(p) for p in rest.split("/")}:
         raise ValueError(f"trusted {entry!r}: name the folder without '.' or '..' segments")
     forms = [folder]
     if here and not (folder.startswith("/") or has_scheme(folder) or _DRIVE.match(folder)):

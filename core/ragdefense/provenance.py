@@ -32,6 +32,7 @@ from .addresses import (
     folder_forms,
     has_scheme,
     host_name,
+    is_web,
     page_prefix,
     path_prefixes,
     resolved_path,
@@ -312,6 +313,8 @@ def _folder(entry: Any) -> str | None:
     ``who.int/`` too, a bare file name, a web address)."""
     raw, text = str(entry).strip(), _normal(entry, file=True)
     if text is None or "/" not in raw.replace("\\", "/") or bare_host(raw.rstrip("/").rstrip(".")):
+        return None
+    if is_web(raw):  # "https://who.int": a host, never a local folder "who.int"
         return None
     return resolved_path(text)
 
