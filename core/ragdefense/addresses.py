@@ -6,6 +6,7 @@ trust)."""
 from __future__ import annotations
 
 import ntpath
+import os
 import posixpath
 import re
 import unicodedata
@@ -27,6 +28,7 @@ __all__ = [
     "resolved_path",
     "schemeless",
     "web_host",
+    "working_folder",
 ]
 
 #: the schemes of addresses whose host is their source; any other (``s3://``, ``gs://``,
@@ -244,3 +246,12 @@ def folder_forms(entry: Any, folder: str, here: str | None) -> list[str]:
                 "a file"
             )
     return forms
+
+
+def working_folder() -> str | None:
+    """The working folder a relative trusted folder is also read from; ``None`` where it was
+    removed (relative folders then count as written only)."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return None

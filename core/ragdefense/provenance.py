@@ -12,7 +12,6 @@ subdomains are hosts of their own); any other value, a storage address
 
 from __future__ import annotations
 
-import contextlib
 import math
 import numbers
 import os
@@ -38,6 +37,7 @@ from .addresses import (
     resolved_path,
     schemeless,
     web_host,
+    working_folder,
 )
 from .integration.records import copied
 from .types import Passage
@@ -181,8 +181,11 @@ def document_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
         'reports/q3.pdf'
     """
     host, value, _ = _source_value(passage.metadata, source_key)
-    if host is None:
-        return None
+    return None if host is None else _read_document(host, value)
+
+
+def _read_document(host: str, value: Any) -> str:
+    """:func:`_document`, kept for values short enough to be names (:data:`_CACHED`)."""
     text = str(value)
     return (_document if len(text) <= _CACHED else _document.__wrapped__)(host, text)
 
@@ -296,8 +299,7 @@ def is_trusted_by(
     named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
-    with contextlib.suppress(OSError):  # a removed working folder: relative ones as written
-        cwd = os.getcwd() if cwd is None else cwd
+    cwd = working_folder() if cwd is None else cwd
     # a page's entry trusts what is under it by the page rule (escapes read as servers do)
     found = [(t, f) for t in named if not pages[t] and (f := _folder(t)) is not None]
     folders = frozenset(form for t, f in found for form in folder_forms(t, f, cwd))
@@ -334,26 +336,25 @@ class _Sources:
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
-        _, value, key = _source_value(passage.metadata, self.source_key)
+        if not (self.written or self.folders or self.pages) and not (
+            source in self.names or source in self.files
+        ):
+            return False  # no rule could trust it: its metadata is not read again
+        host, value, key = _source_value(passage.metadata, self.source_key)
         if str(value).strip() in self.written:  # the very string trusted: one file anywhere
             return True
         if "/" in source and ambiguous_path(str(value)):
             return False  # "uploads/x\\..\\handbook\\a.md": a file of uploads off Windows
         # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md"),
         # read with and without its dot segments resolved (stores differ)
-        if (
-            self.folders
-            and "/" in source
-            and all(
-                self.folders & path_prefixes(resolved_path(source, dots)) for dots in (False, True)
-            )
-        ):
+        readings = {resolved_path(source, dots) for dots in (False, True)} if self.folders else ()
+        if "/" in source and readings and all(self.folders & path_prefixes(r) for r in readings):
             return True
         if source in self.names or source in self.files:  # which form: read from its key
             as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
             if source in (self.files if as_file else self.names):
                 return True
-        doc = document_of(passage, self.source_key) if self.pages else None
+        doc = _read_document(host, value) if self.pages and host is not None else None
         if doc is None:
             return False
         host, _, path = doc.partition("/")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from functools import lru_cache
 from typing import Any
 
+from ..addresses import working_folder
 from ..provenance import Trust, is_trusted_by
 from ..types import DefenseInputError, Passage
 from .pool import Pool
@@ -83,17 +83,9 @@ def trust_of(trusted: Trust, source_key: str | None) -> Callable[[Passage, str |
     try:
         listed = isinstance(trusted, (set, frozenset, list, tuple))
         key: Any = frozenset(trusted) if listed else trusted  # type: ignore[arg-type]
-        return _kept(key, source_key, _here())
+        return _kept(key, source_key, working_folder())
     except TypeError:  # unhashable (a predicate object), or entries refused: said as given
         return is_trusted_by(trusted, source_key)
-
-
-def _here() -> str | None:
-    """The working folder, which a relative trusted folder is also read from."""
-    try:
-        return os.getcwd()
-    except OSError:
-        return None
 
 
 @lru_cache(maxsize=16)
