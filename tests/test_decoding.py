@@ -194,3 +194,37 @@ def test_real_smollm2_decoding() -> None:
     assert "Canberra" in r.answer and r.steps
     assert all(st.p1 >= st.p2 for st in r.steps)
     assert r.certificate is not None and r.certificate.certified
+
+
+def test_every_context_abstaining_answers_i_dont_know() -> None:
+    """With no context kept the average is over nothing: the answer came from the
+    no-retrieval prompt alone (the model's memory, presented as a RAG answer)."""
+    tables = {f"c{i}": [dist(idk=1.0)] for i in range(3)} | NOR
+    r = rr(tables).answer(Q, ["c0", "c1", "c2"])
+    assert r.answer == "I don't know" and r.steps == ()
+    assert "all 3 contexts abstain" in r.reason
+
+
+class _NewlineTokenizer(FakeTokenizer):
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        words = ["\n" if i == SYD else VOCAB[i] for i in ids]  # Sydney's token: a newline
+        return "".join(
+            w for i, w in zip(ids, words, strict=True) if not (skip_special_tokens and i == EOS)
+        )
+
+
+def test_a_leading_newline_does_not_end_the_answer() -> None:
+    """A model that writes a newline before its answer (after "Answer:") was read as
+    answering nothing, "I don't know"; generation skips a leading newline, and so do the
+    inference and its certificate. A newline after text still ends the answer."""
+    tables = {
+        f"c{i}": [dist(syd=1.0), dist(can=1.0), dist(syd=1.0), dist(per=1.0)] for i in range(4)
+    }
+    llm = FakeTokenLLM(tables | NOR)
+    llm.tokenizer = _NewlineTokenizer()
+    r = RobustRAG(llm=llm, aggregation=SecureDecoding()).answer(
+        Q, ["c0", "c1", "c2", "c3"], certify=1, gold="Canberra"
+    )
+    assert r.answer == "Canberra" and [s.token for s in r.steps] == ["\n", "Canberra", "\n"]
+    assert r.certificate is not None and r.certificate.certified
+    assert r.certificate.possible_answers == ("Canberra",)

@@ -329,3 +329,64 @@ def test_a_second_letter_is_a_hedge_only_standing_alone(said: str, vote: str | N
     from ragdefense.robustrag.majority_vote import _choice
 
     assert _choice(said) == vote
+
+
+# --------------------------------------------- answers that differ by a value's punctuation
+
+
+class _NumberTokenizer:
+    """The fake tokenizer of ``test_decoding`` with two numbers for Canberra and Sydney."""
+
+    WORDS = ("<eos>", "I don't know", "1.5", "15", "million")
+
+    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
+        return {"input_ids": [1] if text == "I don't know" else []}
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        return " ".join(self.WORDS[i] for i in ids if not (skip_special_tokens and i == 0))
+
+
+def _numbers_rag(tables: dict[str, Any]) -> RobustRAG:
+    llm = FakeTokenLLM(tables)
+    llm.tokenizer = _NumberTokenizer()
+    return RobustRAG(llm=llm, aggregation=SecureDecoding())
+
+
+def test_decoding_certificate_tells_1_5_million_from_15_million() -> None:
+    """ "1.5 million" and "15 million" were one answer once punctuation was dropped: a
+    certificate listed both as possible and certified, and one injected passage turned the
+    answer into the other."""
+    tables = {f"c{i}": [dist(can=0.6, syd=0.4), dist(per=1.0)] for i in range(4)}
+    tables[NOR_KEY] = [dist(syd=1.0), dist(per=1.0)]
+    passages = ["c0", "c1", "c2", "c3"]
+    r = _numbers_rag(tables).answer(Q, passages, certify=1)
+    assert r.answer == "1.5 million"
+    assert r.certificate is not None and not r.certificate.certified
+    assert "15 million" in (r.certificate.possible_answers or ())
+    gold = _numbers_rag(tables).answer(Q, passages, certify=1, gold="1.5 million").certificate
+    assert gold is not None and not gold.certified
+    attacked = _numbers_rag({**tables, "atk": [dist(syd=1.0), dist(per=1.0)]})
+    assert attacked.answer(Q, ["c0", "c1", "c2", "atk"]).answer == "15 million"  # it can
+
+
+def test_keyword_certificate_tells_1_5_million_from_15_million(nlp: Any) -> None:
+    isolated = {f"p{i}": "1.5 million" for i in range(6)}
+    isolated |= {"q0": "15 million", "q1": "15 million", "r0": "I don't know", "r1": "I don't know"}
+
+    def llm(prompt: str) -> str:
+        if prompt.startswith("Word suggestion"):  # the kept keywords decide the answer
+            kept = prompt.split("---------------------\n")[1].strip().split(", ")
+            return "15 million" if "15" in kept else "1.5 million"
+        return next((a for key, a in isolated.items() if key in prompt), "I don't know")
+
+    from ragdefense.llm import CallableLLM
+
+    r = RobustRAG(llm=CallableLLM(llm), nlp=nlp).answer(Q, list(isolated), certify=1)
+    assert r.answer == "1.5 million"
+    cert = r.certificate
+    assert cert is not None and "15 million" in (cert.possible_answers or ())
+    assert not cert.certified, cert.reason
+    gold = RobustRAG(llm=CallableLLM(llm), nlp=nlp).answer(
+        Q, list(isolated), certify=1, gold="1.5 million"
+    )
+    assert gold.certificate is not None and not gold.certificate.certified

@@ -15,7 +15,7 @@ from itertools import combinations
 from typing import ClassVar, Literal
 
 from ..llm.base import Generation
-from ..text import gives_answer, normalize
+from ..text import answer_key, gives_answer
 from ..types import Passage
 from .checks import check_count, check_real, check_templates
 from .flow import Flow, Progress, Prompts, Runtime, failures_note
@@ -202,7 +202,7 @@ class _Keyword:
         possible = tuple(dict.fromkeys(answers))
         # the answer given is the clean keyword set's (one of these), or with a gold answer a
         # correct one however a sampling LLM words it; else its own aggregation call failed
-        stands = normalize(result.answer) in {normalize(a) for a in possible}
+        stands = answer_key(result.answer) in {answer_key(a) for a in possible}
         if not (stands or (golds and gives_answer(result.answer, golds))):
             why = (
                 f"the answer given ({result.answer!r}) is not what the keyword sets give "
@@ -222,7 +222,7 @@ class _Keyword:
                 f"e.g. {wrong[0]!r}"
             )
         else:
-            others = [a for a in possible if normalize(a) != normalize(result.answer)]
+            others = [a for a in possible if answer_key(a) != answer_key(result.answer)]
             ok = not others
             why = (
                 f"every one of the {len(plan.keyword_sets)} keyword sets the attacker can cause "

@@ -15,7 +15,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from ..llm import first_line_of
-from ..text import gives_answer, normalize
+from ..text import answer_key, gives_answer
 from ..types import Passage
 from .checks import check_count, check_real, check_templates
 from .flow import Flow, Progress, Runtime
@@ -122,9 +122,16 @@ class _Decoding:
             probe.advance(token)
         return session, p_idk
 
-    def _is_end(self, token: int) -> bool:
+    def _is_end(self, token: int, tokens: Sequence[int]) -> bool:
+        """Whether ``token``, after ``tokens``, ends the output: an end-of-text token, or a
+        newline once the output holds text (a leading newline is skipped, as generation does)."""
         llm = self._token_llm()
-        return token in llm.stop_ids or "\n" in llm.tokenizer.decode([token])
+        if token in llm.stop_ids:
+            return True
+        tok = llm.tokenizer
+        return "\n" in tok.decode([token]) and bool(
+            tok.decode([*tokens, token], skip_special_tokens=True).strip()
+        )
 
     def answer(
         self, query: str, items: Sequence[Passage], choices: Sequence[str] | None
@@ -139,33 +146,37 @@ class _Decoding:
             IsolatedResponse(j, p, None, p_idk[j] >= self.cfg.gamma, p_idk=p_idk[j])
             for j, p in enumerate(items)
         )
+        if not kept:  # no passage supports an answer: the model's own memory is none (the
+            # authors' code answers "I don't know" too; the average over no context is undefined)
+            why = (
+                f"all {len(items)} contexts abstain (P(I don't know) >= {self.cfg.gamma:g}): "
+                "no passage supports an answer"
+            )
+            return RobustAnswer(query, IDK, "decoding", responses, why, steps=())
         session.keep_rows([*kept, len(items)])
         tokens: list[int] = []
         steps: list[DecodingStep] = []
         for _ in range(self.run.max_new_tokens):
             probs = _finite(session.probs, kept)
             nor = int(probs[-1].argmax())
-            if kept:
-                avg = probs[:-1].mean(axis=0)
-                a, b = (int(i) for i in avg.argsort()[-1:-3:-1])
-                use_a = float(avg[a] - avg[b]) > self.cfg.eta + TIE_TOLERANCE
-                token = a if use_a else nor
-                step = DecodingStep(
-                    tok.decode([token]),
-                    "retrieval" if use_a else "no-retrieval",
-                    tok.decode([a]),
-                    float(avg[a]),
-                    tok.decode([b]),
-                    float(avg[b]),
-                )
-            else:
-                token = nor
-                step = DecodingStep(tok.decode([nor]), "no-retrieval", "", 0.0, "", 0.0)
+            avg = probs[:-1].mean(axis=0)
+            a, b = (int(i) for i in avg.argsort()[-1:-3:-1])
+            use_a = float(avg[a] - avg[b]) > self.cfg.eta + TIE_TOLERANCE
+            token = a if use_a else nor
+            step = DecodingStep(
+                tok.decode([token]),
+                "retrieval" if use_a else "no-retrieval",
+                tok.decode([a]),
+                float(avg[a]),
+                tok.decode([b]),
+                float(avg[b]),
+            )
             if token in llm.stop_ids:
                 break
+            ends = self._is_end(token, tokens)
             tokens.append(token)
             steps.append(step)
-            if "\n" in tok.decode([token]):
+            if ends:
                 break
             session.advance(token)
         answer = _answer_of(tok.decode(tokens, skip_special_tokens=True))
@@ -258,14 +269,14 @@ class _Decoding:
                         "responses (max_certify_responses)",
                     )
                 for extra in choices[1:]:  # branch: the no-retrieval token
-                    if self._is_end(extra):
+                    if self._is_end(extra, tokens):
                         finished.append(tokens + ([] if extra in llm.stop_ids else [extra]))
                     else:
                         other = session.clone()
                         other.advance(extra)
                         stack.append((other, [*tokens, extra]))
                 token = choices[0]
-                if self._is_end(token):
+                if self._is_end(token, tokens):
                     finished.append(tokens + ([] if token in llm.stop_ids else [token]))
                     break
                 tokens = [*tokens, token]
@@ -282,7 +293,7 @@ class _Decoding:
                 "all contain the gold answer" if ok else "some miss the gold answer"
             )
         else:
-            ok = all(normalize(a) == normalize(result.answer) for a in possible)
+            ok = all(answer_key(a) == answer_key(result.answer) for a in possible)
             why = f"{len(possible)} possible answer(s); " + (
                 "all equal the answer" if ok else "the attacker can change the answer"
             )

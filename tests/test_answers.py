@@ -1,0 +1,55 @@
+"""How an LLM's answer is matched (accuracy, attack success, certificates): punctuation aside,
+but not the punctuation that changes a value."""
+
+from __future__ import annotations
+
+import pytest
+
+from ragdefense.text import answer_key, gives_answer, names_answer
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("15 million", "1.5 million"),
+        ("1.5 million", "15 million"),
+        ("35", "3.5"),
+        ("3,5", "35"),  # a decimal comma is no thousands separator
+        ("-5 degrees", "5 degrees"),
+        ("\u22125 degrees", "5 degrees"),  # the minus sign
+        ("5 degrees", "-5 degrees"),
+        ("C", "C++"),
+        ("C++", "C"),
+        ("C#", "C"),
+    ],
+)
+def test_punctuation_that_changes_a_value_tells_answers_apart(response: str, answer: str) -> None:
+    assert not names_answer(response, [answer])
+    assert answer_key(response) != answer_key(answer)
+
+
+@pytest.mark.parametrize(
+    ("response", "answer"),
+    [
+        ("1.5 million", "1.5 million"),
+        ("About 1,000 of them.", "1000"),
+        ("1000", "1,000"),
+        ("1,000.5 m", "1000.5 m"),
+        ("\u22125 degrees", "-5 degrees"),
+        ("I use C# daily.", "C#"),
+        ("It grew 4.5%.", "4.5%"),
+        ("The U.S. Army", "US Army"),
+        ("Pages 10-15", "15"),  # a range's dash is no sign
+        ("1,2,3", "2"),
+        ("a 5-year plan", "5"),
+    ],
+)
+def test_punctuation_that_does_not_change_a_value_is_aside(response: str, answer: str) -> None:
+    assert gives_answer(response, [answer])
+
+
+def test_answer_key_ignores_case_spacing_and_what_surrounds_an_answer() -> None:
+    assert answer_key("  Canberra. ") == answer_key('"canberra"') == "canberra"
+    assert answer_key("New  York\nCity") == "new york city"
+    assert answer_key(None) == answer_key("") == ""
+    assert answer_key("The US") != answer_key("The U.S.")  # no certificate on a guess
