@@ -61,6 +61,13 @@ def test_keywords_keep_numbers_and_drop_function_words(nlp) -> None:  # type: ig
     assert "three" in kws and "them" not in kws and "of" not in kws
 
 
+def test_a_month_named_as_a_modal_verb_is_a_keyword(nlp) -> None:  # type: ignore[no-untyped-def]
+    # "may" was a stop word (NLTK's list, which the paper's code uses, has no modal verb but
+    # "can", "will" and "should"): the month was dropped, a modal verb is no keyword by its POS
+    assert "May" in extract_keywords("The treaty was signed in May.", nlp)
+    assert extract_keywords("You may go.", nlp) == {"You may go."}
+
+
 @pytest.mark.parametrize(
     ("text", "abstains"),
     [

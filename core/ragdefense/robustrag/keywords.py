@@ -21,8 +21,9 @@ __all__ = ["INFORMATIVE_POS", "STOP_WORDS", "extract_keywords", "load_spacy"]
 
 INFORMATIVE_POS = frozenset({"ADJ", "ADV", "NOUN", "NUM", "PROPN", "SYM", "X"})
 
-# Function words only (NLTK-like): broader lists (spaCy's, scikit-learn's) drop number words
-# ("three", "hundred") and "US", which are answers in QA.
+# Function words only, as NLTK's list the paper's code uses: broader lists (spaCy's,
+# scikit-learn's) drop number words ("three", "hundred") and "US", which are answers in QA, and
+# modal verbs are no keywords by their part of speech anyway (the month "May" is one).
 STOP_WORDS = frozenset(
     [
         "a",
@@ -139,15 +140,8 @@ STOP_WORDS = frozenset(
         "did",
         "doing",
         "will",
-        "would",
-        "shall",
         "should",
         "can",
-        "could",
-        "may",
-        "might",
-        "must",
-        "ought",
         "s",
         "t",
         "d",
