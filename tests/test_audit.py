@@ -636,6 +636,11 @@ def test_a_resume_is_refused_for_another_query_log_model_or_defense(
     audit(kb, defenses=[Consensus(tightness=0.9)], embedder=toy, workdir=other, part_size=32)
     with pytest.raises(ValueError, match=r"other parameters \(defenses\)"):
         audit(kb, defenses=[Consensus(tightness=0.8)], embedder=toy, workdir=other, part_size=32)
+    # max_probes caps derived probes: with a query log it is unused, and blocks no resume
+    logged = tmp_path / "q"
+    audit(kb, embedder=toy, workdir=logged, part_size=32, queries=log, max_probes=1)
+    again = audit(kb, embedder=toy, workdir=logged, part_size=32, queries=log)
+    assert again.stats["probes"] == len(log)
 
 
 def test_fresh_removes_only_the_audits_own_files(toy: CallableEmbedder, tmp_path: Path) -> None:
@@ -886,6 +891,64 @@ def test_resume_marks_tell_models_and_settings_apart_not_rounding() -> None:
             self.tightness = 0.9
 
     assert defense_mark(Slotted()) == "Slotted(tightness=0.9)"
+
+
+def test_a_defense_mark_reads_dataclass_settings_and_function_code() -> None:
+    """A resumed audit compared a BM25 scorer by its type and every function by its name
+    (``<lambda>``): other settings resumed as the same, with the first run's flags."""
+    import subprocess
+    import sys
+
+    from ragdefense.auditing.settings import defense_mark
+    from ragdefense.defenses.grada import GRADA
+    from ragdefense.similarity import BM25
+
+    assert defense_mark(GRADA(bm25=BM25())) != defense_mark(GRADA(bm25=BM25(k1=0.1, b=0.0)))
+    assert defense_mark(GRADA(bm25=BM25())) == defense_mark(GRADA(bm25=BM25()))
+
+    class Judge:
+        def __init__(self, rule: object) -> None:
+            self.rule = rule
+
+        def defend(self, query: str, passages: list[str]) -> None: ...
+
+    allowed = {"a"}
+    assert defense_mark(Judge(lambda m: False)) != defense_mark(Judge(lambda m: True))
+    assert defense_mark(Judge(lambda m: m in allowed)) != defense_mark(Judge(lambda m: m in {"b"}))
+    same = [defense_mark(Judge(lambda m: [x for x in m if x in {"c", "d"}])) for _ in range(2)]
+    assert same[0] == same[1]  # a comprehension's code named its address
+    code = (
+        f"import sys; sys.path[:0] = {sys.path!r}\n"
+        "from ragdefense.auditing.settings import defense_mark\n"
+        "class J:\n"
+        "    def __init__(self): self.rule = lambda m: m in {'a', 'b', 'c', 'd', 'e'}\n"
+        "    def defend(self, q, p): ...\n"
+        "print(defense_mark(J()))"
+    )
+    marks = {
+        subprocess.run(
+            [sys.executable, "-c", code],
+            env={**os.environ, "PYTHONHASHSEED": seed},
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
+        for seed in ("1", "2", "3")
+    }
+    assert len(marks) == 1, marks  # a set's order changes with the hash seed; the mark does not
+
+
+def test_the_audit_refuses_a_defense_with_trusted_sources() -> None:
+    """The audit's defenses see each chunk's text and vector, not its metadata: trusted= was
+    accepted and matched nothing, silently."""
+    from ragdefense import Consensus
+
+    with pytest.raises(ValueError, match="trusted="):
+        AuditSettings(defenses=[Consensus(trusted={"who.int"})])
+    held = Quarantine.from_report({"findings": []}, Consensus(trusted=lambda m: True))
+    with pytest.raises(ValueError, match="trusted="):
+        AuditSettings(defenses=[held])
+    AuditSettings(defenses=[Consensus(), Quarantine.from_report({"findings": []})])  # no trust
 
 
 def test_a_pipe_in_an_id_or_a_source_keeps_the_markdown_table(
@@ -1819,3 +1882,15 @@ def test_an_audit_that_failed_on_its_input_does_not_hold_the_folder(
     other.write_text(lines(texts[::-1]))
     with pytest.raises(ValueError, match="other parameters"):
         audit(other, embedder=toy, workdir=work)  # a finished audit's folder stays its own
+
+
+def test_an_empty_page_is_no_chunks_neighbour(minilm: object) -> None:
+    """A blank chunk's zero row came back from the index at cosine 0 where a chunk had fewer
+    neighbours than asked: it became the chunk's nearest (0 instead of none), and a logged
+    question then read the honest chunk as written for it."""
+    honest = "The Eiffel Tower is in Paris, France."
+    log = ["Where is the Eiffel Tower?"]
+    alone = audit([honest], embedder=minilm, queries=log)
+    beside = audit(["", honest, "   "], embedder=minilm, queries=log)
+    assert alone.stats["suspicious"] == beside.stats["suspicious"] == 0
+    assert [f.score for f in beside.findings if f.text == honest] == [alone.findings[0].score]

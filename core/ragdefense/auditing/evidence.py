@@ -212,7 +212,7 @@ def find_groups(
     for part in range(chunk_parts):
         s, p = merged_hits(wd, "chunks", part, n_shards, reach + 2)
         me = np.arange(start, start + len(p))[:, None]
-        others = (p >= 0) & (p != me)
+        others = (p >= 0) & (p != me) & (s != 0)  # at 0: a blank chunk's zero row, no direction
         others &= ~one_chunk(wd, start, s, p, others, allowed)  # a knowledge base ingested again
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)

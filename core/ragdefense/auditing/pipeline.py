@@ -201,7 +201,7 @@ def _start(
             "knowledge_base": fingerprint(corpus),
             "defenses": [defense_mark(d) for d in settings.defenses],
             "top_m": settings.top_m,
-            "max_probes": settings.max_probes,
+            "max_probes": settings.max_probes if queries is None else None,  # derived only
             "neighbours": settings.neighbours,
             "wide_neighbours": settings.wide_neighbours,
             "part_size": settings.part_size,

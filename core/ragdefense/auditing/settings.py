@@ -14,7 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields, is_dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -132,8 +132,20 @@ class AuditSettings:
         for spec in self.defenses:  # an object must defend, before hours of embedding
             if not isinstance(spec, str) and not callable(getattr(spec, "defend", None)):
                 raise TypeError(f"defenses: {spec!r} is neither a name nor a defense")
+            if any(getattr(d, "trusted", None) is not None for d in (spec, *_inner(spec))):
+                raise ValueError(
+                    "defenses: the audit's defenses read each chunk's text and vector only "
+                    "(provenance is the audit's own evidence, source_key=), so trusted= "
+                    f"would match nothing: give {type(spec).__name__} without it"
+                )
         if self.scoring is not None:
             object.__setattr__(self, "scoring", _checked(self.scoring))
+
+
+def _inner(spec: Any) -> tuple[Any, ...]:
+    """The defense a wrapper (a :class:`~ragdefense.Quarantine`) runs, if any."""
+    inner = getattr(spec, "defense", None)
+    return () if inner is None or isinstance(inner, str) else (inner,)
 
 
 def _checked(scoring: Any) -> Scoring:
@@ -208,8 +220,8 @@ def embedder_mark(embedder: Any, recorded: Any = None) -> str | None:
 
 def defense_mark(defense: Any) -> str:
     """A defense as a resumed audit compares it: its name, or its type with its settings (its
-    public attributes: plain values, collections of them, callables by name, nested defenses
-    by their own mark)."""
+    public attributes: plain values, collections of them, dataclasses by their fields,
+    functions by name and code, nested defenses by their own mark)."""
     if isinstance(defense, str):
         return defense
     attrs = getattr(defense, "__dict__", None)
@@ -231,11 +243,29 @@ def _setting(value: Any) -> str:
         )
     if isinstance(value, Mapping):
         return "{" + ", ".join(sorted(f"{k!r}: {_setting(v)}" for k, v in value.items())) + "}"
+    if is_dataclass(value) and not isinstance(value, type):  # settings (BM25's k1 and b)
+        shown = ", ".join(f"{f.name}={_setting(getattr(value, f.name))}" for f in fields(value))
+        return f"{type(value).__name__}({shown})"
+    function = getattr(value, "__func__", value)  # a bound method: its function
+    if callable(value) and hasattr(function, "__code__"):  # two lambdas differ by their code
+        closure = [_setting(c.cell_contents) for c in function.__closure__ or ()]
+        body = _code(function.__code__) + repr(closure) + _setting(function.__defaults__)
+        return f"<{value.__qualname__} {hashlib.sha256(body.encode()).hexdigest()[:12]}>"
     if callable(value) and hasattr(value, "__qualname__"):
         return f"<{value.__qualname__}>"
     if hasattr(value, "defend"):  # a nested defense (a quarantine's)
         return defense_mark(value)
     return f"<{type(value).__name__}>"  # a model or another object: its type
+
+
+def _code(code: Any) -> str:
+    """A function's code as a mark reads it: its bytecode and constants, a nested function's
+    (a comprehension's) by its own code (their text names a memory address)."""
+    consts = [
+        _code(c) if hasattr(c, "co_code") else _setting(c) if isinstance(c, frozenset) else repr(c)
+        for c in code.co_consts  # a frozenset's order changes with the process's hash seed
+    ]
+    return code.co_code.hex() + repr(consts) + repr(code.co_names)
 
 
 def with_overrides(settings: AuditSettings | None, overrides: dict[str, Any]) -> AuditSettings:
