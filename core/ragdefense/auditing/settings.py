@@ -265,7 +265,7 @@ def _code(code: Any) -> str:
         _code(c) if hasattr(c, "co_code") else _setting(c) if isinstance(c, frozenset) else repr(c)
         for c in code.co_consts  # a frozenset's order changes with the process's hash seed
     ]
-    return code.co_code.hex() + repr(consts) + repr(code.co_names)
+    return str(code.co_code.hex()) + repr(consts) + repr(code.co_names)
 
 
 def with_overrides(settings: AuditSettings | None, overrides: dict[str, Any]) -> AuditSettings:
