@@ -144,6 +144,41 @@ def test_distinct_images_without_text_or_embedding_are_not_copies(
     assert all(n.node.embedding is None for n in pool)  # the caller's nodes are untouched
 
 
+def test_distinct_images_with_one_caption_are_not_copies(minilm: Any, removed: Removed) -> None:
+    """A catalogue's photos all captioned "Product photo." were one text to the defense (the
+    image counted only where a node had no text): three of four went as copies."""
+    images = [ImageNode(image_url=f"https://shop.example/sku{i}.png", text="Product photo.")
+              for i in range(4)]  # fmt: skip
+    twin = ImageNode(image_url=images[0].image_url, text="Product photo.")
+    pool = [NodeWithScore(node=n, score=0.5) for n in [*images, twin]]
+    post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(minilm))
+    out = post.postprocess_nodes(pool, query_str="Show me the product photos")
+    assert [r["id"] for r in removed.records if r["copy"]] == [twin.node_id]
+    assert {n.node.node_id for n in out} == {n.node_id for n in images}
+
+
+def test_a_query_given_as_embedding_strings_only_is_defended(minilm: Any) -> None:
+    """A bundle whose text is in ``custom_embedding_strs`` only: the retriever fetched for
+    those strings, and the defense judged against a blank query, keeping everything."""
+    from llama_index.core.schema import QueryBundle
+
+    from ragdefense.data import load_demo_kb
+
+    index = VectorStoreIndex(
+        [
+            TextNode(text=t, metadata=m, excluded_embed_metadata_keys=list(m))
+            for t, m in demo_documents()
+        ],
+        embed_model=RagdefenseEmbedding(minilm),
+    )
+    question = load_demo_kb()[0].question  # five planted passages answer it otherwise
+    retriever = defend(index)
+    plain = retriever.retrieve(question)
+    given = retriever.retrieve(QueryBundle(query_str="", custom_embedding_strs=[question]))
+    assert [n.node.node_id for n in given] == [n.node.node_id for n in plain]
+    assert not any(n.node.metadata["poison"] for n in given)
+
+
 def _carrying(texts: list[str], model: Any) -> list[TextNode]:
     """Nodes carrying ``model``'s vectors, as an ingestion pipeline leaves them."""
     vectors = model(texts)
@@ -520,3 +555,43 @@ def test_a_retriever_built_by_hand_fetches_as_defend_does() -> None:
     seen.clear()
     asked.retrieve("capital city")
     assert seen == [4, 8]  # a k given: the pool widens
+
+
+def test_a_hand_built_retriever_takes_numpy_sizes_as_defend_does() -> None:
+    """``defend(k=np.int64(3))`` worked and ``DefendedRetriever(k=np.int64(3))`` was refused."""
+    import numpy as np
+
+    from llama_index.postprocessor.ragdefense import DefendedRetriever
+
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t, _ in HONEST[:6]], embed_model=RagdefenseEmbedding(bag_of_words)
+    )
+    post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(bag_of_words))
+    built = DefendedRetriever(index.as_retriever(), post, k=np.int64(3), fetch_k=np.int32(6))
+    assert (built.k, built.fetch_k) == (3, 6) and type(built.k) is int
+    built.k = np.int16(2)
+    assert built.k == 2 and type(built.k) is int
+    assert defend(index, k=np.int64(3)).k == 3
+    for bad in (0, True, 2.5, np.float64(3.0)):
+        with pytest.raises(ValueError, match="positive int"):
+            DefendedRetriever(index.as_retriever(), post, k=bad)
+
+
+def test_the_robustrag_query_engine_shows_its_synthesizers_prompts() -> None:
+    """A query engine exposes its synthesizer's prompts; this one exposed none."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.prompts import PromptTemplate
+
+    from llama_index.postprocessor.ragdefense import RobustRAGQueryEngine
+
+    index = VectorStoreIndex(
+        [TextNode(text=t) for t, _ in HONEST[:4]], embed_model=RagdefenseEmbedding(bag_of_words)
+    )
+    engine = RobustRAGQueryEngine.from_args(index.as_retriever(), llm=MockLLM())
+    assert sorted(engine.get_prompts()) == [
+        "response_synthesizer:isolated_prompt",
+        "response_synthesizer:keyword_prompt",
+    ]
+    mine = "Passage: {context}\nQuestion: {query}\nShort answer:"
+    engine.update_prompts({"response_synthesizer:isolated_prompt": PromptTemplate(mine)})
+    assert engine.synthesizer.get_prompts()["isolated_prompt"].get_template() == mine

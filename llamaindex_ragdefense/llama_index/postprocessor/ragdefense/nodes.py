@@ -27,9 +27,10 @@ def shown(node: BaseNode) -> str | None:
     """What the generator is shown of ``node`` beyond its text, ``None`` where nothing is: its
     content with the metadata the LLM reads (``MetadataMode.LLM``: an attacker's copy of an
     honest page with a ``summary`` field added is another passage to the LLM) but where and
-    when it was stored (its source, file and dates: provenance counts sources), and for a node
-    without text what identifies its media (an image's path, URL or data), so that distinct
-    images are not copies while identical ones still are."""
+    when it was stored (its source, file and dates: provenance counts sources), and what
+    identifies its media (an image's path, URL or data), so that distinct images are not
+    copies, captioned alike or not, while identical ones still are; a node with neither text
+    nor media is its own hash."""
     plain = node.get_content(metadata_mode=MetadataMode.NONE)
     parts = []
     hidden = [*node.excluded_llm_metadata_keys, *_STORED]
@@ -38,19 +39,21 @@ def shown(node: BaseNode) -> str | None:
     )
     if seen != plain:
         parts.append(seen)
-    if not plain.strip():
-        parts.append(f"{type(node).__name__} {_media(node)}")
+    media = _media(node)
+    if media is not None or not plain.strip():
+        parts.append(f"{type(node).__name__} {media or node.hash}")
     return "\n".join(parts) or None
 
 
-def _media(node: BaseNode) -> str:
-    """What identifies a text-less node's media: an ``ImageNode``'s hash (of its image data,
-    path and URL), a multimodal ``Node``'s resources' hashes, else the node's own hash."""
+def _media(node: BaseNode) -> str | None:
+    """What identifies a node's media (``None``: it holds none): an ``ImageNode``'s hash (of
+    its image data, path, URL and caption), a multimodal ``Node``'s resources' hashes."""
     if isinstance(node, ImageNode):
-        return node.hash
+        held = node.image or node.image_path or node.image_url
+        return node.hash if held else None
     found = [getattr(node, name, None) for name in _RESOURCES]
     hashes = [f"{name} {r.hash}" for name, r in zip(_RESOURCES, found, strict=True) if r]
-    return "; ".join(hashes) if hashes else node.hash
+    return "; ".join(hashes) or None
 
 
 def node_passage(nws: NodeWithScore, embedding: Any) -> Passage:

@@ -270,9 +270,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
 
     @staticmethod
     def _query(query_bundle: QueryBundle | None) -> str:
+        """The query's text; where ``query_str`` is blank, the strings the retriever embedded
+        for it (``custom_embedding_strs``): the passages were fetched for those."""
         if query_bundle is None:
             raise ValueError("a defense needs the query: call with query_bundle / query_str")
-        return query_bundle.query_str
+        query = query_bundle.query_str
+        if not query.strip() and query_bundle.custom_embedding_strs:
+            query = " ".join(s for s in query_bundle.custom_embedding_strs if s.strip())
+        return query
 
     def _name(self) -> str:
         return self.core.name
@@ -389,7 +394,8 @@ class GRADAPostprocessor(DefensePostprocessor):
 
 class AutoDefensePostprocessor(DefensePostprocessor):
     """:class:`ragdefense.AutoDefense` as a node postprocessor; its fields are the core's
-    parameters."""
+    parameters. Where it reranks with GRADA, as :class:`GRADAPostprocessor` does, a node's
+    score becomes its PageRank score (a later ``SimilarityPostprocessor`` cutoff reads that)."""
 
     defense: Literal["auto"] = _fixed("auto")
     n: int | None = _field("auto", "n")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+from numbers import Integral
 from typing import Any
 
 from llama_index.core import VectorStoreIndex
@@ -163,9 +164,9 @@ class DefendedRetriever(BaseRetriever):
         super().__init__(callback_manager=getattr(retriever, "callback_manager", None))
 
     def __setattr__(self, name: str, value: Any) -> None:
-        """The settings given to the constructor, set later, are checked as there."""
-        _check_setting(name, value)
-        super().__setattr__(name, value)
+        """The settings given to the constructor, set later, are checked as there (a size
+        kept as a plain int, a NumPy one too)."""
+        super().__setattr__(name, _check_setting(name, value))
 
     # k and fetch_k are read from the settings as they are at each call, as the LangChain
     # adapter's are: k, fetch_k, the retriever or the defense assigned later take effect
@@ -251,19 +252,22 @@ async def _embedded(retriever: BaseRetriever, bundle: QueryBundle) -> QueryBundl
     return dataclasses.replace(bundle, embedding=vector)
 
 
-def _check_setting(name: str, value: Any) -> None:
-    """A :class:`DefendedRetriever` setting checked (other attributes pass)."""
-    if name in ("k", "fetch_k", "max_rounds"):
-        if value is not None and positive_int(value) is None:
+def _check_setting(name: str, value: Any) -> Any:
+    """A :class:`DefendedRetriever` setting checked (other attributes pass), as it is kept."""
+    if name in ("k", "fetch_k", "max_rounds"):  # as defend() reads them: NumPy ints too
+        whole = isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0
+        if value is not None and not whole:
             raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-    elif name == "retriever" and not isinstance(value, BaseRetriever):
+        return None if value is None else int(value)
+    if name == "retriever" and not isinstance(value, BaseRetriever):
         raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(value).__name__}")
-    elif name == "postprocessor" and not isinstance(value, DefensePostprocessor):
+    if name == "postprocessor" and not isinstance(value, DefensePostprocessor):
         raise TypeError(
             "postprocessor must be a DefensePostprocessor (ConsensusPostprocessor, ...), got "
             f"{type(value).__name__}: another postprocessor goes in a query engine's "
             "node_postprocessors"
         )
+    return value
 
 
 def defend(

@@ -301,6 +301,11 @@ class RobustRAGQueryEngine(CustomQueryEngine):
     def class_name(cls) -> str:
         return "RobustRAGQueryEngine"
 
+    def _get_prompt_modules(self) -> dict[str, Any]:
+        """The synthesizer's prompts, as a query engine exposes its synthesizer's
+        (``get_prompts()``, ``update_prompts({"response_synthesizer:isolated_prompt": ...})``)."""
+        return {"response_synthesizer": self.synthesizer}
+
     def model_post_init(self, context: Any, /) -> None:
         """This query engine passes no ``choices``: with majority vote every query would fail
         (a subclass whose ``custom_query`` passes them is left to do so)."""
