@@ -158,6 +158,27 @@ def test_auto_reports_its_choice(toy_embedder: Embedder) -> None:
     assert "majority -> clustering" in r.estimates["task_type_by"]
 
 
+def test_auto_reports_a_tied_vote_as_a_tie_and_keeps_it() -> None:
+    """Four keyword-heavy passages of eight is no minority; the explanation said so, and the
+    concentration estimate's details replaced the vote that chose it."""
+    rng = np.random.default_rng(0)
+    center = rng.normal(size=16)
+    texts = ["alpha beta gamma delta epsilon"] + [
+        f"alpha beta gamma delta epsilon note{i}" for i in range(3)
+    ]
+    texts += [f"w{i}a w{i}b w{i}c w{i}d w{i}e" for i in range(4)]
+    emb = np.vstack(
+        [center + 0.05 * rng.normal(size=16) for _ in range(4)]
+        + [rng.normal(size=16) for _ in range(4)]
+    )
+    q = center + 0.3 * rng.normal(size=16)
+    r = RAGDefender(off_topic=None).defend_embeddings(
+        "alpha beta", [Passage(t) for t in texts], emb, q
+    )
+    assert r.estimates["keyword_heavy"] == 4
+    assert r.estimates["task_type_by"] == "auto: keyword-heavy vote tie -> concentration (4 of 8)"
+
+
 # ---------------------------------------------------------------- the defense end to end
 
 

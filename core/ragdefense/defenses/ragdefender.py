@@ -305,6 +305,7 @@ class RAGDefender:
             tokens = [tokenize(items[i].text) for i in alive]
             est = estimate_by_clustering(sub_emb, tokens, self.m)
         chosen = choose_task_type(est) if est is not None and task == "auto" else task
+        vote = est
         if chosen == "multi_hop":
             est = estimate_by_concentration(sub_sim)
         assert est is not None
@@ -315,10 +316,12 @@ class RAGDefender:
             "stage1": est.method,
             **est.details,
         }
-        if task == "auto":
-            estimates["task_type_by"] = "auto: keyword-heavy vote " + (
-                "majority -> clustering" if chosen == "single_hop" else "minority -> concentration"
-            )
+        if task == "auto" and vote is not None:  # the vote that chose, beside the estimate used
+            heavy, half = vote.details["keyword_heavy"], len(alive) / 2
+            said = "majority" if heavy > half else "tie" if heavy == half else "minority"
+            used = "clustering" if chosen == "single_hop" else "concentration"
+            by = f"auto: keyword-heavy vote {said} -> {used} ({heavy} of {len(alive)})"
+            estimates.update(keyword_heavy=heavy, task_type_by=by)
         if aside:
             estimates["off_topic"] = sorted(aside)
         if n_adv == 0:
