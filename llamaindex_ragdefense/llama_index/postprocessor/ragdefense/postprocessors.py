@@ -156,7 +156,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
         description="the store the nodes come from (e.g. index.vector_store): the vectors it "
         "holds are used for nodes that arrive without an embedding, instead of embedding them; "
         "give embed_model= the index's model with it (the query must be embedded in the "
-        "store's space)",
+        "store's space); the query's vector the retriever computed is reused where the query "
+        "bundle carries it (sync retrieval; LlamaIndex's async retriever does not pass it on, "
+        "so the defense embeds the query again there: defend() reuses it in both)",
     )
     _core: AdapterCore = PrivateAttr(default_factory=AdapterCore)
 
