@@ -285,6 +285,9 @@ def test_robustrag_chain_scripted_sync_and_async(store: InMemoryVectorStore) -> 
     assert report.certificate is not None and report.certificate.certified
     out2 = asyncio.run(chain.ainvoke(QUESTION.question))
     assert out2["answer"] == "Canberra"
+    # keyword arguments go to the retriever (they reached a private method and failed)
+    assert len(chain.invoke(QUESTION.question, k=3)["context"]) == 3
+    assert len(asyncio.run(chain.ainvoke(QUESTION.question, k=2))["context"]) == 2
     with pytest.raises(TypeError, match="question"):
         chain.invoke(3)
     with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
@@ -520,6 +523,27 @@ def test_defend_widens_every_retriever_of_an_ensemble(store: InMemoryVectorStore
         assert 4 < len(docs) <= 7 and poison(docs) == 0
         assert hybrid.retrievers == [own, vectors]
     assert own.k == 3 and vectors.search_kwargs == {}  # the caller's retrievers are unchanged
+
+
+@pytest.mark.slow
+def test_defend_widens_the_retriever_a_multi_query_retriever_asks(
+    store: InMemoryVectorStore,
+) -> None:
+    """A multi-query retriever passes no ``k`` on: the pool stayed the union of its queries'
+    top 4, all planted, and the defense kept them. A copy whose retriever is widened is asked,
+    and the context is cut to that retriever's k."""
+    from langchain_classic.retrievers import MultiQueryRetriever
+
+    question = QUESTION.question
+    rewrites = f"{question}\nWhich city is the capital of Australia?\nAustralia's capital?"
+    llm = FakeListChatModel(responses=[rewrites] * 4)
+    rewriter = MultiQueryRetriever.from_llm(retriever=store.as_retriever(), llm=llm)
+    assert poison(rewriter.invoke(question)) >= 3  # the attack works
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # the pool was fetched: no small-pool warning
+        docs = defend(rewriter).invoke(question)
+    assert 1 <= len(docs) <= 4 and poison(docs) == 0
+    assert rewriter.retriever.search_kwargs == {}  # the caller's retriever is unchanged
 
 
 def test_defend_finds_the_store_inside_a_nesting_retriever(toy_embedder: Any) -> None:
@@ -765,3 +789,23 @@ def test_built_without_k_returns_what_the_base_retriever_would(toy_embedder: Any
     refill = DefendedRetriever(base_retriever=base, compressor=EveryFourth(), max_rounds=3)
     refill.invoke("capital city")
     assert refill.compressor.seen[1:] == [12]  # asked for: the pool widens (the store holds 12)
+    # a k set after defend() (assigned, or configurable) is a k given: the pool widens as for
+    # defend(base, k=...), where defend()'s own rounds for the retriever's k stayed (one)
+    from langchain_core.runnables import ConfigurableField
+
+    assigned = defend(base, EveryFourth())
+    assigned.k = 4
+    assigned.invoke("capital city")
+    configured = defend(base, EveryFourth()).configurable_fields(k=ConfigurableField(id="k"))
+    configured.with_config(configurable={"k": 4}).invoke("capital city")
+    given = defend(base, EveryFourth(), k=4)
+    given.invoke("capital city")
+    assert assigned.compressor.seen == given.compressor.seen == [8, 12]
+    assert configured.default.compressor.seen == [8, 12]  # type: ignore[attr-defined]
+    once = defend(base, EveryFourth())
+    once.invoke("capital city")
+    assert once.compressor.seen == [8]  # its own k: fetched once, still
+    # per call: a NumPy k as defend() takes one; the chain passes keyword arguments on
+    assert len(once.invoke("capital city", k=np.int64(2))) <= 2
+    with pytest.raises(ValueError, match="positive int"):
+        once.invoke("capital city", k=np.float64(2.0))

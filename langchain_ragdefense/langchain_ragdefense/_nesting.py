@@ -28,13 +28,22 @@ def _ensemble(retriever: BaseRetriever) -> list[Any] | None:
     return children if isinstance(retriever, BaseModel) and isinstance(children, list) else None
 
 
+def _wrapped(retriever: BaseRetriever) -> BaseRetriever | None:
+    """The retriever a query rewriter asks (a ``MultiQueryRetriever``'s or
+    ``RePhraseQueryRetriever``'s ``retriever``), ``None`` for another."""
+    inner = getattr(retriever, "retriever", None)
+    return inner if isinstance(retriever, BaseModel) and isinstance(inner, BaseRetriever) else None
+
+
 def _retriever_k(retriever: BaseRetriever) -> int | None:
     """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
     its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
     its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
     set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
     their union, at most that many); a compression retriever's, its base retriever's, at most
-    its compressor's ``top_n``."""
+    its compressor's ``top_n``; a query rewriter's, the retriever's it asks."""
+    if (inner := _wrapped(retriever)) is not None:
+        return _retriever_k(inner)
     base = _compressed(retriever)
     if base is not None:  # what its compressor keeps of its base's: at most a reranker's top_n
         top_n = positive_int(getattr(getattr(retriever, "base_compressor", None), "top_n", None))
@@ -58,9 +67,7 @@ def _stores(retriever: Any) -> list[Any]:
     own = getattr(retriever, "vectorstore", None)
     if own is not None:
         return [own]
-    inner = _compressed(retriever)
-    if inner is None and isinstance(getattr(retriever, "retriever", None), BaseRetriever):
-        inner = retriever.retriever  # a MultiQueryRetriever's
+    inner = _compressed(retriever) or _wrapped(retriever)  # a MultiQueryRetriever's
     if inner is not None:
         return _stores(inner)
     found = {id(s): s for child in _ensemble(retriever) or [] for s in _stores(child)}

@@ -193,22 +193,31 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         return {"query": query, "answer": report.answer, "context": docs, "report": report}
 
     def _invoke(
-        self, value: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+        self,
+        value: Any,
+        run_manager: CallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
     ) -> dict[str, Any]:
         query, choices = self._parse(value)
         child = patch_config(config, callbacks=run_manager.get_child())
-        docs = check_items(self.retriever.invoke(query, child), Document, "LangChain Document")
+        found = self.retriever.invoke(query, child, **kwargs)
+        docs = check_items(found, Document, "LangChain Document")
         report = self._core(child).answer(
             query, _passages(docs), choices=choices, certify=self.certify
         )
         return self._output(query, docs, report)
 
     async def _ainvoke(
-        self, value: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+        self,
+        value: Any,
+        run_manager: AsyncCallbackManagerForChainRun,
+        config: RunnableConfig,
+        **kwargs: Any,
     ) -> dict[str, Any]:
         query, choices = self._parse(value)
         child = patch_config(config, callbacks=run_manager.get_child())
-        found = await self.retriever.ainvoke(query, child)
+        found = await self.retriever.ainvoke(query, child, **kwargs)
         docs = check_items(found, Document, "LangChain Document")
         report = await self._core(child).aanswer(
             query, _passages(docs), choices=choices, certify=self.certify
@@ -218,7 +227,8 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     def invoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
     ) -> dict[str, Any]:
-        """Answer a question."""
+        """Answer a question; keyword arguments go to the retriever (``k=`` for a
+        :func:`~langchain_ragdefense.defend` retriever or a vector store's)."""
         return self._call_with_config(self._invoke, input, config, run_type="chain", **kwargs)
 
     async def ainvoke(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
+from numbers import Integral
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -15,7 +16,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 from ragdefense import LangChainEmbedder
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
@@ -29,7 +30,7 @@ from ragdefense.integration.retrieval import (
     wider,
 )
 
-from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model
+from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model, _wrapped
 from .compressors import DefenseCompressor
 from .vectors import by_vector, remembered, searches_by_vector
 
@@ -78,6 +79,14 @@ class DefendedRetriever(BaseRetriever):
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
     max_rounds: int | None = Field(default=None, ge=1)
+    #: ``k`` is the base retriever's own, read by :func:`defend` (fetched once, as no ``k``
+    #: given); a ``k`` assigned later, or a copy rebuilt from the fields, is one given
+    _own_k: bool = PrivateAttr(default=False)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        super().__setattr__(name, value)
+        if name == "k":
+            self._own_k = False
 
     def invoke(
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
@@ -104,11 +113,15 @@ class DefendedRetriever(BaseRetriever):
         rounds = self.max_rounds
         if rounds is None:  # as defend() fetches: once for the retriever's own k, unless a
             # quarantine holds chunks (then as many as it needs)
-            rounds = fetch_rounds(self.compressor, asked or self.k is not None)
+            rounds = fetch_rounds(
+                self.compressor, asked or (self.k is not None and not self._own_k)
+            )
         rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
         k = kwargs.pop("k", self.k)
-        if k is not None and positive_int(k) is None:
-            raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
+        if k is not None:  # a NumPy integer too, as defend() takes it
+            if not isinstance(k, Integral) or isinstance(k, bool) or int(k) < 1:
+                raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
+            k = int(k)
         ours = self.compressor if isinstance(self.compressor, DefenseCompressor) else None
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
@@ -206,7 +219,8 @@ def widened(
     raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked for
     more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
-    so; it returns ``fetch`` when one of them does. A ``ContextualCompressionRetriever`` is a
+    so; it returns ``fetch`` when one of them does; a query rewriter (a multi-query retriever)
+    is a copy whose retriever is asked so. A ``ContextualCompressionRetriever`` is a
     copy whose base retriever is asked so (never for fewer than it fetches by default: its
     reranker reranks as many candidates as it would have) and whose reranker (a compressor
     with ``top_n``) keeps the pool; another compressor may keep fewer. FAISS with a
@@ -232,6 +246,10 @@ def widened(
         if isinstance(compressor, BaseModel) and positive_int(getattr(compressor, "top_n", None)):
             update["base_compressor"] = compressor.model_copy(update={"top_n": fetch})
         return retriever.model_copy(update=update), args, False
+    asker = _wrapped(retriever)
+    if asker is not None:  # a query rewriter: it passes no argument on; each query asks fetch
+        settled, honoured = _settled(asker, fetch)
+        return retriever.model_copy(update={"retriever": settled}), {}, honoured
     children = _ensemble(retriever)
     if children:
         asked = [_settled(child, fetch) for child in children]
@@ -343,8 +361,8 @@ def defend(
     sizes = check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
     k, fetch_k = sizes["k"], sizes["fetch_k"]
     store, model = _store_and_model(retriever)
-    rounds = fetch_rounds(defense, k is not None)
-    if k is None:  # at most what the retriever would return (a vector store retriever: 4)
+    own_k = k is None
+    if own_k:  # at most what the retriever would return (a vector store retriever: 4)
         k = _retriever_k(retriever)
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
@@ -364,6 +382,8 @@ def defend(
             fail_open=fail_open,
             vectorstore=store,  # its vectors are read only in the defense's own model's space
         )
-    return DefendedRetriever(
-        base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k, max_rounds=rounds
+    defended = DefendedRetriever(
+        base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k
     )
+    defended._own_k = own_k  # its rounds as for no k given, until k is set (max_rounds=None)
+    return defended

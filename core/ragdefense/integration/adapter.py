@@ -229,8 +229,10 @@ class AdapterCore:
             fix = "defend() asked for more: the store returned no more."
         elif _POOLED.get() is False:
             fix = (
-                "defend() could not ask this retriever for that many (no size setting it reads, "
-                "or a store that filters after its search): widen the retriever itself."
+                "defend() could not ask this retriever for that many passages (no size setting "
+                "it reads, a store that filters after its search, or one that returns fewer "
+                "documents than chunks asked, as a parent-document retriever): give defend() a "
+                "larger fetch_k, or widen the retriever itself."
             )
         message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
         warnings.warn(message, stacklevel=5)
