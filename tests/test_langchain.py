@@ -621,7 +621,7 @@ def test_defend_widens_the_base_of_a_compression_retriever(store: InMemoryVector
         piped = ContextualCompressionRetriever(base_compressor=reranker, base_retriever=base)
         assert poison(piped.invoke(QUESTION.question)) >= 1  # the attack works
         defended = defend(piped)
-        assert defended.k == k
+        assert defended._plan({})[0] == k  # None given: the pipeline's own, read per call
         if k is None:  # no k to size a pool by: used as it is, as any such retriever
             with pytest.warns(UserWarning, match=r"4 passage\(s\)"):
                 defended.invoke(QUESTION.question)

@@ -16,7 +16,7 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import BaseModel, ConfigDict, Field
 
 from ragdefense import LangChainEmbedder
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
@@ -79,14 +79,6 @@ class DefendedRetriever(BaseRetriever):
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
     max_rounds: int | None = Field(default=None, ge=1)
-    #: ``k`` is the base retriever's own, read by :func:`defend` (fetched once, as no ``k``
-    #: given); a ``k`` assigned later, or a copy rebuilt from the fields, is one given
-    _own_k: bool = PrivateAttr(default=False)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        super().__setattr__(name, value)
-        if name == "k":
-            self._own_k = False
 
     def invoke(
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
@@ -113,9 +105,7 @@ class DefendedRetriever(BaseRetriever):
         rounds = self.max_rounds
         if rounds is None:  # as defend() fetches: once for the retriever's own k, unless a
             # quarantine holds chunks (then as many as it needs)
-            rounds = fetch_rounds(
-                self.compressor, asked or (self.k is not None and not self._own_k)
-            )
+            rounds = fetch_rounds(self.compressor, asked or self.k is not None)
         rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
         k = kwargs.pop("k", self.k)
         if k is not None:  # a NumPy integer too, as defend() takes it
@@ -361,9 +351,6 @@ def defend(
     sizes = check_request(defense, plain_params(params), k=k, fetch_k=fetch_k)
     k, fetch_k = sizes["k"], sizes["fetch_k"]
     store, model = _store_and_model(retriever)
-    own_k = k is None
-    if own_k:  # at most what the retriever would return (a vector store retriever: 4)
-        k = _retriever_k(retriever)
     compressor: BaseDocumentCompressor
     if isinstance(defense, BaseDocumentCompressor):
         given = [n for n, v in (("embeddings", embeddings), ("fail_open", fail_open)) if v]
@@ -382,8 +369,6 @@ def defend(
             fail_open=fail_open,
             vectorstore=store,  # its vectors are read only in the defense's own model's space
         )
-    defended = DefendedRetriever(
-        base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k
-    )
-    defended._own_k = own_k  # its rounds as for no k given, until k is set (max_rounds=None)
-    return defended
+    # k and max_rounds as given (None: read at each call, as the base retriever's own k and
+    # one fetch for it): a k set later, or a base swapped through configurable_fields, counts
+    return DefendedRetriever(base_retriever=retriever, compressor=compressor, k=k, fetch_k=fetch_k)
