@@ -21,6 +21,8 @@ from ragdefense.text import answer_key, gives_answer, names_answer
         ("C", "C++"),
         ("C++", "C"),
         ("C#", "C"),
+        ("1.05", "1"),
+        ("3.5", "3"),
     ],
 )
 def test_punctuation_that_changes_a_value_tells_answers_apart(response: str, answer: str) -> None:
@@ -42,6 +44,13 @@ def test_punctuation_that_changes_a_value_tells_answers_apart(response: str, ans
         ("Pages 10-15", "15"),  # a range's dash is no sign
         ("1,2,3", "2"),
         ("a 5-year plan", "5"),
+        ("The population is 1,000,000, according to the census.", "1,000,000"),
+        ("Sold 2,500, then 3,000.", "2500"),
+        ("It costs $5.00.", "$5"),
+        ("About 25.0%", "25%"),
+        ("1,000.00 units", "1000"),
+        ("0.5", ".5"),
+        ("a temperature of \u201340", "-40"),  # an en dash as a minus
     ],
 )
 def test_punctuation_that_does_not_change_a_value_is_aside(response: str, answer: str) -> None:
@@ -52,4 +61,7 @@ def test_answer_key_ignores_case_spacing_and_what_surrounds_an_answer() -> None:
     assert answer_key("  Canberra. ") == answer_key('"canberra"') == "canberra"
     assert answer_key("New  York\nCity") == "new york city"
     assert answer_key(None) == answer_key("") == ""
+    # formatting is no other answer (a certificate refused them as two)
+    assert answer_key("**Canberra**") == answer_key("Canberra,") == answer_key("- Canberra")
+    assert answer_key("1,000") == answer_key("1000")
     assert answer_key("The US") != answer_key("The U.S.")  # no certificate on a guess

@@ -917,6 +917,21 @@ def test_a_defense_mark_reads_dataclass_settings_and_function_code() -> None:
     assert defense_mark(Judge(lambda m: m in allowed)) != defense_mark(Judge(lambda m: m in {"b"}))
     same = [defense_mark(Judge(lambda m: [x for x in m if x in {"c", "d"}])) for _ in range(2)]
     assert same[0] == same[1]  # a comprehension's code named its address
+
+    class Own:  # a function referring to its defense: a cycle, written once
+        def __init__(self, allowed: set[str]) -> None:
+            self.allowed = allowed
+            self.rule = lambda t: any(w in self.allowed for w in t.split())
+
+        def defend(self, query: str, passages: list[str]) -> None: ...
+
+    assert defense_mark(Own({"a"})) != defense_mark(Own({"b"}))
+    from functools import partial
+
+    def cut(x: float, at: float = 1.0) -> bool:
+        return x > at
+
+    assert defense_mark(Judge(partial(cut, at=1))) != defense_mark(Judge(partial(cut, at=2)))
     code = (
         f"import sys; sys.path[:0] = {sys.path!r}\n"
         "from ragdefense.auditing.settings import defense_mark\n"

@@ -155,6 +155,12 @@ def test_distinct_images_with_one_caption_are_not_copies(minilm: Any, removed: R
     out = post.postprocess_nodes(pool, query_str="Show me the product photos")
     assert [r["id"] for r in removed.records if r["copy"]] == [twin.node_id]
     assert {n.node.node_id for n in out} == {n.node_id for n in images}
+    # one image's data stored under two paths is one image (one page ingested twice)
+    removed.records.clear()
+    data = [ImageNode(image=f"aW1hZ2Ug{i}", image_path=f"/kb/{d}/p.png", text="Product photo.")
+            for i, d in ((0, "2024"), (0, "backup"), (1, "2024"))]  # fmt: skip
+    out = post.postprocess_nodes([NodeWithScore(node=n, score=0.5) for n in data], query_str="x")
+    assert [r["id"] for r in removed.records if r["copy"]] == [data[1].node_id]
 
 
 def test_a_query_given_as_embedding_strings_only_is_defended(minilm: Any) -> None:

@@ -226,13 +226,16 @@ def _readings(text: str) -> tuple[str, str]:
 
 #: punctuation that changes what an answer says, rewritten before words are read: thousands
 #: separators dropped (1,000 is 1000), any other comma between digits a space (3,5 is not 35),
-#: a decimal point between digits a word, a minus sign before a number that starts a word (not
-#: a range's dash: 10-15), ``++`` and ``#`` after a name
+#: a fraction of zeros dropped (5.00 is 5), a decimal point between digits a word (a leading
+#: one: .5 is 0.5), a minus sign before a number that starts a word (not a range's dash:
+#: 10-15), ``++`` and ``#`` after a name
 _VALUE_MARKS: tuple[tuple[re.Pattern[str], Any], ...] = (
-    (re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?![\d,])"), lambda m: m[0].replace(",", "")),
+    (re.compile(r"(?<![\d.,])\d{1,3}(?:,\d{3})+(?!\d|,\d)"), lambda m: m[0].replace(",", "")),
     (re.compile(r"(?<=\d),(?=\d)"), " "),
+    (re.compile(r"(?<=\d)\.0+(?!\d|\.\d)"), ""),
+    (re.compile(r"(?<![^\W_])\.(?=\d)"), "0point"),
     (re.compile(r"(?<=\d)\.(?=\d)"), "point"),
-    (re.compile(r"(?<![^\W_])(?<![.,])[-\u2212](?=\d)"), "minus"),
+    (re.compile(r"(?<![^\W_])(?<![.,])[-\u2212\u2013](?=\d)"), "minus"),
     (re.compile(r"(?<=[^\W\d_])\+\+(?![^\W_])"), "plusplus"),
     (re.compile(r"(?<=[^\W\d_])#(?![^\W_])"), "sharp"),
 )
@@ -240,20 +243,16 @@ _VALUE_MARKS: tuple[tuple[re.Pattern[str], Any], ...] = (
 
 def answer_key(text: str | None) -> str:
     """An answer as two answers are told apart when nothing says which is right (a
-    certificate without a gold answer): Unicode's compatibility form, case and spacing
-    aside, and the full stop, quotes or brackets around it, but every other character kept
-    ("1.5 million" and "15 million", "C++" and "C" are two answers).
+    certificate without a gold answer): its words as :func:`names_answer` reads them, case,
+    spacing, formatting and punctuation aside but where it changes a value ("**Canberra**"
+    and "Canberra," are one answer, "1,000" and "1000" too; "1.5 million" and "15 million",
+    "C++" and "C" are two).
 
     Examples:
-        >>> answer_key("  Canberra. "), answer_key("'1.5  Million'")
-        ('canberra', '1.5 million')
+        >>> answer_key("**Canberra.**") == answer_key("canberra"), answer_key("1.5 Million")
+        (True, '1point5 million')
     """
-    folded = " ".join(unicodedata.normalize("NFKC", text or "").casefold().split())
-    return folded.strip(_AROUND)
-
-
-#: characters around an answer that say nothing about it
-_AROUND = " .!?;:\"'`()[]{}\u201c\u201d\u2018\u2019"
+    return _readings(text or "")[0]
 
 
 #: a word of an answer or a response: letters and digits (punctuation and spaces split words)

@@ -116,7 +116,9 @@ class DefendedRetriever(BaseRetriever):
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
         own = _retriever_k(self.base_retriever)
-        if k is None and not asked and own:  # no more than the retriever alone would return
+        # no more than the retriever alone would return (a query rewriter returns the union of
+        # its queries' results: all it keeps, the pool sized for the retriever it asks)
+        if k is None and not asked and own and _wrapped(self.base_retriever) is None:
             k = own
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
         base_k = k or own
@@ -210,12 +212,13 @@ def widened(
     more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
     search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
     so; it returns ``fetch`` when one of them does; a query rewriter (a multi-query retriever)
-    is a copy whose retriever is asked so. A ``ContextualCompressionRetriever`` is a
-    copy whose base retriever is asked so (never for fewer than it fetches by default: its
-    reranker reranks as many candidates as it would have) and whose reranker (a compressor
-    with ``top_n``) keeps the pool; another compressor may keep fewer. FAISS with a
-    ``filter`` (in its ``search_kwargs`` or among the arguments of this ``call``) is asked for
-    more candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
+    is a copy whose retriever is asked so (it returns the union of its queries' results). A
+    ``ContextualCompressionRetriever`` is a copy whose base retriever is asked so (never for
+    fewer than it fetches by default: its reranker reranks as many candidates as it would
+    have) and whose reranker (a compressor with ``top_n``) keeps the pool; another compressor
+    may keep fewer. FAISS with a ``filter`` (in its ``search_kwargs`` or among the arguments of
+    this ``call``) is asked for more candidates (:func:`_filtered_faiss`). Any other gets ``k``
+    and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):

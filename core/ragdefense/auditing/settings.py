@@ -15,6 +15,7 @@ import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields, is_dataclass, replace
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -222,40 +223,67 @@ def defense_mark(defense: Any) -> str:
     """A defense as a resumed audit compares it: its name, or its type with its settings (its
     public attributes: plain values, collections of them, dataclasses by their fields,
     functions by name and code, nested defenses by their own mark)."""
+    return _marked(defense, ())
+
+
+def _marked(defense: Any, seen: tuple[int, ...]) -> str:
+    """:func:`defense_mark`, ``seen`` the objects being written (one met again is a cycle: a
+    function of a defense that refers to the defense)."""
     if isinstance(defense, str):
         return defense
+    if id(defense) in seen:
+        return f"<cycle {type(defense).__name__}>"
+    seen = (*seen, id(defense))
     attrs = getattr(defense, "__dict__", None)
     if attrs is None:  # __slots__
         slots = getattr(type(defense), "__slots__", ())
         attrs = {k: getattr(defense, k) for k in slots if hasattr(defense, k)}
-    settings = sorted((k, _setting(v)) for k, v in attrs.items() if not k.startswith("_"))
+    settings = sorted((k, _setting(v, seen)) for k, v in attrs.items() if not k.startswith("_"))
     return f"{type(defense).__name__}({', '.join(f'{k}={v}' for k, v in settings)})"
 
 
-def _setting(value: Any) -> str:
+def _setting(value: Any, seen: tuple[int, ...] = ()) -> str:
     """One attribute as :func:`defense_mark` writes it."""
     if isinstance(value, (bool, int, float, str, type(None))):
         return repr(value)
+    if id(value) in seen:
+        return f"<cycle {type(value).__name__}>"
+    inner = (*seen, id(value))
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_setting(v) for v in value]
+        items = [_setting(v, inner) for v in value]
         return (
             "[" + ", ".join(sorted(items) if isinstance(value, (set, frozenset)) else items) + "]"
         )
     if isinstance(value, Mapping):
-        return "{" + ", ".join(sorted(f"{k!r}: {_setting(v)}" for k, v in value.items())) + "}"
+        return (
+            "{" + ", ".join(sorted(f"{k!r}: {_setting(v, inner)}" for k, v in value.items())) + "}"
+        )
     if is_dataclass(value) and not isinstance(value, type):  # settings (BM25's k1 and b)
-        shown = ", ".join(f"{f.name}={_setting(getattr(value, f.name))}" for f in fields(value))
+        shown = ", ".join(
+            f"{f.name}={_setting(getattr(value, f.name), inner)}" for f in fields(value)
+        )
         return f"{type(value).__name__}({shown})"
-    function = getattr(value, "__func__", value)  # a bound method: its function
+    if isinstance(value, partial):
+        return f"partial({_setting((value.func, value.args, value.keywords), inner)})"
+    function = getattr(value, "__func__", value)  # a bound method: its function, and its object
     if callable(value) and hasattr(function, "__code__"):  # two lambdas differ by their code
-        closure = [_setting(c.cell_contents) for c in function.__closure__ or ()]
-        body = _code(function.__code__) + repr(closure) + _setting(function.__defaults__)
+        closure = [_cell(c, inner) for c in function.__closure__ or ()]
+        bound = _setting(getattr(value, "__self__", None), inner)
+        body = _code(function.__code__) + repr(closure) + bound
+        body += _setting((function.__defaults__, function.__kwdefaults__), inner)
         return f"<{value.__qualname__} {hashlib.sha256(body.encode()).hexdigest()[:12]}>"
     if callable(value) and hasattr(value, "__qualname__"):
         return f"<{value.__qualname__}>"
     if hasattr(value, "defend"):  # a nested defense (a quarantine's)
-        return defense_mark(value)
+        return _marked(value, seen)
     return f"<{type(value).__name__}>"  # a model or another object: its type
+
+
+def _cell(cell: Any, seen: tuple[int, ...]) -> str:
+    try:
+        return _setting(cell.cell_contents, seen)
+    except ValueError:  # a cell not yet filled
+        return "<empty>"
 
 
 def _code(code: Any) -> str:

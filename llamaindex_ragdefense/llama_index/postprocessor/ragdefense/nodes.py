@@ -4,6 +4,7 @@ the LLM reads differently are never judged copies of one another."""
 
 from __future__ import annotations
 
+from hashlib import sha256
 from typing import Any
 
 from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore
@@ -46,11 +47,13 @@ def shown(node: BaseNode) -> str | None:
 
 
 def _media(node: BaseNode) -> str | None:
-    """What identifies a node's media (``None``: it holds none): an ``ImageNode``'s hash (of
-    its image data, path, URL and caption), a multimodal ``Node``'s resources' hashes."""
+    """What identifies a node's media (``None``: it holds none): an ``ImageNode``'s image data
+    (one image stored under two paths is one), else its hash (of its path, URL and caption),
+    a multimodal ``Node``'s resources' hashes."""
     if isinstance(node, ImageNode):
-        held = node.image or node.image_path or node.image_url
-        return node.hash if held else None
+        if node.image:
+            return sha256(node.image.encode("utf-8", "surrogatepass")).hexdigest()
+        return node.hash if node.image_path or node.image_url else None
     found = [getattr(node, name, None) for name in _RESOURCES]
     hashes = [f"{name} {r.hash}" for name, r in zip(_RESOURCES, found, strict=True) if r]
     return "; ".join(hashes) or None
