@@ -1,6 +1,7 @@
 """A retrieved LlamaIndex node as the core reads it: a :class:`ragdefense.Passage` with the
 node's text, and what the generator is shown beside it (``Passage.shown``), so that two nodes
-the LLM reads differently are never judged copies of one another."""
+the LLM reads differently are never judged copies of one another; and the node handed back,
+a copy carrying its verdict (:func:`tagged`)."""
 
 from __future__ import annotations
 
@@ -10,11 +11,12 @@ from typing import Any
 from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore
 
 from ragdefense import Passage
+from ragdefense.integration.records import METADATA_KEY, copied, tagged_metadata
 from ragdefense.provenance import SOURCE_KEYS
 
 from .vectors import with_document
 
-__all__ = ["node_passage", "shown"]
+__all__ = ["node_passage", "shown", "tagged"]
 
 #: the media a multimodal ``Node`` holds beside its text
 _RESOURCES = ("image_resource", "audio_resource", "video_resource")
@@ -72,3 +74,27 @@ def node_passage(nws: NodeWithScore, embedding: Any) -> Passage:
         embedding=embedding,
         shown=shown(node),
     )
+
+
+#: a ``Node``'s media (its text among them): objects a later step may edit in place
+_EDITABLE = ("text_resource", "image_resource", "audio_resource", "video_resource")
+
+
+def tagged(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> NodeWithScore:
+    """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder; its
+    embedding, relationships and media resources (a ``Node``'s text, image, audio, video) are
+    copies too, so that a later step editing the returned node leaves the caller's alone."""
+    node = nws.node
+    update: dict[str, Any] = {"metadata": tagged_metadata(node.metadata, record)}
+    for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
+        keys = list(getattr(node, attr, []) or [])
+        update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
+    for name in ("embedding", "text_embedding"):  # an ImageNode's text has a vector too
+        if getattr(node, name, None) is not None:
+            update[name] = list(getattr(node, name))
+    # each relation copied alone: one holding what cannot be copied leaves the others copies
+    update["relationships"] = {kind: copied(info) for kind, info in node.relationships.items()}
+    for name in _EDITABLE:
+        if getattr(node, name, None) is not None:
+            update[name] = copied(getattr(node, name))
+    return NodeWithScore(node=node.model_copy(update=update), score=score)

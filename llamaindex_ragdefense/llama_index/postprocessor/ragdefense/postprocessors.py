@@ -36,17 +36,10 @@ from ragdefense.integration.adapter import (
     plain_params,
     plain_value,
 )
-from ragdefense.integration.records import (
-    METADATA_KEY,
-    check_items,
-    copied,
-    removed_report,
-    tagged_metadata,
-    verdict_metadata,
-)
+from ragdefense.integration.records import check_items, removed_report, verdict_metadata
 
 from .embeddings import RagdefenseEmbedding, picklable
-from .nodes import node_passage
+from .nodes import node_passage, tagged
 from .vectors import stored_vectors
 
 __all__ = [
@@ -83,30 +76,6 @@ class DefenseRemovedEvent(BaseEvent):
     @classmethod
     def class_name(cls) -> str:
         return "DefenseRemovedEvent"
-
-
-#: a ``Node``'s media (its text among them): objects a later step may edit in place
-_RESOURCES = ("text_resource", "image_resource", "audio_resource", "video_resource")
-
-
-def _tag(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> NodeWithScore:
-    """A copy of the node with ``record`` in its metadata, hidden from the LLM and embedder; its
-    embedding, relationships and media resources (a ``Node``'s text, image, audio, video) are
-    copies too, so that a later step editing the returned node leaves the caller's alone."""
-    node = nws.node
-    update: dict[str, Any] = {"metadata": tagged_metadata(node.metadata, record)}
-    for attr in ("excluded_llm_metadata_keys", "excluded_embed_metadata_keys"):
-        keys = list(getattr(node, attr, []) or [])
-        update[attr] = keys if METADATA_KEY in keys else [*keys, METADATA_KEY]
-    for name in ("embedding", "text_embedding"):  # an ImageNode's text has a vector too
-        if getattr(node, name, None) is not None:
-            update[name] = list(getattr(node, name))
-    # each relation copied alone: one holding what cannot be copied leaves the others copies
-    update["relationships"] = {kind: copied(info) for kind, info in node.relationships.items()}
-    for name in _RESOURCES:
-        if getattr(node, name, None) is not None:
-            update[name] = copied(getattr(node, name))
-    return NodeWithScore(node=node.model_copy(update=update), score=score)
 
 
 class DefensePostprocessor(BaseNodePostprocessor):
@@ -250,7 +219,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         self, nodes: list[NodeWithScore], result: DefenseResult | None
     ) -> list[NodeWithScore]:
         if result is None:
-            return [_tag(n, {"checked": False}, n.score) for n in nodes]
+            return [tagged(n, {"checked": False}, n.score) for n in nodes]
         if result.removed:
             report = removed_report(result)
             dispatcher.event(
@@ -262,7 +231,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
                 )
             )
         return [
-            _tag(
+            tagged(
                 nodes[i],
                 verdict_metadata(result, result.verdicts[i]),
                 result.verdicts[i].score if result.reranked else nodes[i].score,
