@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from contextvars import ContextVar
-from numbers import Integral
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -23,6 +22,7 @@ from ragdefense.integration.adapter import configured, named, plain_params, pool
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     check_request,
+    checked_size,
     fetch_rounds,
     fetched_enough,
     pool_size,
@@ -107,11 +107,7 @@ class DefendedRetriever(BaseRetriever):
             # quarantine holds chunks (then as many as it needs)
             rounds = fetch_rounds(self.compressor, asked or self.k is not None)
         rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
-        k = kwargs.pop("k", self.k)
-        if k is not None:  # a NumPy integer too, as defend() takes it
-            if not isinstance(k, Integral) or isinstance(k, bool) or int(k) < 1:
-                raise ValueError(f"k must be a positive int (or None for all kept), got {k!r}")
-            k = int(k)
+        k = checked_size("k", kwargs.pop("k", self.k), "(or None for all kept)")
         ours = self.compressor if isinstance(self.compressor, DefenseCompressor) else None
         core = ours.core if ours is not None else None
         fetch = self.fetch_k

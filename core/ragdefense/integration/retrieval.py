@@ -14,6 +14,7 @@ from ..types import Defense
 __all__ = [
     "FETCH_ROUNDS",
     "check_request",
+    "checked_size",
     "fetch_rounds",
     "fetched_enough",
     "pool_size",
@@ -28,18 +29,23 @@ def positive_int(value: Any) -> int | None:
     return value if isinstance(value, int) and not isinstance(value, bool) and value > 0 else None
 
 
+def checked_size(label: str, value: Any, none: str = "or None") -> int | None:
+    """A size an adapter is given (``k``, ``fetch_k``, ``max_rounds``): a positive integer (a
+    NumPy one too) as a plain ``int``, or ``None``; anything else a ``ValueError`` naming
+    ``label`` (``none`` says what ``None`` means there)."""
+    whole = isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0
+    if value is not None and not whole:
+        raise ValueError(f"{label} must be a positive int {none}, got {value!r}")
+    return None if value is None else int(value)
+
+
 def check_request(defense: Any, params: Mapping[str, Any], **sizes: Any) -> dict[str, int | None]:
     """What an adapter's ``defend()`` checks before it builds anything, so that a mistake is
     the core's own plain error, not a framework's validation error wrapping it: each of
     ``sizes`` (``k``, ``fetch_k``) a positive integer (a NumPy one too) or ``None``, and a
     defense given by name built once with ``params`` (a misspelled name, parameter or value).
     Returns the sizes as plain ints."""
-    out: dict[str, int | None] = {}
-    for label, value in sizes.items():
-        whole = isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0
-        if value is not None and not whole:
-            raise ValueError(f"{label} must be a positive int or None, got {value!r}")
-        out[label] = None if value is None else int(value)
+    out = {label: checked_size(label, value) for label, value in sizes.items()}
     if defense is None or isinstance(defense, str):
         from ..defenses.registry import defense as front_door
 

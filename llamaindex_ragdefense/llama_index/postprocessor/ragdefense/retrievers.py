@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-from numbers import Integral
 from typing import Any
 
 from llama_index.core import VectorStoreIndex
@@ -32,6 +31,7 @@ from ragdefense.integration.adapter import (
 )
 from ragdefense.integration.retrieval import (
     check_request,
+    checked_size,
     fetch_rounds,
     fetched_enough,
     pool_size,
@@ -255,10 +255,7 @@ async def _embedded(retriever: BaseRetriever, bundle: QueryBundle) -> QueryBundl
 def _check_setting(name: str, value: Any) -> Any:
     """A :class:`DefendedRetriever` setting checked (other attributes pass), as it is kept."""
     if name in ("k", "fetch_k", "max_rounds"):  # as defend() reads them: NumPy ints too
-        whole = isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0
-        if value is not None and not whole:
-            raise ValueError(f"{name} must be a positive int or None, got {value!r}")
-        return None if value is None else int(value)
+        return checked_size(name, value)
     if name == "retriever" and not isinstance(value, BaseRetriever):
         raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(value).__name__}")
     if name == "postprocessor" and not isinstance(value, DefensePostprocessor):
