@@ -202,7 +202,8 @@ class _Keyword:
         possible = tuple(dict.fromkeys(answers))
         # the answer given is the clean keyword set's (one of these), or with a gold answer a
         # correct one however a sampling LLM words it; else its own aggregation call failed
-        stands = answer_key(result.answer) in {answer_key(a) for a in possible}
+        given = answer_key(result.answer)
+        stands = given in {answer_key(a) for a in possible}
         if not (stands or (golds and gives_answer(result.answer, golds))):
             why = (
                 f"the answer given ({result.answer!r}) is not what the keyword sets give "
@@ -222,7 +223,7 @@ class _Keyword:
                 f"e.g. {wrong[0]!r}"
             )
         else:
-            others = [a for a in possible if answer_key(a) != answer_key(result.answer)]
+            others = [a for a in possible if answer_key(a) != given]
             ok = not others
             why = (
                 f"every one of the {len(plan.keyword_sets)} keyword sets the attacker can cause "

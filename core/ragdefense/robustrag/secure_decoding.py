@@ -293,7 +293,8 @@ class _Decoding:
                 "all contain the gold answer" if ok else "some miss the gold answer"
             )
         else:
-            ok = all(answer_key(a) == answer_key(result.answer) for a in possible)
+            given = answer_key(result.answer)
+            ok = all(answer_key(a) == given for a in possible)
             why = f"{len(possible)} possible answer(s); " + (
                 "all equal the answer" if ok else "the attacker can change the answer"
             )
