@@ -288,3 +288,10 @@ def test_a_relative_folder_never_climbs_above_the_working_folders_drive() -> Non
     }
     windows = Passage("text", metadata={"file_path": "C:\\kb\\handbook\\a.pdf"})
     assert is_trusted_by({"C:\\kb\\handbook"})(windows, source_of(windows))
+
+
+def test_a_storage_address_is_one_source_whatever_its_schemes_case() -> None:
+    upper, lower = ({"source": f"{s}://acme/policies/leave.pdf"} for s in ("S3", "s3"))
+    assert source_of(Passage("x", metadata=upper)) == source_of(Passage("x", metadata=lower))
+    assert source_of(Passage("x", metadata=upper)) == "s3://acme/policies/leave.pdf"
+    assert source_of(Passage("x", metadata={"source": "s3://Acme/A.pdf"})) == "s3://Acme/A.pdf"

@@ -110,7 +110,8 @@ def _normal_text(value: str, web: bool, file: bool) -> str | None:
     if web and text.startswith("//") and not text.startswith("///"):  # scheme-relative
         text = text[2:]
     if has_scheme(text):  # a web address is its host; any other (a malformed one, a storage or
-        return web_host(text) or text  # file address) is a name of its own, one file
+        scheme, sep, rest = text.partition("://")  # file address) is one file, its scheme's
+        return web_host(text) or scheme.lower() + sep + rest  # case aside (RFC 3986)
     bare = text.rstrip("/").rstrip(".")  # "who.int/" and "who.int." name the host "who.int"
     if not file and bare_host(bare):
         return host_name(bare.partition(":")[0]) or text
