@@ -769,3 +769,113 @@ def test_an_uploads_set_does_not_take_the_honest_member_of_another_source() -> N
         {"findings": [*findings[:-1], *strays, unsourced], "stats": stats}
     )
     assert guard.ids == {*(f"p{i}" for i in range(5)), "s0", "s1", "w"}
+
+
+def test_a_query_error_inside_stays_a_query_error_and_fails_closed() -> None:
+    """A query embedded by another model than the passages is the caller's bug, not an outage:
+    the adapters raise it even when failing open; renumbered through a quarantine, it was a
+    plain input error and the adapter passed every document through unchecked."""
+    from ragdefense import QueryInputError
+    from ragdefense.integration.adapter import AdapterCore
+
+    inner = defense("consensus", embedder=bag_of_words)
+    pool = [Passage(t, embedding=[1.0, float(i), 0.0, 0.5]) for i, t in enumerate(TEXTS)]
+    guard = Quarantine.from_report(REPORT, inner)
+    with pytest.raises(QueryInputError):
+        guard.defend("What is the capital of Australia?", pool)
+    with pytest.raises(QueryInputError):
+        AdapterCore().run(guard, "What is the capital of Australia?", pool, fail_open=True)
+
+
+def test_failing_open_reads_a_failing_trust_as_untrusted() -> None:
+    """Failing open, the fallback keeps the quarantined passages out; a trusted= predicate
+    that fails on a passage's metadata made the fallback itself raise."""
+    from ragdefense import Consensus
+    from ragdefense.integration.adapter import AdapterCore
+
+    class Broken(Consensus):
+        def defend(self, query: str, passages: Any) -> Any:
+            raise RuntimeError("model server down")
+
+    guard = Quarantine.from_report(REPORT, Broken(trusted=lambda m: m["tier"] == "gold"))
+    with pytest.raises(DefenseInputError, match="trusted= failed on passage 3"):
+        guard.defend("q?", _passages())
+    with pytest.warns(UserWarning, match="passing the documents through"):
+        result = AdapterCore().run(guard, "q?", _passages(), fail_open=True)
+    assert result is not None and result.removed_indices == [3, 4]
+
+
+def test_a_lone_chunk_of_a_condemned_source_keeps_its_honest_copies_with_grouped_false() -> None:
+    report = _condemned_copy_report()
+    del report["findings"][3]  # the honest original, not listed
+    wiki = {"source": "https://en.wikipedia.org/wiki/A"}
+    for grouped in (True, False):
+        guard = Quarantine.from_report(report, grouped=grouped)
+        assert guard.reason(Passage(TEXTS[0], metadata=wiki)) is None
+        assert guard.reason(Passage(TEXTS[0], metadata={"source": "uploads/x.pdf"})) is not None
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("reasons", None, None),
+        ("reasons", 3, "its reasons are 3"),
+        ("reasons", [1], "not a list of strings"),
+        ("group", {"id": ["g", 1], "size": 2}, "group's id is not a string"),
+    ],
+)
+def test_a_hand_edited_finding_is_named_not_a_crash(field: str, value: Any, message: Any) -> None:
+    report = copy.deepcopy(REPORT)
+    report["findings"][0][field] = value
+    if message is None:  # no reasons: read as none
+        assert "d3" in Quarantine.from_report(report).ids
+        return
+    with pytest.raises(ValueError, match=f"finding 0 \\(id 'd3'\\): .*{message}"):
+        Quarantine.from_report(report)
+
+
+def test_min_score_needs_each_finding_s_score() -> None:
+    report = copy.deepcopy(REPORT)
+    del report["findings"][0]["score"]
+    assert "d3" in Quarantine.from_report(report).ids  # the audit's verdict: no score needed
+    with pytest.raises(ValueError, match=r"finding 0 .*its score is None"):
+        Quarantine.from_report(report, min_score=0.5)
+
+
+def test_a_chunk_chosen_by_min_score_says_so_not_that_the_audit_flagged_it() -> None:
+    report = copy.deepcopy(REPORT)
+    report["findings"][1]["suspicious"] = False
+    guard = Quarantine.from_report(report, min_score=0.55)
+    said = guard.reason(Passage(TEXTS[4]))
+    assert said is not None and "scored it 0.60, at least min_score=0.55" in said
+    assert "flagged it" in str(Quarantine.from_report(REPORT).reason(Passage(TEXTS[3])))
+
+
+def test_a_blank_finding_never_holds_the_passages_without_text() -> None:
+    report = copy.deepcopy(REPORT)
+    report["findings"].append(
+        {"id": "b", "text": " \u200b ", "score": 0.9, "suspicious": True, "reasons": []}
+    )
+    guard = Quarantine.from_report(report, min_score=0.3, grouped=False)
+    assert guard.reason(Passage("", embedding=[1.0, 0.0])) is None
+    assert guard.reason(Passage("\u200b")) is None and guard.reason(Passage(TEXTS[3]))
+
+
+def test_copies_shown_differently_are_judged_apart_and_a_held_copy_says_it_is_one() -> None:
+    """Passages of one text shown to the generator with other metadata (LlamaIndex nodes of
+    two files) are no copies to the defenses, nor to the quarantine; a held copy whose text
+    stays in the copy judged for it says ``copy`` (it is no removal)."""
+    truth = "Canberra was chosen in 1908."
+    guard = Quarantine.from_report(_copies_report([None, None, None]), defense("grada-ebd"))
+    shown = [Passage(truth, shown=f"file: {name}.pdf\n\n{truth}") for name in ("act", "myth")]
+    result = guard.defend("When was Canberra chosen?", [shown[0], Passage(TEXTS[0]), shown[1]])
+    assert result.estimates["quarantined"] == []
+    pool = [Passage(truth), Passage(TEXTS[0]), Passage(truth), Passage(TEXTS[1])]
+    result = guard.defend("When was Canberra chosen?", pool)  # GRADA keeps the top half
+    assert not result.verdicts[0].kept and result.verdicts[2].details == {"copy": 0.0}
+    keep_all = Quarantine.from_report(
+        _copies_report([None, None, None]), defense("consensus", embedder=bag_of_words)
+    )
+    result = keep_all.defend("When was Canberra chosen?", pool)
+    assert result.verdicts[0].kept and result.verdicts[2].details == {"copy": 1.0}
+    assert result.removed_indices == [2]

@@ -15,7 +15,15 @@ from typing import Any
 
 from .pool import plain_text
 
-__all__ = ["STANDS_APART", "copy_groups", "digest", "finding_source", "number", "read_report"]
+__all__ = [
+    "BLANK",
+    "STANDS_APART",
+    "copy_groups",
+    "digest",
+    "finding_source",
+    "number",
+    "read_report",
+]
 
 #: how a report's reason opens where it names the member standing apart in its group (the
 #: audit writes it; the quarantine reads it)
@@ -40,6 +48,11 @@ def digest(text: str) -> str:
     said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
     said = plain_text(said)  # decomposed again (NFKD) where not ASCII, accents left out
     return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()
+
+
+#: the digest of a text no reader sees (an image's node, a blank chunk): never quarantined, it
+#: would hold every passage without text
+BLANK = digest("")
 
 
 def read_report(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]]:
@@ -69,6 +82,17 @@ def read_report(report: Any) -> tuple[list[Mapping[str, Any]], Mapping[str, Any]
             f"finding {odd} is {type(findings[odd]).__name__}, not a mapping (an audit "
             "report's findings come from ragdefense.audit)"
         )
+    for n, f in enumerate(findings):  # the fields read as keys and lists, checked here
+        group, reasons = f.get("group"), f.get("reasons")
+        if isinstance(group, Mapping) and not isinstance(group.get("id"), str | int | None):
+            raise ValueError(f"finding {n} (id {f.get('id')!r}): its group's id is not a string")
+        if reasons is not None and not (
+            isinstance(reasons, list) and all(isinstance(r, str) for r in reasons)
+        ):
+            raise ValueError(
+                f"finding {n} (id {f.get('id')!r}): its reasons are {reasons!r}, not a list of"
+                " strings (an audit report's findings come from ragdefense.audit)"
+            )
     return findings, stats if isinstance(stats, Mapping) else {}
 
 

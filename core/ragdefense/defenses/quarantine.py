@@ -43,7 +43,15 @@ from ..types import (
     defend_given,
     to_passages,
 )
-from .findings import STANDS_APART, copy_groups, digest, finding_source, number, read_report
+from .findings import (
+    BLANK,
+    STANDS_APART,
+    copy_groups,
+    digest,
+    finding_source,
+    number,
+    read_report,
+)
 from .renumber import copy_of, positions, renumbered
 from .trusting import trust_of
 
@@ -152,7 +160,8 @@ class Quarantine:
         chosen: list[tuple[Mapping[str, Any], float, str, bool]] = []
         cleared: set[str] = set()  # the texts the report also lists as not suspicious
         for n, f in enumerate(findings):  # each field checked where it decides something
-            text, score, flagged = f.get("text"), f.get("score", float("nan")), f.get("suspicious")
+            text, flagged = f.get("text"), f.get("suspicious")
+            score = f.get("score", float("nan")) if min_score is None else f.get("score")
             if min_score is not None:
                 flagged = number(n, f, "score", score, whole=False) >= min_score
             elif not isinstance(flagged, bool):
@@ -170,7 +179,10 @@ class Quarantine:
                 continue
             if not isinstance(text, str):
                 raise ValueError(f"finding {n} (id {f.get('id')!r}): its text is not a string")
-            chosen.append((f, number(n, f, "score", score, whole=False), text, lone and grouped))
+            if digest(text) == BLANK:  # it would hold every passage without text (an image's)
+                continue
+            by_source = lone and finding_source(f) in condemned  # its honest copies stay
+            chosen.append((f, number(n, f, "score", score, whole=False), text, by_source))
         copies, digests, sourced, once = copy_groups(findings), set(), set(), set()
         ids, reasons = set(), {}
         members: dict[Any, list[str | None]] = {}  # each group's listed members' sources
@@ -200,8 +212,13 @@ class Quarantine:
                 sourced.add((d, source))
             else:
                 continue
-            why = "; ".join(str(r) for r in f.get("reasons", [])) or "flagged"
-            why = f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
+            why = "; ".join(str(r) for r in f.get("reasons") or []) or "flagged"
+            why = (
+                f"quarantined: the knowledge-base audit flagged it (score {score:.2f}; {why})"
+                if min_score is None
+                else f"quarantined: the knowledge-base audit scored it {score:.2f}, at least "
+                f"min_score={min_score} ({why})"
+            )
             ids.add(str(f.get("id")))
             reasons[d] = why
         key = stats.get("source_key", AUTO)
@@ -244,14 +261,15 @@ class Quarantine:
     def reason(self, passage: Passage) -> str | None:
         """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too
         where that matters); ``None`` when not, or where the wrapped defense trusts it."""
-        return self._held(passage, digest(passage.text))
+        why = self._matched(passage, digest(passage.text))
+        return None if why is None or self._trusted(passage) else why
 
-    def _held(self, passage: Passage, text: str) -> str | None:
-        """:meth:`reason`, the digest of the passage's text (``text``) already taken."""
+    def _matched(self, passage: Passage, text: str) -> str | None:
+        """The reason a finding gives ``passage`` (digest ``text``), its trust aside."""
         source = source_of(passage, self.source_key) if self.sourced else None
         if text not in self.digests and (text, source) not in self.sourced:
             return None
-        return None if self._trusted(passage) else self.reasons[text]
+        return self.reasons[text]
 
     def _trusted(self, passage: Passage) -> bool:
         """Whether the wrapped defense (the innermost) trusts ``passage``, as it is now."""
@@ -264,10 +282,10 @@ class Quarantine:
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
         query, items = check_query(query), to_passages(passages)
-        held, rest = self._split(items)
+        rest = (split := self._split(items))[1]
         with renumbered(rest):
             inner = self.defense.defend(query, [items[i] for i in rest]) if rest else None
-        return self._merge(query, items, held, rest, inner)
+        return self._merge(query, items, split, inner)
 
     def defend_embeddings(
         self,
@@ -285,25 +303,24 @@ class Quarantine:
         if query_embedding is not None:  # checked even where every passage is quarantined
             width = None if rows is None or not len(items) else rows.shape[1]
             check_query_embedding(query_embedding, width)
-        held, rest = self._split(items)
-        inner = None
+        rest, inner = (split := self._split(items))[1], None
         if rest:
             subset, given = [items[i] for i in rest], None if rows is None else rows[rest]
             with renumbered(rest):
                 inner = defend_given(self.defense, query, subset, given, query_embedding)
-        return self._merge(query, items, held, rest, inner)
+        return self._merge(query, items, split, inner)
 
     def fallback(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """What an adapter set to fail open passes on where the wrapped defense failed: every
         passage but the quarantined ones, unjudged (the audit's findings need no model)."""
         items = to_passages(passages)
-        held, rest = self._split(items)
+        held, rest, stands = split = self._split(items, failing=True)
         inner = getattr(self.defense, "fallback", None)
         if callable(inner) and rest:  # a quarantine inside: its findings apply too
-            return self._merge(query, items, held, rest, inner(query, [items[i] for i in rest]))
+            return self._merge(query, items, split, inner(query, [items[i] for i in rest]))
         why = "kept: not judged (the per-query defense failed; the quarantine alone applied)"
         verdicts = [
-            Verdict(i, p, False, float("nan"), held[i])
+            Verdict(i, p, False, float("nan"), held[i], details={"copy": float(i in stands)})
             if i in held
             else Verdict(i, p, True, float("nan"), why, rank=rest.index(i))
             for i, p in enumerate(items)
@@ -311,40 +328,51 @@ class Quarantine:
         estimates = {"quarantined": sorted(held), "note": "the per-query defense failed"}
         return DefenseResult(self.name, query, tuple(verdicts), "score", estimates)
 
-    def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int]]:
-        """The quarantined positions with their reasons, and the positions left."""
+    def _split(
+        self, items: list[Passage], failing: bool = False
+    ) -> tuple[dict[int, str], list[int], dict[int, int]]:
+        """The quarantined positions with their reasons, the positions left, and each held
+        copy's position with the position of the copy judged in its place. ``failing``:
+        the defense failed and the adapter fails open; a passage whose trust cannot be read
+        (the ``trusted=`` predicate fails) is then untrusted, not an error."""
         held: dict[int, str] = {}
-        copies: dict[str, list[tuple[bool, int]]] = {}  # once's texts: (untrusted?, position)
+        # once's texts, shown alike (as the defenses tell copies): (untrusted?, position)
+        copies: dict[tuple[str, str | None], list[tuple[bool, int]]] = {}
         for i, p in enumerate(items):
             d = digest(p.text)
+            why = self._matched(p, d)
+            if why is None and d not in self.once:
+                continue
             try:  # the wrapped defense's trusted= predicate may fail
-                why = self._held(p, d)
-                if why is None and d in self.once:
-                    copies.setdefault(d, []).append((not self._trusted(p), i))
+                trusted = self._trusted(p)
             except Exception as exc:
-                raise DefenseInputError(
-                    f"trusted= failed on passage {i}'s metadata: {exc!r}"
-                ) from exc
-            if why is not None:
+                if not failing:
+                    raise DefenseInputError(
+                        f"trusted= failed on passage {i}'s metadata: {exc!r}"
+                    ) from exc
+                trusted = False
+            if why is not None and not trusted:
                 held[i] = why
+            elif d in self.once:
+                copies.setdefault((d, p.shown), []).append((not trusted, i))
+        stands: dict[int, int] = {}
         for found in copies.values():  # copies of one text: one is judged, a trusted one first
             stand = min(found)[1]
             for untrusted, i in found:
                 if untrusted and i != stand:
                     held[i] = f"removed: a copy of passage {stand} (copies of it are in the audit)"
-        return held, [i for i in range(len(items)) if i not in held]
+                    stands[i] = stand
+        return held, [i for i in range(len(items)) if i not in held], stands
 
     def _merge(
         self,
         query: str,
         items: list[Passage],
-        held: dict[int, str],
-        rest: list[int],
+        split: tuple[dict[int, str], list[int], dict[int, int]],
         inner: DefenseResult | None,
     ) -> DefenseResult:
+        held, rest, stands = split
         verdicts: list[Verdict | None] = [None] * len(items)
-        for i, why in held.items():
-            verdicts[i] = Verdict(i, items[i], False, float("nan"), why)
         estimates: dict[str, Any] = {"quarantined": sorted(held)}
         if inner is not None:
             for v in inner.verdicts:
@@ -355,6 +383,10 @@ class Quarantine:
             inner_estimates = positions(inner.estimates, rest)
             held_inside = inner_estimates.pop("quarantined", [])  # a quarantine wrapped inside
             estimates.update(inner_estimates, quarantined=sorted([*held, *held_inside]))
+        for i, why in held.items():  # a held copy's text stays where the copy judged for it is
+            stand = verdicts[stands[i]] if i in stands else None
+            copy = {"copy": float(stand is not None and stand.kept)}
+            verdicts[i] = Verdict(i, items[i], False, float("nan"), why, details=copy)
         return DefenseResult(
             self.name,
             query,

@@ -8,7 +8,7 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from ..types import DefenseInputError
+from ..types import DefenseInputError, QueryInputError
 
 __all__ = ["copy_of", "positions", "renumbered"]
 
@@ -25,7 +25,10 @@ def renumbered(rest: list[int]) -> Iterator[None]:
             i = int(match.group(1))
             return f"passage {rest[i] if i < len(rest) else i}"
 
-        raise DefenseInputError(_PASSAGE.sub(caller, str(exc))) from exc
+        # a query's error stays one (an adapter failing open still raises it: no passage is at
+        # fault)
+        kind = QueryInputError if isinstance(exc, QueryInputError) else DefenseInputError
+        raise kind(_PASSAGE.sub(caller, str(exc))) from exc
 
 
 _PASSAGE = re.compile(r"\bpassage (\d+)")
