@@ -1372,3 +1372,92 @@ def test_a_file_path_is_one_source_however_it_is_spelled() -> None:
     trusted = is_trusted_by({"./kb/a.pdf"})
     assert all(trusted(p, source_of(p)) for p in passages)
     assert source_of(Passage("x", metadata={"source": "s3://bucket/a//b"})) == "s3://bucket/a//b"
+
+
+def test_an_untrusted_passage_off_the_query_s_topic_contradicts_nothing() -> None:
+    """Step 3 judges untrusted passages on the query's topic: one about something else (a
+    multi-hop question's bridge passage) answered nothing apart from the trusted ones, and
+    went as "contradicting" them."""
+    e = np.eye(4)
+    q = e[0]
+    trusted = Passage("Jaws was directed by Steven Spielberg.", metadata={"source": "kb.example"})
+    rows = np.array(
+        [
+            _unit(0.7 * e[0] + 0.71 * e[1]),  # trusted, on the topic
+            _unit(0.85 * e[0] + 0.5 * e[2]),  # untrusted, on the topic, apart: contradicts
+            _unit(0.4 * e[0] + 0.92 * e[3]),  # untrusted, off the topic (below half the best)
+        ]
+    )
+    others = [Passage(t, metadata={"source": s}) for t, s in (("A.", "a.example"), ("B.", "b.org"))]
+    result = Consensus(trusted={"kb.example"}, support=False).defend_embeddings(
+        "Where was the director of Jaws born?", [trusted, *others], rows, q
+    )
+    assert result.estimates["contradicting"] == [1]
+    assert result.verdicts[2].kept
+
+
+def test_a_passage_without_terms_is_not_judged_by_the_others_support() -> None:
+    """Support is counted in words (BM25): an image's node, with none, had no support and was
+    always vetoed where the retriever ranked it high."""
+    d = 16
+    e = np.eye(d)
+    words = ["depth", "trench", "islands", "currents", "volcanoes", "tides", "reefs", "storms"]
+    texts = [f"The Pacific Ocean is the largest ocean on Earth; a note on its {w}." for w in words]
+    rows = [_unit(0.65 * e[0] + 0.45 * e[1] + 0.61 * e[2 + i]) for i in range(len(words))]
+    image = _unit(0.8 * e[0] + 0.3 * e[1] + 0.52 * e[13])
+    passages = [Passage(t) for t in texts] + [Passage("", id="img-1")]
+    result = Consensus().defend_embeddings(
+        "What is the largest ocean on Earth?", passages, np.vstack([*rows, image]), e[0]
+    )
+    assert result.verdicts[-1].kept, result.verdicts[-1].reason
+
+
+def test_trusted_sources_given_as_an_array_are_read_as_a_collection() -> None:
+    e = np.eye(4)
+    passages = [Passage(f"text number {i}", embedding=e[i]) for i in range(4)]
+    with pytest.warns(UserWarning, match="trusted= names sources, but none"):
+        Consensus(trusted=np.array(["a.org", "b.org"])).defend_embeddings(
+            "q", passages, query_embedding=np.ones(4)
+        )
+
+
+def test_trusted_sources_under_a_named_key_holding_no_value_are_said() -> None:
+    e = np.eye(4)
+    passages = [Passage(f"text {i}", metadata={"site": None}, embedding=e[i]) for i in range(4)]
+    with pytest.warns(UserWarning, match="metadata keys read: 'site'"):
+        result = Consensus(source_key="site", trusted={"a.org"}).defend_embeddings(
+            "q", passages, query_embedding=np.ones(4)
+        )
+    assert "provenance" in result.estimates
+
+
+def test_passages_not_compared_are_not_scored_zero() -> None:
+    result = Consensus().defend_embeddings(
+        "q", ["alpha text", "beta text"], [[1.0, 0.0], [0.6, 0.8]], [1.0, 0.0]
+    )
+    assert all(np.isnan(v.score) for v in result.verdicts) and "note" in result.estimates
+
+
+def test_the_best_passage_is_on_the_query_s_topic_whatever_its_cosine() -> None:
+    from ragdefense.defenses.pool import on_topic
+
+    assert on_topic(np.array([-0.1, -0.2, -0.3])) == [0]
+    assert on_topic(np.array([0.8, 0.5, 0.3])) == [0, 1]
+
+
+def test_copies_of_one_text_take_one_place_in_a_pool_of_two_too() -> None:
+    for n in (2, 3):
+        assert len(Consensus().defend("q", ["Planted text."] * n).kept_indices) == 1
+
+
+def test_a_few_passages_compared_with_the_trusted_alone_say_so() -> None:
+    q = np.array([1.0, 0, 0])
+    passages = [
+        Passage("Trusted.", metadata={"t": True}, embedding=np.array([0.6, 0.8, 0])),
+        Passage("Untrusted.", embedding=np.array([0.7, 0, 0.714])),
+    ]
+    result = Consensus(trusted=lambda m: m.get("t", False)).defend_embeddings(
+        "q", passages, query_embedding=q
+    )
+    assert "with the trusted alone" in result.estimates["note"]
+    assert all("no evidence of a coordinated attack" not in v.reason for v in result.verdicts)

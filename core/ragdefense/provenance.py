@@ -151,19 +151,20 @@ def no_source_read(
     if not metadatas or source_key is None or any(s is not None for s in sources):
         return None
     n = len(metadatas)
-    if source_key != AUTO:
-        if any(isinstance(m, Mapping) and source_key in m for m in metadatas):
-            return None
+    if source_key != AUTO and not any(
+        isinstance(m, Mapping) and source_key in m for m in metadatas
+    ):
         return (
             f"none of these {n} passages holds source_key={source_key!r} in its metadata: no "
             "source was read (provenance and trust by source are off); is the key misspelled?"
         )
-    if trusted is None or callable(trusted) or not trusted:
+    if trusted is None or callable(trusted) or len(trusted) == 0:  # an array has no truth
         return None
+    keys = ", ".join(SOURCE_KEYS) if source_key == AUTO else repr(source_key)
     return (
         f"trusted= names sources, but none of these {n} passages carries one (metadata keys "
-        f"read: {', '.join(SOURCE_KEYS)}): nothing was trusted; name the key with source_key=, "
-        "or pass a predicate on the metadata"
+        f"read: {keys}): nothing was trusted; name the key with source_key=, or pass a "
+        "predicate on the metadata"
     )
 
 

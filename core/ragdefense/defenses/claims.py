@@ -92,10 +92,11 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
     A term is a repeated claim when every source on the query's topic that mentions it states
     it (:func:`stated_terms`) in all of its documents but one, in two or more of them, in
     ``min_documents`` or more in all; when the sources that never mention it number
-    :data:`MIN_SILENT` or more, and more than those that do; when no trusted passage mentions
-    it; and when it is not part of a speaking source's own name. The judged sources' passages
-    on the query's topic go (a source is one voice), and their other passages stating the
-    claim; never a trusted passage, nor a text that a source not judged holds too.
+    :data:`MIN_SILENT` or more, and more than those that do; when no trusted passage on the
+    query's topic mentions it; and when it is not part of a speaking source's own name. The
+    judged sources' passages on the query's topic go (a source is one voice), and their other
+    passages stating the claim; never a trusted passage, nor a text that a source not judged
+    holds too.
     """
     _, _, trusted, removed, estimates = pool.unpacked()
     asked = claim_terms(query)

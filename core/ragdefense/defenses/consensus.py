@@ -232,9 +232,9 @@ class Consensus:
             if blank:
                 why = "the query is blank: nothing to rank the passages by, none judged"
             note = {"note": why, **said}
-            left = self._copies(m, copy_of, trusted, sources, {}, note)  # nothing was judged
+            left = self._copies(copy_of, trusted, sources, {}, note)  # nothing was judged
             return consensus_result(
-                self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
+                self.name, query, items, np.full(m, np.nan), sources, trusted, {}, note, left
             )
         emb, q_emb = passage_and_query_embeddings(
             query, items, self.embedder, embeddings, query_embedding
@@ -242,7 +242,7 @@ class Consensus:
         if not np.abs(emb).any() or not np.abs(q_emb).any():
             why = "every embedding (or the query's) is the zero vector: no direction to compare"
             note = {"note": why, **said}
-            left = self._copies(m, copy_of, trusted, sources, {}, note)  # nothing was judged
+            left = self._copies(copy_of, trusted, sources, {}, note)  # nothing was judged
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
             )
@@ -262,6 +262,10 @@ class Consensus:
             self._voices(pool, query)
         contradicting(pool, self.tightness, self.anchor)
         estimates = pool.estimates
+        if few:
+            estimates["note"] = (
+                f"only {len(keep)} distinct passages: compared with the trusted alone"
+            )
         floor, name = max((self.min_pool, "min_pool"), (self.min_passages, "min_passages"))
         if self.support and len(keep) < floor:  # copies once
             estimates["support"] = f"skipped: {len(keep)} distinct texts, under {name}={floor}"
@@ -271,7 +275,7 @@ class Consensus:
         elif self.support:
             self._support(query, pool)
         removed = map_back(pool.removed, keep, copy_of, estimates)
-        left = self._copies(m, copy_of, trusted, sources, removed, estimates)
+        left = self._copies(copy_of, trusted, sources, removed, estimates)
         if "unsupported_apart" in estimates:  # a spared text's copies left out are not spared
             estimates["unsupported_apart"] = [
                 i for i in estimates["unsupported_apart"] if i not in left
@@ -284,7 +288,6 @@ class Consensus:
 
     def _copies(
         self,
-        m: int,
         copy_of: dict[int, list[int]],
         trusted: list[bool],
         sources: list[str | None],
@@ -292,8 +295,8 @@ class Consensus:
         estimates: dict[str, Any],
     ) -> dict[int, int]:
         """The copies left out, each mapped to the copy standing for its text
-        (:func:`~.pool.one_of_each`): none with ``keep_copies``, nor below ``min_passages``."""
-        if self.keep_copies or m < self.min_passages:
+        (:func:`~.pool.one_of_each`): none with ``keep_copies``."""
+        if self.keep_copies:
             return {}
         judged = frozenset([*estimates.get("voices", ()), *estimates.get("claims", {})])
         return one_of_each(copy_of, trusted, sources, removed, judged)
@@ -301,9 +304,9 @@ class Consensus:
     def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
         most lifted group that counts as evidence (no trusted member, ``min_group`` or more)
-        always goes; further groups only while at most half of the pool is removed (the threat
-        model: honest passages outnumber the attacker's, so peeling group after group past half
-        is about something else, a tightly clustered topic)."""
+        always goes; further groups only while at most half of the pool (rounded up) goes (the
+        threat model: honest passages outnumber the attacker's, so peeling group after group past
+        half is about something else, a tightly clustered topic)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
         groups = coordinated_groups(sim, qs, self.tightness, self.margin)
         cap = (len(qs) + 1) // 2
@@ -346,10 +349,7 @@ class Consensus:
         dropped here, so a context is never refilled from below at their expense."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
         items = pool.items
-        # passages less than half as similar to the query as the best one are about something
-        # else (a small store's other topics): they neither vote nor are judged here
-        topical = set(pool.topical)
-        aside = {i: "another topic" for i in range(len(items)) if i not in topical}
+        aside = pool.aside  # off the query's topic, or without terms: neither vote nor judged
         left = [i for i in range(len(items)) if i not in removed and i not in aside]
         if len(left) < self.min_vote:
             estimates["support"] = (

@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from ..text import tokenize
 from ..types import DefenseResult, Verdict
 
 __all__ = [
@@ -30,8 +31,9 @@ __all__ = [
 
 def on_topic(qs: np.ndarray) -> list[int]:
     """The passages at least half as similar to the query as the best one: a small store's
-    other topics fall below."""
-    bar = 0.5 * float(qs.max())
+    other topics fall below (the best is always on it, negative cosines too)."""
+    best = float(qs.max())
+    bar = min(0.5 * best, best)
     return [i for i in range(len(qs)) if qs[i] >= bar]
 
 
@@ -170,6 +172,18 @@ class Pool:
     def topical(self) -> list[int]:
         """The passages on the query's topic (:func:`~.pool.on_topic`), computed once."""
         return on_topic(self.qs)
+
+    @cached_property
+    def aside(self) -> dict[int, str]:
+        """The passages support cannot judge, with why: about something else (less than half as
+        similar to the query as the best one: a small store's other topics), or without a term
+        (an image's node) for the others' words to support."""
+        topical = set(self.topical)
+        return {
+            i: "another topic" if i not in topical else "no terms"
+            for i, p in enumerate(self.items)
+            if i not in topical or not tokenize(p.text)
+        }
 
     def unpacked(self) -> tuple[np.ndarray, np.ndarray, list[bool], dict[int, str], dict[str, Any]]:
         """What most steps read: similarities, query similarities, trust, and the two results
