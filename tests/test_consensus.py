@@ -1461,3 +1461,10 @@ def test_a_few_passages_compared_with_the_trusted_alone_say_so() -> None:
     )
     assert "with the trusted alone" in result.estimates["note"]
     assert all("no evidence of a coordinated attack" not in v.reason for v in result.verdicts)
+
+
+def test_a_result_s_dict_is_strict_json_where_passages_are_unscored() -> None:
+    import json
+
+    result = Consensus().defend_embeddings("q", ["a fact", "b fact"], [[1.0, 0], [0, 1.0]], [1, 0])
+    json.dumps(result.to_dict(), allow_nan=False)

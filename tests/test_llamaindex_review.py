@@ -601,3 +601,79 @@ def test_the_robustrag_query_engine_shows_its_synthesizers_prompts() -> None:
     mine = "Passage: {context}\nQuestion: {query}\nShort answer:"
     engine.update_prompts({"response_synthesizer:isolated_prompt": PromptTemplate(mine)})
     assert engine.synthesizer.get_prompts()["isolated_prompt"].get_template() == mine
+
+
+def test_a_k_assigned_after_defend_fetches_as_defend_with_it() -> None:
+    """``defend()`` fixed its fetch rounds when built: one for the retriever's own k, so a
+    ``k`` assigned later never refilled (one node of six returned where ``defend(k=6)``
+    returns six); read per call, as the LangChain adapter's."""
+    from llama_index.postprocessor.ragdefense import defend
+    from ragdefense.integration.retrieval import FETCH_ROUNDS
+
+    class EveryFourth:
+        def defend(self, query: str, passages: Any) -> DefenseResult:
+            verdicts = tuple(
+                Verdict(i, p, i % 4 == 0, 0.0, "kept" if i % 4 == 0 else "every fourth")
+                for i, p in enumerate(to_passages(passages))
+            )
+            return DefenseResult("every fourth", query, verdicts, "none")
+
+    nodes = [TextNode(text=f"capital city fact number {i} of {i * 7}") for i in range(40)]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(bag_of_words))
+    later = defend(index, EveryFourth())
+    assert later.max_rounds == 1
+    later.k = 3
+    assert later.max_rounds == FETCH_ROUNDS
+    given = defend(index, EveryFourth(), k=3)
+    assert len(later.retrieve("capital city")) == len(given.retrieve("capital city")) == 3
+
+
+def test_an_unscored_node_s_record_is_json() -> None:
+    """A pool too small to compare is not scored (NaN); the record on each node said NaN,
+    which JSON (an API's response, a store's metadata) refuses."""
+    import json
+
+    post = DefensePostprocessor(defense=Consensus(embedder=bag_of_words))
+    nodes = [NodeWithScore(node=TextNode(text=t), score=1.0) for t in ("one fact", "two facts")]
+    out = post.postprocess_nodes(nodes, query_str="facts?")
+    record = out[0].node.metadata["ragdefense"]
+    assert record["score"] is None
+    json.dumps(record, allow_nan=False)
+    json.loads(out[0].node.to_json())
+
+
+def test_a_retriever_assigned_over_another_store_is_not_judged_by_the_old_vectors(
+    monkeypatch: Any,
+) -> None:
+    """The postprocessor kept the first index's store: nodes of the retriever assigned since,
+    numbered alike (``chunk-0`` ...), were judged by the other index's vectors."""
+    import numpy as np
+
+    from llama_index.postprocessor.ragdefense import defend
+    from ragdefense.integration import adapter
+
+    seen: list[Any] = []
+    run = adapter.AdapterCore.run
+
+    def spy(self: Any, defense: Any, query: str, passages: Any, *a: Any, **kw: Any) -> Any:
+        seen.extend(passages)
+        return run(self, defense, query, passages, *a, **kw)
+
+    monkeypatch.setattr(adapter.AdapterCore, "run", spy)
+    model = RagdefenseEmbedding(bag_of_words)
+
+    def index(words: str) -> VectorStoreIndex:
+        nodes = [TextNode(text=f"{words} fact {i}", id_=f"chunk-{i}") for i in range(10)]
+        return VectorStoreIndex(nodes, embed_model=model)
+
+    oceans, paintings = index("ocean Pacific"), index("painting Mona Lisa Leonardo")
+    defended = defend(oceans, k=4)
+    defended.retriever = paintings.as_retriever()
+    defended.retrieve("Who painted the Mona Lisa?")
+    held = oceans.vector_store.data.embedding_dict
+    assert seen and all(
+        p.embedding is None or not np.allclose(p.embedding, held[p.id]) for p in seen
+    )
+    seen.clear()
+    defend(oceans, k=4).retrieve("the Pacific ocean")  # its own store: its vectors, read
+    assert seen and all(p.embedding is not None for p in seen)

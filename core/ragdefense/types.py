@@ -280,7 +280,7 @@ class DefenseResult:
                     "score": v.score if math.isfinite(v.score) else None,
                     "rank": v.rank,
                     "reason": v.reason,
-                    "details": dict(v.details),
+                    "details": _jsonable(dict(v.details)),
                 }
                 for v in self.verdicts
             ],
@@ -323,8 +323,11 @@ def _plain_id(value: Any) -> Any:
 
 
 def _jsonable(value: Any) -> Any:
+    """``value`` as JSON holds it: NumPy values as Python's, a NaN or infinity as ``None``."""
     if isinstance(value, np.generic):
-        return value.item()
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
     if isinstance(value, np.ndarray):
         return value.tolist()
     if isinstance(value, (list, tuple)):

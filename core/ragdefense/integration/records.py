@@ -67,11 +67,11 @@ def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
     return {
         "defense": result.defense,
         "kept": verdict.kept,
-        "score": verdict.score,
+        "score": _jsonable(verdict.score),  # NaN (not scored) as None: stores and JSON take it
         "score_name": result.score_name,
         "rank": verdict.rank,
         "reason": verdict.reason,
-        **{k: v for k, v in verdict.details.items()},
+        **{k: _jsonable(v) for k, v in verdict.details.items()},
     }
 
 
@@ -87,7 +87,7 @@ def removed_report(result: DefenseResult) -> dict[str, Any]:
                 "index": v.index,
                 "id": v.passage.id,
                 "text": v.passage.text[:200],
-                "score": v.score,
+                "score": _jsonable(v.score),
                 "reason": v.reason,
                 "copy": bool(v.details.get("copy")),
             }

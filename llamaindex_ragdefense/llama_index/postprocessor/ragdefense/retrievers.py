@@ -202,6 +202,15 @@ class DefendedRetriever(BaseRetriever):
         """The retriever, the postprocessor, ``k`` and the pool as they are now: read once per
         call (settings assigned during a call take effect at the next)."""
         retriever, postprocessor = self.retriever, self.postprocessor
+        store, index = postprocessor.vector_store, retriever_index(retriever)
+        if (
+            store is not None
+            and isinstance(index, VectorStoreIndex)
+            and index.vector_store is not store
+        ):
+            # a retriever assigned since, over another store: that store's nodes numbered alike
+            # would be judged by this one's vectors; they are embedded instead
+            postprocessor = postprocessor.model_copy(update={"vector_store": None})
         own = _top_k(retriever)
         k = self._k if self._k is not None else own
         fetch = self._fetch_k
@@ -325,7 +334,6 @@ def defend(
             f"defend() judges text: {type(retriever).__name__} also retrieves images; defend a "
             "retriever of the text nodes (a VectorStoreIndex over them) and query images apart"
         )
-    rounds = fetch_rounds(defense, k is not None)
     if isinstance(defense, DefensePostprocessor):
         given = [n for n, v in (("embed_model", embed_model), ("fail_open", fail_open)) if v]
         if params or given:
@@ -343,7 +351,9 @@ def defend(
         post = guard(defense, own, store, embed_model, fail_open, params)
         # its RERANKING events go where the retriever's go (Settings.callback_manager's, say)
         post.callback_manager = getattr(retriever, "callback_manager", post.callback_manager)
-    return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k, max_rounds=rounds)
+    # max_rounds left None: read per call, so a k (or postprocessor) assigned later fetches
+    # as defend() would have with it
+    return DefendedRetriever(retriever, post, k=k, fetch_k=fetch_k)
 
 
 def guard(
