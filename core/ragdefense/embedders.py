@@ -8,6 +8,7 @@ Every defense takes ``embedder=`` as any of: an :class:`Embedder`, a sentence-tr
 from __future__ import annotations
 
 import copy
+import os
 import threading
 import weakref
 from abc import ABC, abstractmethod
@@ -212,6 +213,7 @@ class SentenceTransformerEmbedder(Embedder):
         cache_size: int = 4096,
     ) -> None:
         super().__init__(cache_size)
+        model = os.fspath(model) if isinstance(model, os.PathLike) else model  # a folder's Path
         self._model = model if not isinstance(model, (str, type(None))) else None
         self._path = model_folder(model) if isinstance(model, str) else None
         #: whether this is the packaged all-MiniLM-L6-v2 (given neither a model nor a path)
@@ -333,7 +335,7 @@ def _wrap(obj: Any) -> Embedder:
         return LangChainEmbedder(obj)
     if hasattr(obj, "get_text_embedding_batch"):
         return LlamaIndexEmbedder(obj)
-    if isinstance(obj, str) or hasattr(obj, "encode"):  # a path, or the model
+    if isinstance(obj, (str, os.PathLike)) or hasattr(obj, "encode"):  # a path, or the model
         return SentenceTransformerEmbedder(obj)
     if callable(obj):
         return CallableEmbedder(obj)

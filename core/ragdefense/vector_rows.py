@@ -34,8 +34,9 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
     """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
     direction (rescaled where float32 would lose it), as vectors passages carry do."""
     try:
-        arr = np.asarray(raw, dtype=np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
+        rows = [_numpy(r) for r in raw] if isinstance(raw, list) else _numpy(raw)
+        arr = np.asarray(rows, dtype=np.float64)
+    except (TypeError, ValueError, OverflowError, RuntimeError, AttributeError) as exc:
         why = f"embedding model returned a ragged or non-numeric result: {exc}"
         raise EmbeddingError(why) from exc
     if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
@@ -46,3 +47,8 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
     peak = np.abs(arr).max(axis=1, keepdims=True)
     scale = np.where((peak > 1e15) | ((peak > 0) & (peak < 1e-15)), peak, 1.0)
     return (arr / scale).astype(np.float32)
+
+
+def _numpy(value: Any) -> Any:
+    """A torch tensor (on a GPU, in bfloat16, needing grad) as NumPy reads it; else as it is."""
+    return value.detach().float().cpu().numpy() if hasattr(value, "detach") else value

@@ -15,10 +15,14 @@ __all__ = ["contradicting", "trust_of", "trust_test"]
 
 
 def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
-    """Evidence 3: untrusted passages on the query's topic answering it apart from every
-    trusted one on the topic (passages about something else answer nothing, and are no
-    reference for that), and near-copies of any trusted passage ranked above it (a trusted
-    text edited toward the query; a faithful copy says nothing the trusted one does not)."""
+    """Evidence 3: untrusted passages answering the query apart from every trusted one on
+    the query's topic (trusted passages about something else are no reference for that),
+    and near-copies of any trusted passage ranked above it (a trusted text edited toward
+    the query; a faithful copy says nothing the trusted one does not). Every untrusted
+    passage is judged, those below the topic bar too: a store's passages about another
+    subject that resemble the query more than anything trusted go (another question's
+    planted passages among them), and so does a passage a question needs beside the trusted
+    ones that shares nothing with them (a multi-hop question's bridge)."""
     sim, qs, trusted, removed, estimates = pool.unpacked()
     every = [i for i, t in enumerate(trusted) if t]
     if not every:
@@ -38,7 +42,7 @@ def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
                 f"{tightness} to it, ranked above it (query similarity {qs[i]:.3f} > "
                 f"{qs[j]:.3f})"
             )
-        elif i in topical and anchors and anchor is not None and qs[i] - nearest >= anchor:
+        elif anchors and anchor is not None and qs[i] - nearest >= anchor:
             removed[i] = (
                 f"contradicts the trusted passages: query similarity {qs[i]:.3f} exceeds "
                 f"its best cosine to a trusted passage ({nearest:.3f}) by "

