@@ -155,9 +155,14 @@ def test_the_llamaindex_internals_the_adapter_reads_exist(both: tuple[Any, Any])
     assert isinstance(index_embed_model(index), RagdefenseEmbedding)
 
 
-def test_the_core_reaches_the_frameworks_through_their_entry_points(toy_embedder: Any) -> None:
+def test_the_core_reaches_the_frameworks_through_their_entry_points(
+    toy_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """(#28) the audit and ``ragdefense attack --store`` reach a store through the adapter that
-    registered its framework (entry point ``ragdefense.frameworks``), never by importing it."""
+    registered its framework (entry point ``ragdefense.frameworks``), never by importing it.
+    An object of a framework whose adapter is installed is no store of it (a retriever): it
+    was told to install the adapter it has."""
+    from ragdefense import plugins
     from ragdefense.plugins import framework_of, frameworks
 
     assert {f.name for f in frameworks()} == {"LangChain", "LlamaIndex"}
@@ -171,7 +176,10 @@ def test_the_core_reaches_the_frameworks_through_their_entry_points(toy_embedder
     assert sorted(next(framework_of(store).corpus(store).batches(100)).texts) == sorted(TOPICS)
     with pytest.raises(TypeError, match="no store of an installed framework adapter"):
         framework_of(object())
+    with pytest.raises(TypeError, match=r"pass the vector store .*not a retriever"):
+        framework_of(store.as_retriever())
     missing = type("Index", (), {"__module__": "llama_index.core.other"})()
+    monkeypatch.setattr(plugins, "_installed", lambda distribution: False)
     named = r"install llama-index-postprocessor-ragdefense .*install \./llamaindex_ragdefense"
     with pytest.raises(TypeError, match=named):
         framework_of(missing)
@@ -300,3 +308,24 @@ def test_both_give_each_text_of_a_store_ingested_twice_once(both: tuple[Any, Any
     assert sorted(lc) == sorted(li)
     plain = [d.page_content for d in lc_defend(lc_retriever, k=4, keep_copies=True).invoke(QUERY)]
     assert len(set(plain)) < len(plain)
+
+
+def test_an_entry_point_that_is_no_framework_is_skipped_not_fatal(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One broken adapter must not break the others: an entry point that loads but is no
+    ``Framework`` raised, and no framework was found at all."""
+    from importlib.metadata import EntryPoint
+
+    from ragdefense import plugins
+
+    real = list(plugins.entry_points(group=plugins.GROUP))
+    broken = EntryPoint("aaa-broken", "json:dumps", plugins.GROUP)
+    monkeypatch.setattr(plugins, "entry_points", lambda group: [broken, *real])
+    plugins.frameworks.cache_clear()
+    try:
+        with caplog.at_level("WARNING", logger=plugins.logger.name):
+            assert {f.name for f in plugins.frameworks()} == {"LangChain", "LlamaIndex"}
+        assert "not a Framework" in caplog.text
+    finally:
+        plugins.frameworks.cache_clear()

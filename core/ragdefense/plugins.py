@@ -71,8 +71,9 @@ def frameworks() -> tuple[Framework, ...]:
                 "ragdefense: skipping the %s adapter (%s: %s)", point.name, type(exc).__name__, exc
             )
             continue
-        if not isinstance(plugin, Framework):
-            raise TypeError(f"entry point {point.name} = {point.value} is not a Framework")
+        if not isinstance(plugin, Framework):  # nor one that is no adapter
+            logger.warning("ragdefense: skipping %s = %s: not a Framework", point.name, point.value)
+            continue
         found.append(plugin)
     return tuple(found)
 
@@ -84,9 +85,25 @@ def framework_of(obj: Any) -> Framework:
         if framework.owns(obj):
             return framework
     top = type(obj).__module__.split(".")[0]
+    if top in _ADAPTERS and _installed(_ADAPTERS[top]):
+        raise TypeError(
+            f"{type(obj).__name__} is a {top} object {_ADAPTERS[top]} does not read here: pass "
+            "the vector store (or index) itself, not a retriever or a query engine over it"
+        )
     if top in _ADAPTERS:
         raise TypeError(
             f"{type(obj).__name__} is a {top} object: install {_ADAPTERS[top]} to use it here "
             f"(from a checkout of the repository: pip install ./{_FOLDERS[_ADAPTERS[top]]})"
         )
     raise TypeError(f"{type(obj).__name__} is no store of an installed framework adapter")
+
+
+def _installed(distribution: str) -> bool:
+    """Whether ``distribution`` is installed (its metadata found; nothing imported)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        version(distribution)
+    except PackageNotFoundError:
+        return False
+    return True
