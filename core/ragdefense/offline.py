@@ -34,7 +34,9 @@ SETTINGS = {
 
 def offline() -> None:
     """Set :data:`SETTINGS` where the environment does not set them already, and silence the
-    notebook-only "IProgress not found" warning of progress bars."""
+    notebook-only "IProgress not found" warning of progress bars. Call it before importing
+    ``transformers`` or ``sentence_transformers``: ``huggingface_hub`` reads its settings when
+    it is imported (ragdefense's own loads read local files only either way)."""
     for key, value in SETTINGS.items():
         os.environ.setdefault(key, value)
     warnings.filterwarnings("ignore", message="IProgress not found")

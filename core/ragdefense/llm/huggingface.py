@@ -103,9 +103,9 @@ class TransformersLLM(LLM):
                         f"no model folder {path!r}: TransformersLLM loads a local folder or a "
                         "model object (nothing is downloaded)"
                     )
-                if path is None and (self._loaded["model"] is None or not self._tokenizer_path):
-                    path = str(packaged_smollm2_dir(self.cache_dir))
-                with quiet_loading():
+                with quiet_loading():  # the first use's conversion from GGUF too
+                    if path is None and (self._loaded["model"] is None or not self._tokenizer_path):
+                        path = str(packaged_smollm2_dir(self.cache_dir))
                     if self._loaded["model"] is None:
                         assert path is not None  # a model to load: a folder given or SmolLM2's
                         loaded: Any = AutoModelForCausalLM.from_pretrained(
