@@ -178,6 +178,9 @@ def test_the_core_reaches_the_frameworks_through_their_entry_points(
         framework_of(object())
     with pytest.raises(TypeError, match=r"pass the vector store .*not a retriever"):
         framework_of(store.as_retriever())
+    monkeypatch.setattr(plugins, "frameworks", lambda: ())  # installed, failed to load
+    with pytest.raises(TypeError, match="installed but did not load"):
+        framework_of(store)
     missing = type("Index", (), {"__module__": "llama_index.core.other"})()
     monkeypatch.setattr(plugins, "_installed", lambda distribution: False)
     named = r"install llama-index-postprocessor-ragdefense .*install \./llamaindex_ragdefense"

@@ -1460,6 +1460,7 @@ def test_a_few_passages_compared_with_the_trusted_alone_say_so() -> None:
         "q", passages, query_embedding=q
     )
     assert "with the trusted alone" in result.estimates["note"]
+    assert result.verdicts[0].reason.startswith("kept: trusted")
     assert all("no evidence of a coordinated attack" not in v.reason for v in result.verdicts)
 
 

@@ -493,6 +493,11 @@ def test_a_torch_model_s_output_is_read_whatever_its_tensor() -> None:
     assert half.embed(["a"]).shape == (1, 4)
     listed = ragdefense.as_embedder(lambda t: [torch.ones(4) for _ in t])
     assert listed.embed(["a", "b"]).shape == (2, 4)
+    from ragdefense.vector_rows import as_rows
+
+    for scale in (1e-60, 1e60):  # float64 of any finite magnitude keeps its direction
+        row = as_rows(torch.tensor([[3.0, 4.0]], dtype=torch.float64) * scale, 1)
+        assert np.allclose(row / np.linalg.norm(row), [[0.6, 0.8]])
 
 
 def test_a_model_folder_given_as_a_path_is_loaded() -> None:

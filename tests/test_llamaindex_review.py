@@ -674,6 +674,9 @@ def test_a_retriever_assigned_over_another_store_is_not_judged_by_the_old_vector
     assert seen and all(
         p.embedding is None or not np.allclose(p.embedding, held[p.id]) for p in seen
     )
+    made = defended.__dict__["_unstored"][2]
+    defended.retrieve("Who painted the Mona Lisa?")
+    assert defended.__dict__["_unstored"][2] is made  # copied once, not at every call
     seen.clear()
     defend(oceans, k=4).retrieve("the Pacific ocean")  # its own store: its vectors, read
     assert seen and all(p.embedding is not None for p in seen)

@@ -861,15 +861,19 @@ def test_a_blank_finding_never_holds_the_passages_without_text() -> None:
     assert guard.reason(Passage("\u200b")) is None and guard.reason(Passage(TEXTS[3]))
 
 
-def test_copies_shown_differently_are_judged_apart_and_a_held_copy_says_it_is_one() -> None:
-    """Passages of one text shown to the generator with other metadata (LlamaIndex nodes of
-    two files) are no copies to the defenses, nor to the quarantine; a held copy whose text
-    stays in the copy judged for it says ``copy`` (it is no removal)."""
+def test_copies_shown_differently_are_one_text_and_a_held_copy_says_it_is_one() -> None:
+    """The copies an audit found are held by text, whatever metadata each shows the generator:
+    an attacker's uploads choose theirs, and reaching the defense together they were a
+    coordinated group that took the honest copy with them. A held copy whose text stays in
+    the copy judged for it says ``copy`` (it is no removal)."""
     truth = "Canberra was chosen in 1908."
+    report = _copies_report([None] * 4)
+    guard = Quarantine.from_report(report, defense("consensus", embedder=bag_of_words))
+    shown = [Passage(truth, shown=f"title: copy {i}\n\n{truth}") for i in range(4)]
+    honest = [Passage(f"{t} Canberra facts.") for t in TEXTS[:3]]
+    result = guard.defend("When was Canberra chosen?", [*shown, *honest])
+    assert result.estimates["quarantined"] == [1, 2, 3] and result.verdicts[0].kept
     guard = Quarantine.from_report(_copies_report([None, None, None]), defense("grada-ebd"))
-    shown = [Passage(truth, shown=f"file: {name}.pdf\n\n{truth}") for name in ("act", "myth")]
-    result = guard.defend("When was Canberra chosen?", [shown[0], Passage(TEXTS[0]), shown[1]])
-    assert result.estimates["quarantined"] == []
     pool = [Passage(truth), Passage(TEXTS[0]), Passage(truth), Passage(TEXTS[1])]
     result = guard.defend("When was Canberra chosen?", pool)  # GRADA keeps the top half
     assert not result.verdicts[0].kept and result.verdicts[2].details == {"copy": 0.0}

@@ -24,6 +24,11 @@ logger = logging.getLogger("ragdefense")
 GROUP = "ragdefense.frameworks"
 
 #: where each adapter distribution is in the repository (they are not on PyPI yet)
+#: the package each adapter's framework lives in
+_MODULES = {
+    "langchain-ragdefense": "langchain_ragdefense",
+    "llama-index-postprocessor-ragdefense": "llama_index.postprocessor.ragdefense",
+}
 _FOLDERS = {
     "langchain-ragdefense": "langchain_ragdefense",
     "llama-index-postprocessor-ragdefense": "llamaindex_ragdefense",
@@ -86,9 +91,12 @@ def framework_of(obj: Any) -> Framework:
             return framework
     top = type(obj).__module__.split(".")[0]
     if top in _ADAPTERS and _installed(_ADAPTERS[top]):
+        loaded = any(type(f).__module__.startswith(_MODULES[_ADAPTERS[top]]) for f in frameworks())
         raise TypeError(
             f"{type(obj).__name__} is a {top} object {_ADAPTERS[top]} does not read here: pass "
             "the vector store (or index) itself, not a retriever or a query engine over it"
+            if loaded
+            else f"{_ADAPTERS[top]} is installed but did not load (see the warning logged)"
         )
     if top in _ADAPTERS:
         raise TypeError(

@@ -51,4 +51,4 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
 
 def _numpy(value: Any) -> Any:
     """A torch tensor (on a GPU, in bfloat16, needing grad) as NumPy reads it; else as it is."""
-    return value.detach().float().cpu().numpy() if hasattr(value, "detach") else value
+    return value.detach().cpu().double().numpy() if hasattr(value, "detach") else value

@@ -113,8 +113,9 @@ class Consensus:
             edited-copy rule of step 3 does not use it).
         support: Drop the top-ranked passages the others do not support (step 4).
         min_passages: Below this many distinct passages nothing is removed but by trust (step 3:
-            a trusted passage to compare with); for a blank query with no query embedding
-            given, nothing but copies (it ranks nothing). A note says so.
+            a trusted passage to compare with) and copies of one text (one stands for them);
+            for a blank query with no query embedding given, nothing but copies (it ranks
+            nothing). A note says so.
 
     Examples:
         >>> result = Consensus().defend("who wrote Hamlet?", passages)  # doctest: +SKIP
@@ -263,9 +264,7 @@ class Consensus:
         contradicting(pool, self.tightness, self.anchor)
         estimates = pool.estimates
         if few:
-            estimates["note"] = (
-                f"only {len(keep)} distinct passages: compared with the trusted alone"
-            )
+            estimates["note"] = f"only {len(keep)} distinct texts: compared with the trusted alone"
         floor, name = max((self.min_pool, "min_pool"), (self.min_passages, "min_passages"))
         if self.support and len(keep) < floor:  # copies once
             estimates["support"] = f"skipped: {len(keep)} distinct texts, under {name}={floor}"

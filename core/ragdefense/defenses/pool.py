@@ -220,10 +220,10 @@ def consensus_result(
         src = f" (source {sources[i]!r}{', trusted' if trusted[i] else ''})" if sources[i] else ""
         if not kept:
             reason = f"removed: {removed[i]}"
-        elif note:
-            reason = f"kept: {note}"
         elif trusted[i]:
             reason = "kept: trusted"
+        elif note:
+            reason = f"kept: {note}"
         elif i in apart:
             reason = (
                 "kept: ranked high by query similarity and low by the others' support, but it "

@@ -336,8 +336,10 @@ class Quarantine:
         the defense failed and the adapter fails open; a passage whose trust cannot be read
         (the ``trusted=`` predicate fails) is then untrusted, not an error."""
         held: dict[int, str] = {}
-        # once's texts, shown alike (as the defenses tell copies): (untrusted?, position)
-        copies: dict[tuple[str, str | None], list[tuple[bool, int]]] = {}
+        # once's texts: (untrusted?, position); by text alone, whatever metadata each copy
+        # shows (an attacker's uploads choose theirs: all reaching the defense, they would be
+        # a coordinated group, and the honest copy would go with them)
+        copies: dict[str, list[tuple[bool, int]]] = {}
         for i, p in enumerate(items):
             d = digest(p.text)
             why = self._matched(p, d)
@@ -354,7 +356,7 @@ class Quarantine:
             if why is not None and not trusted:
                 held[i] = why
             elif d in self.once:
-                copies.setdefault((d, p.shown), []).append((not trusted, i))
+                copies.setdefault(d, []).append((not trusted, i))
         stands: dict[int, int] = {}
         for found in copies.values():  # copies of one text: one is judged, a trusted one first
             stand = min(found)[1]

@@ -55,7 +55,8 @@ class LLM(ABC):
     def generate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
     ) -> list[Generation]:
-        """Generate one answer per prompt; failures are reported per prompt."""
+        """Generate one answer per prompt; failures are reported per prompt (a model that
+        cannot load at all raises: no prompt could be answered)."""
 
     async def agenerate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None

@@ -98,19 +98,18 @@ class TransformersLLM(LLM):
 
                 # only local files (never a hub); SmolLM2's only where nothing else is given
                 path = self._path
-                if path is not None and not Path(path).exists():
-                    raise FileNotFoundError(
-                        f"no model folder {path!r}: TransformersLLM loads a local folder or a "
-                        "model object (nothing is downloaded)"
-                    )
                 with quiet_loading():  # the first use's conversion from GGUF too
                     if path is None and (self._loaded["model"] is None or not self._tokenizer_path):
                         path = str(packaged_smollm2_dir(self.cache_dir))
                     if self._loaded["model"] is None:
                         assert path is not None  # a model to load: a folder given or SmolLM2's
-                        loaded: Any = AutoModelForCausalLM.from_pretrained(
-                            path, local_files_only=True
-                        )
+                        try:  # a folder, or a model the hub's cache holds
+                            loaded: Any = AutoModelForCausalLM.from_pretrained(
+                                path, local_files_only=True
+                            )
+                        except OSError as exc:
+                            why = f"cannot load a model from {path!r}, a folder or the hub's cache"
+                            raise OSError(f"{why} (nothing is downloaded): {exc}") from exc
                         self._loaded["model"] = loaded.to(self.device).eval()
                 if self._loaded["tokenizer"] is None:
                     found = self._tokenizer_path or path

@@ -203,14 +203,20 @@ class DefendedRetriever(BaseRetriever):
         call (settings assigned during a call take effect at the next)."""
         retriever, postprocessor = self.retriever, self.postprocessor
         store, index = postprocessor.vector_store, retriever_index(retriever)
-        if (
-            store is not None
-            and isinstance(index, VectorStoreIndex)
-            and index.vector_store is not store
-        ):
+        other = index.vector_store if isinstance(index, VectorStoreIndex) else store
+        if store is not None and other is not store:
             # a retriever assigned since, over another store: that store's nodes numbered alike
-            # would be judged by this one's vectors; they are embedded instead
-            postprocessor = postprocessor.model_copy(update={"vector_store": None})
+            # would be judged by this one's vectors; they are embedded instead, by a copy made
+            # once (its defense and embedding cache kept from call to call)
+            made = self.__dict__.get("_unstored")
+            if made is None or made[0] is not postprocessor or made[1] is not other:
+                made = (
+                    postprocessor,
+                    other,
+                    postprocessor.model_copy(update={"vector_store": None}),
+                )
+                self.__dict__["_unstored"] = made
+            postprocessor = made[2]
         own = _top_k(retriever)
         k = self._k if self._k is not None else own
         fetch = self._fetch_k
