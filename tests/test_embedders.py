@@ -507,3 +507,22 @@ def test_a_model_folder_given_as_a_path_is_loaded() -> None:
     folder = packaged.get_model_path()
     assert isinstance(folder, Path)
     assert ragdefense.as_embedder(folder).embed(["a passage"]).shape == (1, 384)
+
+
+def test_a_model_path_is_loaded_once_for_the_passages_and_the_query(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A path cannot be weakly referenced, so no wrapper is reused: the model was loaded for
+    the passages and again for the query."""
+    from ragdefense import embedders
+
+    made: list[object] = []
+
+    def counted(obj: object) -> ragdefense.Embedder:
+        made.append(obj)
+        return embedders.CallableEmbedder(bag_of_words)
+
+    monkeypatch.setattr(embedders, "_wrap", counted)
+    passages = [ragdefense.Passage("one fact"), ragdefense.Passage("two facts")]
+    embedders.passage_and_query_embeddings("facts?", passages, embedder="/models/minilm")
+    assert made == ["/models/minilm"]

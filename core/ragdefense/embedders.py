@@ -384,7 +384,8 @@ def passage_and_query_embeddings(
     query_embedding: Any = None,
 ) -> tuple[np.ndarray, np.ndarray]:
     """The passages' (M, d) and the query's (d,) embeddings: the given ones checked, the
-    missing ones computed with ``embedder`` (see :func:`embed_passages`)."""
+    missing ones computed with ``embedder`` (see :func:`embed_passages`; a path loaded once)."""
+    embedder = as_embedder(embedder) if isinstance(embedder, (str, os.PathLike)) else embedder
     if carried := embeddings is None:
         embeddings = embed_passages(passages, embedder)
     emb = check_embeddings(embeddings, len(passages))
