@@ -620,6 +620,12 @@ def test_red_team_refuses_a_copy_over_the_users_remote_collection(toy_embedder: 
     elsewhere = RemoteIndexStore("li-user", Client("replica.example"))
     assert same_remote(index.vector_store, elsewhere) is None
     assert same_remote(index.vector_store, RemoteIndexStore("li-user", Client("db.example")))
+    unsaid = Client("")  # a client keeping its address inside: nothing tells the two apart
+    assert same_remote(RemoteIndexStore("li-user", unsaid), RemoteIndexStore("li-user", Client("")))
+    assert (
+        same_remote(RemoteIndexStore("li-user", unsaid), RemoteIndexStore("li-other", unsaid))
+        is None
+    )
 
     class Table:  # a store holding no client, saying where its data lives
         def __init__(self, uri: str | None) -> None:

@@ -159,8 +159,9 @@ def same_remote(store: Any, copied: Any) -> str | None:
 
 
 def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
-    """Whether two stores talk to one server: the same client object, or clients that say
-    the same address."""
+    """Whether two stores talk to one server: the same client object, clients that say the
+    same address, or clients one of which says none (a Qdrant or Postgres client keeps its
+    address inside: nothing tells them apart, and the same name is taken as the same data)."""
     for key in ("client", "_client"):
         a, b = mine.get(key), theirs.get(key)
         if a is not None and b is not None:
@@ -170,7 +171,7 @@ def _same_client(mine: dict[str, Any], theirs: dict[str, Any]) -> bool:
                 tuple(str(getattr(c, attr, "")) for attr in ("host", "url", "uri", "_host", "port"))
                 for c in (a, b)
             ]
-            return addresses[0] == addresses[1] and any(addresses[0])
+            return addresses[0] == addresses[1] or not (any(addresses[0]) and any(addresses[1]))
     for key in _WHERE:  # no client: a store that says where its data lives
         a, b = mine.get(key), theirs.get(key)
         if a is not None and b is not None and _place(a) != _place(b):
