@@ -256,10 +256,16 @@ def test_decoding_is_refused_where_the_framework_llm_cannot_serve_it() -> None:
     from langchain_ragdefense import RobustRAGChain
     from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
 
-    with pytest.raises(ValueError, match="next-token probabilities"):
+    # the engine's own advice (pass a transformers model) is none an adapter can take
+    from ragdefense.robustrag import SecureDecoding
+
+    said = "a LangChain or LlamaIndex LLM does not expose: use aggregation='keyword'"
+    with pytest.raises(ValueError, match=said):
         RobustRAGSynthesizer(llm=MockLLM(), aggregation="decoding")
-    with pytest.raises(ValueError, match="next-token probabilities"):
+    with pytest.raises(ValueError, match=said):
         RobustRAGChain(llm=RunnableLambda(str), retriever=_Empty(), aggregation="decoding")
+    with pytest.raises(ValueError, match=said):
+        RobustRAGSynthesizer(llm=MockLLM(), aggregation=SecureDecoding())
     with pytest.raises(TypeError, match="GRADA is a class: pass an instance"):
         ragdefense.defense(GRADA)
 

@@ -379,6 +379,38 @@ def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVector
         release.set()
 
 
+def test_a_wrapped_sync_model_runs_in_the_backends_own_threads() -> None:
+    """``with_retry``, ``bind``, fallbacks, a configurable model and ``prompt | model`` all
+    override ``ainvoke``: a sync-only model inside one was taken for an async one, and its
+    calls ran in the event loop's shared thread pool, past their deadline."""
+    from langchain_core.language_models import BaseChatModel
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_core.messages import AIMessage
+    from langchain_core.outputs import ChatGeneration, ChatResult
+    from langchain_core.prompts import PromptTemplate
+    from langchain_core.runnables import ConfigurableField
+
+    from ragdefense.llm.base import _native_async
+
+    class SyncOnly(BaseChatModel):
+        @property
+        def _llm_type(self) -> str:
+            return "sync-only"
+
+        def _generate(self, messages: Any, stop: Any = None, **kwargs: Any) -> ChatResult:
+            return ChatResult(generations=[ChatGeneration(message=AIMessage("Canberra"))])
+
+    for model, native in ((SyncOnly(), False), (FakeListChatModel(responses=["a"]), True)):
+        wrapped = [
+            model.with_retry(),
+            model.bind(stop=["\n"]),
+            model.with_fallbacks([model]),
+            PromptTemplate.from_template("{q}") | model,
+            model.configurable_alternatives(ConfigurableField(id="llm"), default_key="a"),
+        ]
+        assert [_native_async(m) for m in [model, *wrapped]] == [native] * 6
+
+
 @pytest.mark.slow
 def test_robustrag_chain_with_the_real_llm(embeddings: RagdefenseEmbeddings) -> None:
     from langchain_core.runnables import RunnableLambda

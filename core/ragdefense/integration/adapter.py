@@ -246,6 +246,9 @@ def robust_engine(robust: Any, aggregation: Any) -> RobustRAG:
     two the same way; giving both is an error."""
     from ..robustrag import RobustRAG as Engine
 
+    named = aggregation if isinstance(aggregation, str) else getattr(aggregation, "name", None)
+    if robust is None and named == "decoding":  # before the engine's own check, whose advice
+        raise ValueError(_NO_DECODING)  # (a transformers model) an adapter cannot take
     if robust is None:  # the adapter binds its framework's LLM (RobustRAG.with_llm)
         engine = Engine(llm=_unbound, aggregation=aggregation)
     elif not isinstance(robust, Engine):
@@ -255,12 +258,15 @@ def robust_engine(robust: Any, aggregation: Any) -> RobustRAG:
     else:
         engine = robust
     if engine.aggregation.name == "decoding":  # found at construction, not after retrieval
-        raise ValueError(
-            "secure decoding needs next-token probabilities, which a LangChain or LlamaIndex "
-            "LLM does not expose: use aggregation='keyword' or 'majority' here (decoding runs "
-            "with ragdefense.llm.TransformersLLM in ragdefense.RobustRAG itself)"
-        )
+        raise ValueError(_NO_DECODING)
     return engine
+
+
+_NO_DECODING = (
+    "secure decoding needs next-token probabilities, which a LangChain or LlamaIndex LLM does "
+    "not expose: use aggregation='keyword' or 'majority' here (decoding runs with "
+    "ragdefense.llm.TransformersLLM in ragdefense.RobustRAG itself)"
+)
 
 
 def _unbound(prompt: str) -> str:

@@ -243,12 +243,29 @@ class LangChainLLM(ConcurrentLLM):
 
 def _native_async(model: Any) -> bool:
     """Whether a LangChain runnable awaits its own async code (a chat model's ``_agenerate``,
-    an ``async def`` lambda), not its sync code in a thread pool."""
+    an ``async def`` lambda), not its sync code in a thread pool; a wrapper (``bind``,
+    ``with_retry``, ``with_fallbacks``, a configurable model, ``prompt | model``) only where
+    every runnable it may call does."""
     try:
         from langchain_core.language_models import BaseChatModel, BaseLLM
-        from langchain_core.runnables import Runnable, RunnableLambda
+        from langchain_core.runnables import (
+            Runnable,
+            RunnableLambda,
+            RunnableSequence,
+            RunnableWithFallbacks,
+        )
+        from langchain_core.runnables.base import RunnableBindingBase
+        from langchain_core.runnables.configurable import DynamicRunnable
     except ImportError:  # pragma: no cover - a LangChain model implies langchain-core
         return True
+    if isinstance(model, RunnableBindingBase):  # bind, with_config, with_retry
+        return _native_async(model.bound)
+    if isinstance(model, RunnableWithFallbacks):
+        return all(_native_async(r) for r in (model.runnable, *model.fallbacks))
+    if isinstance(model, RunnableSequence):
+        return all(_native_async(step) for step in model.steps)
+    if isinstance(model, DynamicRunnable):  # its alternatives are chosen per call: the default
+        return _native_async(model.default)
     if isinstance(model, RunnableLambda):
         return hasattr(model, "afunc")
     for base in (BaseChatModel, BaseLLM):
