@@ -603,3 +603,40 @@ def test_robustrag_synthesizer_prompts_keep_what_llamaindex_templates_carry() ->
     assert shown == "Hi. {query} Keywords: {keywords}"
     with pytest.raises(ValueError, match=r"isolated_prompt cannot be filled: nothing gives \{tone"):
         synth.update_prompts({"isolated_prompt": PromptTemplate("{tone} {context} {query}")})
+
+
+def test_the_robustrag_synthesizer_calls_the_llm_as_llamaindex_synthesizers_do() -> None:
+    """``complete`` was called with the bare prompt: an LLM's ``system_prompt`` and
+    ``query_wrapper_prompt`` (an instruction format) were left out, where LlamaIndex's own
+    synthesizers apply them (``predict``)."""
+    from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
+    from llama_index.core.llms.callbacks import llm_completion_callback
+    from llama_index.core.prompts import PromptTemplate
+
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+
+    seen: list[str] = []
+
+    class Instructed(CustomLLM):
+        @property
+        def metadata(self) -> LLMMetadata:
+            return LLMMetadata()
+
+        @llm_completion_callback()
+        def complete(self, prompt: str, formatted: bool = False, **kw: Any) -> CompletionResponse:
+            seen.append(prompt)
+            return CompletionResponse(text="Paris")
+
+        @llm_completion_callback()
+        def stream_complete(self, prompt: str, formatted: bool = False, **kw: Any) -> Any:
+            raise NotImplementedError
+
+    llm = Instructed(
+        system_prompt="SYSTEM: be brief.", query_wrapper_prompt=PromptTemplate("[INST] {query_str}")
+    )
+    nodes = [
+        NodeWithScore(node=TextNode(text=f"Paris is France's capital ({i}).")) for i in range(2)
+    ]
+    response = RobustRAGSynthesizer(llm=llm).synthesize("What is the capital of France?", nodes)
+    assert "Paris" in str(response)
+    assert seen and all(p.startswith("[INST] SYSTEM: be brief.") for p in seen)

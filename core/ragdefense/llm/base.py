@@ -275,7 +275,9 @@ def _native_async(model: Any) -> bool:
 
 
 class LlamaIndexLLM(ConcurrentLLM):
-    """A LlamaIndex LLM (``complete`` / ``acomplete``), called concurrently.
+    """A LlamaIndex LLM, called concurrently as LlamaIndex's synthesizers call it
+    (``predict`` / ``apredict``: its ``system_prompt``, ``query_wrapper_prompt`` and chat
+    messages applied; ``complete`` / ``acomplete`` for an LLM without them).
 
     Args:
         llm: The LlamaIndex LLM.
@@ -290,9 +292,13 @@ class LlamaIndexLLM(ConcurrentLLM):
         self.llm = llm
 
     def call(self, prompt: str) -> Any:
+        if hasattr(self.llm, "predict"):
+            return self.llm.predict(_whole_prompt(), text=prompt)
         return self.llm.complete(prompt).text
 
     async def acall(self, prompt: str) -> Any:
+        if hasattr(self.llm, "apredict"):
+            return await self.llm.apredict(_whole_prompt(), text=prompt)
         return (await self.llm.acomplete(prompt)).text
 
     async def agenerate(
@@ -303,3 +309,10 @@ class LlamaIndexLLM(ConcurrentLLM):
         if getattr(type(self.llm).acomplete, "__qualname__", "") == "CustomLLM.acomplete":
             return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
         return await super().agenerate(prompts, max_new_tokens, timeout)
+
+
+def _whole_prompt() -> Any:
+    """A LlamaIndex template that is the whole prompt (RobustRAG writes its own)."""
+    from llama_index.core.prompts import PromptTemplate
+
+    return PromptTemplate("{text}")

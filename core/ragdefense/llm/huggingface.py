@@ -175,8 +175,8 @@ class TransformersLLM(LLM):
         """Batched greedy answers; the deadline is checked before every decoding step, and the
         prompts unfinished when it passes are reported as timed out."""
         budget = self._deadline(timeout)
-        if prompts:  # a model or tokenizer that cannot load fails here once, not per prompt
-            self._load()
+        if prompts and (self._loaded["model"] is None or self._loaded["tokenizer"] is None):
+            self._load()  # a model or tokenizer that cannot load fails here once, not per prompt
         end = time.monotonic() + budget
         out: list[Generation] = []
         for start in range(0, len(prompts), self.batch_size):
