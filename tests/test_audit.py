@@ -1259,6 +1259,10 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         )
     assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
     assert "no file" in capsys.readouterr().err
+    folder = tmp_path / "kb-folder"  # was "no knowledge base file at" it, exit 1, past the checks
+    folder.mkdir()
+    assert main(["audit", str(folder), "--workdir", str(tmp_path / "f")]) == 2
+    assert "is a folder: give a .jsonl" in capsys.readouterr().err
     with pytest.raises(SystemExit):
         main(["audit", str(kb), "--format", "docx"])
 

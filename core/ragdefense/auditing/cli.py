@@ -42,6 +42,10 @@ def _check(args: argparse.Namespace) -> None:
             raise UsageError(str(exc)) from None
     if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
         raise UsageError(f"--workdir {args.workdir!r} is a file: give a folder")
+    if Path(args.knowledge_base).is_dir():
+        raise UsageError(
+            f"{args.knowledge_base!r} is a folder: give a .jsonl / .parquet file of {{id, text}}"
+        )
     for fmt in args.format:
         if fmt in FORMAT_NEEDS and not _has(FORMAT_NEEDS[fmt][0]):
             module, install = FORMAT_NEEDS[fmt]
