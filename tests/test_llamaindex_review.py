@@ -538,21 +538,9 @@ def test_a_retriever_built_by_hand_fetches_as_defend_does() -> None:
     from ragdefense.integration.retrieval import FETCH_ROUNDS
 
     seen: list[int] = []
-
-    class EveryFourth:
-        """Keeps every fourth passage, counting what it is handed."""
-
-        def defend(self, query: str, passages: Any) -> DefenseResult:
-            seen.append(len(passages))
-            verdicts = tuple(
-                Verdict(i, p, i % 4 == 0, 0.0, "kept" if i % 4 == 0 else "every fourth")
-                for i, p in enumerate(to_passages(passages))
-            )
-            return DefenseResult("every fourth", query, verdicts, "none")
-
     nodes = [TextNode(text=f"capital city fact number {i} of {i * 7}") for i in range(12)]
     index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(bag_of_words))
-    post = DefensePostprocessor(defense=EveryFourth())
+    post = DefensePostprocessor(defense=_EveryFourth(seen))
     built = DefendedRetriever(index.as_retriever(), post)
     assert built.max_rounds == 1
     assert built.retrieve("capital city") and seen == [4]  # its pool for the own k, 2
@@ -610,21 +598,13 @@ def test_a_k_assigned_after_defend_fetches_as_defend_with_it() -> None:
     from llama_index.postprocessor.ragdefense import defend
     from ragdefense.integration.retrieval import FETCH_ROUNDS
 
-    class EveryFourth:
-        def defend(self, query: str, passages: Any) -> DefenseResult:
-            verdicts = tuple(
-                Verdict(i, p, i % 4 == 0, 0.0, "kept" if i % 4 == 0 else "every fourth")
-                for i, p in enumerate(to_passages(passages))
-            )
-            return DefenseResult("every fourth", query, verdicts, "none")
-
     nodes = [TextNode(text=f"capital city fact number {i} of {i * 7}") for i in range(40)]
     index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(bag_of_words))
-    later = defend(index, EveryFourth())
+    later = defend(index, _EveryFourth())
     assert later.max_rounds == 1
     later.k = 3
     assert later.max_rounds == FETCH_ROUNDS
-    given = defend(index, EveryFourth(), k=3)
+    given = defend(index, _EveryFourth(), k=3)
     assert len(later.retrieve("capital city")) == len(given.retrieve("capital city")) == 3
 
 
@@ -680,3 +660,18 @@ def test_a_retriever_assigned_over_another_store_is_not_judged_by_the_old_vector
     seen.clear()
     defend(oceans, k=4).retrieve("the Pacific ocean")  # its own store: its vectors, read
     assert seen and all(p.embedding is not None for p in seen)
+
+
+class _EveryFourth:
+    """Keeps every fourth passage, counting what it is handed (in ``seen``, where given)."""
+
+    def __init__(self, seen: list[int] | None = None) -> None:
+        self.seen = seen if seen is not None else []
+
+    def defend(self, query: str, passages: Any) -> DefenseResult:
+        self.seen.append(len(passages))
+        verdicts = tuple(
+            Verdict(i, p, i % 4 == 0, 0.0, "kept" if i % 4 == 0 else "every fourth")
+            for i, p in enumerate(to_passages(passages))
+        )
+        return DefenseResult("every fourth", query, verdicts, "none")
