@@ -973,10 +973,11 @@ def test_the_limits_the_readme_states_are_the_ones_the_command_prints(
     from ragdefense.cli import main
 
     assert main(["limits"]) == 0
-    printed = {
-        m[1]: int(float(m[2]))
-        for m in re.finditer(r"^(\S.*?)\s{2,}(\d[\d.]*)\s", capsys.readouterr().out, re.M)
-    }
+    out = capsys.readouterr().out
+    rows = list(re.finditer(r"^(\S.*?)\s{2,}(\d[\d.]*)\s", out, re.M))
+    printed = {m[1]: int(float(m[2])) for m in rows}
+    # every row read, its value in one column (a name longer than the padding pushed one out)
+    assert len(rows) == len(out.splitlines()) and len({m.end(2) - m.start() for m in rows}) == 1
     page = Path(__file__).parents[1] / "docs" / "reliability.md"
     section = page.read_text(encoding="utf-8").replace("\n  ", " ")
     said = {

@@ -80,8 +80,10 @@ def _cmd_demo(args: argparse.Namespace) -> int:
 def _cmd_limits(args: argparse.Namespace) -> int:
     from .limits import limits
 
-    for setting, value, what in limits():
-        print(f"{setting:<36} {value!s:>6}  {what}")
+    rows = limits()
+    width = max((len(setting) for setting, _, _ in rows), default=0)
+    for setting, value, what in rows:
+        print(f"{setting:<{width}}  {value!s:>6}  {what}")
     return 0
 
 
