@@ -338,6 +338,9 @@ def test_a_model_named_wrong_is_said_so(tmp_path: Path, monkeypatch: pytest.Monk
         named.embed(["one text"])
     monkeypatch.setenv("HOME", str(tmp_path))  # a folder written with ~
     (tmp_path / "model").mkdir()
+    with pytest.raises(ValueError, match="holds no model"):  # an empty folder: said now, not
+        as_embedder("~/model")  # after a knowledge base is read (the audit's exit 2)
+    (tmp_path / "model" / "modules.json").write_text("[]")
     embedder = as_embedder("~/model")
     assert isinstance(embedder, SentenceTransformerEmbedder)
     assert embedder._path == str(tmp_path / "model")  # the folder, not read as a hub name

@@ -97,8 +97,8 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
 
 def model_folder(path: str) -> str:
     """``path`` (``~`` expanded), refused at once where it can only name a folder (absolute,
-    or starting with ``.`` or ``~``) and none is there; a model name (``org/name``) is looked
-    up in the local Hugging Face cache when loaded."""
+    or starting with ``.`` or ``~``) and none is there, or it holds no model; a model name
+    (``org/name``) is looked up in the local Hugging Face cache when loaded."""
     if not path.strip().startswith(("/", ".", "~", "\\")):
         return path
     folder = str(Path(path).expanduser())
@@ -106,6 +106,13 @@ def model_folder(path: str) -> str:
         raise ValueError(
             f"no model folder at {path!r}: give the folder a sentence-transformers model was "
             "saved to, or the model object"
+        )
+    if Path(folder).is_dir() and not any(
+        (Path(folder) / name).is_file() for name in ("modules.json", "config.json")
+    ):  # refused now, not after a knowledge base is read
+        raise ValueError(
+            f"{path!r} holds no model (no modules.json or config.json): give the folder a "
+            "sentence-transformers model was saved to, or the model object"
         )
     return folder
 
