@@ -580,8 +580,9 @@ def test_a_model_path_loads_once_per_defense(
         return Loaded()
 
     monkeypatch.setattr(embedders, "load_sentence_transformer", load)
-    folder = tmp_path / "mine"  # a folder that is there (one that is not is refused)
+    folder = tmp_path / "mine"  # a model's folder (one that is not there, or empty, is refused)
     folder.mkdir()
+    (folder / "modules.json").write_text("[]")
     guard = ragdefense.defense("consensus", embedder=str(folder))
     for _ in range(3):
         guard.defend("q?", ["Paris is in France.", "Berlin is in Germany.", "Rome is in Italy."])
