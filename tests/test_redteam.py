@@ -256,8 +256,11 @@ def test_cli_attack_on_the_built_in_knowledge_base(
 
 def test_llamaindex_red_team_defends_with_the_embed_model_given(minilm: Any) -> None:
     """``embed_model=`` other than the index's embeds the query and the passages for the
-    defense (the store's vectors are another space): it is called, and the verdicts agree."""
-    from llama_index.core.embeddings import MockEmbedding
+    defense (the store's vectors are another space): it is called, and the verdicts agree.
+    The index's model is a deterministic one of its own (a constant mock made every passage
+    tie, and the store broke ties by random node ids: which passages were retrieved, and so
+    the comparison, changed from run to run)."""
+    from .conftest import bag_of_words
 
     calls: list[int] = []
 
@@ -266,7 +269,8 @@ def test_llamaindex_red_team_defends_with_the_embed_model_given(minilm: Any) -> 
             calls.append(len(texts))
             return super()._get_text_embeddings(texts)
 
-    index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=MockEmbedding(384))
+    own = RagdefenseEmbedding(bag_of_words)
+    index = VectorStoreIndex([TextNode(text=t) for t in BENIGN], embed_model=own)
     report = li_red_team(index, TARGETS[:2], k=4, embed_model=Counted(minilm))
     assert calls and report.hijack_rate("consensus") <= report.hijack_rate("no defense")
 
@@ -275,7 +279,7 @@ def test_langchain_red_team_defends_with_the_embeddings_given(minilm: Any) -> No
     """``embeddings=`` (as ``defend()`` takes them, LlamaIndex's ``embed_model=``) reach the
     defended pipeline: the model is called; beside a defense object it is refused before any
     copy is made."""
-    from langchain_core.embeddings import FakeEmbeddings
+    from langchain_core.embeddings import DeterministicFakeEmbedding
 
     from ragdefense import Consensus
 
@@ -286,7 +290,7 @@ def test_langchain_red_team_defends_with_the_embeddings_given(minilm: Any) -> No
             calls.append(len(texts))
             return super().embed_documents(texts)
 
-    store = InMemoryVectorStore(embedding=FakeEmbeddings(size=384))
+    store = InMemoryVectorStore(embedding=DeterministicFakeEmbedding(size=384))  # not random
     store.add_documents([Document(page_content=t) for t in BENIGN])
     report = lc_red_team(store, TARGETS[:2], k=4, embeddings=Counted(minilm))
     assert calls and report.hijack_rate("consensus") <= report.hijack_rate("no defense")
