@@ -277,7 +277,7 @@ class DefenseResult:
                     "id": _plain_id(v.passage.id),
                     "text": v.passage.text,
                     "kept": v.kept,
-                    "score": v.score if math.isfinite(v.score) else None,
+                    "score": _jsonable(v.score),
                     "rank": v.rank,
                     "reason": v.reason,
                     "details": _jsonable(dict(v.details)),
