@@ -5,6 +5,7 @@ way to swap the model."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import pytest
@@ -158,6 +159,75 @@ def test_calls_waiting_for_the_shared_limit_are_served_in_arrival_order() -> Non
     asyncio.run(requests())
     overtaken = [sum(j > i for j in started[: started.index(i)]) for i in range(40)]
     assert max(overtaken) <= 2, overtaken  # at most the limit's width ahead of a waiter
+
+
+def _slow_polls(monkeypatch: pytest.MonkeyPatch) -> Callable[[float], Awaitable[None]]:
+    """Waiters' pauses stretched fiftyfold (the test's own sleeps use the returned one):
+    a waiter in line is surely asleep when another polls."""
+    real = asyncio.sleep
+    monkeypatch.setattr(asyncio, "sleep", lambda delay: real(delay * 50))
+    return real
+
+
+def test_a_freed_slot_goes_to_the_head_of_the_line_whoever_polls_first(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A newcomer polling at once took a slot freed while the head of the line was pausing
+    between its polls: the head could be overtaken again and again under load. Whichever
+    waiter polls now hands the slot to the head."""
+    import threading
+
+    from ragdefense.llm.calls import _held
+
+    sleep = _slow_polls(monkeypatch)
+    slots = threading.Semaphore(1)
+    slots.acquire()
+    served: list[str] = []
+
+    async def wait(name: str) -> None:
+        async with _held(slots, window=2):
+            served.append(name)
+
+    async def run() -> None:
+        head = asyncio.ensure_future(wait("head"))
+        await sleep(0.07)  # the head polled, and sleeps until 0.15 s
+        slots.release()
+        newcomer = asyncio.ensure_future(wait("newcomer"))  # polls before the head wakes
+        await asyncio.gather(head, newcomer)
+
+    asyncio.run(run())
+    assert served == ["head", "newcomer"]
+    assert slots.acquire(blocking=False)  # the slot given back
+
+
+def test_a_waiter_cancelled_once_granted_gives_its_slot_back(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A slot taken for a waiter that is cancelled before it wakes is released."""
+    import threading
+
+    from ragdefense.llm.calls import _held
+
+    sleep = _slow_polls(monkeypatch)
+    slots = threading.Semaphore(1)
+    slots.acquire()
+
+    async def wait() -> None:
+        async with _held(slots, window=1):
+            raise AssertionError("served")
+
+    async def run() -> list[BaseException]:
+        head = asyncio.ensure_future(wait())
+        await sleep(0.07)
+        slots.release()
+        granting = asyncio.ensure_future(wait())  # grants the head its slot, then waits
+        await sleep(0.01)
+        head.cancel()
+        granting.cancel()
+        return await asyncio.gather(head, granting, return_exceptions=True)
+
+    assert all(isinstance(e, asyncio.CancelledError) for e in asyncio.run(run()))
+    assert slots.acquire(blocking=False)
 
 
 def test_a_cancelled_async_batch_cancels_its_calls() -> None:

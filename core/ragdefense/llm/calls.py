@@ -228,13 +228,14 @@ async def gather_within(
 @contextlib.asynccontextmanager
 async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIterator[None]:
     """One of ``slots`` held, waited for without blocking the event loop, in arrival order
-    among the async calls waiting for it (polled: a thread blocked on it could not be
-    cancelled with its task, and would keep the slot it took; only the first ``window`` in
-    line take a freed slot, so a newcomer polling sooner never overtakes a long wait)."""
+    among the async calls waiting for it. Waiters poll (a thread blocked on it could not be
+    cancelled with its task, and would keep the slot it took), and whichever polls hands the
+    free slots to the line's head first: a newcomer polling sooner never overtakes a long
+    wait. The first ``window`` in line poll often, the rest watch for their turn."""
     if slots is None:
         yield
         return
-    me = object()
+    me = _Waiter()
     with _LINES_LOCK:
         line = _LINES.setdefault(slots, collections.deque())
         line.append(me)
@@ -242,16 +243,18 @@ async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIter
     try:
         while True:
             with _LINES_LOCK:
-                first = me in itertools.islice(line, window)
-                if first and slots.acquire(blocking=False):
-                    line.remove(me)
+                while line and slots.acquire(blocking=False):
+                    line.popleft().granted = True
+                if me.granted:
                     break
-            # the first ``window`` in line watch for a free slot; the others, for their turn
-            await asyncio.sleep(pause if first else 0.02)
-            pause = min(2 * pause, 0.005) if first else 0.001
-    except BaseException:  # cancelled (its deadline): out of the line
+                soon = me in itertools.islice(line, window)
+            await asyncio.sleep(pause if soon else 0.02)
+            pause = min(2 * pause, 0.005) if soon else 0.001
+    except BaseException:  # cancelled (its deadline): out of the line, its slot given back
         with _LINES_LOCK:
-            if me in line:
+            if me.granted:
+                slots.release()
+            elif me in line:
                 line.remove(me)
         raise
     try:
@@ -260,8 +263,15 @@ async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIter
         slots.release()
 
 
+class _Waiter:
+    """An async call in line for a slot (compared by identity); ``granted``: one was taken
+    for it by whoever polled."""
+
+    granted = False
+
+
 #: per calls-in-flight limit, the async calls waiting for it, in arrival order
-_LINES: weakref.WeakKeyDictionary[threading.Semaphore, collections.deque[object]] = (
+_LINES: weakref.WeakKeyDictionary[threading.Semaphore, collections.deque[_Waiter]] = (
     weakref.WeakKeyDictionary()
 )
 _LINES_LOCK = threading.Lock()
