@@ -131,3 +131,22 @@ def test_a_converted_copy_of_the_packaged_model_needs_no_gguf(
     monkeypatch.setenv("RAGDEFENSE_CACHE", str(tmp_path / "empty"))
     with pytest.raises(ImportError, match="gguf"):
         packaged.check_packaged_llm()
+
+
+def test_a_given_model_is_moved_to_the_device_named() -> None:
+    """A model object with ``device=`` kept its own device while the inputs were made on the
+    one named: every batch failed on tensors on two devices."""
+
+    class Model:
+        name_or_path = "/models/mine"
+        device = "cpu"
+
+        def to(self, device: str) -> Any:
+            self.device = device
+            return self
+
+    model = Model()
+    llm = TransformersLLM(model, device="cuda:1")
+    assert model.device == "cuda:1" and llm.device == "cuda:1"
+    kept = Model()
+    assert TransformersLLM(kept).device == "cpu" and kept.device == "cpu"  # not named: its own
