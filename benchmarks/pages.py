@@ -57,18 +57,18 @@ def _rst_to_markdown(text: str) -> str:
 
 def summary(setting: str) -> str:
     """What ``setting`` measures: the first paragraph of its module's docstring, on one line,
-    without the ``python -m benchmarks ...:`` lead."""
+    without the ``python -m benchmarks ...:`` lead; and its paragraph saying what was looked at
+    while its rules were chosen, where it has one (what its held-out columns are worth)."""
     module = PAGES.get(setting, (setting, setting))[1]
     path = HERE / "settings" / f"{module}.py"
     if not path.exists():
         return ""
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    doc = ast.get_docstring(tree) or ""
-    first = " ".join(doc.strip().split("\n\n")[0].split())
-    first = re.sub(r"^``python -m benchmarks [\w-]+``: ", "", first)
+    paragraphs = [" ".join(p.split()) for p in (ast.get_docstring(tree) or "").split("\n\n")]
+    first = re.sub(r"^``python -m benchmarks [\w-]+``: ", "", paragraphs[0])
     first = re.sub(r" \(``python -m benchmarks [\w-]+``\)", "", first)
-    first = _rst_to_markdown(first)
-    return first[:1].upper() + first[1:]
+    looked = [p for p in paragraphs[1:] if p.startswith("What was looked at")]
+    return "\n\n".join(_rst_to_markdown(p) for p in [first[:1].upper() + first[1:], *looked])
 
 
 def _svg(fig: Figure) -> bytes:

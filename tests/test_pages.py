@@ -204,3 +204,13 @@ def test_committed_pages_are_a_rendering_of_the_results(tmp_path: Path) -> None:
         )
     )
     assert differ == [], f"docs/benchmarks/ is stale ({', '.join(differ)}): run make bench-docs"
+
+
+def test_a_page_says_what_was_looked_at_where_its_setting_does() -> None:
+    """A page showed its docstring's first paragraph only: the paragraph saying which held-out
+    numbers were seen while the rules were chosen never reached it, and its columns read
+    "held out" as if blind."""
+    for setting in ("audit", "quarantine"):
+        about = summary(setting).split("\n\n")
+        assert len(about) == 2 and about[1].startswith("What was looked at"), setting
+    assert "\n\n" not in summary("grada")  # a setting without one: its first paragraph

@@ -24,10 +24,12 @@ The source threshold and prior were chosen on the tuning part's numbers in the l
 first grid printed every split; see docs/concepts/tuning.md). With a query log the shipped score
 also counts the audit's defense's (the per-query default's) removals with a set on the logged
 questions (not its lone-passage veto), for chunks with some isolation or targeting; that gate is
-the tuning part's best at 1% of its benign chunks. The shipped threshold is the lowest of 0.30,
-0.31, ... at which the shipped verdict with derived probes (the possible victims aside) flags at
-most 1% of the tuning part's benign chunks; the possible victims' bar (half the words a group
-shares) was read on every family at once (none held out).
+the tuning part's best at 1% of its benign chunks. The shipped threshold was chosen as the
+lowest of 0.30, 0.31, ... at which the shipped verdict with derived probes (the possible victims
+aside) flagged at most 1% of the tuning part's benign chunks, on this corpus before its planted
+passages were made as the per-query benchmarks make them; it was not chosen again, and on this
+corpus it flags a little more (the "benign flagged: tuning part" column). The possible victims'
+bar (half the words a group shares) was read on every family at once (none held out).
 """
 
 from __future__ import annotations

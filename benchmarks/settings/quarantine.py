@@ -21,9 +21,15 @@ attacker sites, from a site per target, or each on an honest chunk's site, where
 source would take honest chunks with it: the audit benchmark's layouts), where the passages
 carry those sources at query time too (a store returns the metadata it was audited with: the
 quarantine matches a chunk condemned for its source by text and source) and the per-query
-defense still reads their text only (``source_key=None``); nothing here was tuned. The
+defense still reads their text only (``source_key=None``). The
 context slots held by planted passages written for *another* target question are counted apart
 too: every target's set is in the one corpus, and a pool widened far enough reaches them.
+
+What was looked at: no threshold was chosen on this corpus, but three rules were found and
+kept by reading what it let through, every family at once: a set's last members held with it,
+near-copies grouped inside large near-duplicate components, and only the default's removals
+with a set counted as the audit's flags (see docs/concepts/tuning.md). Its held-out columns
+compare attack families the shipped rules were not chosen on, not families never looked at.
 """
 
 from __future__ import annotations

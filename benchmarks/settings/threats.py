@@ -379,8 +379,9 @@ def _render(by: dict[Any, dict[str, Any]], families: Sequence[str]) -> list[str]
         "",
         *markdown_table(family_header, by_family),
         "",
-        f"Cases per family (more gold sources / a tie / more attacker sources): {cases}. The "
-        "rule that judges a source on the passages an earlier step removed was kept after its "
-        "held-out numbers were seen: in the rows with sources, the held-out columns are not "
-        "fully held out (see what was looked at).",
+        f"Cases per family (more gold sources / a tie / more attacker sources): {cases}. Some "
+        "rules were kept after their held-out numbers were seen: the documents quoting the "
+        "question and each text once in the context (every row), a source judged on the "
+        "passages an earlier step removed (the rows with sources). The held-out columns are "
+        "not fully held out (see what was looked at).",
     ]
