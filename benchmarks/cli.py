@@ -189,7 +189,6 @@ def _suite(args: argparse.Namespace) -> Table:
 
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     common.add_argument("--limit", type=positive, default=None, help="first N questions each")
     common.add_argument("--out", default=None, help="folder for the Markdown and JSON results")
     common.add_argument(
@@ -220,13 +219,20 @@ SETTINGS: dict[str, tuple[Callable[[argparse.Namespace], Table], str]] = {
 }
 
 
+#: the settings that read no benchmark data (no ``--data``: it would be taken as read)
+NO_DATA = frozenset({"demo", "import", "latency", "stores", "audit-scale"})
+
+
 def build_parser() -> argparse.ArgumentParser:
     """One subcommand per setting, each with the options it reads."""
     parser = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__)
     sub = parser.add_subparsers(dest="setting", required=True)
-    common = _common()
+    common, data = _common(), argparse.ArgumentParser(add_help=False)
+    data.add_argument("--data", default=None, help="data folder (default: $RAGDEFENSE_DATA)")
     made = {
-        name: sub.add_parser(name, parents=[common], help=text)
+        name: sub.add_parser(
+            name, parents=[common] if name in NO_DATA else [common, data], help=text
+        )
         for name, (_, text) in SETTINGS.items()
     }
     for name in ("ragdefender", "auto"):

@@ -70,7 +70,8 @@ class CaseOutcome:
     poison_share: float  # poison passages / context size (0 for an empty context)
     any_poison: bool
     gold_in_context: bool
-    poison_removed: float  # share of the poison passages removed by the defense
+    #: share of the poison passages removed by the defense (``None``: the case has none)
+    poison_removed: float | None
     gold_kept: float  # share of gold passages kept by the defense
     benign_removed: int
     ms: float
@@ -104,7 +105,7 @@ def evaluate(case: Case, result: DefenseResult | None, ms: float) -> CaseOutcome
         poison_removed=(
             sum(1 for i, p in enumerate(case.is_poison) if p and i not in kept_set) / n_poison
             if n_poison
-            else 0.0
+            else None
         ),
         gold_kept=(
             sum(1 for i, g in enumerate(case.is_gold) if g and i in kept_set) / n_gold
@@ -139,9 +140,9 @@ def run_cases(
     return [run_case(defense, c)[1] for c in progress_bar(cases, progress)]
 
 
-def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float]:
-    """Mean of each metric over the cases that ran without error, median and p95 latency, and the
-    number of errors."""
+def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float | None]:
+    """Mean of each metric over the cases that ran without error (the poison removed over those
+    holding poison), median and p95 latency, and the number of errors."""
     errors = sum(o.error is not None for o in outcomes)
     outcomes = [o for o in outcomes if o.error is None]
     n = len(outcomes)
@@ -151,13 +152,19 @@ def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float]:
         "poison_share": sum(o.poison_share for o in outcomes) / n,
         "any_poison": sum(o.any_poison for o in outcomes) / n,
         "gold_in_context": sum(o.gold_in_context for o in outcomes) / n,
-        "poison_removed": sum(o.poison_removed for o in outcomes) / n,
+        "poison_removed": _mean_of([o.poison_removed for o in outcomes]),
         "gold_kept": sum(o.gold_kept for o in outcomes) / n,
         "benign_removed": sum(o.benign_removed for o in outcomes) / n,
         "ms_p50": statistics.median(o.ms for o in outcomes),
         "ms_p95": float(np.percentile([o.ms for o in outcomes], 95)),
         "errors": errors,
     }
+
+
+def _mean_of(values: Sequence[float | None]) -> float | None:
+    """The mean over the cases a metric applies to (``None`` where it applies to none)."""
+    known = [v for v in values if v is not None]
+    return sum(known) / len(known) if known else None
 
 
 def _from_kept(case: Case, kept: Sequence[Any]) -> DefenseResult:

@@ -12,9 +12,10 @@ top ``n`` survivors by query similarity are the context (the GRADA setting: M = 
 * Attacks: ``poisonedrag`` (question + ". " + the dataset's poison texts), ``injection`` (the
   RobustRAG paper's repeated instruction to output the wrong answer), ``multi-answer`` (templated
   passages spread over up to three distinct wrong answers).
-* Defenses: ``none``, every name of :mod:`ragdefense.defenses.registry` (``ragdefender``,
-  ``grada`` (HRSIM), ``grada-bm25``, ``grada-ebd``, ``grada-hrsim-ebd``, ``grada-peel``, ``auto``),
-  ``robustrag`` (with an LLM only) and any ``module:function`` callable.
+* Defenses: ``none``, every name of :mod:`ragdefense.defenses.registry` (``consensus``, the
+  default; ``strict``, which is ``ragdefender``; ``grada`` (HRSIM), ``grada-bm25``,
+  ``grada-ebd``, ``grada-hrsim-ebd``, ``grada-peel``, ``auto``), ``robustrag`` (with an LLM
+  only) and any ``module:function`` callable.
 * Metrics: poison share of the context, queries with any poison, answer passage in the context,
   poison removed, benign passages removed (false removals), p50 / p95 latency, errors; with an LLM,
   accuracy and attack success rate of the answer (substring match, as in the papers). Latency is
@@ -70,8 +71,9 @@ __all__ = [
 
 #: the defense names the suite knows (beside ``robustrag`` and ``module:function``)
 DEFENSES = ("none", *names())
-#: the defenses the suite runs unless told otherwise
-DEFAULT_DEFENSES = DEFENSES[:6]
+#: the defenses the suite runs unless told otherwise (``strict`` is ``ragdefender``'s preset:
+#: named once)
+DEFAULT_DEFENSES = ("none", "consensus", "ragdefender", "grada", "grada-bm25", "auto")
 
 
 # ---- running ------------------------------------------------------------------------------------
@@ -320,7 +322,13 @@ def suite_markdown(rows: Sequence[dict[str, Any]], m: int = 10, n: int = 5, seed
             f"| {name} | {statistics.median(r['ms_p50'] for r in sub):.2f} | "
             f"{max(r['ms_p95'] for r in sub):.2f} | "
             f"{statistics.mean(r['benign_removed'] for r in sub):.2f} | "
-            f"{statistics.mean(r['poison_removed'] for r in sub):.3f} | "
+            f"{_removed([r['poison_removed'] for r in sub])} | "
             f"{sum(r.get('errors', 0) for r in rows if r['defense'] == name)} |"
         )
     return "\n".join(lines)
+
+
+def _removed(shares: Sequence[float | None]) -> str:
+    """The mean poison removed over the settings holding poison (``-`` where none does)."""
+    known = [s for s in shares if s is not None]
+    return f"{statistics.mean(known):.3f}" if known else "-"

@@ -96,6 +96,23 @@ def test_cli_bench_without_data(capsys: pytest.CaptureFixture[str], tmp_path: Pa
     assert "no benchmark data" in capsys.readouterr().err
 
 
+def test_settings_that_read_no_data_take_no_data_folder(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """``latency --data FOLDER`` was accepted and ignored, and its page printed the option as
+    part of how the result was made."""
+    from benchmarks.cli import NO_DATA, SETTINGS, build_parser
+
+    parser = build_parser()
+    for setting in SETTINGS:
+        if setting in NO_DATA:
+            with pytest.raises(SystemExit):
+                parser.parse_args([setting, "--data", "x"])
+            assert "unrecognized arguments: --data x" in capsys.readouterr().err
+        else:
+            assert parser.parse_args([setting, "--data", "x"]).data == "x"
+
+
 def test_cli_bench_malformed_data(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     (tmp_path / "ragdefender").mkdir()
     (tmp_path / "ragdefender" / "nq.json").write_text(json.dumps({"not": "a list"}))

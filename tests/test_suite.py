@@ -307,3 +307,24 @@ def test_suite_answer_level_metrics_with_an_llm(data: Path) -> None:
     assert by["ragdefender"]["asr"] == 0.0 and by["ragdefender"]["accuracy"] == 1.0
     assert "asr" in by["robustrag"] and by["robustrag"]["errors"] == 0
     assert "accuracy / ASR" in result.markdown
+
+
+def test_poison_removed_is_averaged_over_the_cases_holding_poison() -> None:
+    """A case without poison counted as "0 removed": the suite's column read low whenever the
+    poison counts asked included 0."""
+    from benchmarks.runner import CaseOutcome, summarize
+
+    def outcome(removed: float | None) -> CaseOutcome:
+        return CaseOutcome(0.0, False, True, removed, 1.0, 0, 1.0)
+
+    assert summarize([outcome(1.0), outcome(None)])["poison_removed"] == 1.0
+    assert summarize([outcome(None)])["poison_removed"] is None
+
+
+def test_the_suite_s_default_defenses_are_each_a_known_name_once() -> None:
+    """The default list took the first six names, ``strict`` and ``ragdefender`` among them:
+    one preset run twice, under two names."""
+    from benchmarks.suite import DEFAULT_DEFENSES, DEFENSES
+
+    assert set(DEFAULT_DEFENSES) <= set(DEFENSES) and "strict" not in DEFAULT_DEFENSES
+    assert len(set(DEFAULT_DEFENSES)) == len(DEFAULT_DEFENSES)
