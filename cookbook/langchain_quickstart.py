@@ -76,7 +76,8 @@ print(sum(d.metadata["poison"] for d in context), "of", len(context), "passages 
 # ## The one-line fix: `retriever = defend(retriever)`
 #
 # Consensus, the default: it asks the store for a pool of 8 (twice k, at least 8), removes what
-# it has evidence against, and returns k. It reads the documents' `source`, so the five planted
+# it has evidence against, and returns at most k: here the question's three honest passages,
+# once its five planted ones are gone. It reads the documents' `source`, so the five planted
 # passages of one upload count as one voice; it reads the vectors Chroma already holds (nothing
 # is embedded again) and keeps its verdict in `metadata["ragdefense"]`.
 
