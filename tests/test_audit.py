@@ -1114,8 +1114,10 @@ def test_bad_input_is_named(tmp_path: Path, toy: CallableEmbedder) -> None:
 
 def test_audit_settings_are_checked_when_made() -> None:
     cases: list[dict[str, Any]] = [{"top_m": 1}, {"neighbours": 0}, {"part_size": 0}]
-    for bad in cases:
-        with pytest.raises(ValueError, match="top_m must be >= 2, neighbours and part_size >= 1"):
+    for bad in cases:  # each named alone, with its own bound
+        ((name, value),) = bad.items()
+        least = 2 if name == "top_m" else 1
+        with pytest.raises(ValueError, match=f"^{name} must be >= {least}, got {value}$"):
             AuditSettings(**bad)
     with pytest.raises(ValueError, match="give at least one defense"):
         AuditSettings(defenses=[])
@@ -1913,3 +1915,28 @@ def test_an_empty_page_is_no_chunks_neighbour(minilm: object) -> None:
     beside = audit(["", honest, "   "], embedder=minilm, queries=log)
     assert alone.stats["suspicious"] == beside.stats["suspicious"] == 0
     assert [f.score for f in beside.findings if f.text == honest] == [alone.findings[0].score]
+
+
+def test_a_retriever_given_to_audit_is_told_to_pass_its_store(tmp_path: Path) -> None:
+    """A LangChain retriever got the generic "cannot audit a VectorStoreRetriever: pass a
+    .jsonl ..."; the adapter's own words, pass the store itself, were dropped."""
+    from langchain_core.embeddings import DeterministicFakeEmbedding
+    from langchain_core.vectorstores import InMemoryVectorStore
+
+    store = InMemoryVectorStore(DeterministicFakeEmbedding(size=8))
+    store.add_texts(["alpha beta gamma", "delta epsilon zeta"])
+    with pytest.raises(TypeError, match=r"pass the vector store \(or index\) itself"):
+        audit(store.as_retriever(), workdir=tmp_path / "w")
+
+
+def test_the_cli_refuses_a_top_m_below_two_in_its_own_words(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--top-m 1`` printed the Python field's name and unrelated limits."""
+    from ragdefense.cli import main
+
+    kb = tmp_path / "kb.jsonl"
+    kb.write_text('{"id": "a", "text": "one"}\n')
+    with pytest.raises(SystemExit):
+        main(["audit", str(kb), "--top-m", "1"])
+    assert "argument --top-m: must be 2 or more, got 1" in capsys.readouterr().err

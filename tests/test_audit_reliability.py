@@ -641,3 +641,65 @@ def test_the_markdown_report_escapes_html_from_chunk_text(tmp_path: Path) -> Non
     )
     rendered = markdown.markdown(report.to_markdown(top=len(texts)), extensions=["tables"])
     assert "javascript:alert(1)" in rendered and "<a " not in rendered
+
+
+def test_a_query_log_or_a_source_that_is_not_valid_unicode_fails_early_or_is_escaped(
+    tmp_path: Path,
+) -> None:
+    """A lone surrogate in a query log failed with a bare ``UnicodeEncodeError`` once the whole
+    knowledge base was embedded; in a chunk's source, when its part was written."""
+    with pytest.raises(ValueError, match="query log item 2: its question is not valid Unicode"):
+        read_queries(["What is the moon made of?", "who made the toaster \ud800?"])
+    texts, ids, _ = toy_corpus()
+    sources = [
+        {"source": "up\ud800load.pdf" if n == 0 else f"site{n % 7}.org"} for n in range(len(ids))
+    ]
+    report = audit(
+        ListCorpus(texts, ids, metadata=sources),
+        AuditSettings(part_size=32),
+        workdir=tmp_path / "w",
+        embedder=CallableEmbedder(bag_of_words),
+    )
+    assert report.stats["chunks"] == len(texts)
+    assert {f.id: f.source for f in report.findings}[ids[0]] == "up\\ud800load.pdf"  # escaped
+
+
+def test_empty_batches_of_a_corpus_are_skipped(tmp_path: Path) -> None:
+    """An empty batch (a store's page emptied while it was read) was taken for a part: first,
+    the stored vectors "had 0 dimensions"; later, NumPy failed building the index."""
+    texts, ids, _ = toy_corpus()
+
+    class Gappy:
+        def batches(self, size: int) -> Any:
+            for start in range(0, len(texts), size):
+                yield Batch([], [], [])  # embedded by the audit: no width of its own
+                stop = start + size
+                yield Batch(ids[start:stop], texts[start:stop], [""] * len(ids[start:stop]))
+
+        def fingerprint(self) -> str:
+            return "gappy"
+
+    report = audit(Gappy(), AuditSettings(part_size=32), workdir=tmp_path / "w",
+                   embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    assert report.stats["chunks"] == len(texts)
+
+
+def test_a_fresh_audit_never_reuses_the_last_one_s_defenses(tmp_path: Path) -> None:
+    """Defenses were kept per process by folder and name: a fresh audit in the same folder with
+    a defense whose name hides its settings ran the last audit's object, and every audit's
+    defenses (their models) stayed alive for the life of the process."""
+    from ragdefense.auditing import steps
+
+    first = _audit(tmp_path, [Drop(False)])
+    texts, ids, _ = toy_corpus()
+    again = audit(
+        ListCorpus(texts, ids),
+        AuditSettings(defenses=[Drop(True)], part_size=32),
+        queries=QUERIES,
+        workdir=tmp_path / "w",
+        embedder=CallableEmbedder(bag_of_words),
+        fresh=True,
+    )
+    assert first.stats["flagged_at_least_once"] == 0
+    assert again.stats["flagged_at_least_once"] > 0
+    assert sum(k[0] == "defenses" for k in steps._CACHE if isinstance(k, tuple)) == 1

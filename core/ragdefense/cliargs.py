@@ -16,6 +16,7 @@ __all__ = [
     "positive",
     "require_embeddings",
     "resolve",
+    "two_or_more",
 ]
 
 
@@ -39,6 +40,14 @@ def positive(text: str) -> int:
     value = int(text)
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+    return value
+
+
+def two_or_more(text: str) -> int:
+    """An integer >= 2 (a count of passages a defense compares)."""
+    value = int(text)
+    if value < 2:
+        raise argparse.ArgumentTypeError(f"must be 2 or more, got {text}")
     return value
 
 

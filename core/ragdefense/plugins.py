@@ -103,7 +103,11 @@ def framework_of(obj: Any) -> Framework:
             f"{type(obj).__name__} is a {top} object: install {_ADAPTERS[top]} to use it here "
             f"(from a checkout of the repository: pip install ./{_FOLDERS[_ADAPTERS[top]]})"
         )
-    raise TypeError(f"{type(obj).__name__} is no store of an installed framework adapter")
+    raise UnknownObject(f"{type(obj).__name__} is no store of an installed framework adapter")
+
+
+class UnknownObject(TypeError):
+    """An object no installed adapter's framework owns (no adapter to install or to name)."""
 
 
 def _installed(distribution: str) -> bool:

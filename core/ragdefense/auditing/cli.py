@@ -9,7 +9,7 @@ import traceback
 from pathlib import Path
 from typing import Any
 
-from ..cliargs import positive
+from ..cliargs import positive, two_or_more
 from .report import FORMAT_NEEDS, FORMATS
 
 __all__ = ["add_audit_parser"]
@@ -178,7 +178,9 @@ def add_audit_parser(sub: Any) -> None:
         "folder, or module:attribute of an embedding model (LangChain, LlamaIndex, a function "
         "from texts to vectors); default the packaged all-MiniLM-L6-v2",
     )
-    parser.add_argument("--top-m", type=positive, default=10, help="chunks per probe (default 10)")
+    parser.add_argument(
+        "--top-m", type=two_or_more, default=10, help="chunks per probe (default 10)"
+    )
     parser.add_argument(
         "--max-probes", type=positive, default=None, help="at most this many derived probes"
     )

@@ -170,9 +170,10 @@ class ListCorpus:
 
 
 def unique_ids(batches: Iterable[Batch]) -> Iterator[Batch]:
-    """``batches``, refused at the first id read twice: a report names chunks by id."""
-    seen: dict[str, int] = {}  # id -> the batch it was first read in
-    for part, batch in enumerate(batches):
+    """``batches`` but empty ones, refused at the first id read twice (a report names chunks by
+    id)."""
+    seen: dict[str, int] = {}  # id -> the batch it was first read in; empty batches skipped
+    for part, batch in enumerate(b for b in batches if b.ids):  # (a store's page emptied)
         for chunk_id in batch.ids:
             if chunk_id in seen:
                 raise ValueError(
@@ -331,13 +332,12 @@ def as_corpus(knowledge_base: Any) -> Corpus:
         return FileCorpus(knowledge_base)
     if isinstance(knowledge_base, Sequence) and all(isinstance(t, str) for t in knowledge_base):
         return ListCorpus(knowledge_base)
-    from ..plugins import framework_of
+    from ..plugins import UnknownObject, framework_of
 
     try:  # a framework's store, read by its adapter (registered as an entry point)
         framework = framework_of(knowledge_base)
-    except TypeError as exc:
-        if "pip install" in str(exc):
-            raise
+    except UnknownObject:  # a framework's object is refused by its own message (a retriever)
+        pass
     else:  # its adapter's own refusal (a store it cannot read) is the one to show
         return framework.corpus(knowledge_base)
     what = type(knowledge_base).__name__
@@ -391,6 +391,7 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
             item = item.get("question", item.get("query"))
         if not isinstance(item, str):  # a record with neither field, a number: never dropped
             raise ValueError(f"query log item {n}: expected a question, or a record with one")
+        _check_text(item, f"query log item {n}", "question")
         if item.strip():
             out.append(item.strip())
     if not out:

@@ -120,8 +120,9 @@ class AuditSettings:
             self.route is not None and self.route < 1
         ):
             raise ValueError("shards and route must be None or >= 1")
-        if self.top_m < 2 or self.neighbours < 1 or self.part_size < 1:
-            raise ValueError("top_m must be >= 2, neighbours and part_size >= 1")
+        for name, least in (("top_m", 2), ("neighbours", 1), ("part_size", 1)):
+            if getattr(self, name) < least:
+                raise ValueError(f"{name} must be >= {least}, got {getattr(self, name)!r}")
         if self.wide_neighbours < 0 or 0 < self.wide_neighbours <= self.neighbours:
             raise ValueError("wide_neighbours must be 0 (off) or more than neighbours")
         if self.source_key is not None and not (

@@ -336,18 +336,23 @@ class DefendStep:
         """The file this step writes for ``part``."""
         return f"{part_name('probed', part)}.json"
 
-    def _defenses(self) -> list[tuple[str, Any]]:
+    def _defenses(self, run: str) -> list[tuple[str, Any]]:
+        """The defenses, made once per process for audit ``run`` (one audit's kept at a time:
+        another's, or a fresh start's in the same folder, is dropped, with its models)."""
         from ..defenses.registry import defense
         from .naming import defense_names
 
-        key = ("defenses", self.workdir, tuple(map(str, self.defenses)))
-        if key not in _CACHE:
+        key = ("defenses", self.workdir, run, tuple(map(str, self.defenses)))
+        made = _CACHE.get(key)
+        if made is None:
+            for old in [k for k in list(_CACHE) if k[0] == "defenses"]:
+                _CACHE.pop(old, None)
             made = []
             for name, d in zip(defense_names(self.defenses), self.defenses, strict=True):
                 obj = defense(d, embedder=step_embedder(self.embedder)) if isinstance(d, str) else d
                 made.append((name, obj))
             _CACHE[key] = made
-        return list(_CACHE[key])
+        return list(made)
 
     def __call__(self, part: int) -> int:
         from ..types import Passage, defend_given
@@ -363,7 +368,7 @@ class DefendStep:
             passages = [Passage(chunks[p][0], id=str(p)) for p in hits]
             vectors = np.stack([chunks[p][1] for p in hits]) if hits else None
             record: dict[str, Any] = {"probe": probes["ids"][row], "hits": hits, "flags": {}}
-            for name, defense in self._defenses():
+            for name, defense in self._defenses(wd.run):
                 if len(passages) < 2:
                     break
                 result = defend_given(defense, question, passages, vectors, queries[row])
