@@ -228,3 +228,20 @@ def test_a_leading_newline_does_not_end_the_answer() -> None:
     assert r.answer == "Canberra" and [s.token for s in r.steps] == ["\n", "Canberra", "\n"]
     assert r.certificate is not None and r.certificate.certified
     assert r.certificate.possible_answers == ("Canberra",)
+
+
+def test_a_certificate_counts_every_answering_context_silenced_as_i_dont_know() -> None:
+    """With eta >= 1 and as few answering contexts as k', a modification silencing them all
+    makes the inference abstain, an outcome the certificate never listed: it certified an
+    answer one rewritten passage turns into "I don't know"."""
+    idk = [dist(idk=0.995, can=0.005)]
+    tables = {"c0": [dist(can=1.0)], "c1": idk, "c2": idk, "evil": idk}
+    tables["If you do not know the answer confidently"] = [dist(can=1.0)]
+    engine = rr(tables, eta=1.0)
+    attacked = engine.answer("capital?", ["evil", "c1", "c2"])
+    assert attacked.answer == "I don't know"  # the premise: one rewrite silences c0
+    clean = engine.answer(
+        "capital?", ["c0", "c1", "c2"], certify=1, attack="modification", gold="Canberra"
+    )
+    assert clean.certificate is not None and not clean.certificate.certified
+    assert "I don't know" in clean.certificate.possible_answers

@@ -394,7 +394,7 @@ def _refusal(k: int, k_prime: int) -> str | None:
         return "k' must be >= 1"
     if 2 * k_prime >= k:
         return (
-            f"k'={k_prime} >= k/2 (k={k}): an attacker controlling half of the "
-            "passages can decide the answer; no certificate is possible"
+            f"k'={k_prime} >= k/2 (k={k}): not certified here (an attacker with half of the "
+            "passages can decide a vote or a keyword count; retrieve more passages)"
         )
     return None

@@ -287,6 +287,8 @@ class _Decoding:
         possible = tuple(
             dict.fromkeys(_answer_of(tok.decode(t, skip_special_tokens=True)) for t in finished)
         )
+        if any(n == 0 for _, n in reach) and IDK not in possible:  # every context silenced:
+            possible += (IDK,)  # the inference abstains ("I don't know"), never decodes
         if golds:
             ok = all(gives_answer(a, golds) for a in possible)
             why = f"{len(possible)} possible answer(s); " + (
