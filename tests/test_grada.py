@@ -313,3 +313,13 @@ def test_a_pair_exactly_at_the_tightness_merges(cosine: float, found: bool) -> N
     qs = np.array([0.9, 0.9, 0.5, 0.5, 0.5])
     groups = coordinated_groups(sim, qs, tightness=0.75)
     assert [g.indices for g in groups] == ([(0, 1)] if found else [])
+
+
+def test_a_query_similarity_never_measured_is_not_reported() -> None:
+    """With one passage left for the graph (the others its copies) its query similarity was
+    never computed, yet the reason said "query sim 0.000" and the details held 0.0."""
+    text = "Hamlet is a tragedy by William Shakespeare."
+    result = GRADA().defend("Who wrote Hamlet?", [text] * 4)
+    assert all("query sim" not in v.reason for v in result.verdicts)
+    assert all(np.isnan(v.details["query_sim"]) for v in result.verdicts)
+    assert result.to_dict()["verdicts"][0]["details"]["query_sim"] is None

@@ -82,3 +82,23 @@ def test_a_tie_at_the_two_cluster_cut_gives_no_estimate() -> None:
     texts = [f"capital France {c}" for c in ("Paris", "Lyon", "Nice", "Lille", "Metz")]
     result = RAGDefender(task_type="single_hop").defend_embeddings("capital?", texts, vectors)
     assert result.removed_indices == [] and result.estimates["n_adv"] == 0
+
+
+def test_a_tie_at_the_cut_is_a_tie_in_any_order_and_says_so() -> None:
+    """Equal merge heights differing by rounding split in some input orders and not in others
+    (4 of 24 orders of four equidistant rotated vectors removed two passages); and the result
+    said only "no adversarial passage", never that the cut was tied."""
+    import itertools
+
+    from ragdefense import RAGDefender
+
+    rotation, _ = np.linalg.qr(np.random.default_rng(5).normal(size=(16, 16)))
+    vectors = rotation[:4]  # four points equally far apart, in float noise
+    texts = ["capital france marseille", "capital france strasbourg", "capital france toulouse",
+             "paris heart france"]  # fmt: skip
+    defense = RAGDefender(task_type="single_hop")
+    for order in itertools.permutations(range(4)):
+        chosen = list(order)
+        result = defense.defend_embeddings("q", [texts[i] for i in chosen], vectors[chosen])
+        assert result.removed_indices == [], order
+        assert all("the two-cluster cut is tied" in v.reason for v in result.verdicts)

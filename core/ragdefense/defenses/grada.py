@@ -243,7 +243,7 @@ class GRADA:
         peeled |= {i: peeled[t] for i, t in copies.items() if t in peeled and i not in peeled}
         rest = [i for i in range(m) if i not in peeled and i not in left]
         weights = np.zeros((m, m))
-        q_sim = np.zeros(m)
+        q_sim = np.full(m, np.nan)  # measured on the graph's passages only
         scores = np.zeros(m)
         iterations, converged = 0, True
         if len(rest) > 1:
@@ -329,10 +329,8 @@ class GRADA:
             elif uniform:
                 why = f"{estimates['note']}; {where}"
             else:
-                why = (
-                    f"PageRank {scores[i]:.4f}, {where}; {degree[i]} edge(s), "
-                    f"query sim {q_sim[i]:.3f}"
-                )
+                measured = "" if np.isnan(q_sim[i]) else f", query sim {q_sim[i]:.3f}"
+                why = f"PageRank {scores[i]:.4f}, {where}; {degree[i]} edge(s){measured}"
             verdicts.append(
                 Verdict(
                     index=i,

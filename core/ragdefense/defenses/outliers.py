@@ -35,7 +35,7 @@ def off_topic(
     topics), the side less similar to the query is set aside, provided its mean query
     similarity is at least ``threshold`` below the other side's (``query_sim()`` gives the
     passages' query similarities, or ``None`` when there is no query embedding: then nothing
-    is set aside). Stops when fewer than ``keep + 1`` passages would remain.
+    is set aside). Never leaves fewer than ``keep`` passages.
     """
     alive = list(range(len(sim)))
     aside: dict[int, str] = {}

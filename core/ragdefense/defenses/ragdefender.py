@@ -11,15 +11,15 @@ Departures from the authors' package (``ragdefender`` 0.2.0), all deliberate:
 * concentration estimate: as in the paper (local mean AND local median above the global ones,
   self-similarity excluded), not the authors' OR / self-similarity / "flip" variant;
 * ties in the Stage 2 score are broken by a passage's total similarity to the others, then by
-  input position, never arbitrarily;
+  input position, never arbitrarily; copies of one text are passages of their own, as in the
+  paper (each copy judged by its pairs: one can be removed while another stays);
 * ``task_type="auto"`` is implemented (the authors' package raises on it): :func:`choose_task_type`;
 * fewer than ``min_passages`` passages, no spread at all (all identical), or a tie at the
   two-cluster cut (all equally far apart; scikit-learn splits them arbitrarily) give no
   estimate: nothing is removed, and the result says why;
-* off-topic passages are set aside before Stage 1 (:func:`off_topic`) and kept: a passage, or
-  a group of passages, unrelated to all the others (an empty or one-word passage, a document
-  about something else) would otherwise be one side of the two-cluster split, and the vote
-  would flag every on-topic passage as the "larger cluster".
+* off-topic passages are set aside before Stage 1 (:func:`off_topic`) and kept: passages
+  unrelated to all the others (an empty one, a document about something else) would be one
+  side of the two-cluster split, and the vote would flag every on-topic passage.
 """
 
 from __future__ import annotations
@@ -71,8 +71,7 @@ def estimate_by_clustering(
 
     The top ``m`` terms by summed TF-IDF over the passages are found; a passage is keyword-heavy
     when it contains more than half of them (case-insensitive token match). If more than half of
-    the passages are keyword-heavy, the estimate is the size of the larger cluster, else of the
-    smaller one.
+    the passages are keyword-heavy, the estimate is the larger cluster's size, else the smaller's.
     """
     n = len(tokens)
     unit = unit_rows(embeddings)
@@ -100,9 +99,8 @@ def estimate_by_clustering(
 def estimate_by_concentration(sim: np.ndarray) -> Stage1Estimate:
     """Multi-hop Stage 1: count passages whose local mean AND median similarity exceed the global.
 
-    Local statistics are over a passage's similarities to the other passages (self excluded);
-    global ones over all pairs i < j.
-    """
+    Local statistics are over a passage's similarities to the others; global ones over all
+    pairs i < j."""
     n = sim.shape[0]
     off = ~np.eye(n, dtype=bool)
     local = sim[off].reshape(n, n - 1)
@@ -256,8 +254,9 @@ class RAGDefender:
         task_type: TaskType | None = None,
     ) -> DefenseResult:
         """Like :meth:`defend`, with the passages' embeddings given (shape (n, d); ``None``:
-        carried or embedded). ``query_embedding`` only tells which of two unrelated topics is
-        off-topic (:func:`off_topic`); without it such a split is left to Stage 1."""
+        carried or embedded). ``query_embedding`` tells what is off-topic (:func:`off_topic`: a
+        lone unrelated passage, or the side of two unrelated topics away from the query);
+        without it no passage is set aside, and Stage 1 sees them all (pass it)."""
         query = check_query(query)
         items = to_passages(passages)
         if embeddings is None and query_embedding is None:
@@ -326,6 +325,8 @@ class RAGDefender:
             estimates["off_topic"] = sorted(aside)
         if n_adv == 0:
             why = "Stage 1 estimated no adversarial passage"
+            if len(est.details.get("cluster_sizes", [0, 0])) < 2:  # a tied cut: one cluster
+                why += ": the two-cluster cut is tied (the passages are equally far apart)"
             return self._unchanged(query, items, why, estimates, aside)
         order, f, pairs = identify_adversarial(sub_sim, n_adv, self.p)
         back = np.asarray(alive)
