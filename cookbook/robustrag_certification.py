@@ -51,7 +51,8 @@ print("always kept:", c.always_kept, "| attacker-controlled:", c.undecided)
 print("possible answers:", c.possible_answers)
 
 # %% [markdown]
-# With 4 passages, k' = 2 is half of them: no certificate is possible, and it says so.
+# With 4 passages, k' = 2 is half of them: an attacker with half the passages decides a vote
+# or a keyword count, so no certificate is given there, and it says so.
 
 # %%
 refused = rr.certify(answer, 2).certificate

@@ -661,7 +661,11 @@ def test_a_query_log_or_a_source_that_is_not_valid_unicode_fails_early_or_is_esc
         embedder=CallableEmbedder(bag_of_words),
     )
     assert report.stats["chunks"] == len(texts)
-    assert {f.id: f.source for f in report.findings}[ids[0]] == "up\\ud800load.pdf"  # escaped
+    assert {f.id: f.source for f in report.findings}[ids[0]] == "up&#55296;load.pdf"  # escaped
+    from ragdefense.provenance import source_of  # and read alike at query time (a quarantine)
+    from ragdefense.types import Passage
+
+    assert source_of(Passage("x", metadata=sources[0])) == "up&#55296;load.pdf"
 
 
 def test_empty_batches_of_a_corpus_are_skipped(tmp_path: Path) -> None:

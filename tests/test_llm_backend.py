@@ -150,3 +150,7 @@ def test_a_given_model_is_moved_to_the_device_named() -> None:
     assert model.device == "cuda:1" and llm.device == "cuda:1"
     kept = Model()
     assert TransformersLLM(kept).device == "cpu" and kept.device == "cpu"  # not named: its own
+    dispatched = Model()
+    dispatched.hf_device_map = {"": "cuda:0"}  # type: ignore[attr-defined]  # device_map="auto"
+    TransformersLLM(dispatched, device="cuda:0")
+    assert dispatched.device == "cpu"  # left where accelerate placed it (its inputs go there)

@@ -5,6 +5,7 @@ way to swap the model."""
 from __future__ import annotations
 
 import asyncio
+import collections
 from collections.abc import Awaitable, Callable
 from typing import Any
 
@@ -200,34 +201,34 @@ def test_a_freed_slot_goes_to_the_head_of_the_line_whoever_polls_first(
     assert slots.acquire(blocking=False)  # the slot given back
 
 
-def test_a_waiter_cancelled_once_granted_gives_its_slot_back(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    """A slot taken for a waiter that is cancelled before it wakes is released."""
+def test_a_waiter_that_stopped_polling_never_holds_the_line() -> None:
+    """A waiter whose event loop was abandoned (or is busy) never polls again: the waiters
+    behind it are served as the slots free, and no slot is set aside for it."""
     import threading
 
-    from ragdefense.llm.calls import _held
+    from ragdefense.llm import calls
 
-    sleep = _slow_polls(monkeypatch)
     slots = threading.Semaphore(1)
     slots.acquire()
+    abandoned = calls._Waiter()
+    abandoned.seen -= 10 * calls._STALE  # it polled long ago
+    with calls._LINES_LOCK:
+        calls._LINES.setdefault(slots, collections.deque()).append(abandoned)
+    served: list[str] = []
 
     async def wait() -> None:
-        async with _held(slots, window=1):
-            raise AssertionError("served")
+        async with calls._held(slots, window=1):
+            served.append("behind")
 
-    async def run() -> list[BaseException]:
-        head = asyncio.ensure_future(wait())
-        await sleep(0.07)
+    async def run() -> None:
+        behind = asyncio.ensure_future(wait())
+        await asyncio.sleep(0.05)
         slots.release()
-        granting = asyncio.ensure_future(wait())  # grants the head its slot, then waits
-        await sleep(0.01)
-        head.cancel()
-        granting.cancel()
-        return await asyncio.gather(head, granting, return_exceptions=True)
+        await asyncio.wait_for(behind, 1.0)
 
-    assert all(isinstance(e, asyncio.CancelledError) for e in asyncio.run(run()))
-    assert slots.acquire(blocking=False)
+    asyncio.run(run())
+    assert served == ["behind"] and slots.acquire(blocking=False)  # its slot given back
+    assert list(calls._LINES[slots]) == [abandoned]  # keeping its place, should it poll again
 
 
 def test_a_cancelled_async_batch_cancels_its_calls() -> None:

@@ -97,8 +97,10 @@ def test_a_tie_at_the_cut_is_a_tie_in_any_order_and_says_so() -> None:
     texts = ["capital france marseille", "capital france strasbourg", "capital france toulouse",
              "paris heart france"]  # fmt: skip
     defense = RAGDefender(task_type="single_hop")
-    for order in itertools.permutations(range(4)):
-        chosen = list(order)
-        result = defense.defend_embeddings("q", [texts[i] for i in chosen], vectors[chosen])
-        assert result.removed_indices == [], order
+    orders = itertools.permutations(range(4))
+    for dtype, order in itertools.product((np.float64, np.float32), list(orders)):
+        chosen = list(order)  # float32: an embedder's own rounding, wider than float64's
+        given = vectors[chosen].astype(dtype)
+        result = defense.defend_embeddings("q", [texts[i] for i in chosen], given)
+        assert result.removed_indices == [], (dtype, order)
         assert all("the two-cluster cut is tied" in v.reason for v in result.verdicts)

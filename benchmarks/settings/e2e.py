@@ -95,8 +95,8 @@ def e2e_table(
 ) -> tuple[list[dict[str, Any]], str]:
     """Every row of :data:`E2E_ROWS` on every setting, answered by ``llm`` (default: the
     packaged SmolLM2); the table and the target lines. ``cache``: a folder keeping the default
-    model's answers by prompt (per versions of the model's package, transformers, torch and
-    ragdefense; a failed answer is not kept), so
+    model's answers by prompt (per versions of the model's package, transformers and torch,
+    and a digest of ``ragdefense.llm``'s code; a failed answer is not kept), so
     that a run scoring answers otherwise asks only new prompts (another ``llm`` is never
     cached)."""
     from ragdefense.progress import progress_bar

@@ -15,7 +15,7 @@ from ragdefense.embedders import CallableEmbedder, as_embedder
 
 from ..cases import RAGDEFENDER_BASE, case_embedder, ragdefender_cases
 from ..datasets import load_ragdefender
-from ..report import cell, markdown_table
+from ..report import cell, markdown_table, value
 from ..runner import CaseDefense, on_case, run_cases, summarize
 
 __all__ = ["RAGDEFENDER_REFERENCE", "ragdefender_table", "run_ragdefender_bench"]
@@ -80,7 +80,7 @@ def ragdefender_table(
             table.append(
                 [ds, f"{ratio}x", f"{ref[0]:.3f} / {ref[1]:.2f}" if ref else "-"]
                 + [cell(c) for c in cells]
-                + [f"{a['poison_removed']:.3f}", f"{a['gold_kept']:.3f}", f"{a['ms_p50']:.2f}"]
+                + [value(a, "poison_removed", 3), value(a, "gold_kept", 3), value(a, "ms_p50", 2)]
             )
     # the reference is the authors' package over every question: say so beside a sample
     reference = "authors' pkg" if limit is None else "authors' pkg (all questions)"

@@ -105,6 +105,8 @@ _CACHED = 2048
 @lru_cache(maxsize=8192)  # a store's documents come back query after query
 def _normal_text(value: str, web: bool, file: bool) -> str | None:
     text = value.strip()
+    if not text.isascii():  # a lone surrogate (a broken export) escaped: stored and shown alike
+        text = text.encode("utf-8", "xmlcharrefreplace").decode("utf-8")  # no path separator
     if not text or text.casefold() in _MISSING:
         return None
     if web and text.startswith("//") and not text.startswith("///"):  # scheme-relative

@@ -130,10 +130,10 @@ def cut(
     if height is not None:
         merges = int(np.count_nonzero(tree[:, 2] <= height))
     elif clusters is not None:  # the lowest cut leaving at most that many (ties merge together,
-        merges = n - min(max(clusters, 1), n)  # heights equal but for rounding among them: the
+        merges = n - min(max(clusters, 1), n)  # heights equal but for float32 rounding: the
         if merges:  # same points in another order must not split where these did not)
             h = tree[merges - 1, 2]
-            merges = int(np.count_nonzero(tree[:, 2] <= h + 1e-9 * max(1.0, abs(h))))
+            merges = int(np.count_nonzero(tree[:, 2] <= h + 1e-6 * max(1.0, abs(h))))
     else:
         raise ValueError("give height or clusters")
     members: dict[int, list[int]] = {i: [i] for i in range(n)}

@@ -130,21 +130,11 @@ def read_sources(wd: Workdir, chunk_parts: int) -> tuple[np.ndarray | None, list
 
 
 def batch_sources(batch: Batch, source_key: str | None) -> list[str] | None:
-    """Each chunk's source (``""``: none), or ``None`` when no chunk of the batch has one; a
-    source that is not valid Unicode (a lone surrogate) with its broken characters escaped:
-    it is only compared and shown."""
+    """Each chunk's source (``""``: none), or ``None`` when no chunk of the batch has one."""
     if batch.metadata is None or source_key is None:
         return None
-    found = [_storable(metadata_source(m, source_key) or "") for m in batch.metadata]
+    found = [metadata_source(m, source_key) or "" for m in batch.metadata]
     return found if any(found) else None
-
-
-def _storable(source: str) -> str:
-    try:
-        source.encode("utf-8")
-    except UnicodeEncodeError:
-        return source.encode("utf-8", "backslashreplace").decode("utf-8")
-    return source
 
 
 def chunk_source(

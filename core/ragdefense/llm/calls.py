@@ -9,7 +9,6 @@ import asyncio
 import collections
 import contextlib
 import contextvars
-import itertools
 import threading
 import time
 import weakref
@@ -229,9 +228,11 @@ async def gather_within(
 async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIterator[None]:
     """One of ``slots`` held, waited for without blocking the event loop, in arrival order
     among the async calls waiting for it. Waiters poll (a thread blocked on it could not be
-    cancelled with its task, and would keep the slot it took), and whichever polls hands the
-    free slots to the line's head first: a newcomer polling sooner never overtakes a long
-    wait. The first ``window`` in line poll often, the rest watch for their turn."""
+    cancelled with its task, and would keep the slot it took); a waiter takes a free slot only
+    while fewer waiters ahead of it still poll than slots are free, so a newcomer polling sooner
+    never overtakes a long wait. A waiter that stopped polling for :data:`_STALE` seconds (its
+    event loop busy, or abandoned without cancelling it) is passed over, keeping its place:
+    no slot is ever set aside for it. The first ``window`` in line poll often, the rest less."""
     if slots is None:
         yield
         return
@@ -243,18 +244,23 @@ async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIter
     try:
         while True:
             with _LINES_LOCK:
-                while line and slots.acquire(blocking=False):
-                    line.popleft().granted = True
-                if me.granted:
+                now = me.seen = time.monotonic()
+                if me not in line:  # left out after a long stall: in line again, at its end
+                    line.append(me)
+                waiting = [w for w in line if w is me or now - w.seen <= _STALE]
+                ahead = waiting.index(me)
+                free = getattr(slots, "_value", window)  # CPython's count of free slots
+                if ahead < free and slots.acquire(blocking=False):
+                    line.remove(me)
                     break
-                soon = me in itertools.islice(line, window)
+                for gone in [w for w in line if now - w.seen > _GONE]:
+                    line.remove(gone)  # abandoned: never polls again
+                soon = ahead < window
             await asyncio.sleep(pause if soon else 0.02)
             pause = min(2 * pause, 0.005) if soon else 0.001
-    except BaseException:  # cancelled (its deadline): out of the line, its slot given back
+    except BaseException:  # cancelled (its deadline): out of the line
         with _LINES_LOCK:
-            if me.granted:
-                slots.release()
-            elif me in line:
+            if me in line:
                 line.remove(me)
         raise
     try:
@@ -264,11 +270,16 @@ async def _held(slots: threading.Semaphore | None, window: int = 1) -> AsyncIter
 
 
 class _Waiter:
-    """An async call in line for a slot (compared by identity); ``granted``: one was taken
-    for it by whoever polled."""
+    """An async call in line for a slot (compared by identity), and when it last polled."""
 
-    granted = False
+    def __init__(self) -> None:
+        self.seen = time.monotonic()
 
+
+#: seconds without a poll after which a waiter is passed over (it polls every 0.02 s at most)
+_STALE = 0.25
+#: seconds without a poll after which a waiter is taken out of the line
+_GONE = 60.0
 
 #: per calls-in-flight limit, the async calls waiting for it, in arrival order
 _LINES: weakref.WeakKeyDictionary[threading.Semaphore, collections.deque[_Waiter]] = (

@@ -35,11 +35,11 @@ class TransformersLLM(LLM):
         model: A model object, a local folder, or ``None`` for the packaged SmolLM2.
         tokenizer: Its tokenizer (loaded from the folder when ``model`` is a path or ``None``).
         chat: Format prompts with the tokenizer's chat template.
-        batch_size: Prompts per forward batch of :meth:`generate` and
-            :meth:`next_token_probs` (a decoding :meth:`session` prefills all its prompts in
-            one pass).
-        device: Torch device, a given model moved there (as a pipeline moves it); ``None``:
-            the given model's device, else a GPU when one is present, else the CPU.
+        batch_size: Prompts per forward batch of :meth:`generate` and :meth:`next_token_probs`
+            (a decoding :meth:`session` prefills all its prompts in one pass).
+        device: Torch device of the inputs, a given model moved there but one dispatched over
+            devices (``device_map``) or quantized; ``None``: the given model's device, else a
+            GPU when one is present, else the CPU.
         first_line: Keep only the first line of each answer (short-answer QA).
         cache_dir: A folder the packaged model is converted into, once, in a folder of its
             own (default: ``$RAGDEFENSE_CACHE``, else the user's cache folder).
@@ -59,11 +59,11 @@ class TransformersLLM(LLM):
         cache_dir: str | None = None,
         timeout: float | None = DEFAULT_TIMEOUT,
     ) -> None:
-        # model and tokenizer in one holder its copies share (RobustRAG's): loaded once for all
         given = None if model is None or isinstance(model, (str, Path)) else model
-        if given is not None and device is not None and hasattr(given, "to"):  # inputs go there
+        placed = getattr(given, "hf_device_map", None) or getattr(given, "is_quantized", False)
+        if device is not None and hasattr(given, "to") and not placed:  # its inputs go there
             given = given.to(device)
-        self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}
+        self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}  # copies share
         self._path = str(Path(model).expanduser()) if isinstance(model, (str, Path)) else None
         self._tokenizer_path = getattr(given, "name_or_path", None) or None  # never SmolLM2's
         if given is not None and tokenizer is None and self._tokenizer_path is None:
