@@ -61,7 +61,7 @@ class TransformersLLM(LLM):
     ) -> None:
         given = None if model is None or isinstance(model, (str, Path)) else model
         placed = getattr(given, "hf_device_map", None) or getattr(given, "is_quantized", False)
-        if device is not None and hasattr(given, "to") and not placed:  # its inputs go there
+        if given is not None and device is not None and hasattr(given, "to") and not placed:
             given = given.to(device)
         self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}  # copies share
         self._path = str(Path(model).expanduser()) if isinstance(model, (str, Path)) else None
