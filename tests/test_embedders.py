@@ -529,3 +529,37 @@ def test_a_model_path_is_loaded_once_for_the_passages_and_the_query(
     passages = [ragdefense.Passage("one fact"), ragdefense.Passage("two facts")]
     embedders.passage_and_query_embeddings("facts?", passages, embedder="/models/minilm")
     assert made == ["/models/minilm"]
+
+
+def test_bad_texts_and_model_outputs_are_refused_by_name() -> None:
+    """One string was embedded character by character; a ``None`` item blamed the model; a
+    model returning digit strings, booleans or complex numbers was read as vectors; a model
+    changing width beside cached rows crashed in ``np.stack``; ``embed_passages`` crashed on the
+    plain texts every defense accepts."""
+    emb = CallableEmbedder(bag_of_words)
+    with pytest.raises(TypeError, match="not one string"):
+        emb.embed("Hamlet")
+    with pytest.raises(TypeError, match="item 1 is a NoneType"):
+        emb.embed(["a", None])  # type: ignore[list-item]
+    with pytest.raises(TypeError, match="queries: item 0 is a list"):
+        emb.embed_queries([["a"]])  # type: ignore[list-item]
+    for raw in ([["0.5", "2"]], [[True, False]], np.array([[1 + 2j, 3]])):
+        with pytest.raises(EmbeddingError, match="not real numbers"):
+            CallableEmbedder(lambda texts, raw=raw: raw).embed(["x"])
+    width = [3]
+    changing = CallableEmbedder(lambda texts: np.ones((len(texts), width[0])))
+    changing.embed(["a"])
+    width[0] = 4
+    with pytest.raises(EmbeddingError, match="clear_cache"):
+        changing.embed(["a", "b"])
+    assert embed_passages(["a b", "c"], emb).shape[0] == 2
+    with pytest.raises(DefenseInputError):
+        embed_passages("abc", emb)  # type: ignore[arg-type]
+
+
+def test_the_cache_keeps_rows_not_their_batches() -> None:
+    """A cached row was a view into its whole batch: one popular passage kept a batch of
+    thousands alive, far past ``cache_size``."""
+    emb = CallableEmbedder(lambda texts: np.random.default_rng(0).normal(size=(len(texts), 8)))
+    emb.embed([f"t{i}" for i in range(500)])
+    assert all(v.base is None for v in emb._cache.values())

@@ -812,3 +812,33 @@ def test_llamaindex_red_team_takes_a_postprocessor_as_defend_does(minilm: Any) -
     post = DefensePostprocessor(defense="grada", embed_model=embed)
     report = li_red_team(index, TARGETS[:1], k=4, defense=post)
     assert report.pipelines == ["no defense", "grada"]
+
+
+def test_alternatives_that_repeat_an_answer_are_refused_and_spellings_merged() -> None:
+    """An alternative equal to the correct answer was planted and counted as a hijack when the
+    model answered the truth; one repeating the wrong answer turned ``multi-answer`` into a
+    one-answer attack without a word."""
+    with pytest.raises(ValueError, match="'Shakespeare' is the correct one"):
+        AttackTarget("Who wrote Hamlet?", "Marlowe", "Shakespeare", alternatives=("Shakespeare",))
+    with pytest.raises(ValueError, match="'MARLOWE' is the wrong answer"):
+        AttackTarget("Who wrote Hamlet?", "Marlowe", alternatives=("Bacon", "MARLOWE"))
+    with pytest.raises(ValueError, match="the wrong answer is the correct one"):
+        AttackTarget("Who wrote Hamlet?", "Shakespeare", "shakespeare")
+    merged = AttackTarget("Who wrote Hamlet?", "Marlowe", alternatives=("Bacon", "bacon", "Kyd"))
+    assert merged.alternatives == ("Bacon", "Kyd")
+
+
+def test_cli_attack_refuses_empty_flags_and_reads_the_kb_before_the_llm(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``--targets ""`` and ``--kb ""`` fell back to the demo's without a word; a bad ``--kb``
+    failed only after the ``--llm`` module was imported (a model loading on import)."""
+    for flag in ("--targets", "--kb"):
+        assert main(["attack", flag, ""]) == 2
+        assert f"{flag} is empty" in capsys.readouterr().err
+    import ragdefense.cli as cli
+
+    loaded: list[str] = []
+    monkeypatch.setattr(cli, "_llm", lambda spec: loaded.append(spec))
+    assert main(["attack", "--kb", str(tmp_path / "nope.json"), "--llm", "slow:llm"]) == 2
+    assert "cannot read" in capsys.readouterr().err and loaded == []

@@ -201,3 +201,28 @@ def test_adapters_validate_at_construction() -> None:
             bad()
     assert GRADAPostprocessor(hrsim_base="ebd").core.hrsim_base == "ebd"  # was not exposed
     assert DefenseCompressor(defense="grada-peel").core.peel is True
+
+
+def test_a_custom_defense_keeps_its_embedding_path_and_fallback_through_the_front_door() -> None:
+    """An object without the sizes was wrapped with ``defend`` alone: its ``defend_embeddings``
+    (the retriever's vectors), ``uses_embeddings`` and fail-open ``fallback`` were dropped."""
+
+    class Mine:
+        name = "mine"
+        uses_embeddings = True
+
+        def defend(self, query: str, passages: Any) -> Any:
+            raise AssertionError("the vectors were given")
+
+        def defend_embeddings(self, query: str, passages: Any, *vectors: Any) -> str:
+            return "embeddings"
+
+        def fallback(self, query: str, passages: Any) -> str:
+            return "fallback"
+
+    made: Any = build(Mine())
+    assert made.uses_embeddings is True
+    assert made.defend_embeddings("q", ["a"], None, None) == "embeddings"
+    assert made.fallback("q", ["a"]) == "fallback"
+    with pytest.raises(AttributeError):
+        made.not_there  # noqa: B018

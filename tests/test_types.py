@@ -64,3 +64,19 @@ def test_result_table_and_dict() -> None:
     for bad in (0, -3, 2.5, True):
         with pytest.raises(ValueError, match="width must be a positive int"):
             r.to_table(bad)  # type: ignore[arg-type]
+
+
+def test_to_dict_is_strict_json_whatever_a_custom_defense_puts_in_it() -> None:
+    """Arrays holding NaN, sets and NumPy integers in a result a user's defense builds went
+    through ``to_dict`` as they were: ``json.dumps(allow_nan=False)`` refused them."""
+    import dataclasses
+
+    import numpy as np
+
+    verdict = Verdict(0, Passage("a"), True, 0.5, "kept", rank=0, details={"d": np.array([np.inf])})
+    verdict = dataclasses.replace(verdict, index=np.int64(0), rank=np.int64(0))
+    estimates = {"arr": np.array([np.nan, 1.0]), "set": {2, 1}}
+    result = DefenseResult("mine", "q", (verdict,), "s", estimates=estimates)
+    out = json.loads(json.dumps(result.to_dict(), allow_nan=False))
+    assert out["estimates"] == {"arr": [None, 1.0], "set": [1, 2]}
+    assert out["verdicts"][0]["rank"] == 0 and out["verdicts"][0]["details"] == {"d": [None]}

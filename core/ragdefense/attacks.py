@@ -271,7 +271,10 @@ def make_poison(
       ``poisonedrag`` passages after :func:`substitute`, rewritten by :func:`paraphrase`, put
       inside ``hosts`` (benign on-topic paragraphs, in turn) by :func:`disperse`, as
       ``poisonedrag`` passages after :func:`typos`, or as :func:`newswire` copies; the rewrites
-      leave ``wrong_answer`` as written (the claim the passages exist for).
+      leave ``wrong_answer`` as written (the claim the passages exist for), but where the text
+      writes it otherwise (in quotes) or it holds ". " (``J.R.R. Tolkien``): ``typo`` and
+      ``paraphrase`` can break it there. ``synonym`` changes only words its table holds: a
+      text holding none stays the ``poisonedrag`` passage without the question.
 
     Raises:
         ValueError: ``n`` is negative, or ``attack`` is not one of :data:`ATTACKS`.

@@ -97,14 +97,16 @@ def _cmd_attack(args: argparse.Namespace) -> int:
         preset(args.defense)  # a bad name fails here, before any work
     except ValueError as exc:
         raise UsageError(f"--defense: {exc}") from None
-    if args.store is not None and not args.store.strip():
-        raise UsageError("--store is empty: give module:attribute of your store or index")
+    for flag, given in (("--store", args.store), ("--targets", args.targets), ("--kb", args.kb)):
+        if given is not None and not given.strip():  # never the demo's in its place
+            raise UsageError(f"{flag} is empty: give it a value, or leave it out")
     if args.store and (args.kb or args.llm):
         flag = "--kb" if args.kb else "--llm"
         raise UsageError(f"{flag} is for the built-in knowledge base; --store red-teams your own")
     try:  # the targets, checked before a model loads or a knowledge base is embedded
         targets = load_targets(args.targets) if args.targets else demo_targets()
         check_red_team(targets, args.k, args.n_poison, args.defense, args.attack)
+        texts = _kb_texts(args.kb) if args.kb else None  # and the passages: before --llm loads
     except (ValueError, TypeError, OSError) as exc:
         raise UsageError(str(exc)) from None
     llm = _llm(args.llm)
@@ -119,7 +121,7 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             store = _called(store, args.store)
             report = framework_of(store).red_team(store, targets, k=args.k, **options)
         else:
-            texts = _kb_texts(args.kb) if args.kb else [t for q in load_demo_kb() for t in q.benign]
+            texts = texts or [t for q in load_demo_kb() for t in q.benign]
             answer = None
             if llm is not None:
                 from .llm import as_llm

@@ -19,11 +19,12 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from . import types as _types
 from .carried import carried_vectors, check_carried
 from .offline import load_sentence_transformer, model_folder, packaged_installed
 from .similarity import cosine_matrix, cosine_to
 from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
-from .vector_rows import EmbeddingError, as_rows
+from .vector_rows import EmbeddingError, as_rows, texts_of
 from .vector_rows import keep as _keep
 from .vector_rows import kept as _kept
 
@@ -80,7 +81,7 @@ class Embedder(ABC):
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed passages: a float32 array of shape (len(texts), d)."""
-        texts = list(texts)
+        texts = texts_of(texts)
         with self._lock:  # looked up first: remembering new ones below may evict them
             cached = {t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache}
         missing = [t for t in dict.fromkeys(texts) if t not in cached]
@@ -89,11 +90,11 @@ class Embedder(ABC):
             fresh = dict(zip(missing, self._rows(self._embed, missing, ""), strict=True))
         with self._lock:
             for t, v in fresh.items():
-                _keep(self._cache, t, v, self.cache_size)
+                _keep(self._cache, t, v.copy(), self.cache_size)  # a row, not its batch
         rows = [fresh[t] if t in fresh else cached[t] for t in texts]
-        if not rows:
-            return np.zeros((0, 0), dtype=np.float32)
-        return np.stack(rows)
+        if len({r.shape for r in rows}) > 1:  # cached before the model changed in place
+            raise EmbeddingError("the model's vectors changed width: call clear_cache()")
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
 
     def embed_query(self, text: str) -> np.ndarray:
         """Embed a query: a float32 vector. The last :attr:`query_cache` queries are kept apart
@@ -113,9 +114,8 @@ class Embedder(ABC):
 
     def remember_query(self, text: str, vector: ArrayLike) -> np.ndarray:
         """Keep ``vector``, computed elsewhere by this embedder's own model (a vector store
-        searching with it), as the query embedding of ``text``: :meth:`embed_query` then
-        returns it without calling the model (not kept where the cache is off). Checked as the
-        model's output is; returned as :meth:`embed_query` returns it."""
+        searching with it), as the query embedding of ``text``, returned by :meth:`embed_query`
+        without a model call (unless the cache is off); checked as the model's output is."""
         vec: np.ndarray = as_rows([vector], expected_rows=1)[0]  # checked as the passages' rows
         kept = self.__dict__.get("_queries") if self.cache_size else None
         if kept is not None:
@@ -126,7 +126,7 @@ class Embedder(ABC):
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Embed many queries (an audit's probes), uncached: float32 rows, in one model call
         where the model embeds queries as passages or batches them (:meth:`_embed_queries`)."""
-        return self._rows(self._embed_queries, list(texts), " on the queries")
+        return self._rows(self._embed_queries, texts_of(texts, "queries"), " on the queries")
 
     def _rows(self, embed: Callable[[list[str]], Any], texts: list[str], what: str) -> np.ndarray:
         """``embed(texts)`` as checked float32 rows (a failure is an :class:`EmbeddingError`
@@ -159,8 +159,7 @@ class Embedder(ABC):
         self.__dict__.setdefault("_queries", OrderedDict())  # pickled before queries were kept
 
     def with_cache(self, cache_size: int) -> Embedder:
-        """A copy using the same model, with an empty cache of its own of ``cache_size`` texts
-        (this embedder's cache and counters are left alone)."""
+        """A copy using the same model, with an empty cache of ``cache_size`` texts of its own."""
         other = copy.copy(self)
         Embedder.__init__(other, cache_size)
         return other
@@ -345,7 +344,7 @@ def _wrap(obj: Any) -> Embedder:
     )
 
 
-def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndarray:
+def embed_passages(passages: Sequence[_types.PassageLike], embedder: Any = None) -> np.ndarray:
     """Embeddings of ``passages``: carried ones as is, the rest in one call to the embedder.
 
     The embedder is only resolved (and the default model only loaded) if some passage carries
@@ -356,6 +355,7 @@ def embed_passages(passages: Sequence[Passage], embedder: Any = None) -> np.ndar
             or not the default model's where that model embeds the others.
         EmbeddingError: the embedding model failed.
     """
+    passages = _types.to_passages(passages)  # what every defense accepts, checked alike
     if not passages:
         return np.zeros((0, 0), dtype=np.float32)
     vecs = carried_vectors(passages)

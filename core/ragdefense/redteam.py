@@ -50,7 +50,8 @@ def check_red_team(
     known one, built once with ``params`` (its parameters, as ``defend()`` takes them: only for
     a defense given by name); ``attack`` a known one. For ``multi-answer``, a target without
     alternatives takes the other targets' wrong answers as its own (as the benchmarks plant
-    it): without any, it plants one answer, ``poisonedrag`` under another name."""
+    it): a lone target without any is refused (it would plant one answer, ``poisonedrag``
+    under another name)."""
     if attack not in ATTACKS:
         raise ValueError(f"unknown attack {attack!r}: use one of {ATTACKS}")
     found = list(targets)

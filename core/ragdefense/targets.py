@@ -9,6 +9,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from .text import normalize
+
 __all__ = ["AttackTarget", "load_targets"]
 
 
@@ -57,6 +59,18 @@ class AttackTarget:
                     f"passage is {name}=(text,))"
                 )
             object.__setattr__(self, name, tuple(str(t) for t in found))
+        taken = {normalize(self.wrong_answer): "the wrong answer"}
+        taken |= {normalize(self.correct_answer): "the correct one"} if self.correct_answer else {}
+        if self.correct_answer and normalize(self.correct_answer) == normalize(self.wrong_answer):
+            raise ValueError(f"target {self.question!r}: the wrong answer is the correct one")
+        for alternative in self.alternatives:
+            if normalize(alternative) in taken:  # it would plant the truth, or one answer twice
+                raise ValueError(
+                    f"target {self.question!r}: the alternative {alternative!r} is "
+                    f"{taken[normalize(alternative)]}: give other wrong answers"
+                )
+        unique = {normalize(a): a for a in reversed(self.alternatives)}  # the first spelling
+        object.__setattr__(self, "alternatives", tuple(reversed(unique.values())))
 
 
 def load_targets(path: str | Path) -> list[AttackTarget]:

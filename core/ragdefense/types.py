@@ -273,12 +273,12 @@ class DefenseResult:
             "estimates": {k: _jsonable(v) for k, v in self.estimates.items()},
             "verdicts": [
                 {
-                    "index": v.index,
+                    "index": int(v.index),
                     "id": _plain_id(v.passage.id),
                     "text": v.passage.text,
                     "kept": v.kept,
                     "score": _jsonable(v.score),
-                    "rank": v.rank,
+                    "rank": _jsonable(v.rank),
                     "reason": v.reason,
                     "details": _jsonable(dict(v.details)),
                 }
@@ -329,7 +329,9 @@ def _jsonable(value: Any) -> Any:
     if isinstance(value, float):
         return value if math.isfinite(value) else None
     if isinstance(value, np.ndarray):
-        return value.tolist()
+        return _jsonable(value.tolist())  # its NaN too
+    if isinstance(value, (set, frozenset)):
+        return sorted((_jsonable(v) for v in value), key=repr)
     if isinstance(value, (list, tuple)):
         return [_jsonable(v) for v in value]
     if isinstance(value, Mapping):

@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-__all__ = ["EmbeddingError", "as_rows", "keep", "kept"]
+__all__ = ["EmbeddingError", "as_rows", "keep", "kept", "texts_of"]
 
 
 class EmbeddingError(RuntimeError):
@@ -34,11 +34,14 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
     """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
     direction (rescaled where float32 would lose it), as vectors passages carry do."""
     try:
-        rows = [_numpy(r) for r in raw] if isinstance(raw, list) else _numpy(raw)
-        arr = np.asarray(rows, dtype=np.float64)
+        rows = np.asarray([_numpy(r) for r in raw] if isinstance(raw, list) else _numpy(raw))
+        kind = rows.dtype.kind
+        arr = np.asarray(rows, dtype=np.float64) if kind in "iufO" else rows
     except (TypeError, ValueError, OverflowError, RuntimeError, AttributeError) as exc:
         why = f"embedding model returned a ragged or non-numeric result: {exc}"
         raise EmbeddingError(why) from exc
+    if kind not in "iufO":  # digit strings, booleans, complex numbers: no vectors
+        raise EmbeddingError(f"embedding model returned {rows.dtype} values, not real numbers")
     if arr.ndim != 2 or arr.shape[0] != expected_rows or arr.shape[1] == 0:
         why = f"embedding model returned shape {arr.shape}, expected ({expected_rows}, d)"
         raise EmbeddingError(why)
@@ -52,3 +55,15 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
 def _numpy(value: Any) -> Any:
     """A torch tensor (on a GPU, in bfloat16, needing grad) as NumPy reads it; else as it is."""
     return value.detach().cpu().double().numpy() if hasattr(value, "detach") else value
+
+
+def texts_of(texts: Any, what: str = "texts") -> list[str]:
+    """``texts`` as a list of strings: a ``TypeError`` for one string (its characters would be
+    embedded one by one) or an item that is not a string, naming it."""
+    if isinstance(texts, (str, bytes)):
+        raise TypeError(f"{what}: give a list of strings, not one string")
+    out = list(texts)
+    for i, text in enumerate(out):
+        if not isinstance(text, str):
+            raise TypeError(f"{what}: item {i} is a {type(text).__name__}, not a str")
+    return out

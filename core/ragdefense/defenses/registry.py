@@ -206,6 +206,13 @@ class _Custom:
         result: DefenseResult = self.obj.defend(query, passages)
         return result
 
+    def __getattr__(self, attr: str) -> Any:
+        """Everything else the object has (``defend_embeddings``, ``uses_embeddings``,
+        ``fallback``): read by the adapters and the audit where present."""
+        if attr == "obj":  # not set yet (unpickling): never the object's own
+            raise AttributeError(attr)
+        return getattr(self.obj, attr)
+
 
 def _build(name: str, embedder: Any = None, **params: Any) -> Defense:
     """The preset ``name`` with ``embedder`` and ``params`` (over the preset's own)."""
