@@ -824,8 +824,8 @@ def test_alternatives_that_repeat_an_answer_are_refused_and_spellings_merged() -
         AttackTarget("Who wrote Hamlet?", "Marlowe", alternatives=("Bacon", "MARLOWE"))
     with pytest.raises(ValueError, match="the wrong answer is the correct one"):
         AttackTarget("Who wrote Hamlet?", "Shakespeare", "shakespeare")
-    merged = AttackTarget("Who wrote Hamlet?", "Marlowe", alternatives=("Bacon", "bacon", "Kyd"))
-    assert merged.alternatives == ("Bacon", "Kyd")
+    merged = AttackTarget("Q?", "Marlowe", alternatives=("Bacon", "Kyd", "bacon", "Ford"))
+    assert merged.alternatives == ("Bacon", "Kyd", "Ford")  # in order, as first written
 
 
 def test_cli_attack_refuses_empty_flags_and_reads_the_kb_before_the_llm(

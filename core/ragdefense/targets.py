@@ -69,8 +69,10 @@ class AttackTarget:
                     f"target {self.question!r}: the alternative {alternative!r} is "
                     f"{taken[normalize(alternative)]}: give other wrong answers"
                 )
-        unique = {normalize(a): a for a in reversed(self.alternatives)}  # the first spelling
-        object.__setattr__(self, "alternatives", tuple(reversed(unique.values())))
+        unique: dict[str, str] = {}
+        for alternative in self.alternatives:  # each answer once, as first written, in order
+            unique.setdefault(normalize(alternative), alternative)
+        object.__setattr__(self, "alternatives", tuple(unique.values()))
 
 
 def load_targets(path: str | Path) -> list[AttackTarget]:
