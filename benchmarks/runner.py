@@ -27,6 +27,7 @@ __all__ = [
     "answer_metrics",
     "context_indices",
     "evaluate",
+    "mean_of",
     "no_defense",
     "on_case",
     "progress_bar",
@@ -152,7 +153,7 @@ def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float | None]:
         "poison_share": sum(o.poison_share for o in outcomes) / n,
         "any_poison": sum(o.any_poison for o in outcomes) / n,
         "gold_in_context": sum(o.gold_in_context for o in outcomes) / n,
-        "poison_removed": _mean_of([o.poison_removed for o in outcomes]),
+        "poison_removed": mean_of([o.poison_removed for o in outcomes]),
         "gold_kept": sum(o.gold_kept for o in outcomes) / n,
         "benign_removed": sum(o.benign_removed for o in outcomes) / n,
         "ms_p50": statistics.median(o.ms for o in outcomes),
@@ -161,7 +162,7 @@ def summarize(outcomes: Sequence[CaseOutcome]) -> dict[str, float | None]:
     }
 
 
-def _mean_of(values: Sequence[float | None]) -> float | None:
+def mean_of(values: Sequence[float | None]) -> float | None:
     """The mean over the cases a metric applies to (``None`` where it applies to none)."""
     known = [v for v in values if v is not None]
     return sum(known) / len(known) if known else None

@@ -50,6 +50,7 @@ from .runner import (
     CaseOutcome,
     answer_metrics,
     context_indices,
+    mean_of,
     progress_bar,
     resolve_defense,
     run_case,
@@ -318,17 +319,12 @@ def suite_markdown(rows: Sequence[dict[str, Any]], m: int = 10, n: int = 5, seed
             errors = sum(r.get("errors", 0) for r in rows if r["defense"] == name)
             lines.append(f"| {name} | - | - | - | - | {errors} |")
             continue
+        removed = {"poison_removed": mean_of([r["poison_removed"] for r in sub])}  # with poison
         lines.append(
             f"| {name} | {statistics.median(r['ms_p50'] for r in sub):.2f} | "
             f"{max(r['ms_p95'] for r in sub):.2f} | "
             f"{statistics.mean(r['benign_removed'] for r in sub):.2f} | "
-            f"{_removed([r['poison_removed'] for r in sub])} | "
+            f"{value(removed, 'poison_removed', 3)} | "
             f"{sum(r.get('errors', 0) for r in rows if r['defense'] == name)} |"
         )
     return "\n".join(lines)
-
-
-def _removed(shares: Sequence[float | None]) -> str:
-    """The mean poison removed over the settings holding poison (``-`` where none does)."""
-    known = [s for s in shares if s is not None]
-    return f"{statistics.mean(known):.3f}" if known else "-"
