@@ -19,6 +19,7 @@ from .embedders import as_embedder
 from .similarity import cosine_to
 from .targets import AttackTarget, load_targets
 from .text import contains_answer, gives_answer, names_answer, normalize
+from .vector_rows import texts_of
 
 __all__ = [
     "AttackTarget",
@@ -308,9 +309,7 @@ class InMemoryKnowledgeBase:
     """
 
     def __init__(self, texts: Sequence[str], embedder: Any = None) -> None:
-        if isinstance(texts, (str, bytes)):
-            raise TypeError("texts must be a sequence of passages, not one string: [text]")
-        self.texts = list(texts)
+        self.texts = texts_of(texts)  # one string is no knowledge base: [text]
         self.embedder = as_embedder(embedder)
         self._vectors = self.embedder.embed(self.texts) if self.texts else np.zeros((0, 1))
 
