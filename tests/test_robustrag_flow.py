@@ -174,8 +174,8 @@ def test_a_freed_slot_goes_to_the_head_of_the_line_whoever_polls_first(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A newcomer polling at once took a slot freed while the head of the line was pausing
-    between its polls: the head could be overtaken again and again under load. Whichever
-    waiter polls now hands the slot to the head."""
+    between its polls: the head could be overtaken again and again under load. A waiter now
+    takes a slot only while fewer waiters still polling are ahead of it than slots are free."""
     import threading
 
     from ragdefense.llm.calls import _held
