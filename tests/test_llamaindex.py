@@ -595,8 +595,9 @@ def test_robustrag_synthesizer_prompts_keep_what_llamaindex_templates_carry() ->
     assert synth.robust.isolated_prompt == core
     llm.prompts.clear()
     assert synth.synthesize(QUESTION.question, nodes).response == "Canberra"
-    first = 'Answer as JSON: {"answer": ...}\n' + QUESTION.benign[0]
-    assert llm.prompts[0] == f"{first}\nQ: {QUESTION.question}\nA:"
+    lead = 'Answer as JSON: {"answer": ...}\n'
+    asked = [f"{lead}{text}\nQ: {QUESTION.question}\nA:" for text in QUESTION.benign[:2]]
+    assert sorted(llm.prompts[:2]) == sorted(asked)  # isolated calls run in threads: any order
     keyword = PromptTemplate("{lead} {query_str} Keywords: {keywords}").partial_format(lead="Hi.")
     synth.update_prompts({"keyword_prompt": keyword})
     shown = synth.get_prompts()["keyword_prompt"].get_template()
