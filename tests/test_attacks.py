@@ -128,3 +128,21 @@ def test_rewrites_keep_the_attackers_answer() -> None:
         assert typos("book keeper", rate=1.0, seed=seed) != "book keeper"
         assert typos("Helium keeper", seed=seed, keep=["helium"]).startswith("Helium ")
     assert typos("Helium is it", seed=0, keep=["Helium"]) == "Helium is it"  # nothing else long
+
+
+def test_rewrites_keep_the_attackers_answer_whole() -> None:
+    """An answer holding ". " (initials) was cut into two sentences by ``paraphrase`` and its
+    halves swapped, so the passage no longer asserted it."""
+    from ragdefense.attacks import make_poison, paraphrase
+
+    q = "Who wrote The Hobbit?"
+    text = "The Hobbit was written by J.R.R. Tolkien. It appeared in 1937."
+    (par,) = make_poison("paraphrase", q, "J.R.R. Tolkien", 1, [text])
+    assert par == f"It appeared in 1937. The Hobbit was written by J.R.R. Tolkien. {q}"
+    assert paraphrase(q, text, keep=["j.r.r. tolkien"]) == par  # case aside, as substitute
+    assert "1937. Tolkien. The" in paraphrase(q, text)  # nothing kept: cut as before
+    lone = "Written by J.R.R. Tolkien."
+    assert paraphrase(q, f"  {lone}  ", keep=["J.R.R. Tolkien"]) == f"{lone} {q}"
+    for attack in ("synonym", "typo", "paraphrase", "dispersed", "news", "no-prefix"):
+        (out,) = make_poison(attack, q, "J.R.R. Tolkien", 1, [text], hosts=["A book. Sold well."])
+        assert "J.R.R. Tolkien" in out, attack

@@ -101,6 +101,7 @@ CLAIMS = (
 )
 _WORD = re.compile(r"[A-Za-z]+")
 _LONG = re.compile(r"[A-Za-z]{4,}")
+_BREAK = re.compile(r"(?<=[.!?])\s+")  # where split_sentences cuts
 
 #: templates for assertive poison passages; ``{q}`` is the question, ``{a}`` the wrong answer
 ANSWER_TEMPLATES = (
@@ -180,12 +181,26 @@ def substitute(text: str, synonyms: dict[str, str] | None = None, keep: Sequence
     return _WORD.sub(swap, text)
 
 
+def _sentences(text: str, keep: Sequence[str]) -> list[str]:
+    """:func:`~ragdefense.text.split_sentences`, but never inside a phrase of ``keep`` (an
+    answer such as ``J.R.R. Tolkien`` is one claim, not two sentences)."""
+    spans = _kept(text, keep)
+    if not spans:
+        return split_sentences(text)
+    pieces, start = [], 0
+    for gap in _BREAK.finditer(text):
+        if not any(a < gap.start() < b for a, b in spans):
+            pieces.append(text[start : gap.start()])
+            start = gap.end()
+    return [p.strip() for p in [*pieces, text[start:]] if p.strip()]
+
+
 def paraphrase(question: str, text: str, keep: Sequence[str] = ()) -> str:
-    """A rule-based rewrite of a PoisonedRAG passage: the sentences of ``text`` in reverse order,
-    synonyms substituted (but in ``keep``, the attacker's answer), the question moved to the end
-    (no LLM: a test of whether a defense depends on the exact wording and on the question
-    standing first)."""
-    sentences = split_sentences(text)
+    """A rule-based rewrite of a PoisonedRAG passage: the sentences of ``text`` in reverse order
+    (a phrase of ``keep``, the attacker's answer, is never cut), synonyms substituted (but in
+    ``keep``), the question moved to the end (no LLM: a test of whether a defense depends on
+    the exact wording and on the question standing first)."""
+    sentences = _sentences(text, keep)
     return f"{substitute(' '.join(reversed(sentences)), keep=keep)} {question.strip()}"
 
 
@@ -271,10 +286,11 @@ def make_poison(
       ``poisonedrag`` passages after :func:`substitute`, rewritten by :func:`paraphrase`, put
       inside ``hosts`` (benign on-topic paragraphs, in turn) by :func:`disperse`, as
       ``poisonedrag`` passages after :func:`typos`, or as :func:`newswire` copies; the rewrites
-      leave ``wrong_answer`` as written (the claim the passages exist for), but where the text
-      writes it otherwise (in quotes) or it holds ". " (``J.R.R. Tolkien``): ``typo`` and
-      ``paraphrase`` can break it there. ``synonym`` changes only words its table holds: a
-      text holding none stays the ``poisonedrag`` passage without the question.
+      leave ``wrong_answer`` as written wherever the text holds it (case aside: the claim the
+      passages exist for; ``paraphrase`` never cuts it into two sentences), but a text that
+      writes it otherwise (another spelling) gets no such care from ``typo``. ``synonym``
+      changes only words its table holds: a text holding none stays the ``poisonedrag``
+      passage without the question.
 
     Raises:
         ValueError: ``n`` is negative, or ``attack`` is not one of :data:`ATTACKS`.
