@@ -467,6 +467,15 @@ def test_the_e2e_answer_cache_is_keyed_by_the_generation_code_and_written_whole(
     assert json.loads(store.read_text()) == {"a": "Rome"}
     assert [p.name for p in store.parent.iterdir()] == [store.name]  # no temporary left
 
+    def full(*_: object) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(e2e.os, "replace", full)
+    with pytest.raises(OSError, match="No space"):
+        e2e._write_whole(store, '{"a": "Oslo"}')
+    assert [p.name for p in store.parent.iterdir()] == [store.name]  # nor after a failure
+    assert json.loads(store.read_text()) == {"a": "Rome"}
+
 
 def test_the_embedding_cache_names_the_packaged_model_s_version(tmp_path: Path) -> None:
     """Vectors were kept under the model's name alone: a new release of its package would have

@@ -191,11 +191,14 @@ def _answer_store(cache: str | os.PathLike[str]) -> Path:
 
 def _write_whole(path: Path, text: str) -> None:
     """``text`` into ``path`` through a temporary file renamed over it: a killed run leaves
-    the previous file, never half a JSON document."""
+    the previous file, never half a JSON document; a failed write leaves no temporary."""
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_name(f"{path.name}.{os.getpid()}.tmp")
-    temporary.write_text(text)
-    os.replace(temporary, path)
+    try:
+        temporary.write_text(text)
+        os.replace(temporary, path)
+    finally:
+        temporary.unlink(missing_ok=True)
 
 
 def _prompt(case: Case, ctx: Sequence[int]) -> str:
