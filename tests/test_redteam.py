@@ -136,6 +136,9 @@ def test_targets_file_errors_name_file_record_and_field(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"record 0 has unknown field 'corect_answer' \(did you"):
         load_targets(path)
     record = {"question": "q", "incorrect answer": "w", "keywords": ["k"], "qid": 3}
+    path.write_text(json.dumps({"question": "q", "wrong_answer": "w"}))  # one target, unlisted
+    with pytest.raises(ValueError, match=r"t.json: holds one target, not a list"):
+        load_targets(path)  # was "record 0 is not an object"
     path.write_text(json.dumps({"t": record}))  # a derived dataset's own fields: left alone
     assert load_targets(path) == [AttackTarget("q", "w")]
     path.write_text(json.dumps({"t": record}), encoding="utf-8-sig")  # an editor's BOM first

@@ -89,6 +89,8 @@ def load_targets(path: str | Path) -> list[AttackTarget]:
     except RecursionError:
         raise ValueError(f"{p}: JSON nested too deeply to be a targets file") from None
     if isinstance(raw, dict):
+        if not any(isinstance(v, dict) for v in raw.values()) and "question" in raw:
+            raise ValueError(f"{p}: holds one target, not a list of them: write it as [{{...}}]")
         raw = list(raw.values())
     if not isinstance(raw, list):
         raise ValueError(f"{p}: expected a list of targets, got {type(raw).__name__}")
