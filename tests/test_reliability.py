@@ -733,6 +733,26 @@ def test_a_module_failing_as_it_loads_is_one_line(
         assert f"importing it failed ({why}" in err and err.count("\n") == 1, err
 
 
+def test_a_store_the_cli_cannot_copy_says_to_use_python(
+    tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``--store`` naming a store the red team cannot copy by itself was told to "pass
+    copy_store=", a Python argument the command line has no flag for."""
+    from ragdefense.cli import main
+
+    (tmp_path / "rd_remote_store.py").write_text(
+        "from langchain_core.embeddings import DeterministicFakeEmbedding\n"
+        "from langchain_core.vectorstores import InMemoryVectorStore\n"
+        "class Remote(InMemoryVectorStore):\n    pass\n"
+        "store = Remote(DeterministicFakeEmbedding(size=8))\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert main(["attack", "--store", "rd_remote_store:store"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot copy a Remote safely: pass copy_store=" in err
+    assert "--store cannot pass copy_store=: call red_team() from Python" in err
+
+
 def test_cli_json_edge_paths_are_one_line_never_a_traceback(
     tmp_path: Any, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -19,6 +19,7 @@ from .cliargs import positive as _positive
 from .cliargs import resolve as _resolve
 from .defenses.registry import DEFAULT_DEFENSE, names
 from .embedders import EmbeddingError
+from .integration.vectors import CannotCopy
 from .offline import offline
 
 if TYPE_CHECKING:
@@ -139,6 +140,10 @@ def _cmd_attack(args: argparse.Namespace) -> int:
             report = InMemoryKnowledgeBase(texts).red_team(
                 targets, k=args.k, answer=answer, **options
             )
+    except CannotCopy as exc:  # its copy function is a Python argument the CLI cannot take
+        print(f"error: {exc}", file=sys.stderr)
+        print(f"--store cannot pass {exc.keyword}=: call red_team() from Python", file=sys.stderr)
+        return 2
     except (ValueError, TypeError, ImportError, OSError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

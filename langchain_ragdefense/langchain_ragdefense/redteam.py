@@ -15,7 +15,7 @@ from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
 
 from ragdefense.integration.adapter import configured
-from ragdefense.integration.vectors import chroma_fill, chroma_scratch, same_remote
+from ragdefense.integration.vectors import CannotCopy, chroma_fill, chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -45,10 +45,11 @@ def _copy(store: VectorStore, stack: contextlib.ExitStack) -> VectorStore:
         return _copy_chroma(store, stack)
     if kind == "faiss":
         return _copy_faiss(store)
-    raise TypeError(
+    raise CannotCopy(
         f"ragdefense cannot copy a {type(store).__name__} safely: pass copy_store=, a function "
         "returning an independent copy of your store (e.g. a new collection or index filled from "
-        "yours); the red team never writes to your store"
+        "yours); the red team never writes to your store",
+        "copy_store",
     )
 
 
@@ -75,9 +76,10 @@ def _copy_faiss(store: Any) -> VectorStore:
     from langchain_community.docstore.in_memory import InMemoryDocstore
 
     if not isinstance(store.docstore, InMemoryDocstore):
-        raise TypeError(
+        raise CannotCopy(
             f"ragdefense cannot copy a FAISS store over a {type(store.docstore).__name__} "
-            "safely: pass copy_store=, a function returning an independent copy"
+            "safely: pass copy_store=, a function returning an independent copy",
+            "copy_store",
         )
     clone: VectorStore = type(store)(
         embedding_function=store.embedding_function,

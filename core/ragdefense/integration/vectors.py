@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 __all__ = [
+    "CannotCopy",
     "chroma_copy_settings",
     "chroma_fill",
     "chroma_scratch",
@@ -21,6 +22,16 @@ __all__ = [
 ]
 
 logger = logging.getLogger("ragdefense")
+
+
+class CannotCopy(TypeError):
+    """The red team cannot copy a store or index safely by itself: the caller passes a copy
+    function as ``keyword`` (``copy_store`` / ``copy_index``), which the command line cannot."""
+
+    def __init__(self, message: str, keyword: str) -> None:
+        super().__init__(message)
+        self.keyword = keyword
+
 
 #: the store types already reported as unreadable: the log says so once per type and process
 _SAID: set[str] = set()

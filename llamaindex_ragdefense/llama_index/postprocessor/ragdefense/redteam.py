@@ -16,7 +16,7 @@ from llama_index.core.response_synthesizers import get_response_synthesizer
 from llama_index.core.schema import BaseNode, MetadataMode, NodeWithScore, TextNode
 
 from ragdefense.integration.adapter import configured
-from ragdefense.integration.vectors import chroma_fill, chroma_scratch, same_remote
+from ragdefense.integration.vectors import CannotCopy, chroma_fill, chroma_scratch, same_remote
 from ragdefense.redteam import (
     AttackTarget,
     RedTeamReport,
@@ -58,10 +58,11 @@ def _copy(index: VectorStoreIndex, stack: contextlib.ExitStack) -> VectorStoreIn
         )
     found = index_nodes(index)
     if kind != "simple" or found is None:
-        raise TypeError(
+        raise CannotCopy(
             f"ragdefense cannot copy an index over a {type(store).__name__} safely: pass "
             "copy_index=, a function returning an independent copy of your index; the red "
-            "team never writes to your index"
+            "team never writes to your index",
+            "copy_index",
         )
     return _rebuilt(index, [n.model_copy(deep=True) for n in found])  # the docstore's own
 
