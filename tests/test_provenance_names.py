@@ -295,3 +295,40 @@ def test_a_storage_address_is_one_source_whatever_its_schemes_case() -> None:
     assert source_of(Passage("x", metadata=upper)) == source_of(Passage("x", metadata=lower))
     assert source_of(Passage("x", metadata=upper)) == "s3://acme/policies/leave.pdf"
     assert source_of(Passage("x", metadata={"source": "s3://Acme/A.pdf"})) == "s3://Acme/A.pdf"
+
+
+def test_a_dot_segment_beside_a_backslash_never_turns_a_file_into_a_host() -> None:
+    """(review) ``uploads/..\\who.int`` (off Windows, a file of ``uploads`` whose name an
+    uploader chose) was resolved to ``who.int``: trusted by ``{"who.int"}`` and one voice with
+    the host; ``uploads/x\\..\\..\\kb\\handbook\\a.md`` one voice with the trusted file."""
+    for value in ("uploads/..\\who.int", "x\\..\\who.int"):
+        assert source_of(Passage("x", metadata={"source": value})) == value  # as written
+        assert not _trusted({"who.int"}, {"source": value})
+    assert not _trusted({"leave.md"}, {"file_path": "uploads/..\\leave.md"})
+    climbed = Passage("x", metadata={"source": "uploads/x\\..\\..\\kb\\handbook\\a.md"})
+    assert source_of(climbed) != "kb/handbook/a.md"
+    assert source_of(Passage("x", metadata={"source": "kb\\handbook\\a.md"})) == "kb/handbook/a.md"
+    assert _trusted({"kb/handbook"}, {"source": "kb\\handbook\\a.md"})  # one spelling: still
+
+
+def test_odd_addresses_and_entries_are_read_or_refused_never_a_crash() -> None:
+    """(review) A lone surrogate in a URL's path raised ``UnicodeEncodeError`` from
+    ``document_of`` (and so from the default defense); ``"*.who.int"``, an allow-list's
+    spelling, trusted nothing without a word."""
+    from ragdefense.addresses import held_by
+
+    assert document_of(Passage("x", metadata={"url": "https://who.int/\ud800"})) == (
+        "who.int/%ED%A0%80"
+    )
+    page = {"url": "https://who.int/x/\ud800"}
+    assert _trusted({"https://who.int/x"}, page) and not _trusted({"https://who.int/y"}, page)
+    for entry in ("*.who.int", " *who.int"):
+        with pytest.raises(ValueError, match="is a pattern, not a source: name each host"):
+            is_trusted_by({entry})
+    # the pages and folders holding a path, found without writing out its every prefix
+    assert held_by({"a", "a/b", "a/bc", "b", ""}, "a/b/c") == {"a", "a/b"}
+    assert held_by({"a/b"}, "a/b") == {"a/b"} and held_by({"a/b/"}, "a/b") == set()
+    assert held_by({""}, "/a") == {""}
+    deep = "https://who.int/x/" + "a/" * 3000
+    assert _trusted({"https://who.int/x"}, {"url": deep})
+    assert not _trusted({"https://who.int/x/b"}, {"url": deep})

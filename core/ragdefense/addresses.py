@@ -10,6 +10,7 @@ import os
 import posixpath
 import re
 import unicodedata
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -21,10 +22,10 @@ __all__ = [
     "decoded_document",
     "folder_forms",
     "has_scheme",
+    "held_by",
     "host_name",
     "is_web",
     "page_prefix",
-    "path_prefixes",
     "resolved_path",
     "schemeless",
     "web_host",
@@ -128,7 +129,8 @@ def clean_path(path: str, browser: bool = True) -> str:
     unreserved = _UNRESERVED_ESCAPE if browser else _UNRESERVED_NOT_DOT
     decoded = unreserved.sub(lambda m: chr(int(m.group(1), 16)), path)
     decoded = re.sub(r"%[0-9a-f]{2}", lambda m: m.group(0).upper(), decoded)
-    spelled = quote(decoded, safe="/%:@!$&'()*+,;=-._~\\")
+    # a lone surrogate (a broken export) as the bytes it stood for, never an encoding error
+    spelled = quote(decoded, safe="/%:@!$&'()*+,;=-._~\\", errors="surrogatepass")
     resolved = posixpath.normpath("/" + spelled.lstrip("/"))
     return "" if resolved == "/" else resolved
 
@@ -165,9 +167,13 @@ def decoded_document(document: str) -> str:
     return host + clean_path("/" + unquote(path))
 
 
-def path_prefixes(document: str) -> set[str]:
-    """``document`` and each of its prefixes ending before a ``/`` (the pages holding it)."""
-    return {document, *(document[:i] for i, c in enumerate(document) if c == "/")}
+def held_by(prefixes: Collection[str], document: str) -> set[str]:
+    """The ``prefixes`` that are ``document`` or a page or folder holding it (``document``
+    starts with the prefix and a ``/``): looked up at the lengths the prefixes have, so that a
+    long path's thousands of prefixes are never written out."""
+    lengths = {len(p) for p in prefixes}
+    cuts = [i for i in lengths if i == len(document) or document[i : i + 1] == "/"]
+    return {document[:i] for i in cuts if document[:i] in prefixes}
 
 
 #: a drive (``C:``) or a scheme written without its slashes (``s3:``) opening a path

@@ -30,10 +30,10 @@ from .addresses import (
     decoded_document,
     folder_forms,
     has_scheme,
+    held_by,
     host_name,
     is_web,
     page_prefix,
-    path_prefixes,
     resolved_path,
     schemeless,
     web_host,
@@ -120,9 +120,9 @@ def _normal_text(value: str, web: bool, file: bool) -> str | None:
     page = schemeless(text) if web else None  # "who.int/news/1": as with its scheme
     if page is not None:
         return web_host(page) or text
-    if "/" in text or "\\" in text:  # a file path in one spelling: "./kb/a.pdf", "kb\\a.pdf"
-        return posixpath.normpath(text.replace("\\", "/"))
-    return text
+    if ("/" in text or "\\" in text) and not ambiguous_path(text):  # one spelling of a path:
+        return posixpath.normpath(text.replace("\\", "/"))  # "./kb/a.pdf", "kb\\a.pdf"
+    return text  # "uploads/..\\who.int" as written: a file of uploads off Windows, not who.int
 
 
 def source_of(passage: Passage, source_key: str | None = AUTO) -> str | None:
@@ -296,6 +296,12 @@ def is_trusted_by(
     odd = [t for t in trusted if not isinstance(t, (str, os.PathLike))]
     if odd:
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
+    pattern = next((t for t in trusted if str(t).strip().startswith("*")), None)
+    if pattern is not None:  # an allow-list's "*.who.int" would trust nothing, silently
+        raise ValueError(
+            f'trusted: {pattern!r} is a pattern, not a source: name each host ("who.int" '
+            "trusts who.int and www.who.int, not apps.who.int), or pass a predicate"
+        )
     pages = {t: page_prefix(t) for t in trusted}
     # also the exact source an entry names ("www.who.int/index.html": a path under "source"),
     # read as a host where it may be one, and as a file key's value, its case kept ("Main.py"
@@ -347,12 +353,12 @@ class _Sources:
         host, value, key = _source_value(passage.metadata, self.source_key)
         if str(value).strip() in self.written:  # the very string trusted: one file anywhere
             return True
-        if "/" in source and ambiguous_path(str(value)):
+        if ("/" in source or "\\" in source) and ambiguous_path(str(value)):
             return False  # "uploads/x\\..\\handbook\\a.md": a file of uploads off Windows
         # a file or storage key under a trusted folder ("kb/handbook" holds "kb/handbook/a.md"),
         # read with and without its dot segments resolved (stores differ)
         readings = {resolved_path(source, dots) for dots in (False, True)} if self.folders else ()
-        if "/" in source and readings and all(self.folders & path_prefixes(r) for r in readings):
+        if "/" in source and readings and all(held_by(self.folders, r) for r in readings):
             return True
         if source in self.names or source in self.files:  # which form: read from its key
             as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
@@ -366,10 +372,9 @@ class _Sources:
         # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
         seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
         # a page p holds d where d is p or starts with p + "/": look d's prefixes up
-        held = self.pages.intersection(*map(path_prefixes, seen))
+        held = held_by(self.pages, seen[0]) & held_by(self.pages, seen[1])
         # and as servers decoding every escape read page and document ("..%2f" is "../")
-        decoded = path_prefixes(decoded_document(doc)) if held else set()
-        return any(decoded_document(p) in decoded for p in held)
+        return bool(held_by({decoded_document(p) for p in held}, decoded_document(doc)))
 
 
 @dataclass(frozen=True)
