@@ -1469,3 +1469,92 @@ def test_a_result_s_dict_is_strict_json_where_passages_are_unscored() -> None:
 
     result = Consensus().defend_embeddings("q", ["a fact", "b fact"], [[1.0, 0], [0, 1.0]], [1, 0])
     json.dumps(result.to_dict(), allow_nan=False)
+
+
+def _vectors_for(sim: np.ndarray, qs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Unit vectors (and a query) whose cosines are close to ``sim`` (and ``qs``)."""
+    n = len(qs)
+    g = np.ones((n + 1, n + 1))
+    g[:n, :n], g[:n, n], g[n, :n] = sim, qs, qs
+    for _ in range(200):  # the nearest correlation matrix, by alternating projections
+        w, v = np.linalg.eigh(g)
+        g = (v * np.clip(w, 1e-6, None)) @ v.T
+        d = np.sqrt(np.diag(g))
+        g /= np.outer(d, d)
+    w, v = np.linalg.eigh(g)
+    x = v * np.sqrt(np.clip(w, 0, None))
+    return x[:n], x[n]
+
+
+def test_a_passage_restating_one_group_does_not_shield_the_next() -> None:
+    """(review) A member of a second planted group that the first group had absorbed was
+    counted twice against the half-of-the-pool cap: the second group (5 of 10 with the first,
+    within the cap) was kept, "more than half of the pool" said; the closer the attacker's
+    variants, the more of its passages stayed."""
+    n = 10
+    sim = np.full((n, n), 0.2)
+    sim[5:, 5:] = 0.3
+    sim[:2, :2], sim[2:5, 2:5] = 0.98, 0.95
+    sim[:2, 2] = sim[2, :2] = 0.89  # passage 2 restates group A, and belongs to group B
+    sim[:2, 3:5] = sim[3:5, :2] = 0.6
+    np.fill_diagonal(sim, 1)
+    emb, q = _vectors_for(sim, np.array([0.9, 0.9, 0.89, 0.8, 0.8] + [0.4] * 5))
+    texts = [f"text number {i} about the capital of Freedonia" for i in range(n)]
+    result = Consensus(support=False).defend_embeddings("capital of Freedonia?", texts, emb, q)
+    assert result.removed_indices == [0, 1, 2, 3, 4]
+    assert result.estimates["groups"] == [[0, 1], [2, 3, 4]]
+    assert "restates coordinated group 1" in result.verdicts[2].reason  # its first reason
+    assert "groups_not_removed" not in result.estimates
+
+
+def test_copies_shown_apart_are_one_text_to_the_group_step() -> None:
+    """(review) Two copies of the best passage that the generator is shown with different
+    metadata (``Passage.shown``) are kept apart as passages, and were then removed together as
+    a coordinated pair: copies of one text are no group, however each is shown."""
+    rng = np.random.default_rng(1)
+    topic = rng.normal(size=16)
+    q = topic + 0.3 * rng.normal(size=16)
+    emb = topic + rng.normal(size=(10, 16))
+    best = int(np.argmax(emb @ q / np.linalg.norm(emb, axis=1)))
+    texts = [f"Fredville is the capital of Freedonia, note {i}." for i in range(10)]
+    for shown in (f"title: doc {best}", "title: a copy"):
+        items = [Passage(t, shown=f"title: doc {i}") for i, t in enumerate(texts)]
+        items.append(Passage(texts[best], shown=shown))
+        result = Consensus(support=False).defend_embeddings(
+            "capital of Freedonia?", items, np.vstack([emb, emb[best]]), q
+        )
+        assert best not in result.removed_indices and "groups" not in result.estimates, shown
+
+
+def test_copies_are_texts_equal_in_meaning_not_only_in_compatibility_form() -> None:
+    """(review) Unicode compatibility folding made ``10⁵`` and ``105`` one text: one stood for
+    the other (an attacker's number in the honest passage's place); full-width letters,
+    ligatures and accents still fold. The audit's digest reads them alike."""
+    from ragdefense.defenses.findings import digest
+    from ragdefense.defenses.pool import marked_scripts, plain_text
+
+    assert plain_text("Freedonia has 10⁵ people.") != plain_text("Freedonia has 105 people.")
+    assert plain_text("H₂O") == "h_2o" and marked_scripts("10⁵ m²") == "10^5 m^2"
+    wide = "".join(chr(ord(c) + 0xFEE0) for c in "Paris")  # full-width letters
+    assert plain_text(f"{wide}, café, \ufb01ne") == plain_text("Paris, cafe, fine")
+    assert digest("10⁵") != digest("105") and digest(wide) == digest("paris")
+    texts = ["Freedonia has 10⁵ people.", "Freedonia has 105 people.", "Other.", "More."]
+    emb = np.eye(4) + 0.1
+    result = Consensus().defend_embeddings("How many people?", texts, emb, np.ones(4))
+    assert not any("a copy of passage" in v.reason for v in result.verdicts)
+
+
+def test_uniform_support_is_not_said_to_share_no_term() -> None:
+    """(review) Support that ranks every passage alike (passages that share terms, none
+    supporting another more) was reported as "the passages share no term"."""
+    texts = [
+        f"Honest page {i} says the capital of Freedonia is Fredville, founded in {1800 + i} by "
+        "settlers from the north."
+        for i in range(10)
+    ]
+    emb = np.ones(8) + 0.05 * np.random.default_rng(3).normal(size=(10, 8))
+    result = Consensus().defend_embeddings(
+        "What is the capital of Freedonia?", texts, emb, np.ones(8)
+    )
+    assert result.estimates["support"] == "no support to compare: no passage supports another more"
+    assert result.removed_indices == []

@@ -72,7 +72,7 @@ from ..types import DefenseResult, PassageLike, check_query, to_passages
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, check_given, cosines, differences, flags, integers, reals
-from .pool import Pool, apart_from, consensus_result, distinct, map_back, one_of_each
+from .pool import Pool, apart_from, consensus_result, distinct, map_back, one_of_each, text_numbers
 from .quotes import quoting
 from .trusting import contradicting, trust_test
 from .voices import holders, one_voices
@@ -303,24 +303,25 @@ class Consensus:
     def _groups(self, pool: Pool) -> None:
         """Evidence 1: coordinated groups above the rest, and the passages restating them. The
         most lifted group that counts as evidence (no trusted member, ``min_group`` or more)
-        always goes; further groups only while at most half of the pool (rounded up) goes (the
-        threat model: honest passages outnumber the attacker's, so peeling group after group past
-        half is about something else, a tightly clustered topic)."""
+        always goes; others while at most half of the pool (rounded up) goes: honest passages
+        outnumber the attacker's, so peeling past half is about something else (a tight topic)."""
         sim, qs, trusted, removed, estimates = pool.unpacked()
-        groups = coordinated_groups(sim, qs, self.tightness, self.margin)
-        cap = (len(qs) + 1) // 2
+        # copies shown apart (Passage.shown) are one text, and two copies are no group
+        groups = coordinated_groups(sim, qs, self.tightness, self.margin, text_numbers(pool.items))
+        cap = half = (len(qs) + 1) // 2
         found: list[list[int]] = []
         for group in groups:
             members = list(group.indices)
             if any(trusted[i] for i in members) or len(members) < self.min_group:
-                continue  # a group holding a trusted passage agrees with it; a pair is no group
-            if found and len(removed) + len(members) > cap:  # the most lifted group always goes
-                estimates["groups_not_removed"] = f"more than half of the pool ({cap})"
+                continue  # a group holding a trusted passage agrees with it
+            new = [i for i in members if i not in removed]  # some restated an earlier group
+            if found and len(removed) + len(new) > cap:  # the most lifted group always goes
+                estimates["groups_not_removed"] = f"more than half of the pool ({half})"
                 break
             found.append(members)
             g = len(found)  # its number in estimates["groups"], skipped groups not counted
             cap = max(cap, len(members))
-            for i in members:
+            for i in new:
                 removed[i] = (
                     f"coordinated group {g} of {len(members)} passages ranked above the rest "
                     f"(mean cosine {group.cohesion:.3f} within it; query similarity "
@@ -365,9 +366,9 @@ class Consensus:
             return
         ranked = self._grada.defend_embeddings(query, items, exclude={**aside, **removed})
         scores = np.array([ranked.verdicts[i].score for i in left])
-        if "note" in ranked.estimates or np.ptp(scores) < 1e-9:
-            estimates["support"] = "no support to compare: the passages share no term"
-            return  # every passage equally (un)supported: the order would be the input's
+        if "note" in ranked.estimates or np.ptp(scores) < 1e-9:  # the order would be the input's
+            estimates["support"] = "no support to compare: no passage supports another more"
+            return
         half = (len(left) + 1) // 2
         by_query = sorted(left, key=lambda i: (-qs[i], i))[:half]
         score = {v.index: v.score for v in ranked.verdicts}

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from .pool import plain_text
+from .pool import marked_scripts, plain_text
 
 __all__ = [
     "BLANK",
@@ -44,7 +44,7 @@ def digest(text: str) -> str:
     a store may strip, rewrap or re-encode it, and an attacker's copy must not escape by a
     character no reader sees, nor by a change of case or accents (which the per-query defense
     reads as a copy of one text, :func:`~.pool.plain_text`)."""
-    said = _UNSEEN.sub("", unicodedata.normalize("NFKC", text))
+    said = _UNSEEN.sub("", unicodedata.normalize("NFKC", marked_scripts(text)))  # 10⁵: not 105
     said = "".join(c for c in said if c.isspace() or unicodedata.category(c) not in ("Cf", "Cc"))
     said = plain_text(said)  # decomposed again (NFKD) where not ASCII, accents left out
     return hashlib.sha256(said.encode("utf-8", errors="surrogatepass")).hexdigest()

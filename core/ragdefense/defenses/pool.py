@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 import unicodedata
 from dataclasses import dataclass, field
-from functools import cached_property
+from functools import cached_property, lru_cache
 from typing import Any
 
 import numpy as np
@@ -23,9 +23,11 @@ __all__ = [
     "copy_numbers",
     "distinct",
     "map_back",
+    "marked_scripts",
     "on_topic",
     "one_of_each",
     "plain_text",
+    "text_numbers",
 ]
 
 
@@ -78,6 +80,14 @@ def copy_numbers(items: list[Any], given: Any = None) -> list[int]:
     return out
 
 
+def text_numbers(items: list[Any]) -> list[int]:
+    """One number per passage, that of the first passage with its text (up to spacing, case,
+    accents and Unicode form) however each is shown (``Passage.shown``); a passage without
+    text has its own."""
+    first: dict[str, int] = {}
+    return [first.setdefault(t, i) if (t := plain_text(p.text)) else i for i, p in enumerate(items)]
+
+
 #: the reason a copy is left out for (its text stays once, in the passage standing for it);
 #: its verdict's ``details["copy"]`` is 1, and it takes the place of the set's first copy
 COPY_REASON = "a copy of passage {}, which stands for it: the context holds each text once"
@@ -117,10 +127,31 @@ _ACCENTS = re.compile("[\u0300-\u036f]")
 
 
 def plain_text(text: str) -> str:
-    """``text`` with spacing, case, accents and Unicode form left out."""
+    """``text`` with spacing, case, accents and Unicode form left out (but a superscript or
+    subscript, which :func:`marked_scripts` keeps apart: ``10⁵`` is not ``105``)."""
     if not text.isascii():  # ASCII has no accents or other forms
-        text = _ACCENTS.sub("", unicodedata.normalize("NFKD", text))
+        text = _ACCENTS.sub("", unicodedata.normalize("NFKD", marked_scripts(text)))
     return " ".join(text.casefold().split())
+
+
+def marked_scripts(text: str) -> str:
+    """``text`` with each superscript or subscript character written as ``^`` or ``_`` and its
+    plain form (``10⁵``: ``10^5``), so that a compatibility normalisation after it (NFKC,
+    NFKD) does not make it another number."""
+    if text.isascii():  # no script: the table is built at the first text that may hold one
+        return text
+    pattern, marks = _scripts()
+    return pattern.sub(lambda m: marks[m.group()], text)
+
+
+@lru_cache(maxsize=1)
+def _scripts() -> tuple[re.Pattern[str], dict[str, str]]:
+    marks = {}
+    for c in map(chr, range(0xA0, 0x1F000)):  # every super- and subscript Unicode has
+        tag = unicodedata.decomposition(c).partition(" ")[0]
+        if tag in ("<super>", "<sub>"):
+            marks[c] = ("^" if tag == "<super>" else "_") + unicodedata.normalize("NFKD", c)
+    return re.compile(f"[{re.escape(''.join(marks))}]"), marks
 
 
 def map_back(
