@@ -53,8 +53,9 @@ def test_a_claim_one_site_repeats_on_every_page_is_removed_only_with_provenance(
     result = _defend(passages)
     assert result.removed_indices == [4, 5, 6, 7], result.to_table()
     assert result.estimates["claims"] == {"attacker.example": ["butterfly"]}
-    why = result.verdicts[4].reason
-    assert "repeats a claim alone: source 'attacker.example' states 'butterfly' on 4 of" in why
+    why = result.verdicts[4].reason  # the claim as this passage writes it, not its folded term
+    assert "repeats a claim alone: source 'attacker.example' states 'butterflies' on 4 of" in why
+    assert "states 'butterfly' on 4 of" in result.verdicts[7].reason
     assert "which 4 other sources never mention" in why
     # text alone, or the step turned off: no evidence in these vectors
     assert _defend(passages, source_key=None).removed == []

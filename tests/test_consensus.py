@@ -1558,3 +1558,26 @@ def test_uniform_support_is_not_said_to_share_no_term() -> None:
     )
     assert result.estimates["support"] == "no support to compare: no passage supports another more"
     assert result.removed_indices == []
+
+
+def test_the_copy_standing_for_a_text_is_the_one_whose_source_lost_least() -> None:
+    """(review) Where both sources holding copies of a text had lost a passage, the first copy
+    stood: an attacker's site (4 passages removed) was cited for an honest page's text over
+    the site it came from (1 removed)."""
+    from ragdefense.defenses.pool import one_of_each
+
+    sources = [
+        "evil.com",
+        "honest.org",
+        "evil.com",
+        "evil.com",
+        "evil.com",
+        "evil.com",
+        "honest.org",
+        None,
+    ]
+    removed = {i: "planted" for i in (2, 3, 4, 5, 6)}
+    assert one_of_each({0: [1]}, [False] * 8, sources, removed) == {0: 1}
+    assert one_of_each({0: [1, 7]}, [False] * 8, sources, removed) == {0: 7, 1: 7}  # none lost
+    one_source = ["evil.com"] * 8  # one source reads as no source: the first copy stands
+    assert one_of_each({0: [1]}, [False] * 8, one_source, removed) == {1: 0}

@@ -140,9 +140,9 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
             if s not in held or i in removed or trusted[i] or set(held) - set(found):
                 continue  # another source, already gone, trusted, or also held by a voice
             if i in stated or stated_terms(pool.items[i].text, asked) & set(claimed):
-                first = claimed[0]
+                first, written = claimed[0], _written(pool.items[i].text, claimed)
                 removed[i] = (
-                    f"repeats a claim alone: source {s!r} states {_listed(claimed)} on "
+                    f"repeats a claim alone: source {s!r} states {_listed(written)} on "
                     f"{len(saying[first][s])} of its {len(documents[s])} documents on the "
                     f"query's topic, which {len(own) - len(saying[first])} other sources "
                     "never mention"
@@ -154,6 +154,13 @@ def repeated_claims(pool: Pool, query: str, min_documents: int = 3) -> None:
 def _name_parts(source: str) -> set[str]:
     """The words of a source's name (``reuters.com``: ``reuter``, ``com``)."""
     return {_fold(p) for p in _PARTS.findall(source.lower())}
+
+
+def _written(text: str, terms: list[str]) -> list[str]:
+    """``terms`` as ``text`` writes them, lower-cased (``marxopolis``, not the folded
+    ``marxopoli``), where it does."""
+    spelled = {_fold(t): t for t in reversed(tokenize(text))}  # the first spelling
+    return [spelled.get(t, t) for t in terms]
 
 
 def _listed(terms: list[str], most: int = 3) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import re
 import unicodedata
+from collections import Counter
 from dataclasses import dataclass, field
 from functools import cached_property, lru_cache
 from typing import Any
@@ -103,20 +104,21 @@ def one_of_each(
     """For each set of copies of a passage not ``removed``, every copy but the one standing for
     the text, each mapped to that one: a copy tells the generator nothing the other does not,
     and ten copies of one planted text would fill ten slots of the context. The copy standing
-    for the text is chosen in this order: trusted; not of a source step 2 ``judged``; not of a
-    source that lost a passage (an attacker's copy of an honest page is not the one cited,
-    where the honest page's source is spared; only where the pool holds two sources or more,
-    so that one source reads as no source); the first. A removed passage's copies go with it
-    (:func:`map_back`)."""
+    for the text is chosen in this order: trusted; not of a source step 2 ``judged``; of the
+    source that lost fewest passages (an attacker's copy of an honest page is not the one
+    cited, where the honest page's source lost less; only where the pool holds two sources or
+    more, so that one source reads as no source); the first. A removed passage's copies go
+    with it (:func:`map_back`)."""
     known = set(sources) - {None}
-    lost = {sources[i] for i in removed} - {None} if len(known) > 1 else set()
+    lost = Counter(sources[i] for i in removed) if len(known) > 1 else Counter()
+    lost[None] = 0
     out: dict[int, int] = {}
     for first, copies in copy_of.items():
         if first in removed:
             continue
         members = [first, *copies]
         stand = min(
-            members, key=lambda i: (not trusted[i], sources[i] in judged, sources[i] in lost, i)
+            members, key=lambda i: (not trusted[i], sources[i] in judged, lost[sources[i]], i)
         )
         out.update({i: stand for i in members if i != stand})
     return out
