@@ -332,3 +332,15 @@ def test_odd_addresses_and_entries_are_read_or_refused_never_a_crash() -> None:
     deep = "https://who.int/x/" + "a/" * 3000
     assert _trusted({"https://who.int/x"}, {"url": deep})
     assert not _trusted({"https://who.int/x/b"}, {"url": deep})
+
+
+def test_a_trusted_web_page_trusts_web_addresses_only() -> None:
+    """(review) Trusting ``https://who.int/news`` trusted a local file
+    ``who.int/news/x.md`` (its folders named like the page) and an id ``who.int/news/x``:
+    values a passage's own source reads as paths, not as the page's host."""
+    page = {"https://who.int/news"}
+    for meta in ({"file_path": "who.int/news/x.md"}, {"doc_id": "who.int/news/x"}):
+        assert not _trusted(page, meta), meta
+    for meta in ({"url": "who.int/news/x"}, {"source": "https://www.who.int/news/x"}):
+        assert _trusted(page, meta), meta
+    assert not _trusted(page, {"url": "https://who.int/newsroom"})

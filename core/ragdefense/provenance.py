@@ -364,14 +364,14 @@ class _Sources:
             as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
             if source in (self.files if as_file else self.names):
                 return True
-        doc = _read_document(host, value) if self.pages and host is not None else None
-        if doc is None:
-            return False
+        if not self.pages or host is None or "/" in host:  # a path is no web page, whatever
+            return False  # its folders are named ("who.int/news/x.md" under file_path)
+        doc = _read_document(host, value)
         host, _, path = doc.partition("/")
         # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
         # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
         seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
-        # a page p holds d where d is p or starts with p + "/": look d's prefixes up
+        # a page p holds d where d is p or starts with p + "/"
         held = held_by(self.pages, seen[0]) & held_by(self.pages, seen[1])
         # and as servers decoding every escape read page and document ("..%2f" is "../")
         return bool(held_by({decoded_document(p) for p in held}, decoded_document(doc)))
