@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import replace
+from decimal import Decimal
 from typing import Any
 from urllib.parse import unquote
 
@@ -1274,7 +1275,7 @@ def test_a_trusted_predicate_answering_a_string_or_nan_is_an_error() -> None:
         assert run(yes).estimates["trusted"] == list(range(6))
     for no in (None, False, 0, np.False_, []):
         assert run(no).estimates["trusted"] == []
-    for odd in (float("nan"), np.float32("nan"), "false", "yes", b"0"):
+    for odd in (float("nan"), np.float32("nan"), Decimal("NaN"), "false", "yes", b"0"):
         with pytest.raises(DefenseInputError, match="return True or False"):
             run(odd)
 

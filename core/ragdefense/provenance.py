@@ -18,6 +18,7 @@ import os
 import posixpath
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 from functools import lru_cache
 from typing import Any
 from urllib.parse import urlsplit
@@ -389,7 +390,7 @@ class _Predicate:
         # "false" (a flag read from CSV or JSON) and NaN (a missing flag in pandas) are true
         # to bool(): a passage would be trusted by a value that means the opposite
         if isinstance(verdict, (str, bytes)) or (
-            isinstance(verdict, numbers.Real) and math.isnan(verdict)
+            isinstance(verdict, (numbers.Real, Decimal)) and math.isnan(verdict)
         ):
             raise TypeError(f"the trusted= predicate answered {verdict!r}: return True or False")
         return bool(verdict)
