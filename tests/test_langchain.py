@@ -383,7 +383,8 @@ def test_a_wrapped_sync_model_runs_in_the_backends_own_threads() -> None:
     """``with_retry``, ``bind``, fallbacks, a configurable model and ``prompt | model`` all
     override ``ainvoke``: a sync-only model inside one was taken for an async one, and its
     calls ran in the event loop's shared thread pool, past their deadline."""
-    from langchain_core.language_models import BaseChatModel
+    from langchain_core.language_models import LLM, BaseChatModel
+    from langchain_core.language_models.fake import FakeListLLM
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from langchain_core.messages import AIMessage
     from langchain_core.outputs import ChatGeneration, ChatResult
@@ -400,7 +401,27 @@ def test_a_wrapped_sync_model_runs_in_the_backends_own_threads() -> None:
         def _generate(self, messages: Any, stop: Any = None, **kwargs: Any) -> ChatResult:
             return ChatResult(generations=[ChatGeneration(message=AIMessage("Canberra"))])
 
-    for model, native in ((SyncOnly(), False), (FakeListChatModel(responses=["a"]), True)):
+    class AsyncToo(SyncOnly):
+        async def _agenerate(self, messages: Any, stop: Any = None, **kwargs: Any) -> ChatResult:
+            return self._generate(messages)
+
+    class OwnCall(LLM):  # LangChain's documented custom model: _call alone
+        @property
+        def _llm_type(self) -> str:
+            return "own-call"
+
+        def _call(self, prompt: str, stop: Any = None, **kwargs: Any) -> str:
+            return "Canberra"
+
+    # (review) LangChain's simple bases (SimpleChatModel, LLM) answer ainvoke with their sync
+    # code in the shared pool too: a FakeListChatModel was taken for an async model
+    for model, native in (
+        (SyncOnly(), False),
+        (AsyncToo(), True),
+        (FakeListChatModel(responses=["a"]), False),
+        (OwnCall(), False),
+        (FakeListLLM(responses=["a"]), True),  # its own _acall
+    ):
         wrapped = [
             model.with_retry(),
             model.bind(stop=["\n"]),

@@ -89,6 +89,9 @@ class ConcurrentLLM(LLM):
     the batch's deadline. Subclasses implement :meth:`call` (and :meth:`acall` when the model
     has a native async path; by default async runs the sync calls in worker threads)."""
 
+    #: calls in flight at once (a class default, for subclasses that skip ``__init__``)
+    max_concurrency: int = 1
+
     def __init__(self, max_concurrency: int, timeout: float | None) -> None:
         self.max_concurrency = max_concurrency
         self.timeout = timeout
@@ -100,17 +103,31 @@ class ConcurrentLLM(LLM):
         call that never returns, later batches wait out their deadline and time out. Made on
         first use (subclasses need not call ``__init__``) and not pickled (a copy gets its
         own)."""
-        slots = self.__dict__.get("_slots_made")
-        if slots is None:
-            slots = self.__dict__["_slots_made"] = threading.Semaphore(
-                max(1, getattr(self, "max_concurrency", 1))
-            )
+        slots: threading.Semaphore | None = self.__dict__.get("_slots_made")
+        if slots is None:  # setdefault: two first callers at once share one
+            made = threading.Semaphore(max(1, self.max_concurrency))
+            slots = self.__dict__.setdefault("_slots_made", made)
         return slots
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         state.pop("_slots_made", None)
         return state
+
+    async def _in_threads(
+        self, prompts: Sequence[str], max_new_tokens: int, timeout: float | None
+    ) -> list[Generation]:
+        """The sync calls of :meth:`generate` awaited from a worker thread; cancelling the
+        await starts no further call (a client gone does not leave the batch running)."""
+        if type(self).generate is not ConcurrentLLM.generate:  # a subclass's own batching
+            return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
+        cancel = threading.Event()
+        args = (self.call, prompts, self.max_concurrency, self._deadline(timeout))
+        try:
+            return await asyncio.to_thread(run_threads, *args, max_new_tokens, self._slots, cancel)
+        except asyncio.CancelledError:
+            cancel.set()
+            raise
 
     @abstractmethod
     def call(self, prompt: str) -> Any:
@@ -132,7 +149,7 @@ class ConcurrentLLM(LLM):
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
     ) -> list[Generation]:
         if type(self).acall is ConcurrentLLM.acall:  # no native async path
-            return await super().agenerate(prompts, max_new_tokens, timeout)
+            return await self._in_threads(prompts, max_new_tokens, timeout)
         budget = self._deadline(timeout)
         return await gather_within(
             self.acall, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
@@ -170,7 +187,7 @@ class CallableLLM(ConcurrentLLM):
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
     ) -> list[Generation]:
         if not self.is_async:
-            return await super().agenerate(prompts, max_new_tokens, timeout)
+            return await self._in_threads(prompts, max_new_tokens, timeout)
         budget = self._deadline(timeout)
         return await gather_within(
             self._awaited, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
@@ -237,7 +254,7 @@ class LangChainLLM(ConcurrentLLM):
         # shared thread pool, where a hung call outlives its cancelled task and holds a thread
         # other requests need: its sync calls run in this backend's own threads instead
         if not _native_async(self.model):
-            return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
+            return await self._in_threads(prompts, max_new_tokens, timeout)
         return await super().agenerate(prompts, max_new_tokens, timeout)
 
 
@@ -247,7 +264,7 @@ def _native_async(model: Any) -> bool:
     ``with_retry``, ``with_fallbacks``, a configurable model, ``prompt | model``) only where
     every runnable it may call does."""
     try:
-        from langchain_core.language_models import BaseChatModel, BaseLLM
+        from langchain_core.language_models import LLM, BaseChatModel, BaseLLM, SimpleChatModel
         from langchain_core.runnables import (
             Runnable,
             RunnableLambda,
@@ -268,9 +285,16 @@ def _native_async(model: Any) -> bool:
         return _native_async(model.default)
     if isinstance(model, RunnableLambda):
         return hasattr(model, "afunc")
-    for base in (BaseChatModel, BaseLLM):
-        if isinstance(model, base):
-            return type(model)._agenerate is not base._agenerate
+    if isinstance(model, (BaseChatModel, BaseLLM)):  # these bases run the sync code in a pool
+        kind: Any = type(model)
+        if isinstance(model, LLM) and kind._acall is not LLM._acall:
+            return True  # a custom LLM's own async call
+        return kind._agenerate not in (
+            BaseChatModel._agenerate,
+            SimpleChatModel._agenerate,
+            BaseLLM._agenerate,
+            LLM._agenerate,
+        )
     return type(model).ainvoke is not Runnable.ainvoke
 
 
@@ -307,7 +331,7 @@ class LlamaIndexLLM(ConcurrentLLM):
         # LlamaIndex's CustomLLM (the base of most local models) answers ``acomplete`` by
         # calling ``complete`` on the event loop, one call at a time: worker threads instead
         if getattr(type(self.llm).acomplete, "__qualname__", "") == "CustomLLM.acomplete":
-            return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
+            return await self._in_threads(prompts, max_new_tokens, timeout)
         return await super().agenerate(prompts, max_new_tokens, timeout)
 
 

@@ -37,6 +37,10 @@ class Generation:
     text: str | None
     error: str | None = None
 
+    def __post_init__(self) -> None:
+        if self.text is None and self.error is None:  # no answer is a failed call, said so
+            object.__setattr__(self, "error", NO_TEXT)
+
     @property
     def ok(self) -> bool:
         """Whether the call succeeded."""
@@ -49,6 +53,8 @@ class Generation:
 
 
 TIMED_OUT = "timed out"
+#: the error of a generation made without text or error (a backend's ``Generation(None)``)
+NO_TEXT = "no text: the backend gave no answer"
 #: the name of the worker threads that call sync backends (to tell them apart)
 THREAD_NAME = "ragdefense-llm-call"
 
@@ -85,6 +91,7 @@ def run_threads(
     budget: float,
     max_new_tokens: int | None,
     slots: threading.Semaphore | None = None,
+    cancel: threading.Event | None = None,
 ) -> list[Generation]:
     """``call`` on every prompt from ``workers`` daemon threads, all within ``budget`` seconds.
 
@@ -92,8 +99,10 @@ def run_threads(
     running cannot be interrupted, but it runs in a daemon thread and its answer is dropped, so
     neither the caller nor the interpreter's exit waits for it. ``slots`` bounds the calls in
     flight across batches: a call that hangs keeps its slot, so hung calls never pile up beyond
-    it (later batches wait for a free slot within their own deadline, then time out).
+    it (later batches wait for a free slot within their own deadline, then time out). Once
+    ``cancel`` is set (an async caller gone), no call starts and the batch returns at once.
     """
+    stopped = cancel.is_set if cancel is not None else lambda: False
     if budget <= 0:  # nothing left of the deadline: start nothing
         return [timed_out(budget) for _ in prompts]
     slots = slots or threading.Semaphore(max(1, workers))
@@ -111,13 +120,13 @@ def run_threads(
         nonlocal left
         while True:
             with lock:
-                if stop or not pending:
+                if stop or not pending or stopped():
                     return
             wait = None if end == float("inf") else max(0.0, end - time.monotonic())
             if not slots.acquire(timeout=wait):
                 return  # every slot is held by a call still running: nothing more starts
-            with lock:
-                if stop or not pending:
+            with lock:  # the deadline may have passed while the slot was taken
+                if stop or not pending or time.monotonic() >= end or stopped():
                     slots.release()
                     return
                 i = pending.pop()
@@ -139,9 +148,10 @@ def run_threads(
     try:
         while True:
             with lock:
-                if left and time.monotonic() < end:
-                    finished.wait(min(end - time.monotonic(), 3600.0))
-                done, more = len(prompts) - left, bool(left) and time.monotonic() < end
+                if left and time.monotonic() < end:  # a cancel is looked at 20 times a second
+                    finished.wait(min(end - time.monotonic(), 3600.0 if cancel is None else 0.05))
+                done = len(prompts) - left
+                more = bool(left) and time.monotonic() < end and not stopped()
             if observe is not None and done > told:  # in the caller's thread, lock released
                 told = done
                 observe(told)
@@ -211,17 +221,27 @@ async def gather_within(
         )
     except BaseException:  # the caller gave up (a timeout, a client gone): no call runs on
         stopping = True
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await _cancelled(tasks)
         raise
     stopping = True
-    for task in pending:
-        task.cancel()
-    await asyncio.gather(*pending, return_exceptions=True)
+    await _cancelled(pending)
     if failed:
         raise failed[0]
     return [t.result() if t in done else timed_out(budget) for t in tasks]
+
+
+async def _cancelled(tasks: Any) -> None:
+    """``tasks`` cancelled, waited for :data:`_GRACE` seconds at most: a call that delays its
+    cancellation (an SDK closing its connection) or ignores it is left behind, as a hung sync
+    call is, never waited out past the deadline."""
+    for task in tasks:
+        task.cancel()
+    if tasks:
+        await asyncio.wait(tasks, timeout=_GRACE)
+
+
+#: seconds a cancelled call may take to stop before its batch returns without it
+_GRACE = 0.1
 
 
 @contextlib.asynccontextmanager

@@ -94,7 +94,7 @@ def drive(flow: Flow[T], generate: Callable[[list[str]], Sequence[Generation]]) 
         prompts = next(flow)
         while True:
             with reporting(getattr(prompts, "on_done", None)), _for(prompts):
-                generations = list(generate(list(prompts)))  # a plain list to the backend
+                generations = _one_each(prompts, generate(list(prompts)))  # a plain list
             prompts = flow.send(generations)
     except StopIteration as stop:
         result: T = stop.value
@@ -111,10 +111,22 @@ async def adrive(
     while not done:
         prompts = got
         with reporting(getattr(prompts, "on_done", None)), _for(prompts):
-            generations = list(await agenerate(list(prompts)))
+            generations = _one_each(prompts, await agenerate(list(prompts)))
         done, got = await asyncio.to_thread(_step, flow, generations)
     result: T = got
     return result
+
+
+def _one_each(prompts: Sequence[str], generations: Sequence[Generation]) -> list[Generation]:
+    """The backend's answers, one per prompt, or an error naming the count (a custom backend
+    returning fewer failed in ``zip``, deep in an aggregation)."""
+    out = list(generations)
+    if len(out) != len(prompts):
+        raise ValueError(
+            f"the LLM backend returned {len(out)} generations for {len(prompts)} prompts: its "
+            "generate() must return one Generation per prompt, in order"
+        )
+    return out
 
 
 def _step(flow: Flow[Any], sent: list[Generation] | None) -> tuple[bool, Any]:
