@@ -27,6 +27,7 @@ from langchain_ragdefense import (
 )
 from ragdefense import DefenseFailed
 from ragdefense.data import demo_documents, load_demo_kb
+from ragdefense.integration.records import UNCHECKED
 
 KB = load_demo_kb()
 QUESTION = KB[1]  # capital of Australia
@@ -186,7 +187,7 @@ def test_bad_input_and_failures() -> None:
     with pytest.warns(UserWarning, match="passing the documents through"):
         out = opened.compress_documents(docs, "q")
     assert [d.page_content for d in out] == ["a", "", "c", "d"]
-    assert all(d.metadata["ragdefense"] == {"checked": False} for d in out)
+    assert all(d.metadata["ragdefense"] == UNCHECKED for d in out)  # a reason too (review)
     with pytest.raises(ValueError, match="unknown defense"):
         defend(DefendedRetriever.model_construct(), "shield")  # type: ignore[call-arg]
 

@@ -488,3 +488,17 @@ def test_a_subclassed_store_is_read_as_its_base() -> None:
 
     assert store_kind(MyChroma(embedding_function=Words())) == "chroma"
     assert store_kind(MyFAISS.from_texts(["a b"], Words())) == "faiss"
+
+
+def test_the_first_fetch_is_capped_at_what_a_defense_compares(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(review) Later rounds were capped at ``MAX_PASSAGES``, the first was not: a retriever
+    asking for more than half of it failed closed where the undefended one worked."""
+    from ragdefense import types
+
+    monkeypatch.setattr(types, "MAX_PASSAGES", 10)
+    store = _Asked(Words())
+    store.add_texts([f"The Pacific is the largest ocean, note {i}" for i in range(30)])
+    defend(store.as_retriever(search_kwargs={"k": 6}), "consensus").invoke("ocean")
+    assert store.asked[0] == 10

@@ -27,6 +27,7 @@ from llama_index.postprocessor.ragdefense import (
 )
 from ragdefense import DefenseFailed
 from ragdefense.data import demo_documents, load_demo_kb
+from ragdefense.integration.records import UNCHECKED
 
 KB = load_demo_kb()
 QUESTION = KB[1]  # capital of Australia
@@ -213,7 +214,8 @@ def test_bad_input() -> None:
         out = RAGDefenderPostprocessor(embed_model=Down(), fail_open=True).postprocess_nodes(
             nodes, query_str="q"
         )
-    assert len(out) == 4 and all(n.node.metadata["ragdefense"] == {"checked": False} for n in out)
+    assert len(out) == 4 and all(n.node.metadata["ragdefense"] == UNCHECKED for n in out)
+    assert "fail_open passed" in out[0].node.metadata["ragdefense"]["reason"]  # (review)
     assert asyncio.run(post.apostprocess_nodes([], QueryBundle("q"))) == []
 
 

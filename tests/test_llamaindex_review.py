@@ -507,6 +507,18 @@ def test_a_multi_modal_retriever_is_refused_by_name() -> None:
     for given in (index, index.as_retriever()):
         with pytest.raises(TypeError, match="also retrieves images; defend a retriever of the"):
             defend(given)
+    # (review) the class and a later assignment took it: images reached the defense
+    from llama_index.postprocessor.ragdefense import DefendedRetriever
+
+    text_only = defend(
+        VectorStoreIndex(
+            [TextNode(text=t) for t, _ in HONEST[:4]], embed_model=RagdefenseEmbedding()
+        )
+    )
+    with pytest.raises(TypeError, match="also retrieves images"):
+        DefendedRetriever(retriever=index.as_retriever(), postprocessor=text_only.postprocessor)
+    with pytest.raises(TypeError, match="also retrieves images"):
+        text_only.retriever = index.as_retriever()
 
 
 def test_only_a_summary_index_embedding_retriever_lends_its_model() -> None:
@@ -675,3 +687,47 @@ class _EveryFourth:
             for i, p in enumerate(to_passages(passages))
         )
         return DefenseResult("every fourth", query, verdicts, "none")
+
+
+def test_sizes_a_retriever_cannot_take_are_left_as_they_are(
+    toy_embedder: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """(review) A retriever whose ``similarity_top_k`` is read-only (a property over another
+    retriever's) crashed ``defend()`` instead of being used as it is; the first fetch was not
+    capped at what a defense compares at once (a large ``similarity_top_k`` failed closed)."""
+    from llama_index.core.base.base_retriever import BaseRetriever
+
+    from ragdefense import types
+
+    index = VectorStoreIndex(
+        [TextNode(text=t, metadata=m) for t, m in demo_documents()],
+        embed_model=RagdefenseEmbedding(toy_embedder),
+    )
+
+    class ReadOnly(BaseRetriever):
+        def __init__(self, inner: Any) -> None:
+            self._inner = inner
+            super().__init__()
+
+        @property
+        def similarity_top_k(self) -> int:
+            return int(self._inner.similarity_top_k)
+
+        def _retrieve(self, query_bundle: Any) -> list[NodeWithScore]:
+            return list(self._inner.retrieve(query_bundle))
+
+    got = defend(ReadOnly(index.as_retriever()), embed_model=RagdefenseEmbedding(toy_embedder))
+    assert 0 < len(got.retrieve(OCEAN)) <= 2
+    monkeypatch.setattr(types, "MAX_PASSAGES", 10)
+    wide = defend(index.as_retriever(similarity_top_k=6))
+    assert wide.fetch_k == 10 and len(wide.retrieve(OCEAN)) <= 6
+
+
+def test_a_query_string_in_the_bundle_s_place_says_to_name_it(toy_embedder: Any) -> None:
+    """(review) ``postprocess_nodes(nodes, "query")`` (a string where LlamaIndex takes a
+    bundle) failed with ``'str' object has no attribute 'query_str'``."""
+    post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(toy_embedder))
+    nodes = [NodeWithScore(node=TextNode(text=t)) for t, _ in HONEST[:4]]
+    with pytest.raises(TypeError, match=r"pass a query string as query_str="):
+        post.postprocess_nodes(nodes, OCEAN)  # type: ignore[arg-type]
+    assert len(post.postprocess_nodes(nodes, query_str=OCEAN)) >= 1

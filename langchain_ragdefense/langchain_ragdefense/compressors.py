@@ -28,6 +28,7 @@ from ragdefense.integration.adapter import (
     same_space,
 )
 from ragdefense.integration.records import (
+    UNCHECKED,
     check_items,
     removed_report,
     tagged_metadata,
@@ -148,7 +149,7 @@ class DefenseCompressor(BaseDocumentCompressor):
     @staticmethod
     def _output(documents: Sequence[Document], result: DefenseResult | None) -> list[Document]:
         if result is None:  # nothing to check, or failed open
-            note = {"checked": False} if documents else {}
+            note = UNCHECKED if documents else {}
             return [_tag(d, note) for d in documents]
         return [
             _tag(documents[i], verdict_metadata(result, result.verdicts[i]))

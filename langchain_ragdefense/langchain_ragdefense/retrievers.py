@@ -25,6 +25,7 @@ from ragdefense.integration.retrieval import (
     checked_size,
     fetch_rounds,
     fetched_enough,
+    first_fetch,
     pool_size,
     positive_int,
     wider,
@@ -119,8 +120,7 @@ class DefendedRetriever(BaseRetriever):
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
         base_k = k or own
         if base_k and not fetch:  # another compressor: GRADA's M = 2n
-            fetch = pool_size(core, base_k) if core is not None else 2 * base_k
-            fetch = max(fetch, own or 0)  # a retriever set to fetch more is not narrowed
+            fetch = first_fetch(pool_size(core, base_k) if core is not None else 2 * base_k, own)
         return k, fetch, rounds, kwargs
 
     def _get_relevant_documents(

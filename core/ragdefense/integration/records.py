@@ -11,6 +11,7 @@ from ..types import DefenseInputError, DefenseResult, Verdict, _jsonable
 
 __all__ = [
     "METADATA_KEY",
+    "UNCHECKED",
     "check_items",
     "copied",
     "removed_report",
@@ -20,6 +21,13 @@ __all__ = [
 
 #: the metadata key under which adapters record the defense's verdict on each returned copy
 METADATA_KEY = "ragdefense"
+#: the record of an item passed through unchecked: the defense failed and ``fail_open`` let
+#: it through (the fields a checked item's record has too, so that reading them never fails)
+UNCHECKED = {
+    "checked": False,
+    "kept": True,
+    "reason": "not checked: the defense failed, and fail_open passed the items through",
+}
 
 
 def tagged_metadata(

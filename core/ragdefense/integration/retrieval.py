@@ -17,6 +17,7 @@ __all__ = [
     "checked_size",
     "fetch_rounds",
     "fetched_enough",
+    "first_fetch",
     "pool_size",
     "positive_int",
     "wider",
@@ -58,6 +59,13 @@ def pool_size(defense: Defense, k: int) -> int:
     ``pool_factor`` (GRADA's M = 2n), and at least its ``min_pool`` and its ``min_passages``
     (what it needs to compare anything)."""
     return max(defense.pool_factor * k, defense.min_pool, defense.min_passages, k)
+
+
+def first_fetch(pool: int, own: int | None) -> int:
+    """The first round's fetch: the defense's ``pool``, at least what the base retriever
+    returns by default (a retriever set to fetch more is not narrowed), at most
+    :data:`~ragdefense.types.MAX_PASSAGES` (what a defense compares at once)."""
+    return min(max(pool, own or 0), types.MAX_PASSAGES)
 
 
 #: rounds of retrieval an adapter's retriever makes, doubling the fetch, when the defense leaves

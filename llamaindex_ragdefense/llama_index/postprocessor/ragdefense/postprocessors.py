@@ -36,7 +36,12 @@ from ragdefense.integration.adapter import (
     plain_params,
     plain_value,
 )
-from ragdefense.integration.records import check_items, removed_report, verdict_metadata
+from ragdefense.integration.records import (
+    UNCHECKED,
+    check_items,
+    removed_report,
+    verdict_metadata,
+)
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .nodes import node_passage, tagged
@@ -116,7 +121,8 @@ class DefensePostprocessor(BaseNodePostprocessor):
         default=True,
         description="reuse the embeddings the nodes carry (node.embedding): they must be "
         "embed_model's (with no embed_model, the packaged MiniLM's, which the core checks); "
-        "False: the defense embeds every node's text (nodes carrying another model's vectors)",
+        "False: the nodes' own vectors are not read (they are another model's): the vectors "
+        "vector_store holds are, where given, and the defense embeds the rest",
     )
     vector_store: Any = Field(
         default=None,
@@ -219,7 +225,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         self, nodes: list[NodeWithScore], result: DefenseResult | None
     ) -> list[NodeWithScore]:
         if result is None:
-            return [tagged(n, {"checked": False}, n.score) for n in nodes]
+            return [tagged(n, UNCHECKED, n.score) for n in nodes]
         if result.removed:
             report = removed_report(result)
             dispatcher.event(
@@ -245,6 +251,10 @@ class DefensePostprocessor(BaseNodePostprocessor):
         for it (``custom_embedding_strs``): the passages were fetched for those."""
         if query_bundle is None:
             raise ValueError("a defense needs the query: call with query_bundle / query_str")
+        if isinstance(query_bundle, str):  # postprocess_nodes(nodes, "...") read it as a bundle
+            raise TypeError(
+                "pass a query string as query_str=: postprocess_nodes(nodes, query_str=...)"
+            )
         query = query_bundle.query_str
         if not query.strip() and query_bundle.custom_embedding_strs:
             query = " ".join(s for s in query_bundle.custom_embedding_strs if s.strip())

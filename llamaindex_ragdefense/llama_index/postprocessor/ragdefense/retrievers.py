@@ -34,6 +34,7 @@ from ragdefense.integration.retrieval import (
     checked_size,
     fetch_rounds,
     fetched_enough,
+    first_fetch,
     pool_size,
     positive_int,
     wider,
@@ -95,7 +96,10 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
     if inner is not None:
         pool._vector_retriever = widened(inner, fetch)[0]
         return pool, False
-    setattr(pool, _top_k_name(retriever), fetch)
+    try:
+        setattr(pool, _top_k_name(retriever), fetch)
+    except (AttributeError, TypeError, ValueError):  # a read-only size (a property, frozen)
+        return retriever, False
     if _mode(retriever) == VectorStoreQueryMode.HYBRID:  # what it returns, and fuses from
         if positive_int(getattr(retriever, "_hybrid_top_k", None)):
             pool._hybrid_top_k = fetch
@@ -182,7 +186,7 @@ class DefendedRetriever(BaseRetriever):
     @property
     def fetch_k(self) -> int | None:
         """Pool asked of the retriever: as given, else the defense's pool for :attr:`k`, at
-        least the retriever's own ``similarity_top_k``."""
+        least the retriever's own ``similarity_top_k`` (at most what a defense compares)."""
         return self._plan()[3]
 
     @fetch_k.setter
@@ -221,7 +225,7 @@ class DefendedRetriever(BaseRetriever):
         k = self._k if self._k is not None else own
         fetch = self._fetch_k
         if not fetch and k:
-            fetch = max(pool_size(postprocessor.core, k), own or 0)
+            fetch = first_fetch(pool_size(postprocessor.core, k), own)
         return retriever, postprocessor, k, fetch
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
@@ -273,6 +277,11 @@ def _check_setting(name: str, value: Any) -> Any:
         return checked_size(name, value)
     if name == "retriever" and not isinstance(value, BaseRetriever):
         raise TypeError(f"retriever must be a LlamaIndex BaseRetriever, got {type(value).__name__}")
+    if name == "retriever" and isinstance(value, BaseImageRetriever):  # its image search
+        raise TypeError(  # rewrites the query's vector with the image model's; images are cut
+            f"defend() judges text: {type(value).__name__} also retrieves images; defend a "
+            "retriever of the text nodes (a VectorStoreIndex over them) and query images apart"
+        )
     if name == "postprocessor" and not isinstance(value, DefensePostprocessor):
         raise TypeError(
             "postprocessor must be a DefensePostprocessor (ConsensusPostprocessor, ...), got "
@@ -335,11 +344,7 @@ def defend(
         retriever = retriever.as_retriever()
     else:
         index = retriever_index(retriever)
-    if isinstance(retriever, BaseImageRetriever):  # its image search rewrites the query's
-        raise TypeError(  # vector with the image model's, and its images would be cut
-            f"defend() judges text: {type(retriever).__name__} also retrieves images; defend a "
-            "retriever of the text nodes (a VectorStoreIndex over them) and query images apart"
-        )
+    _check_setting("retriever", retriever)  # an image retriever is refused
     if isinstance(defense, DefensePostprocessor):
         given = [n for n, v in (("embed_model", embed_model), ("fail_open", fail_open)) if v]
         if params or given:
