@@ -76,9 +76,11 @@ def web_host(text: str) -> str | None:
 
 def host_name(host: str) -> str | None:
     """A host name in one spelling: Unicode's compatibility form (a full-width ``WHO.int`` is
-    ``who.int``), lowercased, each internationalised label in its ASCII form as browsers
-    write it (``bücher.example`` is ``xn--bcher-kva.example``; ``boß.com`` stays another host
-    than ``boss.com``), ``www.`` and a final dot dropped; ``None`` when nothing is left."""
+    ``who.int``), lowercased, each internationalised label in its punycode form
+    (``bücher.example`` is ``xn--bcher-kva.example``; ``boß.com`` stays another host than
+    ``boss.com``), ``www.`` and a final dot dropped; ``None`` when nothing is left. Not every
+    mapping a browser applies (IDNA's: an ideographic full stop read as a dot, a soft hyphen
+    dropped): such a spelling is another host, never a trusted one."""
     name = unicodedata.normalize("NFKC", host).lower().rstrip(".")
     if not name.isascii():
         name = ".".join(
