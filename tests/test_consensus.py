@@ -1275,7 +1275,8 @@ def test_a_trusted_predicate_answering_a_string_or_nan_is_an_error() -> None:
         assert run(yes).estimates["trusted"] == list(range(6))
     for no in (None, False, 0, np.False_, []):
         assert run(no).estimates["trusted"] == []
-    for odd in (float("nan"), np.float32("nan"), Decimal("NaN"), "false", "yes", b"0"):
+    odd_ones = (float("nan"), np.float32("nan"), Decimal("NaN"), Decimal("sNaN"), complex("nan"))
+    for odd in (*odd_ones, "false", "yes", b"0"):
         with pytest.raises(DefenseInputError, match="return True or False"):
             run(odd)
 
@@ -1536,6 +1537,18 @@ def test_copies_are_texts_equal_in_meaning_not_only_in_compatibility_form() -> N
 
     assert plain_text("Freedonia has 10⁵ people.") != plain_text("Freedonia has 105 people.")
     assert plain_text("H₂O") == "h_2o" and marked_scripts("10⁵ m²") == "10^5 m^2"
+    assert plain_text("Coca-Cola™") == plain_text("Coca-ColaTM")  # a letter folds as before
+    import unicodedata
+
+    from ragdefense.defenses.pool import _MARKED
+
+    every = {  # every super- or subscript digit or sign this Python's Unicode has
+        chr(c)
+        for c in range(0xA0, 0x30000)
+        if unicodedata.decomposition(chr(c)).split(" ")[0] in ("<super>", "<sub>")
+        and unicodedata.normalize("NFKD", chr(c)) in set("0123456789+-=()\u2212")
+    }
+    assert every == set(map(chr, _MARKED))
     wide = "".join(chr(ord(c) + 0xFEE0) for c in "Paris")  # full-width letters
     assert plain_text(f"{wide}, café, \ufb01ne") == plain_text("Paris, cafe, fine")
     assert digest("10⁵") != digest("105") and digest(wide) == digest("paris")

@@ -714,10 +714,16 @@ def test_sizes_a_retriever_cannot_take_are_left_as_they_are(
             return int(self._inner.similarity_top_k)
 
         def _retrieve(self, query_bundle: Any) -> list[NodeWithScore]:
+            calls.append(1)
             return list(self._inner.retrieve(query_bundle))
 
+    calls: list[int] = []
     got = defend(ReadOnly(index.as_retriever()), embed_model=RagdefenseEmbedding(toy_embedder))
     assert 0 < len(got.retrieve(OCEAN)) <= 2
+    calls.clear()  # asked for more than it gives: one round, not the same pool three times
+    with pytest.warns(UserWarning):
+        defend(ReadOnly(index.as_retriever()), k=3).retrieve(OCEAN)
+    assert calls == [1]
     monkeypatch.setattr(types, "MAX_PASSAGES", 10)
     wide = defend(index.as_retriever(similarity_top_k=6))
     assert wide.fetch_k == 10 and len(wide.retrieve(OCEAN)) <= 6

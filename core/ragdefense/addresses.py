@@ -11,6 +11,7 @@ import posixpath
 import re
 import unicodedata
 from collections.abc import Collection
+from functools import lru_cache
 from typing import Any
 from urllib.parse import quote, unquote, urlsplit
 
@@ -173,9 +174,15 @@ def held_by(prefixes: Collection[str], document: str) -> set[str]:
     """The ``prefixes`` that are ``document`` or a page or folder holding it (``document``
     starts with the prefix and a ``/``): looked up at the lengths the prefixes have, so that a
     long path's thousands of prefixes are never written out."""
-    lengths = {len(p) for p in prefixes}
+    lengths = _lengths(prefixes) if isinstance(prefixes, frozenset) else {len(p) for p in prefixes}
     cuts = [i for i in lengths if i == len(document) or document[i : i + 1] == "/"]
     return {document[:i] for i in cuts if document[:i] in prefixes}
+
+
+@lru_cache(maxsize=64)
+def _lengths(prefixes: frozenset[str]) -> frozenset[int]:
+    """The lengths of a trusted set's prefixes, read once per set (a set's hash is kept)."""
+    return frozenset(map(len, prefixes))
 
 
 #: a drive (``C:``) or a scheme written without its slashes (``s3:``) opening a path

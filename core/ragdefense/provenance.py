@@ -12,7 +12,6 @@ subdomains are hosts of their own); any other value, a storage address
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 import posixpath
@@ -297,7 +296,7 @@ def is_trusted_by(
     odd = [t for t in trusted if not isinstance(t, (str, os.PathLike))]
     if odd:
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
-    pattern = next((t for t in trusted if str(t).strip().startswith("*")), None)
+    pattern = next((t for t in trusted if "*" in str(t).split("://")[-1].split("/")[0]), None)
     if pattern is not None:  # an allow-list's "*.who.int" would trust nothing, silently
         raise ValueError(
             f'trusted: {pattern!r} is a pattern, not a source: name each host ("who.int" '
@@ -389,8 +388,9 @@ class _Predicate:
         verdict = self.predicate({k: copied(v) for k, v in meta.items()})  # the caller's stays
         # "false" (a flag read from CSV or JSON) and NaN (a missing flag in pandas) are true
         # to bool(): a passage would be trusted by a value that means the opposite
-        if isinstance(verdict, (str, bytes)) or (
-            isinstance(verdict, (numbers.Real, Decimal)) and math.isnan(verdict)
-        ):
+        nan = isinstance(verdict, (numbers.Complex, Decimal)) and (
+            verdict.is_nan() if isinstance(verdict, Decimal) else verdict != verdict
+        )
+        if isinstance(verdict, (str, bytes)) or nan:
             raise TypeError(f"the trusted= predicate answered {verdict!r}: return True or False")
         return bool(verdict)

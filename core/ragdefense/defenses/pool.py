@@ -130,30 +130,47 @@ _ACCENTS = re.compile("[\u0300-\u036f]")
 
 def plain_text(text: str) -> str:
     """``text`` with spacing, case, accents and Unicode form left out (but a superscript or
-    subscript, which :func:`marked_scripts` keeps apart: ``10⁵`` is not ``105``)."""
+    subscript digit or sign, which :func:`marked_scripts` keeps apart: ``10⁵`` is not
+    ``105``). Kept for texts a store returns query after query."""
+    return (_plain if len(text) <= _CACHED else _plain.__wrapped__)(text)
+
+
+#: the longest text whose plain form is kept (a passage; a whole document is read anew)
+_CACHED = 8192
+
+
+@lru_cache(maxsize=4096)
+def _plain(text: str) -> str:
     if not text.isascii():  # ASCII has no accents or other forms
         text = _ACCENTS.sub("", unicodedata.normalize("NFKD", marked_scripts(text)))
     return " ".join(text.casefold().split())
 
 
 def marked_scripts(text: str) -> str:
-    """``text`` with each superscript or subscript character written as ``^`` or ``_`` and its
-    plain form (``10⁵``: ``10^5``), so that a compatibility normalisation after it (NFKC,
-    NFKD) does not make it another number."""
-    if text.isascii():  # no script: the table is built at the first text that may hold one
+    """``text`` with each superscript or subscript digit or sign written as ``^`` or ``_``
+    and its plain form (``10⁵``: ``10^5``, ``H₂O``: ``H_2O``), so that a compatibility
+    normalisation after it (NFKC, NFKD) does not make another number of it; a superscript
+    letter (``™``, ``ⁿ``) folds as before."""
+    if text.isascii() or not _SCRIPT.search(text):  # the common case, at regex speed
         return text
-    pattern, marks = _scripts()
-    return pattern.sub(lambda m: marks[m.group()], text)
+    return text.translate(_MARKED)
 
 
-@lru_cache(maxsize=1)
-def _scripts() -> tuple[re.Pattern[str], dict[str, str]]:
+def _script_marks() -> dict[str, str]:
     marks = {}
-    for c in map(chr, range(0xA0, 0x1F000)):  # every super- and subscript Unicode has
-        tag = unicodedata.decomposition(c).partition(" ")[0]
-        if tag in ("<super>", "<sub>"):
-            marks[c] = ("^" if tag == "<super>" else "_") + unicodedata.normalize("NFKD", c)
-    return re.compile(f"[{re.escape(''.join(marks))}]"), marks
+    for c in "¹²³" + "".join(map(chr, range(0x2070, 0x2090))):  # where Unicode has them
+        tag, plain = (
+            unicodedata.decomposition(c).partition(" ")[0],
+            unicodedata.normalize("NFKD", c),
+        )
+        if tag in ("<super>", "<sub>") and plain in _DIGITS_AND_SIGNS:
+            marks[c] = ("^" if tag == "<super>" else "_") + plain
+    return marks
+
+
+_DIGITS_AND_SIGNS = frozenset("0123456789+-=()\u2212")
+_MARKED = str.maketrans(_script_marks())
+_SCRIPT = re.compile(f"[{''.join(map(chr, _MARKED))}]")
 
 
 def map_back(

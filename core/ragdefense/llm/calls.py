@@ -187,7 +187,7 @@ async def gather_within(
         nonlocal told
         generation = await answer(p)
         told += 1
-        if observe is not None and not failed and time.monotonic() <= end:
+        if observe is not None and not failed and not stopping and time.monotonic() <= end:
             try:
                 observe(told)
             except Exception as exc:  # the caller's own error: raised once the batch is over

@@ -236,8 +236,8 @@ class DefendedRetriever(BaseRetriever):
             pool = retriever.retrieve(query_bundle)
             with pooled(honoured, fetch):
                 kept = postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(k, fetch, len(pool), len(kept), honoured):
-                break
+            if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
+                break  # one left as it is (a read-only size) would give the same again
             fetch = wider(fetch)
         return kept[:k] if k else kept
 
@@ -250,8 +250,8 @@ class DefendedRetriever(BaseRetriever):
             pool = await retriever.aretrieve(query_bundle)
             with pooled(honoured, fetch):
                 kept = await postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
-            if fetched_enough(k, fetch, len(pool), len(kept), honoured):
-                break
+            if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
+                break  # one left as it is (a read-only size) would give the same again
             fetch = wider(fetch)
         return kept[:k] if k else kept
 
