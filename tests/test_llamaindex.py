@@ -643,3 +643,46 @@ def test_the_robustrag_synthesizer_calls_the_llm_as_llamaindex_synthesizers_do()
     response = RobustRAGSynthesizer(llm=llm).synthesize("What is the capital of France?", nodes)
     assert "Paris" in str(response)
     assert seen and all(p.startswith("[INST] SYSTEM: be brief.") for p in seen)
+
+
+def test_the_robustrag_query_engine_keeps_the_bundle_and_emits_query_events() -> None:
+    """(review) As a ``CustomQueryEngine`` it passed the query's text alone (a bundle's
+    ``custom_embedding_strs`` and embedding lost before retrieval) and emitted no query event
+    or span: traces showed no query, and its own ``callback_manager`` heard nothing."""
+    from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+
+    seen: list[QueryBundle] = []
+
+    class Recording(BaseRetriever):
+        def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            seen.append(query_bundle)
+            return [NodeWithScore(node=TextNode(text=t), score=1.0) for t in QUESTION.benign[:3]]
+
+    class Queries(BaseEventHandler):
+        names: list[str] = Field(default_factory=list)
+
+        @classmethod
+        def class_name(cls) -> str:
+            return "Queries"
+
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            self.names.append(type(event).__name__)
+
+    debug = LlamaDebugHandler()
+    engine = RobustRAGQueryEngine(
+        retriever=Recording(),
+        synthesizer=RobustRAGSynthesizer(llm=ScriptedLLM(rule=by_context)),
+        callback_manager=CallbackManager([debug]),
+    )
+    handler = Queries()
+    get_dispatcher().add_event_handler(handler)
+    try:
+        bundle = QueryBundle(QUESTION.question, custom_embedding_strs=["capital of Australia"])
+        assert engine.query(bundle).response == "Canberra"
+        assert seen[-1].custom_embedding_strs == ["capital of Australia"]
+        assert asyncio.run(engine.aquery(bundle)).response == "Canberra"
+        assert seen[-1].custom_embedding_strs == ["capital of Australia"]
+    finally:
+        get_dispatcher().event_handlers.remove(handler)
+    assert handler.names.count("QueryStartEvent") == 2 and "QueryEndEvent" in handler.names
+    assert [e.event_type for e in debug.get_events(CBEventType.QUERY)][:1] == [CBEventType.QUERY]

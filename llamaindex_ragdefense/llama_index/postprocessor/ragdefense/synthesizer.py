@@ -10,15 +10,16 @@ from collections.abc import AsyncGenerator, Generator, Sequence
 from dataclasses import replace
 from typing import Any, cast
 
+from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
-from llama_index.core.callbacks import CallbackManager
+from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
-from llama_index.core.schema import NodeWithScore
+from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
 from pydantic import Field
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
@@ -310,9 +311,7 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         """This query engine passes no ``choices``: with majority vote every query would fail
         (a subclass whose ``custom_query`` passes them is left to do so)."""
         super().model_post_init(context)
-        owner = next(c for c in type(self).__mro__ if "custom_query" in vars(c))
-        own = owner is RobustRAGQueryEngine  # not a subclass's
-        if own and self.synthesizer.robust.aggregation.name == "majority":
+        if self._own("custom_query") and self.synthesizer.robust.aggregation.name == "majority":
             raise ValueError(
                 "a query engine cannot pass choices, which majority vote needs: call "
                 "RobustRAGSynthesizer.get_response(query, chunks, choices=[...]) instead"
@@ -325,6 +324,45 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         """``RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)``."""
         return cls(retriever=retriever, synthesizer=RobustRAGSynthesizer(llm, **synthesizer_kwargs))
 
+    def query(self, str_or_query_bundle: QueryType) -> RESPONSE_TYPE:
+        """Answer a query as LlamaIndex's query engines do: its query events and span, the
+        bundle kept whole for the retriever (``custom_embedding_strs``, a given embedding);
+        ``CustomQueryEngine`` passes the query's text alone and emits neither."""
+        return BaseQueryEngine.query(self, str_or_query_bundle)
+
+    async def aquery(self, str_or_query_bundle: QueryType) -> RESPONSE_TYPE:
+        """Async :meth:`query`."""
+        return await BaseQueryEngine.aquery(self, str_or_query_bundle)
+
+    def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        with self._query_event(query_bundle) as event:
+            if self._own("custom_query"):
+                nodes = self.retriever.retrieve(query_bundle)
+                response = self.synthesizer.synthesize(query_bundle, nodes)
+            else:  # a subclass's own custom_query, given the text as CustomQueryEngine gives it
+                response = _response(self.custom_query(query_bundle.query_str))
+            event.on_end(payload={EventPayload.RESPONSE: response})
+        return response
+
+    async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        with self._query_event(query_bundle) as event:
+            if self._own("acustom_query"):
+                nodes = await self.retriever.aretrieve(query_bundle)
+                response = await self.synthesizer.asynthesize(query_bundle, nodes)
+            else:
+                response = _response(await self.acustom_query(query_bundle.query_str))
+            event.on_end(payload={EventPayload.RESPONSE: response})
+        return response
+
+    def _own(self, method: str) -> bool:
+        """Whether ``method`` is this class's, not a subclass's (LlamaIndex wraps methods, so
+        they are told apart by where they are defined)."""
+        return next(c for c in type(self).__mro__ if method in vars(c)) is RobustRAGQueryEngine
+
+    def _query_event(self, query_bundle: QueryBundle) -> Any:
+        payload: dict[str, Any] = {EventPayload.QUERY_STR: query_bundle.query_str}
+        return self.callback_manager.event(CBEventType.QUERY, payload=payload)
+
     def custom_query(self, query_str: str) -> RESPONSE_TYPE:
         """Retrieve for ``query_str``, then answer from the nodes in isolation."""
         nodes = self.retriever.retrieve(query_str)
@@ -334,3 +372,8 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         """Async :meth:`custom_query`."""
         nodes = await self.retriever.aretrieve(query_str)
         return await self.synthesizer.asynthesize(query_str, nodes)
+
+
+def _response(raw: Any) -> RESPONSE_TYPE:
+    """A subclass's ``custom_query`` result as ``CustomQueryEngine`` returns it."""
+    return Response(raw) if isinstance(raw, str) else cast(RESPONSE_TYPE, raw)
