@@ -502,3 +502,31 @@ def test_the_first_fetch_is_capped_at_what_a_defense_compares(
     store.add_texts([f"The Pacific is the largest ocean, note {i}" for i in range(30)])
     defend(store.as_retriever(search_kwargs={"k": 6}), "consensus").invoke("ocean")
     assert store.asked[0] == 10
+
+
+def test_settings_given_are_kept_and_checked_as_defend_checks_them() -> None:
+    """(review) A ``max_rounds`` set was raised to three rounds by a ``k`` given per call;
+    ``DefendedRetriever(k=True)`` was read as ``k=1`` (``defend(k=True)`` refuses it); a query
+    that is not a string failed inside the store's model (``unhashable type: 'list'``)."""
+    from pydantic import ValidationError
+
+    from langchain_ragdefense import DefendedRetriever
+    from langchain_ragdefense.compressors import ConsensusCompressor
+    from ragdefense import QueryInputError
+
+    store = _Asked(Words())
+    store.add_texts([f"The Pacific is the largest ocean, note {i}" for i in range(30)])
+    compressor = ConsensusCompressor(embeddings=Words())
+    once = DefendedRetriever(
+        base_retriever=store.as_retriever(), compressor=compressor, k=6, fetch_k=6, max_rounds=1
+    )
+    once.invoke("ocean", k=6)
+    assert store.asked == [6]  # one round, as set
+    for field in ("k", "fetch_k", "max_rounds"):
+        with pytest.raises(ValidationError):
+            DefendedRetriever(
+                base_retriever=store.as_retriever(), compressor=compressor, **{field: True}
+            )
+    for query in (123, ["ocean"]):
+        with pytest.raises(QueryInputError, match="query must be str"):
+            defend(store.as_retriever()).invoke(query)  # type: ignore[arg-type]

@@ -15,9 +15,9 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ragdefense import LangChainEmbedder
+from ragdefense import LangChainEmbedder, QueryInputError
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
@@ -67,8 +67,8 @@ class DefendedRetriever(BaseRetriever):
             (:func:`ragdefense.integration.retrieval.fetch_rounds`): ``FETCH_ROUNDS`` for a
             ``k`` given, one fetch for the base retriever's own (refilling would bring the
             context lower-ranked documents), more for a :class:`~ragdefense.Quarantine`
-            holding anything. A ``k`` given per call (``invoke(query, k=4)``) gets at least
-            ``FETCH_ROUNDS``: the caller asked for that many documents.
+            holding anything; there, a ``k`` given per call (``invoke(query, k=4)``) gets at
+            least ``FETCH_ROUNDS``: the caller asked for that many documents.
     """
 
     model_config = ConfigDict(
@@ -80,6 +80,12 @@ class DefendedRetriever(BaseRetriever):
     k: int | None = Field(default=None, ge=1)
     fetch_k: int | None = Field(default=None, ge=1)
     max_rounds: int | None = Field(default=None, ge=1)
+
+    @field_validator("k", "fetch_k", "max_rounds", mode="before")
+    @classmethod
+    def _size(cls, value: Any, info: ValidationInfo) -> int | None:
+        """As :func:`defend` reads sizes: NumPy ints too, never ``True`` or ``2.0``."""
+        return checked_size(str(info.field_name), value)
 
     def invoke(
         self, input: str, config: RunnableConfig | None = None, **kwargs: Any
@@ -103,11 +109,11 @@ class DefendedRetriever(BaseRetriever):
 
     def _plan(self, kwargs: dict[str, Any]) -> tuple[int | None, int | None, int, dict[str, Any]]:
         asked = "k" in kwargs
-        rounds = self.max_rounds
+        rounds = self.max_rounds  # as set: at most that many, a k asked per call too
         if rounds is None:  # as defend() fetches: once for the retriever's own k, unless a
             # quarantine holds chunks (then as many as it needs)
             rounds = fetch_rounds(self.compressor, asked or self.k is not None)
-        rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
+            rounds = max(rounds, FETCH_ROUNDS) if asked else rounds
         k = checked_size("k", kwargs.pop("k", self.k), "(or None for all kept)")
         ours = self.compressor if isinstance(self.compressor, DefenseCompressor) else None
         core = ours.core if ours is not None else None
@@ -126,6 +132,7 @@ class DefendedRetriever(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
+        _text_query(query)
         k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
         config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
@@ -151,6 +158,7 @@ class DefendedRetriever(BaseRetriever):
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
+        _text_query(query)
         k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
         config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
@@ -290,6 +298,13 @@ def _settled(child: Any, fetch: int) -> tuple[Any, bool]:
     if isinstance(base, VectorStoreRetriever):
         return base.model_copy(update={"search_kwargs": base.search_kwargs | args}), honoured
     return child, False
+
+
+def _text_query(query: Any) -> None:
+    """A query that is not a string, refused before the store's model embeds it (which failed
+    in its own words: ``unhashable type: 'list'``)."""
+    if not isinstance(query, str):
+        raise QueryInputError(f"query must be str, got {type(query).__name__}")
 
 
 def defend(
