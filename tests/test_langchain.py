@@ -350,6 +350,13 @@ def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVector
     with ThreadPoolExecutor(6) as pool:
         outs = list(pool.map(chain.invoke, [QUESTION.question] * 6))
     assert flight[1] == 2 and all(o["answer"] == "Canberra" for o in outs)
+    # (review) a chain LangChain rebuilds per call (configurable_fields) had a limit per call
+    from langchain_core.runnables import ConfigurableField
+
+    flight[1] = 0
+    rebuilt = chain.configurable_fields(certify=ConfigurableField(id="certify"))
+    outs = rebuilt.batch([QUESTION.question] * 4, {"configurable": {"certify": None}})
+    assert flight[1] == 2 and all(o["answer"] == "Canberra" for o in outs)
     with pytest.raises(ValidationError, match="max_concurrency"):
         chain.max_concurrency = 0  # set later, as at construction (0 slots: a run waits forever)
     with pytest.raises(ValidationError, match="certify"):

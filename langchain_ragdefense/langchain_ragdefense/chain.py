@@ -5,6 +5,7 @@ aggregation in the core."""
 from __future__ import annotations
 
 import threading
+import weakref
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -64,6 +65,26 @@ class _Slots:
         return _Slots, (self.size,)
 
 
+#: the limits of the chains over one model and one retriever: a chain LangChain builds anew
+#: for each call (``configurable_fields``, ``configurable_alternatives``) is the same chain,
+#: and shares its limit; an entry goes with its model or retriever
+_SHARED: dict[tuple[int, int, int], _Slots] = {}
+
+
+def _shared(llm: Any, retriever: Any, size: int) -> _Slots:
+    key = (id(llm), id(retriever), size)
+    slots = _SHARED.get(key)
+    if slots is None:
+        slots = _Slots(size)
+        try:
+            for owner in (llm, retriever):
+                weakref.finalize(owner, _SHARED.pop, key, None)
+        except TypeError:  # not weakly referenceable: this chain's own limit
+            return slots
+        _SHARED[key] = slots
+    return slots
+
+
 class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     """Isolate-then-aggregate question answering (RobustRAG) over a retriever.
 
@@ -104,8 +125,9 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     certify: int | None = Field(default=None, strict=True)
     _robust: RobustRAG | None = PrivateAttr(default=None)
     _built_for: tuple[Any, Any] | None = PrivateAttr(default=None)
-    #: the calls in flight across every run of this chain (``max_concurrency``): each run's
-    #: backend carries its own config, and shares this limit (hung calls keep their slots)
+    #: the calls in flight across every run of this chain (``max_concurrency``), rebuilt by
+    #: ``configurable_fields`` or not (:func:`_shared`): each run's backend carries its own
+    #: config, and shares this limit (hung calls keep their slots)
     _slots: _Slots | None = PrivateAttr(default=None)
 
     @field_validator("retriever", mode="before")
@@ -171,7 +193,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         # run's config
         with _SLOTS_LOCK:
             if self._slots is None or self._slots.size != self.max_concurrency:
-                self._slots = _Slots(self.max_concurrency)
+                self._slots = _shared(self.llm, self.retriever, self.max_concurrency)
             slots = self._slots.semaphore
         backend = LangChainLLM(
             self.llm, self.max_concurrency, timeout=None, config=dict(config), slots=slots
