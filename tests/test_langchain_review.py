@@ -530,3 +530,18 @@ def test_settings_given_are_kept_and_checked_as_defend_checks_them() -> None:
     for query in (123, ["ocean"]):
         with pytest.raises(QueryInputError, match="query must be str"):
             defend(store.as_retriever()).invoke(query)  # type: ignore[arg-type]
+
+
+def test_a_configurable_retriever_in_an_ensemble_counts_toward_its_size() -> None:
+    """(review) An ensemble's size left out a child that is a configurable retriever: the
+    defended ensemble returned the other child's k (3) where the undefended one returned 7."""
+    from langchain_classic.retrievers import EnsembleRetriever
+
+    from langchain_ragdefense._nesting import _retriever_k
+
+    store = InMemoryVectorStore.from_texts([f"budget note {i}" for i in range(20)], Words())
+    tuned = store.as_retriever().configurable_fields(search_kwargs=ConfigurableField(id="sk"))
+    other = store.as_retriever(search_kwargs={"k": 3})
+    ensemble = EnsembleRetriever(retrievers=[tuned, other], weights=[0.5, 0.5])
+    assert _retriever_k(ensemble) == 7
+    assert len(defend(ensemble, _Keep()).invoke("budget")) > 3

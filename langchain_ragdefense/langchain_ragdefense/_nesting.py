@@ -51,7 +51,8 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
         return min(top_n, under) if top_n and under else top_n or under
     children = _ensemble(retriever)
     if children is not None:
-        ks = [_retriever_k(c) for c in children if isinstance(c, BaseRetriever)]
+        found = [getattr(c, "default", c) for c in children]  # a configurable one: its default
+        ks = [_retriever_k(c) for c in found if isinstance(c, BaseRetriever)]
         return sum(k for k in ks if k is not None) or None
     own = positive_int(getattr(retriever, "k", None))
     search_kwargs = getattr(retriever, "search_kwargs", None)
