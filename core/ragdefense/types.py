@@ -19,6 +19,7 @@ __all__ = [
     "PassageLike",
     "Verdict",
     "check_embeddings",
+    "check_query",
     "check_query_embedding",
     "defend_given",
     "to_passages",

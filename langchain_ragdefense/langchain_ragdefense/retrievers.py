@@ -17,7 +17,7 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ragdefense import LangChainEmbedder, QueryInputError
+from ragdefense import LangChainEmbedder
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
@@ -30,6 +30,7 @@ from ragdefense.integration.retrieval import (
     positive_int,
     wider,
 )
+from ragdefense.types import check_query
 
 from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model, _wrapped
 from .compressors import DefenseCompressor
@@ -132,7 +133,7 @@ class DefendedRetriever(BaseRetriever):
     def _get_relevant_documents(
         self, query: str, *, run_manager: CallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        _text_query(query)
+        check_query(query)  # before the store's model embeds it (its own error, unclear)
         k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
         config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
@@ -158,7 +159,7 @@ class DefendedRetriever(BaseRetriever):
     async def _aget_relevant_documents(
         self, query: str, *, run_manager: AsyncCallbackManagerForRetrieverRun, **kwargs: Any
     ) -> list[Document]:
-        _text_query(query)
+        check_query(query)  # before the store's model embeds it (its own error, unclear)
         k, fetch, rounds, extra = self._plan(kwargs)
         child = run_manager.get_child()
         config = patch_config(_CALLER_CONFIG.get(), callbacks=child)
@@ -298,13 +299,6 @@ def _settled(child: Any, fetch: int) -> tuple[Any, bool]:
     if isinstance(base, VectorStoreRetriever):
         return base.model_copy(update={"search_kwargs": base.search_kwargs | args}), honoured
     return child, False
-
-
-def _text_query(query: Any) -> None:
-    """A query that is not a string, refused before the store's model embeds it (which failed
-    in its own words: ``unhashable type: 'list'``)."""
-    if not isinstance(query, str):
-        raise QueryInputError(f"query must be str, got {type(query).__name__}")
 
 
 def defend(

@@ -159,10 +159,8 @@ def marked_scripts(text: str) -> str:
 def _script_marks() -> dict[str, str]:
     marks = {}
     for c in "¹²³" + "".join(map(chr, range(0x2070, 0x2090))):  # where Unicode has them
-        tag, plain = (
-            unicodedata.decomposition(c).partition(" ")[0],
-            unicodedata.normalize("NFKD", c),
-        )
+        tag = unicodedata.decomposition(c).partition(" ")[0]
+        plain = unicodedata.normalize("NFKD", c)
         if tag in ("<super>", "<sub>") and plain in _DIGITS_AND_SIGNS:
             marks[c] = ("^" if tag == "<super>" else "_") + plain
     return marks

@@ -121,10 +121,18 @@ class ConcurrentLLM(LLM):
         await starts no further call (a client gone does not leave the batch running)."""
         if type(self).generate is not ConcurrentLLM.generate:  # a subclass's own batching
             return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
-        cancel = threading.Event()
-        args = (self.call, prompts, self.max_concurrency, self._deadline(timeout))
+        cancel, budget = threading.Event(), self._deadline(timeout)
         try:
-            return await asyncio.to_thread(run_threads, *args, max_new_tokens, self._slots, cancel)
+            return await asyncio.to_thread(
+                run_threads,
+                self.call,
+                prompts,
+                self.max_concurrency,
+                budget,
+                max_new_tokens,
+                self._slots,
+                cancel,
+            )
         except asyncio.CancelledError:
             cancel.set()
             raise

@@ -335,22 +335,17 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         return await BaseQueryEngine.aquery(self, str_or_query_bundle)
 
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        # a subclass's own custom_query gets the text, as CustomQueryEngine gives it
+        query = query_bundle if self._own("custom_query") else query_bundle.query_str
         with self._query_event(query_bundle) as event:
-            if self._own("custom_query"):
-                nodes = self.retriever.retrieve(query_bundle)
-                response = self.synthesizer.synthesize(query_bundle, nodes)
-            else:  # a subclass's own custom_query, given the text as CustomQueryEngine gives it
-                response = _response(self.custom_query(query_bundle.query_str))
+            response = _response(self.custom_query(query))
             event.on_end(payload={EventPayload.RESPONSE: response})
         return response
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
+        query = query_bundle if self._own("acustom_query") else query_bundle.query_str
         with self._query_event(query_bundle) as event:
-            if self._own("acustom_query"):
-                nodes = await self.retriever.aretrieve(query_bundle)
-                response = await self.synthesizer.asynthesize(query_bundle, nodes)
-            else:
-                response = _response(await self.acustom_query(query_bundle.query_str))
+            response = _response(await self.acustom_query(query))
             event.on_end(payload={EventPayload.RESPONSE: response})
         return response
 
@@ -363,12 +358,13 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         payload: dict[str, Any] = {EventPayload.QUERY_STR: query_bundle.query_str}
         return self.callback_manager.event(CBEventType.QUERY, payload=payload)
 
-    def custom_query(self, query_str: str) -> RESPONSE_TYPE:
-        """Retrieve for ``query_str``, then answer from the nodes in isolation."""
+    def custom_query(self, query_str: QueryType) -> RESPONSE_TYPE:
+        """Retrieve for ``query_str`` (a text, or the whole bundle :meth:`query` was given),
+        then answer from the nodes in isolation."""
         nodes = self.retriever.retrieve(query_str)
         return self.synthesizer.synthesize(query_str, nodes)
 
-    async def acustom_query(self, query_str: str) -> RESPONSE_TYPE:
+    async def acustom_query(self, query_str: QueryType) -> RESPONSE_TYPE:
         """Async :meth:`custom_query`."""
         nodes = await self.retriever.aretrieve(query_str)
         return await self.synthesizer.asynthesize(query_str, nodes)
