@@ -336,3 +336,39 @@ def test_stage_two_ties_in_float_noise_fall_to_input_position() -> None:
     order = [6, 3, 0, 5, 2, 1, 4]
     r = RAGDefender().defend_embeddings("about things?", [texts[i] for i in order], emb[order])
     assert sorted(order[i] for i in r.removed_indices) == [1, 3, 5]
+
+
+def test_stage2_takes_every_pair_tied_with_the_last_one() -> None:
+    """Two exact copies each of two texts: the one pair C(2, 2) allows is tied with the other;
+    taking the first one met let input order decide which texts went."""
+    sim = np.array([[1, 1, 0.5, 0.5], [1, 1, 0.5, 0.5], [0.5, 0.5, 1, 1], [0.5, 0.5, 1, 1.0]])
+    f, pairs = pair_frequency_scores(sim, n_adv=2)
+    assert pairs == [(0, 1), (2, 3)] and f.tolist() == [1, 1, 1, 1]
+
+
+def test_which_copies_go_does_not_depend_on_retrieval_order() -> None:
+    rng = np.random.default_rng(3)
+    topic = rng.normal(size=16)
+    query = topic + 0.5 * rng.normal(size=16)
+    near, *others = [query + 0.3 * rng.normal(size=16)] + [
+        topic + rng.normal(size=16) for _ in range(5)
+    ]
+    texts = ["Sydney is the capital.", "Sydney is the capital.", "Canberra is the capital."]
+    texts += ["Canberra is the capital.", "Parliament sits there.", "Founded 1913.", "ACT.", "HC."]
+    emb = np.array([near, near, others[0], *others])
+    gone = []
+    for order in ([0, 1, 2, 3, 4, 5, 6, 7], [2, 3, 0, 1, 4, 5, 6, 7]):
+        r = RAGDefender(task_type="single_hop").defend_embeddings(
+            "what is the capital?", [texts[i] for i in order], emb[order], query
+        )
+        gone.append(sorted(texts[order[i]] for i in r.removed_indices))
+    assert gone[0] == gone[1] and len(gone[0]) == 2
+
+
+def test_a_zero_vector_is_set_aside_not_taken_for_the_benign_side() -> None:
+    """A passage embedded as zeros (an empty text, a placeholder row) was one cluster of its
+    own: the vote made the real passages the larger, adversarial one."""
+    emb = np.vstack([np.tile([1.0, 0.5, 0.2], (3, 1)), np.zeros(3)])
+    texts = ["Canberra is the capital of Australia."] * 3 + [""]
+    r = RAGDefender().defend_embeddings("what is the capital of australia", texts, emb)
+    assert r.removed_indices == [] and "zero vector" in r.verdicts[3].reason

@@ -11,15 +11,15 @@ Departures from the authors' package (``ragdefender`` 0.2.0), all deliberate:
 * concentration estimate: as in the paper (local mean AND local median above the global ones,
   self-similarity excluded), not the authors' OR / self-similarity / "flip" variant;
 * ties in the Stage 2 score are broken by a passage's total similarity to the others, then by
-  input position, never arbitrarily; copies of one text are passages of their own, as in the
-  paper (each copy judged by its pairs: one can be removed while another stays);
+  input position; pairs as similar as the last of the most similar pairs are taken too (copies
+  tie exactly); copies of one text are passages of their own, as in the paper;
 * ``task_type="auto"`` is implemented (the authors' package raises on it): :func:`choose_task_type`;
 * fewer than ``min_passages`` passages, no spread at all (all identical), or a tie at the
   two-cluster cut (all equally far apart; scikit-learn splits them arbitrarily) give no
   estimate: nothing is removed, and the result says why;
-* off-topic passages are set aside before Stage 1 (:func:`off_topic`) and kept: passages
-  unrelated to all the others (an empty one, a document about something else) would be one
-  side of the two-cluster split, and the vote would flag every on-topic passage.
+* off-topic passages (:func:`off_topic`) and zero vectors are set aside before Stage 1 and
+  kept: a passage unrelated to all the others (empty, about something else, with no direction)
+  would be one side of the two-cluster split, and the vote would flag every on-topic passage.
 """
 
 from __future__ import annotations
@@ -119,12 +119,15 @@ def estimate_by_concentration(sim: np.ndarray) -> Stage1Estimate:
 def pair_frequency_scores(
     sim: np.ndarray, n_adv: int, p: float = 2.0
 ) -> tuple[np.ndarray, list[tuple[int, int]]]:
-    """Stage 2 score: over the top ``max(1, C(n_adv, 2))`` most similar pairs (i < j), each
-    passage of a pair gets ``sign(s)·|s|^p``. Returns the scores and the pairs used."""
+    """Stage 2 score: over the top ``max(1, C(n_adv, 2))`` most similar pairs (i < j), and any
+    pair as similar as the last of them (an order-free cut), each passage of a pair gets
+    ``sign(s)·|s|^p``. Returns the scores and the pairs used."""
     n = sim.shape[0]
     iu, ju = np.triu_indices(n, k=1)
+    s = np.round(sim[iu, ju], 12)  # noise: a tie
     n_pairs = min(max(1, comb(n_adv, 2)), iu.size)
-    order = np.argsort(-sim[iu, ju], kind="stable")[:n_pairs]
+    order = np.argsort(-s, kind="stable")
+    order = order[: np.count_nonzero(s >= s[order[n_pairs - 1]])] if n_pairs else order[:0]
     i, j = iu[order], ju[order]
     s = sim[i, j]
     w = np.sign(s) * np.abs(s) ** p
@@ -294,6 +297,7 @@ class RAGDefender:
         aside: dict[int, str] = {}
         if self.off_topic is not None:
             aside = off_topic(embeddings, sim, query_sim, self.off_topic, self.min_passages - 1)
+        aside |= dict.fromkeys(np.flatnonzero(~embeddings.any(axis=1)).tolist(), "a zero vector")
         alive = [i for i in range(n) if i not in aside]
         if len(alive) < self.min_passages:
             why = f"{len(aside)} passage(s) set aside as off-topic: too few left to estimate"
@@ -309,12 +313,8 @@ class RAGDefender:
             est = estimate_by_concentration(sub_sim)
         assert est is not None
         n_adv = min(est.n_adv, len(alive) - 1)  # the threat model keeps one benign passage
-        estimates: dict[str, Any] = {
-            "task_type": chosen,
-            "n_adv": n_adv,
-            "stage1": est.method,
-            **est.details,
-        }
+        estimates: dict[str, Any] = {"task_type": chosen, "n_adv": n_adv, "stage1": est.method}
+        estimates |= est.details
         if task == "auto" and vote is not None:  # the vote that chose, beside the estimate used
             heavy, half = vote.details["keyword_heavy"], len(alive) / 2
             said = "majority" if heavy > half else "tie" if heavy == half else "minority"
