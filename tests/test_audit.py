@@ -346,9 +346,10 @@ def test_a_knowledge_base_ingested_three_times_flags_no_more_honest_texts(
 ) -> None:
     """Every text stored three times (the honest ones and the planted): each text's copies, as
     many as the knowledge base stores of its texts as a rule, are one chunk, so the audit
-    flags no more honest texts than in one ingestion (it flagged every text) and nearly every
-    planted set still (other texts' copies crowd the neighbour lists); five more copies of one
-    planted text are a set."""
+    flags no more honest texts than in one ingestion (it flagged every text) and most planted
+    sets still (other texts' copies crowd the neighbour lists, and each list is a neighbour
+    short: read as one, not as a neighbour at cosine 0, which lifted every chunk's isolation);
+    five more copies of one planted text are a set."""
     from ragdefense.data import demo_documents
 
     once = [t for t, _ in demo_documents()]
@@ -359,7 +360,7 @@ def test_a_knowledge_base_ingested_three_times_flags_no_more_honest_texts(
         report = audit(ListCorpus(kb, [f"c{i}" for i in range(len(kb))]), workdir=tmp_path / name)
         found[name] = {kb[int(f.id[1:])] for f in report.suspicious}
     assert len(found["thrice"] - planted - {extra}) <= len(found["once"] - planted)
-    assert len(found["thrice"] & planted) >= 0.9 * len(planted) and planted <= found["once"]
+    assert len(found["thrice"] & planted) >= 0.8 * len(planted) and planted <= found["once"]
     assert extra in found["thrice"]
 
 
@@ -407,6 +408,32 @@ def test_isolation_of_a_tight_small_group() -> None:
     assert isolation(flat, 3)[0] == pytest.approx(0.0)
     assert isolation(group, 3)[0] == pytest.approx(np.mean([0.95, 0.94, 0.93, 0.93]) - 0.3)
     assert isolation(pair, 3)[0] < isolation(pair, 2)[0]  # a pair is no group of three
+    assert isolation(np.zeros((0, 10)), 3).shape == (0,)
+
+
+def test_isolation_reads_padding_as_no_neighbour() -> None:
+    """Fewer neighbours than the list holds (a small knowledge base, or one stored several
+    times, its copies dropped): the padding read as cosine 0 made one topic a set far from
+    the rest."""
+    row = np.array([[0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0.7, 0, 0, 0]])
+    assert isolation(row, 3, np.array([7]))[0] == pytest.approx(0.0)
+    assert isolation(row, 3)[0] == pytest.approx(0.7)  # the list read as full
+    group = np.array([[0.95, 0.94, 0.93, 0.3, 0.3, 0, 0]])
+    assert isolation(group, 3, np.array([5]))[0] == pytest.approx(0.94 - 0.3)
+    assert isolation(group, 3, np.array([2]))[0] == 0.0  # too few to tell
+
+
+def test_a_small_single_topic_knowledge_base_is_not_suspicious(tmp_path: Path) -> None:
+    vectors = np.random.default_rng(0).normal(size=(8, 32)) * 0.4 + 1.0
+    texts = [f"Our product manual, section {i}, explains setting {i}." for i in range(8)]
+    ids = [f"c{i}" for i in range(8)]
+
+    def embed(batch: list[str]) -> np.ndarray:  # the probes
+        return np.vstack([np.random.default_rng(len(t)).normal(size=32) for t in batch])
+
+    corpus = ListCorpus(texts, ids, None, vectors.astype(np.float32))
+    report = audit(corpus, embedder=embed, workdir=tmp_path / "w")
+    assert report.stats["suspicious"] == 0
 
 
 def test_probes_from_titles_and_first_sentences() -> None:

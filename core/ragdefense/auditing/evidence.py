@@ -171,19 +171,18 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
     )  # fmt: skip
 
 
-def isolation(sims: np.ndarray, min_group: int) -> np.ndarray:
-    """Per row of neighbour similarities (best first, self excluded): the largest
-    ``mean(s_1..s_j) - mean(s_j+1..s_K)`` for ``min_group - 1 <= j <= K - 2`` (0 when K is too
-    small)."""
+def isolation(sims: np.ndarray, min_group: int, found: np.ndarray | None = None) -> np.ndarray:
+    """Per row of neighbour similarities (best first, self excluded; ``found``: how many of a
+    row's are neighbours, the rest padding): the largest ``mean(s_1..s_j) - mean(s_j+1..s_K)``
+    for ``min_group - 1 <= j <= K - 2``, K the row's neighbours (0 when K is too small)."""
     n, k = sims.shape
-    best = np.zeros(n)
-    if n == 0:
-        return best
-    total = np.cumsum(sims, axis=1)
+    found = np.full(n, k) if found is None else np.minimum(found, k)
+    total, best = np.cumsum(sims, axis=1), np.zeros(n)
+    last = total[np.arange(n), np.maximum(found, 1) - 1]
     for j in range(max(1, min_group - 1), k - 1):
         head = total[:, j - 1] / j
-        tail = (total[:, -1] - total[:, j - 1]) / (k - j)
-        best = np.maximum(best, head - tail)
+        tail = (last - total[:, j - 1]) / np.maximum(found - j, 1)
+        best = np.where(j <= found - 2, np.maximum(best, head - tail), best)
     return best
 
 
@@ -216,10 +215,11 @@ def find_groups(
         others &= ~one_chunk(wd, start, s, p, others, allowed)  # a knowledge base ingested again
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
-        isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group))
+        found = others.sum(axis=1)  # fewer than reach: a small or copied knowledge base
+        isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group, found))
         firsts.append(np.where(others.any(axis=1), neighbour_sims[:, 0], np.nan))
         if wide:
-            wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group))
+            wides.append(isolation(neighbour_sims[:, :wide], scoring.min_group, found))
         # the group graph and the neighbours kept for the report: the k nearest
         valid = np.take_along_axis(others, order, axis=1)[:, :k]
         near = np.where(valid, np.take_along_axis(p, order, axis=1)[:, :k], -1).astype(np.int64)
