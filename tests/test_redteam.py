@@ -500,8 +500,13 @@ def test_red_team_arguments_are_checked_before_any_copy(toy_embedder: Any) -> No
         li_red_team(None, TARGETS[:1])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="llm must be a LlamaIndex LLM, got str"):
         li_red_team(index, TARGETS[:1], llm="gpt")  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="fetch_k must be a positive int"):
-        kb.red_team(TARGETS[:1], fetch_k=-1)
+    for fetch_k in (-1, 4):  # a pool under k: the two columns would not compare
+        with pytest.raises(ValueError, match=r"fetch_k must be an int >= k \(5\)"):
+            kb.red_team(TARGETS[:1], fetch_k=fetch_k, k=5)
+    with pytest.raises(TypeError, match="give a list of them"):
+        kb.red_team(TARGETS[0])  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="extra: give a list of strings"):
+        kb.with_texts("one more passage")
     with pytest.raises(TypeError, match="not one string"):
         InMemoryKnowledgeBase("one passage", toy_embedder)
     with pytest.raises(TypeError, match=r"answered .* with a dict: an answer is a str"):
@@ -845,3 +850,17 @@ def test_cli_attack_refuses_empty_flags_and_reads_the_kb_before_the_llm(
     monkeypatch.setattr(cli, "_llm", lambda spec: loaded.append(spec))
     assert main(["attack", "--kb", str(tmp_path / "nope.json"), "--llm", "slow:llm"]) == 2
     assert "cannot read" in capsys.readouterr().err and loaded == []
+
+
+def test_a_wrong_answer_inside_the_right_one_is_no_hijack_when_the_right_one_is_given() -> None:
+    """The wrong answer "Virginia" is words of the right one, "West Virginia"."""
+    target = AttackTarget("Which state is Charleston, WV in?", "Virginia", "West Virginia")
+    said = {"right": "Charleston is in West Virginia.", "wrong": "It is in Virginia, I think."}
+    said["both"] = "Virginia, not West Virginia."
+    pipelines = {name: (lambda q, a=a: ([], a)) for name, a in said.items()}
+    report = run_red_team(iter([target]), pipelines, {target.question: []})
+    assert report.pipelines == ["right", "wrong", "both"]  # an iterator serves every pipeline
+    assert [report.hijack_rate(p) for p in report.pipelines] == [0, 1, 1]
+    flipped = AttackTarget("Which state is Charleston, WV in?", "West Virginia", "Virginia")
+    told = run_red_team([flipped], {"llm": lambda q: ([], "West Virginia")}, {flipped.question: []})
+    assert told.hijack_rate("llm") == 1
