@@ -3,10 +3,11 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from benchmarks import DataError, load_poisonedrag
-from ragdefense.attacks import multi_answer, poisonedrag, prompt_injection
+from ragdefense.attacks import make_poison, multi_answer, poisonedrag, prompt_injection
 
 
 def test_poisonedrag_format() -> None:
@@ -146,3 +147,25 @@ def test_rewrites_keep_the_attackers_answer_whole() -> None:
     for attack in ("synonym", "typo", "paraphrase", "dispersed", "news", "no-prefix"):
         (out,) = make_poison(attack, q, "J.R.R. Tolkien", 1, [text], hosts=["A book. Sold well."])
         assert "J.R.R. Tolkien" in out, attack
+
+
+@pytest.mark.parametrize(
+    ("args", "error", "message"),
+    [
+        (("", 2), ValueError, "blank"),
+        ((42, 2), TypeError, "must be a str"),
+        (("Marlowe", 2.0), TypeError, "n is 2.0"),
+        (("Marlowe", True), TypeError, "n is True"),
+    ],
+)
+def test_make_poison_refuses_what_would_assert_nothing(
+    args: tuple[object, object], error: type[Exception], message: str
+) -> None:
+    with pytest.raises(error, match=message):
+        make_poison("poisonedrag", "Who wrote Hamlet?", *args)  # type: ignore[arg-type]
+
+
+def test_make_poison_reads_one_string_as_no_list_of_texts() -> None:
+    with pytest.raises(TypeError, match="one string"):
+        make_poison("no-prefix", "Who wrote Hamlet?", "Marlowe", 1, "Marlowe did.")
+    assert len(make_poison("no-prefix", "Who wrote Hamlet?", "Marlowe", np.int64(2))) == 2

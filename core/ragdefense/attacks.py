@@ -293,7 +293,9 @@ def make_poison(
       passage without the question.
 
     Raises:
-        ValueError: ``n`` is negative, or ``attack`` is not one of :data:`ATTACKS`.
+        ValueError: ``n`` is negative, ``wrong_answer`` blank, or ``attack`` not one of
+            :data:`ATTACKS`.
+        TypeError: ``n`` is not an int, ``wrong_answer`` not a string, or ``texts`` one string.
 
     Examples:
         >>> make_poison("poisonedrag", "Who wrote Hamlet?", "Marlowe", 2, texts=["Marlowe did."])
@@ -301,6 +303,14 @@ def make_poison(
         >>> make_poison("no-prefix", "Who wrote Hamlet?", "Marlowe", 1)
         ['The answer is Marlowe.']
     """
+    if isinstance(n, bool) or not hasattr(n, "__index__") or isinstance(texts, str):
+        what = f"texts is one string, {texts!r}" if isinstance(texts, str) else f"n is {n!r}"
+        raise TypeError(f"{what}: give an int n and a list of texts")
+    n = n.__index__()
+    if not isinstance(wrong_answer, str):
+        raise TypeError(f"wrong_answer must be a str, got {type(wrong_answer).__name__}")
+    if not wrong_answer.strip():
+        raise ValueError("wrong_answer is blank: the poison would assert nothing")
     if n < 0:
         raise ValueError(f"the number of poison passages must be >= 0, got {n}")
     if n == 0:
