@@ -335,6 +335,11 @@ def test_secure_decoding_refuses_probabilities_that_are_not_finite() -> None:
     assert _finite(good) is good
     with pytest.raises(ValueError, match=r"context\(s\) \[1\] are not finite"):
         _finite(np.array([[0.25] * 4, [np.nan] * 4]))
+    # log-probabilities, or scores, break the bound a certificate counts on: one row, one vote
+    for row in (np.log([0.4, 0.3, 0.2, 0.1]), [0.9, 0.9, 0.0, 0.0]):
+        with pytest.raises(ValueError, match=r"\[1\] are no distribution"):
+            _finite(np.array([[0.25] * 4, row]))
+    assert _finite(np.array([[0.5, 0.2, 0.0, 0.0]])).shape == (1, 4)  # a truncated row
 
 
 def test_i_dont_know_is_tokenized_as_written_after_the_prompt() -> None:

@@ -345,12 +345,16 @@ def _idk_tokens(llm: Any, prompt: str) -> list[int]:
 def _finite(probs: Any, numbers: Sequence[int] | None = None, after: str | None = None) -> Any:
     """``probs`` where every row is a distribution of finite numbers, else ``ValueError``: one
     NaN row would make every average NaN and every token silently the no-retrieval one (and a
-    certificate's verdict meaningless). ``numbers``: the passage number of each row but the
+    certificate's verdict meaningless); a row of log-probabilities or scores, negative or summing
+    past 1 (a truncated row may sum to less), would break the bound each context's row is
+    certified on (it moves a sum by at most 1). ``numbers``: the passage number of each row but the
     last, the no-retrieval context's, which the error names so; ``after``: the output decoded
     so far on the certificate's branch. Returned in float64: a model's float32 rows, averaged
     in float32, leave a tie a gap past :data:`TIE_TOLERANCE`."""
     probs = np.asarray(probs, dtype=np.float64)
-    bad = np.flatnonzero(~np.isfinite(probs).all(axis=1)).tolist()
+    finite = np.isfinite(probs).all(axis=1)
+    ok = finite & (probs >= -1e-6).all(axis=1) & (probs.sum(axis=1) <= 1 + 1e-3)
+    bad = np.flatnonzero(~ok).tolist()
     if not bad:
         return probs
     where = f"context(s) {bad}"
@@ -360,4 +364,5 @@ def _finite(probs: Any, numbers: Sequence[int] | None = None, after: str | None 
         parts += ["the no-retrieval context"] if any(i >= len(numbers) for i in bad) else []
         where = " and ".join(parts)
     on = "" if after is None else f" while certifying, after the output {after!r}"
-    raise ValueError(f"the model's next-token probabilities of {where} are not finite{on}")
+    what = "not finite" if not finite[bad].all() else "no distribution (< 0 or summing past 1)"
+    raise ValueError(f"the model's next-token probabilities of {where} are {what}{on}")
