@@ -503,3 +503,48 @@ def test_the_llamaindex_synthesizer_reports_its_nodes_ids_and_metadata() -> None
             (f"node-{i}", {"s": i}) for i in range(3)
         ]
     synth.get_response("q?", ["a", "b"], choices=["x", "y"])  # no synthesis: no nodes to name
+
+
+def _voting(*letters: str) -> RobustRAG:
+    """A majority-vote RobustRAG whose isolated answer to passage i is ``letters[i]``."""
+
+    def answer(prompt: str) -> str:
+        return letters[int(prompt.split("passage number ")[1].split(".")[0])]
+
+    return RobustRAG(llm=CallableLLM(answer), aggregation="majority")
+
+
+def test_a_tied_majority_goes_to_the_best_ranked_passages_vote() -> None:
+    """Votes B, B, A, A: the earliest letter won a tie whatever the ranking."""
+    passages = [f"This is passage number {i}." for i in range(4)]
+    rr = _voting("B", "B", "A", "A")
+    result = rr.answer("Capital?", passages, choices=["Sydney", "Canberra"])
+    assert result.answer == "B. Canberra" and "a tie: the best-ranked" in result.reason
+    flipped = _voting("A", "B", "B", "A").answer("Capital?", passages, choices=["Sydney", "X"])
+    assert flipped.answer == "A. Sydney"
+
+
+def test_choices_must_come_in_an_order_and_are_checked_without_passages() -> None:
+    rr = RobustRAG(llm=CallableLLM(str), aggregation="majority")
+    with pytest.raises(ValueError, match="in a list or tuple, got a set"):
+        rr.answer("Capital?", ["a passage"], choices={"Sydney", "Canberra"})  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="needs 2 to 4 choices"):
+        rr.answer("Capital?", [], choices=None)  # a list with passages is refused: so is none
+
+
+@pytest.mark.parametrize(
+    ("setting", "error"),
+    [
+        ({"max_passage_chars": True}, TypeError),
+        ({"max_passage_chars": float("nan")}, TypeError),
+        ({"max_passage_chars": "100"}, TypeError),
+        ({"timeout": True}, TypeError),
+        ({"timeout": "5"}, TypeError),
+        ({"timeout": float("nan")}, ValueError),
+    ],
+)
+def test_robustrag_settings_of_the_wrong_type_are_refused(
+    setting: dict[str, Any], error: type[Exception]
+) -> None:
+    with pytest.raises(error, match=next(iter(setting))):
+        RobustRAG(llm=CallableLLM(str), **setting)

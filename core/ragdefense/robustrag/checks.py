@@ -117,6 +117,22 @@ def check_count(**settings: Any) -> None:
             raise TypeError(f"{name} must be an int, got {type(value).__name__}: {value!r}")
 
 
+def check_engine(
+    max_new_tokens: Any, timeout: Any, max_passage_chars: Any, isolated_prompt: str
+) -> None:
+    """A :class:`~ragdefense.robustrag.RobustRAG`'s own settings, each of its type and range
+    (``True`` is no cap of 1 character, nor a timeout of 1 second)."""
+    check_count(max_new_tokens=max_new_tokens, max_passage_chars=max_passage_chars or 1)
+    check_real(timeout=timeout or 1.0)  # None: no limit; 0 is refused below
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if timeout is not None and not timeout > 0:
+        raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
+    if max_passage_chars is not None and max_passage_chars < 1:
+        raise ValueError(f"max_passage_chars must be >= 1 (or None), got {max_passage_chars}")
+    check_templates(isolated_prompt=isolated_prompt)
+
+
 def check_attack(attack: str) -> None:
     if attack not in ("injection", "modification"):
         raise ValueError(f"attack must be 'injection' or 'modification', got {attack!r}")

@@ -6,8 +6,10 @@ result only by a bounded amount. One module per aggregation, each with its certi
 :mod:`.keyword_aggregation`, :mod:`.majority_vote`, :mod:`.secure_decoding`. This module holds the
 class users call; the sync and async methods drive the same flow (:mod:`.flow`).
 
-Passages must be given in retrieval rank order: an injection attack pushes out the *bottom* k'
-passages.
+Passages must be given in retrieval rank order, and be the retriever's full top k: an injection
+attack pushes out the *bottom* k' passages. Where retrieval may return fewer (a score threshold,
+a small store, a filter before it), injected passages are added, not swapped in: the
+certificate does not cover that.
 """
 
 from __future__ import annotations
@@ -22,11 +24,11 @@ from typing import Any, Literal, Protocol
 from ..llm import LLM, as_llm
 from ..text import well_formed
 from ..types import Passage, PassageLike, check_query, to_passages
-from .checks import check_alike, check_certify, check_installed, check_templates, deciding
+from .checks import check_alike, check_certify, check_engine, check_installed, deciding
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
 from .keywords import SPACY_LOCK, load_spacy
-from .majority_vote import MajorityVote
+from .majority_vote import MajorityVote, check_choices
 from .secure_decoding import SecureDecoding
 from .types import IDK, ISOLATED_PROMPT, Attack, Certificate, RobustAnswer
 
@@ -133,15 +135,7 @@ class RobustRAG:
         elif not isinstance(aggregation, (KeywordAggregation, MajorityVote, SecureDecoding)):
             what = f"an aggregation's settings or name, got {aggregation!r}"
             raise TypeError(f"aggregation must be {what}")
-        if isinstance(max_new_tokens, bool) or not hasattr(max_new_tokens, "__index__"):
-            raise TypeError(f"max_new_tokens must be an int, got {max_new_tokens!r}")
-        if max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
-        if timeout is not None and not timeout > 0:
-            raise ValueError(f"timeout must be > 0 seconds (or None), got {timeout!r}")
-        if max_passage_chars is not None and max_passage_chars < 1:
-            raise ValueError(f"max_passage_chars must be >= 1 (or None), got {max_passage_chars}")
-        check_templates(isolated_prompt=isolated_prompt)
+        check_engine(max_new_tokens, timeout, max_passage_chars, isolated_prompt)
         self.aggregation: Aggregation = aggregation
         self.max_passage_chars = None if max_passage_chars is None else int(max_passage_chars)
         self._llm = llm
@@ -333,8 +327,8 @@ class RobustRAG:
             certify = check_certify(certify, attack, gold)
             if certify is None and gold is not None:  # it shapes a certificate only
                 raise ValueError("gold= takes effect with certify=k' only (the certificate's)")
-        if choices is not None and self.aggregation.name != "majority":
-            raise ValueError(f"choices are for aggregation='majority', not {self.aggregation.name}")
+        if choices is not None or self.aggregation.name == "majority":  # passages or none
+            check_choices(choices, self.aggregation.name)
         if not items:
             empty = RobustAnswer(query, IDK, self.aggregation.name, (), "no passages were given")
             if certify is not None:  # a certificate asked for is always given, here a refusal

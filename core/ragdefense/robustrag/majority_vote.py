@@ -62,9 +62,16 @@ def _choice(text: str) -> str | None:
     return next(g for g in m.groups() if g).upper()
 
 
-def check_choices(choices: Sequence[str] | None) -> list[str]:
-    """The choices as strings, or ``ValueError`` unless there are 2 to 4."""
-    if not choices or isinstance(choices, str) or not 2 <= len(choices) <= 4:
+def check_choices(choices: Sequence[str] | None, aggregation: str = "majority") -> list[str]:
+    """The choices as strings, or ``ValueError`` unless there are 2 to 4, in an order (a
+    list or tuple: a set's order, and so each choice's letter, changes from run to run), for
+    the ``aggregation`` that takes them."""
+    if aggregation != "majority":
+        raise ValueError(f"choices are for aggregation='majority', not {aggregation}")
+    if not isinstance(choices, Sequence) or isinstance(choices, str):
+        got = type(choices).__name__
+        raise ValueError(f"majority vote needs 2 to 4 choices in a list or tuple, got a {got}")
+    if not 2 <= len(choices) <= 4:
         raise ValueError("majority vote needs 2 to 4 choices (letters A-D; E = no information)")
     return [str(c) for c in choices]
 
@@ -125,10 +132,13 @@ class _Majority:
         if not votes:
             why = "every isolated answer abstained (no information found)" + note
             return RobustAnswer(query, IDK, "majority", responses, why, choices=offered)
-        ranked = sorted(votes.items(), key=lambda kv: (-kv[1], kv[0]))
+        said = [r.choice for r in responses]  # a tie: the best-ranked passage's vote wins
+        ranked = sorted(votes.items(), key=lambda kv: (-kv[1], said.index(kv[0])))
         winner, count = ranked[0]
         runner = ranked[1][1] if len(ranked) > 1 else 0
-        why = f"{winner} has {count} of {sum(votes.values())} votes (runner-up {runner})" + note
+        tie = ", a tie: the best-ranked passage's vote" if runner == count else ""
+        why = f"{winner} has {count} of {sum(votes.values())} votes (runner-up {runner}{tie})"
+        why += note
         text = f"{winner}. {offered[ord(winner) - ord('A')]}"
         return RobustAnswer(
             query,
