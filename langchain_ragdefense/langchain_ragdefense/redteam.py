@@ -10,6 +10,7 @@ from typing import Any
 
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
+from langchain_core.messages import BaseMessage
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable
 from langchain_core.vectorstores import InMemoryVectorStore, VectorStore
@@ -278,11 +279,18 @@ def _ask(runnable: Runnable[Any, Any], question: str) -> Any:
 ANSWER_KEYS = ("answer", "output", "result")
 
 
-def _text(output: Any) -> str:
-    """The answer in a chain's output: a message's content, a mapping's answer key, or the
-    output as a string. A mapping without an answer key is refused: read as a whole, it holds
-    the retrieved documents, whose poison would be taken for the answer."""
-    content = getattr(output, "content", output)
+def _said(output: Any) -> Any:
+    """A message's text (its text blocks alone: a reasoning model's thinking, which may weigh
+    the poison, is no answer), else the output's content, else the output."""
+    return output.text if isinstance(output, BaseMessage) else getattr(output, "content", output)
+
+
+def _text(output: Any) -> str | None:
+    """The answer in a chain's output: a message's text, a mapping's answer key, or the
+    output as a string (``None`` under the answer key: no answer). A mapping without an answer
+    key is refused: read as a whole, it holds the retrieved documents, whose poison would be
+    taken for the answer."""
+    content = _said(output)
     if isinstance(content, Mapping):
         key = next((k for k in ANSWER_KEYS if k in content), None)
         if key is None:
@@ -291,6 +299,5 @@ def _text(output: Any) -> str:
                 f"{list(ANSWER_KEYS)}: end the chain with the answer (e.g. "
                 "chain | itemgetter('your_key'))"
             )
-        content = content[key]
-        content = getattr(content, "content", content)
-    return str(content)
+        content = _said(content[key])
+    return None if content is None else str(content)
