@@ -323,3 +323,12 @@ def test_a_query_similarity_never_measured_is_not_reported() -> None:
     assert all("query sim" not in v.reason for v in result.verdicts)
     assert all(np.isnan(v.details["query_sim"]) for v in result.verdicts)
     assert result.to_dict()["verdicts"][0]["details"]["query_sim"] is None
+    (alone,) = GRADA().defend("Who wrote Hamlet?", [text]).verdicts  # one passage: no graph
+    assert np.isnan(alone.details["query_sim"]) and "query sim" not in alone.reason
+
+
+def test_exclude_takes_passage_indices_only() -> None:
+    texts = ["Hamlet is by Shakespeare.", "Marlowe wrote plays.", "Hamlet is a tragedy."]
+    for bad in ({"a": "x"}, {True: "x"}, {3: "x"}):
+        with pytest.raises(ValueError, match="exclude has indices outside"):
+            GRADA().defend_embeddings("Who wrote Hamlet?", texts, exclude=bad)  # type: ignore[arg-type]

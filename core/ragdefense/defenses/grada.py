@@ -197,8 +197,8 @@ class GRADA:
         items = to_passages(passages)
         m = len(items)
         peeled = dict(exclude or {})
-        if any(not 0 <= i < m for i in peeled):
-            raise ValueError(f"exclude has indices outside 0..{m - 1}: {sorted(peeled)}")
+        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < m for i in peeled):
+            raise ValueError(f"exclude has indices outside 0..{m - 1}: {sorted(peeled, key=repr)}")
         _, copy_of = distinct(items, embeddings)  # a copy would support its own text
         copies = {c: first for first, later in copy_of.items() for c in later}
         keep = (m - len(copies)) // 2 if self.n is None else self.n
@@ -209,7 +209,7 @@ class GRADA:
                 query,
                 items,
                 np.full(m, 1.0),
-                np.zeros(m),
+                np.full(m, np.nan),  # never measured
                 np.zeros((m, m)),
                 keep,
                 {"note": "fewer than 2 passages: nothing to rerank"},
