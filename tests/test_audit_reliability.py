@@ -395,9 +395,18 @@ def test_scoring_is_checked_when_made_and_written_as_json(tmp_path: Path) -> Non
         (Scoring(wide_threshold=-1.0), ValueError),
         (Scoring(min_group=1), ValueError),
         (Scoring(max_group=2.5), TypeError),  # type: ignore[arg-type]
+        (Scoring(threshold=0), ValueError),  # every chunk suspicious
+        (Scoring(probe_weight=3.0), ValueError),  # scores below 0: none found
+        (Scoring(group_similarity=1.5), ValueError),  # no group: a quarantine holding nothing
+        (Scoring(victim_share=3.0), ValueError),
     ):
         with pytest.raises(error, match="scoring"):
             AuditSettings(scoring=scoring)  # type: ignore[arg-type]
+    # a neighbour list too short for a group: isolation 0 for every chunk, silently
+    with pytest.raises(ValueError, match=r"neighbours must be >= scoring.min_group \+ 1 \(4\)"):
+        AuditSettings(neighbours=2, wide_neighbours=0)
+    with pytest.raises(ValueError, match=r"\(12\), got 10"):
+        AuditSettings(scoring=Scoring(min_group=11))
     settings = AuditSettings(scoring=Scoring(threshold=np.float32(0.25), min_group=np.int64(3)))
     assert settings.scoring is not None and type(settings.scoring.threshold) is float
     assert type(settings.scoring.min_group) is int

@@ -142,6 +142,12 @@ class AuditSettings:
                 )
         if self.scoring is not None:
             object.__setattr__(self, "scoring", _checked(self.scoring))
+        least = (self.scoring or Scoring()).min_group + 1  # a list this long holds a group
+        if self.neighbours < least:
+            raise ValueError(
+                f"neighbours must be >= scoring.min_group + 1 ({least}), got "
+                f"{self.neighbours}: a shorter list holds no group"
+            )
 
 
 def _inner(spec: Any) -> tuple[Any, ...]:
@@ -168,8 +174,16 @@ def _checked(scoring: Any) -> Scoring:
             raise TypeError(f"scoring.{f.name} must be a number, got {value!r}")
         if not np.isfinite(value) or value < 0:
             raise ValueError(f"scoring.{f.name} must be finite and >= 0, got {value}")
+        if f.name in _SHARES and value > 1:  # a weight, a cosine, a share of words
+            raise ValueError(f"scoring.{f.name} must be at most 1, got {value}")
         values[f.name] = float(value)
+    if not values["threshold"] > 0:
+        raise ValueError("scoring.threshold must be > 0: at 0 every chunk is suspicious")
     return replace(scoring, **values)
+
+
+#: the scoring settings that are shares: above 1, the setting means nothing or everything
+_SHARES = ("probe_weight", "group_similarity", "victim_share")
 
 
 #: the search indexes an audit builds
