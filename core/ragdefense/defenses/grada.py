@@ -52,7 +52,9 @@ class GRADA:
     Copies of one text (a page stored twice) count once, beyond the paper: the graph holds the
     first copy, and the others are left out beside it (between two copies the edge is a
     text's similarity to itself, the heaviest of the graph: a passage stored twice would
-    support itself into the top n). ``n=None`` halves the distinct texts.
+    support itself into the top n). ``n=None`` halves the distinct texts. Copies are equal
+    texts up to spacing, case and accents: a copy reworded or repunctuated is a passage of its
+    own, near the heaviest edge still (a planted set of variants is what ``peel=True`` is for).
 
     Args:
         similarity: Edge weights: ``"hrsim"`` (default, the paper's best: similarity minus
