@@ -883,3 +883,27 @@ def test_a_reasoning_models_thinking_is_no_answer(toy_embedder: Any) -> None:
         store, [target], k=4, chain=lambda r: RunnableLambda(lambda q: {"answer": None})
     )
     assert all(o.answer is None and o.correct is None for o in none.outcomes)
+
+
+def test_the_context_is_what_the_chains_own_retrieval_returned(toy_embedder: Any) -> None:
+    """The poison was counted from a retrieval of the question made beside the chain: a chain
+    asking its retriever something else (a rewritten query) saw another context, and the
+    defense ran twice per question."""
+    store = InMemoryVectorStore(RagdefenseEmbeddings(toy_embedder))
+    store.add_documents([Document(page_content=t) for t in BENIGN])
+    target, other = TARGETS[0], TARGETS[1]
+    asked: list[str] = []
+
+    def rewriting(retriever: Any) -> Any:
+        def answer(question: str) -> str:
+            asked.append(question)
+            return " ".join(d.page_content for d in retriever.invoke(other.question))
+
+        return RunnableLambda(answer)
+
+    report = lc_red_team(store, [target], k=4, chain=rewriting, defense="strict")
+    assert len(asked) == 2  # one call per pipeline, no retrieval beside it
+    plain = next(o for o in report.outcomes if o.pipeline == "no defense")
+    expected = store.as_retriever(search_kwargs={"k": 4}).invoke(other.question)
+    assert plain.retrieved == 4 and plain.poison_retrieved == 0  # the other question's context
+    assert plain.other_poison == 0 and all(d.page_content in BENIGN for d in expected)

@@ -7,7 +7,9 @@ import contextlib
 import copy
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
+from uuid import UUID
 
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.embeddings import Embeddings
 from langchain_core.messages import BaseMessage
@@ -235,9 +237,12 @@ def _red_team(
         runnable = chain(retriever) if chain is not None else None
 
         def run(question: str) -> tuple[list[str], str | None]:
-            context = [d.page_content for d in retriever.invoke(question)]
-            answer = _ask(runnable, question) if runnable is not None else None
-            return context, None if answer is None else _text(answer)
+            if runnable is None:
+                return [d.page_content for d in retriever.invoke(question)], None
+            seen = _Retrieved()  # the context is what the chain's own retrieval returned
+            answer = _ask(runnable, question, {"callbacks": [seen]})
+            found = seen.documents if seen.runs else retriever.invoke(question)
+            return [d.page_content for d in found], None if answer is None else _text(answer)
 
         return run
 
@@ -250,7 +255,29 @@ def _red_team(
     )
 
 
-def _ask(runnable: Runnable[Any, Any], question: str) -> Any:
+class _Retrieved(BaseCallbackHandler):
+    """The documents a chain's retrievals returned, outermost runs only (a defended
+    retriever's own fetch of its pool is a run inside its run), in order, each once."""
+
+    def __init__(self) -> None:
+        self.runs: set[UUID] = set()
+        self.documents: list[Document] = []
+
+    def on_retriever_start(
+        self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None,
+        **kwargs: Any,
+    ) -> None:  # fmt: skip
+        if parent_run_id not in self.runs:
+            self.runs.add(run_id)
+
+    def on_retriever_end(
+        self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        if run_id in self.runs:
+            self.documents += [d for d in documents if d not in self.documents]
+
+
+def _ask(runnable: Runnable[Any, Any], question: str, config: Any = None) -> Any:
     """The chain's output for ``question``: given as a mapping under the usual keys where the
     chain's input schema is an object (``create_retrieval_chain``'s ``{"input": ...}``), as a
     string where it is another type. Where it says none (a function without annotations), the
@@ -262,14 +289,14 @@ def _ask(runnable: Runnable[Any, Any], question: str) -> Any:
     except Exception:  # a runnable whose schema cannot be built: ask as if it said none
         kind = None
     if kind == "object":
-        return runnable.invoke(keyed)
+        return runnable.invoke(keyed, config)
     if kind is not None:
-        return runnable.invoke(question)
+        return runnable.invoke(question, config)
     try:
-        return runnable.invoke(question)
+        return runnable.invoke(question, config)
     except (TypeError, ValueError, KeyError) as first:
         try:
-            return runnable.invoke(keyed)
+            return runnable.invoke(keyed, config)
         except Exception:
             raise first  # noqa: B904 - the string call's error; the mapping call's is its context
 
