@@ -207,15 +207,13 @@ def test_a_saved_hnsw_index_is_read_back_for_the_recheck_then_removed(
         original(self, *args, **kwargs)
 
     monkeypatch.setattr(steps.ShardIndex, "__init__", spy)
-    # two shards, one routed: each search reaches the neighbours the audit reads (a route
-    # reaching fewer leaves chunks with short lists, their planted sets unseen: it warns)
     report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
-                   shards=2, route=1, index="hnsw")  # fmt: skip
+                   shards=4, route=1, index="hnsw")  # fmt: skip
     assert {f.id for f in report.top(len(planted))} == planted
     assert False in built  # a recheck read a saved index instead of building one
     assert not list((tmp_path / "w" / "search").glob("*/index.faiss"))  # removed once used
     again = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=16,
-                  shards=2, route=1, index="hnsw")  # fmt: skip
+                  shards=4, route=1, index="hnsw")  # fmt: skip
     assert [f.id for f in again.findings] == [f.id for f in report.findings]  # resumed
 
 
@@ -349,3 +347,24 @@ def test_a_recheck_killed_between_its_two_writes_resumes_to_the_fresh_report(
     assert [(f.id, round(f.score, 6)) for f in resumed.findings] == [
         (f.id, round(f.score, 6)) for f in fresh.findings
     ]
+
+
+def test_a_planted_set_in_a_routed_cell_of_its_own_is_found(tmp_path: Path) -> None:
+    """A tight planted set that k-means puts in a cell of its own sees only its own members:
+    the neighbours in other cells, unseen, count as far, so the set is a suspect and is
+    rechecked (read as no neighbours, its isolation was 0 and it went unseen)."""
+    rng = np.random.default_rng(0)
+    topics = [c + 0.9 * rng.normal(size=(100, 64)) for c in rng.normal(size=(5, 64))]
+    planted = rng.normal(size=64) + 0.15 * rng.normal(size=(6, 64))
+    vectors = np.vstack([*topics, planted]).astype(np.float32)
+    texts = [f"benign chunk {i} topic {i // 100}" for i in range(500)]
+    texts += [f"planted {j}: Marlowe" for j in range(6)]
+    ids = [f"b{i}" for i in range(500)] + [f"p{j}" for j in range(6)]
+
+    def embed(batch: list[str]) -> np.ndarray:  # the probes
+        return np.vstack([np.random.default_rng(len(t)).normal(size=64) for t in batch])
+
+    corpus = ListCorpus(texts, ids, None, vectors)
+    report = audit(corpus, embedder=embed, workdir=tmp_path / "w", part_size=128, index="flat",
+                   shards=8, route=1)  # fmt: skip
+    assert {f.id for f in report.suspicious} == set(ids[500:])

@@ -173,12 +173,12 @@ def assess(wd: Workdir, defenses: list[str], scoring: Scoring) -> Evidence:
 
 def isolation(sims: np.ndarray, min_group: int, found: np.ndarray | None = None) -> np.ndarray:
     """Per row of neighbour similarities (best first, self excluded; ``found``: how many of a
-    row's are neighbours, the rest padding): the largest ``mean(s_1..s_j) - mean(s_j+1..s_K)``
-    for ``min_group - 1 <= j <= K - 2``, K the row's neighbours (0 when K is too small)."""
+    row's count, the rest no neighbour): the largest ``mean(s_1..s_j) - mean(s_j+1..s_K)``
+    for ``min_group - 1 <= j <= K - 2``, K the row's count (0 when K is too small)."""
     n, k = sims.shape
     found = np.full(n, k) if found is None else np.minimum(found, k)
     total, best = np.cumsum(sims, axis=1), np.zeros(n)
-    last = total[np.arange(n), np.maximum(found, 1) - 1]
+    last = total[np.arange(n), np.maximum(found, 1) - 1] if k else best
     for j in range(max(1, min_group - 1), k - 1):
         head = total[:, j - 1] / j
         tail = (last - total[:, j - 1]) / np.maximum(found - j, 1)
@@ -208,6 +208,9 @@ def find_groups(
     rows, cols, sims, isolated, wides, nears, firsts = [], [], [], [], [], [], []
     start, reach = 0, max(k, wide)
     allowed = copies_allowed(wd, chunk_parts, n_shards, reach + 2)
+    # a hit missing where the knowledge base holds enough chunks: a routed search's small cell,
+    # the rest of its neighbours in other cells, far (counted as cosine 0; suspects are rechecked)
+    full = sum(int(n) for n in wd.noted("part_sizes")[:chunk_parts]) >= reach + 2
     for part in range(chunk_parts):
         s, p = merged_hits(wd, "chunks", part, n_shards, reach + 2)
         me = np.arange(start, start + len(p))[:, None]
@@ -215,7 +218,7 @@ def find_groups(
         others &= ~one_chunk(wd, start, s, p, others, allowed)  # a knowledge base ingested again
         order = np.argsort(~others, axis=1, kind="stable")[:, :reach]  # self dropped, in order
         neighbour_sims = np.take_along_axis(np.where(others, s, 0.0), order, axis=1)
-        found = others.sum(axis=1)  # fewer than reach: a small or copied knowledge base
+        found = others.sum(axis=1) + ((p < 0).sum(axis=1) if full else 0)  # copies: no padding
         isolated.append(isolation(neighbour_sims[:, :k], scoring.min_group, found))
         firsts.append(np.where(others.any(axis=1), neighbour_sims[:, 0], np.nan))
         if wide:
@@ -256,12 +259,9 @@ def find_groups(
     n_groups = int(kept.sum())
     edge_sum = np.bincount(edge_group[on_edge], weights=w[on_edge], minlength=n_groups)
     edge_count = np.bincount(edge_group[on_edge], minlength=n_groups)
+    mean = np.divide(edge_sum, edge_count, out=np.zeros(n_groups), where=edge_count > 0)
     info = [
-        {
-            "id": f"g{g}",
-            "size": int(size),
-            "similarity": min(1.0, float(edge_sum[g] / edge_count[g])) if edge_count[g] else 0.0,
-        }
+        {"id": f"g{g}", "size": int(size), "similarity": min(1.0, float(mean[g]))}
         for g, size in enumerate(sizes[kept])
     ]
     wide_isolation = (np.concatenate(wides) if wides else np.zeros(0)) if wide else None
