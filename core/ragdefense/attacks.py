@@ -277,7 +277,8 @@ def make_poison(
     suite and the red team share.
 
     * ``poisonedrag``: :func:`poisonedrag` over ``texts[:n]`` (fewer when fewer texts are given);
-      without texts, ``n`` templated passages asserting ``wrong_answer``.
+      without texts, over ``n`` of :data:`CLAIMS` asserting ``wrong_answer`` (the texts the
+      variants below rewrite).
     * ``injection``: :func:`prompt_injection` with ``wrong_answer`` as the target.
     * ``multi-answer``: ``wrong_answer`` and up to two ``alternatives``, in turn (a passage per
       answer before any answer gets a second one).
@@ -335,9 +336,7 @@ def make_poison(
             return poisonedrag(question, [typos(t, seed=i, keep=keep) for i, t in enumerate(own)])
         if attack == "news":
             return [newswire(question, t, i) for i, t in enumerate(own)]
-        if texts:
-            return poisonedrag(question, own)
-        return multi_answer(question, [wrong_answer], per_answer=n)
+        return poisonedrag(question, own)  # the variants' baseline, texts given or not
     if attack == "injection":
         return prompt_injection(question, wrong_answer, n=n)
     if attack == "multi-answer":
