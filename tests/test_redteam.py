@@ -861,9 +861,10 @@ def test_a_wrong_answer_inside_the_right_one_is_no_hijack_when_the_right_one_is_
     report = run_red_team(iter([target]), pipelines, {target.question: []})
     assert report.pipelines == ["right", "wrong", "both"]  # an iterator serves every pipeline
     assert [report.hijack_rate(p) for p in report.pipelines] == [0, 1, 1]
+    assert [o.correct for o in report.outcomes] == [True, False, True]
     flipped = AttackTarget("Which state is Charleston, WV in?", "West Virginia", "Virginia")
     told = run_red_team([flipped], {"llm": lambda q: ([], "West Virginia")}, {flipped.question: []})
-    assert told.hijack_rate("llm") == 1
+    assert told.hijack_rate("llm") == 1 and told.outcomes[0].correct is False
 
 
 def test_a_reasoning_models_thinking_is_no_answer(toy_embedder: Any) -> None:
