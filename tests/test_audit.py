@@ -409,6 +409,7 @@ def test_isolation_of_a_tight_small_group() -> None:
     assert isolation(group, 3)[0] == pytest.approx(np.mean([0.95, 0.94, 0.93, 0.93]) - 0.3)
     assert isolation(pair, 3)[0] < isolation(pair, 2)[0]  # a pair is no group of three
     assert isolation(np.zeros((0, 10)), 3).shape == (0,)
+    assert isolation(np.zeros((2, 0)), 3).tolist() == [0.0, 0.0]  # no neighbour list at all
 
 
 def test_isolation_reads_padding_as_no_neighbour() -> None:

@@ -332,3 +332,5 @@ def test_exclude_takes_passage_indices_only() -> None:
     for bad in ({"a": "x"}, {True: "x"}, {3: "x"}):
         with pytest.raises(ValueError, match="exclude has indices outside"):
             GRADA().defend_embeddings("Who wrote Hamlet?", texts, exclude=bad)  # type: ignore[arg-type]
+    peeled = GRADA().defend_embeddings("Who?", texts, exclude={np.int64(1): "a NumPy index"})
+    assert peeled.estimates["peeled"] == [1] and not peeled.verdicts[1].kept

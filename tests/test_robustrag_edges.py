@@ -340,6 +340,8 @@ def test_secure_decoding_refuses_probabilities_that_are_not_finite() -> None:
         with pytest.raises(ValueError, match=r"\[1\] are no distribution"):
             _finite(np.array([[0.25] * 4, row]))
     assert _finite(np.array([[0.5, 0.2, 0.0, 0.0]])).shape == (1, 4)  # a truncated row
+    with pytest.raises(ValueError, match=r"\[0, 1\] are not finite, or no distribution"):
+        _finite(np.array([[np.nan] * 4, [0.9, 0.9, 0.0, 0.0]]))
 
 
 def test_i_dont_know_is_tokenized_as_written_after_the_prompt() -> None:
@@ -541,6 +543,9 @@ def test_choices_must_come_in_an_order_and_are_checked_without_passages() -> Non
         ({"timeout": True}, TypeError),
         ({"timeout": "5"}, TypeError),
         ({"timeout": float("nan")}, ValueError),
+        ({"timeout": ""}, TypeError),  # falsy: still of the wrong type
+        ({"max_passage_chars": ""}, TypeError),
+        ({"max_passage_chars": False}, TypeError),
     ],
 )
 def test_robustrag_settings_of_the_wrong_type_are_refused(

@@ -199,7 +199,9 @@ class GRADA:
         items = to_passages(passages)
         m = len(items)
         peeled = dict(exclude or {})
-        if any(isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < m for i in peeled):
+        whole = all(not isinstance(i, bool) and hasattr(i, "__index__") for i in peeled)
+        peeled = {i.__index__(): why for i, why in peeled.items()} if whole else peeled
+        if not whole or any(not 0 <= i < m for i in peeled):
             raise ValueError(f"exclude has indices outside 0..{m - 1}: {sorted(peeled, key=repr)}")
         _, copy_of = distinct(items, embeddings)  # a copy would support its own text
         copies = {c: first for first, later in copy_of.items() for c in later}

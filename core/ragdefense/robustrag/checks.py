@@ -122,8 +122,10 @@ def check_engine(
 ) -> None:
     """A :class:`~ragdefense.robustrag.RobustRAG`'s own settings, each of its type and range
     (``True`` is no cap of 1 character, nor a timeout of 1 second)."""
-    check_count(max_new_tokens=max_new_tokens, max_passage_chars=max_passage_chars or 1)
-    check_real(timeout=timeout or 1.0)  # None: no limit; 0 is refused below
+    check_count(max_new_tokens=max_new_tokens)
+    check_count(**({} if max_passage_chars is None else {"max_passage_chars": max_passage_chars}))
+    unbounded = timeout is None or timeout == math.inf  # no limit
+    check_real(**({} if unbounded else {"timeout": timeout}))
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if timeout is not None and not timeout > 0:

@@ -364,5 +364,7 @@ def _finite(probs: Any, numbers: Sequence[int] | None = None, after: str | None 
         parts += ["the no-retrieval context"] if any(i >= len(numbers) for i in bad) else []
         where = " and ".join(parts)
     on = "" if after is None else f" while certifying, after the output {after!r}"
-    what = "not finite" if not finite[bad].all() else "no distribution (< 0 or summing past 1)"
+    kinds = ["not finite"] * (not finite[bad].all())
+    kinds += ["no distribution (< 0 or summing past 1)"] * bool(finite[bad].any())
+    what = ", or ".join(kinds)  # rows of both kinds: both said
     raise ValueError(f"the model's next-token probabilities of {where} are {what}{on}")
