@@ -716,3 +716,28 @@ def test_a_fresh_audit_never_reuses_the_last_one_s_defenses(tmp_path: Path) -> N
     assert first.stats["flagged_at_least_once"] == 0
     assert again.stats["flagged_at_least_once"] > 0
     assert sum(k[0] == "defenses" for k in steps._CACHE if isinstance(k, tuple)) == 1
+
+
+def test_a_llamaindex_store_failing_as_its_vectors_are_read_fails_the_audit(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its vectors were read as the per-query defense reads them, where a failing store means
+    "embed instead": the audit went on with the audit's own vectors for that part, and every
+    resume then found the knowledge base changed."""
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense import vectors as li_vectors
+
+    nodes = [TextNode(text=f"a stored passage on topic {i}", id_=f"n{i}") for i in range(6)]
+    embed = RagdefenseEmbedding(CallableEmbedder(bag_of_words))
+    corpus = li_vectors.IndexCorpus(VectorStoreIndex(nodes, embed_model=embed))
+    assert all(b.vectors is not None for b in corpus.batches(4))  # read from the store
+
+    def failing(store: Any, ids: list[str], with_texts: bool = False) -> Any:
+        raise ConnectionError("the store went away")
+
+    monkeypatch.setattr(li_vectors, "_lookup", failing)
+    with pytest.raises(ConnectionError, match="went away"):
+        list(corpus.batches(4))

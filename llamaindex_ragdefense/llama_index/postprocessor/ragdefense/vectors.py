@@ -151,7 +151,8 @@ class IndexCorpus:
         store: Any = self.index.vector_store
         for part in self._pages(size):
             ids = [n.node_id for n in part]
-            vectors = stored_vectors(store, ids)
+            found = _lookup(store, list(dict.fromkeys(ids))) or {}  # a store failing: the run's
+            vectors = [found[i][0] if i in found else None for i in ids]
             yield Batch(
                 ids,
                 [n.get_content(metadata_mode=MetadataMode.NONE) for n in part],
