@@ -54,6 +54,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError("--engine ray needs Ray: pip install 'ragdefense[ray]'")
     if args.engine != "ray" and (args.address or args.workers):
         raise UsageError("--address and --workers are for --engine ray")
+    if args.queries is not None and args.max_probes is not None:
+        raise UsageError("--max-probes samples derived probes: a query log (--queries) is whole")
     if args.queries is not None and not Path(args.queries).is_file():
         raise UsageError(f"no query log at {args.queries}")
     if args.engine == "ray":

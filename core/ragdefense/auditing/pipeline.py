@@ -192,6 +192,8 @@ def _start(
     parameters there (checked against those recorded on a restart), start the engine."""
     names = defense_names(settings.defenses)
     queries = None if options.queries is None else read_queries(options.queries)
+    if queries is not None and settings.max_probes is not None:  # before any work
+        raise ValueError("max_probes samples derived probes: a query log is asked whole")
     corpus = as_corpus(knowledge_base)
     wd = Workdir(options.workdir)
     lock.enter_context(wd.held())
