@@ -741,3 +741,30 @@ def test_a_llamaindex_store_failing_as_its_vectors_are_read_fails_the_audit(
     monkeypatch.setattr(li_vectors, "_lookup", failing)
     with pytest.raises(ConnectionError, match="went away"):
         list(corpus.batches(4))
+
+
+def test_working_files_take_the_umasks_mode_and_six_digit_parts_are_the_audits(
+    tmp_path: Path,
+) -> None:
+    """Every working file was owner-only (mkstemp's 0600): another user (a Ray worker, a
+    second operator resuming) could read the report but not the parts. A damaged folder with
+    a part numbered past 99999 was taken for a folder holding no audit, fresh=True refused."""
+    from ragdefense.auditing.workdir import Workdir
+
+    old = os.umask(0o022)
+    try:
+        Workdir(tmp_path / "m").write_json("manifest.json", {})
+    finally:
+        os.umask(old)
+    assert (tmp_path / "m" / "manifest.json").stat().st_mode & 0o777 == 0o644
+    folder = tmp_path / "w"
+    (folder / "chunks").mkdir(parents=True)
+    (folder / "manifest.json").write_text('{"params": {"top')  # cut short
+    for name in ("00000.json", "100000.json"):
+        (folder / "chunks" / name).write_text("[]")
+    with pytest.raises(ValueError, match="damaged"):
+        _audit(tmp_path, ["consensus"])
+    texts, ids, _ = toy_corpus()
+    audit(ListCorpus(texts, ids), AuditSettings(defenses=["consensus"], part_size=32),
+          workdir=folder, embedder=CallableEmbedder(bag_of_words), fresh=True)  # fmt: skip
+    assert not (folder / "chunks" / "100000.json").exists()

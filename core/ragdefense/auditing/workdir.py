@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import shutil
-import tempfile
 import uuid
 import warnings
 import zipfile
@@ -145,8 +144,9 @@ class Workdir:
     # ---- writing, atomically ---------------------------------------------------------------
 
     def _atomic(self, path: Path, write: Any) -> None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        path.parent.mkdir(parents=True, exist_ok=True)  # the umask's mode, not mkstemp's 0600:
+        tmp = str(path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp")  # read by other users
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)
@@ -231,7 +231,7 @@ class Workdir:
             return False
         chunks = self.path / "chunks"
         if not chunks.is_dir() or not all(
-            re.fullmatch(r"\d{5}\.(json|npy|sources\.json)", p.name) for p in chunks.iterdir()
+            re.fullmatch(r"\d{5,}\.(json|npy|sources\.json)", p.name) for p in chunks.iterdir()
         ):
             return False
         try:
@@ -299,7 +299,7 @@ class Workdir:
                 )
             # that audit stopped before it had read its whole knowledge base (an empty or
             # invalid input, or killed while reading): nothing but the reading is lost
-            parts = len(list((self.path / "chunks").glob("?????.json")))
+            parts = len(list((self.path / "chunks").glob("[0-9]*[0-9].json")))
             warnings.warn(
                 f"{self.path}: the audit there stopped while reading its knowledge base ({parts} "
                 "chunk part(s) written) and was made with other parameters "
