@@ -768,3 +768,17 @@ def test_working_files_take_the_umasks_mode_and_six_digit_parts_are_the_audits(
     audit(ListCorpus(texts, ids), AuditSettings(defenses=["consensus"], part_size=32),
           workdir=folder, embedder=CallableEmbedder(bag_of_words), fresh=True)  # fmt: skip
     assert not (folder / "chunks" / "100000.json").exists()
+
+
+def test_chunk_metadata_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
+    """A list of source strings given as metadata was read as "no source" for every chunk:
+    provenance off, silently."""
+    texts, ids, _ = toy_corpus()
+    sources = [f"uploads/f{i % 5}.pdf" for i in range(len(texts))]
+    with pytest.raises(ValueError, match=r"chunk 'b0-0': its metadata is no mapping, 'uploads"):
+        audit(ListCorpus(texts, ids, metadata=sources), workdir=tmp_path / "w",  # type: ignore[arg-type]
+              embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    given = [{"source": s} if i % 2 else None for i, s in enumerate(sources)]
+    report = audit(ListCorpus(texts, ids, metadata=given), workdir=tmp_path / "m",
+                   embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    assert report.stats["sources"] == 5

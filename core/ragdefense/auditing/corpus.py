@@ -63,6 +63,10 @@ class Batch:
                 f"chunk {bad + 1} of the batch has an id of type {type(self.ids[bad]).__name__}"
                 f" ({self.ids[bad]!r}): ids are strings"
             )
+        meta = self.metadata or ()  # the audit reads sources from mappings: refuse others
+        bad = next((i for i, m in enumerate(meta) if not isinstance(m, Mapping | None)), None)
+        if bad is not None:
+            raise ValueError(f"chunk {self.ids[bad]!r}: its metadata is no mapping, {meta[bad]!r:.80}")
         for field, values in (("text", self.texts), ("title", self.titles)):
             bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
             if bad is not None:  # e.g. a store record holding a vector but no document
@@ -70,14 +74,11 @@ class Batch:
                     f"chunk {self.ids[bad]!r} has no {field} string (got "
                     f"{type(values[bad]).__name__}): give every chunk a text ('' for none)"
                 )
-        for i, chunk_id in enumerate(self.ids):  # each is written to the working folder
-            for field, value in (
-                ("id", chunk_id),
-                ("text", self.texts[i]),
-                ("title", self.titles[i]),
-            ):
+        rows = zip(self.ids, self.texts, self.titles, strict=True)
+        for i, row in enumerate(rows):  # each is written to the working folder
+            for field, value in zip(("id", "text", "title"), row, strict=True):
                 if not value.isascii():  # ASCII is valid; else say which chunk is not
-                    _check_text(value, f"chunk {i + 1} of the batch ({chunk_id!r})", field)
+                    _check_text(value, f"chunk {i + 1} of the batch ({row[0]!r})", field)
         if self.vectors is not None:
             check_stored(self.ids, self.vectors, self.texts)
 
