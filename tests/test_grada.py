@@ -334,3 +334,14 @@ def test_exclude_takes_passage_indices_only() -> None:
             GRADA().defend_embeddings("Who wrote Hamlet?", texts, exclude=bad)  # type: ignore[arg-type]
     peeled = GRADA().defend_embeddings("Who?", texts, exclude={np.int64(1): "a NumPy index"})
     assert peeled.estimates["peeled"] == [1] and not peeled.verdicts[1].kept
+
+
+def test_a_cut_inside_a_tie_says_retrieval_order_decided() -> None:
+    """Two passages always score 0.5 each: the second went, its reason a PageRank decision."""
+    emb, query = np.array([[1.0, 0.2], [0.9, 0.3]]), np.array([1.0, 0.0])
+    result = GRADA(similarity="ebd").defend_embeddings("q?", ["a", "b"], emb, query)
+    assert [v.kept for v in result.verdicts] == [True, False]
+    assert all("tied at the cut, retrieval order decided" in v.reason for v in result.verdicts)
+    apart = np.array([[1.0, 0.2], [0.9, 0.3], [0.1, 1], [0.2, 0.9]])
+    four = GRADA(similarity="ebd").defend_embeddings("q?", list("abcd"), apart, query)
+    assert not any("tied" in v.reason for v in four.verdicts)

@@ -321,6 +321,8 @@ class GRADA:
         keeps = [bool(rank[i] < keep) and i not in peeled and i not in copies for i in range(m)]
         # a copy is left out beside its kept first copy, or goes with a first copy ranked out
         standing = {i for i, t in copies.items() if keeps[t]}
+        at, ranked = np.round(scores, 12), [i for i in order if i not in peeled and i not in copies]
+        tie = 0 < keep < len(ranked) and at[ranked[keep - 1]] == at[ranked[keep]]
         for i, passage in enumerate(items):
             kept = keeps[i]
             where = f"rank {rank[i] + 1} of {m} (was {i + 1})"
@@ -335,6 +337,8 @@ class GRADA:
             else:
                 measured = "" if np.isnan(q_sim[i]) else f", query sim {q_sim[i]:.3f}"
                 why = f"PageRank {scores[i]:.4f}, {where}; {degree[i]} edge(s){measured}"
+                if tie and at[i] == at[ranked[keep]]:  # the cut falls inside a tie
+                    why += "; tied at the cut, retrieval order decided"
             verdicts.append(
                 Verdict(
                     index=i,
