@@ -227,6 +227,9 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
         ("A good guess would be B.", None),  # the article is no vote, nor a later letter
         ("A  good guess would be B.", None),
         ("C is correct", "C"),
+        ("A is correct.", "A"),  # a copula after "A": a letter, as after "C" (was no vote)
+        ("A would be my answer", "A"),
+        ("A wasp", None),  # the article before a word that starts like one
         ("B\n\nthe Atlantic", "B"),
         ("Final answer: B", "B"),
         ("A, B", None),

@@ -30,11 +30,13 @@ __all__ = ["MajorityVote", "check_choices"]
 #: followed by a closing mark, a comma or nothing ("B.", "(b)", "**B**", "B, a city"), or,
 #: upper-case, by a space ("B is correct"), but for the article: "A" followed by a word in
 #: lower case is none ("A good guess would be B."; so is "A pacific", where a candidate is
-#: written in lower case)
+#: written in lower case) unless that word is a copula, which no article precedes ("A is
+#: correct", as "B is correct")
 _CHOICE = re.compile(
     r"^[\W_]*(?:(?:the\s+)?(?:correct\s+|best\s+|final\s+)?"
     r"(?:answer|option|choice|candidate)\s*(?:is\b)?[\W_]*)?"
-    r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([B-E])(?=\s))|(?-i:(A)(?=\s(?!\s*[a-z]))))",
+    r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([B-E])(?=\s))"
+    r"|(?-i:(A)(?=\s(?!\s*[a-z])|\s+(?:is|was|seems|appears|would\s+be)\b)))",
     re.IGNORECASE,
 )
 
