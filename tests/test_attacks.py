@@ -169,3 +169,12 @@ def test_make_poison_reads_one_string_as_no_list_of_texts() -> None:
     with pytest.raises(TypeError, match="one string"):
         make_poison("no-prefix", "Who wrote Hamlet?", "Marlowe", 1, "Marlowe did.")
     assert len(make_poison("no-prefix", "Who wrote Hamlet?", "Marlowe", np.int64(2))) == 2
+
+
+def test_without_texts_the_baseline_is_the_variants_baseline() -> None:
+    """Without poison texts, ``poisonedrag`` planted other templates than the ones its variants
+    rewrite: a variant's column differed from the baseline's in template as well as wording."""
+    q = "Who wrote Hamlet?"
+    base = make_poison("poisonedrag", q, "Marlowe", 5)
+    bare = make_poison("no-prefix", q, "Marlowe", 5)
+    assert all(p.startswith(q) and p.endswith(b) for p, b in zip(base, bare, strict=True))

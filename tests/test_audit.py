@@ -1297,7 +1297,8 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         main(["audit", str(kb), "--format", "docx"])
     asked = tmp_path / "questions.txt"  # a query log is asked whole: a sample of it was ignored
     asked.write_text("Who painted the Mona Lisa?\n")
-    assert main(["audit", str(kb), "--queries", str(asked), "--max-probes", "1"]) == 2
+    assert main(["audit", str(kb), "--queries", str(asked), "--max-probes", "1",
+                 "--workdir", str(tmp_path / "p")]) == 2  # fmt: skip
     assert "--max-probes samples derived probes" in capsys.readouterr().err
     with pytest.raises(ValueError, match="a query log is asked whole"):
         audit(str(kb), AuditSettings(max_probes=1), queries=[asked.read_text()],
