@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import tempfile
 import time
+import warnings
 from collections.abc import Iterable
 from contextlib import AbstractContextManager, ExitStack, nullcontext
 from dataclasses import asdict, dataclass
@@ -192,8 +193,8 @@ def _start(
     parameters there (checked against those recorded on a restart), start the engine."""
     names = defense_names(settings.defenses)
     queries = None if options.queries is None else read_queries(options.queries)
-    if queries is not None and settings.max_probes is not None:  # before any work
-        raise ValueError("max_probes samples derived probes: a query log is asked whole")
+    if queries is not None and settings.max_probes is not None:  # shared settings: say so
+        warnings.warn("max_probes samples derived probes: a query log is asked whole", stacklevel=3)
     corpus = as_corpus(knowledge_base)
     wd = Workdir(options.workdir)
     lock.enter_context(wd.held())

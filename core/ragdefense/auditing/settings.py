@@ -44,8 +44,8 @@ class AuditSettings:
             (default: the per-query default, ``DEFAULT_DEFENSE``); with a query log, the first
             one's flags are evidence (``Scoring.flag_threshold``).
         top_m: Chunks retrieved per probe.
-        max_probes: At most this many derived probes (a seeded sample); refused with a query
-            log, which is asked whole.
+        max_probes: At most this many derived probes (a seeded sample); a query log is asked
+            whole (a warning says so).
         neighbours: Nearest neighbours per chunk for the near-duplicate groups and the
             isolation of small planted sets.
         scoring: Weights and thresholds (:class:`~ragdefense.auditing.evidence.Scoring`;
