@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 from ragdefense.defenses import registry
@@ -14,9 +15,15 @@ from .grada import grada_variants
 __all__ = ["demo_table"]
 
 
-def demo_table(embedder: Any = None, k: int = 8) -> tuple[list[dict[str, Any]], str]:
-    """Every retrieval-level defense on the built-in poisoned knowledge base (no data needed)."""
-    cases = demo_cases(embedder, k)
+def demo_table(
+    embedder: Any = None, k: int = 8, context: int = 4
+) -> tuple[list[dict[str, Any]], str]:
+    """Every retrieval-level defense on the built-in poisoned knowledge base (no data needed):
+    each question's top ``k`` filtered, the first ``context`` kept passages its context, as the
+    one line hands them on (LangChain's 4 from a pool of 8); without a defense, the top
+    ``context``. One size for every row: a reranker keeping half the pool is compared with no
+    defense at the same size, not with the whole pool."""
+    cases = [replace(c, k=context) for c in demo_cases(embedder, k)]
     defenses: dict[str, CaseDefense] = {
         "none": no_defense,
         "Consensus (default)": on_case(registry.defense(registry.DEFAULT_DEFENSE)),
@@ -25,8 +32,8 @@ def demo_table(embedder: Any = None, k: int = 8) -> tuple[list[dict[str, Any]], 
     }
     rows = [{"defense": n} | summarize(run_cases(d, cases)) for n, d in defenses.items()]
     lines = [
-        f"Built-in poisoned knowledge base: {len(cases)} questions, top {k} retrieved "
-        "(5 poison passages per question in the store)",
+        f"Built-in poisoned knowledge base: {len(cases)} questions, top {k} retrieved, the "
+        f"first {context} kept passages the context (5 poison passages per question in the store)",
         "",
         *markdown_table(
             [
