@@ -18,6 +18,13 @@ GRADA + 0.02 (poison share, per setting); (6) defense-only median <= 2 ms at 31 
 case timed as its fastest of a few runs (the defense's cost without the machine's noise; the
 tables' single-run timings read higher).
 Targets 4 and 7 are pinned by tests.
+
+What was looked at: the thresholds were chosen on the tuning families, but some of the
+default's rules were kept after their numbers on the held-out families of this benchmark were
+seen: the documents quoting the question, each text once in the context, the vote's agreement
+gate, and the claim step (which looked at ``no-prefix``); docs/concepts/tuning.md says which
+and how. Its held-out columns compare families no threshold was chosen on, not families never
+looked at.
 """
 
 from __future__ import annotations
