@@ -300,6 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if args.embedder is not None:
             args.embedder.flush()
+    table = with_errors(rows, table)
     print(table)
     if args.out and args.setting != "suite":
         out = Path(args.out)
@@ -309,6 +310,19 @@ def main(argv: Sequence[str] | None = None) -> int:
         (out / f"{args.setting}.json").write_text(json.dumps(record, indent=1), encoding="utf-8")
         print(f"\nwritten: {out / args.setting}.md, {out / args.setting}.json")
     return 0
+
+
+def with_errors(rows: Any, table: str) -> str:
+    """``table`` with a line saying how many cases raised, where any did and the table does
+    not say so itself: those cases are left out of their rows' means, which no cell shows."""
+    counts = (
+        [r.get("errors") for r in rows if isinstance(r, dict)] if isinstance(rows, list) else []
+    )
+    errors = sum(c for c in counts if isinstance(c, int))
+    if not errors or "Errors:" in table:
+        return table
+    said = f"Errors: {errors} case(s) raised, left out of their rows' means (`errors` in the JSON)."
+    return f"{table}\n\n{said}"
 
 
 def run_record(argv: Sequence[str] | None) -> dict[str, Any]:

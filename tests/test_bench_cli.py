@@ -507,3 +507,14 @@ def test_a_target_2_miss_names_the_criterion_it_fails_unrounded() -> None:
         "RealtimeQA 1p poison share 0.0205 > 0.02",
         "RealtimeQA 3p answer 0.59 < 0.60",
     ]
+
+
+def test_a_table_says_how_many_cases_raised() -> None:
+    """Cases that raise are left out of their rows' means; most tables never said so."""
+    from benchmarks.cli import with_errors
+
+    rows = [{"defense": "a", "errors": 0}, {"defense": "b", "errors": 3}]
+    assert with_errors(rows, "| t |").endswith("Errors: 3 case(s) raised, left out of their "
+                                             "rows' means (`errors` in the JSON).")  # fmt: skip
+    assert with_errors(rows[:1], "| t |") == "| t |"
+    assert with_errors(rows, "| t |\n\nErrors: 3 of 9 cases of b").count("Errors:") == 1
