@@ -775,7 +775,7 @@ def test_chunk_metadata_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
     provenance off, silently."""
     texts, ids, _ = toy_corpus()
     sources = [f"uploads/f{i % 5}.pdf" for i in range(len(texts))]
-    with pytest.raises(ValueError, match=r"chunk 'b0-0': its metadata is no mapping, 'uploads"):
+    with pytest.raises(ValueError, match=r"chunk 'b0-0': metadata 'uploads/f0.pdf' is no mapping"):
         audit(ListCorpus(texts, ids, metadata=sources), workdir=tmp_path / "w",  # type: ignore[arg-type]
               embedder=CallableEmbedder(bag_of_words))  # fmt: skip
     given = [{"source": s} if i % 2 else None for i, s in enumerate(sources)]

@@ -66,9 +66,7 @@ class Batch:
         meta = self.metadata or ()  # the audit reads sources from mappings: refuse others
         bad = next((i for i, m in enumerate(meta) if not isinstance(m, Mapping | None)), None)
         if bad is not None:
-            raise ValueError(
-                f"chunk {self.ids[bad]!r}: its metadata is no mapping, {meta[bad]!r:.80}"
-            )
+            raise ValueError(f"chunk {self.ids[bad]!r}: metadata {meta[bad]!r:.60} is no mapping")
         for field, values in (("text", self.texts), ("title", self.titles)):
             bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
             if bad is not None:  # e.g. a store record holding a vector but no document
