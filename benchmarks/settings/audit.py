@@ -78,6 +78,9 @@ class AuditCorpus:
     #: per target (aligned with ``questions``): its correct answers, and (dataset, family, count)
     answers: list[tuple[str, ...]] = field(default_factory=list)
     targets: list[tuple[str, str, int]] = field(default_factory=list)
+    #: per target: its own benign chunks (its record's passages; a passage two records hold
+    #: is one chunk, owned by both)
+    own: list[frozenset[str]] = field(default_factory=list)
 
     def corpus(self, vectors: Any = None, layout: str | None = None) -> ListCorpus:
         """As an audit input (with the vectors a store would hold, when given; with each chunk's
@@ -143,14 +146,18 @@ def audit_corpus(
     ids: list[str] = []
     texts: list[str] = []
     titles: list[str] = []
-    seen: set[str] = set()
+    seen: dict[str, str] = {}  # passage -> its chunk
+    chunks_of: dict[int, set[str]] = {}  # a record (by identity) -> its chunks
     sources: dict[str, str] = {}
     links: dict[str, str] = {}
     for dataset in DATASETS:
         for record in records[dataset]:
             for j, passage in enumerate(record.benign):
+                if passage in seen:
+                    chunks_of.setdefault(id(record), set()).add(seen[passage])
                 if passage.strip() and passage not in seen:
-                    seen.add(passage)
+                    seen[passage] = f"b{len(ids)}"
+                    chunks_of.setdefault(id(record), set()).add(f"b{len(ids)}")
                     title, text = _title(passage)
                     sources[f"b{len(ids)}"] = dataset
                     links[f"b{len(ids)}"] = (
@@ -165,7 +172,7 @@ def audit_corpus(
     per = n_targets // len(DATASETS)
     chosen = [(d, r) for d in DATASETS for r in rng.sample(records[d], per)]
     planted: dict[str, tuple[str, str, int]] = {}
-    questions, answers, targets = [], [], []
+    questions, answers, targets, own = [], [], [], []
     # multi-answer's alternatives are drawn from the other questions' wrong answers
     others = {d: [r.wrong_answer for r in records[d]] for d in DATASETS}
     for t, (dataset, record) in enumerate(chosen):
@@ -180,6 +187,7 @@ def audit_corpus(
         count = len(poison)
         questions.append(record.question)
         answers.append(tuple(record.answers))
+        own.append(frozenset(chunks_of.get(id(record), ())))
         targets.append((dataset, family, count))
         for j, passage in enumerate(poison):
             chunk_id = f"t{t}-p{j}"
@@ -198,6 +206,7 @@ def audit_corpus(
         links,
         answers,
         targets,
+        own,
     )
 
 

@@ -156,8 +156,9 @@ def quarantine_table(
             ]
             strays[name] += stray
             stray_share[name].append(len(stray) / len(ctx) if ctx else 0.0)
-            found = any(  # an honest passage: a planted one may hold a short answer's string
-                passages[i].id not in planted and contains_answer(passages[i].text, answers)
+            found = any(  # one of its own honest passages (another question's may hold the
+                # string by chance; a planted one may hold a short answer's), as threats counts
+                passages[i].id in kb.own[t] and contains_answer(passages[i].text, answers)
                 for i in ctx
             )
             split = "tuning" if family in DEFAULT_ATTACKS else "held out"
@@ -201,7 +202,8 @@ def quarantine_table(
         + ".",
         "",
         f"Per target question, the one line's pool and rounds, context {K}; cells: poison share "
-        "of the context / share of questions whose context holds a correct answer (tuning "
+        "of the context / share of questions whose context holds a correct answer in one of "
+        "the question's own passages (tuning "
         f"families: {', '.join(DEFAULT_ATTACKS)}; the others held out):",
         "",
         *table,
