@@ -778,7 +778,39 @@ def test_chunk_metadata_that_is_no_mapping_is_refused(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"chunk 'b0-0': metadata 'uploads/f0.pdf' is no mapping"):
         audit(ListCorpus(texts, ids, metadata=sources), workdir=tmp_path / "w",  # type: ignore[arg-type]
               embedder=CallableEmbedder(bag_of_words))  # fmt: skip
+    from ragdefense.auditing import Batch
+
+    held = np.array([{"source": "a.pdf"}], dtype=object)  # a column of a frame, say
+    assert Batch(["c"], ["t"], [""], None, held).metadata is held
     given = [{"source": s} if i % 2 else None for i, s in enumerate(sources)]
     report = audit(ListCorpus(texts, ids, metadata=given), workdir=tmp_path / "m",
                    embedder=CallableEmbedder(bag_of_words))  # fmt: skip
     assert report.stats["sources"] == 5
+
+
+def test_a_chroma_page_emptied_while_the_audit_reads_it_is_an_empty_batch(tmp_path: Path) -> None:
+    """Its vectors were asked for no ids, which Chroma refuses: the audit failed where an
+    emptied page is skipped."""
+    import chromadb
+    from llama_index.core import StorageContext, VectorStoreIndex
+    from llama_index.core.schema import TextNode
+    from llama_index.vector_stores.chroma import ChromaVectorStore
+
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+    from llama_index.postprocessor.ragdefense.vectors import IndexCorpus
+
+    collection = chromadb.PersistentClient(path=str(tmp_path)).create_collection("knowledge")
+    nodes = [TextNode(text=f"passage {i} on a topic", id_=f"n{i}") for i in range(8)]
+    index = VectorStoreIndex(
+        nodes,
+        storage_context=StorageContext.from_defaults(
+            vector_store=ChromaVectorStore(chroma_collection=collection)
+        ),
+        embed_model=RagdefenseEmbedding(CallableEmbedder(bag_of_words)),
+    )
+    read = []
+    for batch in IndexCorpus(index).batches(4):
+        read.append(batch.ids)
+        if len(read) == 1:  # the live store shrinks while it is read
+            collection.delete(ids=[f"n{i}" for i in range(4, 8)])
+    assert read == [[f"n{i}" for i in range(4)], []]

@@ -63,7 +63,7 @@ class Batch:
                 f"chunk {bad + 1} of the batch has an id of type {type(self.ids[bad]).__name__}"
                 f" ({self.ids[bad]!r}): ids are strings"
             )
-        meta = self.metadata or ()  # the audit reads sources from mappings: refuse others
+        meta = () if self.metadata is None else self.metadata  # sources come from mappings
         bad = next((i for i, m in enumerate(meta) if not isinstance(m, Mapping | None)), None)
         if bad is not None:
             raise ValueError(f"chunk {self.ids[bad]!r}: metadata {meta[bad]!r:.60} is no mapping")

@@ -194,7 +194,7 @@ def _start(
     names = defense_names(settings.defenses)
     queries = None if options.queries is None else read_queries(options.queries)
     if queries is not None and settings.max_probes is not None:  # shared settings: say so
-        warnings.warn("max_probes samples derived probes: a query log is asked whole", stacklevel=3)
+        warnings.warn("max_probes samples derived probes: a query log is asked whole", stacklevel=4)
     corpus = as_corpus(knowledge_base)
     wd = Workdir(options.workdir)
     lock.enter_context(wd.held())

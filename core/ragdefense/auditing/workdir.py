@@ -146,7 +146,7 @@ class Workdir:
     def _atomic(self, path: Path, write: Any) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)  # the umask's mode, not mkstemp's 0600:
         tmp = str(path.parent / f".{path.name}.{uuid.uuid4().hex}.tmp")  # read by other users
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666)
         try:
             with os.fdopen(fd, "wb") as f:
                 write(f)

@@ -151,7 +151,8 @@ class IndexCorpus:
         store: Any = self.index.vector_store
         for part in self._pages(size):
             ids = [n.node_id for n in part]
-            found = _lookup(store, list(dict.fromkeys(ids))) or {}  # a store failing: the run's
+            wanted = list(dict.fromkeys(ids))  # an emptied page asks nothing (Chroma refuses [])
+            found = (_lookup(store, wanted) or {}) if wanted else {}  # a store failing: the run's
             vectors = [found[i][0] if i in found else None for i in ids]
             yield Batch(
                 ids,
