@@ -230,6 +230,11 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
         ("A is correct.", "A"),  # a copula after "A": a letter, as after "C" (was no vote)
         ("A would be my answer", "A"),
         ("A wasp", None),  # the article before a word that starts like one
+        ("A is not correct", None),  # a letter its copula denies is no vote
+        ("B is not correct", None),
+        ("C is wrong; D is correct", None),
+        ("A isn't it", None),
+        ("B or A is correct", None),  # a hedge, "A is" read as a letter there too
         ("B\n\nthe Atlantic", "B"),
         ("Final answer: B", "B"),
         ("A, B", None),

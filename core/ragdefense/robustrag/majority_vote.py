@@ -31,12 +31,14 @@ __all__ = ["MajorityVote", "check_choices"]
 #: upper-case, by a space ("B is correct"), but for the article: "A" followed by a word in
 #: lower case is none ("A good guess would be B."; so is "A pacific", where a candidate is
 #: written in lower case) unless that word is a copula, which no article precedes ("A is
-#: correct", as "B is correct")
+#: correct", as "B is correct"); a letter the copula denies ("B is not correct", "A is wrong")
+#: is none
+_DENIED = r"(?!\s+(?:is|was|seems|appears)(?:n't|\s+not\b|\s+(?:incorrect|wrong|false)\b))"
 _CHOICE = re.compile(
     r"^[\W_]*(?:(?:the\s+)?(?:correct\s+|best\s+|final\s+)?"
     r"(?:answer|option|choice|candidate)\s*(?:is\b)?[\W_]*)?"
-    r"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([B-E])(?=\s))"
-    r"|(?-i:(A)(?=\s(?!\s*[a-z])|\s+(?:is|was|seems|appears|would\s+be)\b)))",
+    rf"(?:([A-Ea-e])(?=[\.\):\]*_,]|[\W_]*$)|(?-i:([B-E])(?=\s){_DENIED})"
+    rf"|(?-i:(A)(?=\s(?!\s*[a-z])|\s+(?:is|was|seems|appears|would\s+be)\b){_DENIED}))",
     re.IGNORECASE,
 )
 
@@ -48,7 +50,7 @@ _CHOICE = re.compile(
 _HEDGE = re.compile(
     r"[\W_]*(?:or|and|/|,|&)[\W_]*"
     r"(?:[A-Ea-e](?=[\.\):\]*_,;/&]+(?![A-Za-z])|[\W_]*$)"
-    r"|(?-i:[B-E])(?=\s)|(?-i:A)(?=\s(?!\s*[a-z])))",
+    r"|(?-i:[B-E])(?=\s)|(?-i:A)(?=\s(?!\s*[a-z])|\s+(?:is|was|seems|appears|would\s+be)\b))",
     re.IGNORECASE,
 )
 
