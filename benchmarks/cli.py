@@ -300,7 +300,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if args.embedder is not None:
             args.embedder.flush()
-    table = with_errors(rows, table)
+    table = table if args.setting == "suite" else with_errors(rows, table)  # its own column
     print(table)
     if args.out and args.setting != "suite":
         out = Path(args.out)

@@ -178,3 +178,4 @@ def test_without_texts_the_baseline_is_the_variants_baseline() -> None:
     base = make_poison("poisonedrag", q, "Marlowe", 5)
     bare = make_poison("no-prefix", q, "Marlowe", 5)
     assert all(p.startswith(q) and p.endswith(b) for p, b in zip(base, bare, strict=True))
+    assert len(set(base)) == 5  # the red team's default count: five texts, none a copy
