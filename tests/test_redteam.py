@@ -908,3 +908,23 @@ def test_the_context_is_what_the_chains_own_retrieval_returned(toy_embedder: Any
     expected = store.as_retriever(search_kwargs={"k": 4}).invoke(other.question)
     assert plain.retrieved == 4 and plain.poison_retrieved == 0  # the other question's context
     assert plain.other_poison == 0 and all(d.page_content in BENIGN for d in expected)
+
+
+def test_only_the_outermost_retriever_runs_are_the_chains_context() -> None:
+    """A retriever run two levels inside the chain's own (a defended retriever's fetch under a
+    query rewriter) was counted: its parent, itself inside, was not an outermost run."""
+    from uuid import uuid4
+
+    from langchain_ragdefense.redteam import _Retrieved
+
+    seen = _Retrieved()
+    outer, middle, inner = uuid4(), uuid4(), uuid4()
+    seen.on_retriever_start({}, "q", run_id=outer, parent_run_id=uuid4())  # under the chain
+    seen.on_retriever_start({}, "q", run_id=middle, parent_run_id=outer)
+    seen.on_retriever_start({}, "q", run_id=inner, parent_run_id=middle)
+    pool = [Document(page_content=f"p{i}") for i in range(8)]
+    kept = pool[:2]
+    seen.on_retriever_end(pool, run_id=inner)
+    seen.on_retriever_end(pool[:4], run_id=middle)
+    seen.on_retriever_end(kept, run_id=outer)
+    assert seen.documents == kept

@@ -260,15 +260,17 @@ class _Retrieved(BaseCallbackHandler):
     retriever's own fetch of its pool is a run inside its run), in order, each once."""
 
     def __init__(self) -> None:
-        self.runs: set[UUID] = set()
+        self.seen: set[UUID] = set()  # every retriever run
+        self.runs: set[UUID] = set()  # those inside no other retriever run
         self.documents: list[Document] = []
 
     def on_retriever_start(
         self, serialized: Any, query: str, *, run_id: UUID, parent_run_id: UUID | None = None,
         **kwargs: Any,
     ) -> None:  # fmt: skip
-        if parent_run_id not in self.runs:
+        if parent_run_id not in self.seen:  # a grandchild's parent is inside one too
             self.runs.add(run_id)
+        self.seen.add(run_id)
 
     def on_retriever_end(
         self, documents: Sequence[Document], *, run_id: UUID, **kwargs: Any
