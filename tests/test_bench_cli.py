@@ -509,6 +509,38 @@ def test_a_target_2_miss_names_the_criterion_it_fails_unrounded() -> None:
     ]
 
 
+def test_an_answer_miss_says_how_many_questions_it_traded() -> None:
+    """A mean answer one question short hides that the defense lost the answer on several
+    questions and found it on others: a miss says both counts, and the page lists them."""
+    from benchmarks.runner import CaseOutcome
+    from benchmarks.settings.default import _churn, _churn_lines, _misses
+
+    def outcome(answer: bool, error: str | None = None) -> CaseOutcome:
+        return CaseOutcome(0.0, False, answer, None, 1.0, 0, 1.0, error=error)
+
+    base = [outcome(a) for a in (True, True, False, False, True)]
+    found = [outcome(True), outcome(False), outcome(True), outcome(False), outcome(True, "x")]
+    churn = _churn(base, found)  # the case that raised is no question of the row
+    assert churn == {"questions": 4, "answers_lost": 1, "answers_found": 1}
+    by = {
+        ("realtimeqa", "1p", "poisonedrag", "none"): {
+            "poison_share": 0.2, "gold_in_context": 0.64, "questions": 100,
+            "answers_lost": 0, "answers_found": 0,
+        },
+        ("realtimeqa", "1p", "poisonedrag", "x"): {
+            "poison_share": 0.01, "gold_in_context": 0.63, "questions": 100,
+            "answers_lost": 5, "answers_found": 4,
+        },
+    }  # fmt: skip
+    misses, _ = _misses(by, "x")
+    assert misses["2"] == [
+        "RealtimeQA 1p answer 0.63 < 0.64 (lost on 5 questions of 100, found on 4)"
+    ]
+    lines = _churn_lines(by, ["none", "x"])
+    assert "(of 100 per poison count)" in lines[-1] and "x 1p 5 / 4." in lines[-1]
+    assert _churn_lines({k: {"poison_share": 0.0} for k in by}, ["none", "x"]) == []
+
+
 def test_a_table_says_how_many_cases_raised() -> None:
     """Cases that raise are left out of their rows' means; most tables never said so."""
     from benchmarks.cli import with_errors
