@@ -234,6 +234,8 @@ def test_document_with_no_metadata_dict(toy_embedder: Any) -> None:
     out = DefenseCompressor(embeddings=embeddings).compress_documents(docs, "which text?")
     assert out and all(set(d.metadata) == {"ragdefense"} for d in out)
     assert docs[-1].metadata is None  # the caller's document untouched
+    # the test the docs give for fail_open's pass-through reads a checked document too
+    assert all(d.metadata["ragdefense"]["checked"] is True for d in out)
 
 
 def test_async_compressor_with_empty_content(toy_embedder: Any) -> None:

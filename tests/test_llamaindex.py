@@ -194,6 +194,7 @@ def test_auto_postprocessor(toy_embedder: Any) -> None:
     assert kept and not any("sydney" in n.node.get_content() for n in kept)
     records = [n.node.metadata["ragdefense"] for n in kept]
     assert all(r["defense"] == "AutoDefense" for r in records)
+    assert all(r["checked"] is True for r in records)  # fail_open's pass-through says False
     assert all("ragdefense" not in n.node.metadata for n in nodes)
 
 

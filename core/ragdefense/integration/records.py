@@ -74,6 +74,7 @@ def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
     """The per-document record written under :data:`METADATA_KEY`."""
     return {
         "defense": result.defense,
+        "checked": True,  # beside fail_open's UNCHECKED: one test reads both
         "kept": verdict.kept,
         "score": _jsonable(verdict.score),  # NaN (not scored) as None: stores and JSON take it
         "score_name": result.score_name,
