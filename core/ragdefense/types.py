@@ -353,7 +353,8 @@ class Defense(Protocol):
         min_pool: The pool the defense is designed to filter from: adapters fetch at least this
             many, and warn when handed fewer (0: no floor).
         min_passages: Below this many passages the defense removes nothing (Consensus counts
-            copies once, and still compares the others with a passage the user trusts).
+            copies once, leaves all but one of them out, and still compares the others with
+            a passage the user trusts).
     """
 
     name: str

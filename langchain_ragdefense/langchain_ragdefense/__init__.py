@@ -1,8 +1,10 @@
 """LangChain integration of ragdefense: one line in an existing pipeline.
 
+Three ways in, each on your own retriever (alternatives, not steps):
+
 ```python
-retriever = defend(retriever)                      # Consensus, the default
-retriever = ContextualCompressionRetriever(
+defended = defend(retriever)                       # Consensus, the default
+compressed = ContextualCompressionRetriever(       # needs the [classic] extra
     base_compressor=ConsensusCompressor(), base_retriever=retriever
 )
 chain = RobustRAGChain.from_llm(llm, retriever)    # isolate-then-aggregate answers

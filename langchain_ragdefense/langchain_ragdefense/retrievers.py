@@ -346,7 +346,8 @@ def defend(
         params: Parameters of the named defense (e.g. ``task_type=``, ``similarity=``,
             ``trusted=``); unknown ones, or any given with a defense object, are an error.
 
-    The same signature and fetch policy as the LlamaIndex adapter's ``defend``.
+    The same parameters (``embeddings`` where it takes ``embed_model``) and fetch policy as the
+    LlamaIndex adapter's ``defend``.
     """
     if not isinstance(retriever, BaseRetriever):
         hint = (

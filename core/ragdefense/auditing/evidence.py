@@ -31,22 +31,21 @@ __all__ = [
 
 @dataclass(frozen=True)
 class Scoring:
-    """How evidence becomes a score (chosen on the tuning part of ``python -m benchmarks audit``;
-    the benchmark pages show the result).
+    """How evidence becomes a score (how its values were chosen: the tuning notes in the docs;
+    what they reach: the audit benchmark's page).
 
     The score is the *isolation* of the tightest small group around a chunk, read off its
     nearest-neighbour similarities ``s_1 >= ... >= s_K``: the largest
     ``mean(s_1..s_j) - mean(s_j+1..s_K)`` for ``min_group - 1 <= j <= K - 2``. Planted passages
     come in small sets written for one question: very close to each other, far from the rest;
     benign near-duplicates sit in graded topical neighbourhoods. ``probe_weight`` mixes in the
-    share of probes on which the first defense removed the chunk; it is off by default, as on the
-    tuning part it did not improve the ranking at a low false-positive budget (the report still
-    shows it).
+    share of probes on which the first defense removed the chunk; it is off by default, as it
+    did not improve the ranking at a low false-positive budget (the report still shows it).
 
     A planted set larger than the neighbour list fills it whole, and shows no gap there: the
     *wide isolation*, the same measure over ``AuditSettings(wide_neighbours=)`` neighbours,
-    finds it; its threshold was set apart (at the 99.5th percentile of the tuning part's benign
-    chunks) and a chunk's score is the larger of the two, each relative to its threshold.
+    finds it; it has a threshold of its own (``wide_threshold``), and a chunk's score is the
+    larger of the two, each relative to its threshold.
 
     With a query log, *targeting*: a chunk a logged question retrieves that is closer to that
     question than to any other chunk of the knowledge base (its cosine to the question minus its

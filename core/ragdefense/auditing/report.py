@@ -91,7 +91,8 @@ class Finding:
 
 @dataclass
 class AuditReport:
-    """Every audited chunk, most suspicious first, and how the audit ran."""
+    """The audited chunks most suspicious first (every suspicious one, and at least
+    ``report_top`` of the highest scores), and how the audit ran."""
 
     findings: list[Finding]
     threshold: float

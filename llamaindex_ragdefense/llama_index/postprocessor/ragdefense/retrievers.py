@@ -2,8 +2,9 @@
 
 A node postprocessor only sees what the retriever already gave it (LlamaIndex retrieves 2 nodes
 by default): too few for a defense to compare. :class:`DefendedRetriever` asks the underlying
-retriever for the pool the defense needs to return ``k`` (twice ``k`` for GRADA; at least what
-RAGDefender needs to compare), runs the defense on the pool, and returns the top ``k`` survivors.
+retriever for the pool the defense needs to return ``k`` (twice ``k`` and at least 8 for
+Consensus, the default; twice ``k`` for GRADA; ``k`` and at least 8 for RAGDefender), runs the
+defense on the pool, and returns the top ``k`` survivors.
 """
 
 from __future__ import annotations
@@ -329,7 +330,8 @@ def defend(
         params: Parameters of the named defense (e.g. ``trusted=``); unknown ones, or any
             given with a defense object, are an error.
 
-    The same signature and fetch policy as the LangChain adapter's ``defend``.
+    The same parameters (``embed_model`` where it takes ``embeddings``; an index too) and fetch
+    policy as the LangChain adapter's ``defend``.
     """
     if not isinstance(retriever, (BaseRetriever, BaseIndex)):
         inner = getattr(retriever, "retriever", None)  # a query engine's
