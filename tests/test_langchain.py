@@ -310,17 +310,21 @@ def test_robustrag_chain_tags_each_model_run_with_its_purpose(toy_embedder: Any)
     chain = RobustRAGChain.from_llm(llm, store.as_retriever(search_kwargs={"k": 5}),
                                     max_concurrency=1)  # fmt: skip
 
-    async def streamed() -> dict[str, str]:
+    async def streamed() -> tuple[dict[str, str], str]:
         out: dict[str, str] = {}
+        shown = ""  # what LangGraph's message stream (a chat UI) shows: runs not "nostream"
         async for event in chain.astream_events("Capital of France?", version="v2"):
             if event["event"] == "on_chat_model_stream":
                 tag = next(t for t in event["tags"] if t.startswith("ragdefense:"))
                 out[tag] = out.get(tag, "") + event["data"]["chunk"].content
-        return out
+                if "nostream" not in event["tags"]:
+                    shown += event["data"]["chunk"].content
+        return out, shown
 
-    tokens = asyncio.run(streamed())
+    tokens, shown = asyncio.run(streamed())
     assert "Berlin" in tokens["ragdefense:isolated"]
     assert tokens["ragdefense:aggregate"] == "Paris"
+    assert shown == "Paris"  # the isolated answers, the planted one's too, are "nostream"
 
 
 def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVectorStore) -> None:

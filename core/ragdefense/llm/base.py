@@ -38,6 +38,8 @@ __all__ = [
 
 #: seconds a batch may take when neither the call nor the backend says otherwise
 DEFAULT_TIMEOUT = 120.0
+#: LangGraph's tag for a model run its message stream leaves out (``TAG_NOSTREAM``)
+NO_STREAM = "nostream"
 
 
 class LLM(ABC):
@@ -248,11 +250,14 @@ class LangChainLLM(ConcurrentLLM):
     def _labelled(self) -> dict[str, Any]:
         """The config, its run tagged ``ragdefense:<purpose>`` where the batch says what its
         calls are for (RobustRAG's ``isolated`` answers, one passage each, stream like any
-        model run: a streaming UI filters them out by tag)."""
+        model run: a streaming UI filters them out by tag). Every run but the final answer's
+        is also tagged ``nostream``, which LangGraph's ``stream_mode="messages"`` (what chat
+        UIs show) leaves out: a planted passage's isolated answer never reaches the user."""
         what = purpose()
         if what is None:
             return self.config
-        tags = [*(self.config.get("tags") or []), f"ragdefense:{what}"]
+        hidden = [] if what == "aggregate" else [NO_STREAM]
+        tags = [*(self.config.get("tags") or []), f"ragdefense:{what}", *hidden]
         return {**self.config, "tags": tags}
 
     async def agenerate(
