@@ -293,6 +293,14 @@ def test_robustrag_chain_scripted_sync_and_async(store: InMemoryVectorStore) -> 
     assert len(asyncio.run(chain.ainvoke(QUESTION.question, k=2))["context"]) == 2
     with pytest.raises(TypeError, match="question"):
         chain.invoke(3)
+    # ``prompt | chain`` hands a prompt value: its text is the question
+    from langchain_core.prompts import PromptTemplate
+
+    piped = PromptTemplate.from_template("{q}") | chain
+    assert piped.invoke({"q": QUESTION.question})["answer"] == "Canberra"
+    # the report keeps copies of the documents' metadata: editing one later leaves it as it was
+    out["context"][0].metadata["edited"] = True
+    assert "edited" not in out["report"].responses[0].passage.metadata
     with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
         RobustRAGChain.from_llm(llm, retriever, certify=0)  # every answer would be refused
 

@@ -573,6 +573,11 @@ def test_robustrag_synthesizer_streams_and_shows_its_prompts() -> None:
         plain.update_prompts({"isolated_prompt": PromptTemplate("{passage}: {query}")})
     with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
         RobustRAGSynthesizer(llm=llm, certify=0)
+    # majority vote asks each passage with its choice prompt: an isolated one would be ignored
+    voting = RobustRAGSynthesizer(llm=llm, aggregation="majority")
+    assert sorted(voting.get_prompts()) == ["choice_prompt"]
+    with pytest.raises(ValueError, match=r"unknown prompt\(s\) \['isolated_prompt'\]"):
+        voting.update_prompts({"isolated_prompt": PromptTemplate(mine)})
 
 
 def test_robustrag_synthesizer_prompts_keep_what_llamaindex_templates_carry() -> None:

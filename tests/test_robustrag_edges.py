@@ -13,6 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
+from ragdefense import DefenseInputError
 from ragdefense.llm import CallableLLM
 from ragdefense.llm.base import DEFAULT_TIMEOUT
 from ragdefense.robustrag import KeywordAggregation, RobustRAG
@@ -190,6 +191,12 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
             return []
 
     llm = Local()
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+
+    debug = LlamaDebugHandler()  # from_args's manager is the engine's too: its query event
+    manager = CallbackManager([debug])
+    RobustRAGQueryEngine.from_args(Nothing(), llm=llm, callback_manager=manager).query(Q)
+    assert "query" in {e.event_type.value for e in debug.get_events()}
     empty = RobustRAGQueryEngine.from_args(Nothing(), llm=llm, certify=1).query(Q)
     report = empty.metadata["ragdefense"]  # type: ignore[index]
     assert str(empty) == "I don't know" and not report.certificate.certified
@@ -201,7 +208,14 @@ def test_llamaindex_empty_retrieval_majority_engine_and_custom_llm_async() -> No
             nodes = self.retriever.retrieve(query_str)
             return self.synthesizer.synthesize(query_str, nodes, choices=CHOICES)
 
-    WithChoices(retriever=Nothing(), synthesizer=RobustRAGSynthesizer(llm, "majority"))
+    engine = WithChoices(retriever=Nothing(), synthesizer=RobustRAGSynthesizer(llm, "majority"))
+    # aquery reaches a subclass's own custom_query, as CustomQueryEngine's acustom_query does
+    # (it went to this engine's acustom_query, which passes no choices, and failed)
+    assert str(asyncio.run(engine.aquery(Q))) == "I don't know"
+    before = len(llm.threads)
+    with pytest.raises(DefenseInputError, match="text chunks"):  # one call per character
+        RobustRAGSynthesizer(llm=llm).get_response(Q, "Paris is the capital")  # type: ignore[arg-type]
+    assert len(llm.threads) == before
 
     async def on_the_loop() -> int:
         await RobustRAGSynthesizer(llm=llm).aget_response(Q, PASSAGES)

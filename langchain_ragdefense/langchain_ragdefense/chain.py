@@ -14,6 +14,7 @@ from langchain_core.callbacks import (
 )
 from langchain_core.documents import Document
 from langchain_core.language_models import BaseLanguageModel
+from langchain_core.prompt_values import StringPromptValue
 from langchain_core.retrievers import RetrieverLike
 from langchain_core.runnables import Runnable, RunnableConfig, RunnableSerializable
 from langchain_core.runnables.config import patch_config
@@ -22,7 +23,7 @@ from typing_extensions import TypedDict
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import checked_set, robust_engine
-from ragdefense.integration.records import check_items
+from ragdefense.integration.records import check_items, copied
 from ragdefense.llm import LangChainLLM
 from ragdefense.robustrag.checks import check_certify
 
@@ -202,13 +203,18 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 
     @staticmethod
     def _parse(value: Any) -> tuple[str, list[str] | None]:
+        if isinstance(value, StringPromptValue):  # ``prompt | chain``
+            value = value.to_string()
         if isinstance(value, str):
             return value, None
         if isinstance(value, dict):
             for key in ("question", "query", "input"):
                 if isinstance(value.get(key), str):
                     return value[key], value.get("choices")
-        raise TypeError("input must be a question string or a dict with a 'question' key")
+        raise TypeError(
+            "input must be a question string, a string prompt value, or a dict with a "
+            "'question' (or 'query', 'input') key and, for majority vote, 'choices'"
+        )
 
     @staticmethod
     def _output(query: str, docs: list[Document], report: RobustAnswer) -> dict[str, Any]:
@@ -266,4 +272,4 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 def _passages(docs: list[Document]) -> list[Passage]:
     """The documents as the engine's passages: their ids and metadata in its report (the
     prompts hold their text alone)."""
-    return [Passage(d.page_content, id=d.id, metadata=d.metadata) for d in docs]
+    return [Passage(d.page_content, id=d.id, metadata=copied(d.metadata)) for d in docs]

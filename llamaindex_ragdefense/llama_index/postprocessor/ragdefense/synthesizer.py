@@ -24,6 +24,7 @@ from pydantic import Field
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import robust_engine
+from ragdefense.integration.records import check_items, copied
 from ragdefense.llm import LlamaIndexLLM
 from ragdefense.robustrag.checks import TEMPLATE_FIELDS, check_certify, check_templates
 from ragdefense.robustrag.types import IDK
@@ -119,8 +120,10 @@ class RobustRAGSynthesizer(BaseSynthesizer):
 
     def _get_prompts(self) -> PromptDictType:
         """The isolated answer's template and the aggregation's (``keyword_prompt`` or
-        ``choice_prompt``)."""
-        found = {"isolated_prompt": self._robust.isolated_prompt}
+        ``choice_prompt``); majority vote asks each passage with its ``choice_prompt``, and
+        shows no isolated one (it would be accepted and never used)."""
+        majority = self._robust.aggregation.name == "majority"
+        found = {} if majority else {"isolated_prompt": self._robust.isolated_prompt}
         found |= {k: getattr(self._robust.aggregation, k) for k in _AGGREGATION_PROMPTS
                   if hasattr(self._robust.aggregation, k)}  # fmt: skip
         return {k: PromptTemplate(_shown(v)) for k, v in found.items()}
@@ -216,11 +219,12 @@ def _passages(chunks: Sequence[str]) -> list[Passage]:
     passages: with their nodes' ids and metadata in its report where they come from the nodes
     of the synthesis in progress, one each (the prompts hold the chunks as LlamaIndex wrote
     them)."""
+    chunks = check_items(chunks, str, "text chunks (str)")  # one str: a call per character
     nodes = _nodes.get()
     if len(nodes) != len(chunks):  # asked directly, or chunks LlamaIndex joined or split
         return [Passage(c) for c in chunks]
-    return [
-        Passage(c, id=n.node.node_id, metadata=n.node.metadata)
+    return [  # the report keeps copies: a node edited later leaves it as it was
+        Passage(c, id=n.node.node_id, metadata=copied(n.node.metadata))
         for c, n in zip(chunks, nodes, strict=True)
     ]
 
@@ -309,9 +313,10 @@ class RobustRAGQueryEngine(CustomQueryEngine):
 
     def model_post_init(self, context: Any, /) -> None:
         """This query engine passes no ``choices``: with majority vote every query would fail
-        (a subclass whose ``custom_query`` passes them is left to do so)."""
+        (a subclass whose ``custom_query`` or ``acustom_query`` passes them is left to do so)."""
         super().model_post_init(context)
-        if self._own("custom_query") and self.synthesizer.robust.aggregation.name == "majority":
+        ours = self._own("custom_query") and self._own("acustom_query")
+        if ours and self.synthesizer.robust.aggregation.name == "majority":
             raise ValueError(
                 "a query engine cannot pass choices, which majority vote needs: call "
                 "RobustRAGSynthesizer.get_response(query, chunks, choices=[...]) instead"
@@ -321,8 +326,12 @@ class RobustRAGQueryEngine(CustomQueryEngine):
     def from_args(
         cls, retriever: BaseRetriever, llm: LLM, **synthesizer_kwargs: Any
     ) -> RobustRAGQueryEngine:
-        """``RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)``."""
-        return cls(retriever=retriever, synthesizer=RobustRAGSynthesizer(llm, **synthesizer_kwargs))
+        """``RobustRAGQueryEngine.from_args(index.as_retriever(similarity_top_k=10), llm=llm)``;
+        a ``callback_manager`` given is the engine's and the synthesizer's."""
+        manager = synthesizer_kwargs.get("callback_manager")
+        engine = {} if manager is None else {"callback_manager": manager}
+        synthesizer = RobustRAGSynthesizer(llm, **synthesizer_kwargs)
+        return cls(retriever=retriever, synthesizer=synthesizer, **engine)
 
     def query(self, str_or_query_bundle: QueryType) -> RESPONSE_TYPE:
         """Answer a query as LlamaIndex's query engines do: its query events and span, the
@@ -343,9 +352,13 @@ class RobustRAGQueryEngine(CustomQueryEngine):
         return response
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        query = query_bundle if self._own("acustom_query") else query_bundle.query_str
         with self._query_event(query_bundle) as event:
-            response = _response(await self.acustom_query(query))
+            if not self._own("acustom_query"):  # a subclass's own: the text
+                response = _response(await self.acustom_query(query_bundle.query_str))
+            elif not self._own("custom_query"):  # its sync one only: CustomQueryEngine's way
+                response = _response(self.custom_query(query_bundle.query_str))
+            else:
+                response = _response(await self.acustom_query(query_bundle))
             event.on_end(payload={EventPayload.RESPONSE: response})
         return response
 
