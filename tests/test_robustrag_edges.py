@@ -575,3 +575,57 @@ def test_robustrag_settings_of_the_wrong_type_are_refused(
 ) -> None:
     with pytest.raises(error, match=next(iter(setting))):
         RobustRAG(llm=CallableLLM(str), **setting)
+
+
+def test_the_adapters_raise_when_every_isolated_call_failed() -> None:
+    """A model that always fails (a bad key, an outage) gave "I don't know" as a successful
+    run: LangChain's retries and fallbacks and LlamaIndex's error handling never saw it. Some
+    calls failing are still abstentions."""
+    from langchain_core.documents import Document
+    from langchain_core.runnables import RunnableLambda
+    from llama_index.core.llms import CompletionResponse, CustomLLM, LLMMetadata
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from langchain_ragdefense import RobustRAGChain
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+    from ragdefense import DefenseFailed
+
+    docs = [Document(page_content=t) for t in PASSAGES]
+    retriever = RunnableLambda(lambda q: docs)
+
+    def down(prompt: Any) -> str:
+        raise ConnectionError("401 invalid api key")
+
+    chain = RobustRAGChain.from_llm(RunnableLambda(down), retriever)  # type: ignore[arg-type]
+    with pytest.raises(DefenseFailed, match=r"every isolated LLM call failed.*401"):
+        chain.invoke(Q)
+    with pytest.raises(DefenseFailed, match="401"):
+        asyncio.run(chain.ainvoke(Q))
+    fallback = chain.with_fallbacks([RunnableLambda(lambda q: {"answer": "fallback"})])
+    assert fallback.invoke(Q)["answer"] == "fallback"  # the framework sees the outage
+    calls = iter(range(100))
+
+    def flaky(prompt: Any) -> str:  # the first isolated call fails, the rest answer
+        if next(calls) == 0:
+            raise ConnectionError("503")
+        return "Pacific"
+
+    flaky_chain = RobustRAGChain.from_llm(RunnableLambda(flaky), retriever, max_concurrency=1)  # type: ignore[arg-type]
+    assert flaky_chain.invoke(Q)["report"].responses[0].error is not None  # an abstention
+
+    class Down(CustomLLM):
+        @property
+        def metadata(self) -> LLMMetadata:
+            return LLMMetadata()
+
+        def complete(self, prompt: str, formatted: bool = False, **kw: Any) -> CompletionResponse:
+            raise ConnectionError("401 invalid api key")
+
+        def stream_complete(self, prompt: str, formatted: bool = False, **kw: Any) -> Any:
+            raise NotImplementedError
+
+    nodes = [NodeWithScore(node=TextNode(text=t)) for t in PASSAGES]
+    with pytest.raises(DefenseFailed, match="401"):
+        RobustRAGSynthesizer(llm=Down()).synthesize(Q, nodes)
+    with pytest.raises(DefenseFailed, match="401"):
+        asyncio.run(RobustRAGSynthesizer(llm=Down()).asynthesize(Q, nodes))

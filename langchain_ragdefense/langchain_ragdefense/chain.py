@@ -22,7 +22,7 @@ from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 from typing_extensions import TypedDict
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
-from ragdefense.integration.adapter import checked_set, robust_engine
+from ragdefense.integration.adapter import answered, checked_set, robust_engine
 from ragdefense.integration.records import check_items, copied
 from ragdefense.llm import LangChainLLM
 from ragdefense.robustrag.checks import check_certify
@@ -234,6 +234,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         report = self._core(child).answer(
             query, _passages(docs), choices=choices, certify=self.certify
         )
+        answered(report)  # every call failed: the model is down, not undecided
         return self._output(query, docs, report)
 
     async def _ainvoke(
@@ -250,6 +251,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         report = await self._core(child).aanswer(
             query, _passages(docs), choices=choices, certify=self.certify
         )
+        answered(report)
         return self._output(query, docs, report)
 
     def invoke(

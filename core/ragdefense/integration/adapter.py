@@ -18,12 +18,13 @@ from ..types import Defense, DefenseFailed, DefenseResult, Passage, QueryInputEr
 
 if TYPE_CHECKING:
     from ..defenses.registry import Parameter
-    from ..robustrag import RobustRAG
+    from ..robustrag import RobustAnswer, RobustRAG
 
 __all__ = [
     "AdapterCore",
     "TrustedField",
     "adapter_params",
+    "answered",
     "checked_set",
     "configured",
     "defense_embedder",
@@ -260,6 +261,20 @@ def robust_engine(robust: Any, aggregation: Any) -> RobustRAG:
     if engine.aggregation.name == "decoding":  # found at construction, not after retrieval
         raise ValueError(_NO_DECODING)
     return engine
+
+
+def answered(report: RobustAnswer) -> RobustAnswer:
+    """``report``, unless every isolated LLM call failed: then the model is down (or its key
+    wrong), and "I don't know" would pass for an answer, hiding the outage from the framework's
+    retries, fallbacks and error callbacks, so :class:`~ragdefense.DefenseFailed` names it. Some
+    calls failing are abstentions, as in the core."""
+    errors = [r.error for r in report.responses if r.error is not None]
+    if errors and len(errors) == len(report.responses):
+        raise DefenseFailed(
+            f"every isolated LLM call failed ({len(errors)} of {len(errors)}); the first: "
+            f"{errors[0]}"
+        )
+    return report
 
 
 _NO_DECODING = (

@@ -23,7 +23,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
 from pydantic import Field
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
-from ragdefense.integration.adapter import robust_engine
+from ragdefense.integration.adapter import answered, robust_engine
 from ragdefense.integration.records import check_items, copied
 from ragdefense.llm import LlamaIndexLLM
 from ragdefense.robustrag.checks import TEMPLATE_FIELDS, check_certify, check_templates
@@ -148,11 +148,13 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
     ) -> str:
         """Answer ``query_str`` from ``text_chunks`` (one isolated call per chunk)."""
-        report = self._robust.answer(
-            query_str,
-            _passages(text_chunks),
-            choices=response_kwargs.get("choices"),
-            certify=self._certify,
+        report = answered(  # every call failed: the model is down, not undecided
+            self._robust.answer(
+                query_str,
+                _passages(text_chunks),
+                choices=response_kwargs.get("choices"),
+                certify=self._certify,
+            )
         )
         _report.set(report)
         return _one(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
@@ -161,11 +163,13 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
     ) -> str:
         """Async :meth:`get_response` (the isolated calls go out concurrently)."""
-        report = await self._robust.aanswer(
-            query_str,
-            _passages(text_chunks),
-            choices=response_kwargs.get("choices"),
-            certify=self._certify,
+        report = answered(
+            await self._robust.aanswer(
+                query_str,
+                _passages(text_chunks),
+                choices=response_kwargs.get("choices"),
+                certify=self._certify,
+            )
         )
         _report.set(report)
         return _aone(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
