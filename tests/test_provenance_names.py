@@ -344,3 +344,24 @@ def test_a_trusted_web_page_trusts_web_addresses_only() -> None:
     for meta in ({"url": "who.int/news/x"}, {"source": "https://www.who.int/news/x"}):
         assert _trusted(page, meta), meta
     assert not _trusted(page, {"url": "https://who.int/newsroom"})
+
+
+def test_an_address_trusts_a_site_only_and_a_file_name_no_site() -> None:
+    """Found by a review: ``https://who.int`` trusted an upload saved as ``who.int`` (a file
+    key's value, or ``./who.int`` under ``source``), and ``leave.md``, a file's name, trusted
+    the site ``https://leave.md`` (``.md`` is a country's domain anyone can register)."""
+    site = {"https://who.int"}
+    assert _trusted(site, {"source": "https://www.who.int/news/1"})
+    assert _trusted(site, {"source": "who.int"})  # a host label, as hand-written sources hold
+    assert not _trusted(site, {"file_name": "who.int"})
+    assert not _trusted(site, {"source": "./who.int"})
+    assert not _trusted(site, {"source": "../uploads/who.int"})
+    assert not _trusted({"leave.md"}, {"url": "https://leave.md/policy"})
+    assert not _trusted({"leave.md"}, {"source": "https://leave.md/policy"})
+    assert _trusted({"leave.md"}, {"file_name": "leave.md"})  # the file it names
+    assert _trusted({"leave.md"}, {"source": "leave.md"})
+    assert not _trusted({"https://leave.md"}, {"file_name": "leave.md"})
+    assert _trusted({"https://leave.md"}, {"url": "https://leave.md/policy"})
+    # a bare name that is a host and a file's name alike trusts both (documented)
+    assert _trusted({"who.int"}, {"file_name": "who.int"})
+    assert _trusted({"who.int"}, {"url": "https://who.int/x"})

@@ -27,6 +27,7 @@ __all__ = [
     "host_name",
     "is_web",
     "page_prefix",
+    "reads_as_web",
     "resolved_path",
     "schemeless",
     "web_host",
@@ -107,6 +108,21 @@ def bare_host(text: str) -> bool:
     """Whether ``text`` reads as a host name (``who.int``, ``wiki.corp:8080``), not a file's
     name (``Report.PDF``)."""
     return bool(_HOST.fullmatch(text)) and text.rpartition(".")[2].lower() not in _FILE_TYPES
+
+
+def reads_as_web(text: str, file_key: bool = False, web_key: bool = False) -> bool:
+    """Whether a source's value (or a trusted entry, with neither key) names a web host or page:
+    an address of :data:`WEB_SCHEMES`, any ``url`` / ``link`` value, and elsewhere a bare host
+    or a scheme-less page (``who.int``, ``who.int/news``); never a file key's value nor a path
+    written as one (``./who.int``), nor a name that reads as a file's (``leave.md``)."""
+    text = text.strip()
+    if has_scheme(text):
+        return is_web(text)
+    if web_key or file_key:  # "//who.int/news" under url: a page, scheme-relative
+        return web_key
+    if text.startswith(("./", ".\\", "../", "..\\", "/", "\\")):
+        return False
+    return bare_host(text.rstrip("/").rstrip(".")) or schemeless(text) is not None
 
 
 def schemeless(text: str) -> str | None:

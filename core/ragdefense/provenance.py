@@ -34,6 +34,7 @@ from .addresses import (
     host_name,
     is_web,
     page_prefix,
+    reads_as_web,
     resolved_path,
     schemeless,
     web_host,
@@ -307,6 +308,8 @@ def is_trusted_by(
     # read as a host where it may be one, and as a file key's value, its case kept ("Main.py"
     # trusts the file Main.py, not main.py)
     named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
+    hosts = frozenset(n for t in named if reads_as_web(str(t)) and (n := _normal(t)) is not None)
+    named = [t for t in named if not is_web(str(t).strip())]  # an address names a site only
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
     cwd = working_folder() if cwd is None else cwd
@@ -315,7 +318,7 @@ def is_trusted_by(
     folders = frozenset(form for t, f in found for form in folder_forms(t, f, cwd))
     written = frozenset(str(t).strip() for t, _ in found)
     pages_ = frozenset(p for p in pages.values() if p)
-    return _Sources(names, pages_, source_key, files, folders, written)
+    return _Sources(names, pages_, source_key, files, folders, written, hosts)
 
 
 def _folder(entry: Any) -> str | None:
@@ -342,12 +345,13 @@ class _Sources:
     files: frozenset[str] = frozenset()
     folders: frozenset[str] = frozenset()
     written: frozenset[str] = frozenset()  # the entries that are paths, as written
+    hosts: frozenset[str] = frozenset()  # names that read as hosts (not "leave.md"): a web
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         if source is None:
             return False
         if not (self.written or self.folders or self.pages) and not (
-            source in self.names or source in self.files
+            source in self.names or source in self.files or source in self.hosts
         ):
             return False  # no rule could trust it: its metadata is not read again
         host, value, key = _source_value(passage.metadata, self.source_key)
@@ -360,12 +364,12 @@ class _Sources:
         readings = {resolved_path(source, dots) for dots in (False, True)} if self.folders else ()
         if "/" in source and readings and all(held_by(self.folders, r) for r in readings):
             return True
-        if source in self.names or source in self.files:  # which form: read from its key
-            as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
-            if source in (self.files if as_file else self.names):
-                return True
-        if not self.pages or host is None or "/" in host:  # a path is no web page, whatever
-            return False  # its folders are named ("who.int/news/x.md" under file_path)
+        web = reads_as_web(str(value), key in _FILE_KEYS, key in _WEB_KEYS)  # a host, a page
+        as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
+        if source in (self.files if as_file else self.hosts if web else self.names):
+            return True  # each form by the entries that read as it
+        if not self.pages or not web or host is None or "/" in host:  # a file, a path: no
+            return False  # web page, whatever its folders are named ("who.int/news/x.md")
         doc = _read_document(host, value)
         host, _, path = doc.partition("/")
         # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
