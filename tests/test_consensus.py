@@ -727,8 +727,16 @@ def test_trusted_needs_provenance_and_a_failing_predicate_is_named() -> None:
     assert few.estimates["trusted"] == [] and "nothing to compare" in few.estimates["note"]
     with pytest.raises(
         DefenseInputError, match=r"trusted= failed on passage 0's metadata.*KeyError"
-    ):
+    ):  # failing on every passage: a broken predicate
         Consensus(trusted=lambda m: m["reviewed"]).defend_embeddings("q", passages, emb, q)
+    # failing on some (a planted document without the key): those are untrusted, not an error
+    # that would fail every query retrieving them (or, failing open, pass the pool unchecked)
+    marked = [replace(p, metadata={**p.metadata, "reviewed": True}) for p in passages]
+    marked[2] = passages[2]
+    with pytest.warns(UserWarning, match="judged as untrusted"):
+        result = Consensus(trusted=lambda m: m["reviewed"]).defend_embeddings("q", marked, emb, q)
+    assert list(result.estimates["trust_unread"]) == [2]
+    assert result.estimates["trusted"] == [i for i in range(len(marked)) if i != 2]
 
 
 def test_trust_assigned_after_construction_takes_effect() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -798,8 +799,15 @@ def test_failing_open_reads_a_failing_trust_as_untrusted() -> None:
             raise RuntimeError("model server down")
 
     guard = Quarantine.from_report(REPORT, Broken(trusted=lambda m: m["tier"] == "gold"))
-    with pytest.raises(DefenseInputError, match="trusted= failed on passage 3"):
+    with pytest.raises(RuntimeError, match="model server down"):  # the trust read, untrusted
         guard.defend("q?", _passages())
+    # a planted passage without the predicate's key is held, never an error failing the query
+    given = _passages()
+    tiered = [replace(p, metadata={"tier": "web"}) if i < 3 else p for i, p in enumerate(given)]
+    working = Quarantine.from_report(
+        REPORT, defense("consensus", embedder=bag_of_words, trusted=lambda m: m["tier"] == "gold")
+    )
+    assert working.defend("q?", tiered).removed_indices[:2] == [3, 4]
     with pytest.warns(UserWarning, match="passing the documents through"):
         result = AdapterCore().run(guard, "q?", _passages(), fail_open=True)
     assert result is not None and result.removed_indices == [3, 4]

@@ -74,7 +74,7 @@ from .grada import GRADA, coordinated_groups
 from .params import check_embedder, check_given, cosines, differences, flags, integers, reals
 from .pool import Pool, apart_from, consensus_result, distinct, map_back, one_of_each, text_numbers
 from .quotes import quoting
-from .trusting import contradicting, trust_test
+from .trusting import contradicting, trust_flags, trust_test
 from .voices import holders, one_voices
 
 __all__ = ["Consensus"]
@@ -107,7 +107,7 @@ class Consensus:
             pool in which no passage holds it is noted, and warned of once (a misspelling
             would turn provenance off).
         trusted: Sources never removed (but as copies of one trusted text), or a predicate on
-            a passage's metadata.
+            a passage's metadata (one it fails on is untrusted, and named in the estimates).
         anchor: Least excess of an untrusted passage's query similarity over its best cosine
             to a trusted passage for it to count as contradicting them (``None``: never; the
             edited-copy rule of step 3 does not use it).
@@ -206,12 +206,8 @@ class Consensus:
         query = check_query(query)
         items = to_passages(passages)
         m = len(items)
-        is_trusted = trust_test(self.trusted, self.source_key)  # the fields as they are now
-        sources = sources_of(items, self.source_key)
-        trusted = [is_trusted(i, p, sources[i]) for i, p in enumerate(items)]
-        # with trust given, which passages it found is said (none found too)
-        found = [i for i, t in enumerate(trusted) if t]
-        said: dict[str, Any] = {"trusted": found} if found or self.trusted is not None else {}
+        sources = sources_of(items, self.source_key)  # trust: the fields as they are now
+        trusted, said = trust_flags(self.trusted, self.source_key, items, sources)
         unread = no_source_read([p.metadata for p in items], sources, self.source_key, self.trusted)
         if unread:  # a misspelled key must not turn provenance off silently: said once
             if not self._unread_said:
@@ -225,7 +221,7 @@ class Consensus:
         if copy_of:
             said["copies"] = copy_of
         few = len(keep) < self.min_passages  # copies count once
-        if (few and not (found and len(keep) > 1)) or blank:
+        if (few and not (any(trusted) and len(keep) > 1)) or blank:
             check_given(embeddings, query_embedding, items)  # unused, still checked
             why = f"only {len(keep)} distinct passage(s): nothing to compare ({self.min_passages}+)"
             if len(keep) == 1 and m >= self.min_passages:

@@ -32,7 +32,6 @@ from typing import Any
 from ..provenance import AUTO, source_of
 from ..types import (
     Defense,
-    DefenseInputError,
     DefenseResult,
     Passage,
     PassageLike,
@@ -314,7 +313,7 @@ class Quarantine:
         """What an adapter set to fail open passes on where the wrapped defense failed: every
         passage but the quarantined ones, unjudged (the audit's findings need no model)."""
         items = to_passages(passages)
-        held, rest, stands = split = self._split(items, failing=True)
+        held, rest, stands = split = self._split(items)
         inner = getattr(self.defense, "fallback", None)
         if callable(inner) and rest:  # a quarantine inside: its findings apply too
             return self._merge(query, items, split, inner(query, [items[i] for i in rest]))
@@ -328,13 +327,11 @@ class Quarantine:
         estimates = {"quarantined": sorted(held), "note": "the per-query defense failed"}
         return DefenseResult(self.name, query, tuple(verdicts), "score", estimates)
 
-    def _split(
-        self, items: list[Passage], failing: bool = False
-    ) -> tuple[dict[int, str], list[int], dict[int, int]]:
+    def _split(self, items: list[Passage]) -> tuple[dict[int, str], list[int], dict[int, int]]:
         """The quarantined positions with their reasons, the positions left, and each held
-        copy's position with the position of the copy judged in its place. ``failing``:
-        the defense failed and the adapter fails open; a passage whose trust cannot be read
-        (the ``trusted=`` predicate fails) is then untrusted, not an error."""
+        copy's position with the position of the copy judged in its place. A passage whose
+        trust cannot be read (the ``trusted=`` predicate fails on its metadata) is untrusted:
+        raising would let one planted document fail every query that retrieves it."""
         held: dict[int, str] = {}
         # once's texts: (untrusted?, position); by text alone, whatever metadata each copy
         # shows (an attacker's uploads choose theirs: all reaching the defense, they would be
@@ -345,13 +342,9 @@ class Quarantine:
             why = self._matched(p, d)
             if why is None and d not in self.once:
                 continue
-            try:  # the wrapped defense's trusted= predicate may fail
-                trusted = self._trusted(p)
-            except Exception as exc:
-                if not failing:
-                    raise DefenseInputError(
-                        f"trusted= failed on passage {i}'s metadata: {exc!r}"
-                    ) from exc
+            try:  # the wrapped defense's trusted= predicate may fail on a planted passage's
+                trusted = self._trusted(p)  # metadata: untrusted then (held, never an error)
+            except Exception:
                 trusted = False
             if why is not None and not trusted:
                 held[i] = why

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import warnings
+from collections.abc import Callable, Sequence
 from functools import lru_cache
 from typing import Any
 
@@ -11,7 +12,7 @@ from ..provenance import Trust, is_trusted_by
 from ..types import DefenseInputError, Passage
 from .pool import Pool
 
-__all__ = ["contradicting", "trust_of", "trust_test"]
+__all__ = ["contradicting", "trust_flags", "trust_of", "trust_test"]
 
 
 def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
@@ -53,6 +54,38 @@ def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
         found.append(i)
     if found:
         estimates["contradicting"] = found
+
+
+def trust_flags(
+    trusted: Trust, source_key: str | None, items: Sequence[Passage], sources: list[str | None]
+) -> tuple[list[bool], dict[str, Any]]:
+    """Whether each passage is trusted, and what the result says of it: the trusted passages
+    (with trust given, none found too), and those whose trust could not be read. A ``trusted=``
+    predicate failing on a passage's metadata (a key its author left out, as a planted
+    document's may) leaves that passage untrusted, with a warning: raising would let one
+    document fail every query that retrieves it, or, failing open, pass the pool unchecked. A
+    predicate failing on every passage is a bug, and raises."""
+    test = trust_test(trusted, source_key)
+    flags, failed = [], {}
+    for i, p in enumerate(items):
+        try:
+            flags.append(test(i, p, sources[i]))
+        except DefenseInputError as exc:
+            flags.append(False)
+            failed[i] = str(exc)
+    if failed and len(failed) == len(items):
+        raise DefenseInputError(next(iter(failed.values())))
+    found = [i for i, t in enumerate(flags) if t]
+    said: dict[str, Any] = {"trusted": found} if found or trusted is not None else {}
+    if failed:
+        said["trust_unread"] = failed
+        warnings.warn(
+            "the trusted= predicate failed on some passages' metadata: they are judged as "
+            "untrusted (the result's estimates['trust_unread'] names them)",
+            UserWarning,
+            stacklevel=4,
+        )
+    return flags, said
 
 
 def trust_test(
