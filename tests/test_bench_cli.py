@@ -378,7 +378,14 @@ def test_e2e_table_with_a_gullible_llm(
             continue
         acc = "met" if r["accuracy"] >= clean["accuracy"] - 0.02 - 1e-9 else "missed"
         assert f"{setting}, {label}: attack success" in table
-        assert f"accuracy {r['accuracy']:.2f} against {clean['accuracy']:.2f} ({acc})" in table
+        assert f"accuracy {r['accuracy']:.2f} against {clean['accuracy']:.2f} ({acc}" in table
+    # the accuracy's difference from the clean undefended one, question by question
+    for (setting, label), r in by.items():
+        base = by[(setting.split(",")[0] + ", no poison", "none")]
+        traded = (r["answers_won"] - r["answers_lost"]) / r["questions"]
+        assert r["accuracy"] - base["accuracy"] == pytest.approx(traded)
+        if label != "none":
+            assert f"wrong where it was right on {r['answers_lost']})" in table
     # the default model's answers kept by prompt: a second run (a metric changed) asks none
     import benchmarks.settings.e2e as e2e
 

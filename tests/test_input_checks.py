@@ -123,8 +123,13 @@ def test_quarantine_errors_name_the_callers_position() -> None:
         {"findings": [FINDING]}, ragdefense.defense("consensus", trusted=trusted)
     )
     passages = [Passage("a planted text"), Passage("x"), Passage("y", metadata={"bad": 1})]
-    with pytest.raises(DefenseInputError, match="passage 2's metadata"):
-        quarantine.defend("who?", [*passages, Passage("z")])
+    with pytest.warns(UserWarning, match="judged as untrusted"):  # one failing: untrusted
+        result = quarantine.defend("who?", [*passages, Passage("z")])
+    assert list(result.estimates["trust_unread"]) == [2]  # the caller's position
+    assert "passage 2's metadata" in result.estimates["trust_unread"][2]
+    bad = [Passage(t, metadata={"bad": 1}) for t in ("x", "y", "w")]
+    with pytest.raises(DefenseInputError, match="passage 1's metadata"):  # failing on all
+        quarantine.defend("who?", [passages[0], *bad])
 
 
 def test_grada_refuses_a_bm25_that_is_not_one() -> None:

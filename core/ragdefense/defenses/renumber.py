@@ -61,6 +61,11 @@ def positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
         out["groups"] = [[rest[i] for i in g] for g in out["groups"]]
     if isinstance(out.get("copies"), dict):
         out["copies"] = {rest[i]: [rest[c] for c in cs] for i, cs in out["copies"].items()}
+    if isinstance(out.get("trust_unread"), dict):  # position -> why, the why naming it too
+        out["trust_unread"] = {
+            rest[i]: _PASSAGE.sub(f"passage {rest[i]}", why, count=1)
+            for i, why in out["trust_unread"].items()
+        }
     if isinstance(out.get("evidence"), Mapping):
         out["evidence"] = positions(out["evidence"], rest)
     return out
