@@ -571,6 +571,13 @@ def test_robustrag_synthesizer_streams_and_shows_its_prompts() -> None:
         plain.update_prompts({"text_qa_template": PromptTemplate(mine)})
     with pytest.raises(ValueError, match="isolated_prompt cannot be filled"):
         plain.update_prompts({"isolated_prompt": PromptTemplate("{passage}: {query}")})
+    from llama_index.core.llms import ChatMessage
+    from llama_index.core.prompts import ChatPromptTemplate
+
+    asked = ChatMessage(role="user", content="{context_str}\n{query_str}")
+    chat = ChatPromptTemplate([ChatMessage(role="system", content="Be brief"), asked])
+    with pytest.raises(TypeError, match="give a PromptTemplate"):  # its roles were flattened
+        plain.update_prompts({"isolated_prompt": chat})
     with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
         RobustRAGSynthesizer(llm=llm, certify=0)
     # majority vote asks each passage with its choice prompt: an isolated one would be ignored

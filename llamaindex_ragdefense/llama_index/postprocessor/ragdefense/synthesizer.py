@@ -15,7 +15,7 @@ from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
 from llama_index.core.llms import LLM
-from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
+from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
@@ -253,6 +253,11 @@ def _core_template(label: str, prompt: BasePromptTemplate) -> str:
     variable and function mappings applied; ``{context_str}`` / ``{query_str}`` read as
     ``{context}`` / ``{query}``. A variable nothing fills is refused (it would reach the LLM
     as literal text)."""
+    if isinstance(prompt, ChatPromptTemplate):  # formatted, its roles would be plain text
+        raise TypeError(
+            f"{label} is sent as one completion prompt: give a PromptTemplate (a chat "
+            "template's roles would reach the LLM as text)"
+        )
     fields = TEMPLATE_FIELDS[label]
     marks = {f: f"\x00{f}\x00" for f in fields}
     given = {**marks, **{a: marks[f] for a, f in _ALIASES.items() if f in marks}}
