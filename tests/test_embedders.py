@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -563,3 +564,31 @@ def test_the_cache_keeps_rows_not_their_batches() -> None:
     emb = CallableEmbedder(lambda texts: np.random.default_rng(0).normal(size=(len(texts), 8)))
     emb.embed([f"t{i}" for i in range(500)])
     assert all(v.base is None for v in emb._cache.values())
+
+
+def test_a_cached_copy_shares_the_loaded_model(minilm: Any) -> None:
+    """``with_cache`` went through the pickled state, which leaves the packaged model out:
+    each copy loaded a model of its own (twice the memory and load time)."""
+    copy_ = minilm.with_cache(16)
+    assert copy_.model is minilm.model and copy_._cache is not minilm._cache
+    assert np.allclose(copy_.embed(["one text"]), minilm.embed(["one text"]))
+
+
+def test_query_rows_read_as_passage_rows() -> None:
+    """A torch tensor in bfloat16 (or needing grad) worked for passages, failed for queries;
+    a tuple of rows failed for both; queries embedded as passages took a call each."""
+    torch = pytest.importorskip("torch")
+    bf16 = CallableEmbedder(lambda t: torch.ones(len(t), 4, dtype=torch.bfloat16))
+    assert bf16.embed_query("q").shape == (4,) and bf16.embed(["a"]).shape == (1, 4)
+    graded = CallableEmbedder(lambda t: torch.ones(len(t), 4, requires_grad=True))
+    assert graded.embed_query("q").shape == (4,)
+    rows = CallableEmbedder(lambda t: tuple(torch.ones(4, dtype=torch.bfloat16) for _ in t))
+    assert rows.embed(["a", "b"]).shape == (2, 4)
+    calls: list[int] = []
+
+    def counted(texts: list[str]) -> np.ndarray:
+        calls.append(len(texts))
+        return np.ones((len(texts), 3))
+
+    assert CallableEmbedder(counted).embed_queries(["a", "b", "c"]).shape == (3, 3)
+    assert calls == [3]  # one call, as the docstring says

@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
-from . import types as _types
-from .carried import carried_vectors, check_carried
 from .offline import load_sentence_transformer, model_folder, packaged_installed
+from .passage_vectors import embed_passages, passage_and_query_embeddings
 from .similarity import cosine_matrix, cosine_to
-from .types import DefenseInputError, Passage, check_embeddings, check_query_embedding
+from .types import check_embeddings, check_query_embedding
 from .vector_rows import EmbeddingError, as_rows, texts_of
 from .vector_rows import keep as _keep
 from .vector_rows import kept as _kept
@@ -76,8 +75,7 @@ class Embedder(ABC):
 
     def _embed_query(self, text: str) -> ArrayLike:
         """Embed a query; defaults to :meth:`_embed` (symmetric models)."""
-        row: np.ndarray = np.asarray(self._embed([text]))[0]
-        return row
+        return as_rows(self._embed([text]), 1)[0]  # torch rows too, as the passages'
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed passages: a float32 array of shape (len(texts), d)."""
@@ -144,7 +142,7 @@ class Embedder(ABC):
         :meth:`_embed_query` one at a time (a subclass that can batch them says how)."""
         if type(self)._embed_query is Embedder._embed_query:
             return self._embed(texts)
-        return [np.ravel(np.asarray(self._embed_query(t))) for t in texts]
+        return [as_rows(self._embed_query(t), 1)[0] for t in texts]
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its lock and cache (e.g. to send it to Ray workers)."""
@@ -192,6 +190,9 @@ class CallableEmbedder(Embedder):
             return self.query_fn(text)
         return super()._embed_query(text)
 
+    def _embed_queries(self, texts: list[str]) -> ArrayLike:  # one call where queries are
+        return self.fn(texts) if self.query_fn is None else super()._embed_queries(texts)
+
 
 class SentenceTransformerEmbedder(Embedder):
     """A sentence-transformers model, given as an object or as a path (loaded lazily, offline).
@@ -229,6 +230,13 @@ class SentenceTransformerEmbedder(Embedder):
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         super().__setstate__(state | {"_load_lock": threading.Lock()})
+
+    def with_cache(self, cache_size: int) -> Embedder:
+        """A copy using the same model (loaded now, once for both: a copy goes through the
+        pickled state, which leaves a loadable model out), with a cache of its own."""
+        model, other = self.model, super().with_cache(cache_size)
+        other.__dict__.update(_model=model, _load_lock=threading.Lock())
+        return other
 
     @property
     def model(self) -> Any:
@@ -342,59 +350,3 @@ def _wrap(obj: Any) -> Embedder:
         f"cannot use {type(obj).__name__} as an embedder: pass a sentence-transformers model, "
         "a LangChain Embeddings, a LlamaIndex BaseEmbedding, a callable, or an Embedder"
     )
-
-
-def embed_passages(passages: Sequence[_types.PassageLike], embedder: Any = None) -> np.ndarray:
-    """Embeddings of ``passages``: carried ones as is, the rest in one call to the embedder.
-
-    The embedder is only resolved (and the default model only loaded) if some passage carries
-    no embedding. Beside carried embeddings, the default model must be the one that made them.
-
-    Raises:
-        DefenseInputError: a carried embedding is not a finite 1-D vector of the common size,
-            or not the default model's where that model embeds the others.
-        EmbeddingError: the embedding model failed.
-    """
-    passages = _types.to_passages(passages)  # what every defense accepts, checked alike
-    if not passages:
-        return np.zeros((0, 0), dtype=np.float32)
-    vecs = carried_vectors(passages)
-    todo = [i for i, v in enumerate(vecs) if v is None]
-    if not todo:
-        return np.stack(vecs)  # type: ignore[arg-type]
-    computed = iter(as_embedder(embedder).embed([passages[i].text for i in todo]))
-    full = [next(computed) if v is None else v for v in vecs]
-    carried = [i for i, v in enumerate(vecs) if v is not None]
-    if carried:
-        check_carried(passages, full, embedder, default_embedder)
-        i, j = carried[0], todo[0]
-        if full[i].shape != full[j].shape:
-            raise DefenseInputError(
-                f"passage {i} carries an embedding of {full[i].shape[0]} numbers, the embedder "
-                f"gives passage {j} one of {full[j].shape[0]}: give one model's embeddings"
-            )
-    return np.stack(full)
-
-
-def passage_and_query_embeddings(
-    query: str,
-    passages: Sequence[Passage],
-    embedder: Any = None,
-    embeddings: Any = None,
-    query_embedding: Any = None,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The passages' (M, d) and the query's (d,) embeddings: the given ones checked, the
-    missing ones computed with ``embedder`` (see :func:`embed_passages`; a path loaded once)."""
-    embedder = as_embedder(embedder) if isinstance(embedder, (str, os.PathLike)) else embedder
-    if carried := embeddings is None:
-        embeddings = embed_passages(passages, embedder)
-    emb = check_embeddings(embeddings, len(passages))
-    fix = ""
-    if query_embedding is None:
-        # given beside the passages, or all carried (else checked in embed_passages): the
-        # default model must have made them where it embeds the query
-        if not carried or all(p.embedding is not None for p in passages):
-            check_carried(passages, list(emb), embedder, default_embedder, not carried)
-        query_embedding = as_embedder(embedder).embed_query(query)
-        fix = ": pass query_embedding= by the passages' model, or that model as embedder="
-    return emb, check_query_embedding(query_embedding, emb.shape[1], fix)

@@ -34,7 +34,8 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
     """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
     direction (rescaled where float32 would lose it), as vectors passages carry do."""
     try:
-        rows = np.asarray([_numpy(r) for r in raw] if isinstance(raw, list) else _numpy(raw))
+        listed = isinstance(raw, (list, tuple))  # of rows, each maybe a tensor
+        rows = np.asarray([_numpy(r) for r in raw] if listed else _numpy(raw))
         kind = rows.dtype.kind
         arr = np.asarray(rows, dtype=np.float64) if kind in "iufO" else rows
     except (TypeError, ValueError, OverflowError, RuntimeError, AttributeError) as exc:
