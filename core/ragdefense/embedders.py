@@ -75,7 +75,8 @@ class Embedder(ABC):
 
     def _embed_query(self, text: str) -> ArrayLike:
         """Embed a query; defaults to :meth:`_embed` (symmetric models)."""
-        return as_rows(self._embed([text]), 1)[0]  # torch rows too, as the passages'
+        row: np.ndarray = as_rows(self._embed([text]), 1)[0]  # torch rows, as the passages'
+        return row
 
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed passages: a float32 array of shape (len(texts), d)."""
