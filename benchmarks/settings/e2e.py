@@ -142,7 +142,7 @@ def e2e_table(
     if store is not None and asked:
         kept = {keys[p]: a for p, a in answers.items() if p not in failed}
         _write_whole(store, json.dumps(known | kept))
-    rows = []
+    rows: list[dict[str, Any]] = []
     right: dict[tuple[str, str], dict[str, bool]] = {}  # per row, per question: answered right
     for (setting, label), runs in contexts.items():
         asked_of = [_prompt(c, ctx) for c, ctx in runs]
