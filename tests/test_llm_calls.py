@@ -126,3 +126,26 @@ def test_a_backend_that_skips_init_has_the_class_defaults() -> None:
             return prompt.upper()
 
     assert [g.text for g in Mine().generate(["a", "b"])] == ["A", "B"]
+
+
+def test_the_backends_check_their_settings_and_prompts() -> None:
+    """One string was answered character by character; a NaN deadline timed every call out at
+    once; max_concurrency=0 and batch_size=0 failed later, deep inside."""
+
+    from ragdefense.llm import TransformersLLM
+
+    llm = CallableLLM(lambda p: "yes")
+    with pytest.raises(TypeError, match="not one string"):
+        llm.generate("hello")  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="not one string"):
+        asyncio.run(llm.agenerate("hello"))  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="NaN"):
+        llm.generate(["a"], timeout=float("nan"))
+    with pytest.raises(ValueError, match="NaN"):
+        CallableLLM(lambda p: "yes", timeout=float("nan")).generate(["a"])
+    for bad in (0, -1, True, 2.0):
+        with pytest.raises(ValueError, match="max_concurrency must be an int >= 1"):
+            CallableLLM(lambda p: "yes", max_concurrency=bad)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
+        TransformersLLM(batch_size=0)
+    assert [g.text for g in llm.generate(["a", "b"])] == ["yes", "yes"]

@@ -66,9 +66,15 @@ class LLM(ABC):
         """Async :meth:`generate`; defaults to running it in a worker thread."""
         return await asyncio.to_thread(self.generate, prompts, max_new_tokens, timeout)
 
-    def _deadline(self, timeout: float | None) -> float:
-        """The batch's time budget in seconds: the tighter of the call's and the backend's."""
+    def _deadline(self, timeout: float | None, prompts: Any = ()) -> float:
+        """The batch's time budget in seconds: the tighter of the call's and the backend's
+        (``prompts`` checked on the way: one string would be answered character by character;
+        a NaN deadline would time every call out)."""
+        if isinstance(prompts, (str, bytes)):
+            raise TypeError("prompts: give a list of prompts, not one string")
         limits = [float(t) for t in (timeout, self.timeout) if t is not None]
+        if any(t != t for t in limits):
+            raise ValueError("timeout must be a number of seconds or None, not NaN")
         return max(0.0, min(limits)) if limits else float("inf")
 
     def next_token_probs(self, prompts: Sequence[str]) -> Any:
@@ -78,6 +84,13 @@ class LLM(ABC):
             f"{type(self).__name__} does not expose next-token probabilities: use "
             "aggregation='keyword' (text only), or a transformers model (TransformersLLM)"
         )
+
+
+def positive(name: str, value: Any) -> int:
+    """``value`` checked as a count of at least 1 (a bool or a float refused)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{name} must be an int >= 1, got {value!r}")
+    return value
 
 
 def first_line_of(text: str) -> str:
@@ -95,7 +108,7 @@ class ConcurrentLLM(LLM):
     max_concurrency: int = 1
 
     def __init__(self, max_concurrency: int, timeout: float | None) -> None:
-        self.max_concurrency = max_concurrency
+        self.max_concurrency = positive("max_concurrency", max_concurrency)
         self.timeout = timeout
 
     @property
@@ -123,7 +136,7 @@ class ConcurrentLLM(LLM):
         await starts no further call (a client gone does not leave the batch running)."""
         if type(self).generate is not ConcurrentLLM.generate:  # a subclass's own batching
             return await LLM.agenerate(self, prompts, max_new_tokens, timeout)
-        cancel, budget = threading.Event(), self._deadline(timeout)
+        cancel, budget = threading.Event(), self._deadline(timeout, prompts)
         try:
             return await asyncio.to_thread(
                 run_threads,
@@ -150,7 +163,7 @@ class ConcurrentLLM(LLM):
     def generate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
     ) -> list[Generation]:
-        budget = self._deadline(timeout)
+        budget = self._deadline(timeout, prompts)
         return run_threads(
             self.call, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
         )
@@ -160,7 +173,7 @@ class ConcurrentLLM(LLM):
     ) -> list[Generation]:
         if type(self).acall is ConcurrentLLM.acall:  # no native async path
             return await self._in_threads(prompts, max_new_tokens, timeout)
-        budget = self._deadline(timeout)
+        budget = self._deadline(timeout, prompts)
         return await gather_within(
             self.acall, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
         )
@@ -198,7 +211,7 @@ class CallableLLM(ConcurrentLLM):
     ) -> list[Generation]:
         if not self.is_async:
             return await self._in_threads(prompts, max_new_tokens, timeout)
-        budget = self._deadline(timeout)
+        budget = self._deadline(timeout, prompts)
         return await gather_within(
             self._awaited, prompts, self.max_concurrency, budget, max_new_tokens, self._slots
         )

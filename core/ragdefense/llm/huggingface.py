@@ -14,7 +14,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, timed_out
+from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, positive, timed_out
 from .observe import observer
 from .packaged import SMOLLM2_GGUF, check_packaged_llm, packaged_smollm2_dir
 
@@ -71,7 +71,7 @@ class TransformersLLM(LLM):
                 "a model object needs its tokenizer: TransformersLLM(model, tokenizer)"
             )
         self.chat = chat
-        self.batch_size = batch_size
+        self.batch_size = positive("batch_size", batch_size)
         self._device = device
         self.first_line = first_line
         self.cache_dir = cache_dir
@@ -175,7 +175,7 @@ class TransformersLLM(LLM):
     ) -> list[Generation]:
         """Batched greedy answers; the deadline is checked before every decoding step, and the
         prompts unfinished when it passes are reported as timed out."""
-        budget = self._deadline(timeout)
+        budget = self._deadline(timeout, prompts)
         if prompts and (self._loaded["model"] is None or self._loaded["tokenizer"] is None):
             self._load()  # a model or tokenizer that cannot load fails here once, not per prompt
         end = time.monotonic() + budget
