@@ -197,6 +197,8 @@ class CallableEmbedder(Embedder):
 
 class SentenceTransformerEmbedder(Embedder):
     """A sentence-transformers model, given as an object or as a path (loaded lazily, offline).
+    It reads each text up to the model's window (the packaged MiniLM's: 256 word pieces): what
+    a text says past it does not change its vector, so chunk documents within it.
 
     Args:
         model: A ``SentenceTransformer``, a local path, or ``None`` for the packaged
