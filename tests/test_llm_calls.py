@@ -149,23 +149,3 @@ def test_the_backends_check_their_settings_and_prompts() -> None:
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         TransformersLLM(batch_size=0)
     assert [g.text for g in llm.generate(["a", "b"])] == ["yes", "yes"]
-
-
-def test_an_async_function_runs_in_one_loop_from_the_sync_api() -> None:
-    """Each sync call ran the function in a new event loop: a client it shares (an HTTP pool)
-    binds to the first loop it runs in, and failed from the second call on."""
-    loops: list[asyncio.AbstractEventLoop] = []
-
-    async def client(prompt: str) -> str:
-        loop = asyncio.get_running_loop()
-        loops.append(loop)
-        if loop is not loops[0]:
-            raise RuntimeError("Event loop is closed")  # as httpx's pool says
-        return "ok"
-
-    llm = CallableLLM(client, max_concurrency=2)
-    assert [g.text for g in llm.generate(["a", "b", "c"])] == ["ok"] * 3
-    assert [g.text for g in llm.generate(["d"])] == ["ok"] and len(set(loops)) == 1
-    import pickle
-
-    assert pickle.loads(pickle.dumps(CallableLLM(str))).generate(["x"])[0].text == "x"

@@ -179,12 +179,9 @@ class ConcurrentLLM(LLM):
         )
 
 
-_LOOP_LOCK = threading.Lock()
-
-
 class CallableLLM(ConcurrentLLM):
     """A plain function ``prompt -> answer``, called from ``max_concurrency`` threads, or an
-    ``async def`` function, awaited (from the sync API, in one event loop of its own).
+    ``async def`` function, awaited (in its own event loop from the sync API).
 
     Args:
         fn: The function; an answer that is not a ``str`` is a failed call.
@@ -207,25 +204,7 @@ class CallableLLM(ConcurrentLLM):
 
     def call(self, prompt: str) -> Any:
         value = self.fn(prompt)
-        if not inspect.iscoroutine(value):
-            return value
-        return asyncio.run_coroutine_threadsafe(value, self._loop()).result()
-
-    def _loop(self) -> asyncio.AbstractEventLoop:
-        """The one event loop the sync API awaits an ``async def`` function in, in a thread of
-        its own (a client the function shares, such as an HTTP pool, binds to the first loop
-        it runs in: a loop per call broke it from the second call on). Not pickled."""
-        with _LOOP_LOCK:
-            loop: asyncio.AbstractEventLoop | None = self.__dict__.get("_loop_made")
-            if loop is None or loop.is_closed():
-                loop = self.__dict__["_loop_made"] = asyncio.new_event_loop()
-                threading.Thread(target=loop.run_forever, daemon=True).start()
-        return loop
-
-    def __getstate__(self) -> dict[str, Any]:
-        state = super().__getstate__()
-        state.pop("_loop_made", None)
-        return state
+        return asyncio.run(value) if inspect.iscoroutine(value) else value
 
     async def agenerate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
