@@ -183,6 +183,11 @@ class CallableLLM(ConcurrentLLM):
     """A plain function ``prompt -> answer``, called from ``max_concurrency`` threads, or an
     ``async def`` function, awaited (in its own event loop from the sync API).
 
+    From the sync API each call of an ``async def`` function runs in an event loop of its own,
+    so that calls run in parallel and nothing outlives them: a client bound to the loop it first
+    ran in (an HTTP connection pool) must be made inside the function, or use the async API
+    (``RobustRAG.aanswer``), where every call is awaited in the caller's loop.
+
     Args:
         fn: The function; an answer that is not a ``str`` is a failed call.
         max_concurrency: Calls in flight at once.
