@@ -365,3 +365,11 @@ def test_an_address_trusts_a_site_only_and_a_file_name_no_site() -> None:
     # a bare name that is a host and a file's name alike trusts both (documented)
     assert _trusted({"who.int"}, {"file_name": "who.int"})
     assert _trusted({"who.int"}, {"url": "https://who.int/x"})
+    # (diff review) a Path is a file whatever it is named: it trusts no site
+    from pathlib import Path
+
+    assert not _trusted({Path("./who.int")}, {"url": "https://who.int/x"})  # type: ignore[arg-type]
+    assert _trusted({Path("./who.int")}, {"file_name": "who.int"})  # type: ignore[arg-type]
+    # a bare value under "source" may name the file a loader read: "./install.sh" trusts it
+    assert _trusted({"./install.sh"}, {"source": "install.sh"})
+    assert not _trusted({"./install.sh"}, {"url": "https://install.sh/x"})

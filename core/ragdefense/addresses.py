@@ -112,17 +112,18 @@ def bare_host(text: str) -> bool:
 
 def reads_as_web(text: str, file_key: bool = False, web_key: bool = False) -> bool:
     """Whether a source's value (or a trusted entry, with neither key) names a web host or page:
-    an address of :data:`WEB_SCHEMES`, any ``url`` / ``link`` value, and elsewhere a bare host
-    or a scheme-less page (``who.int``, ``who.int/news``); never a file key's value nor a path
-    written as one (``./who.int``), nor a name that reads as a file's (``leave.md``)."""
+    an address of :data:`WEB_SCHEMES`, a ``url`` / ``link`` value without another scheme
+    (``//who.int/news`` too), and elsewhere a bare host (``who.int``); never a file key's value,
+    a path (``./who.int``, ``who.int/news`` under ``source``), nor a name that reads as a
+    file's (``leave.md``; only the extensions :func:`bare_host` knows)."""
     text = text.strip()
     if has_scheme(text):
         return is_web(text)
-    if web_key or file_key:  # "//who.int/news" under url: a page, scheme-relative
+    if web_key or file_key:
         return web_key
     if text.startswith(("./", ".\\", "../", "..\\", "/", "\\")):
         return False
-    return bare_host(text.rstrip("/").rstrip(".")) or schemeless(text) is not None
+    return bare_host(text.rstrip("/").rstrip("."))
 
 
 def schemeless(text: str) -> str | None:

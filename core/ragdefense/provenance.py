@@ -294,8 +294,7 @@ def is_trusted_by(
             "trusted must be a collection of sources (a set of strings) or a predicate on "
             f"metadata, got {type(trusted).__name__}"
         )
-    odd = [t for t in trusted if not isinstance(t, (str, os.PathLike))]
-    if odd:
+    if odd := [t for t in trusted if not isinstance(t, (str, os.PathLike))]:
         raise TypeError(f"trusted: each source is a string, got {odd[0]!r}")
     pattern = next((t for t in trusted if "*" in str(t).split("://")[-1].split("/")[0]), None)
     if pattern is not None:  # an allow-list's "*.who.int" would trust nothing, silently
@@ -308,7 +307,8 @@ def is_trusted_by(
     # read as a host where it may be one, and as a file key's value, its case kept ("Main.py"
     # trusts the file Main.py, not main.py)
     named = [t for t, p in pages.items() if not p or not has_scheme(str(t))]
-    hosts = frozenset(n for t in named if reads_as_web(str(t)) and (n := _normal(t)) is not None)
+    sites = [t for t in named if type(t) is str and reads_as_web(t)]  # a Path is a file
+    hosts = frozenset(n for n in map(_normal, sites) if n is not None)
     named = [t for t in named if not is_web(str(t).strip())]  # an address names a site only
     names = frozenset(n for n in map(_normal, named) if n is not None)
     files = frozenset(n for t in named if (n := _normal(t, file=True)) is not None)
@@ -336,8 +336,8 @@ def _folder(entry: Any) -> str | None:
 
 @dataclass(frozen=True)
 class _Sources:
-    """Trusted: a passage from one of ``names`` (``files`` for a file key's), from or under one
-    of ``pages``, or under one of ``folders`` (a defense holding it pickles)."""
+    """Trusted: a passage from one of ``names`` (``files`` for a file key's, ``hosts`` for a web
+    address's), from or under one of ``pages``, or under one of ``folders`` (it pickles)."""
 
     names: frozenset[str]
     pages: frozenset[str] = frozenset()
@@ -345,14 +345,11 @@ class _Sources:
     files: frozenset[str] = frozenset()
     folders: frozenset[str] = frozenset()
     written: frozenset[str] = frozenset()  # the entries that are paths, as written
-    hosts: frozenset[str] = frozenset()  # names that read as hosts (not "leave.md"): a web
+    hosts: frozenset[str] = frozenset()  # names reading as hosts, for a web address's host
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
-        if source is None:
-            return False
-        if not (self.written or self.folders or self.pages) and not (
-            source in self.names or source in self.files or source in self.hosts
-        ):
+        rules = self.written or self.folders or self.pages
+        if source is None or not (rules or source in self.names | self.files | self.hosts):
             return False  # no rule could trust it: its metadata is not read again
         host, value, key = _source_value(passage.metadata, self.source_key)
         if str(value).strip() in self.written:  # the very string trusted: one file anywhere
@@ -366,7 +363,9 @@ class _Sources:
             return True
         web = reads_as_web(str(value), key in _FILE_KEYS, key in _WEB_KEYS)  # a host, a page
         as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
-        if source in (self.files if as_file else self.hosts if web else self.names):
+        sure = web and (has_scheme(str(value)) or key in _WEB_KEYS)  # a bare "who.int": either
+        named = self.names | self.hosts if web and not sure else self.names
+        if source in (self.files if as_file else self.hosts if sure else named):
             return True  # each form by the entries that read as it
         if not self.pages or not web or host is None or "/" in host:  # a file, a path: no
             return False  # web page, whatever its folders are named ("who.int/news/x.md")
