@@ -578,6 +578,10 @@ def test_robustrag_synthesizer_streams_and_shows_its_prompts() -> None:
     chat = ChatPromptTemplate([ChatMessage(role="system", content="Be brief"), asked])
     with pytest.raises(TypeError, match="give a PromptTemplate"):  # its roles were flattened
         plain.update_prompts({"isolated_prompt": chat})
+    from llama_index.core.prompts import SelectorPromptTemplate
+
+    with pytest.raises(TypeError, match="give a PromptTemplate"):  # nor behind a selector
+        plain.update_prompts({"isolated_prompt": SelectorPromptTemplate(default_template=chat)})
     with pytest.raises(ValueError, match=r"certify \(k'\) must be >= 1"):
         RobustRAGSynthesizer(llm=llm, certify=0)
     # majority vote asks each passage with its choice prompt: an isolated one would be ignored

@@ -144,8 +144,11 @@ def test_the_backends_check_their_settings_and_prompts() -> None:
     with pytest.raises(ValueError, match="NaN"):
         CallableLLM(lambda p: "yes", timeout=float("nan")).generate(["a"])
     for bad in (0, -1, True, 2.0):
-        with pytest.raises(ValueError, match="max_concurrency must be an int >= 1"):
+        with pytest.raises((TypeError, ValueError), match="max_concurrency must be an int >= 1"):
             CallableLLM(lambda p: "yes", max_concurrency=bad)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="batch_size must be an int >= 1"):
         TransformersLLM(batch_size=0)
     assert [g.text for g in llm.generate(["a", "b"])] == ["yes", "yes"]
+    import numpy as np
+
+    assert CallableLLM(lambda p: "yes", max_concurrency=np.int64(2)).max_concurrency == 2

@@ -808,9 +808,17 @@ def test_failing_open_reads_a_failing_trust_as_untrusted() -> None:
         REPORT, defense("consensus", embedder=bag_of_words, trusted=lambda m: m["tier"] == "gold")
     )
     assert working.defend("q?", tiered).removed_indices[:2] == [3, 4]
+    working.defense.trusted = "who.int"  # type: ignore[attr-defined]  # a misconfiguration
+    with pytest.raises(TypeError, match="collection of sources"):  # raises, never "untrusted"
+        working.defend("q?", tiered)
     with pytest.warns(UserWarning, match="passing the documents through"):
         result = AdapterCore().run(guard, "q?", _passages(), fail_open=True)
     assert result is not None and result.removed_indices == [3, 4]
+    # (diff review) the documents passed through unjudged say so, as fail_open's others do
+    from ragdefense.integration.records import verdict_metadata
+
+    records = [verdict_metadata(result, v) for v in result.verdicts]
+    assert [r["checked"] for r in records] == [False, False, False, True, True]
 
 
 def test_a_lone_chunk_of_a_condemned_source_keeps_its_honest_copies_with_grouped_false() -> None:

@@ -163,7 +163,8 @@ def _churn(base: Sequence[CaseOutcome], found: Sequence[CaseOutcome]) -> dict[st
     """How many questions' contexts lost an answer no defense's holds, and found one it lacks:
     a mean answer can hold while the defense trades answers between questions, and one
     question either way is the difference between a met and a missed target."""
-    pairs = [(b, f) for b, f in zip(base, found, strict=True) if f.error is None]
+    both = zip(base, found, strict=True)  # a question either side raised on is no question
+    pairs = [(b, f) for b, f in both if b.error is None and f.error is None]
     return {
         "questions": len(pairs),
         "answers_lost": sum(b.gold_in_context and not f.gold_in_context for b, f in pairs),

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -261,7 +261,7 @@ class Quarantine:
         """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too
         where that matters); ``None`` when not, or where the wrapped defense trusts it."""
         why = self._matched(passage, digest(passage.text))
-        return None if why is None or self._trusted(passage) else why
+        return None if why is None or self._trust()(passage) else why
 
     def _matched(self, passage: Passage, text: str) -> str | None:
         """The reason a finding gives ``passage`` (digest ``text``), its trust aside."""
@@ -270,13 +270,15 @@ class Quarantine:
             return None
         return self.reasons[text]
 
-    def _trusted(self, passage: Passage) -> bool:
-        """Whether the wrapped defense (the innermost) trusts ``passage``, as it is now."""
+    def _trust(self) -> Callable[[Passage], bool]:
+        """Whether the wrapped defense (the innermost) trusts a passage, as it is now (a
+        ``trusted=`` it cannot read raises here, its predicate's own errors when called)."""
         inner = self.defense
         while isinstance(inner, Quarantine):
             inner = inner.defense
         key = getattr(inner, "source_key", AUTO)
-        return trust_of(getattr(inner, "trusted", None), key)(passage, source_of(passage, key))
+        test = trust_of(getattr(inner, "trusted", None), key)
+        return lambda passage: test(passage, source_of(passage, key))
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
@@ -321,7 +323,9 @@ class Quarantine:
         verdicts = [
             Verdict(i, p, False, float("nan"), held[i], details={"copy": float(i in stands)})
             if i in held
-            else Verdict(i, p, True, float("nan"), why, rank=rest.index(i))
+            else Verdict(
+                i, p, True, float("nan"), why, rank=rest.index(i), details={"checked": False}
+            )
             for i, p in enumerate(items)
         ]
         estimates = {"quarantined": sorted(held), "note": "the per-query defense failed"}
@@ -337,13 +341,14 @@ class Quarantine:
         # shows (an attacker's uploads choose theirs: all reaching the defense, they would be
         # a coordinated group, and the honest copy would go with them)
         copies: dict[str, list[tuple[bool, int]]] = {}
+        trust = self._trust()  # a trusted= it cannot read raises, as the defense would
         for i, p in enumerate(items):
             d = digest(p.text)
             why = self._matched(p, d)
             if why is None and d not in self.once:
                 continue
             try:  # the wrapped defense's trusted= predicate may fail on a planted passage's
-                trusted = self._trusted(p)  # metadata: untrusted then (held, never an error)
+                trusted = trust(p)  # metadata: untrusted then (held, never an error)
             except Exception:
                 trusted = False
             if why is not None and not trusted:

@@ -81,7 +81,7 @@ def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
         "rank": verdict.rank,
         "reason": verdict.reason,
         **{k: _jsonable(v) for k, v in verdict.details.items()},
-    }
+    }  # a fallback's unjudged verdicts say "checked": False in their details
 
 
 def removed_report(result: DefenseResult) -> dict[str, Any]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import operator
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
@@ -87,10 +88,17 @@ class LLM(ABC):
 
 
 def positive(name: str, value: Any) -> int:
-    """``value`` checked as a count of at least 1 (a bool or a float refused)."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    """``value`` checked as a count of at least 1 (a NumPy int taken; a bool or a float
+    refused)."""
+    try:
+        count = operator.index(value) if not isinstance(value, bool) else None
+    except TypeError:
+        count = None
+    if count is None:
+        raise TypeError(f"{name} must be an int >= 1, got {value!r}")
+    if count < 1:
         raise ValueError(f"{name} must be an int >= 1, got {value!r}")
-    return value
+    return count
 
 
 def first_line_of(text: str) -> str:
@@ -274,7 +282,7 @@ class LangChainLLM(ConcurrentLLM):
         what = purpose()
         if what is None:
             return self.config
-        hidden = [] if what == "aggregate" else [NO_STREAM]
+        hidden = [] if what == "aggregate" else [NO_STREAM, "langsmith:nostream"]  # older
         tags = [*(self.config.get("tags") or []), f"ragdefense:{what}", *hidden]
         return {**self.config, "tags": tags}
 

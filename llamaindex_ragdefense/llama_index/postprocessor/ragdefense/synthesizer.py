@@ -253,7 +253,8 @@ def _core_template(label: str, prompt: BasePromptTemplate) -> str:
     variable and function mappings applied; ``{context_str}`` / ``{query_str}`` read as
     ``{context}`` / ``{query}``. A variable nothing fills is refused (it would reach the LLM
     as literal text)."""
-    if isinstance(prompt, ChatPromptTemplate):  # formatted, its roles would be plain text
+    used = getattr(prompt, "default_template", prompt)  # a selector formats its default here
+    if isinstance(used, ChatPromptTemplate):  # formatted, its roles would be plain text
         raise TypeError(
             f"{label} is sent as one completion prompt: give a PromptTemplate (a chat "
             "template's roles would reach the LLM as text)"
