@@ -1,0 +1,145 @@
+"""The :class:`Embedder` interface and its bounded caches (the models behind it, and how any
+model is resolved to one: :mod:`ragdefense.embedders`, which exports it)."""
+
+from __future__ import annotations
+
+import copy
+import threading
+from abc import ABC, abstractmethod
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import ArrayLike
+
+from .vector_rows import EmbeddingError, as_rows, texts_of
+from .vector_rows import keep as _keep
+from .vector_rows import kept as _kept
+
+__all__ = ["Embedder"]
+
+
+class Embedder(ABC):
+    """Turns texts into vectors, with a bounded LRU cache keyed by text. Subclasses implement
+    :meth:`_embed` (and :meth:`_embed_query` for asymmetric models); callers use :meth:`embed`
+    and :meth:`embed_query`, which deduplicate texts within a call, serve repeated texts from
+    the cache, and validate the model's output.
+
+    Args:
+        cache_size: Number of text embeddings kept (0 disables the cache); the last
+            :attr:`query_cache` queries are kept apart (none when 0).
+    """
+
+    #: queries kept: a vector store and the defense sharing this embedder embed a query once
+    query_cache = 32
+
+    def __init__(self, cache_size: int = 4096) -> None:
+        if cache_size < 0:
+            raise ValueError("cache_size must be >= 0")
+        self.cache_size = cache_size
+        self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self._lock = threading.Lock()
+        self.calls = 0  # model calls made (for tests and benchmarks)
+        self.texts_embedded = 0  # texts sent to the model
+
+    @abstractmethod
+    def _embed(self, texts: list[str]) -> ArrayLike:
+        """Embed ``texts`` with the underlying model: an array-like of shape (len(texts), d)."""
+
+    def _embed_query(self, text: str) -> ArrayLike:
+        """Embed a query; defaults to :meth:`_embed` (symmetric models)."""
+        row: np.ndarray = as_rows(self._embed([text]), 1)[0]  # torch rows, as the passages'
+        return row
+
+    def embed(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed passages: a float32 array of shape (len(texts), d)."""
+        texts = texts_of(texts)
+        with self._lock:  # looked up first: remembering new ones below may evict them
+            cached = {t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache}
+        missing = [t for t in dict.fromkeys(texts) if t not in cached]
+        fresh: dict[str, np.ndarray] = {}
+        if missing:
+            fresh = dict(zip(missing, self._rows(self._embed, missing, ""), strict=True))
+        with self._lock:
+            for t, v in fresh.items():
+                _keep(self._cache, t, v.copy(), self.cache_size)  # a row, not its batch
+        rows = [fresh[t] if t in fresh else cached[t] for t in texts]
+        if len({r.shape for r in rows}) > 1:  # cached before the model changed in place
+            raise EmbeddingError("the model's vectors changed width: call clear_cache()")
+        return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+
+    def embed_query(self, text: str) -> np.ndarray:
+        """Embed a query: a float32 vector. The last :attr:`query_cache` queries are kept apart
+        from the passages (an asymmetric model embeds them otherwise): a store retrieving for a
+        query and the defense checking its pool, given this one embedder, embed it once."""
+        # None: no cache (cache_size=0), or a subclass that skipped Embedder.__init__
+        kept = self.__dict__.get("_queries") if self.cache_size else None
+        if kept is not None:
+            with self._lock:
+                if text in kept:
+                    return np.array(_kept(kept, text))
+        try:
+            raw = self._embed_query(text)
+        except Exception as exc:
+            raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
+        return self.remember_query(text, raw)
+
+    def remember_query(self, text: str, vector: ArrayLike) -> np.ndarray:
+        """Keep ``vector``, computed elsewhere by this embedder's own model (a vector store
+        searching with it), as the query embedding of ``text``, returned by :meth:`embed_query`
+        without a model call (unless the cache is off); checked as the model's output is."""
+        vec: np.ndarray = as_rows([vector], expected_rows=1)[0]  # checked as the passages' rows
+        kept = self.__dict__.get("_queries") if self.cache_size else None
+        if kept is not None:
+            with self._lock:
+                _keep(kept, text, vec.copy(), self.query_cache)
+        return vec
+
+    def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
+        """Embed many queries (an audit's probes), uncached: float32 rows, in one model call
+        where the model embeds queries as passages or batches them (:meth:`_embed_queries`)."""
+        return self._rows(self._embed_queries, texts_of(texts, "queries"), " on the queries")
+
+    def _rows(self, embed: Callable[[list[str]], Any], texts: list[str], what: str) -> np.ndarray:
+        """``embed(texts)`` as checked float32 rows (a failure is an :class:`EmbeddingError`
+        saying ``what`` was embedded), counted in :attr:`calls` and :attr:`texts_embedded`."""
+        try:
+            raw = embed(texts)
+        except Exception as exc:
+            raise EmbeddingError(f"embedding model failed{what}: {exc!r}") from exc
+        self.calls += 1
+        self.texts_embedded += len(texts)
+        return as_rows(raw, expected_rows=len(texts))
+
+    def _embed_queries(self, texts: list[str]) -> ArrayLike:
+        """Queries in one call: :meth:`_embed`'s where queries are embedded as passages, else
+        :meth:`_embed_query` one at a time (a subclass that can batch them says how)."""
+        if type(self)._embed_query is Embedder._embed_query:
+            return self._embed(texts)
+        return [as_rows(self._embed_query(t), 1)[0] for t in texts]
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled without its lock and cache (e.g. to send it to Ray workers)."""
+        state = self.__dict__.copy()
+        state["_lock"] = None
+        state["_cache"] = OrderedDict()
+        state["_queries"] = OrderedDict()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
+        self.__dict__.setdefault("_queries", OrderedDict())  # pickled before queries were kept
+
+    def with_cache(self, cache_size: int) -> Embedder:
+        """A copy using the same model, with an empty cache of ``cache_size`` texts of its own."""
+        other = copy.copy(self)
+        Embedder.__init__(other, cache_size)
+        return other
+
+    def clear_cache(self) -> None:
+        """Forget all cached embeddings, the queries' too (after changing the model in place)."""
+        with self._lock:
+            self._cache.clear()
+            self.__dict__.get("_queries", {}).clear()
