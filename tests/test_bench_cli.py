@@ -385,7 +385,7 @@ def test_e2e_table_with_a_gullible_llm(
         traded = (r["answers_won"] - r["answers_lost"]) / r["questions"]
         assert r["accuracy"] - base["accuracy"] == pytest.approx(traded)
         if label != "none":
-            assert f"wrong where it was right on {r['answers_lost']})" in table
+            assert f"wrong on {r['answers_lost']} they got right)" in table
     # the default model's answers kept by prompt: a second run (a metric changed) asks none
     import benchmarks.settings.e2e as e2e
 

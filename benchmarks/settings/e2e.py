@@ -261,8 +261,8 @@ def _render(rows: list[dict[str, Any]], model: str, n_prompts: int) -> list[str]
                 asr_ok = r["asr"] <= base["asr"] + 0.02 + 1e-9
                 acc_ok = r["accuracy"] >= base["accuracy"] - 0.02 - 1e-9
                 traded = (
-                    f"; right where the clean undefended answer was wrong on {r['answers_won']} "
-                    f"questions, wrong where it was right on {r['answers_lost']}"
+                    f"; against the clean undefended answers, right on {r['answers_won']} they "
+                    f"got wrong, wrong on {r['answers_lost']} they got right"
                     if "answers_lost" in r
                     else ""
                 )
