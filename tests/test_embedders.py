@@ -592,3 +592,6 @@ def test_query_rows_read_as_passage_rows() -> None:
 
     assert CallableEmbedder(counted).embed_queries(["a", "b", "c"]).shape == (3, 3)
     assert calls == [3]  # one call, as the docstring says
+    asymmetric = CallableEmbedder(counted, query_fn=lambda q: torch.ones(3, dtype=torch.bfloat16))
+    assert asymmetric.embed_queries(["a", "b"]).shape == (2, 3)  # a vector per query
+    assert asymmetric.embed_query("a").shape == (3,)

@@ -118,7 +118,7 @@ class Embedder(ABC):
         :meth:`_embed_query` one at a time (a subclass that can batch them says how)."""
         if type(self)._embed_query is Embedder._embed_query:
             return self._embed(texts)
-        return [as_rows(self._embed_query(t), 1)[0] for t in texts]
+        return [as_rows([self._embed_query(t)], 1)[0] for t in texts]  # as embed_query reads it
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled without its lock and cache (e.g. to send it to Ray workers)."""
