@@ -37,7 +37,8 @@ class QueryInputError(DefenseInputError):
 
 
 class DefenseFailed(RuntimeError):
-    """Raised by the framework adapters when a defense fails and they are set to fail closed."""
+    """Raised by the framework adapters when a defense fails and they are set to fail closed,
+    and by their RobustRAG chain and synthesizer when every isolated LLM call failed."""
 
 
 @dataclass(frozen=True)
