@@ -110,7 +110,7 @@ class SentenceTransformerEmbedder(Embedder):
         """A copy using the same model (loaded now, once for both: a copy goes through the
         pickled state, which leaves a loadable model out), with a cache of its own."""
         model, other = self.model, super().with_cache(cache_size)
-        other.__dict__.update(_model=model, _load_lock=threading.Lock())
+        other.__dict__["_model"] = model  # its own load lock: from __setstate__
         return other
 
     @property

@@ -348,8 +348,8 @@ class _Sources:
     hosts: frozenset[str] = frozenset()  # names reading as hosts, for a web address's host
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
-        rules = self.written or self.folders or self.pages
-        if source is None or not (rules or source in self.names | self.files | self.hosts):
+        named = source in self.names or source in self.files or source in self.hosts
+        if source is None or not (self.written or self.folders or self.pages or named):
             return False  # no rule could trust it: its metadata is not read again
         host, value, key = _source_value(passage.metadata, self.source_key)
         if str(value).strip() in self.written:  # the very string trusted: one file anywhere
@@ -364,8 +364,8 @@ class _Sources:
         web = reads_as_web(str(value), key in _FILE_KEYS, key in _WEB_KEYS)  # a host, a page
         as_file = key in _FILE_KEYS and not has_scheme(str(value))  # an address: its host
         sure = web and (has_scheme(str(value)) or key in _WEB_KEYS)  # a bare "who.int": either
-        named = self.names | self.hosts if web and not sure else self.names
-        if source in (self.files if as_file else self.hosts if sure else named):
+        either = web and not sure and source in self.hosts  # or a name, as below
+        if either or source in (self.files if as_file else self.hosts if sure else self.names):
             return True  # each form by the entries that read as it
         if not self.pages or not web or host is None or "/" in host:  # a file, a path: no
             return False  # web page, whatever its folders are named ("who.int/news/x.md")
