@@ -401,6 +401,40 @@ def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVector
         release.set()
 
 
+def test_robustrag_chain_takes_a_runs_max_concurrency(store: InMemoryVectorStore) -> None:
+    """LangChain's ``config["max_concurrency"]`` (what a user sets to spare a rate-limited
+    model) was ignored: the isolated calls went out ``max_concurrency`` (the field) at a time."""
+    import threading
+    import time
+
+    from langchain_core.runnables import RunnableLambda
+
+    lock, flight = threading.Lock(), [0, 0]  # now, peak
+
+    def slow(prompt: str) -> str:
+        with lock:
+            flight[0] += 1
+            flight[1] = max(flight)
+        time.sleep(0.05)
+        with lock:
+            flight[0] -= 1
+        return "Canberra"
+
+    retriever = store.as_retriever(search_kwargs={"k": 4})
+    chain = RobustRAGChain.from_llm(RunnableLambda(slow), retriever, max_concurrency=4)
+    assert chain.invoke(QUESTION.question)["answer"] == "Canberra"
+    assert flight[1] > 1  # four passages, four calls at once
+    flight[1] = 0
+    out = chain.invoke(QUESTION.question, {"max_concurrency": 1})
+    assert out["answer"] == "Canberra" and flight[1] == 1
+    flight[1] = 0
+    asyncio.run(chain.ainvoke(QUESTION.question, {"max_concurrency": 2}))
+    assert flight[1] == 2
+    flight[1] = 0
+    chain.invoke(QUESTION.question, {"max_concurrency": 16})  # never above the field
+    assert 1 < flight[1] <= 4
+
+
 def test_a_wrapped_sync_model_runs_in_the_backends_own_threads() -> None:
     """``with_retry``, ``bind``, fallbacks, a configurable model and ``prompt | model`` all
     override ``ainvoke``: a sync-only model inside one was taken for an async one, and its

@@ -108,7 +108,8 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
             needs next-token probabilities, which a LangChain model does not expose.
         robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
             prompts, passage budget; ``llm`` replaces its LLM): as the LlamaIndex synthesizer.
-        max_concurrency: Isolated calls in flight at once.
+        max_concurrency: Isolated calls in flight at once, across every run of this chain; a
+            run's ``config["max_concurrency"]`` lowers it for that run's own calls.
         certify: k' to certify against (``None``: no certificate).
     """
 
@@ -196,9 +197,11 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
             if self._slots is None or self._slots.size != self.max_concurrency:
                 self._slots = _shared(self.llm, self.retriever, self.max_concurrency)
             slots = self._slots.semaphore
-        backend = LangChainLLM(
-            self.llm, self.max_concurrency, timeout=None, config=dict(config), slots=slots
-        )
+        cap = config.get("max_concurrency")  # LangChain's own limit, given for this run
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
+            cap = self.max_concurrency
+        workers = min(cap, self.max_concurrency)
+        backend = LangChainLLM(self.llm, workers, timeout=None, config=dict(config), slots=slots)
         return self._engine().with_llm(backend)
 
     @staticmethod
