@@ -527,6 +527,14 @@ def test_the_llamaindex_synthesizer_reports_its_nodes_ids_and_metadata() -> None
             (f"node-{i}", {"s": i}) for i in range(3)
         ]
     synth.get_response("q?", ["a", "b"], choices=["x", "y"])  # no synthesis: no nodes to name
+    # (review) another keyword (a per-call certify=) was dropped unseen: no certificate, no word
+    for call in (
+        lambda: synth.synthesize("q?", nodes, choices=["x", "y"], certify=1),
+        lambda: asyncio.run(synth.asynthesize("q?", nodes, certify=1)),
+        lambda: synth.get_response("q?", ["a"], choise=["x", "y"]),
+    ):
+        with pytest.raises(TypeError, match=r"unknown response keyword\(s\) \['c"):
+            call()
 
 
 def _voting(*letters: str) -> RobustRAG:

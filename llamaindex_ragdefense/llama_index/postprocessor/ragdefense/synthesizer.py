@@ -144,18 +144,19 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             robust.aggregation = replace(cast(Any, robust.aggregation), **texts)  # checked anew
         self._robust = robust
 
+    def _asked(self, response_kwargs: dict[str, Any]) -> dict[str, Any]:
+        """One answer's settings: ``choices=`` is the one response keyword read (another, such
+        as ``certify=``, a synthesizer setting, would be dropped unseen: refused)."""
+        if unknown := sorted(set(response_kwargs) - {"choices"}):
+            raise TypeError(f"unknown response keyword(s) {unknown}: give choices= alone")
+        return {"choices": response_kwargs.get("choices"), "certify": self._certify}
+
     def get_response(
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
     ) -> str:
         """Answer ``query_str`` from ``text_chunks`` (one isolated call per chunk)."""
-        report = answered(  # every call failed: the model is down, not undecided
-            self._robust.answer(
-                query_str,
-                _passages(text_chunks),
-                choices=response_kwargs.get("choices"),
-                certify=self._certify,
-            )
-        )
+        asked = self._asked(response_kwargs)
+        report = answered(self._robust.answer(query_str, _passages(text_chunks), **asked))
         _report.set(report)
         return _one(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
 
@@ -163,14 +164,8 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
     ) -> str:
         """Async :meth:`get_response` (the isolated calls go out concurrently)."""
-        report = answered(
-            await self._robust.aanswer(
-                query_str,
-                _passages(text_chunks),
-                choices=response_kwargs.get("choices"),
-                certify=self._certify,
-            )
-        )
+        asked = self._asked(response_kwargs)  # every call failed: the model is down
+        report = answered(await self._robust.aanswer(query_str, _passages(text_chunks), **asked))
         _report.set(report)
         return _aone(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
 
