@@ -152,3 +152,11 @@ def test_the_backends_check_their_settings_and_prompts() -> None:
     import numpy as np
 
     assert CallableLLM(lambda p: "yes", max_concurrency=np.int64(2)).max_concurrency == 2
+    # (review) an asyncio semaphore as the shared slots failed in the worker thread, unreported:
+    # the batch waited out its deadline
+    from langchain_core.runnables import RunnableLambda
+
+    from ragdefense.llm import LangChainLLM
+
+    with pytest.raises(TypeError, match=r"slots must be a threading\.Semaphore"):
+        LangChainLLM(RunnableLambda(str), slots=asyncio.Semaphore(2))  # type: ignore[arg-type]

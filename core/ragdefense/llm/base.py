@@ -264,7 +264,9 @@ class LangChainLLM(ConcurrentLLM):
         super().__init__(max_concurrency, timeout)
         self.model = model
         self.config = dict(config or {})
-        if slots is not None:
+        if slots is not None:  # an asyncio one would fail in the worker thread, unreported
+            if not isinstance(slots, threading.Semaphore):
+                raise TypeError(f"slots must be a threading.Semaphore, got {slots!r}")
             self.__dict__["_slots_made"] = slots
 
     def call(self, prompt: str) -> Any:
