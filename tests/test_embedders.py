@@ -316,6 +316,34 @@ def test_llamaindex_embedding_adapter() -> None:
     assert emb.embed_query("q").tolist() == [2.0] * 256
 
 
+def test_our_adapters_embeddings_are_unwrapped_and_batched_whole() -> None:
+    """``as_embedder`` wrapped the adapters' own embeddings objects (a second wrapper and
+    cache around the embedder inside), and ``RagdefenseEmbedding`` kept LlamaIndex's 10 texts
+    per call: a defense's pool of 31 passages was four model calls."""
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from llama_index.postprocessor.ragdefense import RagdefenseEmbedding
+
+    calls: list[int] = []
+
+    def embed(texts: list[str]) -> np.ndarray:
+        calls.append(len(texts))
+        return bag_of_words(texts)
+
+    inner = CallableEmbedder(embed, cache_size=0)
+    assert as_embedder(RagdefenseEmbeddings(inner)) is inner
+    assert as_embedder(RagdefenseEmbedding(inner)) is inner
+    texts = [f"passage {i}" for i in range(31)]
+    vectors = LlamaIndexEmbedder(RagdefenseEmbedding(inner)).embed(texts)
+    assert calls == [31] and vectors.shape == (31, 256)
+    assert RagdefenseEmbedding(inner, embed_batch_size=8).embed_batch_size == 8  # as given
+
+    class Prefixed(RagdefenseEmbeddings):  # a subclass may change what is embedded: kept
+        def embed_documents(self, texts: list[str]) -> list[list[float]]:
+            return super().embed_documents([f"passage: {t}" for t in texts])
+
+    assert isinstance(as_embedder(Prefixed(inner)), LangChainEmbedder)
+
+
 def test_as_embedder_dispatch_and_errors() -> None:
     e = CallableEmbedder(bag_of_words)
     assert as_embedder(e) is e

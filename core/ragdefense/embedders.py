@@ -180,13 +180,17 @@ def default_embedder() -> SentenceTransformerEmbedder:
 
 def as_embedder(obj: Any = None) -> Embedder:
     """Wrap any supported embedding model into an :class:`Embedder` (``None``: the default; a
-    string: a sentence-transformers model's name or path). A model gets the same wrapper while
-    one is in use (a defense keeps its model's), and one embedding cache while it lives; the
-    table keeps neither the model nor a wrapper alive: a model nothing uses is freed."""
+    string: a sentence-transformers model's name or path; an adapter's embeddings object, its
+    ``ragdefense_embedder``). A model gets the same wrapper while one is in use (a defense keeps
+    its model's), and one embedding cache while it lives; the table keeps neither the model nor
+    a wrapper alive: a model nothing uses is freed."""
     if obj is None:
         return default_embedder()
     if isinstance(obj, Embedder):
         return obj
+    inner = getattr(obj, "ragdefense_embedder", None)  # our own adapters' model: not twice
+    if isinstance(inner, Embedder):
+        return inner
     with _WRAPPERS_LOCK:  # wrapping loads nothing: once per model, whichever thread asks
         entry = _WRAPPERS.get(id(obj))
         entry = entry if entry is not None and entry[0]() is obj else None

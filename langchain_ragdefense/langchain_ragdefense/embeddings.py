@@ -6,7 +6,7 @@ from typing import Any
 
 from langchain_core.embeddings import Embeddings
 
-from ragdefense import as_embedder
+from ragdefense import Embedder, as_embedder
 
 __all__ = ["RagdefenseEmbeddings"]
 
@@ -21,6 +21,13 @@ class RagdefenseEmbeddings(Embeddings):
 
     def __init__(self, embedder: Any = None) -> None:
         self.embedder = as_embedder(embedder)
+
+    @property
+    def ragdefense_embedder(self) -> Embedder | None:
+        """The ragdefense embedder behind it, what :func:`ragdefense.as_embedder` takes from
+        it (a defense given this model calls the embedder directly); ``None`` for a subclass,
+        whose own methods may change what is embedded."""
+        return self.embedder if type(self) is RagdefenseEmbeddings else None
 
     def embed_documents(self, texts: list[str]) -> list[list[float]]:
         """Embed documents."""

@@ -17,6 +17,8 @@ __all__ = ["PACKAGED", "RagdefenseEmbedding"]
 
 #: the ``model_name`` of the packaged all-MiniLM-L6-v2, the one model rebuilt from JSON alone
 PACKAGED = "ragdefense/all-MiniLM-L6-v2"
+#: LlamaIndex's largest ``embed_batch_size``: every text in one call to the embedder
+MAX_BATCH = 2048
 
 
 class RagdefenseEmbedding(BaseEmbedding):
@@ -25,7 +27,9 @@ class RagdefenseEmbedding(BaseEmbedding):
 
     Its ``model_name`` says which: the packaged model's name, or ``"custom: <type>"`` for
     another embedder. JSON holds no model, so only the packaged one is rebuilt from it; loading
-    a custom one without ``embedder=`` is an error, never the packaged model in its place."""
+    a custom one without ``embedder=`` is an error, never the packaged model in its place.
+    LlamaIndex's batches reach the embedder whole (``embed_batch_size`` 2048 unless given):
+    the embedder batches by its own size."""
 
     _embedder: Embedder = PrivateAttr()
 
@@ -33,6 +37,9 @@ class RagdefenseEmbedding(BaseEmbedding):
         wrapped = as_embedder(embedder)
         custom = f"custom: {type(embedder).__name__}"
         name = kwargs.setdefault("model_name", PACKAGED if _is_packaged(wrapped) else custom)
+        # the embedder batches by its own batch size: LlamaIndex's default of 10 texts per call
+        # split a defense's pool (and an index's nodes) into many model calls
+        kwargs.setdefault("embed_batch_size", MAX_BATCH)
         if embedder is None and name != PACKAGED:
             raise ValueError(
                 f"RagdefenseEmbedding {name!r} wraps a model its JSON does not hold: pass "
@@ -44,6 +51,13 @@ class RagdefenseEmbedding(BaseEmbedding):
     @classmethod
     def class_name(cls) -> str:
         return "RagdefenseEmbedding"
+
+    @property
+    def ragdefense_embedder(self) -> Embedder | None:
+        """The ragdefense embedder behind it, what :func:`ragdefense.as_embedder` takes from
+        it (a defense given this model calls the embedder directly); ``None`` for a subclass,
+        whose own methods may change what is embedded."""
+        return self._embedder if type(self) is RagdefenseEmbedding else None
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with its model, or refused (LlamaIndex would drop the model silently)."""
