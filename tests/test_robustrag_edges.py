@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import pytest
 
-from ragdefense import DefenseInputError
+from ragdefense import DefenseInputError, RobustAnswer
 from ragdefense.llm import CallableLLM
 from ragdefense.llm.base import DEFAULT_TIMEOUT
 from ragdefense.robustrag import KeywordAggregation, RobustRAG
@@ -535,6 +535,38 @@ def test_the_llamaindex_synthesizer_reports_its_nodes_ids_and_metadata() -> None
     ):
         with pytest.raises(TypeError, match=r"unknown response keyword\(s\) \['c"):
             call()
+
+
+def test_the_llamaindex_synthesizers_end_event_carries_the_report() -> None:
+    """The report was put in the response after LlamaIndex's synthesize end event went out:
+    an event handler (tracing, an audit log) saw the response without it."""
+    from llama_index.core.instrumentation import get_dispatcher
+    from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+    from llama_index.core.instrumentation.events.synthesis import SynthesizeEndEvent
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.schema import NodeWithScore, TextNode
+
+    from llama_index.postprocessor.ragdefense import RobustRAGSynthesizer
+
+    seen: list[Any] = []
+
+    class Seen(BaseEventHandler):
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            if isinstance(event, SynthesizeEndEvent):
+                seen.append(dict(event.response.metadata or {}))
+
+    nodes = [NodeWithScore(node=TextNode(text=f"text {i}", id_=f"n{i}")) for i in range(3)]
+    synth = RobustRAGSynthesizer(llm=MockLLM(), aggregation="majority")
+    root, handler = get_dispatcher(), Seen()
+    root.add_event_handler(handler)
+    try:
+        response = synth.synthesize("q?", nodes, choices=["x", "y"])
+        asyncio.run(synth.asynthesize("q?", nodes, choices=["x", "y"]))
+    finally:
+        root.event_handlers.remove(handler)
+    assert len(seen) == 2 and all(isinstance(m.get("ragdefense"), RobustAnswer) for m in seen)
+    assert response.metadata["ragdefense"] is not None  # type: ignore[index]
+    assert {"n0", "n1", "n2"} <= set(response.metadata)  # type: ignore[arg-type]  # LlamaIndex's
 
 
 def _voting(*letters: str) -> RobustRAG:

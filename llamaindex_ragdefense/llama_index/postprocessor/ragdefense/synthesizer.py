@@ -19,7 +19,7 @@ from llama_index.core.prompts import BasePromptTemplate, ChatPromptTemplate, Pro
 from llama_index.core.prompts.mixin import PromptDictType
 from llama_index.core.query_engine import CustomQueryEngine
 from llama_index.core.response_synthesizers import BaseSynthesizer
-from llama_index.core.schema import NodeWithScore, QueryBundle, QueryType
+from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle, QueryType
 from pydantic import Field
 
 from ragdefense import Passage, RobustAnswer, RobustRAG
@@ -169,6 +169,13 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         _report.set(report)
         return _aone(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
 
+    def _get_metadata_for_response(self, nodes: list[BaseNode]) -> dict[str, Any] | None:
+        """LlamaIndex's response metadata with the report beside it: in the response its end
+        event carries (what event handlers read), not only in the one returned."""
+        found = super()._get_metadata_for_response(nodes) or {}
+        report = _report.get()
+        return found if report is None else {**found, "ragdefense": report}
+
     def synthesize(
         self,
         query: Any,
@@ -185,7 +192,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             if not nodes:  # LlamaIndex answers "Empty Response" without asking: our answer
                 self.get_response(_query_str(query), [], **response_kwargs)
                 response = _empty(response, _report.get())
-            return _with_report(response, _report.get())
+            return response
         finally:
             _report.reset(token)
             _nodes.reset(given)
@@ -207,7 +214,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             if not nodes:
                 await self.aget_response(_query_str(query), [], **response_kwargs)
                 response = _empty(response, _report.get())
-            return _with_report(response, _report.get())
+            return response
         finally:
             _report.reset(token)
             _nodes.reset(given)
@@ -288,15 +295,11 @@ def _query_str(query: Any) -> str:
 
 
 def _empty(response: RESPONSE_TYPE, report: RobustAnswer | None) -> RESPONSE_TYPE:
-    """LlamaIndex's empty response, holding RobustRAG's answer (and certificate) instead."""
-    if report is not None and isinstance(response, Response):
-        response.response = report.answer
-    return response
-
-
-def _with_report(response: RESPONSE_TYPE, report: RobustAnswer | None) -> RESPONSE_TYPE:
-    """``response`` with ``report`` in its metadata (public fields only: no framework hook)."""
+    """LlamaIndex's empty response, holding RobustRAG's answer (and certificate) instead, and
+    the report in its metadata."""
     if report is not None:
+        if isinstance(response, Response):
+            response.response = report.answer
         response.metadata = {**(response.metadata or {}), "ragdefense": report}
     return response
 
