@@ -104,6 +104,9 @@ def test_the_same_mistakes_are_refused(both: tuple[Any, Any]) -> None:
                     with pytest.raises(ValueError, match=f"^{name} must be a positive int"):
                         defend(retriever, given, **{name: size})
         assert defend(retriever, k=np.int64(3)).k == 3  # a NumPy integer is an integer
+        # (review) accepted, then every query failed on the defense's passage limit
+        with pytest.raises(ValueError, match=r"^fetch_k=2500 is more than a defense compares"):
+            defend(retriever, fetch_k=2500)
     engine = lc_retriever.vectorstore  # a store, not its retriever
     with pytest.raises(TypeError, match=r"pass store\.as_retriever"):
         lc_defend(engine)

@@ -45,8 +45,14 @@ def check_request(defense: Any, params: Mapping[str, Any], **sizes: Any) -> dict
     the core's own plain error, not a framework's validation error wrapping it: each of
     ``sizes`` (``k``, ``fetch_k``) a positive integer (a NumPy one too) or ``None``, and a
     defense given by name built once with ``params`` (a misspelled name, parameter or value).
-    Returns the sizes as plain ints."""
+    Returns the sizes as plain ints; a fetch past :data:`~ragdefense.types.MAX_PASSAGES` (what
+    a defense compares at once) is refused here, not on every query."""
     out = {label: checked_size(label, value) for label, value in sizes.items()}
+    if (fetch := out.get("fetch_k")) is not None and fetch > types.MAX_PASSAGES:
+        raise ValueError(
+            f"fetch_k={fetch} is more than a defense compares at once "
+            f"(ragdefense.types.MAX_PASSAGES = {types.MAX_PASSAGES})"
+        )
     if defense is None or isinstance(defense, str):
         from ..defenses.registry import defense as front_door
 
