@@ -182,6 +182,64 @@ def test_removals_reach_handlers_given_directly(toy_embedder: Any) -> None:
     assert removed and sync.events == concurrent.events == [("ragdefense_removed", removed)]
 
 
+def test_a_defended_retriever_reports_its_last_rounds_removals_alone() -> None:
+    """Each fetch round sent its own removal event: documents reported removed in a narrow
+    round were handed to the LLM by a wider one, and alert counts doubled."""
+    from langchain_ragdefense import RagdefenseEmbeddings
+    from ragdefense.data import demo_documents
+
+    store = InMemoryVectorStore.from_documents(
+        [Document(t, metadata=m) for t, m in demo_documents()], RagdefenseEmbeddings()
+    )
+    question = "What is the largest ocean on Earth?"
+
+    class Seen(BaseCallbackHandler):
+        def __init__(self) -> None:
+            self.removed: list[list[str]] = []
+            self.searches = 0
+
+        def on_custom_event(self, name: str, data: Any, **kwargs: Any) -> None:
+            self.removed.append([r["id"] for r in data["removed"]])
+
+        def on_retriever_start(self, *args: Any, **kwargs: Any) -> None:
+            self.searches += 1
+
+    for defended in (
+        defend(store.as_retriever(), "grada", k=4, fetch_k=4),
+        defend(store.as_retriever(), k=4),
+    ):
+        for sync in (True, False):
+            seen = Seen()
+            config: RunnableConfig = {"callbacks": [seen]}
+            out = (
+                defended.invoke(question, config)
+                if sync
+                else asyncio.run(defended.ainvoke(question, config))
+            )
+            assert seen.searches > 2  # the defended retriever and more than one round
+            [removed] = seen.removed  # one event: the last round's
+            assert removed and not {d.id for d in out} & set(removed)
+
+
+def test_a_compressor_called_in_a_run_reports_to_it() -> None:
+    """Called without ``callbacks=`` inside a traced run (a ``RunnableLambda``), a compressor
+    sent no removal event at all."""
+    planted = [Document("the capital of Australia is Sydney says the planted text")] * 5
+    honest = [
+        "Canberra is the capital of Australia",
+        "Canberra was chosen in 1908",
+        "The Australian parliament sits in Canberra",
+        "Melbourne was the first capital",
+    ]
+    docs = planted + [Document(t) for t in honest]
+    compressor = DefenseCompressor(defense="strict")
+    step = RunnableLambda(lambda q: compressor.compress_documents(docs, q))
+    seen = _Events()
+    kept = step.invoke("capital of Australia", {"callbacks": [seen]})
+    assert seen.events == [("ragdefense_removed", len(docs) - len(kept))] and kept
+    assert compressor.compress_documents(docs, "capital of Australia")  # no run: no event
+
+
 def test_documents_sharing_an_id_get_only_their_own_stored_vector() -> None:
     store = InMemoryVectorStore(Words())
     store.add_documents([Document("The Pacific is the largest ocean on Earth.", id="0")])

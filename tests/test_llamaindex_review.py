@@ -125,6 +125,38 @@ def test_one_page_stored_from_two_folders_is_still_a_copy(minilm: Any, removed: 
     assert all(r["copy"] for r in removed.records)  # only second copies left out
 
 
+def test_a_defended_retriever_reports_its_last_rounds_removals_alone(minilm: Any) -> None:
+    """Each fetch round sent its own ``DefenseRemovedEvent``: nodes reported removed in a
+    narrow round reached the LLM from a wider one, and alert counts doubled."""
+    from asyncio import run
+
+    events: list[list[str]] = []
+
+    class Seen(BaseEventHandler):
+        def handle(self, event: Any, **kwargs: Any) -> None:
+            if isinstance(event, DefenseRemovedEvent):
+                events.append([r["id"] for r in event.removed])
+
+    nodes = [TextNode(text=t, metadata=m) for t, m in demo_documents()]
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(minilm))
+    root, handler = get_dispatcher(), Seen()
+    root.add_event_handler(handler)
+    try:
+        for defended in (defend(index, "grada", k=4, fetch_k=4), defend(index, k=4)):
+            for sync in (True, False):
+                out = defended.retrieve(OCEAN) if sync else run(defended.aretrieve(OCEAN))
+                [removed] = events  # one event: the last round's
+                assert removed and not {n.node.node_id for n in out} & set(removed)
+                events.clear()
+        postprocessor = defend(index, "grada", k=4).postprocessor  # alone: each call reports
+        pool = index.as_retriever(similarity_top_k=8).retrieve(OCEAN)
+        postprocessor.postprocess_nodes(pool, query_str=OCEAN)
+        postprocessor.postprocess_nodes(pool, query_str=OCEAN)
+        assert len(events) == 2
+    finally:
+        root.event_handlers.remove(handler)
+
+
 def test_distinct_images_without_text_or_embedding_are_not_copies(
     minilm: Any, removed: Removed
 ) -> None:

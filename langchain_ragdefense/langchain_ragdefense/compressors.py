@@ -4,11 +4,17 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from contextvars import ContextVar
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.embeddings import Embeddings
+from langchain_core.runnables.config import (
+    ensure_config,
+    get_async_callback_manager_for_config,
+    get_callback_manager_for_config,
+)
 from langchain_core.vectorstores import VectorStore
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
@@ -159,12 +165,11 @@ class DefenseCompressor(BaseDocumentCompressor):
     def compress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
-        """Filter or rerank ``documents`` for ``query`` with the core defense."""
+        """Filter or rerank ``documents`` for ``query`` with the core defense; what it removed
+        goes to ``callbacks`` (else the run it is called in) as a ``ragdefense_removed`` event."""
         result = self._run(documents, query)
-        if callbacks and result is not None and result.removed:
-            # to the run's handlers under its id, or straight to a list of handlers (no run)
-            manager = CallbackManager.configure(callbacks)
-            manager.on_custom_event(EVENT_NAME, removed_report(result), manager.parent_run_id)
+        if _held(result) and result is not None:
+            announce(result, callbacks)
         return self._output(documents, result)
 
     async def acompress_documents(
@@ -172,10 +177,48 @@ class DefenseCompressor(BaseDocumentCompressor):
     ) -> Sequence[Document]:
         """Async :meth:`compress_documents` (the CPU-bound defense runs in a worker thread)."""
         result = await asyncio.to_thread(self._run, documents, query)
-        if callbacks and result is not None and result.removed:
-            manager = AsyncCallbackManager.configure(callbacks)
-            await manager.on_custom_event(EVENT_NAME, removed_report(result), manager.parent_run_id)
+        if _held(result) and result is not None:
+            await aannounce(result, callbacks)
         return self._output(documents, result)
+
+
+#: the results of a defended retriever's fetch rounds, kept for it to report its last round's
+#: alone (``None``: report each as it comes)
+ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
+    "ragdefense_rounds", default=None
+)
+
+
+def _held(result: DefenseResult | None) -> bool:
+    """Whether ``result``'s removals are to be reported now (not kept for a retriever's last
+    round, and any made)."""
+    rounds = ROUNDS.get()
+    if rounds is not None:
+        rounds.append(result)
+    return rounds is None and result is not None and bool(result.removed)
+
+
+def announce(result: DefenseResult, callbacks: Callbacks | None) -> None:
+    """Send ``result``'s removals as a ``ragdefense_removed`` event: to ``callbacks`` (a run's
+    handlers under its id, or a list of handlers), else to the run it is called in, if any."""
+    manager = (
+        CallbackManager.configure(callbacks)
+        if callbacks
+        else get_callback_manager_for_config(ensure_config())
+    )
+    if callbacks or manager.parent_run_id is not None:
+        manager.on_custom_event(EVENT_NAME, removed_report(result), manager.parent_run_id)
+
+
+async def aannounce(result: DefenseResult, callbacks: Callbacks | None) -> None:
+    """Async :func:`announce`."""
+    manager = (
+        AsyncCallbackManager.configure(callbacks)
+        if callbacks
+        else get_async_callback_manager_for_config(ensure_config())
+    )
+    if callbacks or manager.parent_run_id is not None:
+        await manager.on_custom_event(EVENT_NAME, removed_report(result), manager.parent_run_id)
 
 
 #: how to give a compressor enough documents (in the small-pool warning)

@@ -17,7 +17,7 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ragdefense import LangChainEmbedder
+from ragdefense import DefenseResult, LangChainEmbedder
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
@@ -33,7 +33,7 @@ from ragdefense.integration.retrieval import (
 from ragdefense.types import check_query
 
 from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model, _wrapped
-from .compressors import DefenseCompressor
+from .compressors import ROUNDS, DefenseCompressor, aannounce, announce
 from .vectors import by_vector, remembered, searches_by_vector
 
 __all__ = ["DefendedRetriever", "defend"]
@@ -140,20 +140,27 @@ class DefendedRetriever(BaseRetriever):
         before: int | None = None  # what the round before fetched
         once = _embedded_once(self.compressor)
         vector = None
-        for _ in range(rounds):
-            base, args, honoured = widened(self.base_retriever, fetch, extra)
-            if once is not None and searches_by_vector(base, once.embeddings):
-                if vector is None:  # the store's model, called once for the search and the defense
-                    vector = remembered(once, query, once.embeddings.embed_query(query))
-                base = by_vector(base, vector)
-            docs = base.invoke(query, config, **(args | extra))
-            with pooled(honoured, fetch):
-                kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
-            if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
-                break
-            # asked as it is (no size setting to raise): the same count again means it ignores k
-            blind = base is self.base_retriever and not honoured and set(args) == {"k"}
-            fetch, before = wider(fetch), (len(docs) if blind else None)
+        results: list[DefenseResult | None] = []  # each round's: the last one's removals reported
+        token = ROUNDS.set(results)
+        try:
+            for _ in range(rounds):
+                base, args, honoured = widened(self.base_retriever, fetch, extra)
+                if once is not None and searches_by_vector(base, once.embeddings):
+                    if vector is None:  # the store's model, once for the search and the defense
+                        vector = remembered(once, query, once.embeddings.embed_query(query))
+                    base = by_vector(base, vector)
+                docs = base.invoke(query, config, **(args | extra))
+                with pooled(honoured, fetch):
+                    kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
+                if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
+                    break
+                # asked as it is (no size setting to raise): the same count again: it ignores k
+                blind = base is self.base_retriever and not honoured and set(args) == {"k"}
+                fetch, before = wider(fetch), (len(docs) if blind else None)
+        finally:
+            ROUNDS.reset(token)
+        if results and (last := results[-1]) is not None and last.removed:
+            announce(last, child)
         return kept[:k] if k else kept
 
     async def _aget_relevant_documents(
@@ -166,22 +173,28 @@ class DefendedRetriever(BaseRetriever):
         before: int | None = None  # what the round before fetched
         once = _embedded_once(self.compressor)
         vector = None
-        for _ in range(rounds):
-            base, args, honoured = widened(self.base_retriever, fetch, extra)
-            if once is not None and searches_by_vector(base, once.embeddings):
-                if vector is None:
-                    raw = await once.embeddings.aembed_query(query)
-                    vector = remembered(once, query, raw)
-                base = by_vector(base, vector)
-            docs = await base.ainvoke(query, config, **(args | extra))
-            with pooled(honoured, fetch):
-                compressed = await self.compressor.acompress_documents(docs, query, callbacks=child)
-            kept = list(compressed)
-            if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
-                break
-            # asked as it is (no size setting to raise): the same count again means it ignores k
-            blind = base is self.base_retriever and not honoured and set(args) == {"k"}
-            fetch, before = wider(fetch), (len(docs) if blind else None)
+        results: list[DefenseResult | None] = []
+        token = ROUNDS.set(results)
+        try:
+            for _ in range(rounds):
+                base, args, honoured = widened(self.base_retriever, fetch, extra)
+                if once is not None and searches_by_vector(base, once.embeddings):
+                    if vector is None:
+                        raw = await once.embeddings.aembed_query(query)
+                        vector = remembered(once, query, raw)
+                    base = by_vector(base, vector)
+                docs = await base.ainvoke(query, config, **(args | extra))
+                with pooled(honoured, fetch):
+                    squeezed = self.compressor.acompress_documents(docs, query, callbacks=child)
+                    kept = list(await squeezed)
+                if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
+                    break
+                blind = base is self.base_retriever and not honoured and set(args) == {"k"}
+                fetch, before = wider(fetch), (len(docs) if blind else None)
+        finally:
+            ROUNDS.reset(token)
+        if results and (last := results[-1]) is not None and last.removed:
+            await aannounce(last, child)
         return kept[:k] if k else kept
 
 
