@@ -221,6 +221,32 @@ def test_a_defended_retriever_reports_its_last_rounds_removals_alone() -> None:
             assert removed and not {d.id for d in out} & set(removed)
 
 
+def test_a_wrapper_asking_one_query_returns_its_retrievers_k() -> None:
+    """Any retriever with a ``retriever`` field (a logging or access-check wrapper, a
+    ``RePhraseQueryRetriever``) was read as a multi-query retriever: ``defend()`` returned all
+    it kept of the widened pool, twice the retriever's own k."""
+    from langchain_classic.retrievers import RePhraseQueryRetriever
+
+    store = InMemoryVectorStore.from_texts(
+        [f"The Pacific is the largest ocean, note {i}" for i in range(12)], Words()
+    )
+
+    class Logged(BaseRetriever):
+        retriever: BaseRetriever
+
+        def _get_relevant_documents(
+            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        ) -> list[Document]:
+            return self.retriever.invoke(query, {"callbacks": run_manager.get_child()})
+
+    rephrased = RePhraseQueryRetriever(
+        retriever=store.as_retriever(), llm_chain=RunnableLambda(lambda q: q)
+    )
+    for wrapper in (Logged(retriever=store.as_retriever()), rephrased):
+        assert len(wrapper.invoke("largest ocean")) == 4
+        assert len(defend(wrapper).invoke("largest ocean")) == 4
+
+
 def test_a_compressor_called_in_a_run_reports_to_it() -> None:
     """Called without ``callbacks=`` inside a traced run (a ``RunnableLambda``), a compressor
     sent no removal event at all."""

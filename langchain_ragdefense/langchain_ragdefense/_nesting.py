@@ -11,7 +11,7 @@ from pydantic import BaseModel
 
 from ragdefense.integration.retrieval import positive_int
 
-__all__ = ["_compressed", "_ensemble", "_retriever_k", "_store_and_model", "_stores"]
+__all__ = ["_compressed", "_ensemble", "_retriever_k", "_store_and_model", "_stores", "_unions"]
 
 
 def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:
@@ -33,6 +33,15 @@ def _wrapped(retriever: BaseRetriever) -> BaseRetriever | None:
     ``RePhraseQueryRetriever``'s ``retriever``), ``None`` for another."""
     inner = getattr(retriever, "retriever", None)
     return inner if isinstance(retriever, BaseModel) and isinstance(inner, BaseRetriever) else None
+
+
+def _unions(retriever: BaseRetriever) -> bool:
+    """Whether ``retriever`` returns the union of several queries' results, more than the
+    retriever it asks returns (a ``MultiQueryRetriever``: it ``generate_queries``); a wrapper
+    asking one query (``RePhraseQueryRetriever``, a logging or access-check wrapper) returns
+    what its retriever does."""
+    multi = callable(getattr(retriever, "generate_queries", None))
+    return multi and _wrapped(retriever) is not None
 
 
 def _retriever_k(retriever: BaseRetriever) -> int | None:

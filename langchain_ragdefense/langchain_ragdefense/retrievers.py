@@ -32,7 +32,7 @@ from ragdefense.integration.retrieval import (
 )
 from ragdefense.types import check_query
 
-from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model, _wrapped
+from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model, _unions, _wrapped
 from .compressors import ROUNDS, DefenseCompressor, aannounce, announce
 from .vectors import by_vector, remembered, searches_by_vector
 
@@ -120,9 +120,9 @@ class DefendedRetriever(BaseRetriever):
         core = ours.core if ours is not None else None
         fetch = self.fetch_k
         own = _retriever_k(self.base_retriever)
-        # no more than the retriever alone would return (a query rewriter returns the union of
-        # its queries' results: all it keeps, the pool sized for the retriever it asks)
-        if k is None and not asked and own and _wrapped(self.base_retriever) is None:
+        # no more than the retriever alone would return (a multi-query retriever returns the
+        # union of its queries' results: all it keeps, the pool sized for the retriever it asks)
+        if k is None and not asked and own and not _unions(self.base_retriever):
             k = own
         # all kept (k None) is still judged on the defense's pool for the retriever's own k
         base_k = k or own
