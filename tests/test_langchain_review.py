@@ -247,6 +247,43 @@ def test_a_wrapper_asking_one_query_returns_its_retrievers_k() -> None:
         assert len(defend(wrapper).invoke("largest ocean")) == 4
 
 
+def test_retrievers_sized_by_top_k_are_widened() -> None:
+    """A retriever holding its size in ``top_k`` (Kendra, Azure AI Search) or
+    ``top_k_results`` (Wikipedia, arXiv) was never widened, ``fetch_k`` was ignored, and the
+    warning advised a larger ``fetch_k``: the defense judged the retriever's 3 documents."""
+    store = InMemoryVectorStore.from_texts(
+        [f"The Pacific is the largest ocean, note {i}" for i in range(12)], Words()
+    )
+    asked: list[int] = []
+
+    class TopK(BaseRetriever):
+        top_k: int = 3
+
+        def size(self) -> int:
+            return self.top_k
+
+        def _get_relevant_documents(
+            self, query: str, *, run_manager: CallbackManagerForRetrieverRun
+        ) -> list[Document]:
+            asked.append(self.size())
+            return store.similarity_search(query, k=self.size())
+
+    class TopKResults(TopK):
+        top_k: int = 0  # not a size: the next field is
+        top_k_results: int = 3
+
+        def size(self) -> int:
+            return self.top_k_results
+
+    for retriever in (TopK(), TopKResults()):
+        asked.clear()
+        assert len(defend(retriever).invoke("largest ocean")) <= 3
+        assert asked == [8] and retriever.size() == 3  # the pool, from a copy; its own 3 kept
+        asked.clear()
+        defend(retriever, fetch_k=10).invoke("largest ocean")
+        assert asked == [10]
+
+
 def test_a_compressor_called_in_a_run_reports_to_it() -> None:
     """Called without ``callbacks=`` inside a traced run (a ``RunnableLambda``), a compressor
     sent no removal event at all."""

@@ -11,7 +11,16 @@ from pydantic import BaseModel
 
 from ragdefense.integration.retrieval import positive_int
 
-__all__ = ["_compressed", "_ensemble", "_retriever_k", "_store_and_model", "_stores", "_unions"]
+__all__ = [
+    "SIZE_FIELDS",
+    "_compressed",
+    "_ensemble",
+    "_retriever_k",
+    "_size_field",
+    "_store_and_model",
+    "_stores",
+    "_unions",
+]
 
 
 def _compressed(retriever: BaseRetriever) -> BaseRetriever | None:
@@ -35,6 +44,19 @@ def _wrapped(retriever: BaseRetriever) -> BaseRetriever | None:
     return inner if isinstance(retriever, BaseModel) and isinstance(inner, BaseRetriever) else None
 
 
+#: the fields in which retrievers hold how many documents they return: BM25's and most custom
+#: ones' ``k``; Kendra's, Azure AI Search's, Pinecone hybrid search's ``top_k``; Wikipedia's
+#: and arXiv's ``top_k_results``
+SIZE_FIELDS = ("k", "top_k", "top_k_results")
+
+
+def _size_field(retriever: Any) -> str | None:
+    """The field of :data:`SIZE_FIELDS` holding ``retriever``'s size (a positive int), if any."""
+    if not isinstance(retriever, BaseModel):
+        return None
+    return next((f for f in SIZE_FIELDS if positive_int(getattr(retriever, f, None))), None)
+
+
 def _unions(retriever: BaseRetriever) -> bool:
     """Whether ``retriever`` returns the union of several queries' results, more than the
     retriever it asks returns (a ``MultiQueryRetriever``: it ``generate_queries``); a wrapper
@@ -46,11 +68,11 @@ def _unions(retriever: BaseRetriever) -> bool:
 
 def _retriever_k(retriever: BaseRetriever) -> int | None:
     """How many documents ``retriever`` returns by default, when it says (``None`` otherwise):
-    its own ``k`` where it has one (a time-weighted retriever's ``search_kwargs["k"]`` counts
-    its candidates), else its ``search_kwargs["k"]`` (a vector store retriever's, 4 unless
-    set), as :func:`widened` asks it; an ensemble's, the sum of its retrievers' (it returns
-    their union, at most that many); a compression retriever's, its base retriever's, at most
-    its compressor's ``top_n``; a query rewriter's, the retriever's it asks."""
+    its own ``k`` (or ``top_k``, ``top_k_results``) where it has one (a time-weighted retriever's
+    ``search_kwargs["k"]`` counts its candidates), else its ``search_kwargs["k"]`` (a vector store
+    retriever's, 4 unless set), as :func:`widened` asks it; an ensemble's, the sum of its
+    retrievers' (it returns their union, at most that many); a compression retriever's, its base
+    retriever's, at most its compressor's ``top_n``; a query rewriter's, the retriever's it asks."""
     if (inner := _wrapped(retriever)) is not None:
         return _retriever_k(inner)
     base = _compressed(retriever)
@@ -63,7 +85,8 @@ def _retriever_k(retriever: BaseRetriever) -> int | None:
         found = [getattr(c, "default", c) for c in children]  # a configurable one: its default
         ks = [_retriever_k(c) for c in found if isinstance(c, BaseRetriever)]
         return sum(k for k in ks if k is not None) or None
-    own = positive_int(getattr(retriever, "k", None))
+    field = _size_field(retriever)
+    own = positive_int(getattr(retriever, field, None)) if field else None
     search_kwargs = getattr(retriever, "search_kwargs", None)
     if own is None and isinstance(search_kwargs, dict) and hasattr(retriever, "vectorstore"):
         return positive_int(search_kwargs.get("k", 4))  # VectorStoreRetriever's default

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from contextvars import ContextVar
 from typing import Any, Literal
 
@@ -187,6 +188,24 @@ class DefenseCompressor(BaseDocumentCompressor):
 ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
     "ragdefense_rounds", default=None
 )
+
+
+@contextmanager
+def rounds_kept() -> Iterator[list[DefenseResult | None]]:
+    """A defended retriever's fetch rounds: inside, the compressors keep their results in the
+    list given (for the retriever to report its last round's removals), sending no event."""
+    results: list[DefenseResult | None] = []
+    token = ROUNDS.set(results)
+    try:
+        yield results
+    finally:
+        ROUNDS.reset(token)
+
+
+def last_removals(results: list[DefenseResult | None]) -> DefenseResult | None:
+    """The last round's result, where it removed anything."""
+    last = results[-1] if results else None
+    return last if last is not None and last.removed else None
 
 
 def _held(result: DefenseResult | None) -> bool:

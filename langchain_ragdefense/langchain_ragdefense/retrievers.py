@@ -17,7 +17,7 @@ from langchain_core.runnables.config import patch_config
 from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
-from ragdefense import DefenseResult, LangChainEmbedder
+from ragdefense import LangChainEmbedder
 from ragdefense.integration.adapter import configured, named, plain_params, pooled
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
@@ -32,8 +32,16 @@ from ragdefense.integration.retrieval import (
 )
 from ragdefense.types import check_query
 
-from ._nesting import _compressed, _ensemble, _retriever_k, _store_and_model, _unions, _wrapped
-from .compressors import ROUNDS, DefenseCompressor, aannounce, announce
+from ._nesting import (
+    _compressed,
+    _ensemble,
+    _retriever_k,
+    _size_field,
+    _store_and_model,
+    _unions,
+    _wrapped,
+)
+from .compressors import DefenseCompressor, aannounce, announce, last_removals, rounds_kept
 from .vectors import by_vector, remembered, searches_by_vector
 
 __all__ = ["DefendedRetriever", "defend"]
@@ -140,9 +148,7 @@ class DefendedRetriever(BaseRetriever):
         before: int | None = None  # what the round before fetched
         once = _embedded_once(self.compressor)
         vector = None
-        results: list[DefenseResult | None] = []  # each round's: the last one's removals reported
-        token = ROUNDS.set(results)
-        try:
+        with rounds_kept() as results:  # the last round's removals reported, not each round's
             for _ in range(rounds):
                 base, args, honoured = widened(self.base_retriever, fetch, extra)
                 if once is not None and searches_by_vector(base, once.embeddings):
@@ -157,9 +163,7 @@ class DefendedRetriever(BaseRetriever):
                 # asked as it is (no size setting to raise): the same count again: it ignores k
                 blind = base is self.base_retriever and not honoured and set(args) == {"k"}
                 fetch, before = wider(fetch), (len(docs) if blind else None)
-        finally:
-            ROUNDS.reset(token)
-        if results and (last := results[-1]) is not None and last.removed:
+        if (last := last_removals(results)) is not None:
             announce(last, child)
         return kept[:k] if k else kept
 
@@ -173,9 +177,7 @@ class DefendedRetriever(BaseRetriever):
         before: int | None = None  # what the round before fetched
         once = _embedded_once(self.compressor)
         vector = None
-        results: list[DefenseResult | None] = []
-        token = ROUNDS.set(results)
-        try:
+        with rounds_kept() as results:
             for _ in range(rounds):
                 base, args, honoured = widened(self.base_retriever, fetch, extra)
                 if once is not None and searches_by_vector(base, once.embeddings):
@@ -191,9 +193,7 @@ class DefendedRetriever(BaseRetriever):
                     break
                 blind = base is self.base_retriever and not honoured and set(args) == {"k"}
                 fetch, before = wider(fetch), (len(docs) if blind else None)
-        finally:
-            ROUNDS.reset(token)
-        if results and (last := results[-1]) is not None and last.removed:
+        if (last := last_removals(results)) is not None:
             await aannounce(last, child)
         return kept[:k] if k else kept
 
@@ -221,22 +221,20 @@ def widened(
     setting must change; the caller's is never changed), the arguments to call it with, and
     whether it then returns ``fetch`` whenever its store holds that many.
 
-    A vector store retriever takes ``k`` per call; with ``search_type="mmr"`` it is asked for
-    MMR over the pool (``k = fetch_k = fetch``: the similarity top ``fetch`` in MMR's order;
-    FAISS with a ``filter`` draws from twice as many), as MMR over a wider candidate set would
-    spread out the near-copies the defense must see together. A retriever with its own ``k``
-    setting (BM25, TF-IDF, most custom ones) drops a ``k`` passed per call: a copy with ``k``
-    raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked for
-    more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
-    search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch``
-    so; it returns ``fetch`` when one of them does; a query rewriter (a multi-query retriever)
-    is a copy whose retriever is asked so (it returns the union of its queries' results). A
-    ``ContextualCompressionRetriever`` is a copy whose base retriever is asked so (never for
-    fewer than it fetches by default: its reranker reranks as many candidates as it would
-    have) and whose reranker (a compressor with ``top_n``) keeps the pool; another compressor
-    may keep fewer. FAISS with a ``filter`` (in its ``search_kwargs`` or among the arguments of
-    this ``call``) is asked for more candidates (:func:`_filtered_faiss`). Any other gets ``k``
-    and may ignore it."""
+    A vector store retriever takes ``k`` per call; with ``search_type="mmr"`` it is asked for MMR
+    over the pool (``k = fetch_k = fetch``: the similarity top ``fetch`` in MMR's order; FAISS with
+    a ``filter`` draws from twice as many), as MMR over a wider candidate set would spread out the
+    near-copies the defense must see together. A retriever with its own ``k`` setting (BM25, TF-IDF,
+    most custom ones; or ``top_k``, ``top_k_results``) drops a ``k`` passed per call: a copy with
+    that setting raised is asked. One with ``search_kwargs`` (a parent-document retriever) is asked
+    for more chunks, but may return fewer documents. An ensemble or merger of retrievers (hybrid
+    search: BM25 beside a vector store) is a copy whose every retriever is asked for ``fetch`` so;
+    it returns ``fetch`` when one of them does; a query rewriter is a copy whose retriever is asked
+    so. A ``ContextualCompressionRetriever`` is a copy whose base retriever is asked so (never for
+    fewer than it fetches by default: its reranker reranks as many candidates as it would have) and
+    whose reranker (a compressor with ``top_n``) keeps the pool; another compressor may keep fewer.
+    FAISS with a ``filter`` (in its ``search_kwargs`` or among the arguments of this ``call``) is
+    asked for more candidates (:func:`_filtered_faiss`). Any other gets ``k`` and may ignore it."""
     if fetch is None:
         return retriever, {}, False
     if isinstance(retriever, VectorStoreRetriever):
@@ -266,8 +264,8 @@ def widened(
         asked = [_settled(child, fetch) for child in children]
         copy = retriever.model_copy(update={"retrievers": [child for child, _ in asked]})
         return copy, {}, any(honoured for _, honoured in asked)
-    if isinstance(retriever, BaseModel) and positive_int(getattr(retriever, "k", None)):
-        return retriever.model_copy(update={"k": fetch}), {}, True
+    if (field := _size_field(retriever)) is not None:  # k, top_k, top_k_results
+        return retriever.model_copy(update={field: fetch}), {}, True
     search_kwargs = getattr(retriever, "search_kwargs", None)
     if isinstance(retriever, BaseModel) and isinstance(search_kwargs, dict):
         search = search_kwargs | {"k": fetch}

@@ -230,10 +230,11 @@ class AdapterCore:
             fix = "defend() asked for more: the store returned no more."
         elif _POOLED.get() is False:
             fix = (
-                "defend() could not ask this retriever for that many passages (no size setting "
-                "it reads, a store that filters after its search, or one that returns fewer "
-                "documents than chunks asked, as a parent-document retriever): give defend() a "
-                "larger fetch_k, or widen the retriever itself."
+                "defend() could not ask this retriever for that many passages: where it has a "
+                "size setting defend() does not raise (it raises k, top_k, top_k_results, "
+                "similarity_top_k, search_kwargs['k']), set it to the pool yourself; where it "
+                "returns fewer than it is asked (a store that filters after its search, a "
+                "parent-document retriever), give defend() a larger fetch_k."
             )
         message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
         warnings.warn(message, stacklevel=5)
