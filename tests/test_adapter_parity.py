@@ -156,6 +156,12 @@ def test_the_llamaindex_internals_the_adapter_reads_exist(both: tuple[Any, Any])
     index = retriever_index(li_retriever)
     assert isinstance(index, VectorStoreIndex)
     assert isinstance(index_embed_model(index), RagdefenseEmbedding)
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    from llama_index.postprocessor.ragdefense._private import corpus_size
+
+    nodes = index.docstore.docs.values()
+    assert corpus_size(BM25Retriever.from_defaults(nodes=list(nodes))) == len(nodes)
 
 
 def test_the_core_reaches_the_frameworks_through_their_entry_points(

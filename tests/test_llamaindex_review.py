@@ -157,6 +157,31 @@ def test_a_defended_retriever_reports_its_last_rounds_removals_alone(minilm: Any
         root.event_handlers.remove(handler)
 
 
+def test_bm25_and_a_fusion_over_it_are_widened_to_their_corpus_at_most(minilm: Any) -> None:
+    """A BM25 retriever caps its ``similarity_top_k`` at its corpus when built only: widened
+    past it (a small corpus, or a doubling round), bm25s raised, and ``defend()`` failed every
+    query where the retriever alone answered."""
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.retrievers import QueryFusionRetriever
+    from llama_index.retrievers.bm25 import BM25Retriever
+
+    nodes = [TextNode(text=t) for t, _ in HONEST[:6]]
+    bm25 = BM25Retriever.from_defaults(nodes=nodes, similarity_top_k=2)
+    index = VectorStoreIndex(nodes, embed_model=RagdefenseEmbedding(minilm))
+    fusion = QueryFusionRetriever(
+        [index.as_retriever(similarity_top_k=2), bm25],
+        llm=MockLLM(),
+        similarity_top_k=2,
+        num_queries=1,
+        use_async=False,
+    )
+    for retriever in (bm25, fusion):
+        assert len(retriever.retrieve(OCEAN)) == 2
+        for defended in (defend(retriever), defend(retriever, k=3)):
+            assert 1 <= len(defended.retrieve(OCEAN)) <= defended.k
+    assert bm25.similarity_top_k == 2  # the caller's
+
+
 def test_distinct_images_without_text_or_embedding_are_not_copies(
     minilm: Any, removed: Removed
 ) -> None:

@@ -6,9 +6,10 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 from llama_index.core.embeddings import BaseEmbedding
 
-__all__ = ["index_embed_model", "merged_retriever", "retriever_index"]
+__all__ = ["corpus_size", "index_embed_model", "merged_retriever", "retriever_index"]
 
 
 def merged_retriever(retriever: Any) -> Any:
@@ -29,3 +30,11 @@ def index_embed_model(index: Any) -> BaseEmbedding | None:
     ``SummaryIndexEmbeddingRetriever``'s own, given one)."""
     model = getattr(index, "_embed_model", None)
     return model if isinstance(model, BaseEmbedding) else None
+
+
+def corpus_size(retriever: Any) -> int | None:
+    """How many nodes a retriever that must never be asked for more holds: a BM25 retriever's
+    (``BM25Retriever.bm25.scores["num_docs"]``: bm25s refuses a larger ``k``)."""
+    scores = getattr(getattr(retriever, "bm25", None), "scores", None)
+    held = scores.get("num_docs") if isinstance(scores, dict) else None
+    return int(held) if isinstance(held, int | np.integer) and held > 0 else None

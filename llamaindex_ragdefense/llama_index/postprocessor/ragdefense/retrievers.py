@@ -41,7 +41,7 @@ from ragdefense.integration.retrieval import (
     wider,
 )
 
-from ._private import index_embed_model, merged_retriever, retriever_index
+from ._private import corpus_size, index_embed_model, merged_retriever, retriever_index
 from .events import last_round
 from .postprocessors import DefensePostprocessor
 
@@ -85,12 +85,12 @@ def _merging(retriever: BaseRetriever) -> BaseRetriever | None:
 def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever, bool]:
     """The retriever asked for ``fetch`` nodes, and whether it then returns ``fetch`` whenever
     the index holds that many: a copy with ``similarity_top_k`` raised (the caller's is never
-    changed); a fusion retriever's own retrievers raised too (they fetch its candidates). An
-    MMR retriever is asked for the similarity pool (MMR would spread out the near-copies the
-    defense must see together; the survivors come in similarity order). A hybrid retriever's
-    ``hybrid_top_k`` and ``sparse_top_k``, where set, are raised with it. An auto-merging
-    retriever's vector retriever is asked, and it may return fewer (merged into parents). One
-    without ``similarity_top_k`` is used as it is, and may return fewer."""
+    changed; a BM25 retriever's to its corpus at most); a fusion retriever's own retrievers
+    raised too (they fetch its candidates). An MMR retriever is asked for the similarity pool
+    (MMR would spread out the near-copies the defense must see together; the survivors come in
+    similarity order). A hybrid retriever's ``hybrid_top_k`` and ``sparse_top_k``, where set,
+    are raised with it. An auto-merging retriever's vector retriever is asked, and it may
+    return fewer (merged into parents). One without ``similarity_top_k`` is used as it is."""
     if fetch is None or _top_k(retriever) is None:
         return retriever, False
     pool: Any = copy.copy(retriever)
@@ -99,7 +99,7 @@ def widened(retriever: BaseRetriever, fetch: int | None) -> tuple[BaseRetriever,
         pool._vector_retriever = widened(inner, fetch)[0]
         return pool, False
     try:
-        setattr(pool, _top_k_name(retriever), fetch)
+        setattr(pool, _top_k_name(retriever), min(fetch, corpus_size(retriever) or fetch))
     except (AttributeError, TypeError, ValueError):  # a read-only size (a property, frozen)
         return retriever, False
     if _mode(retriever) == VectorStoreQueryMode.HYBRID:  # what it returns, and fuses from
