@@ -1020,6 +1020,9 @@ def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     with csv_path.open(newline="", encoding="utf-8") as f:
         rows = {r["id"]: r for r in csv.DictReader(f)}
     assert rows[ids[0]]["text"].startswith("'=HYPERLINK(")
+    # (review) the CSV kept the raw ESC bytes: ``cat report.csv`` ran the planted sequences
+    raw = csv_path.read_bytes()
+    assert b"\x1b" not in raw and b"\rhidden" not in raw and "\\x1b[2J" in rows[ids[0]]["text"]
 
 
 def test_report_plot_starts_at_rank_one_counts_the_audit_and_marks_groups(tmp_path: Path) -> None:

@@ -299,10 +299,14 @@ def _hidden(ch: str) -> bool:
 
 def _cell(value: Any) -> Any:
     """A CSV cell that a spreadsheet cannot run: text starting with ``= + - @`` (or a tab or
-    carriage return) gets a leading apostrophe (the usual defence against formula injection)."""
-    if isinstance(value, str) and value[:1] in ("=", "+", "-", "@", "\t", "\r"):
-        return "'" + value
-    return value
+    carriage return) gets a leading apostrophe (the usual defence against formula injection);
+    nor a terminal showing the file (``cat report.csv``): control and format characters but
+    line breaks and tabs written as escapes, as :func:`_shown` writes them."""
+    if not isinstance(value, str):
+        return value
+    if value[:1] in ("=", "+", "-", "@", "\t", "\r"):
+        value = "'" + value
+    return "".join(_shown(ch) if ch not in "\n\t" else ch for ch in value)
 
 
 def _aside(stats: dict[str, Any]) -> str:
