@@ -1293,6 +1293,18 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
         )
     assert main(["audit", str(tmp_path / "nope.jsonl")]) == 2
     assert "no file" in capsys.readouterr().err
+    # (review) a rerun asking other formats left an earlier run's report.json, which a
+    # quarantine then read; and the Markdown report and table left out suspicious chunks unsaid
+    again = ["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--show", "2"]
+    assert main([*again, "--format", "json"]) == 0
+    assert sorted(p.name for p in (tmp_path / "w").glob("report.*")) == ["report.json"]
+    out = capsys.readouterr().out
+    report = json.loads((tmp_path / "w" / "report.json").read_text())
+    suspicious = sum(f["suspicious"] for f in report["findings"])
+    assert suspicious > 2 and f"2 of the {suspicious} suspicious chunks shown" in out
+    assert main([*again, "--format", "md"]) == 0 and not (tmp_path / "w" / "report.json").exists()
+    table = (tmp_path / "w" / "report.md").read_text()
+    assert table.count("| **") == suspicious and "suspicious chunks shown" not in table
     folder = tmp_path / "kb-folder"  # was "no knowledge base file at" it, exit 1, past the checks
     folder.mkdir()
     assert main(["audit", str(folder), "--workdir", str(tmp_path / "f")]) == 2
@@ -1317,7 +1329,12 @@ def test_cli_audit_takes_the_model_the_store_was_embedded_with(
     kb.write_text("".join(json.dumps({"id": i, "text": t, "embedding": v.tolist()}) + "\n"
                           for i, t, v in zip(ids, texts, vectors, strict=True)))  # fmt: skip
     (tmp_path / "mymodel.py").write_text(
-        "from tests.conftest import bag_of_words\nembed = bag_of_words\n"
+        "from tests.conftest import bag_of_words\nfrom ragdefense import CallableEmbedder\n"
+        "embed = bag_of_words\n"
+        "def make():\n    return CallableEmbedder(bag_of_words)\n"
+        "class Model(CallableEmbedder):\n    def __init__(self):\n"
+        "        super().__init__(bag_of_words)\n"
+        "def broken():\n    raise RuntimeError('no key')\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     run = ["audit", str(kb), "--quiet", "--format", "md,md", "--workdir"]
@@ -1325,6 +1342,11 @@ def test_cli_audit_takes_the_model_the_store_was_embedded_with(
     assert "pass embedder= (--embedder)" in capsys.readouterr().err
     assert main([*run, str(tmp_path / "b"), "--embedder", "mymodel:embed"]) == 0
     assert capsys.readouterr().err.count("report.md") == 1  # a format named twice: once
+    # (review) a class or a factory was called with the texts, as a function embedding them
+    for n, made in enumerate(("mymodel:make", "mymodel:Model")):
+        assert main([*run, str(tmp_path / f"m{n}"), "--embedder", made]) == 0
+    assert main([*run, str(tmp_path / "x"), "--embedder", "mymodel:broken"]) == 2
+    assert "calling it raised RuntimeError: no key" in capsys.readouterr().err
     assert main([*run, str(tmp_path / "c"), "--workers", "2"]) == 2
     assert "are for --engine ray" in capsys.readouterr().err
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import inspect
 import os
 import sys
 import traceback
@@ -21,6 +22,21 @@ def _formats(text: str) -> list[str]:
     if not found or unknown:
         raise argparse.ArgumentTypeError(f"formats are {','.join(FORMATS)}, got {text!r}")
     return found
+
+
+def _takes_nothing(obj: Any) -> bool:
+    """Whether ``obj`` is a function called with no arguments (a factory, not a function from
+    texts to vectors)."""
+    if not callable(obj) or hasattr(obj, "embed_documents") or hasattr(obj, "encode"):
+        return False
+    try:
+        params = inspect.signature(obj).parameters.values()
+    except (TypeError, ValueError):  # a builtin without a signature: called with texts
+        return False
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    return not any(p.kind in positional and p.default is p.empty for p in params) and not any(
+        p.kind is inspect.Parameter.VAR_POSITIONAL for p in params
+    )
 
 
 def _has(module: str) -> bool:
@@ -97,7 +113,14 @@ def _cmd_audit(args: argparse.Namespace) -> int:
                 ) from None
     embedder: Any = args.embedder
     if embedder is not None and ":" in embedder and not Path(embedder).exists():
-        embedder = resolve(embedder, "--embedder")
+        named, embedder = embedder, resolve(embedder, "--embedder")
+        if isinstance(embedder, type) or _takes_nothing(embedder):  # a class, a factory
+            try:
+                embedder = embedder()
+            except Exception as exc:  # the user's own code: its failure in one line
+                raise UsageError(
+                    f"--embedder {named!r}: calling it raised {type(exc).__name__}: {exc}"
+                ) from None
     try:
         settings = AuditSettings(
             defenses=args.defense or AuditSettings().defenses,
@@ -137,6 +160,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
         return 1
     try:
         written = report.write(args.workdir, args.format)
+        for fmt in sorted(set(FORMATS) - set(args.format)):  # an earlier run's: not this one's
+            (Path(args.workdir) / f"report.{fmt}").unlink(missing_ok=True)
     except OSError as exc:  # a full disk, a folder in a report's place: the run is kept
         print(
             f"error: cannot write the report in {args.workdir}: {exc}; the audit is kept there, "
@@ -178,7 +203,8 @@ def add_audit_parser(sub: Any) -> None:
         default=None,
         help="the model the knowledge base was embedded with: a sentence-transformers model's "
         "folder, or module:attribute of an embedding model (LangChain, LlamaIndex, a function "
-        "from texts to vectors); default the packaged all-MiniLM-L6-v2",
+        "from texts to vectors), or of a class or function with no arguments making one; "
+        "default the packaged all-MiniLM-L6-v2",
     )
     parser.add_argument(
         "--top-m", type=two_or_more, default=10, help="chunks per probe (default 10)"

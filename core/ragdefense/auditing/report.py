@@ -116,7 +116,8 @@ class AuditReport:
         }
 
     def to_markdown(self, top: int = 30, width: int = 90) -> str:
-        """A summary and the ``top`` most suspicious chunks with their evidence."""
+        """A summary and the ``top`` most suspicious chunks with their evidence (where more are
+        suspicious, a last line says how many are left out)."""
         s = self.stats
         lines = [
             "# Knowledge-base audit",
@@ -168,6 +169,10 @@ class AuditReport:
             cells = [str(rank), f"{mark}{_md(_shown(f.id))}{mark}", f"{f.score:.2f}"]
             cells += [str(f.retrieved), flagged, group, _md(_shown("; ".join(f.reasons)))]
             lines.append("| " + " | ".join([*cells, _md(text)]) + " |")
+        shown, flagged = sum(f.suspicious for f in self.findings[:top]), len(self.suspicious)
+        if shown < flagged:
+            lines += ["", f"{shown} of the {flagged} suspicious chunks shown (the {top} highest "
+                      "scores): every one in the report's JSON, CSV and Markdown."]  # fmt: skip
         return "\n".join(lines) + "\n"
 
     def __str__(self) -> str:
@@ -194,8 +199,9 @@ class AuditReport:
         return paths
 
     def _write(self, path: Path, fmt: str) -> None:
-        if fmt == "md":
-            path.write_text(self.to_markdown(), encoding="utf-8")
+        if fmt == "md":  # every suspicious chunk, and the 30 highest scores at least
+            last = max((n + 1 for n, f in enumerate(self.findings) if f.suspicious), default=0)
+            path.write_text(self.to_markdown(top=max(30, last)), encoding="utf-8")
         elif fmt == "json":
             path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
         elif fmt == "csv":
