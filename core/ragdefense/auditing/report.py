@@ -169,9 +169,9 @@ class AuditReport:
             cells = [str(rank), f"{mark}{_md(_shown(f.id))}{mark}", f"{f.score:.2f}"]
             cells += [str(f.retrieved), flagged, group, _md(_shown("; ".join(f.reasons)))]
             lines.append("| " + " | ".join([*cells, _md(text)]) + " |")
-        shown, flagged = sum(f.suspicious for f in self.findings[:top]), len(self.suspicious)
-        if shown < flagged:
-            lines += ["", f"{shown} of the {flagged} suspicious chunks shown (the {top} highest "
+        shown, listed = sum(f.suspicious for f in self.findings[:top]), len(self.suspicious)
+        if shown < listed:
+            lines += ["", f"{shown} of the {listed} suspicious chunks shown (the {top} highest "
                       "scores): every one in the report's JSON, CSV and Markdown."]  # fmt: skip
         return "\n".join(lines) + "\n"
 
