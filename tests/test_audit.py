@@ -1303,6 +1303,8 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     suspicious = sum(f["suspicious"] for f in report["findings"])
     assert suspicious > 2 and f"2 of the {suspicious} suspicious chunks shown" in out
     assert main([*again, "--format", "md"]) == 0 and not (tmp_path / "w" / "report.json").exists()
+    assert main([*again, "--format", "json", "--format", "md"]) == 0  # repeated: every one
+    assert sorted(p.name for p in (tmp_path / "w").glob("report.*")) == ["report.json", "report.md"]
     table = (tmp_path / "w" / "report.md").read_text()
     assert table.count("| **") == suspicious and "suspicious chunks shown" not in table
     folder = tmp_path / "kb-folder"  # was "no knowledge base file at" it, exit 1, past the checks

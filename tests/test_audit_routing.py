@@ -280,6 +280,20 @@ def test_a_route_that_cannot_route_is_named(
     assert "every shard is searched" in caplog.text and "shards=" in caplog.text
 
 
+def test_shards_cut_to_the_parts_are_named(
+    toy: CallableEmbedder, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``shards=`` past the parts of chunks was cut to them without a word (``route=`` warns)."""
+    texts, ids, _ = toy_corpus()
+    with caplog.at_level("WARNING", logger="ragdefense"):
+        report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", shards=5)
+    assert report.stats["shards"] == 1 and "shards=5 over 1 part(s)" in caplog.text
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="ragdefense"):
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "p", part_size=16, shards=2)
+    assert "shards=" not in caplog.text  # as many parts as asked: nothing cut
+
+
 def test_a_route_reaching_fewer_chunks_than_the_neighbours_is_named(
     caplog: pytest.LogCaptureFixture,
 ) -> None:

@@ -62,6 +62,8 @@ def _check(args: argparse.Namespace) -> None:
         raise UsageError(
             f"{args.knowledge_base!r} is a folder: give a .jsonl / .parquet file of {{id, text}}"
         )
+    default = ["md", "json", "csv", *(["png"] if _has("matplotlib") else [])]
+    args.format = list(dict.fromkeys(args.format or default))  # --format given twice: both
     for fmt in args.format:
         if fmt in FORMAT_NEEDS and not _has(FORMAT_NEEDS[fmt][0]):
             module, install = FORMAT_NEEDS[fmt]
@@ -249,9 +251,10 @@ def add_audit_parser(sub: Any) -> None:
     parser.add_argument(
         "--format",
         type=_formats,
-        default=["md", "json", "csv", *(["png"] if _has("matplotlib") else [])],
-        help=f"report formats among {','.join(FORMATS)} (default md,json,csv and png where "
-        "matplotlib is installed)",
+        action="extend",
+        default=None,
+        help=f"report formats among {','.join(FORMATS)}, comma-separated or repeated (default "
+        "md,json,csv and png where matplotlib is installed)",
     )
     parser.add_argument("--show", type=positive, default=20, help="rows printed (default 20)")
     parser.add_argument("--quiet", action="store_true", help="no progress bars")

@@ -32,7 +32,7 @@ from .naming import defense_names
 from .probes import derive_probes
 from .records import closest_questions, flag_examples
 from .report import BLANK, AuditReport, Finding
-from .routing import effective_route, recheck_suspects, route_parts
+from .routing import contiguous_shards, effective_route, recheck_suspects, route_parts
 from .settings import AuditSettings, defense_mark, embedder_mark, queries_mark, with_overrides
 from .sources import batch_sources, chunk_source, condemned_positions, note_sourced, suspect_sources
 from .space import check_space, one_width, other_width
@@ -238,7 +238,7 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
     needed = settings.searched
     route = effective_route(settings.route, n_shards, sum(sizes), needed)
-    n_shards = n_shards if route else max(1, min(n_shards, len(sizes)))  # contiguous: by part
+    n_shards = n_shards if route else contiguous_shards(n_shards, len(sizes), settings.shards)
     wd.note("shards", n_shards)
     wd.note("route", route)
     largest = route_parts(wd, sizes, n_probe_parts, n_shards, route, job.map) if route else None

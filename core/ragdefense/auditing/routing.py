@@ -47,6 +47,7 @@ __all__ = [
     "RecheckStep",
     "RouteStep",
     "centroids",
+    "contiguous_shards",
     "effective_route",
     "nearest_shards",
     "recheck_suspects",
@@ -82,6 +83,18 @@ def effective_route(route: int | None, n_shards: int, chunks: int, needed: int =
             route, n_shards, chunks,
         )  # fmt: skip
     return None
+
+
+def contiguous_shards(n_shards: int, parts: int, asked: int | None) -> int:
+    """Shards of unrouted search, one or more parts of chunks each: ``n_shards`` at most
+    ``parts``, with a warning where the ``shards=`` asked for is cut."""
+    shards = max(1, min(n_shards, parts))
+    if asked and shards < asked:
+        logger.warning(
+            "shards=%d over %d part(s) of chunks: %d shard(s) searched (a shard holds whole "
+            "parts of chunks: audit(part_size=) sets their size)", asked, parts, shards,
+        )  # fmt: skip
+    return shards
 
 
 def nearest_shards(vectors: np.ndarray, centres: np.ndarray, route: int) -> np.ndarray:
