@@ -1914,14 +1914,22 @@ def test_stored_vectors_of_another_model_are_named(toy: CallableEmbedder, tmp_pa
     texts, ids, _ = toy_corpus()
     own = np.asarray(toy.embed(texts))
     rotation, _ = np.linalg.qr(np.random.default_rng(0).normal(size=(own.shape[1],) * 2))
+    other = ListCorpus(texts, ids, None, own @ rotation)
     with pytest.warns(UserWarning, match=r"do not look like the audit's .* pass embedder="):
-        audit(ListCorpus(texts, ids, None, own @ rotation), embedder=toy, workdir=tmp_path / "o")
+        audit(other, embedder=toy, workdir=tmp_path / "o")
+    # (review) said once, as a warning: the report, and a resumed run's, said nothing
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        resumed = audit(other, embedder=toy, workdir=tmp_path / "o")
+    [said] = resumed.stats["cautions"]
+    assert "do not look like" in said and f"**Caution**: {said}" in resumed.to_markdown()
     # the same model over text and metadata (LlamaIndex embeds a node's with its text)
     noted = np.asarray(toy.embed([f"title: a report of the library. {t}" for t in texts]))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        audit(ListCorpus(texts, ids, None, own), embedder=toy, workdir=tmp_path / "s")
+        same = audit(ListCorpus(texts, ids, None, own), embedder=toy, workdir=tmp_path / "s")
         audit(ListCorpus(texts, ids, None, noted), embedder=toy, workdir=tmp_path / "m")
+    assert same.stats["cautions"] == [] and "**Caution**" not in same.to_markdown()
 
 
 def test_a_small_clean_knowledge_base_is_reported_with_a_caution(tmp_path: Path) -> None:

@@ -236,8 +236,7 @@ def _search(job: _Job, sizes: list[int], n_probe_parts: int) -> tuple[int, str]:
         raise other_width(wd.noted("dim"), probe_dim)
     # a resumed audit keeps its shards whatever its workers now: the parts searched stay valid
     n_shards = int(wd.noted("shards") or settings.shards or min(job.runner.workers, len(sizes)))
-    needed = settings.searched
-    route = effective_route(settings.route, n_shards, sum(sizes), needed)
+    route = effective_route(settings.route, n_shards, sum(sizes), needed := settings.searched)
     n_shards = n_shards if route else contiguous_shards(n_shards, len(sizes), settings.shards)
     wd.note("shards", n_shards)
     wd.note("route", route)
@@ -275,8 +274,8 @@ def _ingest(
             if known is not None:  # the knowledge base grew since the audit read it
                 raise ValueError(_CHANGED.format(wd.path, part))
             if batch.vectors is not None:
-                if not checked:
-                    check_space(batch.texts, batch.vectors, step_embedder(embedder))
+                if not checked and (said := check_space(batch, step_embedder(embedder))):
+                    wd.note("cautions", [said])  # said in every report: a resumed run's too
                 checked = True
                 wd.write_array(f"{name}.npy", unit(batch.vectors, batch.texts))
             wd.write_json(
@@ -396,5 +395,6 @@ def _report(
         "scoring": asdict(scoring),
         "sources": len(evidence.source_names),
         "suspect_sources": suspect_sources(evidence, tally, above, scoring.source_threshold),
+        "cautions": wd.noted("cautions") or [],
     }
     return AuditReport(findings, scoring.threshold, stats)

@@ -127,6 +127,8 @@ class AuditReport:
             f"**{len(self.suspicious)} suspicious** (score >= {self.threshold}{_aside(s)}).",
             "",
         ]
+        for said in s.get("cautions") or []:  # found on the run that read the chunks
+            lines += [f"**Caution**: {_md(_shown(str(said)))}.", ""]
         chunks = int(s.get("chunks") or 0)
         if chunks and 5 * len(self.suspicious) > chunks:  # a fifth: far past what it calibrates
             lines += [

@@ -19,13 +19,15 @@ __all__ = ["SAMPLE", "check_space", "check_stored", "one_width", "other_width", 
 SAMPLE = 8
 
 
-def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
-    """Warn where ``embedder`` does not reproduce stored ``vectors`` from their ``texts`` (a
+def check_space(batch: Any, embedder: Any) -> str | None:
+    """Warn where ``embedder`` does not reproduce a batch's stored vectors from its texts (a
     sample of the first distinct non-blank ones): a stored vector should be nearer its own
     text embedded again than the sample's other texts, as it is under one model (also where
     the store embedded metadata with the text), and is for about one text in the sample under
     another. A warning, not an error: vectors made on purpose (synthetic, or of texts the
-    chunks do not hold) may be audited too."""
+    chunks do not hold) may be audited too: the warning is returned (for the report to say it
+    on every run, a resumed one too), ``None`` where the vectors look like the embedder's."""
+    texts, vectors = batch.texts, batch.vectors
     first: dict[str, int] = {}  # distinct texts: a copy's vector is as near as its own
     for i, text in enumerate(texts):
         if len(first) == SAMPLE:
@@ -33,24 +35,25 @@ def check_space(texts: Sequence[str], vectors: Any, embedder: Any) -> None:
         if text.strip():
             first.setdefault(text, i)
     if not len(texts):
-        return
+        return None
     picked = list(first.values()) or [0]  # one text at least: the width is checked anyway
     stored = unit_rows(np.asarray(vectors, dtype=np.float64)[picked])
     again = unit_rows(np.asarray(embedder.embed([texts[i] for i in picked]), dtype=np.float64))
     if again.shape != stored.shape:  # named before anything is written, not after a read
         raise other_width(stored.shape[1], again.shape[1])
     if len(picked) < 3:  # too few to tell a match from chance
-        return
+        return None
     own = int((np.argmax(stored @ again.T, axis=1) == np.arange(len(picked))).sum())
-    if 2 * own < len(picked):
-        warnings.warn(
-            f"the stored vectors do not look like the audit's embedding model's: of {len(picked)} "
-            f"chunks embedded again, {own} are nearest their own stored vector, and the probes "
-            "are compared with them: pass embedder= (--embedder), the model the knowledge base "
-            "was embedded with",
-            UserWarning,
-            stacklevel=5,
-        )
+    if 2 * own >= len(picked):
+        return None
+    said = (
+        f"the stored vectors do not look like the audit's embedding model's: of {len(picked)} "
+        f"chunks embedded again, {own} are nearest their own stored vector, and the probes "
+        "are compared with them: pass embedder= (--embedder), the model the knowledge base "
+        "was embedded with"
+    )
+    warnings.warn(said, UserWarning, stacklevel=5)
+    return said
 
 
 def other_width(stored: int, embedded: int) -> ValueError:
