@@ -1347,6 +1347,9 @@ def test_cli_audit_takes_the_model_the_store_was_embedded_with(
     # (review) a class or a factory was called with the texts, as a function embedding them
     for n, made in enumerate(("mymodel:make", "mymodel:Model")):
         assert main([*run, str(tmp_path / f"m{n}"), "--embedder", made]) == 0
+    assert main([*run, str(tmp_path / "x"), "--embedder", "./no-such-model"]) == 2
+    assert "--embedder './no-such-model': no such folder" in capsys.readouterr().err
+    assert not (tmp_path / "x").exists()  # refused before any work
     assert main([*run, str(tmp_path / "x"), "--embedder", "mymodel:broken"]) == 2
     assert "calling it raised RuntimeError: no key" in capsys.readouterr().err
     assert main([*run, str(tmp_path / "c"), "--workers", "2"]) == 2

@@ -1341,6 +1341,18 @@ def test_cli_output_into_a_closed_pipe_is_no_traceback() -> None:
     assert run.wait(60) == 141 and "Traceback" not in err and "Exception ignored" not in err
 
 
+def test_cli_output_onto_a_full_disk_is_no_traceback() -> None:
+    """``ragdefense ... > /dev/full``: a full disk behind stdout printed a traceback."""
+    if not Path("/dev/full").exists():
+        pytest.skip("no /dev/full here")
+    code = "import sys; from ragdefense.cli import main; sys.exit(main(['limits']))"
+    with open("/dev/full", "w") as full:
+        run = subprocess.run([sys.executable, "-c", code], stdout=full, stderr=subprocess.PIPE,
+                             timeout=120, check=False)  # fmt: skip
+    err = run.stderr.decode()
+    assert run.returncode == 1 and "Traceback" not in err and "No space left" in err
+
+
 def test_cli_names_its_version_runs_as_a_module_and_names_a_bad_kb(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

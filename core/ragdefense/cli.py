@@ -289,6 +289,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         with contextlib.suppress(OSError, ValueError):  # what is still buffered goes nowhere
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
+    except OSError as exc:  # the output cannot be written (a full disk behind stdout): one line
+        with contextlib.suppress(OSError, ValueError):
+            print(f"error: cannot write the output: {exc}", file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":  # pragma: no cover

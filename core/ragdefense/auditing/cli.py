@@ -56,6 +56,10 @@ def _check(args: argparse.Namespace) -> None:
             preset(name)
         except ValueError as exc:
             raise UsageError(str(exc)) from None
+    model = args.embedder  # a path, not a model hub name to try (offline: a misleading error)
+    local = model and ":" not in model and model.startswith(("/", "./", "../"))
+    if local and not Path(model).is_dir():
+        raise UsageError(f"--embedder {model!r}: no such folder (a saved model's folder)")
     if Path(args.workdir).exists() and not Path(args.workdir).is_dir():
         raise UsageError(f"--workdir {args.workdir!r} is a file: give a folder")
     if Path(args.knowledge_base).is_dir():
@@ -231,7 +235,12 @@ def add_audit_parser(sub: Any) -> None:
         help="start over: remove the audit's own files from the working folder first (a "
         "folder holding other files and no audit is refused)",
     )
-    parser.add_argument("--engine", choices=["local", "ray"], default="local")
+    parser.add_argument(
+        "--engine",
+        choices=["local", "ray"],
+        default="local",
+        help="where the steps run: this process (default), or Ray workers (--address, --workers)",
+    )
     parser.add_argument(
         "--address", default=None, help="ray: a running cluster (default $RAY_ADDRESS, else local)"
     )
