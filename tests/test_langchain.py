@@ -335,6 +335,25 @@ def test_robustrag_chain_tags_each_model_run_with_its_purpose(toy_embedder: Any)
     assert shown == "Paris"  # the isolated answers, the planted one's too, are "nostream"
 
 
+def _in_flight(answer: str) -> tuple[Any, list[int]]:
+    """A slow model answering ``answer``, and ``[calls in flight now, the most at once]``."""
+    import threading
+    import time
+
+    lock, flight = threading.Lock(), [0, 0]
+
+    def slow(prompt: str) -> str:
+        with lock:
+            flight[0] += 1
+            flight[1] = max(flight)
+        time.sleep(0.05)
+        with lock:
+            flight[0] -= 1
+        return answer
+
+    return slow, flight
+
+
 def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVectorStore) -> None:
     """Every run built its own backend with its own limit (six threads at max_concurrency=2
     had twelve calls in flight), and ainvoke of a model without an async path of its own (a
@@ -349,17 +368,7 @@ def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVector
     from ragdefense import RobustRAG
 
     retriever = store.as_retriever(search_kwargs={"k": 4})
-    lock, flight = threading.Lock(), [0, 0]  # now, peak
-
-    def slow(prompt: str) -> str:
-        with lock:
-            flight[0] += 1
-            flight[1] = max(flight)
-        time.sleep(0.05)
-        with lock:
-            flight[0] -= 1
-        return "Canberra"
-
+    slow, flight = _in_flight("Canberra")
     chain = RobustRAGChain.from_llm(RunnableLambda(slow), retriever, max_concurrency=2)
     with ThreadPoolExecutor(6) as pool:
         outs = list(pool.map(chain.invoke, [QUESTION.question] * 6))
@@ -404,22 +413,9 @@ def test_robustrag_chain_holds_max_concurrency_across_runs(store: InMemoryVector
 def test_robustrag_chain_takes_a_runs_max_concurrency(store: InMemoryVectorStore) -> None:
     """LangChain's ``config["max_concurrency"]`` (what a user sets to spare a rate-limited
     model) was ignored: the isolated calls went out ``max_concurrency`` (the field) at a time."""
-    import threading
-    import time
-
     from langchain_core.runnables import RunnableLambda
 
-    lock, flight = threading.Lock(), [0, 0]  # now, peak
-
-    def slow(prompt: str) -> str:
-        with lock:
-            flight[0] += 1
-            flight[1] = max(flight)
-        time.sleep(0.05)
-        with lock:
-            flight[0] -= 1
-        return "Canberra"
-
+    slow, flight = _in_flight("Canberra")
     retriever = store.as_retriever(search_kwargs={"k": 4})
     chain = RobustRAGChain.from_llm(RunnableLambda(slow), retriever, max_concurrency=4)
     assert chain.invoke(QUESTION.question)["answer"] == "Canberra"

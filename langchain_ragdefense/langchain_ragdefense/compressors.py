@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Sequence
 from typing import Any, Literal
 
 from langchain_core.callbacks import AsyncCallbackManager, CallbackManager, Callbacks
@@ -41,6 +39,7 @@ from ragdefense.integration.records import (
     tagged_metadata,
     verdict_metadata,
 )
+from ragdefense.integration.retrieval import report_now
 
 from .vectors import stored_vectors
 
@@ -169,7 +168,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         """Filter or rerank ``documents`` for ``query`` with the core defense; what it removed
         goes to ``callbacks`` (else the run it is called in) as a ``ragdefense_removed`` event."""
         result = self._run(documents, query)
-        if _held(result) and result is not None:
+        if report_now(result) and result is not None:
             announce(result, callbacks)
         return self._output(documents, result)
 
@@ -178,43 +177,9 @@ class DefenseCompressor(BaseDocumentCompressor):
     ) -> Sequence[Document]:
         """Async :meth:`compress_documents` (the CPU-bound defense runs in a worker thread)."""
         result = await asyncio.to_thread(self._run, documents, query)
-        if _held(result) and result is not None:
+        if report_now(result) and result is not None:
             await aannounce(result, callbacks)
         return self._output(documents, result)
-
-
-#: the results of a defended retriever's fetch rounds, kept for it to report its last round's
-#: alone (``None``: report each as it comes)
-ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
-    "ragdefense_rounds", default=None
-)
-
-
-@contextmanager
-def rounds_kept() -> Iterator[list[DefenseResult | None]]:
-    """A defended retriever's fetch rounds: inside, the compressors keep their results in the
-    list given (for the retriever to report its last round's removals), sending no event."""
-    results: list[DefenseResult | None] = []
-    token = ROUNDS.set(results)
-    try:
-        yield results
-    finally:
-        ROUNDS.reset(token)
-
-
-def last_removals(results: list[DefenseResult | None]) -> DefenseResult | None:
-    """The last round's result, where it removed anything."""
-    last = results[-1] if results else None
-    return last if last is not None and last.removed else None
-
-
-def _held(result: DefenseResult | None) -> bool:
-    """Whether ``result``'s removals are to be reported now (not kept for a retriever's last
-    round, and any made)."""
-    rounds = ROUNDS.get()
-    if rounds is not None:
-        rounds.append(result)
-    return rounds is None and result is not None and bool(result.removed)
 
 
 def announce(result: DefenseResult, callbacks: Callbacks | None) -> None:

@@ -26,8 +26,10 @@ from ragdefense.integration.retrieval import (
     fetch_rounds,
     fetched_enough,
     first_fetch,
+    last_removals,
     pool_size,
     positive_int,
+    rounds_kept,
     wider,
 )
 from ragdefense.types import check_query
@@ -41,7 +43,7 @@ from ._nesting import (
     _unions,
     _wrapped,
 )
-from .compressors import DefenseCompressor, aannounce, announce, last_removals, rounds_kept
+from .compressors import DefenseCompressor, aannounce, announce
 from .vectors import by_vector, remembered, searches_by_vector
 
 __all__ = ["DefendedRetriever", "defend"]

@@ -4,12 +4,14 @@ rounds that widen it, and a framework retriever's own top-k."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from contextvars import ContextVar
 from numbers import Integral
 from typing import Any, cast
 
 from .. import types
-from ..types import Defense
+from ..types import Defense, DefenseResult
 
 __all__ = [
     "FETCH_ROUNDS",
@@ -18,8 +20,11 @@ __all__ = [
     "fetch_rounds",
     "fetched_enough",
     "first_fetch",
+    "last_removals",
     "pool_size",
     "positive_int",
+    "report_now",
+    "rounds_kept",
     "wider",
 ]
 
@@ -126,3 +131,39 @@ def wider(fetch: int | None) -> int | None:
     """The next round's fetch: twice this one, at most :data:`~ragdefense.types.MAX_PASSAGES`
     (what one defense call accepts); ``None`` where there is no size to widen."""
     return min(2 * fetch, types.MAX_PASSAGES) if fetch else None
+
+
+#: the results of an adapter retriever's fetch rounds, kept for it to report its last round's
+#: removals alone (``None``: outside such rounds, each result is reported as it comes)
+_ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
+    "ragdefense_rounds", default=None
+)
+
+
+@contextmanager
+def rounds_kept() -> Iterator[list[DefenseResult | None]]:
+    """An adapter retriever's fetch rounds: inside, the adapters' compressors and
+    postprocessors keep each result in the list given (:func:`report_now` says so), for the
+    retriever to report the last round's removals once (a narrower round's removals may be
+    in the wider round's context)."""
+    results: list[DefenseResult | None] = []
+    token = _ROUNDS.set(results)
+    try:
+        yield results
+    finally:
+        _ROUNDS.reset(token)
+
+
+def report_now(result: DefenseResult | None) -> bool:
+    """Whether an adapter reports ``result``'s removals as it comes: it removed something and
+    is not a round of :func:`rounds_kept` (there it is kept for the retriever instead)."""
+    rounds = _ROUNDS.get()
+    if rounds is not None:
+        rounds.append(result)
+    return rounds is None and result is not None and bool(result.removed)
+
+
+def last_removals(results: list[DefenseResult | None]) -> DefenseResult | None:
+    """The last round's result of :func:`rounds_kept`, where it removed anything."""
+    last = results[-1] if results else None
+    return last if last is not None and last.removed else None

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
-from contextvars import ContextVar
 from typing import Any
 
 from llama_index.core.bridge.pydantic import Field
@@ -15,16 +14,11 @@ from llama_index.core.instrumentation.events import BaseEvent
 
 from ragdefense import DefenseResult
 from ragdefense.integration.records import removed_report
+from ragdefense.integration.retrieval import last_removals, rounds_kept
 
-__all__ = ["ROUNDS", "DefenseRemovedEvent", "announce", "held", "last_round"]
+__all__ = ["DefenseRemovedEvent", "announce", "last_round"]
 
 dispatcher = get_dispatcher(__name__)
-
-#: the results of a defended retriever's fetch rounds, kept for it to report its last round's
-#: alone (``None``: each reported as it comes)
-ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
-    "ragdefense_rounds", default=None
-)
 
 
 class DefenseRemovedEvent(BaseEvent):
@@ -45,15 +39,6 @@ class DefenseRemovedEvent(BaseEvent):
         return "DefenseRemovedEvent"
 
 
-def held(result: DefenseResult | None) -> bool:
-    """Whether ``result``'s removals are to be reported now (not kept for a retriever's last
-    round, and any made)."""
-    rounds = ROUNDS.get()
-    if rounds is not None:
-        rounds.append(result)
-    return rounds is None and result is not None and bool(result.removed)
-
-
 def announce(result: DefenseResult) -> None:
     """Send a :class:`DefenseRemovedEvent` for what ``result`` removed."""
     report = removed_report(result)
@@ -71,11 +56,7 @@ def announce(result: DefenseResult) -> None:
 def last_round() -> Iterator[None]:
     """A defended retriever's fetch rounds: inside, the postprocessors keep their results; on
     leaving (not by an error), the last round's removals are reported, once."""
-    results: list[DefenseResult | None] = []
-    token = ROUNDS.set(results)
-    try:
+    with rounds_kept() as results:
         yield
-    finally:
-        ROUNDS.reset(token)
-    if results and (last := results[-1]) is not None and last.removed:
+    if (last := last_removals(results)) is not None:
         announce(last)

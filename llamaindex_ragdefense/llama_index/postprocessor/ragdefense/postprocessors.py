@@ -40,9 +40,10 @@ from ragdefense.integration.records import (
     check_items,
     verdict_metadata,
 )
+from ragdefense.integration.retrieval import report_now
 
 from .embeddings import RagdefenseEmbedding, picklable
-from .events import DefenseRemovedEvent, announce, held
+from .events import DefenseRemovedEvent, announce
 from .nodes import node_passage, tagged
 from .vectors import stored_vectors
 
@@ -205,7 +206,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def _output(
         self, nodes: list[NodeWithScore], result: DefenseResult | None
     ) -> list[NodeWithScore]:
-        if held(result) and result is not None:
+        if report_now(result) and result is not None:
             announce(result)
         if result is None:
             return [tagged(n, UNCHECKED, n.score) for n in nodes]
