@@ -125,10 +125,23 @@ def test_one_page_stored_from_two_folders_is_still_a_copy(minilm: Any, removed: 
     assert all(r["copy"] for r in removed.records)  # only second copies left out
 
 
+class Named(BaseEventHandler):
+    """Collects the defense named by each removal event."""
+
+    seen: list[str] = Field(default_factory=list)
+
+    def handle(self, event: Any, **kwargs: Any) -> None:
+        if isinstance(event, DefenseRemovedEvent):
+            self.seen.append(event.defense)
+
+
 def test_a_defended_retriever_reports_its_last_rounds_removals_alone(minilm: Any) -> None:
     """Each fetch round sent its own ``DefenseRemovedEvent``: nodes reported removed in a
     narrow round reached the LLM from a wider one, and alert counts doubled."""
     from asyncio import run
+
+    from llama_index.core.retrievers import BaseRetriever
+    from llama_index.core.schema import QueryBundle
 
     events: list[list[str]] = []
 
@@ -148,6 +161,24 @@ def test_a_defended_retriever_reports_its_last_rounds_removals_alone(minilm: Any
                 [removed] = events  # one event: the last round's
                 assert removed and not {n.node.node_id for n in out} & set(removed)
                 events.clear()
+        # (review) a retriever screening its own results: its defense reports too
+        class Screened(BaseRetriever):
+            def __init__(self) -> None:
+                self.similarity_top_k = 8
+                self.screen = DefensePostprocessor(defense="strict")
+                super().__init__()
+
+            def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+                found = index.as_retriever(similarity_top_k=self.similarity_top_k)
+                return self.screen.postprocess_nodes(found.retrieve(query_bundle), query_bundle)
+
+        root.add_event_handler(named := Named())
+        try:
+            defend(Screened(), "grada", k=4).retrieve(OCEAN)
+        finally:
+            root.event_handlers.remove(named)
+        assert named.seen[-1] == "GRADA" and "RAGDefender" in named.seen, named.seen
+        events.clear()
         postprocessor = defend(index, "grada", k=4).postprocessor  # alone: each call reports
         pool = index.as_retriever(similarity_top_k=8).retrieve(OCEAN)
         postprocessor.postprocess_nodes(pool, query_str=OCEAN)

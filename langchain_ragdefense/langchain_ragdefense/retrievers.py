@@ -26,9 +26,9 @@ from ragdefense.integration.retrieval import (
     fetch_rounds,
     fetched_enough,
     first_fetch,
-    last_removals,
     pool_size,
     positive_int,
+    removals,
     rounds_kept,
     wider,
 )
@@ -150,23 +150,22 @@ class DefendedRetriever(BaseRetriever):
         before: int | None = None  # what the round before fetched
         once = _embedded_once(self.compressor)
         vector = None
-        with rounds_kept() as results:  # the last round's removals reported, not each round's
-            for _ in range(rounds):
-                base, args, honoured = widened(self.base_retriever, fetch, extra)
-                if once is not None and searches_by_vector(base, once.embeddings):
-                    if vector is None:  # the store's model, once for the search and the defense
-                        vector = remembered(once, query, once.embeddings.embed_query(query))
-                    base = by_vector(base, vector)
-                docs = base.invoke(query, config, **(args | extra))
-                with pooled(honoured, fetch):
-                    kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
-                if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
-                    break
-                # asked as it is (no size setting to raise): the same count again: it ignores k
-                blind = base is self.base_retriever and not honoured and set(args) == {"k"}
-                fetch, before = wider(fetch), (len(docs) if blind else None)
-        if (last := last_removals(results)) is not None:
-            announce(last, child)
+        for _ in range(rounds):
+            base, args, honoured = widened(self.base_retriever, fetch, extra)
+            if once is not None and searches_by_vector(base, once.embeddings):
+                if vector is None:  # the store's model, once for the search and the defense
+                    vector = remembered(once, query, once.embeddings.embed_query(query))
+                base = by_vector(base, vector)
+            docs = base.invoke(query, config, **(args | extra))
+            with pooled(honoured, fetch), rounds_kept() as results:  # the last round's: reported
+                kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
+            if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
+                break
+            # asked as it is (no size setting to raise): the same count again: it ignores k
+            blind = base is self.base_retriever and not honoured and set(args) == {"k"}
+            fetch, before = wider(fetch), (len(docs) if blind else None)
+        for result in removals(results):
+            announce(result, child)
         return kept[:k] if k else kept
 
     async def _aget_relevant_documents(
@@ -179,24 +178,23 @@ class DefendedRetriever(BaseRetriever):
         before: int | None = None  # what the round before fetched
         once = _embedded_once(self.compressor)
         vector = None
-        with rounds_kept() as results:
-            for _ in range(rounds):
-                base, args, honoured = widened(self.base_retriever, fetch, extra)
-                if once is not None and searches_by_vector(base, once.embeddings):
-                    if vector is None:
-                        raw = await once.embeddings.aembed_query(query)
-                        vector = remembered(once, query, raw)
-                    base = by_vector(base, vector)
-                docs = await base.ainvoke(query, config, **(args | extra))
-                with pooled(honoured, fetch):
-                    squeezed = self.compressor.acompress_documents(docs, query, callbacks=child)
-                    kept = list(await squeezed)
-                if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
-                    break
-                blind = base is self.base_retriever and not honoured and set(args) == {"k"}
-                fetch, before = wider(fetch), (len(docs) if blind else None)
-        if (last := last_removals(results)) is not None:
-            await aannounce(last, child)
+        for _ in range(rounds):
+            base, args, honoured = widened(self.base_retriever, fetch, extra)
+            if once is not None and searches_by_vector(base, once.embeddings):
+                if vector is None:
+                    raw = await once.embeddings.aembed_query(query)
+                    vector = remembered(once, query, raw)
+                base = by_vector(base, vector)
+            docs = await base.ainvoke(query, config, **(args | extra))
+            with pooled(honoured, fetch), rounds_kept() as results:
+                squeezed = self.compressor.acompress_documents(docs, query, callbacks=child)
+                kept = list(await squeezed)
+            if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
+                break
+            blind = base is self.base_retriever and not honoured and set(args) == {"k"}
+            fetch, before = wider(fetch), (len(docs) if blind else None)
+        for result in removals(results):
+            await aannounce(result, child)
         return kept[:k] if k else kept
 
 

@@ -20,9 +20,9 @@ __all__ = [
     "fetch_rounds",
     "fetched_enough",
     "first_fetch",
-    "last_removals",
     "pool_size",
     "positive_int",
+    "removals",
     "report_now",
     "rounds_kept",
     "wider",
@@ -133,8 +133,9 @@ def wider(fetch: int | None) -> int | None:
     return min(2 * fetch, types.MAX_PASSAGES) if fetch else None
 
 
-#: the results of an adapter retriever's fetch rounds, kept for it to report its last round's
-#: removals alone (``None``: outside such rounds, each result is reported as it comes)
+#: the results of the defense an adapter retriever's fetch round runs (its compressor or
+#: postprocessor, a pipeline of several), kept for the retriever to report the last round's
+#: removals alone (``None``: outside such a round, each result is reported as it comes)
 _ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
     "ragdefense_rounds", default=None
 )
@@ -142,10 +143,11 @@ _ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
 
 @contextmanager
 def rounds_kept() -> Iterator[list[DefenseResult | None]]:
-    """An adapter retriever's fetch rounds: inside, the adapters' compressors and
-    postprocessors keep each result in the list given (:func:`report_now` says so), for the
-    retriever to report the last round's removals once (a narrower round's removals may be
-    in the wider round's context)."""
+    """One fetch round's defense call in an adapter retriever: inside, the adapters'
+    compressors and postprocessors keep each result in the list given (:func:`report_now`
+    says so), for the retriever to report the last round's removals once (a narrower round's
+    may be in the wider round's context). Only the defense call is inside: defenses the
+    retriever's own base runs report as they always do."""
     results: list[DefenseResult | None] = []
     token = _ROUNDS.set(results)
     try:
@@ -156,14 +158,13 @@ def rounds_kept() -> Iterator[list[DefenseResult | None]]:
 
 def report_now(result: DefenseResult | None) -> bool:
     """Whether an adapter reports ``result``'s removals as it comes: it removed something and
-    is not a round of :func:`rounds_kept` (there it is kept for the retriever instead)."""
+    is not in a round of :func:`rounds_kept` (there it is kept for the retriever instead)."""
     rounds = _ROUNDS.get()
     if rounds is not None:
         rounds.append(result)
     return rounds is None and result is not None and bool(result.removed)
 
 
-def last_removals(results: list[DefenseResult | None]) -> DefenseResult | None:
-    """The last round's result of :func:`rounds_kept`, where it removed anything."""
-    last = results[-1] if results else None
-    return last if last is not None and last.removed else None
+def removals(results: list[DefenseResult | None]) -> list[DefenseResult]:
+    """The results of a round of :func:`rounds_kept` that removed anything, in order."""
+    return [r for r in results if r is not None and r.removed]

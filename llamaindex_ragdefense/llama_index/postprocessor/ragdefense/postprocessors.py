@@ -19,6 +19,7 @@ from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
+from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
@@ -38,12 +39,12 @@ from ragdefense.integration.adapter import (
 from ragdefense.integration.records import (
     UNCHECKED,
     check_items,
+    removed_report,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import report_now
+from ragdefense.integration.retrieval import removals, report_now
 
 from .embeddings import RagdefenseEmbedding, picklable
-from .events import DefenseRemovedEvent, announce
 from .nodes import node_passage, tagged
 from .vectors import stored_vectors
 
@@ -63,6 +64,38 @@ TOO_FEW = (
     "A postprocessor cannot widen retrieval: retrieve more nodes, e.g. "
     "index.as_query_engine(similarity_top_k=10, node_postprocessors=[...])."
 )
+
+
+class DefenseRemovedEvent(BaseEvent):
+    """Instrumentation event: what a defense removed from the retrieved nodes, and why."""
+
+    defense: str = Field(description="the defense's name, e.g. 'RAGDefender'")
+    query: str = Field(description="the query the nodes were retrieved for")
+    removed: list[dict[str, Any]] = Field(
+        description=(
+            "one record per removed node: index, id, text, score, the reason, and whether it "
+            "is a copy left out because its text stays in another node"
+        )
+    )
+    estimates: dict[str, Any] = Field(description="the defense's estimates for this query")
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "DefenseRemovedEvent"
+
+
+def announce(results: list[DefenseResult | None]) -> None:
+    """Send a :class:`DefenseRemovedEvent` for each of ``results`` that removed anything."""
+    for result in removals(results):
+        report = removed_report(result)
+        dispatcher.event(
+            DefenseRemovedEvent(
+                defense=report["defense"],
+                query=report["query"],
+                removed=report["removed"],
+                estimates=report["estimates"],
+            )
+        )
 
 
 class DefensePostprocessor(BaseNodePostprocessor):
@@ -206,8 +239,8 @@ class DefensePostprocessor(BaseNodePostprocessor):
     def _output(
         self, nodes: list[NodeWithScore], result: DefenseResult | None
     ) -> list[NodeWithScore]:
-        if report_now(result) and result is not None:
-            announce(result)
+        if report_now(result):
+            announce([result])
         if result is None:
             return [tagged(n, UNCHECKED, n.score) for n in nodes]
         return [

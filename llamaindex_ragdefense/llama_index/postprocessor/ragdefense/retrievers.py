@@ -38,12 +38,12 @@ from ragdefense.integration.retrieval import (
     first_fetch,
     pool_size,
     positive_int,
+    rounds_kept,
     wider,
 )
 
 from ._private import corpus_size, index_embed_model, merged_retriever, retriever_index
-from .events import last_round
-from .postprocessors import DefensePostprocessor
+from .postprocessors import DefensePostprocessor, announce
 
 __all__ = ["DefendedRetriever", "defend"]
 
@@ -233,30 +233,30 @@ class DefendedRetriever(BaseRetriever):
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         base, postprocessor, k, fetch = self._plan()
         fetch = fetch if _top_k(base) is not None else None  # one it cannot ask: as it is
-        with last_round():  # its removals reported, not each round's
-            for _ in range(self.max_rounds):
-                retriever, honoured = widened(base, fetch)
-                pool = retriever.retrieve(query_bundle)
-                with pooled(honoured, fetch):
-                    kept = postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
-                if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
-                    break  # one left as it is (a read-only size) would give the same again
-                fetch = wider(fetch)
+        for _ in range(self.max_rounds):
+            retriever, honoured = widened(base, fetch)
+            pool = retriever.retrieve(query_bundle)
+            with pooled(honoured, fetch), rounds_kept() as results:  # the last round's: reported
+                kept = postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
+            if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
+                break  # one left as it is (a read-only size) would give the same again
+            fetch = wider(fetch)
+        announce(results)
         return kept[:k] if k else kept
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         base, postprocessor, k, fetch = self._plan()
         fetch = fetch if _top_k(base) is not None else None
         query_bundle = await _embedded(base, query_bundle)
-        with last_round():
-            for _ in range(self.max_rounds):
-                retriever, honoured = widened(base, fetch)
-                pool = await retriever.aretrieve(query_bundle)
-                with pooled(honoured, fetch):
-                    kept = await postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
-                if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
-                    break
-                fetch = wider(fetch)
+        for _ in range(self.max_rounds):
+            retriever, honoured = widened(base, fetch)
+            pool = await retriever.aretrieve(query_bundle)
+            with pooled(honoured, fetch), rounds_kept() as results:
+                kept = await postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
+            if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
+                break
+            fetch = wider(fetch)
+        announce(results)
         return kept[:k] if k else kept
 
 
