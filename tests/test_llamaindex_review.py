@@ -211,6 +211,20 @@ def test_bm25_and_a_fusion_over_it_are_widened_to_their_corpus_at_most(minilm: A
         for defended in (defend(retriever), defend(retriever, k=3)):
             assert 1 <= len(defended.retrieve(OCEAN)) <= defended.k
     assert bm25.similarity_top_k == 2  # the caller's
+    # (review) a filtered BM25 (an access rule) widened past what its filter passes: bm25s
+    # filled the rest with filtered-out nodes, another user's, at score 0
+    from llama_index.core.vector_stores import MetadataFilter, MetadataFilters
+
+    mine = ["Paris is the capital of France.", "The capital of France is Paris, on the Seine."]
+    users = [TextNode(text=t, metadata={"user": "alice"}) for t in mine] + [
+        TextNode(text=f"Bob's private note {i}", metadata={"user": "bob"}) for i in range(8)
+    ]
+    alice = MetadataFilters(filters=[MetadataFilter(key="user", value="alice")])
+    filtered = BM25Retriever.from_defaults(nodes=users, similarity_top_k=2, filters=alice)
+    asked = "What is the capital of France?"
+    assert {n.node.metadata["user"] for n in filtered.retrieve(asked)} == {"alice"}
+    for defended in (defend(filtered), defend(filtered, "grada", k=5)):
+        assert {n.node.metadata["user"] for n in defended.retrieve(asked)} == {"alice"}
 
 
 def test_distinct_images_without_text_or_embedding_are_not_copies(

@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 from llama_index.core.embeddings import BaseEmbedding
 
+from ragdefense.integration.retrieval import positive_int
+
 __all__ = ["corpus_size", "index_embed_model", "merged_retriever", "retriever_index"]
 
 
@@ -33,8 +35,13 @@ def index_embed_model(index: Any) -> BaseEmbedding | None:
 
 
 def corpus_size(retriever: Any) -> int | None:
-    """How many nodes a retriever that must never be asked for more holds: a BM25 retriever's
-    (``BM25Retriever.bm25.scores["num_docs"]``: bm25s refuses a larger ``k``)."""
+    """How many nodes a retriever may be asked for at most: a BM25 retriever's corpus
+    (``BM25Retriever.bm25.scores["num_docs"]``: bm25s refuses a larger ``k``); a filtered one
+    (``corpus_weight_mask``), its own ``similarity_top_k`` (bm25s fills what the filter
+    passes with filtered-out nodes at score 0: another user's documents, where the filter is
+    an access rule)."""
+    if getattr(retriever, "corpus_weight_mask", None) is not None:
+        return positive_int(getattr(retriever, "similarity_top_k", None)) or 1
     scores = getattr(getattr(retriever, "bm25", None), "scores", None)
     held = scores.get("num_docs") if isinstance(scores, dict) else None
     return int(held) if isinstance(held, int | np.integer) and held > 0 else None
