@@ -332,6 +332,14 @@ def test_our_adapters_embeddings_are_unwrapped_and_batched_whole() -> None:
     inner = CallableEmbedder(embed, cache_size=0)
     assert as_embedder(RagdefenseEmbeddings(inner)) is inner
     assert as_embedder(RagdefenseEmbedding(inner)) is inner
+    # (review) a defense made with either then no longer read a store's vectors as its own
+    from ragdefense import Consensus
+    from ragdefense.integration.adapter import same_space
+
+    for own in (RagdefenseEmbeddings(inner), RagdefenseEmbedding(inner)):
+        assert same_space(Consensus(embedder=own).embedder, own)
+    other = RagdefenseEmbeddings(CallableEmbedder(embed, cache_size=0))
+    assert not same_space(Consensus(embedder=RagdefenseEmbeddings(inner)).embedder, other)
     texts = [f"passage {i}" for i in range(31)]
     vectors = LlamaIndexEmbedder(RagdefenseEmbedding(inner)).embed(texts)
     assert calls == [31] and vectors.shape == (31, 256)

@@ -91,13 +91,14 @@ def defense_embedder(defense: Any) -> Any:
 
 def same_space(model: Any, own: Any) -> bool:
     """Whether the vectors a store made with ``own`` (``None``: not known) are in the space
-    ``model`` embeds in: ``model`` is ``own`` or a core embedder wrapping it, or ``None`` (the
+    ``model`` embeds in: ``model`` is ``own``, a core embedder wrapping it or the one inside it
+    (``ragdefense_embedder``: :func:`~ragdefense.as_embedder` unwraps it), or ``None`` (the
     packaged default) where ``own`` is the packaged model too or is not known (the core checks
     carried vectors against it). Another model's vectors would be compared with the query in
     another space, silently where the sizes agree; a known other model's are left out, and the
     default embeds the texts itself."""
-    if model is own:
-        return True
+    if model is own or (own is not None and getattr(own, "ragdefense_embedder", None) is model):
+        return True  # the store's model, or the embedder inside an adapter's embeddings
     if model is None:
         return own is None or _packaged(own)
     inner = ("embeddings", "embed_model") if isinstance(model, Embedder) else ()
