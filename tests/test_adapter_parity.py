@@ -107,6 +107,8 @@ def test_the_same_mistakes_are_refused(both: tuple[Any, Any]) -> None:
         # (review) accepted, then every query failed on the defense's passage limit
         with pytest.raises(ValueError, match=r"^fetch_k=2500 is more than a defense compares"):
             defend(retriever, fetch_k=2500)
+        with pytest.raises(ValueError, match=r"fetch_k=2500 is more than a defense compares"):
+            defend(retriever).fetch_k = 2500  # set later, as at construction
     engine = lc_retriever.vectorstore  # a store, not its retriever
     with pytest.raises(TypeError, match=r"pass store\.as_retriever"):
         lc_defend(engine)

@@ -38,10 +38,16 @@ def positive_int(value: Any) -> int | None:
 def checked_size(label: str, value: Any, none: str = "or None") -> int | None:
     """A size an adapter is given (``k``, ``fetch_k``, ``max_rounds``): a positive integer (a
     NumPy one too) as a plain ``int``, or ``None``; anything else a ``ValueError`` naming
-    ``label`` (``none`` says what ``None`` means there)."""
+    ``label`` (``none`` says what ``None`` means there); a ``fetch_k`` past
+    :data:`~ragdefense.types.MAX_PASSAGES` too (every query would fail)."""
     whole = isinstance(value, Integral) and not isinstance(value, bool) and int(value) > 0
     if value is not None and not whole:
         raise ValueError(f"{label} must be a positive int {none}, got {value!r}")
+    if label == "fetch_k" and value is not None and int(value) > types.MAX_PASSAGES:
+        raise ValueError(  # refused when set, not on every query
+            f"fetch_k={int(value)} is more than a defense compares at once "
+            f"(ragdefense.types.MAX_PASSAGES = {types.MAX_PASSAGES})"
+        )
     return None if value is None else int(value)
 
 
@@ -53,11 +59,6 @@ def check_request(defense: Any, params: Mapping[str, Any], **sizes: Any) -> dict
     Returns the sizes as plain ints; a fetch past :data:`~ragdefense.types.MAX_PASSAGES` (what
     a defense compares at once) is refused here, not on every query."""
     out = {label: checked_size(label, value) for label, value in sizes.items()}
-    if (fetch := out.get("fetch_k")) is not None and fetch > types.MAX_PASSAGES:
-        raise ValueError(
-            f"fetch_k={fetch} is more than a defense compares at once "
-            f"(ragdefense.types.MAX_PASSAGES = {types.MAX_PASSAGES})"
-        )
     if defense is None or isinstance(defense, str):
         from ..defenses.registry import defense as front_door
 
