@@ -1353,6 +1353,21 @@ def test_cli_output_onto_a_full_disk_is_no_traceback() -> None:
     assert run.returncode == 1 and "Traceback" not in err and "No space left" in err
 
 
+def test_cli_other_os_errors_are_not_called_unwritable_output(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """(review) every OSError of a command's own work was said to be output that could not be
+    written (a model that cannot load among them)."""
+    from ragdefense import cli
+
+    def failing(args: Any) -> int:
+        raise OSError("Can't load the model at ./model")
+
+    monkeypatch.setattr(cli, "_cmd_limits", failing)
+    with pytest.raises(OSError, match="Can't load the model"):
+        cli.main(["limits"])
+
+
 def test_cli_names_its_version_runs_as_a_module_and_names_a_bad_kb(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:

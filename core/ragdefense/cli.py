@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -290,9 +291,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except OSError as exc:  # the output cannot be written (a full disk behind stdout): one line
+        if exc.errno not in _UNWRITABLE:
+            raise  # another failure (a model that cannot load) says what it is
         with contextlib.suppress(OSError, ValueError):
             print(f"error: cannot write the output: {exc}", file=sys.stderr)
         return 1
+
+
+#: the errors of output that cannot be written: a full disk or quota, a file too large, I/O
+_UNWRITABLE = {errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO}
 
 
 if __name__ == "__main__":  # pragma: no cover
