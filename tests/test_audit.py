@@ -1010,6 +1010,8 @@ def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
 ) -> None:
     texts, ids, _ = toy_corpus()
     texts[0] = '=HYPERLINK("http://evil.example","click") \x1b[2J\x1b[31mowned\rhidden'
+    texts[1] += "\r\nits second line"  # a CRLF file's line break: kept as it is
+    ids[1] = "doc\x01one"  # an id is kept as the store holds it, to match it
     report = audit(ListCorpus(texts, ids), embedder=toy, workdir=tmp_path / "w", part_size=32)
     report.findings.sort(key=lambda f: f.id != ids[0])  # the planted text first
     shown = report.to_markdown(top=len(texts))
@@ -1023,6 +1025,7 @@ def test_planted_text_cannot_drive_a_spreadsheet_or_a_terminal(
     # (review) the CSV kept the raw ESC bytes: ``cat report.csv`` ran the planted sequences
     raw = csv_path.read_bytes()
     assert b"\x1b" not in raw and b"\rhidden" not in raw and "\\x1b[2J" in rows[ids[0]]["text"]
+    assert rows["doc\x01one"]["text"].endswith("\r\nits second line")
 
 
 def test_report_plot_starts_at_rank_one_counts_the_audit_and_marks_groups(tmp_path: Path) -> None:
@@ -1296,8 +1299,13 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # (review) a rerun asking other formats left an earlier run's report.json, which a
     # quarantine then read; and the Markdown report and table left out suspicious chunks unsaid
     again = ["audit", str(kb), "--workdir", str(tmp_path / "w"), "--quiet", "--show", "2"]
+    (tmp_path / "w" / "report.parquet").mkdir()  # a folder of that name: not a report of ours
     assert main([*again, "--format", "json"]) == 0
-    assert sorted(p.name for p in (tmp_path / "w").glob("report.*")) == ["report.json"]
+    assert sorted(p.name for p in (tmp_path / "w").glob("report.*")) == [
+        "report.json",
+        "report.parquet",
+    ]
+    (tmp_path / "w" / "report.parquet").rmdir()
     out = capsys.readouterr().out
     report = json.loads((tmp_path / "w" / "report.json").read_text())
     suspicious = sum(f["suspicious"] for f in report["findings"])

@@ -340,6 +340,7 @@ def test_our_adapters_embeddings_are_unwrapped_and_batched_whole() -> None:
         assert same_space(Consensus(embedder=own).embedder, own)
     other = RagdefenseEmbeddings(CallableEmbedder(embed, cache_size=0))
     assert not same_space(Consensus(embedder=RagdefenseEmbeddings(inner)).embedder, other)
+    assert not same_space(None, other)  # the packaged default: not a store of another model
     texts = [f"passage {i}" for i in range(31)]
     vectors = LlamaIndexEmbedder(RagdefenseEmbedding(inner)).embed(texts)
     assert calls == [31] and vectors.shape == (31, 256)

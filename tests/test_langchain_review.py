@@ -286,7 +286,7 @@ def test_a_wrapper_asking_one_query_returns_its_retrievers_k() -> None:
 
 
 def test_retrievers_sized_by_top_k_are_widened() -> None:
-    """A retriever holding its size in ``top_k`` (Kendra, Azure AI Search) or
+    """A retriever holding its size in ``top_k`` (Kendra, Pinecone hybrid search) or
     ``top_k_results`` (Wikipedia, arXiv) was never widened, ``fetch_k`` was ignored, and the
     warning advised a larger ``fetch_k``: the defense judged the retriever's 3 documents."""
     store = InMemoryVectorStore.from_texts(

@@ -45,7 +45,7 @@ def _wrapped(retriever: BaseRetriever) -> BaseRetriever | None:
 
 
 #: the fields in which retrievers hold how many documents they return: BM25's and most custom
-#: ones' ``k``; Kendra's, Azure AI Search's, Pinecone hybrid search's ``top_k``; Wikipedia's
+#: ones' ``k``; Kendra's and Pinecone hybrid search's ``top_k``; Wikipedia's
 #: and arXiv's ``top_k_results``
 SIZE_FIELDS = ("k", "top_k", "top_k_results")
 

@@ -167,7 +167,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
     try:
         written = report.write(args.workdir, args.format)
         for fmt in sorted(set(FORMATS) - set(args.format)):  # an earlier run's: not this one's
-            (Path(args.workdir) / f"report.{fmt}").unlink(missing_ok=True)
+            if (stale := Path(args.workdir) / f"report.{fmt}").is_file():  # a folder: not ours
+                stale.unlink()
     except OSError as exc:  # a full disk, a folder in a report's place: the run is kept
         print(
             f"error: cannot write the report in {args.workdir}: {exc}; the audit is kept there, "

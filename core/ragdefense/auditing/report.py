@@ -207,7 +207,7 @@ class AuditReport:
         elif fmt == "json":
             path.write_text(json.dumps(self.to_dict(), ensure_ascii=False), encoding="utf-8")
         elif fmt == "csv":
-            rows = [{k: _cell(v) for k, v in f.row().items()} for f in self.findings]
+            rows = [{k: _cell(v, k != "id") for k, v in f.row().items()} for f in self.findings]
             with path.open("w", newline="", encoding="utf-8") as out:
                 writer = csv.DictWriter(out, fieldnames=list(rows[0]) if rows else ["id"])
                 writer.writeheader()
@@ -305,16 +305,22 @@ def _hidden(ch: str) -> bool:
     return category[0] == "C" or category in ("Zl", "Zp")
 
 
-def _cell(value: Any) -> Any:
+def _cell(value: Any, shown: bool = True) -> Any:
     """A CSV cell that a spreadsheet cannot run: text starting with ``= + - @`` (or a tab or
     carriage return) gets a leading apostrophe (the usual defence against formula injection);
-    nor a terminal showing the file (``cat report.csv``): control and format characters but
-    line breaks and tabs written as escapes, as :func:`_shown` writes them."""
+    nor, ``shown``, a terminal showing the file (``cat report.csv``): control and format
+    characters written as escapes, as :func:`_shown` writes them, but line breaks (``\\r\\n``
+    too) and tabs. An id is not ``shown`` (it must match the store's)."""
     if not isinstance(value, str):
         return value
     if value[:1] in ("=", "+", "-", "@", "\t", "\r"):
         value = "'" + value
-    return "".join(_shown(ch) if ch not in "\n\t" else ch for ch in value)
+    if not shown:
+        return value
+    return "".join(
+        ch if ch in "\n\t" or value[n : n + 2] == "\r\n" else _shown(ch)
+        for n, ch in enumerate(value)
+    )
 
 
 def _aside(stats: dict[str, Any]) -> str:

@@ -97,8 +97,9 @@ def same_space(model: Any, own: Any) -> bool:
     carried vectors against it). Another model's vectors would be compared with the query in
     another space, silently where the sizes agree; a known other model's are left out, and the
     default embeds the texts itself."""
-    if model is own or (own is not None and getattr(own, "ragdefense_embedder", None) is model):
-        return True  # the store's model, or the embedder inside an adapter's embeddings
+    inside = getattr(own, "ragdefense_embedder", None)  # an adapter's embeddings' embedder
+    if model is own or (model is not None and inside is model):
+        return True
     if model is None:
         return own is None or _packaged(own)
     inner = ("embeddings", "embed_model") if isinstance(model, Embedder) else ()
@@ -231,11 +232,10 @@ class AdapterCore:
             fix = "defend() asked for more: the store returned no more."
         elif _POOLED.get() is False:
             fix = (
-                "defend() could not ask this retriever for that many passages: where it has a "
-                "size setting defend() does not raise (it raises k, top_k, top_k_results, "
-                "similarity_top_k, search_kwargs['k']), set it to the pool yourself; where it "
-                "returns fewer than it is asked (a store that filters after its search, a "
-                "parent-document retriever), give defend() a larger fetch_k."
+                "defend() could not ask this retriever for that many passages: where it holds "
+                "its size in a setting defend() does not know, set that to the pool yourself; "
+                "where it returns fewer than it is asked (a store that filters after its "
+                "search, a parent-document retriever), give defend() a larger fetch_k."
             )
         message = f"{defense.name} was given {n} passage(s), {what} {fix}".strip()
         warnings.warn(message, stacklevel=5)
