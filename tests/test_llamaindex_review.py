@@ -161,6 +161,7 @@ def test_a_defended_retriever_reports_its_last_rounds_removals_alone(minilm: Any
                 [removed] = events  # one event: the last round's
                 assert removed and not {n.node.node_id for n in out} & set(removed)
                 events.clear()
+
         # (review) a retriever screening its own results: its defense reports too
         class Screened(BaseRetriever):
             def __init__(self) -> None:
