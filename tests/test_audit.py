@@ -1345,6 +1345,7 @@ def test_cli_audit_takes_the_model_the_store_was_embedded_with(
         "class Model(CallableEmbedder):\n    def __init__(self):\n"
         "        super().__init__(bag_of_words)\n"
         "def broken():\n    raise RuntimeError('no key')\n"
+        "def constant(texts):\n    return [[1.0, 2.0, 3.0]] * len(texts)\n"
     )
     monkeypatch.syspath_prepend(str(tmp_path))
     run = ["audit", str(kb), "--quiet", "--format", "md,md", "--workdir"]
@@ -1360,6 +1361,15 @@ def test_cli_audit_takes_the_model_the_store_was_embedded_with(
     assert not (tmp_path / "x").exists()  # refused before any work
     assert main([*run, str(tmp_path / "x"), "--embedder", "mymodel:broken"]) == 2
     assert "calling it raised RuntimeError: no key" in capsys.readouterr().err
+    # (review) a model giving every text one vector made a clean report, exit 0
+    texts_only = tmp_path / "texts.jsonl"
+    texts_only.write_text("".join(json.dumps({"id": i, "text": t}) + "\n"
+                                  for i, t in zip(ids, texts, strict=True)))  # fmt: skip
+    stub = ["audit", str(texts_only), "--quiet", "--embedder", "mymodel:constant", "--workdir"]
+    assert main([*stub, str(tmp_path / "c1")]) != 0
+    assert "gave one vector to" in capsys.readouterr().err
+    fixed = ["audit", str(texts_only), "--quiet", "--embedder", "mymodel:embed", "--workdir"]
+    assert main([*fixed, str(tmp_path / "c1"), "--fresh"]) == 0  # as its message says
     assert main([*run, str(tmp_path / "c"), "--workers", "2"]) == 2
     assert "are for --engine ray" in capsys.readouterr().err
 

@@ -13,7 +13,15 @@ import numpy as np
 
 from ..similarity import unit_rows
 
-__all__ = ["SAMPLE", "check_space", "check_stored", "one_width", "other_width", "stored_rows"]
+__all__ = [
+    "SAMPLE",
+    "check_space",
+    "check_spread",
+    "check_stored",
+    "one_width",
+    "other_width",
+    "stored_rows",
+]
 
 #: chunks embedded again to compare with their stored vectors
 SAMPLE = 8
@@ -54,6 +62,21 @@ def check_space(batch: Any, embedder: Any) -> str | None:
     )
     warnings.warn(said, UserWarning, stacklevel=5)
     return said
+
+
+def check_spread(rows: np.ndarray, texts: Sequence[str]) -> np.ndarray:
+    """``rows`` (unit vectors of ``texts``), refused where three or more distinct texts all got
+    one vector: a broken embedding model (a stub, a constant), under which every chunk is every
+    other's neighbour and the audit would report nothing, a clean knowledge base in its eyes."""
+    distinct = {t for t in texts if t.strip()}
+    spread = rows[[n for n, t in enumerate(texts) if t.strip()]]
+    if len(distinct) >= 3 and len(spread) and np.ptp(spread, axis=0).max() < 1e-6:
+        raise ValueError(
+            f"the embedding model gave one vector to {len(distinct)} different texts: it "
+            "cannot tell them apart (a stub or a broken model?); give the model the knowledge "
+            "base was embedded with"
+        )
+    return rows
 
 
 def other_width(stored: int, embedded: int) -> ValueError:

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 
 from ..similarity import unit_rows
+from .space import check_spread
 from .workdir import (
     Workdir,
     index_file,
@@ -102,7 +103,8 @@ class EmbedStep:
         model = step_embedder(self.embedder)
         # probes as queries (an asymmetric model embeds them apart), batched where it can
         vectors = model.embed_queries(texts) if self.kind == "probes" else model.embed(texts)
-        wd.write_array(f"{name}.npy", unit(vectors, texts))
+        rows = unit(vectors, texts)  # chunks the model cannot tell apart: nothing to audit
+        wd.write_array(f"{name}.npy", check_spread(rows, texts) if self.kind == "chunks" else rows)
         return len(texts)
 
 
