@@ -1310,6 +1310,7 @@ def test_cli_audit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     report = json.loads((tmp_path / "w" / "report.json").read_text())
     suspicious = sum(f["suspicious"] for f in report["findings"])
     assert suspicious > 2 and f"2 of the {suspicious} suspicious chunks shown" in out
+    assert ">= 0.48" in out and "&gt;" not in out  # a terminal renders no HTML escapes
     assert main([*again, "--format", "md"]) == 0 and not (tmp_path / "w" / "report.json").exists()
     assert main([*again, "--format", "json", "--format", "md"]) == 0  # repeated: every one
     assert sorted(p.name for p in (tmp_path / "w").glob("report.*")) == ["report.json", "report.md"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import html
 import inspect
 import os
 import sys
@@ -176,7 +177,8 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
         return 1
-    print(report.to_markdown(top=args.show))
+    # a terminal renders no HTML: its escapes (``&gt;=``) only hide the text (controls stay escaped)
+    print(html.unescape(report.to_markdown(top=args.show)))
     print("written: " + ", ".join(str(p) for p in written), file=sys.stderr)
     return 0
 
