@@ -30,6 +30,7 @@ from ragdefense.integration.adapter import (
     named,
     plain_params,
     plain_value,
+    report_now,
     same_space,
 )
 from ragdefense.integration.records import (
@@ -39,7 +40,6 @@ from ragdefense.integration.records import (
     tagged_metadata,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import report_now
 
 from .vectors import stored_vectors
 
@@ -168,7 +168,7 @@ class DefenseCompressor(BaseDocumentCompressor):
         """Filter or rerank ``documents`` for ``query`` with the core defense; what it removed
         goes to ``callbacks`` (else the run it is called in) as a ``ragdefense_removed`` event."""
         result = self._run(documents, query)
-        if report_now(result) and result is not None:
+        if report_now(result):
             announce(result, callbacks)
         return self._output(documents, result)
 
@@ -177,7 +177,7 @@ class DefenseCompressor(BaseDocumentCompressor):
     ) -> Sequence[Document]:
         """Async :meth:`compress_documents` (the CPU-bound defense runs in a worker thread)."""
         result = await asyncio.to_thread(self._run, documents, query)
-        if report_now(result) and result is not None:
+        if report_now(result):
             await aannounce(result, callbacks)
         return self._output(documents, result)
 

@@ -18,7 +18,7 @@ from langchain_core.vectorstores import VectorStoreRetriever
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 
 from ragdefense import LangChainEmbedder
-from ragdefense.integration.adapter import configured, named, plain_params, pooled
+from ragdefense.integration.adapter import configured, named, plain_params, pooled, removals
 from ragdefense.integration.retrieval import (
     FETCH_ROUNDS,
     check_request,
@@ -28,8 +28,6 @@ from ragdefense.integration.retrieval import (
     first_fetch,
     pool_size,
     positive_int,
-    removals,
-    rounds_kept,
     wider,
 )
 from ragdefense.types import check_query
@@ -157,7 +155,7 @@ class DefendedRetriever(BaseRetriever):
                     vector = remembered(once, query, once.embeddings.embed_query(query))
                 base = by_vector(base, vector)
             docs = base.invoke(query, config, **(args | extra))
-            with pooled(honoured, fetch), rounds_kept() as results:  # the last round's: reported
+            with pooled(honoured, fetch) as results:  # the last round's: reported
                 kept = list(self.compressor.compress_documents(docs, query, callbacks=child))
             if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):
                 break
@@ -186,7 +184,7 @@ class DefendedRetriever(BaseRetriever):
                     vector = remembered(once, query, raw)
                 base = by_vector(base, vector)
             docs = await base.ainvoke(query, config, **(args | extra))
-            with pooled(honoured, fetch), rounds_kept() as results:
+            with pooled(honoured, fetch) as results:
                 squeezed = self.compressor.acompress_documents(docs, query, callbacks=child)
                 kept = list(await squeezed)
             if fetched_enough(k, fetch, len(docs), len(kept), honoured, before):

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..embedders import Embedder
 from ..types import Defense, DefenseFailed, DefenseResult, Passage, QueryInputError
@@ -34,6 +34,8 @@ __all__ = [
     "plain_params",
     "plain_value",
     "pooled",
+    "removals",
+    "report_now",
     "robust_engine",
     "same_space",
 ]
@@ -46,21 +48,47 @@ logger = logging.getLogger("ragdefense")
 _POOLED: ContextVar[bool | None] = ContextVar("ragdefense_pooled", default=None)
 #: how many passages the adapter retriever asked for (``None``: unknown)
 _ASKED: ContextVar[int | None] = ContextVar("ragdefense_asked", default=None)
+#: the results of the defenses an adapter retriever's fetch round runs (its compressor or
+#: postprocessor, a pipeline of several), kept for the retriever to report the last round's
+#: removals alone (``None``: outside such a round, each result is reported as it comes)
+_ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
+    "ragdefense_rounds", default=None
+)
 
 
 @contextmanager
-def pooled(fetched: bool = True, asked: int | None = None) -> Iterator[None]:
-    """Within this block, the passages an adapter defends are the pool its retriever fetched
-    (``fetched``, ``asked`` passages asked for): the small-pool warning then does not fire on
-    fewer than the defense's pool, which is all the store holds, and where the store gave all
-    that was asked, it names the fetch as the fix. A retriever that ignores the size it is
-    asked for is not pooled, and a compressor or postprocessor used on its own never is."""
-    token, count = _POOLED.set(fetched), _ASKED.set(asked)
+def pooled(fetched: bool = True, asked: int | None = None) -> Iterator[list[DefenseResult | None]]:
+    """Within this block, an adapter retriever's fetch round defends the pool its retriever
+    fetched (``fetched``, ``asked`` passages asked for): the small-pool warning then does not
+    fire on fewer than the defense's pool, which is all the store holds, and where the store
+    gave all that was asked, it names the fetch as the fix. A retriever that ignores the size
+    it is asked for is not pooled, and a compressor or postprocessor used on its own never is.
+    The adapters' compressors and postprocessors keep each result in the list it yields
+    (:func:`report_now` says so), for the retriever to report the last round's removals once
+    (a narrower round's may be in the wider round's context); defenses the retriever's own
+    base runs, outside the block, report as they always do."""
+    results: list[DefenseResult | None] = []
+    token, count, kept = _POOLED.set(fetched), _ASKED.set(asked), _ROUNDS.set(results)
     try:
-        yield
+        yield results
     finally:
         _POOLED.reset(token)
         _ASKED.reset(count)
+        _ROUNDS.reset(kept)
+
+
+def report_now(result: DefenseResult | None) -> TypeGuard[DefenseResult]:
+    """Whether an adapter reports ``result``'s removals as it comes: it removed something and
+    is not in a fetch round (:func:`pooled`: there it is kept for the retriever instead)."""
+    rounds = _ROUNDS.get()
+    if rounds is not None:
+        rounds.append(result)
+    return rounds is None and result is not None and bool(result.removed)
+
+
+def removals(results: list[DefenseResult | None]) -> list[DefenseResult]:
+    """The results of a fetch round (:func:`pooled`) that removed anything, in order."""
+    return [r for r in results if r is not None and r.removed]
 
 
 def named(defense: Any) -> bool:

@@ -4,14 +4,12 @@ rounds that widen it, and a framework retriever's own top-k."""
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from contextvars import ContextVar
+from collections.abc import Mapping
 from numbers import Integral
 from typing import Any, cast
 
 from .. import types
-from ..types import Defense, DefenseResult
+from ..types import Defense
 
 __all__ = [
     "FETCH_ROUNDS",
@@ -22,9 +20,6 @@ __all__ = [
     "first_fetch",
     "pool_size",
     "positive_int",
-    "removals",
-    "report_now",
-    "rounds_kept",
     "wider",
 ]
 
@@ -132,40 +127,3 @@ def wider(fetch: int | None) -> int | None:
     """The next round's fetch: twice this one, at most :data:`~ragdefense.types.MAX_PASSAGES`
     (what one defense call accepts); ``None`` where there is no size to widen."""
     return min(2 * fetch, types.MAX_PASSAGES) if fetch else None
-
-
-#: the results of the defense an adapter retriever's fetch round runs (its compressor or
-#: postprocessor, a pipeline of several), kept for the retriever to report the last round's
-#: removals alone (``None``: outside such a round, each result is reported as it comes)
-_ROUNDS: ContextVar[list[DefenseResult | None] | None] = ContextVar(
-    "ragdefense_rounds", default=None
-)
-
-
-@contextmanager
-def rounds_kept() -> Iterator[list[DefenseResult | None]]:
-    """One fetch round's defense call in an adapter retriever: inside, the adapters'
-    compressors and postprocessors keep each result in the list given (:func:`report_now`
-    says so), for the retriever to report the last round's removals once (a narrower round's
-    may be in the wider round's context). Only the defense call is inside: defenses the
-    retriever's own base runs report as they always do."""
-    results: list[DefenseResult | None] = []
-    token = _ROUNDS.set(results)
-    try:
-        yield results
-    finally:
-        _ROUNDS.reset(token)
-
-
-def report_now(result: DefenseResult | None) -> bool:
-    """Whether an adapter reports ``result``'s removals as it comes: it removed something and
-    is not in a round of :func:`rounds_kept` (there it is kept for the retriever instead)."""
-    rounds = _ROUNDS.get()
-    if rounds is not None:
-        rounds.append(result)
-    return rounds is None and result is not None and bool(result.removed)
-
-
-def removals(results: list[DefenseResult | None]) -> list[DefenseResult]:
-    """The results of a round of :func:`rounds_kept` that removed anything, in order."""
-    return [r for r in results if r is not None and r.removed]

@@ -35,6 +35,8 @@ from ragdefense.integration.adapter import (
     defense_field,
     plain_params,
     plain_value,
+    removals,
+    report_now,
 )
 from ragdefense.integration.records import (
     UNCHECKED,
@@ -42,7 +44,6 @@ from ragdefense.integration.records import (
     removed_report,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import removals, report_now
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .nodes import node_passage, tagged

@@ -38,7 +38,6 @@ from ragdefense.integration.retrieval import (
     first_fetch,
     pool_size,
     positive_int,
-    rounds_kept,
     wider,
 )
 
@@ -236,7 +235,7 @@ class DefendedRetriever(BaseRetriever):
         for _ in range(self.max_rounds):
             retriever, honoured = widened(base, fetch)
             pool = retriever.retrieve(query_bundle)
-            with pooled(honoured, fetch), rounds_kept() as results:  # the last round's: reported
+            with pooled(honoured, fetch) as results:  # the last round's: reported
                 kept = postprocessor.postprocess_nodes(pool, query_bundle=query_bundle)
             if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
                 break  # one left as it is (a read-only size) would give the same again
@@ -251,7 +250,7 @@ class DefendedRetriever(BaseRetriever):
         for _ in range(self.max_rounds):
             retriever, honoured = widened(base, fetch)
             pool = await retriever.aretrieve(query_bundle)
-            with pooled(honoured, fetch), rounds_kept() as results:
+            with pooled(honoured, fetch) as results:
                 kept = await postprocessor.apostprocess_nodes(pool, query_bundle=query_bundle)
             if retriever is base or fetched_enough(k, fetch, len(pool), len(kept), honoured):
                 break
