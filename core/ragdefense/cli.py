@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._version import __version__
 from .attacks import ATTACKS
-from .cliargs import UsageError, require_embeddings
+from .cliargs import UsageError, called, require_embeddings
 from .cliargs import positive as _positive
 from .cliargs import resolve as _resolve
 from .defenses.registry import DEFAULT_DEFENSE, names
@@ -170,10 +170,7 @@ def _called(store: Any, spec: str) -> Any:
     """``--store``: the store, or what the function it names returns (its failure in a line)."""
     if not callable(store) or hasattr(store, "as_retriever"):
         return store
-    try:
-        return store()
-    except Exception as exc:
-        raise UsageError(f"--store {spec}: calling it raised {type(exc).__name__}: {exc}") from None
+    return called(store, f"--store {spec}")
 
 
 def _kb_texts(path: str) -> list[str]:

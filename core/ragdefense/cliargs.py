@@ -10,6 +10,7 @@ from typing import Any
 
 __all__ = [
     "UsageError",
+    "called",
     "counts",
     "import_object",
     "non_negative",
@@ -80,6 +81,22 @@ def resolve(spec: str, what: str) -> Any:
         return import_object(spec)
     except ValueError as exc:
         raise UsageError(f"{what} {exc}") from None
+
+
+def called(factory: Any, label: str, no_arguments: str | None = None) -> Any:
+    """What ``factory`` (a class or function named on the command line) returns, called with no
+    arguments; the user's own code failing in one line naming ``label``, and where
+    ``no_arguments`` is given, a ``TypeError`` (it needs arguments) with that advice."""
+    try:
+        return factory()
+    except TypeError as exc:
+        if no_arguments is None:
+            raise UsageError(f"{label}: calling it raised TypeError: {exc}") from None
+        raise UsageError(
+            f"{label}: calling it with no arguments failed ({exc}); {no_arguments}"
+        ) from None
+    except Exception as exc:
+        raise UsageError(f"{label}: calling it raised {type(exc).__name__}: {exc}") from None
 
 
 def import_object(spec: str) -> Any:

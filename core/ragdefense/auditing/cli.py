@@ -93,7 +93,7 @@ def _check(args: argparse.Namespace) -> None:
 
 
 def _cmd_audit(args: argparse.Namespace) -> int:
-    from ..cliargs import UsageError, resolve
+    from ..cliargs import UsageError, called, resolve
     from .pipeline import audit
     from .settings import AuditSettings
 
@@ -107,27 +107,16 @@ def _cmd_audit(args: argparse.Namespace) -> int:
             )
         named, source = source, resolve(source, "knowledge base")
         if callable(source):
-            try:
-                source = source()
-            except TypeError as exc:
-                raise UsageError(
-                    f"knowledge base {named!r}: calling it with no arguments failed ({exc}); "
-                    "name a store, an index, or a function that takes none and returns one"
-                ) from None
-            except Exception as exc:  # the user's own code: its failure in one line
-                raise UsageError(
-                    f"knowledge base {named!r}: calling it raised {type(exc).__name__}: {exc}"
-                ) from None
+            source = called(
+                source,
+                f"knowledge base {named!r}",
+                "name a store, an index, or a function that takes none and returns one",
+            )
     embedder: Any = args.embedder
     if embedder is not None and ":" in embedder and not Path(embedder).exists():
         named, embedder = embedder, resolve(embedder, "--embedder")
         if isinstance(embedder, type) or _takes_nothing(embedder):  # a class, a factory
-            try:
-                embedder = embedder()
-            except Exception as exc:  # the user's own code: its failure in one line
-                raise UsageError(
-                    f"--embedder {named!r}: calling it raised {type(exc).__name__}: {exc}"
-                ) from None
+            embedder = called(embedder, f"--embedder {named!r}")
     try:
         settings = AuditSettings(
             defenses=args.defense or AuditSettings().defenses,
