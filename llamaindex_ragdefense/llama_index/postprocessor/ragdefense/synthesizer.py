@@ -164,7 +164,7 @@ class RobustRAGSynthesizer(BaseSynthesizer):
         self, query_str: str, text_chunks: Sequence[str], **response_kwargs: Any
     ) -> str:
         """Async :meth:`get_response` (the isolated calls go out concurrently)."""
-        asked = self._asked(response_kwargs)  # every call failed: the model is down
+        asked = self._asked(response_kwargs)
         report = answered(await self._robust.aanswer(query_str, _passages(text_chunks), **asked))
         _report.set(report)
         return _aone(report.answer) if self._streaming else report.answer  # type: ignore[return-value]
