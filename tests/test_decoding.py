@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -245,3 +247,33 @@ def test_a_certificate_counts_every_answering_context_silenced_as_i_dont_know() 
     )
     assert clean.certificate is not None and not clean.certificate.certified
     assert "I don't know" in clean.certificate.possible_answers
+
+
+def test_cancelling_an_async_answer_stops_the_local_decoding() -> None:
+    """Secure decoding runs in a worker thread for an async caller: cancelling the caller
+    left it decoding to ``max_new_tokens`` (a client gone held the CPU meanwhile)."""
+    steps: list[int] = []
+
+    class Slow(FakeSession):
+        def advance(self, token: int) -> np.ndarray:
+            steps.append(token)
+            time.sleep(0.01)
+            return super().advance(token)
+
+    endless = [dist(can=1.0)] * 600
+    tables = {"c0": endless, "c1": endless, "If you do not know": endless}
+    llm = FakeTokenLLM(tables)
+    llm.session = lambda prompts: Slow(tables, prompts)  # type: ignore[method-assign]
+    engine = RobustRAG(llm=llm, aggregation=SecureDecoding(), max_new_tokens=600)
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(engine.aanswer(Q, ["c0", "c1"]))
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())  # waits for the worker thread before it returns
+    assert 0 < len(steps) < 599
+    llm.session = lambda prompts: FakeSession(tables, prompts)  # type: ignore[method-assign]
+    assert engine.answer(Q, ["c0", "c1"]).answer.startswith("Canberra")  # sync: unaffected

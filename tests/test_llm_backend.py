@@ -4,6 +4,7 @@ newline does not end its first line. Found by an independent review of the backe
 
 from __future__ import annotations
 
+import asyncio
 import copy
 from typing import Any
 
@@ -154,3 +155,32 @@ def test_a_given_model_is_moved_to_the_device_named() -> None:
     dispatched.hf_device_map = {"": "cuda:0"}  # type: ignore[attr-defined]  # device_map="auto"
     TransformersLLM(dispatched, device="cuda:0")
     assert dispatched.device == "cpu"  # left where accelerate placed it (its inputs go there)
+
+
+def test_cancelling_an_async_batch_stops_the_decoding(smollm2: tuple[Any, Any]) -> None:
+    """``agenerate`` decodes in a worker thread; cancelling the awaiting task (a client gone)
+    left the model decoding to ``max_new_tokens`` or the deadline, holding the CPU."""
+    model, tok = smollm2
+    steps: list[int] = []
+
+    class Endless(TransformersLLM):
+        @property
+        def stop_ids(self) -> set[int]:
+            return set()  # an answer that never ends by itself
+
+        def _step(self, tokens: Any, cache: Any, mask: Any) -> tuple[Any, Any, Any]:
+            steps.append(1)
+            return super()._step(tokens, cache, mask)
+
+    llm = Endless(model, tok, chat=False, first_line=False, timeout=None)
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(llm.agenerate(["Count: 1, 2, 3,"], max_new_tokens=400))
+        while not steps:  # decoding has started
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())  # waits for the worker thread before it returns
+    assert 0 < len(steps) < 399

@@ -15,6 +15,7 @@ from ragdefense.llm import LLM, CallableLLM, Generation
 from ragdefense.llm import calls as calls_module
 from ragdefense.llm.base import ConcurrentLLM
 from ragdefense.llm.calls import NO_TEXT, gather_within, run_threads
+from ragdefense.llm.observe import cancelled
 from ragdefense.robustrag import RobustRAG
 
 PASSAGES = [f"passage {i}" for i in range(7)]
@@ -112,6 +113,32 @@ def test_cancelling_an_async_batch_of_sync_calls_starts_no_further_call() -> Non
     time.sleep(0.6)  # what would have started meanwhile
     assert len(started) <= 4, started
     assert llm.generate(["x"])[0].text == "ok"  # the slots came back
+
+
+def test_a_backend_working_in_a_thread_is_told_its_async_caller_was_cancelled() -> None:
+    """``agenerate`` ran a backend's own ``generate`` in a worker thread that nothing told
+    when the awaiting task was cancelled: a local model decoded on for a client gone."""
+    steps: list[int] = []
+
+    class Looping(LLM):
+        def generate(
+            self, prompts: Any, max_new_tokens: int = 20, timeout: float | None = None
+        ) -> list[Generation]:
+            while not cancelled() and len(steps) < 300:
+                steps.append(1)
+                time.sleep(0.01)
+            return [Generation("x") for _ in prompts]
+
+    async def cancel_it() -> None:
+        task = asyncio.ensure_future(Looping().agenerate(["p"]))
+        await asyncio.sleep(0.2)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancel_it())  # waits for the worker thread before it returns
+    assert 0 < len(steps) < 300
+    assert not cancelled()  # the flag is the cancelled call's alone
 
 
 def test_a_backend_that_skips_init_has_the_class_defaults() -> None:

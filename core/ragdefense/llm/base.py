@@ -24,7 +24,7 @@ from .calls import TIMED_OUT as TIMED_OUT
 from .calls import Generation, gather_within, run_threads
 from .calls import as_generation as as_generation
 from .calls import timed_out as timed_out
-from .observe import purpose
+from .observe import in_thread, purpose
 
 __all__ = [
     "DEFAULT_TIMEOUT",
@@ -64,8 +64,9 @@ class LLM(ABC):
     async def agenerate(
         self, prompts: Sequence[str], max_new_tokens: int = 20, timeout: float | None = None
     ) -> list[Generation]:
-        """Async :meth:`generate`; defaults to running it in a worker thread."""
-        return await asyncio.to_thread(self.generate, prompts, max_new_tokens, timeout)
+        """Async :meth:`generate`; defaults to running it in a worker thread (which
+        :func:`~ragdefense.llm.observe.cancelled` tells when the awaiting task is cancelled)."""
+        return await in_thread(self.generate, prompts, max_new_tokens, timeout)
 
     def _deadline(self, timeout: float | None, prompts: Any = ()) -> float:
         """The batch's time budget in seconds: the tighter of the call's and the backend's

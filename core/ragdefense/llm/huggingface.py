@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, positive, timed_out
-from .observe import observer
+from .observe import cancelled, observer
 from .packaged import SMOLLM2_GGUF, check_packaged_llm, packaged_smollm2_dir
 
 __all__ = [
@@ -182,7 +182,7 @@ class TransformersLLM(LLM):
         out: list[Generation] = []
         for start in range(0, len(prompts), self.batch_size):
             batch = list(prompts[start : start + self.batch_size])
-            if time.monotonic() >= end:
+            if time.monotonic() >= end or cancelled():
                 out += [timed_out(budget)] * len(batch)
                 continue
             out += self._batch(batch, max_new_tokens, end, budget)
@@ -305,7 +305,7 @@ class TransformersLLM(LLM):
         gen: list[list[int]] = [[] for _ in texts]
         alive = list(range(len(texts)))
         for step in range(max_new_tokens):
-            if time.monotonic() >= end:
+            if time.monotonic() >= end or cancelled():
                 unfinished = set(alive)
                 return [None if i in unfinished else tok.decode(g, skip_special_tokens=True)
                         for i, g in enumerate(gen)]  # fmt: skip

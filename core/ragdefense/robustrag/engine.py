@@ -14,7 +14,6 @@ certificate does not cover that.
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import time
 from collections.abc import Callable, Sequence
@@ -22,6 +21,7 @@ from dataclasses import replace
 from typing import Any, Literal, Protocol
 
 from ..llm import LLM, as_llm
+from ..llm.observe import in_thread
 from ..text import well_formed
 from ..types import Passage, PassageLike, check_query, to_passages
 from .checks import check_alike, check_certify, check_engine, check_installed, deciding
@@ -304,7 +304,7 @@ class RobustRAG:
 
     async def _arun(self, flow: Flow[RobustAnswer]) -> RobustAnswer:
         if self.aggregation.local:  # local CPU/GPU work: run it off the event loop
-            return await asyncio.to_thread(self._run, flow)
+            return await in_thread(self._run, flow)
         end = self._end()
 
         async def agen(prompts: list[str]) -> Any:

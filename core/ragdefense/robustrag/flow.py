@@ -5,14 +5,13 @@ an aggregation uses of the engine that runs it, handed to it per call."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import Awaitable, Callable, Generator, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from ..llm.base import TIMED_OUT, Generation
-from ..llm.observe import asked_for, reporting
+from ..llm.observe import asked_for, in_thread, reporting
 from ..types import Passage
 
 __all__ = [
@@ -107,12 +106,12 @@ async def adrive(
     """:func:`drive` with an async ``agenerate``. The flow's own work between two batches
     (keyword extraction and loading spaCy, certification) runs in a worker thread: on the
     event loop it would stall every other request meanwhile."""
-    done, got = await asyncio.to_thread(_step, flow, None)
+    done, got = await in_thread(_step, flow, None)
     while not done:
         prompts = got
         with reporting(getattr(prompts, "on_done", None)), _for(prompts):
             generations = _one_each(prompts, await agenerate(list(prompts)))
-        done, got = await asyncio.to_thread(_step, flow, generations)
+        done, got = await in_thread(_step, flow, generations)
     result: T = got
     return result
 

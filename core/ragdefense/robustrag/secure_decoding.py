@@ -15,6 +15,7 @@ from typing import Any, ClassVar, Literal
 import numpy as np
 
 from ..llm import first_line_of
+from ..llm.observe import stop_if_cancelled
 from ..text import answer_key, gives_answer
 from ..types import Passage
 from .checks import check_count, check_real, check_templates
@@ -157,6 +158,7 @@ class _Decoding:
         tokens: list[int] = []
         steps: list[DecodingStep] = []
         for _ in range(self.run.max_new_tokens):
+            stop_if_cancelled()
             probs = _finite(session.probs, kept)
             nor = int(probs[-1].argmax())
             avg = probs[:-1].mean(axis=0)
@@ -234,6 +236,7 @@ class _Decoding:
         while stack:
             session, tokens = stack.pop()
             while True:
+                stop_if_cancelled()
                 if len(tokens) >= self.run.max_new_tokens:
                     finished.append(tokens)
                     break
