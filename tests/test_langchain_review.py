@@ -25,7 +25,7 @@ from pydantic import Field
 
 from langchain_ragdefense import DefenseCompressor, RobustRAGChain, defend, red_team
 from langchain_ragdefense.vectors import stored_vectors
-from ragdefense import DefenseInputError, RAGDefender
+from ragdefense import DefenseFailed, DefenseInputError, RAGDefender
 from ragdefense.redteam import AttackTarget
 from tests.conftest import bag_of_words
 from tests.test_langchain import _Fixed  # returns its documents; module-level: pickles
@@ -704,3 +704,18 @@ def test_a_configurable_retriever_in_an_ensemble_counts_toward_its_size() -> Non
     ensemble = EnsembleRetriever(retrievers=[tuned, other], weights=[0.5, 0.5])
     assert _retriever_k(ensemble) == 7
     assert len(defend(ensemble, _Keep()).invoke("budget")) > 3
+
+
+def test_a_custom_defense_returning_its_kept_documents_fails_closed_by_name() -> None:
+    """A user's defense object returning the passages it keeps (not a DefenseResult) failed
+    inside the adapter's conversion with an AttributeError far from its cause."""
+
+    class KeptOnly:
+        name, pool_factor, min_pool, min_passages = "kept-only", 1, 0, 0
+
+        def defend(self, query: str, passages: Any) -> Any:
+            return list(passages)[:1]
+
+    docs = [Document("a"), Document("b")]
+    with pytest.raises(DefenseFailed, match=r"kept-only\.defend returned list, not a Defense"):
+        DefenseCompressor(defense=KeptOnly()).compress_documents(docs, "q")

@@ -899,3 +899,38 @@ def test_copies_shown_differently_are_one_text_and_a_held_copy_says_it_is_one() 
     result = keep_all.defend("When was Canberra chosen?", pool)
     assert result.verdicts[0].kept and result.verdicts[2].details == {"copy": 1.0}
     assert result.removed_indices == [2]
+
+
+def test_a_custom_defense_that_does_not_return_one_verdict_per_passage_is_named() -> None:
+    """A user's defense returning its kept passages failed deep inside the quarantine
+    (``'list' object has no attribute 'verdicts'``); one returning verdicts for some passages
+    lost the others silently: neither kept nor removed."""
+    full = defense("consensus", embedder=bag_of_words)
+
+    class KeptOnly:
+        name, pool_factor, min_pool, min_passages = "kept-only", 1, 0, 0
+
+        def defend(self, query: str, passages: Any) -> Any:
+            return list(passages)[:2]
+
+    class Partial(KeptOnly):
+        name = "partial"
+
+        def defend(self, query: str, passages: Any) -> Any:
+            result = full.defend(query, passages)
+            return replace(result, verdicts=result.verdicts[:1])
+
+    with pytest.raises(TypeError, match=r"kept-only\.defend returned list, not a DefenseResult"):
+        Quarantine.from_report(REPORT, KeptOnly()).defend("q?", _passages())
+    with pytest.raises(ValueError, match=r"partial\.defend returned 1 verdict\(s\) for 3 passage"):
+        Quarantine.from_report(REPORT, Partial()).defend("q?", _passages())
+
+    class Bare:  # defend alone: the front door wraps it, and checks what it returns
+        def defend(self, query: str, passages: Any) -> Any:
+            return Partial().defend(query, passages)
+
+    with pytest.raises(ValueError, match=r"Bare\.defend returned 1 verdict\(s\) for 5 passage"):
+        defense(Bare()).defend("q?", iter(_passages()))
+    vectors = np.arange(10, dtype=float).reshape(5, 2)
+    with pytest.raises(ValueError, match="in input order"):  # and the embedding path
+        Quarantine.from_report(REPORT, Partial()).defend_embeddings("q?", _passages(), vectors)

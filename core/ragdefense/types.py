@@ -21,6 +21,7 @@ __all__ = [
     "check_embeddings",
     "check_query",
     "check_query_embedding",
+    "checked_result",
     "defend_given",
     "to_passages",
 ]
@@ -372,8 +373,26 @@ def defend_given(
     defense: Defense, query: str, passages: Sequence[Any], embeddings: Any, query_embedding: Any
 ) -> DefenseResult:
     """``defense`` run with the vectors given where it takes them (``defend_embeddings``), else
-    its ``defend()`` alone (all :class:`Defense` asks for), which embeds what it needs."""
+    (or where none is given) its ``defend()`` alone (all :class:`Defense` asks for), which
+    embeds what it needs; the result checked (:func:`checked_result`)."""
     run = getattr(defense, "defend_embeddings", None)
-    if callable(run):
-        return run(query, passages, embeddings, query_embedding)  # type: ignore[no-any-return]
-    return defense.defend(query, passages)
+    if callable(run) and (embeddings is not None or query_embedding is not None):
+        result = run(query, passages, embeddings, query_embedding)
+    else:
+        result = defense.defend(query, passages)
+    return checked_result(result, len(passages), defense)
+
+
+def checked_result(result: Any, n: int, defense: Any) -> DefenseResult:
+    """``result`` of ``defense`` handed ``n`` passages, checked to be a :class:`DefenseResult`
+    with one verdict per passage in input order: a user's defense returning its kept passages,
+    or verdicts for some of them, failed far from its cause or lost passages silently."""
+    name = getattr(defense, "name", None) or type(defense).__name__
+    if not isinstance(result, DefenseResult):
+        raise TypeError(f"{name}.defend returned {type(result).__name__}, not a DefenseResult")
+    if [getattr(v, "index", None) for v in result.verdicts] != list(range(n)):
+        raise ValueError(
+            f"{name}.defend returned {len(result.verdicts)} verdict(s) for {n} passage(s): "
+            "a DefenseResult holds one Verdict per passage, in input order (index 0, 1, ...)"
+        )
+    return result

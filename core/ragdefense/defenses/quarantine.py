@@ -39,6 +39,7 @@ from ..types import (
     check_embeddings,
     check_query,
     check_query_embedding,
+    checked_result,
     defend_given,
     to_passages,
 )
@@ -375,7 +376,7 @@ class Quarantine:
         verdicts: list[Verdict | None] = [None] * len(items)
         estimates: dict[str, Any] = {"quarantined": sorted(held)}
         if inner is not None:
-            for v in inner.verdicts:
+            for v in checked_result(inner, len(rest), self.defense).verdicts:
                 at = rest[v.index]
                 verdicts[at] = replace(
                     v, index=at, passage=items[at], reason=copy_of(v.reason, rest)

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType, UnionType
 from typing import Any, Literal, get_args, get_origin
 
-from ..types import Defense, DefenseResult
+from ..types import Defense, DefenseResult, checked_result
 from .auto import AutoDefense
 from .consensus import Consensus
 from .grada import GRADA
@@ -203,8 +203,8 @@ class _Custom:
 
     def defend(self, query: str, passages: Any) -> DefenseResult:
         """The object's own ``defend``."""
-        result: DefenseResult = self.obj.defend(query, passages)
-        return result
+        passages = passages if hasattr(passages, "__len__") else list(passages)  # counted after
+        return checked_result(self.obj.defend(query, passages), len(passages), self)
 
     def __getattr__(self, attr: str) -> Any:
         """Everything else the object has (``defend_embeddings``, ``uses_embeddings``,

@@ -14,7 +14,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..embedders import Embedder
-from ..types import Defense, DefenseFailed, DefenseResult, Passage, QueryInputError
+from ..types import Defense, DefenseFailed, DefenseResult, Passage, QueryInputError, defend_given
 
 if TYPE_CHECKING:
     from ..defenses.registry import Parameter
@@ -212,11 +212,9 @@ class AdapterCore:
             return None
         self._warn_small_pool(defense, len(passages), too_few)
         try:
-            if query_embedding is None or not getattr(defense, "uses_embeddings", False):
-                return defense.defend(query, passages)
-            # its defend() with the query's vector given: the passages it embeds as before
-            run = defense.defend_embeddings  # type: ignore[attr-defined]
-            return run(query, passages, None, query_embedding)  # type: ignore[no-any-return]
+            # its defend(), with the query's vector where it embeds: the passages as before
+            given = query_embedding if getattr(defense, "uses_embeddings", False) else None
+            return defend_given(defense, query, passages, None, given)
         except QueryInputError:
             raise  # no document causes it (a query not a string, embedded by another model):
             # a bug to fix, never an outage to ride out by passing every document unchecked
