@@ -407,6 +407,20 @@ def test_packaged_minilm_offline(minilm: Embedder) -> None:
     np.testing.assert_allclose(wrapped.embed(["Bananas are yellow."])[0], out[2], atol=1e-5)
 
 
+@pytest.mark.slow
+def test_the_packaged_model_by_its_hub_name_is_the_packaged_copy(minilm: Embedder) -> None:
+    """``embedder="sentence-transformers/all-MiniLM-L6-v2"`` (the packaged model's own name,
+    as its model card writes it) was looked up in the Hugging Face cache at the first query
+    and failed offline, though the model is installed."""
+    text = ["Bananas are yellow."]
+    for name in ("sentence-transformers/all-MiniLM-L6-v2", " all-minilm-l6-v2"):
+        named = as_embedder(name)
+        assert isinstance(named, SentenceTransformerEmbedder) and named.packaged
+        np.testing.assert_allclose(named.embed(text), minilm.embed(text), atol=1e-5)
+    guard = ragdefense.defense(embedder="sentence-transformers/all-MiniLM-L6-v2")
+    assert len(guard.defend("Fruit?", ["Bananas are yellow.", "Apples are red."]).kept) == 2
+
+
 def test_a_query_embedded_by_another_model_than_the_vectors_names_the_fix() -> None:
     from ragdefense import Consensus
 

@@ -74,7 +74,8 @@ class SentenceTransformerEmbedder(Embedder):
 
     Args:
         model: A ``SentenceTransformer``, a local path, or ``None`` for the packaged
-            all-MiniLM-L6-v2.
+            all-MiniLM-L6-v2 (its hub name, ``sentence-transformers/all-MiniLM-L6-v2``, is
+            that model too: the packaged copy, never looked for in the local cache).
         batch_size: Encoding batch size.
         device: Torch device used when loading from a path; ``None`` picks a GPU when one is
             present (as sentence-transformers does), else the CPU.
@@ -91,8 +92,8 @@ class SentenceTransformerEmbedder(Embedder):
         model = os.fspath(model) if isinstance(model, os.PathLike) else model  # a folder's Path
         self._model = model if not isinstance(model, (str, type(None))) else None
         self._path = model_folder(model) if isinstance(model, str) else None
-        #: whether this is the packaged all-MiniLM-L6-v2 (given neither a model nor a path)
-        self.packaged = model is None and packaged_installed()  # else the install command
+        #: whether this is the packaged all-MiniLM-L6-v2 (given no model, or its hub name)
+        self.packaged = self._model is None and self._path is None and packaged_installed()
         self.batch_size = batch_size
         self.device = device
         self._load_lock = threading.Lock()

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "PACKAGED_NAMES",
     "load_sentence_transformer",
     "model_folder",
     "offline",
@@ -95,10 +96,17 @@ def load_sentence_transformer(path: str | None, device: str | None) -> Any:
         ) from exc
 
 
-def model_folder(path: str) -> str:
+#: the names the packaged model goes by on the Hugging Face hub (case aside)
+PACKAGED_NAMES = frozenset({"all-minilm-l6-v2", "sentence-transformers/all-minilm-l6-v2"})
+
+
+def model_folder(path: str) -> str | None:
     """``path`` (``~`` expanded), refused at once where it can only name a folder (absolute,
     or starting with ``.`` or ``~``) and none is there, or it holds no model; a model name
-    (``org/name``) is looked up in the local Hugging Face cache when loaded."""
+    (``org/name``) is looked up in the local Hugging Face cache when loaded, but the packaged
+    model's own (``None``: that model, the packaged copy, never looked for in the cache)."""
+    if path.strip().casefold() in PACKAGED_NAMES:
+        return None
     if not path.strip().startswith(("/", ".", "~", "\\")):
         return path
     folder = str(Path(path).expanduser())
