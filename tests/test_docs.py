@@ -238,3 +238,20 @@ def test_sphinx_roles_become_code_spans_outside_code() -> None:
         "See `Passage`, `ragdefense.defense` and `the passage`, `ragdefense.defense`.\n"
         '>>> doc = ":func:`f`"\n```python\nx = ":data:`X`"\n```\n'
     )
+
+
+def test_every_extra_an_install_line_names_exists() -> None:
+    """An install line naming an extra a distribution does not declare installs nothing more,
+    silently (pip only warns): each ``./folder[extra,...]`` in the pages is checked against the
+    folder's ``pyproject.toml``."""
+    import tomllib
+
+    named: set[tuple[str, str]] = set()
+    for page in PAGES:
+        text = (ROOT / page).read_text("utf-8")
+        for folder, extras in re.findall(r"\./(\w+)\[([\w,-]+)\]", text):
+            named |= {(folder, extra) for extra in extras.split(",")}
+    assert ("core", "nlp") in named and ("langchain_ragdefense", "classic") in named
+    for folder, extra in sorted(named):
+        project = tomllib.loads((ROOT / folder / "pyproject.toml").read_text("utf-8"))["project"]
+        assert extra in project.get("optional-dependencies", {}), (folder, extra)

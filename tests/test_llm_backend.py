@@ -106,7 +106,7 @@ def test_the_packaged_model_is_converted_into_a_folder_of_its_own_in_the_cache(
     (tmp_path / "notes.txt").write_text("mine")
     converted = tmp_path / "smollm2-135m-instruct-q4_1"
     converted.mkdir()
-    (converted / "config.json").write_text("{}")  # converted before: read, not converted
+    (converted / "config.json").write_text('{"tie_word_embeddings": true}')  # converted before
     assert packaged.packaged_smollm2_dir(tmp_path) == converted
     assert packaged.packaged_smollm2_dir(converted) == converted  # a converted copy as is
 
@@ -122,7 +122,7 @@ def test_a_converted_copy_of_the_packaged_model_needs_no_gguf(
 
     converted = tmp_path / "smollm2-135m-instruct-q4_1"
     converted.mkdir()
-    (converted / "config.json").write_text("{}")
+    (converted / "config.json").write_text('{"tie_word_embeddings": true}')
     monkeypatch.setenv("RAGDEFENSE_CACHE", str(tmp_path))
     find = importlib.util.find_spec
     monkeypatch.setattr(
@@ -132,6 +132,39 @@ def test_a_converted_copy_of_the_packaged_model_needs_no_gguf(
     monkeypatch.setenv("RAGDEFENSE_CACHE", str(tmp_path / "empty"))
     with pytest.raises(ImportError, match="gguf"):
         packaged.check_packaged_llm()
+
+
+def test_a_conversion_by_an_old_transformers_is_made_again(tmp_path: Any) -> None:
+    """transformers before 4.48 converted SmolLM2 without its output layer (tied to the
+    input embeddings): the cached folder answered noise under any later transformers, and
+    the check took it for a sound copy."""
+    from ragdefense.llm import packaged
+
+    stale = tmp_path / "smollm2-135m-instruct-q4_1"
+    stale.mkdir()
+    (stale / "config.json").write_text('{"tie_word_embeddings": false}')
+    (stale / "model.safetensors").write_text("old")
+    assert packaged.packaged_smollm2_dir(tmp_path) == stale
+    assert not (stale / "model.safetensors").read_bytes().startswith(b"old")  # converted again
+    llm = TransformersLLM(cache_dir=str(tmp_path))
+    out = llm.generate(["What is the capital of France?"], max_new_tokens=12)
+    assert out[0].ok and "Paris" in str(out[0].text)
+
+
+def test_a_folder_needs_transformers_said_when_made(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``TransformersLLM()`` without transformers (or torch) was made, then failed at its
+    first answer with a bare ModuleNotFoundError instead of the install command."""
+    import importlib.util
+
+    find = importlib.util.find_spec
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "transformers" else find(name, *a),
+    )
+    for model in (None, "/some/model/folder"):
+        with pytest.raises(ImportError, match=r"ragdefense\[llm\]"):
+            TransformersLLM(model)
 
 
 def test_a_given_model_is_moved_to_the_device_named() -> None:

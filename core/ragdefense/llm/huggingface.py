@@ -70,6 +70,8 @@ class TransformersLLM(LLM):
             raise ValueError(
                 "a model object needs its tokenizer: TransformersLLM(model, tokenizer)"
             )
+        if given is None:  # what loading the folder or the packaged model needs, said now
+            check_packaged_llm(packaged=model is None)
         self.chat = chat
         self.batch_size = positive("batch_size", batch_size)
         self._device = device
@@ -384,8 +386,6 @@ class TokenSession:
 
     def clone(self) -> TokenSession:
         """An independent copy (for branching)."""
-        import copy
-
         other = object.__new__(TokenSession)
         other.llm = self.llm
         other._cache = copy.deepcopy(self._cache)

