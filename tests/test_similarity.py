@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import pytest
 from scipy.cluster.hierarchy import fcluster, linkage
@@ -104,3 +106,34 @@ def test_a_tie_at_the_cut_is_a_tie_in_any_order_and_says_so() -> None:
         result = defense.defend_embeddings("q", [texts[i] for i in chosen], given)
         assert result.removed_indices == [], (dtype, order)
         assert all("the two-cluster cut is tied" in v.reason for v in result.verdicts)
+
+
+def test_bm25_over_many_long_passages_is_computed_sparse_with_the_same_scores(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """BM25 held passages x vocabulary dense matrices: hundreds of long passages (GRADA at
+    ``MAX_PASSAGES``) took gigabytes and seconds. Past ``DENSE_CELLS`` they are sparse."""
+    from ragdefense import similarity
+
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(400)]
+    texts = [" ".join(rng.choice(words, int(rng.integers(5, 60)))) for _ in range(40)]
+    query = " ".join(rng.choice(words, 6))
+    made: list[object] = []
+    real = similarity._matrix
+
+    def spy(*args: Any) -> Any:
+        made.append(real(*args))
+        return made[-1]
+
+    for bm25 in (BM25(), BM25(k1=0.0), BM25(corpus="pair")):
+        dense = bm25.matrices(texts, query)
+        monkeypatch.setattr(similarity, "DENSE_CELLS", 0)
+        monkeypatch.setattr(similarity, "_matrix", spy)
+        sparse = bm25.matrices(texts, query)
+        monkeypatch.undo()
+        assert made and all(hasattr(m, "toarray") for m in made)  # the sparse path ran
+        made.clear()
+        assert isinstance(sparse[0], np.ndarray) and isinstance(sparse[1], np.ndarray)
+        np.testing.assert_allclose(sparse[0], dense[0], rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(sparse[1], dense[1], rtol=1e-12, atol=1e-12)

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from math import isfinite, log
 from numbers import Real
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -185,31 +185,31 @@ class BM25:
         if not vocab:
             return np.zeros((n, n)), (np.zeros(n) if query is not None else None)
         col = {t: j for j, t in enumerate(vocab)}
-        tf = np.zeros((n, len(vocab)))
-        for i, c in enumerate(docs):
-            for t, k in c.items():
-                tf[i, col[t]] = k
-        present = tf > 0
-        length = tf.sum(axis=1, keepdims=True)
+        # the (passage, term) pairs present and their counts: the matrices' non-zero cells
+        rows = np.repeat(np.arange(n), [len(c) for c in docs])
+        cols = np.fromiter((col[t] for c in docs for t in c), dtype=np.intp, count=len(rows))
+        tf = np.fromiter((k for c in docs for k in c.values()), dtype=float, count=len(rows))
+        length = np.bincount(rows, weights=tf, minlength=n)
         if self.corpus == "retrieved":
-            df = present.sum(axis=0)
+            df = np.bincount(cols, minlength=len(vocab))
             idf = np.log1p((n - df + 0.5) / (df + 0.5))
             avgdl = max(float(length.mean()), 1e-12)
             norm = self.k1 * (1 - self.b + self.b * length / avgdl)
         else:
             idf = np.full(len(vocab), log(4 / 3))
-            norm = np.full((n, 1), self.k1)
+            norm = np.full(n, self.k1)
         # W[j, t]: term t's score in doc j (0 where absent: with k1 = 0 that is 0 / 0)
-        weight = np.divide(
-            idf * tf * (self.k1 + 1), tf + norm, out=np.zeros_like(tf), where=present
-        )
-        scores = present.astype(float) @ weight.T  # S[i, j] = sum over distinct terms of i
+        w = idf[cols] * tf * (self.k1 + 1) / (tf + norm[rows])
+        weight = _matrix(rows, cols, w, (n, len(vocab)))
+        present = _matrix(rows, cols, np.ones(len(rows)), (n, len(vocab)))
+        product = present @ weight.T  # S[i, j] = sum over distinct terms of i
+        scores = product.toarray() if hasattr(product, "toarray") else product
         np.fill_diagonal(scores, 0.0)
         q_scores = None
         if query is not None:
             q_vec = np.zeros(len(vocab))
             q_vec[[col[t] for t in q_terms]] = 1.0
-            q_scores = weight @ q_vec
+            q_scores = np.asarray(weight @ q_vec)
         return scores, q_scores
 
     def pairwise(self, texts: Sequence[str]) -> np.ndarray:
@@ -217,3 +217,20 @@ class BM25:
         s, _ = self.matrices(texts)
         sym: np.ndarray = 0.5 * (s + s.T)
         return sym
+
+
+#: passages x terms past which BM25's matrices are sparse (a pool of tens of passages computes
+#: faster dense; hundreds of long passages would hold gigabytes dense)
+DENSE_CELLS = 2_000_000
+
+
+def _matrix(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> Any:
+    """The matrix with ``values`` at (``rows``, ``cols``), zero elsewhere: dense up to
+    :data:`DENSE_CELLS` cells, else a SciPy CSR matrix (the products are the same sums)."""
+    if shape[0] * shape[1] <= DENSE_CELLS:
+        dense = np.zeros(shape)
+        dense[rows, cols] = values
+        return dense
+    from scipy import sparse
+
+    return sparse.csr_matrix((values, (rows, cols)), shape=shape)
