@@ -226,3 +226,22 @@ def test_a_custom_defense_keeps_its_embedding_path_and_fallback_through_the_fron
     assert made.fallback("q", ["a"]) == "fallback"
     with pytest.raises(AttributeError):
         made.not_there  # noqa: B018
+
+
+def test_a_defense_shows_the_parameters_it_was_made_with() -> None:
+    """A defense printed as ``<...Consensus object at 0x...>``: nothing told two apart; a
+    quarantine's repr listed every id and digest it holds."""
+    from ragdefense import Quarantine
+    from ragdefense.similarity import BM25
+
+    assert repr(build()) == "Consensus()"  # the defaults are not repeated
+    assert repr(build("grada-peel", n=5)) == "GRADA(n=5, peel=True)"
+    assert repr(build("consensus", margin=0.2)) == "Consensus(margin=0.2)"
+    assert repr(build("grada", bm25=BM25(k1=1.2))) == (
+        "GRADA(bm25=BM25(k1=1.2, b=0.75, corpus='retrieved'))"
+    )
+    assert repr(RAGDefender(p=0.9)) == "RAGDefender(p=0.9)"
+    ids = frozenset(f"chunk-{i}" for i in range(1000))
+    held = repr(Quarantine(build("strict"), ids, ids, {}))
+    assert held.startswith("Quarantine(defense=RAGDefender(), ids=<1000 items>, digests=<1000")
+    assert len(held) < 150

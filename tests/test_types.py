@@ -66,6 +66,26 @@ def test_result_table_and_dict() -> None:
             r.to_table(bad)  # type: ignore[arg-type]
 
 
+def test_a_result_reads_in_one_line_at_the_prompt_and_as_a_table_in_ipython() -> None:
+    """The dataclass repr (what a REPL shows) held every passage's text and metadata on one
+    line; IPython showed the same."""
+    r = _result()
+    assert repr(r) == "<DefenseResult X: kept [2, 0] of 3, removed [1], query 'q'>"
+    long = DefenseResult("X", "why " * 40, r.verdicts, "s")
+    assert len(repr(long)) < 140 and "passage" not in repr(long)
+
+    class Printer:
+        def __init__(self) -> None:
+            self.out = ""
+
+        def text(self, value: str) -> None:
+            self.out += value
+
+    shown = Printer()
+    r._repr_pretty_(shown, False)
+    assert shown.out == r.to_table()
+
+
 def test_to_dict_is_strict_json_whatever_a_custom_defense_puts_in_it() -> None:
     """Arrays holding NaN, sets and NumPy integers in a result a user's defense builds went
     through ``to_dict`` as they were: ``json.dumps(allow_nan=False)`` refused them."""

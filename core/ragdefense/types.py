@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
+
+from .shown import described, jsonable, number_text, plain_id
 
 __all__ = [
     "MAX_PASSAGES",
@@ -15,6 +16,7 @@ __all__ = [
     "DefenseFailed",
     "DefenseInputError",
     "DefenseResult",
+    "Described",
     "Passage",
     "PassageLike",
     "Verdict",
@@ -195,6 +197,14 @@ def check_query(query: object) -> str:
     return query
 
 
+class Described:
+    """Shown as ``Class(parameter=value, ...)``: the constructor's parameters that differ from
+    their defaults, a long collection by its size (as scikit-learn shows an estimator)."""
+
+    def __repr__(self) -> str:
+        return described(self)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """What a defense decided about one passage.
@@ -220,7 +230,7 @@ class Verdict:
     details: Mapping[str, float] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, repr=False)
 class DefenseResult:
     """The uniform result of every defense.
 
@@ -273,17 +283,17 @@ class DefenseResult:
             "query": self.query,
             "score_name": self.score_name,
             "reranked": self.reranked,
-            "estimates": {k: _jsonable(v) for k, v in self.estimates.items()},
+            "estimates": {k: jsonable(v) for k, v in self.estimates.items()},
             "verdicts": [
                 {
                     "index": int(v.index),
-                    "id": _plain_id(v.passage.id),
+                    "id": plain_id(v.passage.id),
                     "text": v.passage.text,
                     "kept": v.kept,
-                    "score": _jsonable(v.score),
-                    "rank": _jsonable(v.rank),
+                    "score": jsonable(v.score),
+                    "rank": jsonable(v.rank),
                     "reason": v.reason,
-                    "details": _jsonable(dict(v.details)),
+                    "details": jsonable(dict(v.details)),
                 }
                 for v in self.verdicts
             ],
@@ -301,45 +311,28 @@ class DefenseResult:
             if len(text) > width:
                 text = text[: width - 1] + "…"
             decision = "kept" if v.kept else "REMOVED"
-            rows.append(f"{v.index:>3}  {decision:8}  {_fmt(v.score):>12}  {text}")
+            rows.append(f"{v.index:>3}  {decision:8}  {number_text(v.score):>12}  {text}")
             rows.append(f"{'':>3}  {'':8}  {'':>12}  ↳ {v.reason}")
         if self.estimates:
-            est = ", ".join(f"{k}={_fmt(v)}" for k, v in self.estimates.items())
+            est = ", ".join(f"{k}={number_text(v)}" for k, v in self.estimates.items())
             rows.append(f"estimates: {est}")
         return "\n".join(rows)
 
     def __str__(self) -> str:
         return self.to_table()
 
+    def __repr__(self) -> str:
+        """One line (the dataclass's held every passage's text and metadata): the defense,
+        what it kept and removed, the query cut short; ``print`` shows the table."""
+        query = self.query if len(self.query) <= 60 else self.query[:59] + "…"
+        return (
+            f"<DefenseResult {self.defense}: kept {self.kept_indices} of {len(self.verdicts)}, "
+            f"removed {self.removed_indices}, query {query!r}>"
+        )
 
-def _fmt(value: Any) -> str:
-    if isinstance(value, float):
-        return "nan" if math.isnan(value) else f"{value:.4g}"
-    return str(value)
-
-
-def _plain_id(value: Any) -> Any:
-    """A passage's id as JSON holds it: a string or number as it is, another (a UUID) as its
-    string."""
-    value = _jsonable(value)
-    return value if value is None or isinstance(value, (str, int, float)) else str(value)
-
-
-def _jsonable(value: Any) -> Any:
-    """``value`` as JSON holds it: NumPy values as Python's, a NaN or infinity as ``None``."""
-    if isinstance(value, np.generic):
-        value = value.item()
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    if isinstance(value, np.ndarray):
-        return _jsonable(value.tolist())  # its NaN too
-    if isinstance(value, (set, frozenset)):
-        return sorted((_jsonable(v) for v in value), key=repr)
-    if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, Mapping):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    return value
+    def _repr_pretty_(self, printer: Any, cycle: bool) -> None:
+        """IPython and Jupyter show the table."""
+        printer.text(self.to_table())
 
 
 @runtime_checkable

@@ -31,7 +31,7 @@ import numpy as np
 
 from ..embedders import passage_and_query_embeddings
 from ..similarity import cosine_matrix, cosine_to, pairs_among
-from ..types import DefenseResult, Passage, PassageLike, check_query, to_passages
+from ..types import DefenseResult, Described, Passage, PassageLike, check_query, to_passages
 from .grada import GRADA, CoordinatedGroup, coordinated_groups
 from .params import check_embedder, cosines, differences, flags, reals
 from .pool import copy_numbers
@@ -40,7 +40,7 @@ from .ragdefender import RAGDefender
 __all__ = ["AutoDefense"]
 
 
-class AutoDefense:
+class AutoDefense(Described):
     """Regime-deciding filter: GRADA against a minority of poison, RAGDefender against a
     coordinated majority, coordinated groups above the rest peeled first.
 

@@ -68,7 +68,7 @@ import numpy as np
 from ..embedders import passage_and_query_embeddings
 from ..provenance import AUTO, Trust, document_of, no_source_read, sources_of
 from ..similarity import cosine_matrix, cosine_to, pairs_among
-from ..types import DefenseResult, PassageLike, check_query, to_passages
+from ..types import DefenseResult, Described, PassageLike, check_query, to_passages
 from .claims import repeated_claims
 from .grada import GRADA, coordinated_groups
 from .params import check_embedder, check_given, cosines, differences, flags, integers, reals
@@ -80,7 +80,7 @@ from .voices import holders, one_voices
 __all__ = ["Consensus"]
 
 
-class Consensus:
+class Consensus(Described):
     """Remove planted passages on evidence (coordinated, one voice, contradicting what you
     trust, unsupported); count support per source.
 

@@ -33,6 +33,7 @@ from ..provenance import AUTO, source_of
 from ..types import (
     Defense,
     DefenseResult,
+    Described,
     Passage,
     PassageLike,
     Verdict,
@@ -58,8 +59,8 @@ from .trusting import trust_of
 __all__ = ["Quarantine"]
 
 
-@dataclass(frozen=True, eq=False)
-class Quarantine:
+@dataclass(frozen=True, eq=False, repr=False)
+class Quarantine(Described):
     """A defense that first removes the passages an audit flagged, then runs ``defense``.
 
     Build it from an audit: ``Quarantine.from_report("audit/report.json")``; use it wherever a

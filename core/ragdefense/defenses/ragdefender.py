@@ -36,7 +36,7 @@ from ..carried import carried_vectors, check_carried
 from ..embedders import as_embedder, check_embeddings, check_query_embedding, embed_passages
 from ..similarity import cosine_matrix, cut, unit_rows
 from ..text import summed_tfidf, tokenize
-from ..types import DefenseResult, PassageLike, Verdict, check_query, to_passages
+from ..types import DefenseResult, Described, PassageLike, Verdict, check_query, to_passages
 from .outliers import lazy_query_sim, off_topic
 from .params import check_embedder, cosines, integers, reals
 
@@ -166,7 +166,7 @@ def choose_task_type(clustering: Stage1Estimate) -> Literal["single_hop", "multi
     return "single_hop" if clustering.details.get("keyword_heavy_majority") else "multi_hop"
 
 
-class RAGDefender:
+class RAGDefender(Described):
     """RAGDefender post-retrieval filter.
 
     Args:

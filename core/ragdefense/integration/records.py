@@ -7,7 +7,8 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..types import DefenseInputError, DefenseResult, Verdict, _jsonable
+from ..shown import jsonable
+from ..types import DefenseInputError, DefenseResult, Verdict
 
 __all__ = [
     "METADATA_KEY",
@@ -76,11 +77,11 @@ def verdict_metadata(result: DefenseResult, verdict: Verdict) -> dict[str, Any]:
         "defense": result.defense,
         "checked": True,  # beside fail_open's UNCHECKED: one test reads both
         "kept": verdict.kept,
-        "score": _jsonable(verdict.score),  # NaN (not scored) as None: stores and JSON take it
+        "score": jsonable(verdict.score),  # NaN (not scored) as None: stores and JSON take it
         "score_name": result.score_name,
         "rank": verdict.rank,
         "reason": verdict.reason,
-        **{k: _jsonable(v) for k, v in verdict.details.items()},
+        **{k: jsonable(v) for k, v in verdict.details.items()},
     }  # a fallback's unjudged verdicts say "checked": False in their details
 
 
@@ -96,12 +97,12 @@ def removed_report(result: DefenseResult) -> dict[str, Any]:
                 "index": v.index,
                 "id": v.passage.id,
                 "text": v.passage.text[:200],
-                "score": _jsonable(v.score),
+                "score": jsonable(v.score),
                 "reason": v.reason,
                 "copy": bool(v.details.get("copy")),
             }
             for v in result.verdicts
             if not v.kept
         ],
-        "estimates": {k: _jsonable(v) for k, v in result.estimates.items()},
+        "estimates": {k: jsonable(v) for k, v in result.estimates.items()},
     }

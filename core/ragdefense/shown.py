@@ -1,0 +1,69 @@
+"""How results and defenses are shown: values as JSON holds them, numbers as tables print
+them, a defense as the parameters it was made with."""
+
+from __future__ import annotations
+
+import inspect
+import math
+import reprlib
+from collections.abc import Collection, Mapping
+from typing import Any
+
+import numpy as np
+
+__all__ = ["described", "jsonable", "number_text", "plain_id"]
+
+#: a parameter's value in a repr: cut where long, but a small object's own repr whole
+_SHORT = reprlib.Repr()
+_SHORT.maxother, _SHORT.maxstring = 100, 60
+
+
+def number_text(value: Any) -> str:
+    """A score or estimate as a table shows it (four significant digits)."""
+    if isinstance(value, float):
+        return "nan" if math.isnan(value) else f"{value:.4g}"
+    return str(value)
+
+
+def plain_id(value: Any) -> Any:
+    """A passage's id as JSON holds it: a string or number as it is, another (a UUID) as its
+    string."""
+    value = jsonable(value)
+    return value if value is None or isinstance(value, (str, int, float)) else str(value)
+
+
+def jsonable(value: Any) -> Any:
+    """``value`` as JSON holds it: NumPy values as Python's, a NaN or infinity as ``None``."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, np.ndarray):
+        return jsonable(value.tolist())  # its NaN too
+    if isinstance(value, (set, frozenset)):
+        return sorted((jsonable(v) for v in value), key=repr)
+    if isinstance(value, (list, tuple)):
+        return [jsonable(v) for v in value]
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    return value
+
+
+def described(obj: Any) -> str:
+    """``Class(parameter=value, ...)``: the parameters of ``obj``'s constructor that it holds
+    under their own names and that differ from their defaults; a collection of more than five
+    items by its size (a quarantine's thousands of ids)."""
+    shown = []
+    for name, param in inspect.signature(type(obj).__init__).parameters.items():
+        if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
+            continue
+        value: Any = getattr(obj, name, param.empty)
+        try:
+            if value is param.empty or value is param.default or bool(value == param.default):
+                continue
+        except (TypeError, ValueError):  # an array compared: not a default
+            pass
+        many = isinstance(value, Collection) and not isinstance(value, (str, bytes))
+        text = f"<{len(value)} items>" if many and len(value) > 5 else _SHORT.repr(value)
+        shown.append(f"{name}={text}")
+    return f"{type(obj).__name__}({', '.join(shown)})"
