@@ -345,3 +345,28 @@ def test_a_cut_inside_a_tie_says_retrieval_order_decided() -> None:
     apart = np.array([[1.0, 0.2], [0.9, 0.3], [0.1, 1], [0.2, 0.9]])
     four = GRADA(similarity="ebd").defend_embeddings("q?", list("abcd"), apart, query)
     assert not any("tied" in v.reason for v in four.verdicts)
+
+
+def test_peeling_leaves_out_copies_by_first_copy_in_one_pass_per_group() -> None:
+    """Each group a peel round compared rebuilt "each text once" in a Python loop over every
+    passage left: a pool of near-duplicate pairs (a store holding two versions of each page)
+    made a call of hundreds of passages take seconds. The copies left out are the same: each
+    text's first copy, in the passages' order."""
+    from ragdefense.defenses.groups import _once
+
+    rng = np.random.default_rng(11)
+    for _ in range(200):
+        numbers = rng.integers(0, 8, 30)
+        idx = np.sort(rng.choice(30, int(rng.integers(1, 30)), replace=False))
+        first: dict[int, int] = {}
+        for i in idx:
+            first.setdefault(int(numbers[i]), int(i))
+        assert _once(idx, numbers).tolist() == sorted(first.values())
+    assert _once(idx, None) is idx  # every text once: nothing to leave out
+    # one text stored twice is no group; three copies of it are one
+    sim = np.ones((5, 5))
+    sim[:3, 3:] = sim[3:, :3] = 0.1
+    query_sim = np.array([0.9, 0.9, 0.9, 0.2, 0.3])
+    groups = coordinated_groups(sim, query_sim, texts=[0, 0, 0, 1, 2])
+    assert [g.indices for g in groups] == [(0, 1, 2)] and groups[0].cohesion == 1.0
+    assert coordinated_groups(sim[1:, 1:], query_sim[1:], texts=[0, 0, 1, 2]) == []

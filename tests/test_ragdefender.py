@@ -372,3 +372,21 @@ def test_a_zero_vector_is_set_aside_not_taken_for_the_benign_side() -> None:
     texts = ["Canberra is the capital of Australia."] * 3 + [""]
     r = RAGDefender().defend_embeddings("what is the capital of australia", texts, emb)
     assert r.removed_indices == [] and "zero vector" in r.verdicts[3].reason
+
+
+def test_summed_tfidf_of_many_long_passages_sums_the_non_zero_cells_alone(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The TF-IDF vote held a dense passages x vocabulary matrix (and three more of its size):
+    hundreds of long passages of distinct words took gigabytes. Past ``DENSE_CELLS`` only the
+    non-zero cells are summed, to the same numbers."""
+    from ragdefense import text
+
+    rng = np.random.default_rng(7)
+    words = [f"w{i}" for i in range(300)]
+    docs = [list(rng.choice(words, int(rng.integers(1, 40)))) for _ in range(50)] + [[]]
+    vocab, dense = summed_tfidf(docs)
+    monkeypatch.setattr(text, "DENSE_CELLS", 0)
+    sparse_vocab, sparse = summed_tfidf(docs)
+    assert sparse_vocab == vocab
+    np.testing.assert_allclose(sparse, dense, rtol=1e-12, atol=1e-12)

@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .text import tokenize
+from .text import DENSE_CELLS, tokenize
 
 __all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "pairs_among", "unit_rows"]
 
@@ -219,14 +219,9 @@ class BM25:
         return sym
 
 
-#: passages x terms past which BM25's matrices are sparse (a pool of tens of passages computes
-#: faster dense; hundreds of long passages would hold gigabytes dense)
-DENSE_CELLS = 2_000_000
-
-
 def _matrix(rows: np.ndarray, cols: np.ndarray, values: np.ndarray, shape: tuple[int, int]) -> Any:
     """The matrix with ``values`` at (``rows``, ``cols``), zero elsewhere: dense up to
-    :data:`DENSE_CELLS` cells, else a SciPy CSR matrix (the products are the same sums)."""
+    :data:`~ragdefense.text.DENSE_CELLS` cells, else a SciPy CSR matrix (the same sums)."""
     if shape[0] * shape[1] <= DENSE_CELLS:
         dense = np.zeros(shape)
         dense[rows, cols] = values

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 
 __all__ = [
+    "DENSE_CELLS",
     "ENGLISH_STOP_WORDS",
     "answer_key",
     "contains_answer",
@@ -70,6 +71,12 @@ def tokenize(text: str, stop_words: frozenset[str] = ENGLISH_STOP_WORDS) -> list
     return [t for t in _TOKEN.findall(text.lower()) if t not in stop_words]
 
 
+#: documents x terms past which the term matrices of BM25 and TF-IDF are kept as their non-zero
+#: cells (a pool of tens of passages computes faster dense; hundreds of long passages would hold
+#: gigabytes dense)
+DENSE_CELLS = 2_000_000
+
+
 def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
     """Vocabulary (sorted) and the TF-IDF of each term summed over the documents.
 
@@ -82,6 +89,14 @@ def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
     if not vocab:
         return [], np.zeros(0)
     col = {t: j for j, t in enumerate(vocab)}
+    if len(docs) * len(vocab) > DENSE_CELLS:  # the same sums over the non-zero cells alone
+        rows = np.repeat(np.arange(len(docs)), [len(c) for c in counts])
+        cols = np.fromiter((col[t] for c in counts for t in c), dtype=np.intp, count=len(rows))
+        cells = np.fromiter((k for c in counts for k in c.values()), float, count=len(rows))
+        df = np.bincount(cols, minlength=len(vocab))
+        weights = cells * (np.log((1 + len(docs)) / (1 + df)) + 1.0)[cols]
+        norms = np.sqrt(np.bincount(rows, weights=weights * weights, minlength=len(docs)))
+        return vocab, np.bincount(cols, weights=weights / norms[rows], minlength=len(vocab))
     tf = np.zeros((len(docs), len(vocab)))
     for i, c in enumerate(counts):
         for t, k in c.items():

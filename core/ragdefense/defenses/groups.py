@@ -53,8 +53,11 @@ def coordinated_groups(
     m = len(query_sim)
     alive = np.ones(m, dtype=bool)
     groups: list[CoordinatedGroup] = []
+    numbers = None if texts is None else np.asarray(texts)
     while alive.sum() >= 3:
         idx = np.flatnonzero(alive)
+        # each text once among the passages left (the usual case): no copy to leave out
+        once = None if numbers is None or len(np.unique(numbers[idx])) == len(idx) else numbers
         dist = np.clip(1.0 - sim[np.ix_(idx, idx)], 0.0, None)
         np.fill_diagonal(dist, np.inf)
         if dist.min() > 1 - tightness:  # no pair close enough: the first merge would be above it
@@ -68,27 +71,26 @@ def coordinated_groups(
             member = labels == label
             if member.sum() < 2 or member.all():
                 continue
-            if texts is not None and member.sum() < 3 and len({texts[i] for i in idx[member]}) < 2:
+            if once is not None and member.sum() < 3 and len(set(once[idx[member]])) < 2:
                 continue  # one text stored twice
-            inside, outside = _once(idx[member], texts), _once(idx[~member], texts)
+            inside, outside = _once(idx[member], once), _once(idx[~member], once)
             lift = float(query_sim[inside].mean() - query_sim[outside].mean())
             if best is None or lift > best[0]:
                 best = (lift, idx[member])
         if best is None or best[0] < margin:
             break
         lift, members = best
-        inner = pairs_among(sim, _once(members, texts))  # one text repeated: cohesion 1
+        inner = pairs_among(sim, _once(members, once))  # one text repeated: cohesion 1
         cohesion = float(inner.mean()) if inner.size else 1.0
         groups.append(CoordinatedGroup(tuple(int(i) for i in members), cohesion, lift))
         alive[members] = False
     return groups
 
 
-def _once(idx: np.ndarray, texts: Sequence[int] | None) -> np.ndarray:
-    """``idx`` with each text once (its first copy): a copy adds no weight to a mean."""
-    if texts is None:
+def _once(idx: np.ndarray, numbers: np.ndarray | None) -> np.ndarray:
+    """``idx`` (ascending) with each text once, its first copy: a copy adds no weight to a
+    mean (``numbers``: each passage's text number; ``None``: every text once already)."""
+    if numbers is None:
         return idx
-    first: dict[int, int] = {}
-    for i in idx:
-        first.setdefault(texts[i], int(i))
-    return np.array(sorted(first.values()), dtype=int)
+    first = np.unique(numbers[idx], return_index=True)[1]
+    return np.sort(idx[first])
