@@ -373,3 +373,58 @@ def test_an_address_trusts_a_site_only_and_a_file_name_no_site() -> None:
     # a bare value under "source" may name the file a loader read: "./install.sh" trusts it
     assert _trusted({"./install.sh"}, {"source": "install.sh"})
     assert not _trusted({"./install.sh"}, {"url": "https://install.sh/x"})
+
+
+def test_a_source_longer_than_any_host_name_is_kept_as_written() -> None:
+    """Each label of a non-ASCII host was converted to punycode in pure Python: a planted
+    1 MB ``source`` of one-letter labels cost seconds on every query retrieving it. Past 253
+    characters no DNS name is read (none is that long): the value is one opaque source."""
+    from ragdefense.addresses import host_name
+
+    long = "Ü." * 200 + "com"
+    assert host_name(long) == long.lower()
+    assert host_name("Bücher.example") == "xn--bcher-kva.example"  # a real host as before
+    assert source_of(Passage("x", metadata={"source": "https://" + long})) == long.lower()
+
+
+def test_a_source_value_that_cannot_be_printed_is_no_source() -> None:
+    """A ``source`` that ``str()`` cannot print (a dict nested past Python's recursion limit)
+    raised ``RecursionError`` from every default call retrieving that passage."""
+    import ragdefense
+
+    nested: dict[str, Any] = {}
+    for _ in range(5000):
+        nested = {"a": nested}
+
+    class Broken:
+        def __str__(self) -> str:
+            raise ValueError("no text")
+
+    for value in (nested, Broken()):
+        assert source_of(Passage("x", metadata={"source": value})) is None
+    passages = [Passage(f"text {i}", metadata={"source": nested}) for i in range(4)]
+    assert len(ragdefense.defense("consensus").defend("text?", passages).kept) == 4
+
+
+def test_a_trust_predicate_copies_only_what_it_reads(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every metadata value was deep-copied for the ``trusted=`` predicate on every call:
+    a record holding a large value (a layout, a vector) cost a copy per passage per query.
+    Each value is copied as it is read, and the caller's still cannot be changed."""
+    import copy
+
+    import ragdefense
+
+    copied: list[Any] = []
+    deepcopy = copy.deepcopy
+    monkeypatch.setattr(copy, "deepcopy", lambda v, *a: copied.append(v) or deepcopy(v, *a))
+    layout = [{"x": i} for i in range(1000)]
+    passages = [
+        Passage(f"text {i}", metadata={"reviewed": i == 0, "layout": layout}) for i in range(4)
+    ]
+
+    def reviewed(metadata: Any) -> bool:
+        return bool(metadata.get("reviewed")) and len(metadata) == 2 and "layout" in metadata
+
+    guard = ragdefense.defense("consensus", trusted=reviewed)
+    assert guard.defend("text?", passages).estimates["trusted"] == [0]
+    assert layout not in copied and copied  # the flags read were copied, the layout never

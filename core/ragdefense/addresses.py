@@ -84,7 +84,7 @@ def host_name(host: str) -> str | None:
     mapping a browser applies (IDNA's: an ideographic full stop read as a dot, a soft hyphen
     dropped): such a spelling is another host, never a trusted one."""
     name = unicodedata.normalize("NFKC", host).lower().rstrip(".")
-    if not name.isascii():
+    if not name.isascii() and len(name) <= 253:  # longer is no DNS name: kept as written
         name = ".".join(
             label if label.isascii() else "xn--" + label.encode("punycode").decode("ascii")
             for label in name.split(".")

@@ -40,7 +40,8 @@ from .addresses import (
     web_host,
     working_folder,
 )
-from .integration.records import copied
+from .integration.records import CopiedOnRead
+from .text import printed
 from .types import Passage
 
 __all__ = [
@@ -93,9 +94,8 @@ _MISSING = frozenset({"nan", "none", "null", "n/a", "<na>", "nat"})
 def _normal(value: Any, web: bool = False, file: bool = False) -> str | None:
     """``value`` as a source; ``web``: a ``url`` / ``link`` value (a page, even scheme-less or
     scheme-relative, ``//who.int/news``); ``file``: a file key's, never a host."""
-    if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
+    if (text := printed(value)) is None:  # no value, or one without a text
         return None
-    text = value if type(value) is str else str(value)
     return (_normal_text if len(text) <= _CACHED else _normal_text.__wrapped__)(text, web, file)
 
 
@@ -388,7 +388,7 @@ class _Predicate:
 
     def __call__(self, passage: Passage, source: str | None) -> bool:
         meta = passage.metadata if isinstance(passage.metadata, Mapping) else {}
-        verdict = self.predicate({k: copied(v) for k, v in meta.items()})  # the caller's stays
+        verdict = self.predicate(CopiedOnRead(meta))  # the caller's stays as it is
         # "false" (a flag read from CSV or JSON) and NaN (a missing flag in pandas) are true
         # to bool(): a passage would be trusted by a value that means the opposite
         nan = isinstance(verdict, (numbers.Complex, Decimal)) and (

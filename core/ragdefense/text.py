@@ -22,6 +22,7 @@ __all__ = [
     "is_abstention",
     "names_answer",
     "normalize",
+    "printed",
     "split_sentences",
     "summed_tfidf",
     "tokenize",
@@ -110,6 +111,19 @@ def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
 
 
 _PUNCTUATION = str.maketrans("", "", string.punctuation)
+
+
+def printed(value: Any) -> str | None:
+    """``value`` as text; ``None`` for a missing value (``None``, a NaN, a bool) and for one
+    whose ``str`` fails (a dict nested past Python's recursion limit, a broken ``__str__``)."""
+    if type(value) is str:
+        return value
+    if value is None or isinstance(value, bool) or (isinstance(value, float) and value != value):
+        return None
+    try:
+        return str(value)
+    except Exception:  # RecursionError too
+        return None
 
 
 def well_formed(text: str) -> str:

@@ -4,7 +4,7 @@ copies it returns, and the report of what was removed (for tracing events)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..shown import jsonable
@@ -46,6 +46,30 @@ def tagged_metadata(
         mine["previous"] = out[METADATA_KEY]
     out[METADATA_KEY] = mine
     return out
+
+
+class CopiedOnRead(Mapping[str, Any]):
+    """A read-only view of ``metadata`` whose values are copied (:func:`copied`) as they are
+    read: a user's function (a ``trusted=`` predicate) cannot change the caller's metadata, and
+    one that reads a key of a large record copies that key alone."""
+
+    def __init__(self, metadata: Mapping[str, Any]) -> None:
+        self._given = metadata
+        self._read: dict[str, Any] = {}
+
+    def __getitem__(self, key: str) -> Any:
+        if key not in self._read:
+            self._read[key] = copied(self._given[key])
+        return self._read[key]
+
+    def __contains__(self, key: object) -> bool:  # a test of a key copies nothing
+        return key in self._given
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._given)
+
+    def __len__(self) -> int:
+        return len(self._given)
 
 
 def copied(value: Any) -> Any:
