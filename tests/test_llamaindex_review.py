@@ -840,3 +840,34 @@ def test_a_query_string_in_the_bundle_s_place_says_to_name_it(toy_embedder: Any)
     with pytest.raises(TypeError, match=r"pass a query string as query_str="):
         post.postprocess_nodes(nodes, OCEAN)  # type: ignore[arg-type]
     assert len(post.postprocess_nodes(nodes, query_str=OCEAN)) >= 1
+
+
+def test_a_cancelled_async_postprocess_reports_no_removal(removed: Removed) -> None:
+    """``apostprocess_nodes`` ran the whole sync postprocess in a worker thread, its events
+    too: a call cancelled by its caller (a request timed out) still reported its removals,
+    from the abandoned thread, after the caller had gone."""
+    import asyncio
+    import time
+
+    class Slow:
+        name, pool_factor, min_pool, min_passages = "slow", 1, 0, 0
+
+        def defend(self, query: str, passages: Any) -> DefenseResult:
+            time.sleep(0.4)
+            verdicts = tuple(
+                Verdict(i, p, i != 0, 0.0, "kept" if i else "removed: planted")
+                for i, p in enumerate(passages)
+            )
+            return DefenseResult("slow", query, verdicts, "score")
+
+    post = DefensePostprocessor(defense=Slow())
+    nodes = [NodeWithScore(node=TextNode(text=f"text {i}"), score=1.0) for i in range(3)]
+
+    async def timed_out() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(post.apostprocess_nodes(nodes, query_str="q?"), 0.05)
+
+    asyncio.run(timed_out())  # waits for the worker thread before it returns
+    assert removed.records == []
+    out = asyncio.run(post.apostprocess_nodes(nodes, query_str="q?"))
+    assert len(out) == 2 and [r["reason"] for r in removed.records] == ["removed: planted"]

@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -19,7 +21,6 @@ from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
-from llama_index.core.instrumentation.events import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
@@ -35,17 +36,16 @@ from ragdefense.integration.adapter import (
     defense_field,
     plain_params,
     plain_value,
-    removals,
     report_now,
 )
 from ragdefense.integration.records import (
     UNCHECKED,
     check_items,
-    removed_report,
     verdict_metadata,
 )
 
 from .embeddings import RagdefenseEmbedding, picklable
+from .events import DefenseRemovedEvent, announce
 from .nodes import node_passage, tagged
 from .vectors import stored_vectors
 
@@ -65,38 +65,6 @@ TOO_FEW = (
     "A postprocessor cannot widen retrieval: retrieve more nodes, e.g. "
     "index.as_query_engine(similarity_top_k=10, node_postprocessors=[...])."
 )
-
-
-class DefenseRemovedEvent(BaseEvent):
-    """Instrumentation event: what a defense removed from the retrieved nodes, and why."""
-
-    defense: str = Field(description="the defense's name, e.g. 'RAGDefender'")
-    query: str = Field(description="the query the nodes were retrieved for")
-    removed: list[dict[str, Any]] = Field(
-        description=(
-            "one record per removed node: index, id, text, score, the reason, and whether it "
-            "is a copy left out because its text stays in another node"
-        )
-    )
-    estimates: dict[str, Any] = Field(description="the defense's estimates for this query")
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "DefenseRemovedEvent"
-
-
-def announce(results: list[DefenseResult | None]) -> None:
-    """Send a :class:`DefenseRemovedEvent` for each of ``results`` that removed anything."""
-    for result in removals(results):
-        report = removed_report(result)
-        dispatcher.event(
-            DefenseRemovedEvent(
-                defense=report["defense"],
-                query=report["query"],
-                removed=report["removed"],
-                estimates=report["estimates"],
-            )
-        )
 
 
 class DefensePostprocessor(BaseNodePostprocessor):
@@ -237,14 +205,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
         passages = [node_passage(n, v) for n, v in zip(nodes, vectors, strict=True)]
         return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW, query_embedding)
 
-    def _output(
-        self, nodes: list[NodeWithScore], result: DefenseResult | None
-    ) -> list[NodeWithScore]:
-        if report_now(result):
-            announce([result])
+    def _judged(
+        self, nodes: list[NodeWithScore], query: str, vector: Any
+    ) -> tuple[DefenseResult | None, list[NodeWithScore]]:
+        """The defense's result and the nodes it passes on (copies with its verdicts)."""
+        result = self._run(nodes, query, vector)
         if result is None:
-            return [tagged(n, UNCHECKED, n.score) for n in nodes]
-        return [
+            return None, [tagged(n, UNCHECKED, n.score) for n in nodes]
+        return result, [
             tagged(
                 nodes[i],
                 verdict_metadata(result, result.verdicts[i]),
@@ -252,6 +220,32 @@ class DefensePostprocessor(BaseNodePostprocessor):
             )
             for i in result.kept_indices
         ]
+
+    @contextmanager
+    def _reranking(
+        self, nodes: list[NodeWithScore], bundle: QueryBundle | None, query: str
+    ) -> Iterator[Callable[[DefenseResult | None, list[NodeWithScore]], None]]:
+        """LlamaIndex's rerank events around the defense; ``end(result, out)`` reports what it
+        removed and ends them, where the caller is (an async call cancelled reports nothing)."""
+        name = self._name()
+        dispatcher.event(
+            ReRankStartEvent(query=bundle, nodes=nodes, top_n=len(nodes), model_name=name)
+        )
+        payload: dict[str, Any] = {
+            EventPayload.NODES: nodes,
+            EventPayload.MODEL_NAME: name,
+            EventPayload.QUERY_STR: query,
+            EventPayload.TOP_K: len(nodes),
+        }
+        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
+
+            def end(result: DefenseResult | None, out: list[NodeWithScore]) -> None:
+                if report_now(result):
+                    announce([result])
+                event.on_end(payload={EventPayload.NODES: out})
+                dispatcher.event(ReRankEndEvent(nodes=out))
+
+            yield end
 
     @staticmethod
     def _query(query_bundle: QueryBundle | None) -> str:
@@ -291,28 +285,24 @@ class DefensePostprocessor(BaseNodePostprocessor):
         if not nodes:
             return []
         query = self._query(query_bundle)
-        dispatcher.event(
-            ReRankStartEvent(
-                query=query_bundle, nodes=nodes, top_n=len(nodes), model_name=self._name()
-            )
-        )
-        payload: dict[str, Any] = {
-            EventPayload.NODES: nodes,
-            EventPayload.MODEL_NAME: self._name(),
-            EventPayload.QUERY_STR: query,
-            EventPayload.TOP_K: len(nodes),
-        }
-        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
-            out = self._output(nodes, self._run(nodes, query, self._query_vector(query_bundle)))
-            event.on_end(payload={EventPayload.NODES: out})
-        dispatcher.event(ReRankEndEvent(nodes=out))
+        with self._reranking(nodes, query_bundle, query) as end:
+            result, out = self._judged(nodes, query, self._query_vector(query_bundle))
+            end(result, out)
         return out
 
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
-        # the CPU-bound defense runs in a worker thread, with the same events
-        return await asyncio.to_thread(self._postprocess_nodes, nodes, query_bundle)
+        nodes = check_items(nodes, NodeWithScore, "LlamaIndex NodeWithScore")
+        if not nodes:
+            return []
+        query = self._query(query_bundle)
+        with self._reranking(nodes, query_bundle, query) as end:  # the events here, not in
+            # the worker thread the CPU-bound defense runs in
+            vector = self._query_vector(query_bundle)
+            result, out = await asyncio.to_thread(self._judged, nodes, query, vector)
+            end(result, out)
+        return out
 
 
 def _field(defense: str, name: str) -> Any:

@@ -42,7 +42,8 @@ from ragdefense.integration.retrieval import (
 )
 
 from ._private import corpus_size, index_embed_model, merged_retriever, retriever_index
-from .postprocessors import DefensePostprocessor, announce
+from .events import announce
+from .postprocessors import DefensePostprocessor
 
 __all__ = ["DefendedRetriever", "defend"]
 
