@@ -719,3 +719,80 @@ def test_a_custom_defense_returning_its_kept_documents_fails_closed_by_name() ->
     docs = [Document("a"), Document("b")]
     with pytest.raises(DefenseFailed, match=r"kept-only\.defend returned list, not a Defense"):
         DefenseCompressor(defense=KeptOnly()).compress_documents(docs, "q")
+
+
+def test_async_compression_copies_the_documents_off_the_event_loop() -> None:
+    """``acompress_documents`` made the copies of the documents it passes on (their metadata
+    deep-copied: a layout, a vector) on the event loop, stalling every other request."""
+    import threading
+
+    from ragdefense import Verdict
+
+    copied_in: list[str] = []
+
+    class Recorded:
+        def __deepcopy__(self, memo: Any) -> Recorded:
+            copied_in.append(threading.current_thread().name)
+            return Recorded()
+
+    class KeepAll:
+        name, pool_factor, min_pool, min_passages = "keep-all", 1, 0, 0
+
+        def defend(self, query: str, passages: Any) -> Any:
+            from ragdefense import DefenseResult
+
+            verdicts = tuple(Verdict(i, p, True, 0.0, "kept") for i, p in enumerate(passages))
+            return DefenseResult("keep-all", query, verdicts, "score")
+
+    docs = [Document(f"text {i}", metadata={"layout": Recorded()}) for i in range(3)]
+    out = asyncio.run(DefenseCompressor(defense=KeepAll()).acompress_documents(docs, "q?"))
+    assert len(out) == 3 and len(copied_in) == 3
+    assert threading.main_thread().name not in copied_in
+
+
+class Hosted(Embeddings):
+    """A hosted model: native async calls, counted apart from the sync ones."""
+
+    def __init__(self) -> None:
+        self.sync_calls = self.async_calls = 0
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.sync_calls += 1
+        return bag_of_words(texts).tolist()  # type: ignore[no-any-return]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+    async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+        self.async_calls += 1
+        return bag_of_words(texts).tolist()  # type: ignore[no-any-return]
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return (await self.aembed_documents([text]))[0]
+
+
+def test_async_compression_embeds_through_a_hosted_models_own_async_api() -> None:
+    """``acompress_documents`` embedded through the model's sync API from a worker thread of
+    the event loop's shared pool: with a hosted model, requests in flight were capped at the
+    pool's few threads. A model with an async API of its own is asked through it."""
+    from ragdefense.data import demo_documents
+
+    docs = [Document(t) for t, m in demo_documents() if not m["poison"]][:12]
+    query = "What is the largest ocean on Earth?"
+    hosted = Hosted()
+    compressor = DefenseCompressor(embeddings=hosted)
+    out = asyncio.run(compressor.acompress_documents(docs, query))
+    assert hosted.sync_calls == 0 and hosted.async_calls == 2  # the passages, the query
+    same = DefenseCompressor(embeddings=Hosted()).compress_documents(docs, query)
+    assert [d.page_content for d in out] == [d.page_content for d in same]
+    assert [d.metadata for d in out] == [d.metadata for d in same]
+    asyncio.run(compressor.acompress_documents(docs, query))
+    assert hosted.async_calls == 2  # remembered, as the sync path's embeddings are
+
+    class Down(Hosted):
+        async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+            raise ConnectionError("async endpoint down")
+
+    down = Down()  # a failure is left to the defense's own calls, and its fail_open
+    kept = asyncio.run(DefenseCompressor(embeddings=down).acompress_documents(docs, query))
+    assert down.sync_calls == 2 and len(kept) == len(out)

@@ -97,6 +97,28 @@ class Embedder(ABC):
                 _keep(kept, text, vec.copy(), self.query_cache)
         return vec
 
+    def uncached(self, texts: Sequence[str]) -> list[str]:
+        """The distinct texts of ``texts`` :meth:`embed` would send to the model."""
+        with self._lock:
+            return [t for t in dict.fromkeys(texts) if t not in self._cache]
+
+    def remember(self, texts: Sequence[str], vectors: ArrayLike) -> None:
+        """Keep ``vectors``, computed elsewhere by this embedder's own model (its async API),
+        as the embeddings of ``texts``: :meth:`embed` returns them without a model call
+        (checked as the model's output is; none kept where the cache is off)."""
+        rows = as_rows(vectors, expected_rows=len(texts))
+        with self._lock:
+            for text, row in zip(texts, rows, strict=True):
+                _keep(self._cache, text, row.copy(), self.cache_size)
+
+    def knows_query(self, text: str) -> bool:
+        """Whether :meth:`embed_query` has ``text``'s vector without a model call."""
+        kept = self.__dict__.get("_queries") if self.cache_size else None
+        if kept is None:
+            return False
+        with self._lock:
+            return text in kept
+
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Embed many queries (an audit's probes), uncached: float32 rows, in one model call
         where the model embeds queries as passages or batches them (:meth:`_embed_queries`)."""

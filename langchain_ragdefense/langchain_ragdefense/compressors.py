@@ -175,11 +175,43 @@ class DefenseCompressor(BaseDocumentCompressor):
     async def acompress_documents(
         self, documents: Sequence[Document], query: str, callbacks: Callbacks | None = None
     ) -> Sequence[Document]:
-        """Async :meth:`compress_documents` (the CPU-bound defense runs in a worker thread)."""
-        result = await asyncio.to_thread(self._run, documents, query)
+        """Async :meth:`compress_documents` (the CPU-bound defense and the copies of the
+        documents it passes on are made in a worker thread; its event is sent from here)."""
+        await self._aembedded(documents, query)
+        result, out = await asyncio.to_thread(self._judged, documents, query)
         if report_now(result):
             await aannounce(result, callbacks)
-        return self._output(documents, result)
+        return out
+
+    async def _aembedded(self, documents: Sequence[Document], query: str) -> None:
+        """The vectors the defense will ask its model for, asked here through the model's own
+        async API where it has one (a hosted model): from the worker thread the defense runs
+        in, its sync calls would share the event loop's few threads with every request. A
+        failure here leaves them to the defense's own calls (and its ``fail_open``)."""
+        core = self.core
+        embedder: Any = getattr(core, "embedder", None)
+        model: Any = getattr(embedder, "embeddings", None)
+        if (
+            not getattr(core, "uses_embeddings", False)
+            or type(embedder) is not LangChainEmbedder
+            or type(model).aembed_documents is Embeddings.aembed_documents  # a thread's too
+            or (self.vectorstore is not None and self._store_space())  # the store's vectors
+        ):
+            return
+        try:
+            texts = embedder.uncached([d.page_content for d in documents])
+            if texts:
+                embedder.remember(texts, await model.aembed_documents(texts))
+            if not embedder.knows_query(query):
+                embedder.remember_query(query, await model.aembed_query(query))
+        except Exception:  # asked again, and failing as set, in the worker thread
+            return
+
+    def _judged(
+        self, documents: Sequence[Document], query: str
+    ) -> tuple[DefenseResult | None, list[Document]]:
+        result = self._run(documents, query)
+        return result, self._output(documents, result)
 
 
 def announce(result: DefenseResult, callbacks: Callbacks | None) -> None:
