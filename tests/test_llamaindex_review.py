@@ -871,3 +871,41 @@ def test_a_cancelled_async_postprocess_reports_no_removal(removed: Removed) -> N
     assert removed.records == []
     out = asyncio.run(post.apostprocess_nodes(nodes, query_str="q?"))
     assert len(out) == 2 and [r["reason"] for r in removed.records] == ["removed: planted"]
+
+
+def test_async_postprocess_embeds_through_a_hosted_models_own_async_api() -> None:
+    """``apostprocess_nodes`` embedded through the model's sync API from a worker thread of the
+    event loop's shared pool: with a hosted model, requests in flight were capped at its few
+    threads. A model with a batch async API of its own is asked through it."""
+    import asyncio
+
+    from llama_index.core.embeddings import BaseEmbedding
+
+    class Hosted(BaseEmbedding):
+        sync_calls: int = 0
+        async_calls: int = 0
+
+        def _get_text_embedding(self, text: str) -> list[float]:
+            self.sync_calls += 1
+            return bag_of_words([text])[0].tolist()  # type: ignore[no-any-return]
+
+        def _get_query_embedding(self, query: str) -> list[float]:
+            return self._get_text_embedding(query)
+
+        async def _aget_query_embedding(self, query: str) -> list[float]:
+            self.async_calls += 1
+            return bag_of_words([query])[0].tolist()  # type: ignore[no-any-return]
+
+        async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+            self.async_calls += 1
+            return bag_of_words(texts).tolist()  # type: ignore[no-any-return]
+
+    nodes = [NodeWithScore(node=TextNode(text=t), score=1.0) for t, _ in HONEST[:12]]
+    query = "What is the largest ocean on Earth?"
+    hosted = Hosted()
+    post = DefensePostprocessor(embed_model=hosted)
+    out = asyncio.run(post.apostprocess_nodes(nodes, query_str=query))
+    # the passages in LlamaIndex's batches of embed_batch_size (10), the query
+    assert hosted.sync_calls == 0 and hosted.async_calls == 3
+    same = DefensePostprocessor(embed_model=Hosted()).postprocess_nodes(nodes, query_str=query)
+    assert [n.node.text for n in out] == [n.node.text for n in same]

@@ -7,7 +7,7 @@ import copy
 import threading
 from abc import ABC, abstractmethod
 from collections import OrderedDict
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,27 @@ class Embedder(ABC):
         with self._lock:
             for text, row in zip(texts, rows, strict=True):
                 _keep(self._cache, text, row.copy(), self.cache_size)
+
+    async def embed_ahead(
+        self,
+        texts: Sequence[str],
+        aembed: Callable[[list[str]], Awaitable[Any]],
+        query: str | None = None,
+        aembed_query: Callable[[str], Awaitable[Any]] | None = None,
+    ) -> None:
+        """Ask the model's own async API (``aembed``, ``aembed_query``: this embedder's model's)
+        for the vectors of ``texts`` and ``query`` not cached, and keep them: an async caller
+        then runs the defense in a worker thread without sync model calls there (which would
+        share the event loop's few threads with every request). A failure leaves them to this
+        embedder's own calls, whose failure the caller handles as it would."""
+        try:
+            missing = self.uncached(texts)
+            if missing:
+                self.remember(missing, await aembed(missing))
+            if query is not None and aembed_query is not None and not self.knows_query(query):
+                self.remember_query(query, await aembed_query(query))
+        except Exception:  # asked again by the sync calls, and failing there as set
+            return
 
     def knows_query(self, text: str) -> bool:
         """Whether :meth:`embed_query` has ``text``'s vector without a model call."""

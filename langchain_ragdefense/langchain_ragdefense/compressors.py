@@ -184,10 +184,8 @@ class DefenseCompressor(BaseDocumentCompressor):
         return out
 
     async def _aembedded(self, documents: Sequence[Document], query: str) -> None:
-        """The vectors the defense will ask its model for, asked here through the model's own
-        async API where it has one (a hosted model): from the worker thread the defense runs
-        in, its sync calls would share the event loop's few threads with every request. A
-        failure here leaves them to the defense's own calls (and its ``fail_open``)."""
+        """The vectors the defense will ask its model for, asked through the model's own async
+        API where it has one (a hosted model; :meth:`ragdefense.Embedder.embed_ahead`)."""
         core = self.core
         embedder: Any = getattr(core, "embedder", None)
         model: Any = getattr(embedder, "embeddings", None)
@@ -198,14 +196,8 @@ class DefenseCompressor(BaseDocumentCompressor):
             or (self.vectorstore is not None and self._store_space())  # the store's vectors
         ):
             return
-        try:
-            texts = embedder.uncached([d.page_content for d in documents])
-            if texts:
-                embedder.remember(texts, await model.aembed_documents(texts))
-            if not embedder.knows_query(query):
-                embedder.remember_query(query, await model.aembed_query(query))
-        except Exception:  # asked again, and failing as set, in the worker thread
-            return
+        texts = [d.page_content if isinstance(d, Document) else "" for d in documents]
+        await embedder.embed_ahead(texts, model.aembed_documents, query, model.aembed_query)
 
     def _judged(
         self, documents: Sequence[Document], query: str

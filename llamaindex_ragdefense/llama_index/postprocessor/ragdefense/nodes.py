@@ -8,7 +8,7 @@ from __future__ import annotations
 from hashlib import sha256
 from typing import Any
 
-from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore
+from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore, QueryBundle
 
 from ragdefense import Passage
 from ragdefense.integration.records import METADATA_KEY, copied, tagged_metadata
@@ -16,7 +16,7 @@ from ragdefense.provenance import SOURCE_KEYS
 
 from .vectors import with_document
 
-__all__ = ["node_passage", "shown", "tagged"]
+__all__ = ["node_passage", "query_text", "shown", "tagged"]
 
 #: the media a multimodal ``Node`` holds beside its text
 _RESOURCES = ("image_resource", "audio_resource", "video_resource")
@@ -98,3 +98,18 @@ def tagged(nws: NodeWithScore, record: dict[str, Any], score: float | None) -> N
         if getattr(node, name, None) is not None:
             update[name] = copied(getattr(node, name))
     return NodeWithScore(node=node.model_copy(update=update), score=score)
+
+
+def query_text(query_bundle: QueryBundle | None) -> str:
+    """The query's text; where ``query_str`` is blank, the strings the retriever embedded
+    for it (``custom_embedding_strs``): the passages were fetched for those."""
+    if query_bundle is None:
+        raise ValueError("a defense needs the query: call with query_bundle / query_str")
+    if isinstance(query_bundle, str):  # postprocess_nodes(nodes, "...") read it as a bundle
+        raise TypeError(
+            "pass a query string as query_str=: postprocess_nodes(nodes, query_str=...)"
+        )
+    query = query_bundle.query_str
+    if not query.strip() and query_bundle.custom_embedding_strs:
+        query = " ".join(s for s in query_bundle.custom_embedding_strs if s.strip())
+    return query

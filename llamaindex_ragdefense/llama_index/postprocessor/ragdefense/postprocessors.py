@@ -46,7 +46,7 @@ from ragdefense.integration.records import (
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .events import DefenseRemovedEvent, announce
-from .nodes import node_passage, tagged
+from .nodes import node_passage, query_text, tagged
 from .vectors import stored_vectors
 
 __all__ = [
@@ -205,6 +205,26 @@ class DefensePostprocessor(BaseNodePostprocessor):
         passages = [node_passage(n, v) for n, v in zip(nodes, vectors, strict=True)]
         return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW, query_embedding)
 
+    async def _aembedded(self, nodes: list[NodeWithScore], query: str, vector: Any) -> None:
+        """The vectors the defense will ask a hosted model for, asked through its own batch
+        async API (:meth:`ragdefense.Embedder.embed_ahead`), where no store gives them."""
+        embedder: Any = getattr(self.core, "embedder", None)
+        model: Any = getattr(embedder, "embed_model", None)
+        if (
+            getattr(self.core, "uses_embeddings", False)
+            and type(embedder) is LlamaIndexEmbedder
+            and type(model)._aget_text_embeddings is not BaseEmbedding._aget_text_embeddings
+            and self.vector_store is None
+        ):
+            carried = self.node_embeddings  # nodes carrying their vectors need none
+            texts = [
+                n.node.get_content(MetadataMode.NONE)
+                for n in nodes
+                if not (carried and n.node.embedding is not None)
+            ]
+            ask = model.aget_query_embedding if vector is None else None
+            await embedder.embed_ahead(texts, model.aget_text_embedding_batch, query, ask)
+
     def _judged(
         self, nodes: list[NodeWithScore], query: str, vector: Any
     ) -> tuple[DefenseResult | None, list[NodeWithScore]]:
@@ -247,21 +267,6 @@ class DefensePostprocessor(BaseNodePostprocessor):
 
             yield end
 
-    @staticmethod
-    def _query(query_bundle: QueryBundle | None) -> str:
-        """The query's text; where ``query_str`` is blank, the strings the retriever embedded
-        for it (``custom_embedding_strs``): the passages were fetched for those."""
-        if query_bundle is None:
-            raise ValueError("a defense needs the query: call with query_bundle / query_str")
-        if isinstance(query_bundle, str):  # postprocess_nodes(nodes, "...") read it as a bundle
-            raise TypeError(
-                "pass a query string as query_str=: postprocess_nodes(nodes, query_str=...)"
-            )
-        query = query_bundle.query_str
-        if not query.strip() and query_bundle.custom_embedding_strs:
-            query = " ".join(s for s in query_bundle.custom_embedding_strs if s.strip())
-        return query
-
     def _name(self) -> str:
         return self.core.name
 
@@ -284,7 +289,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         nodes = check_items(nodes, NodeWithScore, "LlamaIndex NodeWithScore")
         if not nodes:
             return []
-        query = self._query(query_bundle)
+        query = query_text(query_bundle)
         with self._reranking(nodes, query_bundle, query) as end:
             result, out = self._judged(nodes, query, self._query_vector(query_bundle))
             end(result, out)
@@ -296,10 +301,11 @@ class DefensePostprocessor(BaseNodePostprocessor):
         nodes = check_items(nodes, NodeWithScore, "LlamaIndex NodeWithScore")
         if not nodes:
             return []
-        query = self._query(query_bundle)
+        query = query_text(query_bundle)
         with self._reranking(nodes, query_bundle, query) as end:  # the events here, not in
             # the worker thread the CPU-bound defense runs in
             vector = self._query_vector(query_bundle)
+            await self._aembedded(nodes, query, vector)
             result, out = await asyncio.to_thread(self._judged, nodes, query, vector)
             end(result, out)
         return out
