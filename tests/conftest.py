@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import zlib
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +87,19 @@ def nlp() -> object:
     from ragdefense.robustrag.keywords import load_spacy
 
     return load_spacy()
+
+
+def cancel_once_started(work: Callable[[], Awaitable[Any]], steps: Sequence[Any]) -> None:
+    """Run ``work()`` as a task and cancel it once ``steps`` holds a step (its worker has
+    started), expecting its ``CancelledError``; returns once the worker threads it left are
+    done (``asyncio.run`` waits for them), so ``steps`` then says how far they went."""
+
+    async def cancelled_midway() -> None:
+        task = asyncio.ensure_future(work())
+        while not steps:
+            await asyncio.sleep(0.01)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(cancelled_midway())

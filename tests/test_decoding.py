@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import time
 from typing import Any
 
@@ -11,6 +10,8 @@ import pytest
 
 from ragdefense.llm import CallableLLM
 from ragdefense.robustrag import RobustRAG, SecureDecoding
+
+from .conftest import cancel_once_started
 
 VOCAB = ["<eos>", "I don't know", "Canberra", "Sydney", "Perth"]
 EOS, IDK, CAN, SYD, PER = range(5)
@@ -266,14 +267,7 @@ def test_cancelling_an_async_answer_stops_the_local_decoding() -> None:
     llm.session = lambda prompts: Slow(tables, prompts)  # type: ignore[method-assign]
     engine = RobustRAG(llm=llm, aggregation=SecureDecoding(), max_new_tokens=600)
 
-    async def cancel_it() -> None:
-        task = asyncio.ensure_future(engine.aanswer(Q, ["c0", "c1"]))
-        await asyncio.sleep(0.3)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(cancel_it())  # waits for the worker thread before it returns
+    cancel_once_started(lambda: engine.aanswer(Q, ["c0", "c1"]), steps)
     assert 0 < len(steps) < 599
     llm.session = lambda prompts: FakeSession(tables, prompts)  # type: ignore[method-assign]
     assert engine.answer(Q, ["c0", "c1"]).answer.startswith("Canberra")  # sync: unaffected

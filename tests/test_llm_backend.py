@@ -4,13 +4,14 @@ newline does not end its first line. Found by an independent review of the backe
 
 from __future__ import annotations
 
-import asyncio
 import copy
 from typing import Any
 
 import pytest
 
 from ragdefense.llm import TransformersLLM
+
+from .conftest import cancel_once_started
 
 pytestmark = pytest.mark.slow
 
@@ -207,13 +208,5 @@ def test_cancelling_an_async_batch_stops_the_decoding(smollm2: tuple[Any, Any]) 
 
     llm = Endless(model, tok, chat=False, first_line=False, timeout=None)
 
-    async def cancel_it() -> None:
-        task = asyncio.ensure_future(llm.agenerate(["Count: 1, 2, 3,"], max_new_tokens=400))
-        while not steps:  # decoding has started
-            await asyncio.sleep(0.01)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(cancel_it())  # waits for the worker thread before it returns
+    cancel_once_started(lambda: llm.agenerate(["Count: 1, 2, 3,"], max_new_tokens=400), steps)
     assert 0 < len(steps) < 399

@@ -18,6 +18,8 @@ from ragdefense.llm.calls import NO_TEXT, gather_within, run_threads
 from ragdefense.llm.observe import cancelled
 from ragdefense.robustrag import RobustRAG
 
+from .conftest import cancel_once_started
+
 PASSAGES = [f"passage {i}" for i in range(7)]
 
 
@@ -129,14 +131,7 @@ def test_a_backend_working_in_a_thread_is_told_its_async_caller_was_cancelled() 
                 time.sleep(0.01)
             return [Generation("x") for _ in prompts]
 
-    async def cancel_it() -> None:
-        task = asyncio.ensure_future(Looping().agenerate(["p"]))
-        await asyncio.sleep(0.2)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-
-    asyncio.run(cancel_it())  # waits for the worker thread before it returns
+    cancel_once_started(lambda: Looping().agenerate(["p"]), steps)
     assert 0 < len(steps) < 300
     assert not cancelled()  # the flag is the cancelled call's alone
 
