@@ -421,6 +421,19 @@ def test_the_packaged_model_by_its_hub_name_is_the_packaged_copy(minilm: Embedde
     assert len(guard.defend("Fruit?", ["Bananas are yellow.", "Apples are red."]).kept) == 2
 
 
+def test_a_folder_named_as_the_packaged_model_is_that_folder(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A fine-tuned copy saved under the base model's name, in the working folder, was taken
+    for the packaged model by its name."""
+    (tmp_path / "all-MiniLM-L6-v2").mkdir()
+    (tmp_path / "all-MiniLM-L6-v2" / "modules.json").write_text("[]")
+    monkeypatch.chdir(tmp_path)
+    local = as_embedder("all-MiniLM-L6-v2")
+    assert isinstance(local, SentenceTransformerEmbedder) and not local.packaged
+    assert local._path == "all-MiniLM-L6-v2"
+
+
 def test_a_query_embedded_by_another_model_than_the_vectors_names_the_fix() -> None:
     from ragdefense import Consensus
 

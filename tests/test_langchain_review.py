@@ -796,3 +796,13 @@ def test_async_compression_embeds_through_a_hosted_models_own_async_api() -> Non
     down = Down()  # a failure is left to the defense's own calls, and its fail_open
     kept = asyncio.run(DefenseCompressor(embeddings=down).acompress_documents(docs, query))
     assert down.sync_calls == 2 and len(kept) == len(out)
+    from ragdefense import Consensus, LangChainEmbedder
+
+    for cache_size in (0, 5):  # a cache that keeps none or too few: the sync calls alone
+        uncached = Hosted()
+        own = Consensus(embedder=LangChainEmbedder(uncached, cache_size=cache_size))
+        asyncio.run(DefenseCompressor(defense=own).acompress_documents(docs, query))
+        assert (uncached.sync_calls, uncached.async_calls) == (2, 0)
+    idle = Hosted()  # no documents: no call at all, as in the sync path
+    assert asyncio.run(DefenseCompressor(embeddings=idle).acompress_documents([], query)) == []
+    assert idle.sync_calls == idle.async_calls == 0

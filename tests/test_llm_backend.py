@@ -133,6 +133,8 @@ def test_a_converted_copy_of_the_packaged_model_needs_no_gguf(
     monkeypatch.setenv("RAGDEFENSE_CACHE", str(tmp_path / "empty"))
     with pytest.raises(ImportError, match="gguf"):
         packaged.check_packaged_llm()
+    packaged.check_packaged_llm(cache_dir=tmp_path)  # where TransformersLLM(cache_dir=) finds it
+    packaged.check_packaged_llm(cache_dir=converted)  # the converted copy itself
 
 
 def test_a_conversion_by_an_old_transformers_is_made_again(tmp_path: Any) -> None:
@@ -163,9 +165,10 @@ def test_a_folder_needs_transformers_said_when_made(monkeypatch: pytest.MonkeyPa
         "find_spec",
         lambda name, *a: None if name == "transformers" else find(name, *a),
     )
-    for model in (None, "/some/model/folder"):
-        with pytest.raises(ImportError, match=r"ragdefense\[llm\]"):
-            TransformersLLM(model)
+    with pytest.raises(ImportError, match=r"packaged LLM needs transformers.*ragdefense\[llm\]"):
+        TransformersLLM()
+    with pytest.raises(ImportError, match=r"model folder needs transformers: pip install torch"):
+        TransformersLLM("/some/model/folder")
 
 
 def test_a_given_model_is_moved_to_the_device_named() -> None:

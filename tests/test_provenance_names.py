@@ -423,7 +423,8 @@ def test_a_trust_predicate_copies_only_what_it_reads(monkeypatch: pytest.MonkeyP
     ]
 
     def reviewed(metadata: Any) -> bool:
-        return bool(metadata.get("reviewed")) and len(metadata) == 2 and "layout" in metadata
+        assert isinstance(metadata, dict) and "layout" in metadata and len(metadata) == 2
+        return bool(metadata.get("reviewed"))
 
     guard = ragdefense.defense("consensus", trusted=reviewed)
     assert guard.defend("text?", passages).estimates["trusted"] == [0]

@@ -932,5 +932,26 @@ def test_a_custom_defense_that_does_not_return_one_verdict_per_passage_is_named(
     with pytest.raises(ValueError, match=r"Bare\.defend returned 1 verdict\(s\) for 5 passage"):
         defense(Bare()).defend("q?", iter(_passages()))
     vectors = np.arange(10, dtype=float).reshape(5, 2)
-    with pytest.raises(ValueError, match="in input order"):  # and the embedding path
+    with pytest.raises(ValueError, match="one Verdict per passage"):  # the embedding path
         Quarantine.from_report(REPORT, Partial()).defend_embeddings("q?", _passages(), vectors)
+
+    class Reversed(KeptOnly):  # every verdict, in another order: put in input order
+        name = "reversed"
+
+        def defend(self, query: str, passages: Any) -> Any:
+            result = full.defend(query, passages)
+            return replace(result, verdicts=result.verdicts[::-1])
+
+    guard = Quarantine.from_report(REPORT, Reversed())
+    expected = Quarantine.from_report(REPORT, full).defend("q?", _passages())
+    assert guard.defend("q?", _passages()).kept_indices == expected.kept_indices
+
+    class Twice(KeptOnly):  # as many verdicts as passages, one passage judged twice
+        name = "twice"
+
+        def defend(self, query: str, passages: Any) -> Any:
+            result = full.defend(query, passages)
+            return replace(result, verdicts=(result.verdicts[0], *result.verdicts[:-1]))
+
+    with pytest.raises(ValueError, match=r"3 verdict\(s\) for 3 passage\(s\), not indexed 0 to 2"):
+        Quarantine.from_report(REPORT, Twice()).defend("q?", _passages())

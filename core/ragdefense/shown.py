@@ -7,6 +7,7 @@ import inspect
 import math
 import reprlib
 from collections.abc import Collection, Mapping
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -51,15 +52,17 @@ def jsonable(value: Any) -> Any:
 
 def described(obj: Any) -> str:
     """``Class(parameter=value, ...)``: the parameters of ``obj``'s constructor that it holds
-    under their own names and that differ from their defaults; a collection of more than five
-    items by its size (a quarantine's thousands of ids)."""
-    shown = []
+    under their own names and that differ from what the class makes of their defaults; a
+    collection of more than five items by its size (a quarantine's thousands of ids)."""
+    kind: Any = type(obj)
+    shown, plain = [], _made_plain(kind)
     for name, param in inspect.signature(type(obj).__init__).parameters.items():
         if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
         value: Any = getattr(obj, name, param.empty)
+        default = getattr(plain, name, param.default)  # what the class makes of the default
         try:
-            if value is param.empty or value is param.default or bool(value == param.default):
+            if value is param.empty or value is default or bool(value == default):
                 continue
         except (TypeError, ValueError):  # an array compared: not a default
             pass
@@ -67,3 +70,13 @@ def described(obj: Any) -> str:
         text = f"<{len(value)} items>" if many and len(value) > 5 else _SHORT.repr(value)
         shown.append(f"{name}={text}")
     return f"{type(obj).__name__}({', '.join(shown)})"
+
+
+@lru_cache(maxsize=64)
+def _made_plain(cls: type) -> Any:
+    """An instance of ``cls`` made with every default (``None`` where it needs arguments): a
+    default the constructor fills in (``GRADA(bm25=None)`` holds ``BM25()``) is no setting."""
+    try:
+        return cls()
+    except Exception:
+        return None

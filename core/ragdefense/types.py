@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -378,14 +379,22 @@ def defend_given(
 
 def checked_result(result: Any, n: int, defense: Any) -> DefenseResult:
     """``result`` of ``defense`` handed ``n`` passages, checked to be a :class:`DefenseResult`
-    with one verdict per passage in input order: a user's defense returning its kept passages,
-    or verdicts for some of them, failed far from its cause or lost passages silently."""
+    with one verdict per passage (put in input order): a user's defense returning its kept
+    passages, or verdicts for some, failed far from its cause or lost passages silently."""
     name = getattr(defense, "name", None) or type(defense).__name__
     if not isinstance(result, DefenseResult):
         raise TypeError(f"{name}.defend returned {type(result).__name__}, not a DefenseResult")
-    if [getattr(v, "index", None) for v in result.verdicts] != list(range(n)):
+    indices = [getattr(v, "index", None) for v in result.verdicts]
+    if indices == list(range(n)):
+        return result
+    try:
+        order = sorted(operator.index(i) for i in indices)  # type: ignore[arg-type]
+    except TypeError:
+        order = None
+    if order != list(range(n)):
+        what = "" if len(indices) != n else f", not indexed 0 to {n - 1} once each"
         raise ValueError(
-            f"{name}.defend returned {len(result.verdicts)} verdict(s) for {n} passage(s): "
-            "a DefenseResult holds one Verdict per passage, in input order (index 0, 1, ...)"
+            f"{name}.defend returned {len(indices)} verdict(s) for {n} passage(s){what}: a "
+            "DefenseResult holds one Verdict per passage"
         )
-    return result
+    return replace(result, verdicts=tuple(sorted(result.verdicts, key=lambda v: int(v.index))))

@@ -69,8 +69,7 @@ class GRADA(Described):
         damping: PageRank damping factor (``networkx``'s default).
         tol: PageRank convergence tolerance (``networkx``'s default).
         max_iter: Most PageRank iterations (``networkx``'s default).
-        bm25: The :class:`~ragdefense.similarity.BM25` scorer (k1, b, collection; ``None``: its
-            defaults).
+        bm25: The :class:`~ragdefense.similarity.BM25` scorer (k1, b, collection).
         embedder: Used only by the embedding variants and the peel; anything
             :func:`ragdefense.as_embedder` accepts (``None``: the packaged all-MiniLM-L6-v2).
         peel: Remove coordinated groups (:func:`coordinated_groups`, on embedding cosine)
@@ -158,7 +157,7 @@ class GRADA(Described):
         self.damping = damping
         self.tol = tol
         self.max_iter = int(max_iter)
-        self.bm25 = bm25
+        self.bm25 = bm25 or BM25()
         self.embedder = embedder
         self.peel = peel
         self.peel_tightness = peel_tightness
@@ -289,7 +288,7 @@ class GRADA(Described):
             sim = cosine_matrix(np.vstack([emb, q]))
             base, q_sim = sim[:m, :m], sim[:m, m]
         else:
-            s, q_scores = (self.bm25 or BM25()).matrices([p.text for p in items], query)
+            s, q_scores = self.bm25.matrices([p.text for p in items], query)
             assert q_scores is not None  # a query was given
             base, q_sim = 0.5 * (s + s.T), q_scores
         if self.similarity == "hrsim":

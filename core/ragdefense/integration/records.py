@@ -4,7 +4,7 @@ copies it returns, and the report of what was removed (for tracing events)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..shown import jsonable
@@ -48,28 +48,52 @@ def tagged_metadata(
     return out
 
 
-class CopiedOnRead(Mapping[str, Any]):
-    """A read-only view of ``metadata`` whose values are copied (:func:`copied`) as they are
-    read: a user's function (a ``trusted=`` predicate) cannot change the caller's metadata, and
-    one that reads a key of a large record copies that key alone."""
+class CopiedOnRead(dict[str, Any]):
+    """A copy of ``metadata`` (a ``dict``) whose values are deep-copied (:func:`copied`) when
+    first read: a user's function (a ``trusted=`` predicate) cannot change the caller's
+    metadata through it, and one that reads a key of a large record copies that key alone.
+    What it writes stays in it."""
+
+    __slots__ = ("_copied",)
 
     def __init__(self, metadata: Mapping[str, Any]) -> None:
-        self._given = metadata
-        self._read: dict[str, Any] = {}
+        super().__init__(metadata)
+        self._copied: set[Any] = set()
 
-    def __getitem__(self, key: str) -> Any:
-        if key not in self._read:
-            self._read[key] = copied(self._given[key])
-        return self._read[key]
+    def __getitem__(self, key: Any) -> Any:
+        value = super().__getitem__(key)
+        if key not in self._copied:
+            self._copied.add(key)
+            value = copied(value)
+            super().__setitem__(key, value)
+        return value
 
-    def __contains__(self, key: object) -> bool:  # a test of a key copies nothing
-        return key in self._given
+    def __setitem__(self, key: Any, value: Any) -> None:
+        self._copied.add(key)
+        super().__setitem__(key, value)
 
-    def __iter__(self) -> Iterator[str]:
-        return iter(self._given)
+    def get(self, key: Any, default: Any = None) -> Any:
+        return self[key] if key in self else default  # noqa: SIM401 - dict.get skips the copy
 
-    def __len__(self) -> int:
-        return len(self._given)
+    def items(self) -> Any:
+        return [(key, self[key]) for key in self]
+
+    def values(self) -> Any:
+        return [self[key] for key in self]
+
+    def pop(self, key: Any, *default: Any) -> Any:
+        if key in self:
+            self[key]  # copied before it is handed over
+        return super().pop(key, *default)
+
+    def setdefault(self, key: Any, default: Any = None) -> Any:
+        if key in self:
+            return self[key]
+        self[key] = default
+        return default
+
+    def copy(self) -> dict[str, Any]:
+        return {key: self[key] for key in self}
 
 
 def copied(value: Any) -> Any:

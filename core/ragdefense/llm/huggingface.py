@@ -71,7 +71,7 @@ class TransformersLLM(LLM):
                 "a model object needs its tokenizer: TransformersLLM(model, tokenizer)"
             )
         if given is None:  # what loading the folder or the packaged model needs, said now
-            check_packaged_llm(packaged=model is None)
+            check_packaged_llm(packaged=model is None, cache_dir=cache_dir)
         self.chat = chat
         self.batch_size = positive("batch_size", batch_size)
         self._device = device

