@@ -798,11 +798,22 @@ def test_async_compression_embeds_through_a_hosted_models_own_async_api() -> Non
     assert down.sync_calls == 2 and len(kept) == len(out)
     from ragdefense import Consensus, LangChainEmbedder
 
-    for cache_size in (0, 5):  # a cache that keeps none or too few: the sync calls alone
+    for cache_size in (0, 5):  # the vectors asked are handed on, whatever the cache keeps
         uncached = Hosted()
         own = Consensus(embedder=LangChainEmbedder(uncached, cache_size=cache_size))
         asyncio.run(DefenseCompressor(defense=own).acompress_documents(docs, query))
-        assert (uncached.sync_calls, uncached.async_calls) == (2, 0)
-    idle = Hosted()  # no documents: no call at all, as in the sync path
+        assert (uncached.sync_calls, uncached.async_calls) == (0, 2)
+    idle = Hosted()  # no documents, or fewer than the defense judges: no call, as when sync
     assert asyncio.run(DefenseCompressor(embeddings=idle).acompress_documents([], query)) == []
+    with pytest.warns(UserWarning, match="fewer than the 3 it needs"):
+        asyncio.run(DefenseCompressor(embeddings=idle).acompress_documents(docs[:2], query))
     assert idle.sync_calls == idle.async_calls == 0
+    busy = Hosted()  # many requests at once on one compressor: no sync call in the threads
+    shared = DefenseCompressor(embeddings=busy)
+
+    async def many() -> None:
+        questions = [f"{query} ({i})" for i in range(48)]
+        await asyncio.gather(*(shared.acompress_documents(docs, q) for q in questions))
+
+    asyncio.run(many())
+    assert busy.sync_calls == 0

@@ -429,3 +429,27 @@ def test_a_trust_predicate_copies_only_what_it_reads(monkeypatch: pytest.MonkeyP
     guard = ragdefense.defense("consensus", trusted=reviewed)
     assert guard.defend("text?", passages).estimates["trusted"] == [0]
     assert layout not in copied and copied  # the flags read were copied, the layout never
+
+
+def test_a_trust_predicate_copying_the_metadata_as_a_dict_leaves_the_callers() -> None:
+    """The copy handed to a ``trusted=`` predicate copied its values when read through its
+    own methods only: ``dict(m)`` or ``{**m}`` (CPython's fast path) handed over the caller's
+    nested values, which the predicate then changed."""
+    import pickle
+
+    import ragdefense
+
+    metadata = [{"tags": ["a"], "reviewed": i == 0, "n": {"seen": 0}} for i in range(4)]
+    passages = [Passage(f"text {i}", metadata=m) for i, m in enumerate(metadata)]
+
+    def meddling(m: Any) -> bool:
+        for copy in (dict(m), {**m}, m | {}, dict(m.items())):
+            copy["tags"].append("b")
+            copy["n"]["seen"] += 1
+        assert {"reviewed": m["reviewed"]}.items() <= m.items()  # a view, as a dict's
+        assert pickle.loads(pickle.dumps(m)) == m
+        return bool(m.popitem() and m.get("reviewed"))
+
+    guard = ragdefense.defense("consensus", trusted=meddling)
+    assert guard.defend("text?", passages).estimates["trusted"] == [0]
+    assert all(m["tags"] == ["a"] and m["n"] == {"seen": 0} for m in metadata)

@@ -955,3 +955,26 @@ def test_a_custom_defense_that_does_not_return_one_verdict_per_passage_is_named(
 
     with pytest.raises(ValueError, match=r"3 verdict\(s\) for 3 passage\(s\), not indexed 0 to 2"):
         Quarantine.from_report(REPORT, Twice()).defend("q?", _passages())
+
+
+def test_verdict_indices_of_another_number_type_are_plain_ints() -> None:
+    """A user's defense numbering its verdicts with NumPy integers passed the check, and the
+    removal report, documented as JSON, then failed to serialise; booleans counted as 0/1."""
+    full = defense("consensus", embedder=bag_of_words)
+
+    class Numbered:  # defend alone: wrapped by the front door, which checks what it returns
+        name = "numbered"
+
+        def __init__(self, kind: Any) -> None:
+            self.kind = kind
+
+        def defend(self, query: str, passages: Any) -> Any:
+            result = full.defend(query, passages)
+            verdicts = [replace(v, index=self.kind(v.index)) for v in result.verdicts]
+            return replace(result, verdicts=tuple(verdicts[::-1]))
+
+    result = defense(Numbered(np.int64)).defend("q?", _passages()[:2] + _passages()[3:4])
+    assert [type(v.index) for v in result.verdicts] == [int, int, int]
+    json.dumps(result.to_dict())
+    with pytest.raises(ValueError, match="not indexed 0 to 1 once each"):
+        defense(Numbered(bool)).defend("q?", _passages()[:2])

@@ -245,3 +245,20 @@ def test_a_defense_shows_the_parameters_it_was_made_with() -> None:
     held = repr(Quarantine(build("strict"), ids, ids, {}))
     assert held.startswith("Quarantine(defense=RAGDefender(), ids=<1000 items>, digests=<1000")
     assert len(held) < 150
+
+
+def test_a_defense_shown_from_its_own_constructor_is_made_once() -> None:
+    """Showing a defense compares it with one made with the defaults; a subclass whose
+    constructor shows itself was made again and again, to the recursion limit."""
+    from ragdefense import Consensus
+
+    made: list[int] = []
+
+    class Audited(Consensus):
+        def __init__(self, tightness: float = 0.9, **kwargs: Any) -> None:
+            made.append(1)
+            super().__init__(tightness=tightness, **kwargs)
+            self.note = repr(self)
+
+    assert Audited(tightness=0.7).note.startswith("Audited(")
+    assert len(made) <= 2  # itself, and at most one made with the defaults

@@ -74,17 +74,24 @@ class Embedder(ABC):
         """Embed a query: a float32 vector. The last :attr:`query_cache` queries are kept apart
         from the passages (an asymmetric model embeds them otherwise): a store retrieving for a
         query and the defense checking its pool, given this one embedder, embed it once."""
+        known = self._known_query(text)
+        if known is not None:
+            return known
+        try:
+            raw = self._embed_query(text)
+        except Exception as exc:
+            raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
+        return self.remember_query(text, raw)
+
+    def _known_query(self, text: str) -> np.ndarray | None:
+        """The kept vector of the query ``text``, or ``None``."""
         # None: no cache (cache_size=0), or a subclass that skipped Embedder.__init__
         kept = self.__dict__.get("_queries") if self.cache_size else None
         if kept is not None:
             with self._lock:
                 if text in kept:
                     return np.array(_kept(kept, text))
-        try:
-            raw = self._embed_query(text)
-        except Exception as exc:
-            raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
-        return self.remember_query(text, raw)
+        return None
 
     def remember_query(self, text: str, vector: ArrayLike) -> np.ndarray:
         """Keep ``vector``, computed elsewhere by this embedder's own model (a vector store
@@ -97,50 +104,42 @@ class Embedder(ABC):
                 _keep(kept, text, vec.copy(), self.query_cache)
         return vec
 
-    def uncached(self, texts: Sequence[str]) -> list[str]:
-        """The distinct texts of ``texts`` :meth:`embed` would send to the model."""
-        with self._lock:
-            return [t for t in dict.fromkeys(texts) if t not in self._cache]
-
-    def remember(self, texts: Sequence[str], vectors: ArrayLike) -> None:
-        """Keep ``vectors``, computed elsewhere by this embedder's own model (its async API),
-        as the embeddings of ``texts``: :meth:`embed` returns them without a model call
-        (checked as the model's output is; none kept where the cache is off)."""
-        rows = as_rows(vectors, expected_rows=len(texts))
-        with self._lock:
-            for text, row in zip(texts, rows, strict=True):
-                _keep(self._cache, text, row.copy(), self.cache_size)
-
     async def embed_ahead(
         self,
         texts: Sequence[str],
         aembed: Callable[[list[str]], Awaitable[Any]],
         query: str | None = None,
         aembed_query: Callable[[str], Awaitable[Any]] | None = None,
-    ) -> None:
-        """Ask the model's own async API (``aembed``, ``aembed_query``: this embedder's model's)
-        for the vectors of ``texts`` and ``query`` not cached, and keep them: an async caller
-        then runs the defense in a worker thread without sync model calls there (which would
-        share the event loop's few threads with every request). A failure leaves them to this
-        embedder's own calls, whose failure the caller handles as it would."""
-        if not texts or len(dict.fromkeys(texts)) > self.cache_size:
-            return  # nothing to judge, or more than the cache keeps: asked once, as they are
+    ) -> tuple[np.ndarray | None, np.ndarray | None]:
+        """The rows of ``texts`` and ``query``'s vector as :meth:`embed` and
+        :meth:`embed_query` give them, those not cached asked of the model's own async API
+        (``aembed``, ``aembed_query``: this embedder's model's) and kept: an async caller hands
+        them to the defense it runs in a worker thread, where sync model calls would share the
+        event loop's few threads with every request. ``(None, None)`` where a call fails (the
+        defense's own calls ask again, and fail as the caller set); the query's ``None`` where
+        it is neither kept nor asked (no ``query`` or ``aembed_query``)."""
         try:
-            missing = self.uncached(texts)
+            with self._lock:
+                cached = {
+                    t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache
+                }
+            missing = [t for t in dict.fromkeys(texts) if t not in cached]
+            fresh: dict[str, np.ndarray] = {}
             if missing:
-                self.remember(missing, await aembed(missing))
-            if query is not None and aembed_query is not None and not self.knows_query(query):
-                self.remember_query(query, await aembed_query(query))
-        except Exception:  # asked again by the sync calls, and failing there as set
-            return
-
-    def knows_query(self, text: str) -> bool:
-        """Whether :meth:`embed_query` has ``text``'s vector without a model call."""
-        kept = self.__dict__.get("_queries") if self.cache_size else None
-        if kept is None:
-            return False
-        with self._lock:
-            return text in kept
+                rows = as_rows(await aembed(missing), expected_rows=len(missing))
+                fresh = dict(zip(missing, rows, strict=True))
+                self.calls += 1
+                self.texts_embedded += len(missing)
+            with self._lock:
+                for text, row in fresh.items():
+                    _keep(self._cache, text, row.copy(), self.cache_size)
+            vector = None if query is None else self._known_query(query)
+            if vector is None and query is not None and aembed_query is not None:
+                vector = self.remember_query(query, await aembed_query(query))
+            found = [fresh[t] if t in fresh else cached[t] for t in texts]
+            return (np.stack(found) if found else None), vector
+        except Exception:
+            return None, None
 
     def embed_queries(self, texts: Sequence[str]) -> np.ndarray:
         """Embed many queries (an audit's probes), uncached: float32 rows, in one model call

@@ -6,13 +6,14 @@ from __future__ import annotations
 import inspect
 import math
 import reprlib
+import threading
 from collections.abc import Collection, Mapping
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-__all__ = ["described", "jsonable", "number_text", "plain_id"]
+__all__ = ["Described", "described", "jsonable", "number_text", "plain_id"]
 
 #: a parameter's value in a repr: cut where long, but a small object's own repr whole
 _SHORT = reprlib.Repr()
@@ -50,6 +51,14 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+class Described:
+    """Shown as ``Class(parameter=value, ...)``: the constructor's parameters that differ from
+    their defaults, a long collection by its size (as scikit-learn shows an estimator)."""
+
+    def __repr__(self) -> str:
+        return described(self)
+
+
 def described(obj: Any) -> str:
     """``Class(parameter=value, ...)``: the parameters of ``obj``'s constructor that it holds
     under their own names and that differ from what the class makes of their defaults; a
@@ -74,9 +83,20 @@ def described(obj: Any) -> str:
 
 @lru_cache(maxsize=64)
 def _made_plain(cls: type) -> Any:
-    """An instance of ``cls`` made with every default (``None`` where it needs arguments): a
-    default the constructor fills in (``GRADA(bm25=None)`` holds ``BM25()``) is no setting."""
+    """An instance of ``cls`` made with every default (``None`` where it needs arguments, or
+    where its constructor shows the instance it is making): a default the constructor fills
+    in (``GRADA(bm25=None)`` holds ``BM25()``) is no setting."""
+    building = _BUILDING.__dict__.setdefault("classes", set())
+    if cls in building:  # made again from its own constructor (a repr of self)
+        return None
+    building.add(cls)
     try:
         return cls()
     except Exception:
         return None
+    finally:
+        building.discard(cls)
+
+
+#: the classes whose default instance this thread is making
+_BUILDING = threading.local()

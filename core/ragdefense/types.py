@@ -9,7 +9,8 @@ from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 
-from .shown import described, jsonable, number_text, plain_id
+from .shown import Described as Described
+from .shown import jsonable, number_text, plain_id
 
 __all__ = [
     "MAX_PASSAGES",
@@ -198,14 +199,6 @@ def check_query(query: object) -> str:
     return query
 
 
-class Described:
-    """Shown as ``Class(parameter=value, ...)``: the constructor's parameters that differ from
-    their defaults, a long collection by its size (as scikit-learn shows an estimator)."""
-
-    def __repr__(self) -> str:
-        return described(self)
-
-
 @dataclass(frozen=True)
 class Verdict:
     """What a defense decided about one passage.
@@ -385,10 +378,10 @@ def checked_result(result: Any, n: int, defense: Any) -> DefenseResult:
     if not isinstance(result, DefenseResult):
         raise TypeError(f"{name}.defend returned {type(result).__name__}, not a DefenseResult")
     indices = [getattr(v, "index", None) for v in result.verdicts]
-    if indices == list(range(n)):
+    if all(type(i) is int for i in indices) and indices == list(range(n)):
         return result
-    try:
-        order = sorted(operator.index(i) for i in indices)  # type: ignore[arg-type]
+    try:  # another order, or numbers of another type (NumPy's): plain ints, in input order
+        order = sorted(operator.index(i) for i in indices if not isinstance(i, bool))  # type: ignore[arg-type]
     except TypeError:
         order = None
     if order != list(range(n)):
@@ -397,4 +390,5 @@ def checked_result(result: Any, n: int, defense: Any) -> DefenseResult:
             f"{name}.defend returned {len(indices)} verdict(s) for {n} passage(s){what}: a "
             "DefenseResult holds one Verdict per passage"
         )
-    return replace(result, verdicts=tuple(sorted(result.verdicts, key=lambda v: int(v.index))))
+    plain = (replace(v, index=operator.index(v.index)) for v in result.verdicts)
+    return replace(result, verdicts=tuple(sorted(plain, key=lambda v: v.index)))

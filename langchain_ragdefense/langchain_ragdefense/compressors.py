@@ -43,6 +43,9 @@ from ragdefense.integration.records import (
 
 from .vectors import stored_vectors
 
+#: vectors asked ahead by the async path: the passages' rows and the query's (``None``: not)
+Ahead = tuple[Any, Any]
+
 __all__ = [
     "EVENT_NAME",
     "AutoDefenseCompressor",
@@ -140,17 +143,21 @@ class DefenseCompressor(BaseDocumentCompressor):
         model = (self.embeddings or own) if named(self.defense) else defense_embedder(self.defense)
         return same_space(model, own)
 
-    def _run(self, documents: Sequence[Document], query: str) -> DefenseResult | None:
+    def _run(
+        self, documents: Sequence[Document], query: str, ahead: Ahead = (None, None)
+    ) -> DefenseResult | None:
+        """The defense on ``documents``, with the store's vectors where they are the defense's,
+        or those asked ``ahead`` (the passages' rows, the query's vector) by the async path."""
         documents = check_items(documents, Document, "LangChain Document")
         store = self.vectorstore
-        vectors: list[Any] = [None] * len(documents)
+        vectors: list[Any] = [None] * len(documents) if ahead[0] is None else list(ahead[0])
         if store is not None and documents and self._store_space():
             vectors = stored_vectors(store, documents)
         passages = [
             Passage(d.page_content, id=d.id, metadata=d.metadata, embedding=v)
             for d, v in zip(documents, vectors, strict=True)
         ]
-        return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW)
+        return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW, ahead[1])
 
     @staticmethod
     def _output(documents: Sequence[Document], result: DefenseResult | None) -> list[Document]:
@@ -177,32 +184,37 @@ class DefenseCompressor(BaseDocumentCompressor):
     ) -> Sequence[Document]:
         """Async :meth:`compress_documents` (the CPU-bound defense and the copies of the
         documents it passes on are made in a worker thread; its event is sent from here)."""
-        await self._aembedded(documents, query)
-        result, out = await asyncio.to_thread(self._judged, documents, query)
+        ahead = await self._aembedded(documents, query)
+        result, out = await asyncio.to_thread(self._judged, documents, query, ahead)
         if report_now(result):
             await aannounce(result, callbacks)
         return out
 
-    async def _aembedded(self, documents: Sequence[Document], query: str) -> None:
-        """The vectors the defense will ask its model for, asked through the model's own async
-        API where it has one (a hosted model; :meth:`ragdefense.Embedder.embed_ahead`)."""
+    async def _aembedded(self, documents: Sequence[Document], query: str) -> Ahead:
+        """The vectors the defense would ask its model for, asked through the model's own async
+        API where it has one (a hosted model; :meth:`ragdefense.Embedder.embed_ahead`), where
+        the defense will embed them: not from the store, not fewer than it judges."""
+        if not isinstance(query, str) or not isinstance(documents, list | tuple):
+            return None, None  # refused by the defense's own checks, in the worker thread
         core = self.core
         embedder: Any = getattr(core, "embedder", None)
         model: Any = getattr(embedder, "embeddings", None)
+        texts = [d.page_content if isinstance(d, Document) else "" for d in documents]
         if (
             not getattr(core, "uses_embeddings", False)
             or type(embedder) is not LangChainEmbedder
             or type(model).aembed_documents is Embeddings.aembed_documents  # a thread's too
             or (self.vectorstore is not None and self._store_space())  # the store's vectors
+            or len(set(texts)) < max(1, getattr(core, "min_passages", 1))
+            or not query.strip()
         ):
-            return
-        texts = [d.page_content if isinstance(d, Document) else "" for d in documents]
-        await embedder.embed_ahead(texts, model.aembed_documents, query, model.aembed_query)
+            return None, None
+        return await embedder.embed_ahead(texts, model.aembed_documents, query, model.aembed_query)
 
     def _judged(
-        self, documents: Sequence[Document], query: str
+        self, documents: Sequence[Document], query: str, ahead: Ahead = (None, None)
     ) -> tuple[DefenseResult | None, list[Document]]:
-        result = self._run(documents, query)
+        result = self._run(documents, query, ahead)
         return result, self._output(documents, result)
 
 

@@ -4,7 +4,7 @@ copies it returns, and the report of what was removed (for tracing events)."""
 from __future__ import annotations
 
 import copy
-from collections.abc import Mapping, Sequence
+from collections.abc import ItemsView, Iterator, Mapping, Sequence, ValuesView
 from typing import Any
 
 from ..shown import jsonable
@@ -75,11 +75,22 @@ class CopiedOnRead(dict[str, Any]):
     def get(self, key: Any, default: Any = None) -> Any:
         return self[key] if key in self else default  # noqa: SIM401 - dict.get skips the copy
 
-    def items(self) -> Any:
-        return [(key, self[key]) for key in self]
+    def __iter__(self) -> Iterator[Any]:
+        # overridden, CPython copies the dict (dict(m), {**m}, m | {}) through __getitem__
+        return iter(list(dict.keys(self)))
 
-    def values(self) -> Any:
-        return [self[key] for key in self]
+    def items(self) -> ItemsView[Any, Any]:  # type: ignore[override]
+        return ItemsView(self)
+
+    def values(self) -> ValuesView[Any]:  # type: ignore[override]
+        return ValuesView(self)
+
+    def popitem(self) -> tuple[Any, Any]:
+        key = next(reversed(list(dict.keys(self))))
+        return key, self.pop(key)
+
+    def __reduce__(self) -> Any:
+        return (dict, (self.copy(),))
 
     def pop(self, key: Any, *default: Any) -> Any:
         if key in self:

@@ -5,8 +5,6 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from typing import Any, Literal
 
 import numpy as np
@@ -17,11 +15,9 @@ from llama_index.core.bridge.pydantic import (
     SerializeAsAny,
     field_validator,
 )
-from llama_index.core.callbacks import CBEventType, EventPayload
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
-from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
 
@@ -36,7 +32,6 @@ from ragdefense.integration.adapter import (
     defense_field,
     plain_params,
     plain_value,
-    report_now,
 )
 from ragdefense.integration.records import (
     UNCHECKED,
@@ -45,7 +40,7 @@ from ragdefense.integration.records import (
 )
 
 from .embeddings import RagdefenseEmbedding, picklable
-from .events import DefenseRemovedEvent, announce
+from .events import DefenseRemovedEvent, reranking
 from .nodes import node_passage, query_text, tagged
 from .vectors import stored_vectors
 
@@ -190,9 +185,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
         return self._core.get(self.defense, params, self.embed_model, LlamaIndexEmbedder)
 
     def _run(
-        self, nodes: list[NodeWithScore], query: str, query_embedding: Any = None
+        self, nodes: list[NodeWithScore], query: str, query_embedding: Any = None, ahead: Any = None
     ) -> DefenseResult | None:
         vectors: list[Any] = [n.node.embedding if self.node_embeddings else None for n in nodes]
+        vectors = (
+            vectors
+            if ahead is None
+            else [a if v is None else v for v, a in zip(vectors, ahead, strict=True)]
+        )
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing and self.vector_store is not None:
             found = stored_vectors(
@@ -205,31 +205,41 @@ class DefensePostprocessor(BaseNodePostprocessor):
         passages = [node_passage(n, v) for n, v in zip(nodes, vectors, strict=True)]
         return self._core.run(self.core, query, passages, self.fail_open, TOO_FEW, query_embedding)
 
-    async def _aembedded(self, nodes: list[NodeWithScore], query: str, vector: Any) -> None:
-        """The vectors the defense will ask a hosted model for, asked through its own batch
-        async API (:meth:`ragdefense.Embedder.embed_ahead`), where no store gives them."""
+    async def _aembedded(
+        self, nodes: list[NodeWithScore], query: str, vector: Any
+    ) -> tuple[Any, Any]:
+        """The vectors the defense would ask a hosted model for (one per node, ``None`` where
+        it carries its own; the query's), asked through its own batch async API
+        (:meth:`ragdefense.Embedder.embed_ahead`), where the defense will embed them: no store
+        gives them, not fewer than it judges; ``(None, vector)`` elsewhere."""
         embedder: Any = getattr(self.core, "embedder", None)
         model: Any = getattr(embedder, "embed_model", None)
+        own = [self.node_embeddings and n.node.embedding is not None for n in nodes]
+        texts = [
+            n.node.get_content(MetadataMode.NONE) for n, o in zip(nodes, own, strict=True) if not o
+        ]
         if (
             getattr(self.core, "uses_embeddings", False)
             and type(embedder) is LlamaIndexEmbedder
             and type(model)._aget_text_embeddings is not BaseEmbedding._aget_text_embeddings
             and self.vector_store is None
+            and len(set(texts)) >= max(1, getattr(self.core, "min_passages", 1))
+            and query.strip()
         ):
-            carried = self.node_embeddings  # nodes carrying their vectors need none
-            texts = [
-                n.node.get_content(MetadataMode.NONE)
-                for n in nodes
-                if not (carried and n.node.embedding is not None)
-            ]
             ask = model.aget_query_embedding if vector is None else None
-            await embedder.embed_ahead(texts, model.aget_text_embedding_batch, query, ask)
+            rows, asked = await embedder.embed_ahead(
+                texts, model.aget_text_embedding_batch, query, ask
+            )
+            if rows is not None:
+                found = iter(rows)
+                return [None if o else next(found) for o in own], vector if asked is None else asked
+        return None, vector
 
     def _judged(
-        self, nodes: list[NodeWithScore], query: str, vector: Any
+        self, nodes: list[NodeWithScore], query: str, vector: Any, ahead: Any = None
     ) -> tuple[DefenseResult | None, list[NodeWithScore]]:
         """The defense's result and the nodes it passes on (copies with its verdicts)."""
-        result = self._run(nodes, query, vector)
+        result = self._run(nodes, query, vector, ahead)
         if result is None:
             return None, [tagged(n, UNCHECKED, n.score) for n in nodes]
         return result, [
@@ -240,32 +250,6 @@ class DefensePostprocessor(BaseNodePostprocessor):
             )
             for i in result.kept_indices
         ]
-
-    @contextmanager
-    def _reranking(
-        self, nodes: list[NodeWithScore], bundle: QueryBundle | None, query: str
-    ) -> Iterator[Callable[[DefenseResult | None, list[NodeWithScore]], None]]:
-        """LlamaIndex's rerank events around the defense; ``end(result, out)`` reports what it
-        removed and ends them, where the caller is (an async call cancelled reports nothing)."""
-        name = self._name()
-        dispatcher.event(
-            ReRankStartEvent(query=bundle, nodes=nodes, top_n=len(nodes), model_name=name)
-        )
-        payload: dict[str, Any] = {
-            EventPayload.NODES: nodes,
-            EventPayload.MODEL_NAME: name,
-            EventPayload.QUERY_STR: query,
-            EventPayload.TOP_K: len(nodes),
-        }
-        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
-
-            def end(result: DefenseResult | None, out: list[NodeWithScore]) -> None:
-                if report_now(result):
-                    announce([result])
-                event.on_end(payload={EventPayload.NODES: out})
-                dispatcher.event(ReRankEndEvent(nodes=out))
-
-            yield end
 
     def _name(self) -> str:
         return self.core.name
@@ -290,7 +274,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
         if not nodes:
             return []
         query = query_text(query_bundle)
-        with self._reranking(nodes, query_bundle, query) as end:
+        with reranking(self.callback_manager, self._name(), nodes, query_bundle, query) as end:
             result, out = self._judged(nodes, query, self._query_vector(query_bundle))
             end(result, out)
         return out
@@ -302,11 +286,10 @@ class DefensePostprocessor(BaseNodePostprocessor):
         if not nodes:
             return []
         query = query_text(query_bundle)
-        with self._reranking(nodes, query_bundle, query) as end:  # the events here, not in
-            # the worker thread the CPU-bound defense runs in
-            vector = self._query_vector(query_bundle)
-            await self._aembedded(nodes, query, vector)
-            result, out = await asyncio.to_thread(self._judged, nodes, query, vector)
+        events = reranking(self.callback_manager, self._name(), nodes, query_bundle, query)
+        with events as end:  # sent from here, not from the worker thread the defense runs in
+            ahead, vector = await self._aembedded(nodes, query, self._query_vector(query_bundle))
+            result, out = await asyncio.to_thread(self._judged, nodes, query, vector, ahead)
             end(result, out)
         return out
 
