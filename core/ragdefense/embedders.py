@@ -75,7 +75,7 @@ class SentenceTransformerEmbedder(Embedder):
     Args:
         model: A ``SentenceTransformer``, a local path, or ``None`` for the packaged
             all-MiniLM-L6-v2 (its hub name, ``sentence-transformers/all-MiniLM-L6-v2``, is
-            that model too: the packaged copy, never looked for in the local cache).
+            that model too where it is installed and no folder of that name is there).
         batch_size: Encoding batch size.
         device: Torch device used when loading from a path; ``None`` picks a GPU when one is
             present (as sentence-transformers does), else the CPU.

@@ -17,7 +17,6 @@ from llama_index.core.bridge.pydantic import (
 )
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
-from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
 
@@ -53,7 +52,6 @@ __all__ = [
     "RAGDefenderPostprocessor",
 ]
 
-dispatcher = get_dispatcher(__name__)
 
 #: how to give a postprocessor enough nodes (in the small-pool warning; LlamaIndex retrieves 2)
 TOO_FEW = (
@@ -188,11 +186,8 @@ class DefensePostprocessor(BaseNodePostprocessor):
         self, nodes: list[NodeWithScore], query: str, query_embedding: Any = None, ahead: Any = None
     ) -> DefenseResult | None:
         vectors: list[Any] = [n.node.embedding if self.node_embeddings else None for n in nodes]
-        vectors = (
-            vectors
-            if ahead is None
-            else [a if v is None else v for v, a in zip(vectors, ahead, strict=True)]
-        )
+        if ahead is not None:  # asked by the async path for the nodes carrying none
+            vectors = [a if v is None else v for v, a in zip(vectors, ahead, strict=True)]
         missing = [i for i, v in enumerate(vectors) if v is None]
         if missing and self.vector_store is not None:
             found = stored_vectors(
