@@ -34,7 +34,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from .text import DENSE_CELLS, tokenize
+from .text import DENSE_CELLS, term_cells, tokenize
 
 __all__ = ["BM25", "cosine_matrix", "cosine_to", "cut", "pagerank", "pairs_among", "unit_rows"]
 
@@ -185,10 +185,7 @@ class BM25:
         if not vocab:
             return np.zeros((n, n)), (np.zeros(n) if query is not None else None)
         col = {t: j for j, t in enumerate(vocab)}
-        # the (passage, term) pairs present and their counts: the matrices' non-zero cells
-        rows = np.repeat(np.arange(n), [len(c) for c in docs])
-        cols = np.fromiter((col[t] for c in docs for t in c), dtype=np.intp, count=len(rows))
-        tf = np.fromiter((k for c in docs for k in c.values()), dtype=float, count=len(rows))
+        rows, cols, tf = term_cells(docs, col)  # the (passage, term) pairs present, counted
         length = np.bincount(rows, weights=tf, minlength=n)
         if self.corpus == "retrieved":
             df = np.bincount(cols, minlength=len(vocab))

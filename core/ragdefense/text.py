@@ -8,7 +8,7 @@ import re
 import string
 import unicodedata
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -25,6 +25,7 @@ __all__ = [
     "printed",
     "split_sentences",
     "summed_tfidf",
+    "term_cells",
     "tokenize",
     "well_formed",
 ]
@@ -78,6 +79,17 @@ def tokenize(text: str, stop_words: frozenset[str] = ENGLISH_STOP_WORDS) -> list
 DENSE_CELLS = 2_000_000
 
 
+def term_cells(
+    counts: Sequence[Mapping[str, int]], column: Mapping[str, int]
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The non-zero cells of a documents x terms count matrix (``counts``: each document's term
+    counts; ``column``: each term's): their rows, columns and counts (floats)."""
+    rows = np.repeat(np.arange(len(counts)), [len(c) for c in counts])
+    cols = np.fromiter((column[t] for c in counts for t in c), dtype=np.intp, count=len(rows))
+    cells = np.fromiter((k for c in counts for k in c.values()), dtype=float, count=len(rows))
+    return rows, cols, cells
+
+
 def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
     """Vocabulary (sorted) and the TF-IDF of each term summed over the documents.
 
@@ -89,19 +101,14 @@ def summed_tfidf(docs: Sequence[Sequence[str]]) -> tuple[list[str], np.ndarray]:
     vocab = sorted(set().union(*counts)) if counts else []
     if not vocab:
         return [], np.zeros(0)
-    col = {t: j for j, t in enumerate(vocab)}
+    rows, cols, cells = term_cells(counts, {t: j for j, t in enumerate(vocab)})
     if len(docs) * len(vocab) > DENSE_CELLS:  # the same sums over the non-zero cells alone
-        rows = np.repeat(np.arange(len(docs)), [len(c) for c in counts])
-        cols = np.fromiter((col[t] for c in counts for t in c), dtype=np.intp, count=len(rows))
-        cells = np.fromiter((k for c in counts for k in c.values()), float, count=len(rows))
         df = np.bincount(cols, minlength=len(vocab))
         weights = cells * (np.log((1 + len(docs)) / (1 + df)) + 1.0)[cols]
         norms = np.sqrt(np.bincount(rows, weights=weights * weights, minlength=len(docs)))
         return vocab, np.bincount(cols, weights=weights / norms[rows], minlength=len(vocab))
     tf = np.zeros((len(docs), len(vocab)))
-    for i, c in enumerate(counts):
-        for t, k in c.items():
-            tf[i, col[t]] = k
+    tf[rows, cols] = cells
     df = (tf > 0).sum(axis=0)
     idf = np.log((1 + len(docs)) / (1 + df)) + 1.0
     w = tf * idf
