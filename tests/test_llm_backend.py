@@ -213,3 +213,30 @@ def test_cancelling_an_async_batch_stops_the_decoding(smollm2: tuple[Any, Any]) 
 
     cancel_once_started(lambda: llm.agenerate(["Count: 1, 2, 3,"], max_new_tokens=400), steps)
     assert 0 < len(steps) < 399
+
+
+def test_threads_asking_for_the_default_llm_at_once_share_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # the packaged model is one per process: threads starting together (a server's first
+    # requests) must not each make (and later load) their own
+    import time
+    from concurrent.futures import ThreadPoolExecutor
+
+    import ragdefense.llm as llm_module
+    from ragdefense.llm import huggingface
+
+    made: list[object] = []
+
+    class Slow:
+        def __init__(self) -> None:
+            time.sleep(0.05)  # wide enough for every thread to miss at once
+            made.append(self)
+
+    for module in (llm_module, huggingface):
+        monkeypatch.setattr(module, "TransformersLLM", Slow)
+    monkeypatch.setattr(llm_module, "_DEFAULT", None, raising=False)
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: llm_module.default_llm(), range(8)))
+    assert len(made) == 1
+    assert all(g is made[0] for g in got)

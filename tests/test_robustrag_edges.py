@@ -669,3 +669,25 @@ def test_the_adapters_raise_when_every_isolated_call_failed() -> None:
         RobustRAGSynthesizer(llm=Down()).synthesize(Q, nodes)
     with pytest.raises(DefenseFailed, match="401"):
         asyncio.run(RobustRAGSynthesizer(llm=Down()).asynthesize(Q, nodes))
+
+
+def test_threads_sharing_an_engine_resolve_its_llm_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    # one engine shared by a server's threads: its model wrapped (or the packaged one made)
+    # once, so that every call shares one calls-in-flight limit
+    from concurrent.futures import ThreadPoolExecutor
+
+    from ragdefense.robustrag import engine
+
+    wrapped: list[object] = []
+
+    def slow(model: Any) -> CallableLLM:
+        time.sleep(0.05)
+        wrapped.append(CallableLLM(model))
+        return wrapped[-1]  # type: ignore[return-value]
+
+    monkeypatch.setattr(engine, "as_llm", slow)
+    robust = RobustRAG(llm=lambda prompt: "A", aggregation="majority")
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(lambda _: robust.llm, range(8)))
+    assert len(wrapped) == 1
+    assert all(g is got[0] for g in got)

@@ -10,7 +10,6 @@ import threading
 import time
 import warnings
 from collections.abc import Sequence
-from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +22,6 @@ __all__ = [
     "TokenSession",
     "TransformersLLM",
     "check_packaged_llm",
-    "default_llm",
     "packaged_smollm2_dir",
 ]
 
@@ -392,9 +390,3 @@ class TokenSession:
         other._mask = self._mask.clone()
         other.probs = self.probs.copy()
         return other
-
-
-@lru_cache(maxsize=1)
-def default_llm() -> TransformersLLM:
-    """The process-wide default LLM: the packaged SmolLM2-135M-Instruct (loaded on first use)."""
-    return TransformersLLM()

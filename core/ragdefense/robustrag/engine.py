@@ -15,6 +15,7 @@ certificate does not cover that.
 from __future__ import annotations
 
 import copy
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import replace
@@ -33,6 +34,9 @@ from .secure_decoding import SecureDecoding
 from .types import IDK, ISOLATED_PROMPT, Attack, Certificate, RobustAnswer
 
 __all__ = ["Aggregation", "RobustRAG"]
+
+#: held while an engine resolves its LLM on first use (the packaged one loads once)
+_LLM_LOCK = threading.Lock()
 
 
 class Aggregation(Protocol):
@@ -151,9 +155,11 @@ class RobustRAG:
         engine's ``timeout`` alone; an :class:`~ragdefense.llm.LLM` given as it is keeps its
         own ``timeout`` too (the tighter wins)."""
         if not isinstance(self._llm, LLM):
-            wrapped = copy.copy(as_llm(self._llm))  # a copy: never change an object given
-            wrapped.timeout = None
-            self._llm = wrapped
+            with _LLM_LOCK:  # threads sharing this engine resolve it once: one model, one limit
+                if not isinstance(self._llm, LLM):
+                    wrapped = copy.copy(as_llm(self._llm))  # a copy: never change one given
+                    wrapped.timeout = None
+                    self._llm = wrapped
         return self._llm
 
     @property
