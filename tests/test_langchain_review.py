@@ -817,3 +817,22 @@ def test_async_compression_embeds_through_a_hosted_models_own_async_api() -> Non
 
     asyncio.run(many())
     assert busy.sync_calls == 0
+
+
+def test_the_packaged_embeddings_pickle_as_the_loading_processs_own() -> None:
+    # a copy of the default embeddings (a pickled store, a deep-copied retriever) shares the
+    # process's model and cache (it made a second model, loaded again); another embedder
+    # travels with its settings
+    import copy
+    import pickle
+
+    from ragdefense.embedders import SentenceTransformerEmbedder, default_embedder
+
+    from langchain_ragdefense import RagdefenseEmbeddings
+
+    plain = RagdefenseEmbeddings()
+    assert pickle.loads(pickle.dumps(plain)).embedder is default_embedder()
+    assert copy.deepcopy(plain).embedder is default_embedder()
+    own = RagdefenseEmbeddings(SentenceTransformerEmbedder(batch_size=4))
+    back = pickle.loads(pickle.dumps(own)).embedder
+    assert back.batch_size == 4 and back is not default_embedder()

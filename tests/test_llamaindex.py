@@ -25,7 +25,7 @@ from llama_index.postprocessor.ragdefense import (
     RobustRAGSynthesizer,
     defend,
 )
-from ragdefense import DefenseFailed
+from ragdefense import CallableEmbedder, DefenseFailed
 from ragdefense.data import demo_documents, load_demo_kb
 from ragdefense.integration.records import UNCHECKED
 
@@ -477,6 +477,48 @@ def test_pickling_keeps_every_setting_or_refuses(embed: RagdefenseEmbedding) -> 
     with pytest.raises(TypeError, match=r"its embedder .* cannot"):
         pickle.dumps(RagdefenseEmbedding(lambda texts: [[1.0, 0.0] for _ in texts]))
     assert pickle.loads(pickle.dumps(embed)).get_query_embedding("hi")
+
+
+def test_a_postprocessor_whose_model_cannot_pickle_is_refused_and_left_whole() -> None:
+    """LlamaIndex drops an ``embed_model`` it cannot pickle (the copy then embeds with the
+    packaged model, in another space) and removes it from the object pickled too: refused,
+    and the postprocessor keeps working; a store that cannot pickle is left out of the copy
+    alone."""
+    import pickle
+    import threading
+
+    model = RagdefenseEmbedding(CallableEmbedder(lambda texts: [[1.0, 0.0] for _ in texts]))
+    post = ConsensusPostprocessor(embed_model=model)
+    with pytest.raises(TypeError, match=r"its embed_model .* cannot"):
+        pickle.dumps(post)
+    assert post.embed_model is model
+
+    class Store:  # a store holding what cannot be pickled (a client, a lock)
+        def __init__(self) -> None:
+            self.lock = threading.Lock()
+
+        def get_nodes(self, *args: Any, **kwargs: Any) -> list[Any]:
+            return []
+
+    store = Store()
+    kept = ConsensusPostprocessor(vector_store=store, quotes=False)
+    back = pickle.loads(pickle.dumps(kept))
+    assert back.vector_store is None and back.quotes is False and kept.vector_store is store
+    nodes = [NodeWithScore(node=TextNode(text=t), score=1.0) for t in ("a b", "c d", "e f")]
+    assert len(kept.postprocess_nodes(nodes, query_str="a")) == 3
+
+
+def test_a_model_over_a_configured_embedder_pickles_with_its_settings() -> None:
+    """The packaged model with settings of its own comes back with them (it came back as the
+    process's default); the default itself comes back as the loading process's own."""
+    import pickle
+
+    from ragdefense.embedders import SentenceTransformerEmbedder, default_embedder
+
+    own = RagdefenseEmbedding(SentenceTransformerEmbedder(batch_size=4, cache_size=0))
+    back = pickle.loads(pickle.dumps(own))._embedder
+    assert (back.batch_size, back.cache_size) == (4, 0) and back is not default_embedder()
+    assert pickle.loads(pickle.dumps(RagdefenseEmbedding()))._embedder is default_embedder()
 
 
 def test_nodes_without_text_are_never_copies_of_each_other() -> None:

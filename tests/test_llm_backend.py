@@ -223,7 +223,6 @@ def test_threads_asking_for_the_default_llm_at_once_share_one(
     import time
     from concurrent.futures import ThreadPoolExecutor
 
-    import ragdefense.llm as llm_module
     from ragdefense.llm import huggingface
 
     made: list[object] = []
@@ -233,10 +232,31 @@ def test_threads_asking_for_the_default_llm_at_once_share_one(
             time.sleep(0.05)  # wide enough for every thread to miss at once
             made.append(self)
 
-    for module in (llm_module, huggingface):
-        monkeypatch.setattr(module, "TransformersLLM", Slow)
-    monkeypatch.setattr(llm_module, "_DEFAULT", None, raising=False)
+    monkeypatch.setattr(huggingface, "TransformersLLM", Slow)
+    monkeypatch.setattr(huggingface, "_DEFAULT", None, raising=False)
     with ThreadPoolExecutor(8) as pool:
-        got = list(pool.map(lambda _: llm_module.default_llm(), range(8)))
+        got = list(pool.map(lambda _: huggingface.default_llm(), range(8)))
     assert len(made) == 1
     assert all(g is made[0] for g in got)
+
+
+def test_a_packaged_backend_pickles_without_its_model_and_copies_share_it() -> None:
+    # Ray, multiprocessing and deep copies of a RobustRAG need its backend to pickle: the
+    # packaged model is loaded again where used (not shipped), a shallow copy shares it
+    import pickle
+
+    import ragdefense
+
+    llm = TransformersLLM(batch_size=3)
+    _ = llm.model  # loaded
+    blob = pickle.dumps(llm)
+    assert len(blob) < 100_000  # neither weights nor tokenizer
+    again = pickle.loads(blob)
+    assert again.batch_size == 3 and again._loaded == {"model": None, "tokenizer": None}
+    assert copy.deepcopy(llm)._loaded["model"] is None
+    assert copy.copy(llm).model is llm.model  # one load for both
+    [answer] = again.generate(["Say the word yes."], max_new_tokens=3)
+    assert answer.text and answer.error is None
+    engine = ragdefense.RobustRAG(llm=llm)
+    _ = engine.llm  # resolved (a copy of the backend sharing its model)
+    assert len(pickle.dumps(engine)) < 100_000

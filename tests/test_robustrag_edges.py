@@ -691,3 +691,25 @@ def test_threads_sharing_an_engine_resolve_its_llm_once(monkeypatch: pytest.Monk
         got = list(pool.map(lambda _: robust.llm, range(8)))
     assert len(wrapped) == 1
     assert all(g is got[0] for g in got)
+
+
+def test_an_engine_that_answered_pickles_without_the_processs_spacy_pipeline() -> None:
+    # the process's pipeline is loaded where the copy runs (it made every pickle ~16 MB and
+    # every deepcopy a second pipeline); one given stays the engine's own
+    import copy
+    import pickle
+
+    from ragdefense.robustrag.keywords import load_spacy
+
+    robust = RobustRAG(llm=_pacific, aggregation="keyword")
+    first = robust.answer(Q, PASSAGES)
+    assert robust.nlp is load_spacy()
+    again = pickle.loads(blob := pickle.dumps(robust))
+    assert len(blob) < 100_000
+    assert again.answer(Q, PASSAGES).answer == first.answer == "Pacific"
+    given = RobustRAG(llm=_pacific, nlp=load_spacy())
+    assert copy.deepcopy(given).nlp is not None and copy.copy(given).nlp is load_spacy()
+
+
+def _pacific(prompt: str) -> str:  # a model that pickles (a lambda does not)
+    return "Pacific"

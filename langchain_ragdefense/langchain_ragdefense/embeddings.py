@@ -7,6 +7,7 @@ from typing import Any
 from langchain_core.embeddings import Embeddings
 
 from ragdefense import Embedder, as_embedder
+from ragdefense.embedders import default_embedder
 
 __all__ = ["RagdefenseEmbeddings"]
 
@@ -21,6 +22,16 @@ class RagdefenseEmbeddings(Embeddings):
 
     def __init__(self, embedder: Any = None) -> None:
         self.embedder = as_embedder(embedder)
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (and deep-copied) with its embedder; the process-wide default as a mark:
+        the loading process's own then (one model loaded there, one cache)."""
+        default = self.embedder is default_embedder()
+        return self.__dict__ | {"embedder": None} if default else dict(self.__dict__)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.embedder = self.embedder or default_embedder()
 
     @property
     def ragdefense_embedder(self) -> Embedder | None:

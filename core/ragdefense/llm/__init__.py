@@ -17,7 +17,6 @@ where the backend can, next-token probabilities. Backends:
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 from .base import (
@@ -29,7 +28,7 @@ from .base import (
     LlamaIndexLLM,
     first_line_of,
 )
-from .huggingface import TokenSession, TransformersLLM, packaged_smollm2_dir
+from .huggingface import TokenSession, TransformersLLM, default_llm, packaged_smollm2_dir
 
 __all__ = [
     "LLM",
@@ -45,19 +44,6 @@ __all__ = [
     "first_line_of",
     "packaged_smollm2_dir",
 ]
-
-
-_DEFAULT: TransformersLLM | None = None
-_DEFAULT_LOCK = threading.Lock()
-
-
-def default_llm() -> TransformersLLM:
-    """The process-wide default LLM: the packaged SmolLM2-135M-Instruct (one instance, whichever
-    thread asks first; loaded on first use): threads starting at once share one model."""
-    global _DEFAULT
-    with _DEFAULT_LOCK:
-        made = _DEFAULT = _DEFAULT or TransformersLLM()
-    return made
 
 
 def as_llm(obj: Any = None) -> LLM:

@@ -16,12 +16,14 @@ from typing import Any
 from .base import DEFAULT_TIMEOUT, LLM, Generation, first_line_of, positive, timed_out
 from .observe import cancelled, observer
 from .packaged import SMOLLM2_GGUF, check_packaged_llm, packaged_smollm2_dir
+from .session import TokenSession
 
 __all__ = [
     "SMOLLM2_GGUF",
     "TokenSession",
     "TransformersLLM",
     "check_packaged_llm",
+    "default_llm",
     "packaged_smollm2_dir",
 ]
 
@@ -62,6 +64,7 @@ class TransformersLLM(LLM):
         if given is not None and device is not None and hasattr(given, "to") and not placed:
             given = given.to(device)
         self._loaded: dict[str, Any] = {"model": given, "tokenizer": tokenizer}  # copies share
+        self._reloads = {"model": given is None, "tokenizer": tokenizer is None}  # when pickled
         self._path = str(Path(model).expanduser()) if isinstance(model, (str, Path)) else None
         self._tokenizer_path = getattr(given, "name_or_path", None) or None  # never SmolLM2's
         if given is not None and tokenizer is None and self._tokenizer_path is None:
@@ -77,6 +80,21 @@ class TransformersLLM(LLM):
         self.cache_dir = cache_dir
         self.timeout = timeout
         self._lock = threading.Lock()
+
+    def __copy__(self) -> TransformersLLM:
+        """A copy sharing the model (loaded once for both, under one lock)."""
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        return other
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickled (and deep-copied) without its lock, and without what it loads again where
+        used (a folder's or the packaged model, a tokenizer it loaded); given objects travel."""
+        loaded = {k: None if self._reloads[k] else v for k, v in self._loaded.items()}
+        return self.__dict__ | {"_lock": None, "_loaded": loaded}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _lock=threading.Lock())
 
     @property
     def device(self) -> Any:
@@ -352,41 +370,14 @@ def _cache_of(output: Any) -> Any:
     return output.past_key_values if found is None else found
 
 
-class TokenSession:
-    """Next-token distributions of several contexts that are extended by the *same* tokens
-    (RobustRAG's secure decoding): one batched KV cache; rows can be dropped and the session
-    cloned (to branch)."""
+_DEFAULT: TransformersLLM | None = None
+_DEFAULT_LOCK = threading.Lock()
 
-    def __init__(self, llm: TransformersLLM, texts: list[str]) -> None:
-        import torch
 
-        self.llm = llm
-        res, self._cache, self._mask = llm._prefill(texts)
-        self.probs = torch.softmax(res.logits[:, -1].float(), dim=-1).cpu().numpy()
-
-    def advance(self, token: int) -> Any:
-        """Append ``token`` to every row; returns (and stores) the new distributions."""
-        import torch
-
-        tokens = torch.full((self._mask.shape[0],), token, dtype=torch.long, device=self.llm.device)
-        res, self._cache, self._mask = self.llm._step(tokens, self._cache, self._mask)
-        self.probs = torch.softmax(res.logits[:, -1].float(), dim=-1).cpu().numpy()
-        return self.probs
-
-    def keep_rows(self, rows: Sequence[int]) -> None:
-        """Drop every row not in ``rows`` (in place)."""
-        import torch
-
-        index = torch.tensor(list(rows), dtype=torch.long, device=self.llm.device)
-        self._cache.batch_select_indices(index)
-        self._mask = self._mask[index]
-        self.probs = self.probs[list(rows)]
-
-    def clone(self) -> TokenSession:
-        """An independent copy (for branching)."""
-        other = object.__new__(TokenSession)
-        other.llm = self.llm
-        other._cache = copy.deepcopy(self._cache)
-        other._mask = self._mask.clone()
-        other.probs = self.probs.copy()
-        return other
+def default_llm() -> TransformersLLM:
+    """The process-wide default LLM: the packaged SmolLM2-135M-Instruct (one instance, whichever
+    thread asks first; loaded on first use): threads starting at once share one model."""
+    global _DEFAULT
+    with _DEFAULT_LOCK:
+        made = _DEFAULT = _DEFAULT or TransformersLLM()
+    return made

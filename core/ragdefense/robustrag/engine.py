@@ -164,11 +164,11 @@ class RobustRAG:
 
     @property
     def nlp(self) -> Any:
-        """The spaCy pipeline for keyword extraction (loaded on first use)."""
-        if self._nlp is None:
-            with SPACY_LOCK:  # concurrent async answers extract keywords in threads: load once
-                self._nlp = load_spacy() if self._nlp is None else self._nlp
-        return self._nlp
+        """The spaCy pipeline for keywords: one given, else the process's (never pickled)."""
+        if self._nlp is not None:
+            return self._nlp
+        with SPACY_LOCK:  # concurrent async answers extract keywords in threads: load once
+            return load_spacy()
 
     def with_llm(self, llm: Any) -> RobustRAG:
         """A copy of this RobustRAG answering with ``llm`` (anything :func:`ragdefense.llm.as_llm`

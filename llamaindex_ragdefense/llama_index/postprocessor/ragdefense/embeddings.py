@@ -10,7 +10,7 @@ from llama_index.core.embeddings import BaseEmbedding
 from pydantic import PrivateAttr
 
 from ragdefense import Embedder, as_embedder
-from ragdefense.embedders import SentenceTransformerEmbedder
+from ragdefense.embedders import SentenceTransformerEmbedder, default_embedder
 
 __all__ = ["PACKAGED", "RagdefenseEmbedding"]
 
@@ -60,9 +60,21 @@ class RagdefenseEmbedding(BaseEmbedding):
         return self._embedder if type(self) is RagdefenseEmbedding else None
 
     def __getstate__(self) -> dict[str, Any]:
-        """Pickled with its model, or refused (LlamaIndex would drop the model silently)."""
+        """Pickled with its embedder and its settings, or refused (LlamaIndex would drop the
+        model silently); the process-wide default as the name alone, the loading process's
+        own then (one model loaded there)."""
         picklable(self, "embedder", self._embedder)
-        return super().__getstate__()
+        state = super().__getstate__()
+        private = dict(state.get("__pydantic_private__") or {})  # this object's own: copied
+        if self._embedder is default_embedder():
+            private.pop("_embedder", None)
+        return {**state, "__pydantic_private__": private}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)  # LlamaIndex builds it from its fields: the default's
+        given = (state.get("__pydantic_private__") or {}).get("_embedder")
+        if given is not None:  # the embedder it was made with, not one of the same name
+            self._embedder = given
 
     def _get_query_embedding(self, query: str) -> list[float]:
         return [float(x) for x in self._embedder.embed_query(query)]

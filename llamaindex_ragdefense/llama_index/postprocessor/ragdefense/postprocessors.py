@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 from typing import Any, Literal
 
 import numpy as np
@@ -18,7 +19,7 @@ from llama_index.core.bridge.pydantic import (
 from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.embeddings.loading import load_embed_model
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
-from llama_index.core.schema import BaseComponent, MetadataMode, NodeWithScore, QueryBundle
+from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
 from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
@@ -116,14 +117,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
 
     def __getstate__(self) -> dict[str, Any]:
         """Pickled with every setting, or refused (LlamaIndex would drop a setting it cannot
-        pickle, a ``trusted=`` predicate say, and the copy would trust nothing). The
-        ``vector_store`` and a LlamaIndex ``embed_model`` pickle as LlamaIndex pickles them (a
-        store that cannot be pickled is left out, and nodes are then embedded again)."""
+        pickle, a ``trusted=`` predicate or the ``embed_model`` say, and the copy would trust
+        nothing, or embed with another model). A ``vector_store`` that cannot be pickled is
+        left out of the copy (its nodes are then embedded again); nothing is taken from this
+        object (LlamaIndex removes what it drops from the object it pickles)."""
         for name in set(type(self).model_fields) - set(BaseNodePostprocessor.model_fields):
-            value = getattr(self, name)
-            if name != "vector_store" and not isinstance(value, BaseComponent):
-                picklable(self, name, value)
-        return super().__getstate__()
+            if name != "vector_store":
+                picklable(self, name, getattr(self, name))
+        return super(DefensePostprocessor, copy.copy(self)).__getstate__()
 
     @classmethod
     def class_name(cls) -> str:
