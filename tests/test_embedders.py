@@ -456,7 +456,7 @@ def test_llamaindex_hands_the_defense_the_retrievers_query_vector(minilm: Embedd
 
     from llama_index.postprocessor.ragdefense import DefensePostprocessor
     from llama_index.postprocessor.ragdefense import defend as defend_index
-    from ragdefense import Consensus
+    from ragdefense import Consensus, Quarantine
     from ragdefense.data import demo_documents
 
     asked_by_all: list[str] = []
@@ -502,6 +502,13 @@ def test_llamaindex_hands_the_defense_the_retrievers_query_vector(minilm: Embedd
     assert own_model._query_vector(bundle) is None
     by_hand = DefensePostprocessor(vector_store=index.vector_store)  # no embed_model: MiniLM
     assert by_hand._query_vector(bundle) is None
+    # an object embedding with the index's model, a quarantine around one, RAGDefender (its
+    # off-topic step): the retriever's vector too, one model call per query
+    around = Quarantine(Consensus(embedder=model), frozenset(), frozenset(), {})
+    for n, defense in enumerate((Consensus(embedder=model), around, "ragdefender")):
+        before, asked_now = len(model.asked), f"{question} ({n})"  # a new text: not cached
+        assert defend_index(index, defense).retrieve(asked_now)
+        assert model.asked[before:] == [asked_now]
 
 
 def test_a_users_own_model_needs_no_default_model(

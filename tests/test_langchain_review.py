@@ -826,9 +826,8 @@ def test_the_packaged_embeddings_pickle_as_the_loading_processs_own() -> None:
     import copy
     import pickle
 
-    from ragdefense.embedders import SentenceTransformerEmbedder, default_embedder
-
     from langchain_ragdefense import RagdefenseEmbeddings
+    from ragdefense.embedders import SentenceTransformerEmbedder, default_embedder
 
     plain = RagdefenseEmbeddings()
     assert pickle.loads(pickle.dumps(plain)).embedder is default_embedder()

@@ -40,6 +40,7 @@ from ragdefense.integration.records import (
     tagged_metadata,
     verdict_metadata,
 )
+from ragdefense.integration.retrieval import judged_positions
 
 from .vectors import stored_vectors
 
@@ -199,9 +200,14 @@ class DefenseCompressor(BaseDocumentCompressor):
         core = self.core
         embedder: Any = getattr(core, "embedder", None)
         model: Any = getattr(embedder, "embeddings", None)
-        texts = [d.page_content if isinstance(d, Document) else "" for d in documents]
+        docs = [d if isinstance(d, Document) else Document("") for d in documents]
+        judged = judged_positions(
+            core, [Passage(d.page_content, metadata=d.metadata) for d in docs]
+        )
+        texts = [d.page_content for i, d in enumerate(docs) if i in (judged or ())]  # not held
         if (
-            not getattr(core, "uses_embeddings", False)
+            judged is None
+            or not getattr(core, "uses_embeddings", False)
             or type(embedder) is not LangChainEmbedder
             or type(model).aembed_documents is Embeddings.aembed_documents  # a thread's too
             or (self.vectorstore is not None and self._store_space())  # the store's vectors
@@ -209,7 +215,13 @@ class DefenseCompressor(BaseDocumentCompressor):
             or not query.strip()
         ):
             return None, None
-        return await embedder.embed_ahead(texts, model.aembed_documents, query, model.aembed_query)
+        rows, vector = await embedder.embed_ahead(
+            texts, model.aembed_documents, query, model.aembed_query
+        )
+        if rows is None:
+            return None, None
+        found = iter(rows)
+        return [next(found) if i in judged else None for i in range(len(docs))], vector
 
     def _judged(
         self, documents: Sequence[Document], query: str, ahead: Ahead = (None, None)

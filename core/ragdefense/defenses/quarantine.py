@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import numbers
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -54,7 +54,7 @@ from .findings import (
     read_report,
 )
 from .renumber import copy_of, positions, renumbered
-from .trusting import trust_of
+from .trusting import innermost_trust
 
 __all__ = ["Quarantine"]
 
@@ -259,11 +259,21 @@ class Quarantine(Described):
     def min_passages(self) -> int:
         return self.defense.min_passages
 
+    @property
+    def uses_embeddings(self) -> bool:
+        """Whether the wrapped defense embeds (an adapter then hands it the query's vector)."""
+        return bool(getattr(self.defense, "uses_embeddings", False))
+
+    def judged(self, passages: Sequence[PassageLike]) -> list[int]:
+        """The positions of ``passages`` the wrapped defense judges (the others are held): the
+        ones an adapter asks a model to embed ahead."""
+        return self._split(to_passages(passages))[1]
+
     def reason(self, passage: Passage) -> str | None:
         """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too
         where that matters); ``None`` when not, or where the wrapped defense trusts it."""
         why = self._matched(passage, digest(passage.text))
-        return None if why is None or self._trust()(passage) else why
+        return None if why is None or innermost_trust(self.defense, Quarantine)(passage) else why
 
     def _matched(self, passage: Passage, text: str) -> str | None:
         """The reason a finding gives ``passage`` (digest ``text``), its trust aside."""
@@ -271,16 +281,6 @@ class Quarantine(Described):
         if text not in self.digests and (text, source) not in self.sourced:
             return None
         return self.reasons[text]
-
-    def _trust(self) -> Callable[[Passage], bool]:
-        """Whether the wrapped defense (the innermost) trusts a passage, as it is now (a
-        ``trusted=`` it cannot read raises here, its predicate's own errors when called)."""
-        inner = self.defense
-        while isinstance(inner, Quarantine):
-            inner = inner.defense
-        key = getattr(inner, "source_key", AUTO)
-        test = trust_of(getattr(inner, "trusted", None), key)
-        return lambda passage: test(passage, source_of(passage, key))
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """Remove the quarantined passages, then run the defense on the rest."""
@@ -343,7 +343,7 @@ class Quarantine(Described):
         # shows (an attacker's uploads choose theirs: all reaching the defense, they would be
         # a coordinated group, and the honest copy would go with them)
         copies: dict[str, list[tuple[bool, int]]] = {}
-        trust = self._trust()  # a trusted= it cannot read raises, as the defense would
+        trust = innermost_trust(self.defense, Quarantine)  # unreadable: raises, as the defense
         for i, p in enumerate(items):
             d = digest(p.text)
             why = self._matched(p, d)

@@ -191,6 +191,7 @@ class RAGDefender(Described):
     #: least 8 (attacks plant ~5 per target: a smaller pool may hold no benign passage)
     pool_factor = 1
     min_pool = 8
+    uses_embeddings = True  # the passages' (the query's where a passage may be off-topic)
 
     def __init__(
         self,
@@ -215,8 +216,7 @@ class RAGDefender(Described):
             raise ValueError("min_passages must be >= 2")
         self.embedder = embedder
         self.task_type: TaskType = task_type
-        self.p = p
-        self.m, self.min_passages = int(m), int(min_passages)
+        self.p, self.m, self.min_passages = p, int(m), int(min_passages)
         cosines(off_topic=off_topic)
         self.off_topic = off_topic
 

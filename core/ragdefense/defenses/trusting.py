@@ -8,11 +8,11 @@ from functools import lru_cache
 from typing import Any
 
 from ..addresses import working_folder
-from ..provenance import Trust, is_trusted_by
+from ..provenance import AUTO, Trust, is_trusted_by, source_of
 from ..types import DefenseInputError, Passage
 from .pool import Pool
 
-__all__ = ["contradicting", "trust_flags", "trust_of", "trust_test"]
+__all__ = ["contradicting", "innermost_trust", "trust_flags", "trust_of", "trust_test"]
 
 
 def contradicting(pool: Pool, tightness: float, anchor: float | None) -> None:
@@ -123,6 +123,17 @@ def trust_of(trusted: Trust, source_key: str | None) -> Callable[[Passage, str |
         return _kept(key, source_key, working_folder())
     except TypeError:  # unhashable (a predicate object), or entries refused: said as given
         return is_trusted_by(trusted, source_key)
+
+
+def innermost_trust(defense: Any, wrapper: type[Any]) -> Callable[[Passage], bool]:
+    """Whether the defense inside ``defense``'s ``wrapper`` layers (quarantines) trusts a
+    passage, as its fields are now (a ``trusted=`` it cannot read raises here, its predicate's
+    own errors when called)."""
+    while isinstance(defense, wrapper):
+        defense = defense.defense
+    key = getattr(defense, "source_key", AUTO)
+    test = trust_of(getattr(defense, "trusted", None), key)
+    return lambda passage: test(passage, source_of(passage, key))
 
 
 @lru_cache(maxsize=16)

@@ -4,7 +4,7 @@ rounds that widen it, and a framework retriever's own top-k."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from numbers import Integral
 from typing import Any, cast
 
@@ -18,10 +18,22 @@ __all__ = [
     "fetch_rounds",
     "fetched_enough",
     "first_fetch",
+    "judged_positions",
     "pool_size",
     "positive_int",
     "wider",
 ]
+
+
+def judged_positions(defense: Any, passages: Sequence[Any]) -> set[int] | None:
+    """The positions of ``passages`` that ``defense`` judges, the ones worth embedding ahead (a
+    quarantine holds some back unjudged; any other judges all); ``None`` where that cannot be
+    read (a ``trusted=`` the defense cannot read: the defense says so itself when run)."""
+    judged = getattr(defense, "judged", None)
+    try:
+        return set(judged(passages) if callable(judged) else range(len(passages)))
+    except Exception:
+        return None
 
 
 def positive_int(value: Any) -> int | None:

@@ -29,7 +29,9 @@ from ragdefense.integration.adapter import (
     adapter_params,
     checked_set,
     configured,
+    defense_embedder,
     defense_field,
+    named,
     plain_params,
     plain_value,
 )
@@ -38,6 +40,7 @@ from ragdefense.integration.records import (
     check_items,
     verdict_metadata,
 )
+from ragdefense.integration.retrieval import judged_positions
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .events import DefenseRemovedEvent, reranking
@@ -210,12 +213,18 @@ class DefensePostprocessor(BaseNodePostprocessor):
         gives them, not fewer than it judges; ``(None, vector)`` elsewhere."""
         embedder: Any = getattr(self.core, "embedder", None)
         model: Any = getattr(embedder, "embed_model", None)
-        own = [self.node_embeddings and n.node.embedding is not None for n in nodes]
+        judged = judged_positions(self.core, [node_passage(n, None) for n in nodes])
+        # not asked: a vector the node carries, or a node the defense never judges (held)
+        own = [
+            (self.node_embeddings and n.node.embedding is not None) or i not in (judged or ())
+            for i, n in enumerate(nodes)
+        ]
         texts = [
             n.node.get_content(MetadataMode.NONE) for n, o in zip(nodes, own, strict=True) if not o
         ]
         if (
-            getattr(self.core, "uses_embeddings", False)
+            judged is not None
+            and getattr(self.core, "uses_embeddings", False)
             and type(embedder) is LlamaIndexEmbedder
             and type(model)._aget_text_embeddings is not BaseEmbedding._aget_text_embeddings
             and self.vector_store is None
@@ -252,14 +261,18 @@ class DefensePostprocessor(BaseNodePostprocessor):
 
     def _query_vector(self, bundle: QueryBundle | None) -> Any:
         """The vector the retriever computed for the query (LlamaIndex leaves it in the
-        bundle), where it is the defense's: a defense built here by name on ``embed_model``
-        with ``vector_store`` given (that field's contract: the store's model), and a vector
-        of the query's own text (not of a hypothetical answer, HyDE). Else ``None``: the
-        defense embeds the query itself."""
+        bundle), where it is the defense's: ``vector_store`` given (that field's contract: the
+        defense's model is the store's), a defense built here by name on ``embed_model`` or an
+        object embedding with a LlamaIndex model as it is, and a vector of the query's own text
+        (not of a hypothetical answer, HyDE). Else ``None``: the defense embeds the query."""
         if bundle is None or bundle.embedding is None or self.vector_store is None:
             return None
-        named = self.defense is None or isinstance(self.defense, str)  # None: the default's
-        if not named or self.embed_model is None or bundle.embedding_strs != [bundle.query_str]:
+        if named(self.defense):
+            model: Any = self.embed_model
+        else:  # a LlamaIndex model the defense wraps plainly (no query text of its own)
+            model = defense_embedder(self.defense)
+            model = model.embed_model if type(model) is LlamaIndexEmbedder else model
+        if not isinstance(model, BaseEmbedding) or bundle.embedding_strs != [bundle.query_str]:
             return None
         return np.asarray(bundle.embedding, dtype=np.float32)
 
