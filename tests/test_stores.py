@@ -81,13 +81,15 @@ def test_langchain_one_line_defense_reuses_the_stored_vectors(
     assert docs and not any(d.page_content in POISON for d in docs)
 
 
+@pytest.mark.parametrize("search", ["similarity", "mmr"])
 @pytest.mark.parametrize("kind", ["inmemory", "chroma", "faiss"])
 def test_langchain_one_line_defense_embeds_the_query_once(
-    kind: str, minilm: Any, tmp_path: Path
+    kind: str, search: str, minilm: Any, tmp_path: Path
 ) -> None:
-    """The store's search and the defense need the query's vector by one model: it is computed
-    once (a hosted model is paid once per question), sync and async, and the documents are
-    those of the store's own search, defended; the caller's store is not changed."""
+    """The store's search (similarity or MMR) and the defense need the query's vector by one
+    model: it is computed once (a hosted model is paid once per question), sync and async, and
+    the documents are those of the store's own search, defended; the caller's store is not
+    changed."""
     import asyncio
 
     from langchain_core.embeddings import Embeddings
@@ -111,21 +113,26 @@ def test_langchain_one_line_defense_embeds_the_query_once(
 
     embeddings = Queries()
     store = _lc_store(kind, embeddings, tmp_path)
-    retriever = store.as_retriever(search_kwargs={"filter": None} if kind == "chroma" else {})
+    kwargs = {"filter": None} if kind == "chroma" else {}
+    retriever = store.as_retriever(search_type=search, search_kwargs=kwargs)
     defended = defend(retriever)
     for ask, question in ((defended.invoke, KB[1].question), (defended.ainvoke, KB[2].question)):
         embeddings.calls = 0
         got = ask(question)
         docs = asyncio.run(got) if asyncio.iscoroutine(got) else got
         assert embeddings.calls == 1
-        expected = defended.compressor.compress_documents(
-            store.similarity_search(question, k=8, **retriever.search_kwargs), question
-        )[:4]
+        pool = (
+            store.similarity_search(question, k=8, **kwargs)
+            if search == "similarity"
+            else store.max_marginal_relevance_search(question, k=8, fetch_k=8, **kwargs)
+        )
+        expected = defended.compressor.compress_documents(pool, question)[:4]
         assert [(d.id, d.page_content, d.metadata) for d in docs] == [
             (d.id, d.page_content, d.metadata) for d in expected
         ]
         assert docs and not any(d.page_content in POISON for d in docs)
-    assert "similarity_search" not in vars(store) and retriever.vectorstore is store
+    assert not {"similarity_search", "max_marginal_relevance_search"} & set(vars(store))
+    assert retriever.vectorstore is store
 
 
 def test_the_query_is_embedded_by_the_store_where_it_searches_its_own_way(minilm: Any) -> None:

@@ -203,11 +203,13 @@ def store_corpus(store: VectorStore) -> StoreCorpus:
 def searches_by_vector(
     retriever: BaseRetriever, embeddings: Embeddings
 ) -> TypeGuard[VectorStoreRetriever]:
-    """Whether ``retriever`` is a plain similarity search of a store of a kind ragdefense reads
-    (InMemory, Chroma, FAISS) embedding with ``embeddings``, whose search embeds the query with
-    them and searches by that vector, as the library wrote it (a subclass or a patch that
-    searches otherwise, or a store swapped in with another model, is asked as it is)."""
-    if type(retriever) is not VectorStoreRetriever or retriever.search_type != "similarity":
+    """Whether ``retriever`` is a plain similarity or MMR search of a store of a kind
+    ragdefense reads (InMemory, Chroma, FAISS) embedding with ``embeddings``, whose search
+    embeds the query with them and searches by that vector, as the library wrote it (a subclass
+    or a patch that searches otherwise, or a store swapped in with another model, is asked as
+    it is)."""
+    kind = getattr(retriever, "search_type", None)
+    if type(retriever) is not VectorStoreRetriever or kind not in ("similarity", "mmr"):
         return False
     store = retriever.vectorstore
     if store_kind(store) is None or getattr(store, "embeddings", None) is not embeddings:
@@ -215,7 +217,10 @@ def searches_by_vector(
     library = ("langchain_core.", "langchain_chroma.", "langchain_community.vectorstores.faiss")
     if not type(store).__module__.startswith(library):  # a subclass may embed or score otherwise
         return False
-    methods = ("similarity_search", "asimilarity_search", "similarity_search_by_vector")
+    methods = ["similarity_search", "asimilarity_search", "similarity_search_by_vector"]
+    if kind == "mmr":
+        mmr = "max_marginal_relevance_search"
+        methods = [mmr, f"a{mmr}", f"{mmr}_by_vector"]
     for name in methods:  # the functions' own modules: a method patched on the class is not
         found = getattr(type(store), name, None)  # the library's (a tracer, a spy)
         if not str(getattr(found, "__module__", "")).startswith(library) or name in vars(store):
@@ -233,9 +238,9 @@ def remembered(embedder: LangChainEmbedder, query: str, raw: Any) -> Any:
 
 
 def by_vector(retriever: VectorStoreRetriever, vector: Any) -> VectorStoreRetriever:
-    """A copy of ``retriever`` over a shallow copy of its store whose similarity search is by
-    ``vector`` (the query's, already embedded by the store's own model): the same documents,
-    one model call fewer. The caller's retriever and store are not changed."""
+    """A copy of ``retriever`` over a shallow copy of its store whose similarity and MMR
+    searches are by ``vector`` (the query's, already embedded by the store's own model): the
+    same documents, one model call fewer. The caller's retriever and store are not changed."""
     store = copy.copy(retriever.vectorstore)
     search = type(store).similarity_search_by_vector
 
@@ -245,6 +250,17 @@ def by_vector(retriever: VectorStoreRetriever, vector: Any) -> VectorStoreRetrie
     async def asimilarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
         return await type(store).asimilarity_search_by_vector(store, vector, k, **kwargs)
 
+    def max_marginal_relevance_search(query: str, *args: Any, **kwargs: Any) -> list[Document]:
+        return type(store).max_marginal_relevance_search_by_vector(store, vector, *args, **kwargs)
+
+    async def amax_marginal_relevance_search(
+        query: str, *args: Any, **kwargs: Any
+    ) -> list[Document]:
+        mmr = type(store).amax_marginal_relevance_search_by_vector
+        return await mmr(store, vector, *args, **kwargs)
+
     store.similarity_search = similarity_search  # type: ignore[method-assign]
     store.asimilarity_search = asimilarity_search  # type: ignore[method-assign]
+    store.max_marginal_relevance_search = max_marginal_relevance_search  # type: ignore[method-assign]
+    store.amax_marginal_relevance_search = amax_marginal_relevance_search  # type: ignore[method-assign]
     return retriever.model_copy(update={"vectorstore": store})
