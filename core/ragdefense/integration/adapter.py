@@ -13,7 +13,7 @@ from contextvars import ContextVar
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any, TypeGuard
 
-from ..embedders import Embedder
+from ..embedders import Embedder, as_embedder
 from ..types import Defense, DefenseFailed, DefenseResult, Passage, QueryInputError, defend_given
 
 if TYPE_CHECKING:
@@ -167,18 +167,23 @@ class AdapterCore:
         defense: Any,
         params: Mapping[str, Any],
         embeddings: Any,
-        as_embedder: Callable[[Any], Any],
+        wrap: Callable[[Any], Any],
     ) -> Defense:
         """The core for ``defense`` (a name or an object, see :func:`ragdefense.defense`) with
         ``params`` and ``embeddings`` (a framework's model, turned into a core embedder by
-        ``as_embedder``; ``None``: the packaged MiniLM)."""
+        :func:`~ragdefense.as_embedder`, the library's own by ``wrap``; ``None``: the
+        packaged MiniLM)."""
         by_name = named(defense)
         key = (defense if by_name else id(defense), repr(sorted(params.items())), id(embeddings))
         if self._core is None or key != self._key:
             from ..defenses.registry import defense as front_door
 
-            if by_name:
-                embedder = as_embedder(embeddings) if embeddings is not None else None
+            if by_name:  # one wrapper per model while in use (its cache shared by every
+                # adapter on it), the library's own embeddings wrapped here (the retrievers'
+                # query-once path matches on them)
+                ours = getattr(embeddings, "ragdefense_embedder", None) is not None
+                embed = wrap if ours else as_embedder
+                embedder = embed(embeddings) if embeddings is not None else None
                 self._core = front_door(defense, embedder=embedder, **params)
             else:  # an object comes configured: parameters are an error, as in the core
                 self._core = front_door(defense, **params)
