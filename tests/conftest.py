@@ -31,6 +31,59 @@ def bag_of_words(texts: list[str], dim: int = 256) -> np.ndarray:
     return out
 
 
+class Hosted:
+    """Hosted-style embedding models over :func:`bag_of_words` (LangChain's and LlamaIndex's,
+    each with an async API of its own) that count what they are asked: the passages' texts,
+    the queries, and the calls through their async API."""
+
+    def __init__(self) -> None:
+        from langchain_core.embeddings import Embeddings
+        from llama_index.core.embeddings import BaseEmbedding
+
+        passages: list[str] = []
+        queries: list[str] = []
+        apis: list[str] = []
+        self.passages, self.queries, self.apis = passages, queries, apis
+
+        def vec(text: str) -> list[float]:
+            return [float(x) for x in bag_of_words([text])[0]]
+
+        class LangChain(Embeddings):
+            def embed_documents(self, texts: list[str]) -> list[list[float]]:
+                passages.extend(texts)
+                return [vec(t) for t in texts]
+
+            def embed_query(self, text: str) -> list[float]:
+                queries.append(text)
+                return vec(text)
+
+            async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
+                apis.append("documents")
+                return self.embed_documents(texts)
+
+        class LlamaIndex(BaseEmbedding):
+            def _get_query_embedding(self, query: str) -> list[float]:
+                queries.append(query)
+                return vec(query)
+
+            async def _aget_query_embedding(self, query: str) -> list[float]:
+                return self._get_query_embedding(query)
+
+            def _get_text_embedding(self, text: str) -> list[float]:
+                passages.append(text)
+                return vec(text)
+
+            async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+                apis.append("texts")
+                return [self._get_text_embedding(t) for t in texts]
+
+        self.langchain, self.llamaindex = LangChain, LlamaIndex
+
+    def clear(self) -> None:
+        for kept in (self.passages, self.queries, self.apis):
+            kept.clear()
+
+
 def scattered(n: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """``n`` passage embeddings on one topic with no structure, and the query's (the topic):
     no coordinated group, no voice, no veto to find, so the words alone are the evidence."""

@@ -21,7 +21,7 @@ from ragdefense import (
     embed_passages,
 )
 
-from .conftest import bag_of_words
+from .conftest import Hosted, bag_of_words
 
 
 class Counting:
@@ -673,54 +673,28 @@ def test_retrievers_built_per_request_share_their_models_embeddings() -> None:
     store's: what one embedded, the next does not ask the model for again (each began with a
     cache of its own, and re-embedded the whole pool: paid again for a hosted model)."""
     from langchain_core.documents import Document
-    from langchain_core.embeddings import Embeddings
     from langchain_core.vectorstores import InMemoryVectorStore
     from llama_index.core import VectorStoreIndex
-    from llama_index.core.embeddings import BaseEmbedding
     from llama_index.core.schema import TextNode
 
     from langchain_ragdefense import defend as lc_defend
     from llama_index.postprocessor.ragdefense import defend as li_defend
     from ragdefense.data import demo_documents
 
-    asked: list[str] = []
-    vec = lambda text: [float(x) for x in bag_of_words([text])[0]]  # noqa: E731
-
-    class Hosted(Embeddings):
-        def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            asked.extend(texts)
-            return [vec(t) for t in texts]
-
-        def embed_query(self, text: str) -> list[float]:
-            asked.append(text)
-            return vec(text)
-
-    class HostedIndex(BaseEmbedding):
-        def _get_query_embedding(self, query: str) -> list[float]:
-            asked.append(query)
-            return vec(query)
-
-        async def _aget_query_embedding(self, query: str) -> list[float]:
-            return self._get_query_embedding(query)
-
-        def _get_text_embedding(self, text: str) -> list[float]:
-            asked.append(text)
-            return vec(text)
-
+    hosted = Hosted()
     texts = [text for text, _ in demo_documents()]
-    store = InMemoryVectorStore(Hosted())
+    store = InMemoryVectorStore(hosted.langchain())
     store.add_documents([Document(t) for t in texts])
-    index = VectorStoreIndex([TextNode(text=t) for t in texts], embed_model=HostedIndex())
+    index = VectorStoreIndex([TextNode(text=t) for t in texts], embed_model=hosted.llamaindex())
     question = "Who painted the Mona Lisa?"
-    lc_other, li_other = Hosted(), HostedIndex()
+    lc_other, li_other = hosted.langchain(), hosted.llamaindex()
     per_request = {
         "langchain": lambda: lc_defend(store.as_retriever(), embeddings=lc_other).invoke(question),
         "llamaindex": lambda: li_defend(index, embed_model=li_other).retrieve(question),
     }
     for name, ask in per_request.items():
-        asked.clear()
-        assert ask()
-        first = len(asked)
-        asked.clear()
+        hosted.clear()
+        assert ask() and hosted.passages
+        hosted.clear()
         assert ask()  # a new retriever, the same model: only the store's query is asked
-        assert len(asked) == 1 < first, (name, first, asked)
+        assert not hosted.passages and hosted.queries == [question], name

@@ -16,7 +16,7 @@ import pytest
 from ragdefense import DefenseInputError, Passage, Quarantine, defense
 from ragdefense.types import Defense
 
-from .conftest import bag_of_words
+from .conftest import Hosted, bag_of_words
 
 TEXTS = [
     "Canberra is the capital of Australia.",
@@ -987,68 +987,36 @@ def test_async_paths_ask_a_hosted_model_for_the_judged_passages_alone() -> None:
     import asyncio
 
     from langchain_core.documents import Document
-    from langchain_core.embeddings import Embeddings
     from langchain_core.vectorstores import InMemoryVectorStore
     from llama_index.core import VectorStoreIndex
-    from llama_index.core.embeddings import BaseEmbedding
     from llama_index.core.schema import TextNode
 
     from langchain_ragdefense import defend as lc_defend
     from llama_index.postprocessor.ragdefense import defend as li_defend
 
-    asked: list[str] = []
-    apis: list[str] = []  # the async API's calls
-    vec = lambda text: [float(x) for x in bag_of_words([text])[0]]  # noqa: E731
-
-    class Hosted(Embeddings):
-        def embed_documents(self, texts: list[str]) -> list[list[float]]:
-            asked.extend(texts)
-            return [vec(t) for t in texts]
-
-        def embed_query(self, text: str) -> list[float]:
-            return vec(text)
-
-        async def aembed_documents(self, texts: list[str]) -> list[list[float]]:
-            apis.append("async")
-            return self.embed_documents(texts)
-
-    class HostedIndex(BaseEmbedding):
-        def _get_query_embedding(self, query: str) -> list[float]:
-            return vec(query)
-
-        async def _aget_query_embedding(self, query: str) -> list[float]:
-            return vec(query)
-
-        def _get_text_embedding(self, text: str) -> list[float]:
-            asked.append(text)
-            return vec(text)
-
-        async def _aget_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-            apis.append("async")
-            return [self._get_text_embedding(t) for t in texts]
-
+    hosted = Hosted()
     held = {TEXTS[3], TEXTS[4]}
-    lc_store = InMemoryVectorStore(Hosted())
+    lc_store = InMemoryVectorStore(hosted.langchain())
     lc_store.add_documents([Document(t) for t in TEXTS])
-    index = VectorStoreIndex([TextNode(text=t) for t in TEXTS], embed_model=HostedIndex())
+    index = VectorStoreIndex([TextNode(text=t) for t in TEXTS], embed_model=hosted.llamaindex())
     runs = {
         "langchain": lambda: lc_defend(
-            lc_store.as_retriever(), Quarantine.from_report(REPORT, embedder=Hosted())
+            lc_store.as_retriever(), Quarantine.from_report(REPORT, embedder=hosted.langchain())
         ),
         "llamaindex": lambda: li_defend(
-            index, Quarantine.from_report(REPORT, embedder=HostedIndex()), k=4
+            index, Quarantine.from_report(REPORT, embedder=hosted.llamaindex()), k=4
         ),
     }
     for name, make in runs.items():
         counts = []
         for sync in (True, False):
-            asked.clear(), apis.clear()
+            hosted.clear()
             retriever, query = make(), "What is the capital of Australia?"
             if name == "langchain":
                 run = retriever.invoke(query) if sync else asyncio.run(retriever.ainvoke(query))
             else:
                 run = retriever.retrieve(query) if sync else asyncio.run(retriever.aretrieve(query))
-            assert run and not held & set(asked), (name, sync, asked)
-            assert bool(apis) is not sync, (name, apis)  # async: the model's own async API
-            counts.append(len(asked))
+            assert run and not held & set(hosted.passages), (name, sync, hosted.passages)
+            assert bool(hosted.apis) is not sync, (name, hosted.apis)  # async: its async API
+            counts.append(len(hosted.passages))
         assert counts[0] == counts[1] > 0, (name, counts)
