@@ -5,6 +5,7 @@ newline does not end its first line. Found by an independent review of the backe
 from __future__ import annotations
 
 import copy
+import json
 from typing import Any
 
 import pytest
@@ -260,3 +261,18 @@ def test_a_packaged_backend_pickles_without_its_model_and_copies_share_it() -> N
     engine = ragdefense.RobustRAG(llm=llm)
     _ = engine.llm  # resolved (a copy of the backend sharing its model)
     assert len(pickle.dumps(engine)) < 100_000
+
+
+def test_a_conversion_by_a_later_transformers_major_is_made_again(tmp_path: Any) -> None:
+    # a cache shared with an environment running a later transformers: its copy names
+    # tokenizer classes this one lacks (it failed to load); one it wrote, or an earlier
+    # release, or one that does not say, is used as it is
+    from ragdefense.llm import packaged
+
+    folder = tmp_path / "copy"
+    folder.mkdir()
+    for version, sound in (("99.0.0", False), ("4.48.3", True), (None, True), ("dev", True)):
+        said: dict[str, Any] = {"tie_word_embeddings": True}
+        said |= {"transformers_version": version} if version else {}
+        (folder / "config.json").write_text(json.dumps(said))
+        assert packaged._converted(folder) is sound, version

@@ -3,6 +3,7 @@ transformers folder it is converted to once from GGUF (the default of :class:`Tr
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import json
 import os
@@ -98,11 +99,25 @@ def _found(cache_dir: str | os.PathLike[str] | None) -> tuple[Path | None, Path]
 
 
 def _converted(folder: Path) -> bool:
-    """Whether ``folder`` holds a sound conversion: transformers 4.45 and 4.46 saved SmolLM2
-    without its output layer, tied to the input embeddings (``tie_word_embeddings`` false and
-    no weights for it): loaded, it answered noise, whatever transformers read it later."""
+    """Whether ``folder`` holds a sound conversion this transformers reads: transformers 4.45
+    and 4.46 saved SmolLM2 without its output layer, tied to the input embeddings
+    (``tie_word_embeddings`` false and no weights for it): loaded, it answered noise, whatever
+    transformers read it later; a later major release's copy names tokenizer classes an
+    earlier one lacks (a cache shared by two environments)."""
     try:
         config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return False
-    return isinstance(config, dict) and config.get("tie_word_embeddings") is True
+    if not isinstance(config, dict) or config.get("tie_word_embeddings") is not True:
+        return False
+    try:
+        running = importlib.metadata.version("transformers")
+    except importlib.metadata.PackageNotFoundError:
+        return True  # said where it loads
+    return _major(config.get("transformers_version"), 0) <= _major(running, float("inf"))
+
+
+def _major(version: Any, unknown: float) -> float:
+    """A version's major number (``unknown`` where it does not say)."""
+    head = str(version).split(".", 1)[0]
+    return int(head) if isinstance(version, str) and head.isdigit() else unknown
