@@ -26,6 +26,7 @@ from pydantic import Field
 from langchain_ragdefense import DefenseCompressor, RobustRAGChain, defend, red_team
 from langchain_ragdefense.vectors import stored_vectors
 from ragdefense import DefenseFailed, DefenseInputError, RAGDefender
+from ragdefense.llm.calls import model_slots
 from ragdefense.redteam import AttackTarget
 from tests.conftest import bag_of_words
 from tests.test_langchain import _Fixed  # returns its documents; module-level: pickles
@@ -127,8 +128,9 @@ def test_a_chain_copies_and_pickles_after_a_run() -> None:
     copies = [copy.deepcopy(chain), chain.model_copy(deep=True), pickle.loads(pickle.dumps(chain))]
     for other in copies:
         assert other.invoke("capital of Australia?")["answer"] == "Canberra"
-        assert other._slots is not chain._slots  # another chain: a limit of its own
-    assert chain.model_copy()._slots is chain._slots  # a shallow copy shares the limit
+        # another model (copied): a limit of its own; a shallow copy calls the same model
+        assert model_slots(other.llm, 8) is not model_slots(chain.llm, 8)
+    assert chain.model_copy().llm is chain.llm
 
 
 def test_a_chain_takes_any_retriever_like_runnable() -> None:

@@ -1196,6 +1196,42 @@ def test_an_llm_without_deadline_shared_by_two_threads_and_pickled() -> None:
     assert copy.deepcopy(llm).generate(["y"])[0].text == "answer to y"
 
 
+def test_hung_calls_stay_within_the_models_limit_when_callers_are_made_per_request() -> None:
+    """A server making an engine, or a LangChain chain over a retriever of its own, per request
+    over one model: calls hung past their deadline keep that model's slots (each caller had a
+    limit of its own, and hung calls piled up a thread each)."""
+    from langchain_core.documents import Document
+    from langchain_core.runnables import RunnableLambda
+
+    from langchain_ragdefense import RobustRAGChain
+    from ragdefense import DefenseFailed
+
+    release, started = threading.Event(), []
+
+    def hangs(prompt: Any) -> str:
+        started.append(prompt)
+        release.wait(10)
+        return "A"
+
+    passages = ["Paris is in France.", "Lyon is in France.", "Nice is in France."]
+    try:
+        for _ in range(4):  # a function: 4 calls in flight at once
+            RobustRAG(llm=hangs, aggregation="majority", timeout=0.2).answer(
+                Q, passages, choices=["Paris", "Lyon"]
+            )
+        assert len(started) == 4
+        model, started[:] = RunnableLambda(hangs), []
+        for _ in range(4):  # a chain: max_concurrency=2
+            retriever = RunnableLambda(lambda q: [Document(p) for p in passages])
+            robust = RobustRAG(llm=hangs, aggregation="majority", timeout=0.2)  # its settings
+            chain = RobustRAGChain.from_llm(model, retriever, max_concurrency=2, robust=robust)
+            with pytest.raises(DefenseFailed, match="every isolated LLM call failed"):
+                chain.invoke({"question": Q, "choices": ["Paris", "Lyon"]})
+        assert len(started) == 2
+    finally:
+        release.set()
+
+
 def test_an_audit_of_the_previous_release_resumes(tmp_path: Path) -> None:
     """A working folder from before the manifest's marker is still an audit: resumed, or
     cleared by fresh (was: refused both ways)."""

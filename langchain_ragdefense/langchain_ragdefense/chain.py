@@ -4,8 +4,6 @@ aggregation in the core."""
 
 from __future__ import annotations
 
-import threading
-import weakref
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -25,6 +23,7 @@ from ragdefense import Passage, RobustAnswer, RobustRAG
 from ragdefense.integration.adapter import answered, checked_set, robust_engine
 from ragdefense.integration.records import check_items, copied
 from ragdefense.llm import LangChainLLM
+from ragdefense.llm.calls import model_slots
 from ragdefense.robustrag.checks import check_certify
 
 __all__ = ["RobustRAGChain", "RobustRAGOutput", "RobustRAGQuestion"]
@@ -50,42 +49,6 @@ class RobustRAGOutput(TypedDict):
     report: Any
 
 
-_SLOTS_LOCK = threading.Lock()
-
-
-class _Slots:
-    """The calls in flight across every run of one chain: ``size`` at a time."""
-
-    def __init__(self, size: int) -> None:
-        self.size = size
-        self.semaphore = threading.Semaphore(size)
-
-    def __reduce__(self) -> tuple[type[_Slots], tuple[int]]:
-        # a deep copy or an unpickled chain is another chain: its own limit, all slots free (a
-        # lock cannot cross processes); a shallow copy (model_copy()) shares this object
-        return _Slots, (self.size,)
-
-
-#: the limits of the chains over one model and one retriever: a chain LangChain builds anew
-#: for each call (``configurable_fields``, ``configurable_alternatives``) is the same chain,
-#: and shares its limit; an entry goes with its model or retriever
-_SHARED: dict[tuple[int, int, int], _Slots] = {}
-
-
-def _shared(llm: Any, retriever: Any, size: int) -> _Slots:
-    key = (id(llm), id(retriever), size)
-    slots = _SHARED.get(key)
-    if slots is None:
-        slots = _Slots(size)
-        try:
-            for owner in (llm, retriever):
-                weakref.finalize(owner, _SHARED.pop, key, None)
-        except TypeError:  # not weakly referenceable: this chain's own limit
-            return slots
-        _SHARED[key] = slots
-    return slots
-
-
 class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     """Isolate-then-aggregate question answering (RobustRAG) over a retriever.
 
@@ -108,8 +71,10 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
             needs next-token probabilities, which a LangChain model does not expose.
         robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
             prompts, passage budget; ``llm`` replaces its LLM): as the LlamaIndex synthesizer.
-        max_concurrency: Isolated calls in flight at once, across every run of this chain; a
-            run's ``config["max_concurrency"]`` lowers it for that run's own calls.
+        max_concurrency: Isolated calls in flight at once, across every run of this chain
+            (and of any chain or backend calling the same model with the same limit: a chain
+            built per request shares it); a run's ``config["max_concurrency"]`` lowers it for
+            that run's own calls.
         certify: k' to certify against (``None``: no certificate).
     """
 
@@ -127,10 +92,6 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
     certify: int | None = Field(default=None, strict=True)
     _robust: RobustRAG | None = PrivateAttr(default=None)
     _built_for: tuple[Any, Any] | None = PrivateAttr(default=None)
-    #: the calls in flight across every run of this chain (``max_concurrency``), rebuilt by
-    #: ``configurable_fields`` or not (:func:`_shared`): each run's backend carries its own
-    #: config, and shares this limit (hung calls keep their slots)
-    _slots: _Slots | None = PrivateAttr(default=None)
 
     @field_validator("retriever", mode="before")
     @classmethod
@@ -191,12 +152,10 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         return cls(llm=llm, retriever=retriever, **kwargs)
 
     def _core(self, config: RunnableConfig) -> RobustRAG:
-        # shares the spaCy pipeline and the calls-in-flight limit; the LLM is bound to this
-        # run's config
-        with _SLOTS_LOCK:
-            if self._slots is None or self._slots.size != self.max_concurrency:
-                self._slots = _shared(self.llm, self.retriever, self.max_concurrency)
-            slots = self._slots.semaphore
+        # shares the spaCy pipeline and the model's calls-in-flight limit (every run's, a
+        # chain rebuilt by configurable_fields or per request too: hung calls keep their
+        # slots); the LLM is bound to this run's config
+        slots = model_slots(self.llm, self.max_concurrency)
         cap = config.get("max_concurrency")  # LangChain's own limit, given for this run
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < 1:
             cap = self.max_concurrency

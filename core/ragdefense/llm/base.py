@@ -21,7 +21,7 @@ from typing import Any
 from .calls import CHARS_PER_TOKEN as CHARS_PER_TOKEN
 from .calls import THREAD_NAME as THREAD_NAME
 from .calls import TIMED_OUT as TIMED_OUT
-from .calls import Generation, gather_within, run_threads
+from .calls import Generation, gather_within, model_slots, run_threads
 from .calls import as_generation as as_generation
 from .calls import timed_out as timed_out
 from .observe import in_thread, purpose
@@ -115,6 +115,9 @@ class ConcurrentLLM(LLM):
 
     #: calls in flight at once (a class default, for subclasses that skip ``__init__``)
     max_concurrency: int = 1
+    #: the attribute holding the model this backend calls: its limit is the model's, shared by
+    #: every backend over it (``None``: this backend's own)
+    _wraps: str | None = None
 
     def __init__(self, max_concurrency: int, timeout: float | None) -> None:
         self.max_concurrency = positive("max_concurrency", max_concurrency)
@@ -122,14 +125,16 @@ class ConcurrentLLM(LLM):
 
     @property
     def _slots(self) -> threading.Semaphore:
-        """Calls in flight across this backend's batches (``max_concurrency``): a hung call
-        keeps its slot, so hung calls never pile up threads; once every slot is held by a
-        call that never returns, later batches wait out their deadline and time out. Made on
-        first use (subclasses need not call ``__init__``) and not pickled (a copy gets its
-        own)."""
+        """Calls in flight across this backend's batches (``max_concurrency``), and every other
+        backend's over its model with that limit (one made per request too): a
+        hung call keeps its slot, so hung calls never pile up threads; once every slot is held
+        by a call that never returns, later batches wait out their deadline and time out.
+        Found on first use (subclasses need not call ``__init__``) and not pickled (a copy's
+        is its model's)."""
         slots: threading.Semaphore | None = self.__dict__.get("_slots_made")
         if slots is None:  # setdefault: two first callers at once share one
-            made = threading.Semaphore(max(1, self.max_concurrency))
+            size, model = max(1, self.max_concurrency), getattr(self, self._wraps or "", None)
+            made = threading.Semaphore(size) if model is None else model_slots(model, size)
             slots = self.__dict__.setdefault("_slots_made", made)
         return slots
 
@@ -199,9 +204,12 @@ class CallableLLM(ConcurrentLLM):
 
     Args:
         fn: The function; an answer that is not a ``str`` is a failed call.
-        max_concurrency: Calls in flight at once.
+        max_concurrency: Calls in flight at once (with every other backend calling the same
+            model with the same limit: made per request, they share it).
         timeout: Default deadline of a batch in seconds (``None``: none).
     """
+
+    _wraps = "fn"
 
     def __init__(
         self,
@@ -247,12 +255,15 @@ class LangChainLLM(ConcurrentLLM):
 
     Args:
         model: The runnable.
-        max_concurrency: Calls in flight at once.
+        max_concurrency: Calls in flight at once (with every other backend calling the same
+            model with the same limit: made per request, they share it).
         timeout: Default deadline of a batch in seconds (``None``: none).
         config: A ``RunnableConfig`` passed on each call (e.g. the calling chain's callbacks).
         slots: The calls-in-flight limit to share (``threading.Semaphore``), where backends
             made per run (each with its run's ``config``) must hold ``max_concurrency`` together.
     """
+
+    _wraps = "model"
 
     def __init__(
         self,
@@ -347,9 +358,12 @@ class LlamaIndexLLM(ConcurrentLLM):
 
     Args:
         llm: The LlamaIndex LLM.
-        max_concurrency: Calls in flight at once.
+        max_concurrency: Calls in flight at once (with every other backend calling the same
+            model with the same limit: made per request, they share it).
         timeout: Default deadline of a batch in seconds (``None``: none).
     """
+
+    _wraps = "llm"
 
     def __init__(
         self, llm: Any, max_concurrency: int = 8, timeout: float | None = DEFAULT_TIMEOUT

@@ -25,6 +25,7 @@ __all__ = [
     "Generation",
     "as_generation",
     "gather_within",
+    "model_slots",
     "run_threads",
     "timed_out",
 ]
@@ -306,3 +307,27 @@ _LINES: weakref.WeakKeyDictionary[threading.Semaphore, collections.deque[_Waiter
     weakref.WeakKeyDictionary()
 )
 _LINES_LOCK = threading.Lock()
+
+
+#: the calls-in-flight limits of the models backends call, by the model's id and the limit's
+#: size: backends made anew over one model (an engine, a chain's run, a synthesizer per
+#: request) share its limit, so calls hung past their deadline never pile up past it; an entry
+#: goes with its model
+_MODEL_SLOTS: dict[tuple[int, int], threading.Semaphore] = {}
+_MODEL_SLOTS_LOCK = threading.Lock()
+
+
+def model_slots(model: Any, size: int) -> threading.Semaphore:
+    """The limit of ``size`` calls in flight that every backend calling ``model`` shares (one
+    that cannot be weakly referenced: a limit of its own for each caller)."""
+    key = (id(model), size)
+    with _MODEL_SLOTS_LOCK:
+        slots = _MODEL_SLOTS.get(key)
+        if slots is None:
+            slots = threading.Semaphore(size)
+            try:
+                weakref.finalize(model, _MODEL_SLOTS.pop, key, None)
+            except TypeError:
+                return slots
+            _MODEL_SLOTS[key] = slots
+    return slots
