@@ -713,3 +713,19 @@ def test_an_engine_that_answered_pickles_without_the_processs_spacy_pipeline() -
 
 def _pacific(prompt: str) -> str:  # a model that pickles (a lambda does not)
     return "Pacific"
+
+
+def test_keyword_extraction_leaves_the_pipelines_strings_as_they_were() -> None:
+    # the process's spaCy pipeline kept every new word an answer brought (a server reading
+    # millions of answers grew it for good); the keywords are the same
+    from ragdefense.robustrag.keywords import extract_keywords, load_spacy
+
+    nlp = load_spacy()
+    first = extract_keywords("The Eiffel Tower is in Paris, built by Gustave Eiffel.")
+    before = len(nlp.vocab.strings)
+    for i in range(50):
+        found = extract_keywords(f"The answer is Zqx{i}vw, near Kpl{i}rt.")
+        assert f"zqx{i}vw" in {k.lower() for k in found}
+    assert len(nlp.vocab.strings) == before
+    assert extract_keywords("The Eiffel Tower is in Paris, built by Gustave Eiffel.") == first
+    assert {"Eiffel Tower", "Paris", "Gustave Eiffel"} <= first

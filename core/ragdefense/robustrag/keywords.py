@@ -11,6 +11,7 @@ shared keyword, which the aggregation gives the LLM as one more hint.
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from functools import lru_cache
 from typing import Any
@@ -187,8 +188,6 @@ def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
     """The keyword set of one response (see the module docstring)."""
     nlp = nlp or load_spacy()
     text = well_formed(text)  # spaCy refuses a lone surrogate (a model may echo one)
-    with SPACY_LOCK:
-        doc = nlp(text)
     whole = text.strip()  # the whole response is its own keyword, stop word or not ("No")
     found: set[str] = set()
     run: list[Any] = []
@@ -199,11 +198,15 @@ def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
             found.update(t.lemma_ for t in run)
             run.clear()
 
-    for token in doc:
-        if token.pos_ in INFORMATIVE_POS:
-            run.append(token)
-        else:
-            close_run()
-    close_run()
+    # read within a memory zone (spaCy 3.8+): the words an answer brings are dropped after,
+    # not kept in the process's pipeline for good (a server reads millions of answers)
+    zone = getattr(nlp, "memory_zone", None)
+    with SPACY_LOCK, zone() if callable(zone) else contextlib.nullcontext():
+        for token in nlp(text):
+            if token.pos_ in INFORMATIVE_POS:
+                run.append(token)
+            else:
+                close_run()
+        close_run()
     kept = {k for k in found if _meaningful(k)}
     return frozenset(kept | ({whole} if any(c.isalnum() for c in whole) else set()))
