@@ -698,3 +698,17 @@ def test_retrievers_built_per_request_share_their_models_embeddings() -> None:
         hosted.clear()
         assert ask()  # a new retriever, the same model: only the store's query is asked
         assert not hosted.passages and hosted.queries == [question], name
+
+
+def test_half_an_emoji_in_a_passage_is_embedded_not_refused(minilm: Embedder) -> None:
+    """A lone surrogate (a JSON escape of half an emoji) made the tokenizer refuse the batch:
+    one planted passage holding one failed every query that retrieved it. It is read as
+    U+FFFD, as RobustRAG's prompts read it."""
+    half = "The Eiffel Tower stands in Rome \ud83d."
+    fresh = minilm.with_cache(0)
+    rows = fresh.embed([half, "The Eiffel Tower stands in Paris."])
+    assert rows.shape[0] == 2 and np.isfinite(rows).all()
+    np.testing.assert_allclose(
+        rows[0], fresh.embed([half.replace("\ud83d", "\ufffd")])[0], atol=1e-5
+    )
+    assert np.isfinite(fresh.embed_query(half)).all()

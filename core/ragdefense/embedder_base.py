@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import ArrayLike
 
+from .text import well_formed
 from .vector_rows import EmbeddingError, as_rows, texts_of
 from .vector_rows import keep as _keep
 from .vector_rows import kept as _kept
@@ -78,7 +79,7 @@ class Embedder(ABC):
         if known is not None:
             return known
         try:
-            raw = self._embed_query(text)
+            raw = self._embed_query(well_formed(text))
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed on the query: {exc!r}") from exc
         return self.remember_query(text, raw)
@@ -126,7 +127,8 @@ class Embedder(ABC):
             missing = [t for t in dict.fromkeys(texts) if t not in cached]
             fresh: dict[str, np.ndarray] = {}
             if missing:
-                rows = as_rows(await aembed(missing), expected_rows=len(missing))
+                asked = [well_formed(t) for t in missing]
+                rows = as_rows(await aembed(asked), expected_rows=len(missing))
                 fresh = dict(zip(missing, rows, strict=True))
                 self.calls += 1
                 self.texts_embedded += len(missing)
@@ -135,7 +137,7 @@ class Embedder(ABC):
                     _keep(self._cache, text, row.copy(), self.cache_size)
             vector = None if query is None else self._known_query(query)
             if vector is None and query is not None and aembed_query is not None:
-                vector = self.remember_query(query, await aembed_query(query))
+                vector = self.remember_query(query, await aembed_query(well_formed(query)))
             found = [fresh[t] if t in fresh else cached[t] for t in texts]
             return (np.stack(found) if found else None), vector
         except Exception:
@@ -149,8 +151,9 @@ class Embedder(ABC):
     def _rows(self, embed: Callable[[list[str]], Any], texts: list[str], what: str) -> np.ndarray:
         """``embed(texts)`` as checked float32 rows (a failure is an :class:`EmbeddingError`
         saying ``what`` was embedded), counted in :attr:`calls` and :attr:`texts_embedded`."""
-        try:
-            raw = embed(texts)
+        try:  # a lone surrogate (half an emoji) as U+FFFD: tokenizers refuse it, and one
+            # planted passage holding one failed every query retrieving it
+            raw = embed([well_formed(t) for t in texts])
         except Exception as exc:
             raise EmbeddingError(f"embedding model failed{what}: {exc!r}") from exc
         self.calls += 1

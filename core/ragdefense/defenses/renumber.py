@@ -71,16 +71,22 @@ def positions(estimates: Mapping[str, Any], rest: list[int]) -> dict[str, Any]:
     return out
 
 
+#: GRADA's rank in its reasons: after its PageRank (before any parenthesis: another
+#: defense's reason quoting a source has one first), or at the end after a note of its own
+_RANK = re.compile(r"[^(]*PageRank [\d.]+, rank \d{1,9} of \d{1,9} \(was (\d{1,9})\)")
+_NOTED_RANK = re.compile(r"; rank \d{1,9} of \d{1,9} \(was (\d{1,9})\)\Z")
+
+
 def copy_of(reason: str, rest: list[int]) -> str:
     """``reason`` with the passage a copy follows (Consensus's reasons for copies open with
     "removed: a copy of passage N") as its input position (nothing after that opening is read:
     a source may hold any words), and so GRADA's retrieval rank ("rank R of M (was N)",
-    1-based)."""
+    1-based, where GRADA writes it: a source quoting it is left as it is)."""
     found = re.match(r"removed: a copy of passage (\d+)", reason)
     if found is not None and int(found[1]) < len(rest):
         start, end = found.span(1)
         return reason[:start] + str(rest[int(found[1])]) + reason[end:]
-    found = re.search(r"\brank \d+ of \d+ \(was (\d+)\)", reason)
+    found = _RANK.match(reason) or _NOTED_RANK.search(reason)  # GRADA's, never a source's
     if found is not None and 0 < int(found[1]) <= len(rest):
         start, end = found.span(1)
         return reason[:start] + str(rest[int(found[1]) - 1] + 1) + reason[end:]
