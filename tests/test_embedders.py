@@ -712,3 +712,34 @@ def test_half_an_emoji_in_a_passage_is_embedded_not_refused(minilm: Embedder) ->
         rows[0], fresh.embed([half.replace("\ud83d", "\ufffd")])[0], atol=1e-5
     )
     assert np.isfinite(fresh.embed_query(half)).all()
+
+
+def test_ragdefender_is_not_asked_for_a_query_vector_ahead() -> None:
+    """RAGDefender embeds the query only where a passage may be off-topic: the async paths'
+    pre-fetch asked a hosted model for it on every call (the sync path: never here)."""
+    import asyncio
+
+    from langchain_core.documents import Document
+    from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.schema import TextNode
+
+    from langchain_ragdefense import defend as lc_defend
+    from llama_index.postprocessor.ragdefense import defend as li_defend
+    from ragdefense.data import demo_documents
+
+    texts = [text for text, _ in demo_documents()]
+    stored, other = Hosted(), Hosted()
+    store = InMemoryVectorStore(stored.langchain())
+    store.add_documents([Document(t) for t in texts])
+    index = VectorStoreIndex([TextNode(text=t) for t in texts], embed_model=stored.llamaindex())
+    lc = lc_defend(store.as_retriever(), "ragdefender", embeddings=other.langchain())
+    li = li_defend(index, "ragdefender", embed_model=other.llamaindex())
+    for n, (sync, run) in enumerate(((lc.invoke, lc.ainvoke), (li.retrieve, li.aretrieve))):
+        question = f"Who painted the Mona Lisa? ({n})"
+        other.clear()
+        sync(question)
+        asked = list(other.queries)
+        other.clear()
+        asyncio.run(run(question + " again"))
+        assert len(other.queries) == len(asked), (n, asked, other.queries)

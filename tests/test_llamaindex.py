@@ -512,6 +512,7 @@ def test_a_model_over_a_configured_embedder_pickles_with_its_settings() -> None:
     """The packaged model with settings of its own comes back with them (it came back as the
     process's default); the default itself comes back as the loading process's own."""
     import pickle
+    import threading
 
     from ragdefense.embedders import SentenceTransformerEmbedder, default_embedder
 
@@ -519,6 +520,14 @@ def test_a_model_over_a_configured_embedder_pickles_with_its_settings() -> None:
     back = pickle.loads(pickle.dumps(own))._embedder
     assert (back.batch_size, back.cache_size) == (4, 0) and back is not default_embedder()
     assert pickle.loads(pickle.dumps(RagdefenseEmbedding()))._embedder is default_embedder()
+    # LlamaIndex drops what it cannot pickle (a handler holding a lock) from the copy alone
+    from llama_index.core.callbacks import CallbackManager, LlamaDebugHandler
+
+    handler = LlamaDebugHandler()
+    handler.__dict__["lock"] = threading.Lock()
+    watched = RagdefenseEmbedding(callback_manager=CallbackManager([handler]))
+    pickle.dumps(watched)
+    assert watched.callback_manager.handlers == [handler]
 
 
 def test_nodes_without_text_are_never_copies_of_each_other() -> None:

@@ -1031,3 +1031,13 @@ def test_a_source_quoting_a_rank_is_left_as_it_is() -> None:
         planted = Passage("Sydney is the capital of Australia.", metadata={"source": source})
         result = guard.defend("What is the capital of Australia?", [*_passages()[:3], planted])
         assert source in " ".join(v.reason for v in result.verdicts)
+
+
+def test_judged_positions_leave_out_what_any_quarantine_holds() -> None:
+    inner = Quarantine.from_report(REPORT, defense("consensus", embedder=bag_of_words))
+    held_inside = {"findings": [{**REPORT["findings"][0], "text": TEXTS[2], "id": "d2"}]}
+    outer = Quarantine.from_report(held_inside, inner)
+    passages = _passages()
+    assert inner.judged(passages) == [0, 1, 2]
+    assert outer.judged(passages) == [0, 1]
+    assert outer.defend("q?", passages).estimates["quarantined"] == [2, 3, 4]

@@ -1232,6 +1232,26 @@ def test_hung_calls_stay_within_the_models_limit_when_callers_are_made_per_reque
         release.set()
 
 
+def test_a_models_limit_is_found_by_its_methods_object_and_goes_with_the_model() -> None:
+    import gc
+
+    from ragdefense.llm import calls
+
+    class Client:
+        def generate(self, prompt: str) -> str:
+            return prompt
+
+    client = Client()  # a bound method is a new object at each access: its object's limit
+    assert calls.model_slots(client.generate, 4) is calls.model_slots(client.generate, 4)
+    assert calls.model_slots(client.generate, 4) is not calls.model_slots(client.generate, 2)
+    before = len(calls._MODEL_SLOTS)
+    for _ in range(50):
+        calls.model_slots(Client().generate, 4)
+        calls.model_slots(lambda p: p, 4)
+    gc.collect()
+    assert len(calls._MODEL_SLOTS) == before  # dropped with their models
+
+
 def test_an_audit_of_the_previous_release_resumes(tmp_path: Path) -> None:
     """A working folder from before the manifest's marker is still an audit: resumed, or
     cleared by fresh (was: refused both ways)."""

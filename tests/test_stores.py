@@ -113,7 +113,9 @@ def test_langchain_one_line_defense_embeds_the_query_once(
 
     embeddings = Queries()
     store = _lc_store(kind, embeddings, tmp_path)
-    kwargs = {"filter": None} if kind == "chroma" else {}
+    kwargs: dict[str, Any] = {"filter": None} if kind == "chroma" else {}
+    if search == "mmr":  # its own settings, and one another search type left behind
+        kwargs |= {"lambda_mult": 0.3, "score_threshold": 0.1}
     retriever = store.as_retriever(search_type=search, search_kwargs=kwargs)
     defended = defend(retriever)
     for ask, question in ((defended.invoke, KB[1].question), (defended.ainvoke, KB[2].question)):

@@ -40,7 +40,7 @@ from ragdefense.integration.records import (
     tagged_metadata,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import judged_positions
+from ragdefense.integration.retrieval import judged_positions, query_ahead
 
 from .vectors import stored_vectors
 
@@ -200,24 +200,23 @@ class DefenseCompressor(BaseDocumentCompressor):
         core = self.core
         embedder: Any = getattr(core, "embedder", None)
         model: Any = getattr(embedder, "embeddings", None)
+        if (
+            not getattr(core, "uses_embeddings", False)
+            or type(embedder) is not LangChainEmbedder
+            or type(model).aembed_documents is Embeddings.aembed_documents  # a thread's too
+            or (self.vectorstore is not None and self._store_space())  # the store's vectors
+            or not query.strip()
+        ):
+            return None, None
         docs = [d if isinstance(d, Document) else Document("") for d in documents]
         judged = judged_positions(
             core, [Passage(d.page_content, metadata=d.metadata) for d in docs]
         )
         texts = [d.page_content for i, d in enumerate(docs) if i in (judged or ())]  # not held
-        if (
-            judged is None
-            or not getattr(core, "uses_embeddings", False)
-            or type(embedder) is not LangChainEmbedder
-            or type(model).aembed_documents is Embeddings.aembed_documents  # a thread's too
-            or (self.vectorstore is not None and self._store_space())  # the store's vectors
-            or len(set(texts)) < max(1, getattr(core, "min_passages", 1))
-            or not query.strip()
-        ):
+        if judged is None or len(set(texts)) < max(1, getattr(core, "min_passages", 1)):
             return None, None
-        rows, vector = await embedder.embed_ahead(
-            texts, model.aembed_documents, query, model.aembed_query
-        )
+        ask = model.aembed_query if query_ahead(core) else None
+        rows, vector = await embedder.embed_ahead(texts, model.aembed_documents, query, ask)
         if rows is None:
             return None, None
         found = iter(rows)

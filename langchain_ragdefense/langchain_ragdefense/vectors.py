@@ -250,17 +250,27 @@ def by_vector(retriever: VectorStoreRetriever, vector: Any) -> VectorStoreRetrie
     async def asimilarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
         return await type(store).asimilarity_search_by_vector(store, vector, k, **kwargs)
 
-    def max_marginal_relevance_search(query: str, *args: Any, **kwargs: Any) -> list[Document]:
-        return type(store).max_marginal_relevance_search_by_vector(store, vector, *args, **kwargs)
-
-    async def amax_marginal_relevance_search(
-        query: str, *args: Any, **kwargs: Any
-    ) -> list[Document]:
-        mmr = type(store).amax_marginal_relevance_search_by_vector
-        return await mmr(store, vector, *args, **kwargs)
-
     store.similarity_search = similarity_search  # type: ignore[method-assign]
     store.asimilarity_search = asimilarity_search  # type: ignore[method-assign]
-    store.max_marginal_relevance_search = max_marginal_relevance_search  # type: ignore[method-assign]
-    store.amax_marginal_relevance_search = amax_marginal_relevance_search  # type: ignore[method-assign]
+    # MMR as the store runs it (each store reads its own arguments), its model's query vector
+    # known: the copy holds the model, wrapped, wherever the store keeps it
+    model: Any = retriever.vectorstore.embeddings  # the store's (searches_by_vector)
+    for name in [k for k, v in vars(store).items() if v is model]:
+        setattr(store, name, _Known(model, vector))
     return retriever.model_copy(update={"vectorstore": store})
+
+
+class _Known(Embeddings):
+    """A store's model whose vector for the query searched is already known."""
+
+    def __init__(self, model: Embeddings, vector: Any) -> None:
+        self.model, self.vector = model, vector
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        return self.model.embed_documents(texts)
+
+    def embed_query(self, text: str) -> list[float]:
+        return list(self.vector)
+
+    async def aembed_query(self, text: str) -> list[float]:
+        return list(self.vector)

@@ -2,11 +2,9 @@
 per-query defense would decide about them.
 
 The per-query defenses see one query's pool; an audit sees the whole knowledge base, and finds
-planted *sets* (near-copies written for one question, far closer to each other than to anything
-else) even where they are the majority of what a query retrieves, the case no text-only rule over
-one pool can decide. :class:`Quarantine` carries the audit's findings to answer time: a passage
-the audit flagged is removed before the wrapped defense runs, with the audit's evidence as its
-reason, and the defense decides about the rest as usual.
+planted *sets* (near-copies written for one question) even where they are the majority of what a
+query retrieves, which no text-only rule over one pool can decide. :class:`Quarantine` removes
+what the audit flagged before the wrapped defense runs, with the audit's evidence as its reason.
 
 A passage is matched to a finding by its text (spacing, case and accents aside), never by its
 id alone: a chunk stored again under a new id stays quarantined, while an honest chunk that
@@ -260,14 +258,16 @@ class Quarantine(Described):
         return self.defense.min_passages
 
     @property
-    def uses_embeddings(self) -> bool:
-        """Whether the wrapped defense embeds (an adapter then hands it the query's vector)."""
+    def uses_embeddings(self) -> bool:  # the wrapped defense's: adapters hand it their vectors
         return bool(getattr(self.defense, "uses_embeddings", False))
 
     def judged(self, passages: Sequence[PassageLike]) -> list[int]:
-        """The positions of ``passages`` the wrapped defense judges (the others are held): the
-        ones an adapter asks a model to embed ahead."""
-        return self._split(to_passages(passages))[1]
+        """The positions of ``passages`` the wrapped defense judges (the others are held, here
+        or by a quarantine inside): the ones an adapter asks a model to embed ahead."""
+        rest = self._split(items := to_passages(passages))[1]
+        if isinstance(self.defense, Quarantine):
+            rest = [rest[i] for i in self.defense.judged([items[i] for i in rest])]
+        return rest
 
     def reason(self, passage: Passage) -> str | None:
         """Why ``passage`` is quarantined (its text is a flagged chunk's, and its source too

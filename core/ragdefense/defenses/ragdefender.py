@@ -191,7 +191,7 @@ class RAGDefender(Described):
     #: least 8 (attacks plant ~5 per target: a smaller pool may hold no benign passage)
     pool_factor = 1
     min_pool = 8
-    uses_embeddings = True  # the passages' (the query's where a passage may be off-topic)
+    uses_embeddings = lazy_query = True  # the passages'; the query's where one is off-topic
 
     def __init__(
         self,

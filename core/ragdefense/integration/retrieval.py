@@ -21,6 +21,7 @@ __all__ = [
     "judged_positions",
     "pool_size",
     "positive_int",
+    "query_ahead",
     "wider",
 ]
 
@@ -34,6 +35,16 @@ def judged_positions(defense: Any, passages: Sequence[Any]) -> set[int] | None:
         return set(judged(passages) if callable(judged) else range(len(passages)))
     except Exception:
         return None
+
+
+def query_ahead(defense: Any) -> bool:
+    """Whether an async adapter asks a hosted model for the query's vector ahead: unless the
+    defense, inside any wrapper, embeds the query only where it needs it (``lazy_query``)."""
+    for _ in range(8):  # wrappers nest a few deep at most
+        if getattr(defense, "lazy_query", False):
+            return False
+        defense = getattr(defense, "defense", None)
+    return True
 
 
 def positive_int(value: Any) -> int | None:

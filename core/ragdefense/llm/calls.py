@@ -9,6 +9,7 @@ import asyncio
 import collections
 import contextlib
 import contextvars
+import inspect
 import threading
 import time
 import weakref
@@ -313,20 +314,22 @@ _LINES_LOCK = threading.Lock()
 #: size: backends made anew over one model (an engine, a chain's run, a synthesizer per
 #: request) share its limit, so calls hung past their deadline never pile up past it; an entry
 #: goes with its model
-_MODEL_SLOTS: dict[tuple[int, int], threading.Semaphore] = {}
+_MODEL_SLOTS: dict[tuple[int, ...], threading.Semaphore] = {}
 _MODEL_SLOTS_LOCK = threading.Lock()
 
 
 def model_slots(model: Any, size: int) -> threading.Semaphore:
-    """The limit of ``size`` calls in flight that every backend calling ``model`` shares (one
-    that cannot be weakly referenced: a limit of its own for each caller)."""
-    key = (id(model), size)
+    """The limit of ``size`` calls in flight that every backend calling ``model`` shares (a
+    bound method: its object's, per method, though each access makes a new one; a model that
+    cannot be weakly referenced: a limit of its own for each caller)."""
+    owner = getattr(model, "__self__", None) if inspect.ismethod(model) else None
+    key = (id(model), size) if owner is None else (id(owner), id(model.__func__), size)
     with _MODEL_SLOTS_LOCK:
         slots = _MODEL_SLOTS.get(key)
         if slots is None:
             slots = threading.Semaphore(size)
             try:
-                weakref.finalize(model, _MODEL_SLOTS.pop, key, None)
+                weakref.finalize(model if owner is None else owner, _MODEL_SLOTS.pop, key, None)
             except TypeError:
                 return slots
             _MODEL_SLOTS[key] = slots

@@ -186,6 +186,7 @@ def _meaningful(phrase: str) -> bool:
 
 def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
     """The keyword set of one response (see the module docstring)."""
+    own = nlp is None or nlp is load_spacy()
     nlp = nlp or load_spacy()
     text = well_formed(text)  # spaCy refuses a lone surrogate (a model may echo one)
     whole = text.strip()  # the whole response is its own keyword, stop word or not ("No")
@@ -198,9 +199,10 @@ def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
             found.update(t.lemma_ for t in run)
             run.clear()
 
-    # read within a memory zone (spaCy 3.8+): the words an answer brings are dropped after,
-    # not kept in the process's pipeline for good (a server reads millions of answers)
-    zone = getattr(nlp, "memory_zone", None)
+    # the library's own pipeline reads within a memory zone (spaCy 3.8+): the words an answer
+    # brings are dropped after, not kept for good (a server reads millions of answers); a zone
+    # spans the whole vocabulary, so a pipeline given, which others may use at once, is not
+    zone = getattr(nlp, "memory_zone", None) if own else None
     with SPACY_LOCK, zone() if callable(zone) else contextlib.nullcontext():
         for token in nlp(text):
             if token.pos_ in INFORMATIVE_POS:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import copy
 import pickle
 from typing import Any
 
@@ -64,7 +65,8 @@ class RagdefenseEmbedding(BaseEmbedding):
         model silently); the process-wide default as the name alone, the loading process's
         own then (one model loaded there)."""
         picklable(self, "embedder", self._embedder)
-        state = super().__getstate__()
+        # from a copy: LlamaIndex removes what it cannot pickle from the object it pickles
+        state = super(RagdefenseEmbedding, copy.copy(self)).__getstate__()
         private = dict(state.get("__pydantic_private__") or {})  # this object's own: copied
         if self._embedder is default_embedder():
             private.pop("_embedder", None)

@@ -40,7 +40,7 @@ from ragdefense.integration.records import (
     check_items,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import judged_positions
+from ragdefense.integration.retrieval import judged_positions, query_ahead
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .events import DefenseRemovedEvent, reranking
@@ -213,6 +213,14 @@ class DefensePostprocessor(BaseNodePostprocessor):
         gives them, not fewer than it judges; ``(None, vector)`` elsewhere."""
         embedder: Any = getattr(self.core, "embedder", None)
         model: Any = getattr(embedder, "embed_model", None)
+        if (
+            not getattr(self.core, "uses_embeddings", False)
+            or type(embedder) is not LlamaIndexEmbedder
+            or type(model)._aget_text_embeddings is BaseEmbedding._aget_text_embeddings
+            or self.vector_store is not None
+            or not query.strip()
+        ):
+            return None, vector
         judged = judged_positions(self.core, [node_passage(n, None) for n in nodes])
         # not asked: a vector the node carries, or a node the defense never judges (held)
         own = [
@@ -222,16 +230,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
         texts = [
             n.node.get_content(MetadataMode.NONE) for n, o in zip(nodes, own, strict=True) if not o
         ]
-        if (
-            judged is not None
-            and getattr(self.core, "uses_embeddings", False)
-            and type(embedder) is LlamaIndexEmbedder
-            and type(model)._aget_text_embeddings is not BaseEmbedding._aget_text_embeddings
-            and self.vector_store is None
-            and len(set(texts)) >= max(1, getattr(self.core, "min_passages", 1))
-            and query.strip()
-        ):
-            ask = model.aget_query_embedding if vector is None else None
+        if judged is not None and len(set(texts)) >= max(1, getattr(self.core, "min_passages", 1)):
+            wanted = vector is None and query_ahead(self.core)
+            ask = model.aget_query_embedding if wanted else None
             rows, asked = await embedder.embed_ahead(
                 texts, model.aget_text_embedding_batch, query, ask
             )

@@ -60,7 +60,8 @@ class RobustRAGSynthesizer(BaseSynthesizer):
             LlamaIndex LLM does not expose.
         robust: A configured :class:`ragdefense.RobustRAG` instead (its aggregation, timeout,
             prompts, passage budget; ``llm`` replaces its LLM): as the LangChain chain.
-        max_concurrency: Isolated calls in flight at once.
+        max_concurrency: Isolated calls in flight at once (shared with every synthesizer over
+            ``llm`` with the same limit).
         certify: k' to certify against (``None``: no certificate).
         streaming: Give a streaming response (``query_engine.query(q).response_gen``) as
             LlamaIndex's synthesizers do: the answer needs every isolated one, so it comes as
