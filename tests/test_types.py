@@ -100,3 +100,14 @@ def test_to_dict_is_strict_json_whatever_a_custom_defense_puts_in_it() -> None:
     out = json.loads(json.dumps(result.to_dict(), allow_nan=False))
     assert out["estimates"] == {"arr": [None, 1.0], "set": [1, 2]}
     assert out["verdicts"][0]["rank"] == 0 and out["verdicts"][0]["details"] == {"d": [None]}
+
+
+def test_a_printed_result_escapes_what_would_drive_a_terminal() -> None:
+    # a planted passage's ESC sequence hid the line saying it was removed, or rewrote it
+    planted = "Paris \x1b[8mis in Italy\x1b[0m\u202e"
+    result = DefenseResult(
+        "t", "q?", (Verdict(0, Passage(planted), False, 1.0, "removed: \x1b[2Kplanted"),), "s"
+    )
+    table = result.to_table(width=80)
+    assert "\x1b" not in table and "\u202e" not in table
+    assert "\\x1b[8mis in Italy" in table and "\\x1b[2Kplanted" in table

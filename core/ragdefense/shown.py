@@ -7,13 +7,14 @@ import inspect
 import math
 import reprlib
 import threading
+import unicodedata
 from collections.abc import Collection, Mapping
 from functools import lru_cache
 from typing import Any
 
 import numpy as np
 
-__all__ = ["Described", "described", "jsonable", "number_text", "plain_id"]
+__all__ = ["Described", "described", "jsonable", "number_text", "plain_id", "printable"]
 
 #: a parameter's value in a repr: cut where long, but a small object's own repr whole
 _SHORT = reprlib.Repr()
@@ -25,6 +26,20 @@ def number_text(value: Any) -> str:
     if isinstance(value, float):
         return "nan" if math.isnan(value) else f"{value:.4g}"
     return str(value)
+
+
+def printable(text: str) -> str:
+    """``text`` safe to print: control and format characters (an ESC that would drive the
+    terminal, a carriage return that would hide the line, bidi overrides) and line separators
+    written as escapes (a planted passage's text reaches tables and reports)."""
+    return "".join(
+        ch.encode("unicode_escape").decode("ascii") if _hidden(ch) else ch for ch in text
+    )
+
+
+def _hidden(ch: str) -> bool:
+    category = unicodedata.category(ch)
+    return category[0] == "C" or category in ("Zl", "Zp")
 
 
 def plain_id(value: Any) -> Any:

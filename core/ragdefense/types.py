@@ -10,7 +10,7 @@ from typing import Any, Protocol, runtime_checkable
 import numpy as np
 
 from .shown import Described as Described
-from .shown import jsonable, number_text, plain_id
+from .shown import jsonable, number_text, plain_id, printable
 
 __all__ = [
     "MAX_PASSAGES",
@@ -301,14 +301,14 @@ class DefenseResult:
         head = f"{self.defense}: kept {len(self.kept)} of {len(self.verdicts)}"
         rows = [head, f"{'#':>3}  {'decision':8}  {self.score_name:>12}  text / reason"]
         for v in self.verdicts:
-            text = " ".join(v.passage.text.split())
+            text = printable(" ".join(v.passage.text.split()))  # a planted ESC drives a terminal
             if len(text) > width:
                 text = text[: width - 1] + "…"
             decision = "kept" if v.kept else "REMOVED"
             rows.append(f"{v.index:>3}  {decision:8}  {number_text(v.score):>12}  {text}")
-            rows.append(f"{'':>3}  {'':8}  {'':>12}  ↳ {v.reason}")
+            rows.append(f"{'':>3}  {'':8}  {'':>12}  ↳ {printable(v.reason)}")
         if self.estimates:
-            est = ", ".join(f"{k}={number_text(v)}" for k, v in self.estimates.items())
+            est = ", ".join(f"{k}={printable(number_text(v))}" for k, v in self.estimates.items())
             rows.append(f"estimates: {est}")
         return "\n".join(rows)
 

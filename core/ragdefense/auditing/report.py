@@ -9,13 +9,14 @@ import importlib.util
 import json
 import os
 import re
-import unicodedata
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+from ..shown import printable
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -128,7 +129,7 @@ class AuditReport:
             "",
         ]
         for said in s.get("cautions") or []:  # found on the run that read the chunks
-            lines += [f"**Caution**: {_md(_shown(str(said)))}.", ""]
+            lines += [f"**Caution**: {_md(printable(str(said)))}.", ""]
         chunks = int(s.get("chunks") or 0)
         if chunks and 5 * len(self.suspicious) > chunks:  # a fifth: far past what it calibrates
             lines += [
@@ -149,7 +150,7 @@ class AuditReport:
         suspect = s.get("suspect_sources") or []
         if suspect:
             named = ", ".join(
-                f"{_md(_shown(str(r['source'])))} ({r['on_own_evidence']} of {r['chunks']} "
+                f"{_md(printable(str(r['source'])))} ({r['on_own_evidence']} of {r['chunks']} "
                 f"chunks on their own evidence, {r['suspicious']} in all)"
                 for r in suspect[:10]
             )
@@ -163,13 +164,13 @@ class AuditReport:
             "|---|---|---|---|---|---|---|---|",
         ]
         for rank, f in enumerate(self.findings[:top], 1):
-            text = _shown(f.text)
+            text = printable(f.text)
             text = text if len(text) <= width else text[: width - 1] + "…"
             flagged = ", ".join(f"{k} {v}" for k, v in f.flagged.items())
             group = f"{f.group['id']} ({f.group['size']})" if f.group else ""
             mark = "**" if f.suspicious else ""
-            cells = [str(rank), f"{mark}{_md(_shown(f.id))}{mark}", f"{f.score:.2f}"]
-            cells += [str(f.retrieved), flagged, group, _md(_shown("; ".join(f.reasons)))]
+            cells = [str(rank), f"{mark}{_md(printable(f.id))}{mark}", f"{f.score:.2f}"]
+            cells += [str(f.retrieved), flagged, group, _md(printable("; ".join(f.reasons)))]
             lines.append("| " + " | ".join([*cells, _md(text)]) + " |")
         shown, listed = sum(f.suspicious for f in self.findings[:top]), len(self.suspicious)
         if shown < listed:
@@ -279,15 +280,6 @@ class AuditReport:
         return fig
 
 
-def _shown(text: str) -> str:
-    """``text`` safe to print: control and format characters (an ESC that would drive the
-    terminal, a carriage return that would hide the line, bidi overrides) and line separators
-    written as escapes."""
-    return "".join(
-        ch.encode("unicode_escape").decode("ascii") if _hidden(ch) else ch for ch in text
-    )
-
-
 def _md(text: str) -> str:
     """``text`` as a Markdown table cell shows it, as text: ``<``, ``>`` and ``&`` escaped (an
     attacker's chunk holding ``<img onerror=...>`` would run where the report is rendered with
@@ -300,17 +292,12 @@ def _md(text: str) -> str:
 _MARKDOWN = re.compile(r"[\\\[\]|]")
 
 
-def _hidden(ch: str) -> bool:
-    category = unicodedata.category(ch)
-    return category[0] == "C" or category in ("Zl", "Zp")
-
-
 def _cell(value: Any, shown: bool = True) -> Any:
     """A CSV cell that a spreadsheet cannot run: text starting with ``= + - @`` (or a tab or
     carriage return) gets a leading apostrophe (the usual defence against formula injection);
     nor, ``shown``, a terminal showing the file (``cat report.csv``): control and format
-    characters written as escapes, as :func:`_shown` writes them, but line breaks (``\\r\\n``
-    too) and tabs. An id is not ``shown`` (it must match the store's)."""
+    characters written as escapes, as :func:`~ragdefense.shown.printable` writes them, but
+    line breaks (``\\r\\n`` too) and tabs. An id is not ``shown`` (it must match the store's)."""
     if not isinstance(value, str):
         return value
     if value[:1] in ("=", "+", "-", "@", "\t", "\r"):
@@ -318,7 +305,7 @@ def _cell(value: Any, shown: bool = True) -> Any:
     if not shown:
         return value
     return "".join(
-        ch if ch in "\n\t" or value[n : n + 2] == "\r\n" else _shown(ch)
+        ch if ch in "\n\t" or value[n : n + 2] == "\r\n" else printable(ch)
         for n, ch in enumerate(value)
     )
 
