@@ -186,7 +186,8 @@ def _meaningful(phrase: str) -> bool:
 
 def extract_keywords(text: str, nlp: Any = None) -> frozenset[str]:
     """The keyword set of one response (see the module docstring)."""
-    own = nlp is None or nlp is load_spacy()
+    # the library's own (never loaded here only to compare a pipeline given with it)
+    own = nlp is None or (load_spacy.cache_info().currsize > 0 and nlp is load_spacy())
     nlp = nlp or load_spacy()
     text = well_formed(text)  # spaCy refuses a lone surrogate (a model may echo one)
     whole = text.strip()  # the whole response is its own keyword, stop word or not ("No")
