@@ -453,3 +453,13 @@ def test_a_trust_predicate_copying_the_metadata_as_a_dict_leaves_the_callers() -
     guard = ragdefense.defense("consensus", trusted=meddling)
     assert guard.defend("text?", passages).estimates["trusted"] == [0]
     assert all(m["tags"] == ["a"] and m["n"] == {"seen": 0} for m in metadata)
+
+
+def test_a_path_parameter_cannot_climb_out_of_a_trusted_page() -> None:
+    # Tomcat and Jetty (Confluence, Jira) drop each segment's ";params": "..;" is ".." there
+    page = {"https://github.com/acme/handbook"}
+    for climbing in ("..;", "..;x=1", "..;/..;"):
+        source = f"https://github.com/acme/handbook/{climbing}/evil"
+        assert not _trusted(page, {"source": source}), source
+    assert _trusted(page, {"source": "https://github.com/acme/handbook/leave;v=2"})
+    assert _trusted(page, {"source": "https://github.com/acme/handbook/leave"})

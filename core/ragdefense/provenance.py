@@ -6,8 +6,7 @@ that counts support per *source* rather than per passage is not outvoted by twen
 upload, or by one web host repeating itself (search engines' host crowding). Web addresses
 (``http``, ``https``, ``ftp``; under ``url`` / ``link`` also without the scheme) and host names
 count per host (``www.`` and a port dropped, an internationalised name in its ASCII form;
-subdomains are hosts of their own); any other value, a storage address
-(``s3://bucket/key``) included, is taken as it is.
+subdomains are hosts of their own); any other value (``s3://bucket/key``) is taken as it is.
 """
 
 from __future__ import annotations
@@ -15,6 +14,7 @@ from __future__ import annotations
 import numbers
 import os
 import posixpath
+import re
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from decimal import Decimal
@@ -371,11 +371,12 @@ class _Sources:
             return False  # web page, whatever its folders are named ("who.int/news/x.md")
         doc = _read_document(host, value)
         host, _, path = doc.partition("/")
-        # under a trusted page as a browser and as a server may read it: "../" (or "..\\")
-        # cannot climb out of one, nor an escaped dot segment ("%2e%2e") lead into one
-        seen = [host + clean_path("/" + path, browser) for browser in (True, False)]
+        # under a trusted page as a browser and as servers may read it: "../" (or "..\\") cannot
+        # climb out of one, nor "%2e%2e" or "..;x" (Tomcat drops ";params") lead into one
+        paths = (path, re.sub(r";[^/]*", "", path))
+        seen = [host + clean_path("/" + p, b) for p in paths for b in (True, False)]
         # a page p holds d where d is p or starts with p + "/"
-        held = held_by(self.pages, seen[0]) & held_by(self.pages, seen[1])
+        held = set.intersection(*(held_by(self.pages, s) for s in seen))
         # and as servers decoding every escape read page and document ("..%2f" is "../")
         return bool(held_by({decoded_document(p) for p in held}, decoded_document(doc)))
 
