@@ -134,7 +134,7 @@ def test_langchain_one_line_defense_embeds_the_query_once(
         ]
         assert docs and not any(d.page_content in POISON for d in docs)
     assert not {"similarity_search", "max_marginal_relevance_search"} & set(vars(store))
-    assert retriever.vectorstore is store
+    assert retriever.vectorstore is store and store.embeddings is embeddings
 
 
 def test_the_query_is_embedded_by_the_store_where_it_searches_its_own_way(minilm: Any) -> None:

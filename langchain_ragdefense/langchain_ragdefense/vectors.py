@@ -238,24 +238,13 @@ def remembered(embedder: LangChainEmbedder, query: str, raw: Any) -> Any:
 
 
 def by_vector(retriever: VectorStoreRetriever, vector: Any) -> VectorStoreRetriever:
-    """A copy of ``retriever`` over a shallow copy of its store whose similarity and MMR
-    searches are by ``vector`` (the query's, already embedded by the store's own model): the
-    same documents, one model call fewer. The caller's retriever and store are not changed."""
+    """A copy of ``retriever`` over a shallow copy of its store whose model knows ``vector``
+    (the query's, already embedded by the store's own model): the store searches as it would
+    (similarity or MMR, its own arguments), one model call fewer. The caller's retriever and
+    store are not changed."""
     store = copy.copy(retriever.vectorstore)
-    search = type(store).similarity_search_by_vector
-
-    def similarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
-        return search(store, vector, k, **kwargs)
-
-    async def asimilarity_search(query: str, k: int = 4, **kwargs: Any) -> list[Document]:
-        return await type(store).asimilarity_search_by_vector(store, vector, k, **kwargs)
-
-    store.similarity_search = similarity_search  # type: ignore[method-assign]
-    store.asimilarity_search = asimilarity_search  # type: ignore[method-assign]
-    # MMR as the store runs it (each store reads its own arguments), its model's query vector
-    # known: the copy holds the model, wrapped, wherever the store keeps it
     model: Any = retriever.vectorstore.embeddings  # the store's (searches_by_vector)
-    for name in [k for k, v in vars(store).items() if v is model]:
+    for name in [k for k, v in vars(store).items() if v is model]:  # wherever it keeps it
         setattr(store, name, _Known(model, vector))
     return retriever.model_copy(update={"vectorstore": store})
 
