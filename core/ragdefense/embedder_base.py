@@ -57,19 +57,27 @@ class Embedder(ABC):
     def embed(self, texts: Sequence[str]) -> np.ndarray:
         """Embed passages: a float32 array of shape (len(texts), d)."""
         texts = texts_of(texts)
-        with self._lock:  # looked up first: remembering new ones below may evict them
-            cached = {t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache}
-        missing = [t for t in dict.fromkeys(texts) if t not in cached]
-        fresh: dict[str, np.ndarray] = {}
-        if missing:
-            fresh = dict(zip(missing, self._rows(self._embed, missing, ""), strict=True))
-        with self._lock:
-            for t, v in fresh.items():
-                _keep(self._cache, t, v.copy(), self.cache_size)  # a row, not its batch
+        cached, missing = self._cached(texts)
+        fresh = self._keep_rows(missing, self._rows(self._embed, missing, "")) if missing else {}
         rows = [fresh[t] if t in fresh else cached[t] for t in texts]
         if len({r.shape for r in rows}) > 1:  # cached before the model changed in place
             raise EmbeddingError("the model's vectors changed width: call clear_cache()")
         return np.stack(rows) if rows else np.zeros((0, 0), dtype=np.float32)
+
+    def _cached(self, texts: Sequence[str]) -> tuple[dict[str, np.ndarray], list[str]]:
+        """The kept rows of ``texts``, by text, and the distinct texts the model is asked for
+        (looked up first: keeping the new ones may evict them)."""
+        with self._lock:
+            cached = {t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache}
+        return cached, [t for t in dict.fromkeys(texts) if t not in cached]
+
+    def _keep_rows(self, texts: list[str], rows: np.ndarray) -> dict[str, np.ndarray]:
+        """``rows``, the model's for ``texts``, by text, each kept (a row, not its batch)."""
+        fresh = dict(zip(texts, rows, strict=True))
+        with self._lock:
+            for text, row in fresh.items():
+                _keep(self._cache, text, row.copy(), self.cache_size)
+        return fresh
 
     def embed_query(self, text: str) -> np.ndarray:
         """Embed a query: a float32 vector. The last :attr:`query_cache` queries are kept apart
@@ -120,21 +128,14 @@ class Embedder(ABC):
         defense's own calls ask again, and fail as the caller set); the query's ``None`` where
         it is neither kept nor asked (no ``query`` or ``aembed_query``)."""
         try:
-            with self._lock:
-                cached = {
-                    t: _kept(self._cache, t) for t in dict.fromkeys(texts) if t in self._cache
-                }
-            missing = [t for t in dict.fromkeys(texts) if t not in cached]
+            cached, missing = self._cached(texts)
             fresh: dict[str, np.ndarray] = {}
             if missing:
                 asked = [well_formed(t) for t in missing]
                 rows = as_rows(await aembed(asked), expected_rows=len(missing))
-                fresh = dict(zip(missing, rows, strict=True))
                 self.calls += 1
                 self.texts_embedded += len(missing)
-            with self._lock:
-                for text, row in fresh.items():
-                    _keep(self._cache, text, row.copy(), self.cache_size)
+                fresh = self._keep_rows(missing, rows)
             vector = None if query is None else self._known_query(query)
             if vector is None and query is not None and aembed_query is not None:
                 vector = self.remember_query(query, await aembed_query(well_formed(query)))
