@@ -40,7 +40,7 @@ from ragdefense.integration.records import (
     tagged_metadata,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import judged_positions, query_ahead
+from ragdefense.integration.retrieval import asked_ahead
 
 from .vectors import stored_vectors
 
@@ -209,18 +209,16 @@ class DefenseCompressor(BaseDocumentCompressor):
         ):
             return None, None
         docs = [d if isinstance(d, Document) else Document("") for d in documents]
-        judged = judged_positions(
-            core, [Passage(d.page_content, metadata=d.metadata) for d in docs]
+        passages = [Passage(d.page_content, metadata=d.metadata) for d in docs]
+        return await asked_ahead(
+            core,
+            embedder,
+            passages,
+            [False] * len(passages),
+            model.aembed_documents,
+            query,
+            model.aembed_query,
         )
-        texts = [d.page_content for i, d in enumerate(docs) if i in (judged or ())]  # not held
-        if judged is None or len(set(texts)) < max(1, getattr(core, "min_passages", 1)):
-            return None, None
-        ask = model.aembed_query if query_ahead(core) else None
-        rows, vector = await embedder.embed_ahead(texts, model.aembed_documents, query, ask)
-        if rows is None:
-            return None, None
-        found = iter(rows)
-        return [next(found) if i in judged else None for i in range(len(docs))], vector
 
     def _judged(
         self, documents: Sequence[Document], query: str, ahead: Ahead = (None, None)

@@ -4,7 +4,7 @@ rounds that widen it, and a framework retriever's own top-k."""
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from numbers import Integral
 from typing import Any, cast
 
@@ -13,6 +13,7 @@ from ..types import Defense
 
 __all__ = [
     "FETCH_ROUNDS",
+    "asked_ahead",
     "check_request",
     "checked_size",
     "fetch_rounds",
@@ -24,6 +25,36 @@ __all__ = [
     "query_ahead",
     "wider",
 ]
+
+
+async def asked_ahead(
+    defense: Any,
+    embedder: Any,
+    passages: Sequence[Any],
+    carried: Sequence[bool],
+    aembed: Callable[[list[str]], Awaitable[Any]],
+    query: str,
+    aembed_query: Callable[[str], Awaitable[Any]] | None,
+) -> tuple[list[Any] | None, Any]:
+    """For an async adapter: the vectors ``defense`` would ask its ``embedder``'s hosted model
+    for, asked through the model's async API (:meth:`~ragdefense.Embedder.embed_ahead`): one
+    per passage it judges whose vector is not ``carried`` (``None`` for the others), and the
+    query's (by ``aembed_query``, unless the defense embeds it only where it needs it).
+    ``(None, None)`` where nothing is asked (fewer such texts than it judges at least, or its
+    trust unread) or the model failed: the defense's own calls ask again."""
+    judged = judged_positions(defense, passages)
+    if judged is None:
+        return None, None
+    wanted = [i in judged and not c for i, c in enumerate(carried)]
+    texts = [p.text for p, w in zip(passages, wanted, strict=True) if w]
+    if len(set(texts)) < max(1, getattr(defense, "min_passages", 1)):
+        return None, None
+    ask = aembed_query if query_ahead(defense) else None
+    rows, vector = await embedder.embed_ahead(texts, aembed, query, ask)
+    if rows is None:
+        return None, None
+    found = iter(rows)
+    return [next(found) if w else None for w in wanted], vector
 
 
 def judged_positions(defense: Any, passages: Sequence[Any]) -> set[int] | None:

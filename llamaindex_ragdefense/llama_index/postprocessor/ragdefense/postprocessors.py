@@ -40,7 +40,7 @@ from ragdefense.integration.records import (
     check_items,
     verdict_metadata,
 )
-from ragdefense.integration.retrieval import judged_positions, query_ahead
+from ragdefense.integration.retrieval import asked_ahead
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .events import DefenseRemovedEvent, reranking
@@ -221,25 +221,18 @@ class DefensePostprocessor(BaseNodePostprocessor):
             or not query.strip()
         ):
             return None, vector
-        judged = judged_positions(self.core, [node_passage(n, None) for n in nodes])
-        # not asked: a vector the node carries, or a node the defense never judges (held)
-        own = [
-            (self.node_embeddings and n.node.embedding is not None) or i not in (judged or ())
-            for i, n in enumerate(nodes)
-        ]
-        texts = [
-            n.node.get_content(MetadataMode.NONE) for n, o in zip(nodes, own, strict=True) if not o
-        ]
-        if judged is not None and len(set(texts)) >= max(1, getattr(self.core, "min_passages", 1)):
-            wanted = vector is None and query_ahead(self.core)
-            ask = model.aget_query_embedding if wanted else None
-            rows, asked = await embedder.embed_ahead(
-                texts, model.aget_text_embedding_batch, query, ask
-            )
-            if rows is not None:
-                found = iter(rows)
-                return [None if o else next(found) for o in own], vector if asked is None else asked
-        return None, vector
+        carried = [self.node_embeddings and n.node.embedding is not None for n in nodes]
+        ask = model.aget_query_embedding if vector is None else None  # not in the bundle
+        rows, asked = await asked_ahead(
+            self.core,
+            embedder,
+            [node_passage(n, None) for n in nodes],
+            carried,
+            model.aget_text_embedding_batch,
+            query,
+            ask,
+        )
+        return rows, vector if asked is None else asked
 
     def _judged(
         self, nodes: list[NodeWithScore], query: str, vector: Any, ahead: Any = None
