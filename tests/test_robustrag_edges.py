@@ -744,3 +744,20 @@ def test_a_pipeline_given_is_read_outside_a_memory_zone() -> None:
     nlp.memory_zone = lambda *a, **k: zones.append(1)  # type: ignore[method-assign]
     assert {"Paris"} <= extract_keywords("The Eiffel Tower is in Paris.", nlp)
     assert not zones
+
+
+def test_an_engine_shows_its_settings_without_loading_a_model() -> None:
+    """A RobustRAG printed as ``<...RobustRAG object at 0x...>``: two engines in a log could not
+    be told apart; reading ``llm`` to show it would load the packaged model."""
+
+    def echo(prompt: str) -> str:
+        return prompt
+
+    plain = RobustRAG()
+    assert repr(plain) == "RobustRAG()"
+    assert plain._llm is None  # shown, not loaded
+    given = RobustRAG(echo, KeywordAggregation(alpha=0.4), max_new_tokens=5)
+    shown = repr(given)
+    assert shown.startswith("RobustRAG(llm=<function ") and "echo" in shown
+    assert "alpha=0.4" in shown and shown.endswith("max_new_tokens=5)")
+    assert given._llm is echo and given._nlp is None

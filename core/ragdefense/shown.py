@@ -76,15 +76,18 @@ class Described:
 
 def described(obj: Any) -> str:
     """``Class(parameter=value, ...)``: the parameters of ``obj``'s constructor that it holds
-    under their own names and that differ from what the class makes of their defaults; a
+    under their own names (a property's as its ``_name`` holds it, so that a lazy one is shown
+    as given, not loaded) and that differ from what the class makes of their defaults; a
     collection of more than five items by its size (a quarantine's thousands of ids)."""
     kind: Any = type(obj)
     shown, plain = [], _made_plain(kind)
     for name, param in inspect.signature(type(obj).__init__).parameters.items():
         if name == "self" or param.kind in (param.VAR_POSITIONAL, param.VAR_KEYWORD):
             continue
-        value: Any = getattr(obj, name, param.empty)
-        default = getattr(plain, name, param.default)  # what the class makes of the default
+        lazy = isinstance(getattr(kind, name, None), property) and hasattr(obj, f"_{name}")
+        held = f"_{name}" if lazy else name  # a property's value as given, never loaded
+        value: Any = getattr(obj, held, param.empty)
+        default = getattr(plain, held, param.default)  # what the class makes of the default
         try:
             if value is param.empty or value is default or bool(value == default):
                 continue

@@ -24,7 +24,7 @@ from typing import Any, Literal, Protocol
 from ..llm import LLM, as_llm
 from ..llm.observe import in_thread
 from ..text import well_formed
-from ..types import Passage, PassageLike, check_query, to_passages
+from ..types import Described, Passage, PassageLike, check_query, to_passages
 from .checks import check_alike, check_certify, check_engine, check_installed, deciding
 from .flow import Flow, Progress, Runtime, adrive, drive, local, reported
 from .keyword_aggregation import KeywordAggregation
@@ -90,7 +90,7 @@ AGGREGATIONS: dict[str, Callable[[], Aggregation]] = {
 }
 
 
-class RobustRAG:
+class RobustRAG(Described):
     """RobustRAG: isolate-then-aggregate answering with certification.
 
     Args:
