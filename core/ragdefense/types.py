@@ -11,6 +11,7 @@ import numpy as np
 
 from .shown import Described as Described
 from .shown import jsonable, number_text, plain_id, printable
+from .vector_rows import numeric
 
 __all__ = [
     "MAX_PASSAGES",
@@ -141,7 +142,7 @@ def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
     """``embeddings`` as a finite float64 (n, d) matrix, else :class:`DefenseInputError`
     (complex numbers too: their imaginary part would be dropped silently)."""
     try:
-        raw = np.asarray(embeddings)
+        raw = np.asarray(numeric(embeddings))
         if raw.dtype.kind == "c" or (
             raw.dtype.kind == "O" and any(isinstance(x, complex) for x in raw.ravel())
         ):
@@ -153,7 +154,7 @@ def check_embeddings(embeddings: Any, n: int) -> np.ndarray:
                 f"embeddings must be real numbers, got an array of dtype {raw.dtype}"
             )
         arr = raw.astype(np.float64)
-    except (TypeError, ValueError, OverflowError) as exc:
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
         if isinstance(exc, DefenseInputError):
             raise
         raise DefenseInputError(f"embeddings are not a numeric matrix ({exc})") from exc
@@ -172,8 +173,8 @@ def check_query_embedding(
     else :class:`QueryInputError` saying what is wrong with it (and ``fix``, how to mend a
     size that is not ``dim``)."""
     try:
-        raw = np.asarray(query_embedding)
-    except (TypeError, ValueError, OverflowError) as exc:
+        raw = np.asarray(numeric(query_embedding))
+    except (TypeError, ValueError, OverflowError, RuntimeError) as exc:
         raise QueryInputError(f"query_embedding is not a vector of numbers ({exc})") from exc
     if raw.ndim != 1 or raw.dtype.kind not in "iufO" or raw.size == 0:
         kind = type(query_embedding).__name__

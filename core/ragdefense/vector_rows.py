@@ -34,8 +34,7 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
     """The model's output as float32 rows, checked; a row of any finite magnitude keeps its
     direction (rescaled where float32 would lose it), as vectors passages carry do."""
     try:
-        listed = isinstance(raw, (list, tuple))  # of rows, each maybe a tensor
-        rows = np.asarray([_numpy(r) for r in raw] if listed else _numpy(raw))
+        rows = np.asarray(numeric(raw))  # rows, each maybe a tensor
         kind = rows.dtype.kind
         arr = np.asarray(rows, dtype=np.float64) if kind in "iufO" else rows
     except (TypeError, ValueError, OverflowError, RuntimeError, AttributeError) as exc:
@@ -56,6 +55,12 @@ def as_rows(raw: Any, expected_rows: int) -> np.ndarray:
 def _numpy(value: Any) -> Any:
     """A torch tensor (on a GPU, in bfloat16, needing grad) as NumPy reads it; else as it is."""
     return value.detach().cpu().double().numpy() if hasattr(value, "detach") else value
+
+
+def numeric(value: Any) -> Any:
+    """``value`` as NumPy reads it: a tensor, or a list or tuple of them (rows), converted; else
+    as it is (``np.asarray`` fails on a tensor needing grad, and reads no bfloat16)."""
+    return [_numpy(r) for r in value] if isinstance(value, (list, tuple)) else _numpy(value)
 
 
 def texts_of(texts: Any, what: str = "texts") -> list[str]:
