@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 from llama_index.core import SummaryIndex, VectorStoreIndex
+from llama_index.core.embeddings import BaseEmbedding
 from llama_index.core.instrumentation import get_dispatcher  # type: ignore[attr-defined]
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
 from llama_index.core.schema import ImageNode, MetadataMode, NodeWithScore, TextNode
@@ -909,3 +910,36 @@ def test_async_postprocess_embeds_through_a_hosted_models_own_async_api() -> Non
     assert hosted.sync_calls == 0 and hosted.async_calls == 3
     same = DefensePostprocessor(embed_model=Hosted()).postprocess_nodes(nodes, query_str=query)
     assert [n.node.text for n in out] == [n.node.text for n in same]
+
+
+class _Scaled(BaseEmbedding):
+    """The toy model's vectors times ``scale``; the query's first value ``nan`` if asked."""
+
+    scale: float = 1.0
+    nan_query: bool = False
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        vector = self._get_text_embedding(query)
+        return [float("nan"), *vector[1:]] if self.nan_query else vector
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return [float(v) * self.scale for v in bag_of_words([text])[0]]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+
+def test_the_retrievers_query_vector_is_checked_as_the_models_output_is() -> None:
+    """The query vector the retriever left in the bundle was cast to float32 unchecked: a
+    model's finite values past float32's range became infinite and the defense refused the
+    query (``fail_open`` no help), where its own call keeps the direction; a NaN there was the
+    caller's error, not the model's."""
+    texts = [t for t, m in demo_documents() if m["q"] in ("q1", "q7")]
+
+    def kept(model: _Scaled, **options: Any) -> list[str]:
+        index = VectorStoreIndex([TextNode(text=t) for t in texts], embed_model=model)
+        return [n.node.get_content() for n in defend(index, k=4, **options).retrieve(OCEAN)]
+
+    assert kept(_Scaled(scale=1e39)) == kept(_Scaled())
+    with pytest.warns(UserWarning, match="passing the documents through"):
+        assert len(kept(_Scaled(nan_query=True), fail_open=True)) == 4

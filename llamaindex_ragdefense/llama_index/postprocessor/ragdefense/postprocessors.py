@@ -8,7 +8,6 @@ import asyncio
 import copy
 from typing import Any, Literal
 
-import numpy as np
 from llama_index.core.bridge.pydantic import (
     ConfigDict,
     Field,
@@ -21,7 +20,7 @@ from llama_index.core.embeddings.loading import load_embed_model
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import MetadataMode, NodeWithScore, QueryBundle
 
-from ragdefense import Defense, DefenseResult, LlamaIndexEmbedder
+from ragdefense import Defense, DefenseResult, EmbeddingError, LlamaIndexEmbedder
 from ragdefense.defenses.registry import DEFAULT_DEFENSE
 from ragdefense.integration.adapter import (
     AdapterCore,
@@ -41,6 +40,7 @@ from ragdefense.integration.records import (
     verdict_metadata,
 )
 from ragdefense.integration.retrieval import asked_ahead
+from ragdefense.vector_rows import as_rows
 
 from .embeddings import RagdefenseEmbedding, picklable
 from .events import DefenseRemovedEvent, reranking
@@ -268,7 +268,10 @@ class DefensePostprocessor(BaseNodePostprocessor):
             model = model.embed_model if type(model) is LlamaIndexEmbedder else model
         if not isinstance(model, BaseEmbedding) or bundle.embedding_strs != [bundle.query_str]:
             return None
-        return np.asarray(bundle.embedding, dtype=np.float32)
+        try:  # checked as the model's output is (any finite magnitude keeps its direction)
+            return as_rows([bundle.embedding], expected_rows=1)[0]
+        except EmbeddingError:  # the model's fault: the defense asks it, failing as set
+            return None
 
     def _postprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
