@@ -113,6 +113,24 @@ def test_keyword_aggregation_with_a_scripted_llm(nlp) -> None:  # type: ignore[n
     assert "Canberra (3)" in str(r)
 
 
+def test_keyword_counts_are_listed_in_one_order_in_every_process(nlp) -> None:  # type: ignore[no-untyped-def]
+    """The counts came in the order of the answers' keyword sets, which Python's per-process
+    string hashing sets: one answer's JSON differed from run to run. Most counted first, then
+    by keyword."""
+    ocean = ["p1 ocean", "p2 ocean", "p3 ocean", "p4 poison"]
+    llm = scripted(
+        {
+            "p1": "The Pacific Ocean is the largest deepest ocean basin on Earth.",
+            "p2": "The Pacific Ocean is the largest deepest ocean basin on Earth.",
+            "p3": "The Pacific Ocean, the largest basin on Earth.",
+            "p4": "The Atlantic Ocean, the largest basin on Earth.",
+        }
+    )
+    counts = list(RobustRAG(llm=llm, nlp=nlp).answer(Q, ocean).keyword_counts.items())
+    assert len(counts) >= 8
+    assert counts == sorted(counts, key=lambda kc: (-kc[1], kc[0]))
+
+
 def test_keyword_prompt_is_sorted(nlp) -> None:  # type: ignore[no-untyped-def]
     seen: list[str] = []
     llm = scripted({f"p{i}": "Zeta Alpha" for i in range(3)}, lambda kws: seen.append(kws) or "x")

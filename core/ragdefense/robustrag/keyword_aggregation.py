@@ -145,7 +145,8 @@ class _Keyword:
         counts = Counter(k for r in responses if not r.abstained for k in r.keywords)
         mu = self.cfg.threshold(n)
         kept = tuple(sorted(k for k, c in counts.items() if c >= mu))
-        base = RobustAnswer(query, IDK, "keyword", responses, "", dict(counts), mu, kept)
+        counted = dict(sorted(counts.items(), key=lambda kc: (-kc[1], kc[0])))  # not set order
+        base = RobustAnswer(query, IDK, "keyword", responses, "", counted, mu, kept)
         if n == 0:
             why = f"all {len(responses)} isolated answers abstained" + note
             return replace(base, reason=why), None
