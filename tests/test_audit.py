@@ -1445,6 +1445,31 @@ def test_the_console_script_finds_a_module_in_the_current_folder(tmp_path: Path)
     assert "with no arguments failed" in done.stderr and "Traceback" not in done.stderr
 
 
+def test_the_console_script_shows_texts_its_output_cannot_encode(tmp_path: Path) -> None:
+    """Redirected on Windows, stdout encodes cp1252: a chunk's CJK text or arrow in the report
+    shown ended the audit in a traceback (exit 1) after the report was written."""
+    import subprocess
+    import sys
+
+    (tmp_path / "embmod.py").write_text(
+        "import zlib\nimport numpy as np\n\ndef emb(texts):\n    out = np.zeros((len(texts), 64))\n"
+        "    for i, t in enumerate(texts):\n        for w in t.split():\n"
+        "            out[i, zlib.crc32(w.encode()) % 64] += 1\n    return out\n"
+    )
+    rows = [{"id": f"c{i}", "text": f"東京 → note {i} topic{i % 5} word{i % 3}"} for i in range(30)]
+    (tmp_path / "kb.jsonl").write_text("\n".join(json.dumps(r) for r in rows), encoding="utf-8")
+    script = Path(sys.executable).with_name("ragdefense")
+    done = subprocess.run(
+        [str(script), "audit", "kb.jsonl", "--embedder", "embmod:emb", "--quiet", "--show", "50"],
+        cwd=tmp_path,
+        capture_output=True,
+        env={**os.environ, "PYTHONIOENCODING": "cp1252"},
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr.decode("cp1252", "replace")
+    assert b"\\u6771\\u4eac \\u2192 note" in done.stdout  # escaped, not lost
+
+
 @pytest.mark.slow
 def test_stores_are_read_with_their_vectors_never_written(minilm: Any, tmp_path: Path) -> None:
     import chromadb

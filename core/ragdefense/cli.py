@@ -270,6 +270,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``ragdefense`` console script."""
     args: Any = build_parser().parse_args(argv)
     offline()
+    with contextlib.suppress(AttributeError, ValueError):  # a stream that is no text file
+        # a chunk's text a console cannot show (Windows' cp1252 when redirected) is escaped
+        sys.stdout.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]
     try:
         code = int(args.func(args))
         sys.stdout.flush()  # a closed pipe fails here, not at the interpreter's exit
