@@ -943,3 +943,23 @@ def test_the_retrievers_query_vector_is_checked_as_the_models_output_is() -> Non
     assert kept(_Scaled(scale=1e39)) == kept(_Scaled())
     with pytest.warns(UserWarning, match="passing the documents through"):
         assert len(kept(_Scaled(nan_query=True), fail_open=True)) == 4
+
+
+def test_an_async_postprocess_is_a_span_a_tracer_sees(toy_embedder: Any) -> None:
+    """LlamaIndex puts a span around ``_postprocess_nodes`` alone: the async path had none, so
+    span-based tracers lost the defense step and its events landed on the query engine's."""
+    import asyncio
+
+    from llama_index.core.instrumentation.span_handlers import SimpleSpanHandler
+
+    handler = SimpleSpanHandler()
+    root = get_dispatcher()
+    root.add_span_handler(handler)
+    try:
+        nodes = [NodeWithScore(node=TextNode(text=t), score=1.0) for t, _ in HONEST[:6]]
+        post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(toy_embedder))
+        asyncio.run(post.apostprocess_nodes(nodes, query_str=OCEAN))
+    finally:
+        root.span_handlers.remove(handler)
+    names = [span.id_.split("-")[0] for span in handler.completed_spans]
+    assert "ConsensusPostprocessor._apostprocess_nodes" in names

@@ -43,7 +43,7 @@ from ragdefense.integration.retrieval import asked_ahead
 from ragdefense.vector_rows import as_rows
 
 from .embeddings import RagdefenseEmbedding, picklable
-from .events import DefenseRemovedEvent, reranking
+from .events import DefenseRemovedEvent, dispatcher, reranking
 from .nodes import node_passage, query_text, tagged
 from .vectors import stored_vectors
 
@@ -285,6 +285,7 @@ class DefensePostprocessor(BaseNodePostprocessor):
             end(result, out)
         return out
 
+    @dispatcher.span  # LlamaIndex spans the sync method alone: a tracer sees this one too
     async def _apostprocess_nodes(
         self, nodes: list[NodeWithScore], query_bundle: QueryBundle | None = None
     ) -> list[NodeWithScore]:
