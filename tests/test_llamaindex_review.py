@@ -963,3 +963,19 @@ def test_an_async_postprocess_is_a_span_a_tracer_sees(toy_embedder: Any) -> None
         root.span_handlers.remove(handler)
     names = [span.id_.split("-")[0] for span in handler.completed_spans]
     assert "ConsensusPostprocessor._apostprocess_nodes" in names
+
+
+def test_a_query_given_as_its_vector_alone_is_judged(minilm: Any) -> None:
+    """``retrieve(QueryBundle("", embedding=v))``: the store searched by the vector, the defense
+    dropped it and, the query blank, judged nothing (every planted node kept)."""
+    from llama_index.core.schema import QueryBundle
+
+    model = RagdefenseEmbedding(minilm)
+    index = VectorStoreIndex(
+        [TextNode(text=t, metadata=m) for t, m in demo_documents()], embed_model=model
+    )
+    vector = model.get_query_embedding(OCEAN)
+    plain = index.as_retriever(similarity_top_k=4).retrieve(QueryBundle("", embedding=vector))
+    assert sum(n.node.metadata["poison"] for n in plain) >= 2
+    kept = defend(index, k=4).retrieve(QueryBundle("", embedding=vector))
+    assert kept and not any(n.node.metadata["poison"] for n in kept)

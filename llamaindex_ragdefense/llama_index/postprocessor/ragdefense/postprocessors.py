@@ -258,7 +258,8 @@ class DefensePostprocessor(BaseNodePostprocessor):
         bundle), where it is the defense's: ``vector_store`` given (that field's contract: the
         defense's model is the store's), a defense built here by name on ``embed_model`` or an
         object embedding with a LlamaIndex model as it is, and a vector of the query's own text
-        (not of a hypothetical answer, HyDE). Else ``None``: the defense embeds the query."""
+        (not of a hypothetical answer, HyDE) or a query given as its vector alone. Else
+        ``None``: the defense embeds the query."""
         if bundle is None or bundle.embedding is None or self.vector_store is None:
             return None
         if named(self.defense):
@@ -266,7 +267,10 @@ class DefensePostprocessor(BaseNodePostprocessor):
         else:  # a LlamaIndex model the defense wraps plainly (no query text of its own)
             model = defense_embedder(self.defense)
             model = model.embed_model if type(model) is LlamaIndexEmbedder else model
-        if not isinstance(model, BaseEmbedding) or bundle.embedding_strs != [bundle.query_str]:
+        if not isinstance(model, BaseEmbedding) or bundle.embedding_strs not in (
+            [bundle.query_str],
+            [],  # a query given as its vector alone
+        ):
             return None
         try:  # checked as the model's output is (any finite magnitude keeps its direction)
             return as_rows([bundle.embedding], expected_rows=1)[0]
