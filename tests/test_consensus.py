@@ -1603,3 +1603,42 @@ def test_the_copy_standing_for_a_text_is_the_one_whose_source_lost_least() -> No
     assert one_of_each({0: [1, 7]}, [False] * 8, sources, removed) == {0: 7, 1: 7}  # none lost
     one_source = ["evil.com"] * 8  # one source reads as no source: the first copy stands
     assert one_of_each({0: [1]}, [False] * 8, one_source, removed) == {1: 0}
+
+
+def test_a_model_giving_every_text_one_direction_judges_nothing() -> None:
+    """A broken or stub model (one vector for every text) made every query similarity 1: the
+    vote removed passages by input order, saying they ranked low by query similarity."""
+    from ragdefense.data import demo_documents
+
+    from .conftest import bag_of_words
+
+    texts = [t for t, m in demo_documents() if m["q"] == "q4"]
+    query = "Who painted the Mona Lisa?"
+    assert Consensus(embedder=bag_of_words).defend(query, texts).removed_indices  # judged
+    noise = np.random.default_rng(0).normal(scale=1e-5, size=(len(texts) + 1, 64))
+    for model in (
+        lambda t: np.ones((len(t), 64)),
+        lambda t: np.ones((len(t), 64)) + noise[: len(t)],
+    ):
+        result = Consensus(embedder=model).defend(query, texts)
+        assert not result.removed_indices
+        assert "all point one way" in result.estimates["note"]
+
+
+def test_a_passage_whose_embedding_is_zero_says_it_was_not_judged() -> None:
+    """A model returning zeros for one text (a failed or empty one, as some APIs do) kept it
+    as off the topic, saying no coordinated attack was found, and the estimates were silent."""
+    from ragdefense.data import demo_documents
+
+    from .conftest import bag_of_words
+
+    texts = [t for t, m in demo_documents() if m["q"] == "q4"]
+
+    def holed(batch: list[str]) -> np.ndarray:
+        rows = bag_of_words(batch)
+        rows[[i for i, t in enumerate(batch) if t == texts[3]]] = 0.0
+        return rows
+
+    result = Consensus(embedder=holed).defend("Who painted the Mona Lisa?", texts)
+    assert result.estimates["zero_vectors"] == [3]
+    assert result.verdicts[3].kept and "zero vector" in result.verdicts[3].reason

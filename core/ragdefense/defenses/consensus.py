@@ -236,14 +236,18 @@ class Consensus(Described):
         emb, q_emb = passage_and_query_embeddings(
             query, items, self.embedder, embeddings, query_embedding
         )
-        if not np.abs(emb).any() or not np.abs(q_emb).any():
-            why = "every embedding (or the query's) is the zero vector: no direction to compare"
-            note = {"note": why, **said}
+        full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
+        # distinct texts given one direction (a broken or stub model): the vectors tell nothing
+        flat = full_sim[np.ix_(keep, keep)].min() > 1 - 1e-6
+        if not np.abs(emb).any() or not np.abs(q_emb).any() or flat:
+            why = "every embedding (or the query's) is the zero vector, or all point one way"
+            note = {"note": why + ": no direction to compare", **said}
             left = self._copies(copy_of, trusted, sources, {}, note)  # nothing was judged
             return consensus_result(
                 self.name, query, items, np.zeros(m), sources, trusted, {}, note, left
             )
-        full_sim, full_qs = cosine_matrix(emb), cosine_to(emb, q_emb)
+        if zero := [i for i in range(m) if not np.abs(emb[i]).any()]:
+            said["zero_vectors"] = zero  # no direction: set aside as off the topic, not judged
         pool = Pool(
             [items[i] for i in keep],
             full_sim[np.ix_(keep, keep)],

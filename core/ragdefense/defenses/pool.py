@@ -257,6 +257,7 @@ def consensus_result(
     removed = removed | {i: COPY_REASON.format(stand) for i, stand in left_out.items()}
     note = estimates.get("note")
     apart = set(estimates.get("unsupported_apart", ()))
+    zero = set(estimates.get("zero_vectors", ()))
     place = {i: i for i in range(len(items))}
     for copy, stand in left_out.items():
         place[stand] = min(place[stand], copy)
@@ -272,6 +273,8 @@ def consensus_result(
             reason = "kept: trusted"
         elif note:
             reason = f"kept: {note}"
+        elif i in zero:
+            reason = "kept: its embedding is the zero vector: no direction to judge it by"
         elif i in apart:
             reason = (
                 "kept: ranked high by query similarity and low by the others' support, but it "
