@@ -4,6 +4,7 @@ where the neighbours share cells, a partition of the chunks, and resumable like 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
@@ -260,6 +261,31 @@ def test_a_recheck_resumed_or_rescored_searches_each_row_once(
     assert (tmp_path / "w" / "search" / "0-of-4" / "rechecked-2.json").is_file()
     assert all(len(np.unique(r)) == len(r) for r in _rows_stored(tmp_path / "w"))
     assert {f.id for f in lower.suspicious} >= planted
+
+
+def test_no_file_is_replaced_while_it_is_mapped(
+    toy: CallableEmbedder, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Windows refuses to replace a file the process has memory-mapped: a second recheck round
+    wrote its suspects over the list it had just read mapped (simulated here through Linux's
+    list of mapped files)."""
+    maps = Path("/proc/self/maps")
+    if not maps.exists():
+        pytest.skip("reads the mapped files from /proc/self/maps (Linux)")
+    real = os.replace
+
+    def refused_if_mapped(src: Any, dst: Any) -> None:
+        target = os.path.abspath(dst)
+        if any(line.endswith(" " + target) for line in maps.read_text().splitlines()):
+            raise PermissionError(13, "the file is mapped", target)
+        real(src, dst)
+
+    texts, ids, _ = toy_corpus()
+    args = {"embedder": toy, "workdir": tmp_path / "w", "part_size": 16, "shards": 4, "route": 1}
+    audit(ListCorpus(texts, ids), **args)
+    monkeypatch.setattr(os, "replace", refused_if_mapped)
+    lower = audit(ListCorpus(texts, ids), scoring=Scoring(threshold=0.05), **args)
+    assert Workdir(tmp_path / "w").noted("recheck_round") == 2 and lower.findings
 
 
 def test_routed_search_without_faiss(toy: CallableEmbedder, tmp_path: Path, no_faiss: None) -> None:

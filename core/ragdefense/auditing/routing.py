@@ -279,10 +279,13 @@ def recheck_suspects(
             recheck()
         scores = scored(assess(wd, names, scoring), names[0], scoring)[0]
         suspects = np.flatnonzero(scores >= scoring.threshold).astype(np.int64)
-        known = wd.read_array("route/suspects.npy") if wd.has("route/suspects.npy") else None
+        # read into memory: the list is written over below, which a mapped file forbids (Windows)
+        known = (
+            np.array(wd.read_array("route/suspects.npy")) if wd.has("route/suspects.npy") else None
+        )
         if known is not None and not np.setdiff1d(suspects, known).size:
             break
-        found = suspects if known is None else np.union1d(np.asarray(known), suspects)
+        found = suspects if known is None else np.union1d(known, suspects)
         round_ += 1
         wd.note("recheck_round", round_)  # first: a run killed before the list is written
         wd.write_array("route/suspects.npy", found)  # rechecks the old list again, then this
