@@ -56,7 +56,9 @@ class Passage:
         id: Optional identifier (a document id, a node id).
         score: Optional retrieval score given by the retriever.
         metadata: Free-form metadata, carried through untouched.
-        embedding: Optional precomputed embedding (e.g. the vector store's); used as is.
+        embedding: Optional precomputed embedding (e.g. the vector store's); used as is. It
+            must be the defense's model's: checked against the packaged default where that
+            embeds beside it, not against a model given as ``embedder=``.
         shown: What the generator is shown of the passage where that is more than ``text``
             (a LlamaIndex node's metadata, an image's path): passages of one text shown
             differently are not copies of each other. Not judged otherwise.
