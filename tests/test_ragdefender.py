@@ -390,3 +390,16 @@ def test_summed_tfidf_of_many_long_passages_sums_the_non_zero_cells_alone(
     sparse_vocab, sparse = summed_tfidf(docs)
     assert sparse_vocab == vocab
     np.testing.assert_allclose(sparse, dense, rtol=1e-12, atol=1e-12)
+
+
+def test_concentration_count_does_not_depend_on_retrieval_order() -> None:
+    """A local mean equal to the global one in exact arithmetic differs from it by float noise
+    whose sign depends on the order of the sums: a tie must stay a tie in every order."""
+    v = [0.2, 0.3, 0.1, 0.3, 0.1, 0.3, 0.1, 0.7, 0.1, 0.7, 0.3, 0.3, 0.7, 0.2, 0.1, 0.7]
+    v += [0.1, 0.2, 0.2, 0.3, 0.1, 0.3, 0.3, 0.2, 0.7, 0.1, 0.2, 0.1]
+    sim = np.eye(8)
+    sim[np.triu_indices(8, 1)] = v
+    sim = np.maximum(sim, sim.T)
+    order = [0, 6, 1, 2, 3, 4, 5, 7]
+    counts = {estimate_by_concentration(sim[np.ix_(p, p)]).n_adv for p in (range(8), order)}
+    assert len(counts) == 1
