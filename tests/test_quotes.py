@@ -237,3 +237,17 @@ def test_a_quote_is_found_where_the_words_follow_each_other(
         s = starts[0]
         expected = (tuple(words[max(0, s - 4) : s]), tuple(words[s + n : s + n + 4]))
     assert _around(_seen(text), _quote(asked)) == expected
+
+
+def test_one_source_against_one_reads_the_quotes_as_text_alone() -> None:
+    """With one honest site against one uploaded file, no other two sources speak: the
+    one-voice step cannot judge the file, so its quoting chunks count as the words do."""
+    emb, q = scattered(len(HONEST) + len(PLANTED))
+    metas = [{"source": f"https://honest.example/{n}"} for n in range(len(HONEST))]
+    metas += [{"source": "uploads/booker.pdf"}] * len(PLANTED)
+    passages = [Passage(t, metadata=m) for t, m in zip(HONEST + PLANTED, metas, strict=True)]
+    removed = {}
+    for key in ("source", None):
+        result = Consensus(support=False, source_key=key).defend_embeddings(QUERY, passages, emb, q)
+        removed[key] = [v.index for v in result.verdicts if not v.kept]
+    assert removed["source"] == removed[None] == [5, 6, 7]

@@ -13,7 +13,8 @@ it, opens with a question word, not "how to ...", and is no title; :data:`MIN_WO
 more: a name, a title or an error message is quoted by honest passages as a matter of course;
 English question words only, so other languages' questions count only with ``?``); documents
 count, not chunks: passages of one document (by provenance,
-:func:`~ragdefense.provenance.document_of`, where the pool holds two sources or more) are one,
+:func:`~ragdefense.provenance.document_of`, where two other sources speak on the topic, so that
+the one-voice step can judge the document's source) are one,
 and so are passages sharing the words around the quote (copies, one document cut into
 overlapping chunks, one heading above several pages), so provenance never counts more than the
 words do (one uploaded file quoting the question is one quote: the one-voice step judges it); a
@@ -70,12 +71,16 @@ def quoting(pool: Pool, query: str) -> None:
             contexts.append(around)
     if any(pool.trusted[i] for i in found) or set(pool.topical) <= set(found):
         return
-    # provenance joins only where it tells sources apart: a single-source knowledge base is
-    # read as text alone, as in every other step
-    sources = {s for held in pool.held for s in held}
+    # provenance joins a source's passages only where the one-voice step can judge that source
+    # (two other sources speak on the topic): a single-source knowledge base, or one source
+    # against one, is read as text alone, as in every other step
+    alive = [pool.held[i] for i in pool.topical if i not in pool.removed]
+
+    def judged(source: str) -> bool:
+        return len({t for held in alive if source not in held for t in held}) >= 2
+
     documents = [
-        {(s, d) for s, docs in pool.held[i].items() for d in docs} if len(sources) > 1 else set()
-        for i in found
+        {(s, d) for s, docs in pool.held[i].items() if judged(s) for d in docs} for i in found
     ]
     independent = _documents(contexts, documents)
     if independent < QUOTES:
