@@ -370,3 +370,51 @@ def test_peeling_leaves_out_copies_by_first_copy_in_one_pass_per_group() -> None
     groups = coordinated_groups(sim, query_sim, texts=[0, 0, 0, 1, 2])
     assert [g.indices for g in groups] == [(0, 1, 2)] and groups[0].cohesion == 1.0
     assert coordinated_groups(sim[1:, 1:], query_sim[1:], texts=[0, 0, 1, 2]) == []
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_the_peels_cluster_sums_match_the_mean_of_each_cluster(seed: int) -> None:
+    """The peel scores every cluster's lift at once where each text is there once; the pass
+    per cluster that leaves copies out must pick the same cluster with the same lift."""
+    from ragdefense.defenses.groups import _lifted
+
+    rng = np.random.default_rng(seed)
+    m = int(rng.integers(3, 40))
+    labels = rng.integers(1, int(rng.integers(2, m + 1)) + 1, m)
+    idx = np.sort(rng.choice(m + 10, m, replace=False))
+    qs = rng.choice([0.1, 0.2, 0.3, 0.7], m + 10) if seed % 2 else rng.normal(size=m + 10)
+    at_once, per_cluster = (
+        _lifted(labels, idx, qs, None),
+        _lifted(labels, idx, qs, np.arange(m + 10)),
+    )
+    assert (at_once is None) == (per_cluster is None)
+    if at_once is not None and per_cluster is not None:
+        assert abs(at_once[0] - per_cluster[0]) <= 1e-12
+        assert at_once[1].tolist() == per_cluster[1].tolist()
+
+
+def _two_blocks(n: int, blocks: list[list[int]]) -> np.ndarray:
+    sim = np.full((n, n), 0.1)
+    for block in blocks:
+        sim[np.ix_(block, block)] = 0.95
+    np.fill_diagonal(sim, 1.0)
+    return sim
+
+
+def test_a_peel_lift_equal_to_the_margin_up_to_float_noise_reaches_it() -> None:
+    """0.2 - 0.1 is 0.09999999999999998 in floats: a group lifted by the margin exactly is
+    peeled, whatever the order of the sums."""
+    sim = _two_blocks(6, [[1, 2, 3]])
+    groups = coordinated_groups(sim, np.array([0.1, 0.3, 0.2, 0.2, 0.2, 0.1]), 0.9, 0.1)
+    assert [(g.indices, g.query_margin) for g in groups] == [((1, 2, 3), 0.1)]
+
+
+def test_equally_lifted_groups_are_peeled_in_rank_order() -> None:
+    """Two groups with one lift (up to float noise): the one holding the best-ranked passage
+    goes first, in either order of retrieval."""
+    qs = np.array([0.3, 0.12, 0.1, 0.14, 0.2, 0.12, 0.2, 0.12])
+    sim = _two_blocks(8, [[0, 1, 5], [3, 4, 6]])
+    assert [g.indices for g in coordinated_groups(sim, qs, 0.9, 0.02)] == [(0, 1, 5), (3, 4, 6)]
+    back = np.arange(8)[::-1]
+    peeled = coordinated_groups(sim[np.ix_(back, back)], qs[back], 0.9, 0.02)
+    assert [g.indices for g in peeled] == [(1, 3, 4), (2, 6, 7)]

@@ -66,17 +66,7 @@ def coordinated_groups(
         labels = cut(
             linkage(squareform(dist, checks=False), method="average"), height=1 - tightness
         )
-        best: tuple[float, np.ndarray] | None = None
-        for label in np.unique(labels):
-            member = labels == label
-            if member.sum() < 2 or member.all():
-                continue
-            if once is not None and member.sum() < 3 and len(set(once[idx[member]])) < 2:
-                continue  # one text stored twice
-            inside, outside = _once(idx[member], once), _once(idx[~member], once)
-            lift = float(query_sim[inside].mean() - query_sim[outside].mean())
-            if best is None or lift > best[0]:
-                best = (lift, idx[member])
+        best = _lifted(labels, idx, query_sim, once)
         if best is None or best[0] < margin:
             break
         lift, members = best
@@ -85,6 +75,36 @@ def coordinated_groups(
         groups.append(CoordinatedGroup(tuple(int(i) for i in members), cohesion, lift))
         alive[members] = False
     return groups
+
+
+def _lifted(
+    labels: np.ndarray, idx: np.ndarray, query_sim: np.ndarray, once: np.ndarray | None
+) -> tuple[float, np.ndarray] | None:
+    """The cluster (of two or more passages, not all of them) whose mean query similarity
+    exceeds the other passages' by the most, with that excess. Float noise is a tie, and equal
+    excesses go to the cluster holding the best-ranked passage (the order given)."""
+    names, first, at, sizes = np.unique(
+        labels, return_index=True, return_inverse=True, return_counts=True
+    )
+    lifts = np.full(len(names), -np.inf)
+    some = (sizes >= 2) & (sizes < len(idx))
+    if once is None:  # every text once: each cluster's sums at once, not a pass per cluster
+        qs = query_sim[idx]
+        inside = np.bincount(at, weights=qs, minlength=len(names))
+        outside = (float(qs.sum()) - inside) / np.maximum(len(idx) - sizes, 1)
+        lifts[some] = (inside / sizes - outside)[some]
+    else:  # a pass per cluster, each text once among its passages and among the others
+        for label in np.flatnonzero(some):
+            member = at == label
+            if sizes[label] < 3 and len(set(once[idx[member]])) < 2:
+                continue  # one text stored twice
+            inner, outer = _once(idx[member], once), _once(idx[~member], once)
+            lifts[label] = float(query_sim[inner].mean() - query_sim[outer].mean())
+    lifts = np.round(lifts, 12)
+    if not lifts.max() > -np.inf:  # no cluster to weigh (or no number to weigh it by)
+        return None
+    best = int(np.lexsort((first, -lifts))[0])
+    return float(lifts[best]), idx[at == best]
 
 
 def _once(idx: np.ndarray, numbers: np.ndarray | None) -> np.ndarray:

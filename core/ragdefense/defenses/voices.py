@@ -76,6 +76,8 @@ def one_voices(pool: Pool, voice: float, tightness: float) -> None:
     found: list[str] = []
     marked: list[tuple[int, str, bool]] = []  # (passage, why, speaks with the voice)
     for s, every in by_source.items():
+        if len(every) == 1 and len(held[every[0]][s]) < 3:
+            continue  # one text on fewer than three pages: no voice (below), at no cost per source
         own = [i for i in every if not trusted[i]]  # trust is per passage: a page, not a host
         rest = [i for i in alive if s not in held[i]]
         n_rest = len({t for i in rest for t in held[i]})
