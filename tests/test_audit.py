@@ -693,6 +693,35 @@ def test_fresh_removes_only_the_audits_own_files(toy: CallableEmbedder, tmp_path
     assert (work / "NOTES.md").read_text() == "my notes about this audit"
 
 
+def test_fresh_tells_the_audits_temporary_files_from_a_users(
+    toy: CallableEmbedder, tmp_path: Path
+) -> None:
+    """A user's ``.manifest.json.bak`` is no temporary file of the audit: a folder holding it is
+    not empty, and ``fresh`` keeps it; a report's temporary file left by a killed run goes. An
+    audit entry that is a link goes as a link: what it names is the user's."""
+    texts, ids, _ = toy_corpus()
+    kb = ListCorpus(texts, ids)
+    backup = tmp_path / "backup"
+    backup.mkdir()
+    (backup / ".manifest.json.bak").write_text("my backup")
+    with pytest.raises(ValueError, match="not empty and holds no audit"):
+        audit(kb, embedder=toy, workdir=backup, part_size=32, fresh=True)
+    assert (backup / ".manifest.json.bak").read_text() == "my backup"
+    work = tmp_path / "work"
+    audit(kb, embedder=toy, workdir=work, part_size=32)
+    (work / ".manifest.json.bak").write_text("my backup")
+    (work / f".report.{'ab' * 16}.md").write_text("half a report")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "keep.txt").write_text("mine")
+    shutil.rmtree(work / "probes")
+    (work / "probes").symlink_to(mine, target_is_directory=True)
+    audit(kb, embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert (work / ".manifest.json.bak").read_text() == "my backup"
+    assert not (work / f".report.{'ab' * 16}.md").exists()
+    assert (mine / "keep.txt").read_text() == "mine" and not (work / "probes").is_symlink()
+
+
 def test_a_fresh_audit_in_the_same_process_reads_its_own_knowledge_base(
     toy: CallableEmbedder, tmp_path: Path
 ) -> None:

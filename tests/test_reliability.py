@@ -778,10 +778,28 @@ def test_cli_json_edge_paths_are_one_line_never_a_traceback(
 
     monkeypatch.setattr(redteam, "InMemoryKnowledgeBase", KnowledgeBase)
     monkeypatch.setattr(cli, "require_embeddings", lambda *_: None)
-    (tmp_path / "r.json.part").mkdir()
-    assert cli.main(["attack", "--json", str(tmp_path / "r.json")]) == 1
+    (tmp_path / "r.json.part").mkdir()  # a user's folder, a user's file, a link: not its own
+    (tmp_path / "victim.txt").write_text("mine")
+    (tmp_path / "s.json.part").symlink_to(tmp_path / "victim.txt")
+    (tmp_path / "t.json.part").write_text("mine too")
+    for name in ("r", "s", "t"):
+        assert cli.main(["attack", "--json", str(tmp_path / f"{name}.json")]) == 0
+        assert json.loads((tmp_path / f"{name}.json").read_text()) == {"ok": 1}
+    assert (tmp_path / "victim.txt").read_text() == "mine"
+    assert (tmp_path / "s.json.part").is_symlink() and (tmp_path / "r.json.part").is_dir()
+    assert (tmp_path / "t.json.part").read_text() == "mine too"
+
+    def full(*_: Any) -> None:
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(cli.os, "replace", full)
+    assert cli.main(["attack", "--json", str(tmp_path / "u.json")]) == 1
     err = capsys.readouterr().err
     assert err.startswith("error: --json") and err.count("\n") == 1
+    assert not list(tmp_path.glob(".u.json.*")) and not (tmp_path / "u.json").exists()
+    monkeypatch.undo()
+    monkeypatch.setattr(redteam, "InMemoryKnowledgeBase", KnowledgeBase)
+    monkeypatch.setattr(cli, "require_embeddings", lambda *_: None)
     (tmp_path / "loop.json").symlink_to(tmp_path / "loop.json")
     assert cli.main(["attack", "--json", str(tmp_path / "loop.json")]) in (0, 1, 2)
     assert "Traceback" not in capsys.readouterr().err

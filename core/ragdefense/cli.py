@@ -9,6 +9,7 @@ import errno
 import json
 import os
 import sys
+import uuid
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -154,9 +155,12 @@ def _cmd_attack(args: argparse.Namespace) -> int:
     print(report)
     if args.json:
         target = Path(os.path.realpath(args.json))  # a link's file, not the link
-        part = target.with_name(target.name + ".part")
+        # a name of its own, created here: never a user's file or a link, nor another run's
+        part = target.with_name(f".{target.name}.{uuid.uuid4().hex}.part")
         try:  # whole or not at all: a file of that name is replaced only by a full report
-            part.write_text(json.dumps(report.to_dict(), indent=1), encoding="utf-8")
+            fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(json.dumps(report.to_dict(), indent=1))
             os.replace(part, target)
         except OSError as exc:
             with contextlib.suppress(OSError):  # (a folder of that name stays)

@@ -62,6 +62,7 @@ AUDIT_ENTRIES = (
     "probed",
     *(f"report.{fmt}" for fmt in ("md", "json", "csv", "parquet", "png")),
 )
+_STRAY = re.compile(r"\.(manifest\.json\.[0-9a-f]{32}\.tmp|report\.[0-9a-f]{32}\.[a-z]+)")
 
 
 def part_name(kind: str, part: int) -> str:
@@ -262,8 +263,7 @@ class Workdir:
         A folder that holds other files but no audit (no manifest bearing :data:`MARKER`)
         is refused, never cleared nor written to."""
         self._run = None  # whatever was read before, this start decides
-        # a manifest's temporary file is the audit's own (killed before its first write)
-        stray = [p for p in self.path.iterdir() if p.name.startswith(".manifest.json.")]
+        stray = [p for p in self.path.iterdir() if _STRAY.fullmatch(p.name)]  # killed mid-write
         others = [p for p in self.path.iterdir() if p not in stray]
         if others and not self._is_audit():
             if not self._damaged_audit(others):
@@ -320,7 +320,7 @@ class Workdir:
             tmp.unlink(missing_ok=True)
         for entry in (*AUDIT_ENTRIES[1:], AUDIT_ENTRIES[0]):
             target = self.path / entry
-            if target.is_dir():
+            if target.is_dir() and not target.is_symlink():  # a link goes, not what it names
                 shutil.rmtree(target)
             else:
                 target.unlink(missing_ok=True)
