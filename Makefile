@@ -34,7 +34,7 @@ lint: $(STAMP)
 	$(VENV)/bin/ruff check $(DISTS) benchmarks tests cookbook .ci docs/hooks.py docs/griffe_roles.py
 	$(VENV)/bin/ruff format --check $(DISTS) benchmarks tests cookbook .ci docs/hooks.py docs/griffe_roles.py
 	$(VENV)/bin/mypy -p ragdefense -p langchain_ragdefense -p llama_index.postprocessor.ragdefense -p benchmarks
-	$(VENV)/bin/mypy cookbook/*.py
+	$(VENV)/bin/mypy cookbook/*.py tests/typed_usage.py
 
 test: $(STAMP) lint
 	$(OFFLINE) $(VENV)/bin/pytest -q

@@ -345,14 +345,17 @@ class Defense(Protocol):
         min_pool: The pool the defense is designed to filter from: adapters fetch at least this
             many, and warn when handed fewer (0: no floor).
         min_passages: Below this many passages the defense removes nothing (Consensus counts
-            copies once, leaves all but one of them out, and still compares the others with
-            a passage the user trusts).
+            copies once, and still compares the others with a passage the user trusts).
     """
 
-    name: str
-    pool_factor: int
-    min_pool: int
-    min_passages: int
+    @property
+    def name(self) -> str: ...
+    @property
+    def pool_factor(self) -> int: ...
+    @property
+    def min_pool(self) -> int: ...
+    @property
+    def min_passages(self) -> int: ...
 
     def defend(self, query: str, passages: Sequence[Any]) -> DefenseResult:
         """Decide, per passage, what reaches the generator."""

@@ -321,9 +321,9 @@ def _unbound(prompt: str) -> str:
     raise RuntimeError("an adapter's RobustRAG answers with the LLM the adapter binds")
 
 
-#: ``trusted=`` as an adapter's field holds it: sources as a list (a set given is sorted into one,
-#: so that the adapter serializes to JSON), or a predicate on a passage's metadata
-TrustedField = list[str] | Callable[[Mapping[str, Any]], bool] | None
+#: ``trusted=`` as an adapter's field takes it: sources (a set or a list, held as a sorted list, so
+#: that the adapter serializes to JSON), or a predicate on a passage's metadata
+TrustedField = list[str] | set[str] | frozenset[str] | Callable[[Mapping[str, Any]], bool] | None
 
 
 def checked_set(
