@@ -5,6 +5,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from typing_extensions import assert_type
+
+import ragdefense
 from langchain_ragdefense import ConsensusCompressor
 from llama_index.postprocessor.ragdefense import ConsensusPostprocessor
 from ragdefense import Consensus, Defense, DefenseResult, PassageLike, Quarantine
@@ -31,4 +34,7 @@ def uses() -> list[object]:
     mine: Defense = ReadOnlyName()
     compressor = ConsensusCompressor(trusted={"who.int"})  # a set, as the docstrings show
     postprocessor = ConsensusPostprocessor(trusted=frozenset({"who.int"}))
-    return [audited, mine, compressor, postprocessor]
+    guard = ragdefense.defense()  # a name: a defense that takes vectors, as the docstring shows
+    result = guard.defend_embeddings("Who wrote Hamlet?", ["a", "b"], [[1.0, 0.0], [0.0, 1.0]])
+    assert_type(ragdefense.defense(Consensus()), Consensus)  # an object: its own type
+    return [audited, mine, compressor, postprocessor, result]

@@ -11,10 +11,10 @@ from __future__ import annotations
 import inspect
 import re
 import typing
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from types import MappingProxyType, UnionType
-from typing import Any, Literal, get_args, get_origin
+from typing import Any, Literal, Protocol, TypeVar, get_args, get_origin, overload
 
 from ..types import Defense, DefenseResult, checked_result
 from .auto import AutoDefense
@@ -27,6 +27,7 @@ __all__ = [
     "PRESETS",
     "Parameter",
     "Preset",
+    "VectorDefense",
     "defense",
     "names",
     "parameters",
@@ -96,6 +97,32 @@ def preset(name: str) -> Preset:
     return found
 
 
+class VectorDefense(Defense, Protocol):
+    """A :class:`~ragdefense.Defense` that also takes the passages' vectors, as every named
+    defense does: what :func:`defense` returns for a name."""
+
+    def defend_embeddings(
+        self,
+        query: str,
+        passages: Sequence[Any],
+        embeddings: Any = None,
+        query_embedding: Any = None,
+    ) -> DefenseResult:
+        """Decide as ``defend`` does, on the vectors given (``None``: embedded)."""
+        ...
+
+
+_D = TypeVar("_D", bound=Defense)
+
+
+@overload
+def defense(
+    spec: str | None = None, /, *, embedder: Any = None, **params: Any
+) -> VectorDefense: ...
+@overload
+def defense(spec: _D, /) -> _D: ...
+@overload
+def defense(spec: Any, /, *, embedder: Any = None, **params: Any) -> Defense: ...
 def defense(spec: Any = None, /, *, embedder: Any = None, **params: Any) -> Defense:
     """A ready defense: ``ragdefense.defense()`` (the default), ``ragdefense.defense("grada-peel",
     n=5)``, or any object with ``defend(query, passages)``.
