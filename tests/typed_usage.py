@@ -8,9 +8,9 @@ from collections.abc import Sequence
 from typing_extensions import assert_type
 
 import ragdefense
-from langchain_ragdefense import ConsensusCompressor
+from langchain_ragdefense import ConsensusCompressor, RobustRAGChain, RobustRAGOutput
 from llama_index.postprocessor.ragdefense import ConsensusPostprocessor
-from ragdefense import Consensus, Defense, DefenseResult, PassageLike, Quarantine
+from ragdefense import Consensus, Defense, DefenseResult, PassageLike, Quarantine, RobustAnswer
 
 
 class ReadOnlyName:
@@ -26,6 +26,13 @@ class ReadOnlyName:
 
     def defend(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         return Consensus().defend(query, passages)
+
+
+def answers(chain: RobustRAGChain) -> RobustAnswer:
+    """Never called: the chain's output is the documented dict, its report the core answer."""
+    out = chain.invoke("Who wrote Hamlet?")
+    assert_type(out, RobustRAGOutput)
+    return out["report"]
 
 
 def uses() -> list[object]:

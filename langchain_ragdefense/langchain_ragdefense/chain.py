@@ -46,10 +46,10 @@ class RobustRAGOutput(TypedDict):
     query: str
     answer: str
     context: list[Document]
-    report: Any
+    report: RobustAnswer
 
 
-class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
+class RobustRAGChain(RunnableSerializable[Any, RobustRAGOutput]):
     """Isolate-then-aggregate question answering (RobustRAG) over a retriever.
 
     Input: a question string, or a dict with ``"question"`` (or ``"query"`` / ``"input"``) and,
@@ -179,7 +179,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         )
 
     @staticmethod
-    def _output(query: str, docs: list[Document], report: RobustAnswer) -> dict[str, Any]:
+    def _output(query: str, docs: list[Document], report: RobustAnswer) -> RobustRAGOutput:
         return {"query": query, "answer": report.answer, "context": docs, "report": report}
 
     def _invoke(
@@ -188,7 +188,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         run_manager: CallbackManagerForChainRun,
         config: RunnableConfig,
         **kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> RobustRAGOutput:
         query, choices = self._parse(value)
         child = patch_config(config, callbacks=run_manager.get_child())
         found = self.retriever.invoke(query, child, **kwargs)
@@ -205,7 +205,7 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
         run_manager: AsyncCallbackManagerForChainRun,
         config: RunnableConfig,
         **kwargs: Any,
-    ) -> dict[str, Any]:
+    ) -> RobustRAGOutput:
         query, choices = self._parse(value)
         child = patch_config(config, callbacks=run_manager.get_child())
         found = await self.retriever.ainvoke(query, child, **kwargs)
@@ -218,14 +218,14 @@ class RobustRAGChain(RunnableSerializable[Any, dict[str, Any]]):
 
     def invoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
+    ) -> RobustRAGOutput:
         """Answer a question; keyword arguments go to the retriever (``k=`` for a
         :func:`~langchain_ragdefense.defend` retriever or a vector store's)."""
         return self._call_with_config(self._invoke, input, config, run_type="chain", **kwargs)
 
     async def ainvoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
+    ) -> RobustRAGOutput:
         """Answer a question (async; the isolated calls go out concurrently through the model's
         ``ainvoke``)."""
         return await self._acall_with_config(
