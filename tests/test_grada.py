@@ -7,9 +7,9 @@ import networkx as nx
 import numpy as np
 import pytest
 
-from ragdefense import GRADA, DefenseInputError, Embedder, Passage
+from ragdefense import GRADA, DefenseInputError, Embedder, Passage, defense
 from ragdefense.defenses.grada import coordinated_groups, pagerank
-from ragdefense.similarity import BM25
+from ragdefense.similarity import BM25, cosine_matrix
 
 from .conftest import bag_of_words
 
@@ -345,6 +345,27 @@ def test_a_cut_inside_a_tie_says_retrieval_order_decided() -> None:
     apart = np.array([[1.0, 0.2], [0.9, 0.3], [0.1, 1], [0.2, 0.9]])
     four = GRADA(similarity="ebd").defend_embeddings("q?", list("abcd"), apart, query)
     assert not any("tied" in v.reason for v in four.verdicts)
+
+
+def test_a_group_whose_other_passages_are_its_copies_is_all_of_them() -> None:
+    """A store that embeds metadata with the text gives one text's copies other vectors: a
+    cluster of a text and its paraphrase, whose only other passage is the text's copy, holds
+    every text and is ranked above nothing. Peeling it took the copy with it: every passage
+    went."""
+    texts = ["Marlowe wrote Hamlet.", "Marlowe wrote Hamlet.", "Marlowe is the author of Hamlet."]
+    emb = np.array([[1, 0.05, 0], [0, 1, 0], [1, 0, 0.05]])
+    sim, qs = cosine_matrix(emb), emb @ np.array([1.0, 0, 0])
+    assert coordinated_groups(sim, qs, texts=[0, 0, 2]) == []
+    for name in ("grada-peel", "auto"):
+        result = defense(name).defend_embeddings("Who wrote Hamlet?", texts, emb, [1.0, 0, 0])
+        assert result.kept_indices, result.to_table()
+        assert not any("coordinated" in v.reason for v in result.verdicts)
+    # another text outside the cluster: the group is ranked above it, and peeled
+    emb4 = np.vstack([emb, [0, 0.2, 1]])
+    groups = coordinated_groups(
+        cosine_matrix(emb4), emb4 @ np.array([1.0, 0, 0]), texts=[0, 0, 2, 3]
+    )
+    assert [g.indices for g in groups] == [(0, 2)]
 
 
 def test_peeling_leaves_out_copies_by_first_copy_in_one_pass_per_group() -> None:

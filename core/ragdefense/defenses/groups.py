@@ -39,7 +39,8 @@ def coordinated_groups(
     while the average similarity is >= ``tightness``); among the clusters of two or more
     passages that are not all of them, take the one whose mean query similarity exceeds the
     others' by the most; stop when that is below ``margin`` or fewer than three passages are
-    left. Near-duplicate *benign* passages (syndicated news) form tight groups too, but the
+    left (counted in texts: a cluster whose other passages are all copies of its members is
+    all of them). Near-duplicate *benign* passages (syndicated news) form tight groups too, but the
     retriever does not rank them above their neighbours; passages written for the query do.
 
     Args:
@@ -99,7 +100,9 @@ def _lifted(
             if sizes[label] < 3 and len(set(once[idx[member]])) < 2:
                 continue  # one text stored twice
             inner, outer = _once(idx[member], once), _once(idx[~member], once)
-            lifts[label] = float(query_sim[inner].mean() - query_sim[outer].mean())
+            outer = outer[~np.isin(once[outer], once[inner])]  # a member's copy is no other
+            if len(outer):  # else the cluster holds every text: ranked above nothing
+                lifts[label] = float(query_sim[inner].mean() - query_sim[outer].mean())
     lifts = np.round(lifts, 12)
     if not lifts.max() > -np.inf:  # no cluster to weigh (or no number to weigh it by)
         return None
