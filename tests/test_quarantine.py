@@ -244,6 +244,11 @@ def test_the_inner_defense_s_positions_are_the_caller_s() -> None:
     fooled = guard.defend_embeddings("q", [*held, *odd], emb, query)
     assert fooled.verdicts[11].reason.startswith("removed: a copy of passage 8, removed with it")
     assert fooled.verdicts[11].reason.endswith("(source 'notes; a copy of passage 0.pdf')")
+    # and the passages set aside for a zero vector (an image's node without one)
+    blank = guard.defend_embeddings(
+        "q", [*held, *pool], np.vstack([emb[:4], 0 * emb[4:5], emb[5:]]), query
+    )
+    assert blank.estimates["zero_vectors"] == [4]
     # AutoDefense's evidence holds positions too
     from ragdefense import AutoDefense
 

@@ -47,6 +47,7 @@ _POSITIONS = (
     "off_topic",
     "ragdefender_flagged",
     "not_absorbed",
+    "zero_vectors",
 )
 
 
