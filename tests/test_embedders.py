@@ -760,3 +760,17 @@ def test_ragdefender_is_not_asked_for_a_query_vector_ahead() -> None:
         other.clear()
         asyncio.run(run(question + " again"))
         assert len(other.queries) == len(asked), (n, asked, other.queries)
+
+
+def test_a_blank_model_path_and_a_cache_size_that_is_no_count_are_refused_when_made() -> None:
+    """A blank path built an empty sentence-transformers model that failed at the first
+    call; a cache size of None failed inside a comparison, and NaN never bounded the cache."""
+    for blank in ("", "  "):
+        with pytest.raises(ValueError, match="path or name is blank"):
+            SentenceTransformerEmbedder(blank)
+        with pytest.raises(ValueError, match="path or name is blank"):
+            ragdefense.defense("grada-ebd", embedder=blank)
+    for bad in (None, float("nan"), 1.5, True, -1, "8"):
+        with pytest.raises(ValueError, match="cache_size must be an int >= 0"):
+            CallableEmbedder(bag_of_words, cache_size=bad)  # type: ignore[arg-type]
+    assert CallableEmbedder(bag_of_words, cache_size=np.int64(2)).cache_size == 2

@@ -334,6 +334,12 @@ def test_exclude_takes_passage_indices_only() -> None:
             GRADA().defend_embeddings("Who wrote Hamlet?", texts, exclude=bad)  # type: ignore[arg-type]
     peeled = GRADA().defend_embeddings("Who?", texts, exclude={np.int64(1): "a NumPy index"})
     assert peeled.estimates["peeled"] == [1] and not peeled.verdicts[1].kept
+    # a reason a person can read: a blank one removed a passage saying nothing, None crashed
+    for why in (None, "", "  "):
+        with pytest.raises(ValueError, match="exclude's reasons"):
+            GRADA().defend_embeddings("Who?", texts, exclude={0: why})  # type: ignore[dict-item]
+    with pytest.raises(TypeError, match="exclude must map indices to reasons"):
+        GRADA().defend_embeddings("Who?", texts, exclude=[0])  # type: ignore[arg-type]
 
 
 def test_a_cut_inside_a_tie_says_retrieval_order_decided() -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from ragdefense import DefenseInputError, Passage, Quarantine, defense
+from ragdefense import DefenseInputError, Passage, Quarantine, QueryInputError, defense
 from ragdefense.types import Defense
 
 from .conftest import Hosted, bag_of_words
@@ -147,8 +147,8 @@ def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     edited["findings"].insert(1, ["d9", "Sydney, the capital"])
     with pytest.raises(ValueError, match="finding 1 is list, not a mapping"):
         Quarantine.from_report(edited)
-    for bad in ("0.5", float("nan"), True):
-        with pytest.raises(ValueError, match="min_score must be a number or None"):
+    for bad in ("0.5", float("nan"), True, 10**400):  # an int past the floats overflowed
+        with pytest.raises(ValueError, match="min_score must be a finite number or None"):
             Quarantine.from_report(REPORT, min_score=bad)  # type: ignore[arg-type]
     assert Quarantine.from_report(REPORT, min_score=np.float32(0.55)).ids == {"d3", "zz"}
     with pytest.raises(ValueError, match="chunks must be an int >= 0"):
@@ -843,6 +843,8 @@ def test_a_lone_chunk_of_a_condemned_source_keeps_its_honest_copies_with_grouped
         ("reasons", 3, "its reasons are 3"),
         ("reasons", [1], "not a list of strings"),
         ("group", {"id": ["g", 1], "size": 2}, "group's id is not a string"),
+        pytest.param("group", {"id": "g", "size": 10**400}, "group size is 1000", id="huge-size"),
+        pytest.param("score", 10**400, "score is 1000", id="huge-score"),  # both overflowed
     ],
 )
 def test_a_hand_edited_finding_is_named_not_a_crash(field: str, value: Any, message: Any) -> None:
@@ -1046,3 +1048,32 @@ def test_judged_positions_leave_out_what_any_quarantine_holds() -> None:
     assert inner.judged(passages) == [0, 1, 2]
     assert outer.judged(passages) == [0, 1]
     assert outer.defend("q?", passages).estimates["quarantined"] == [2, 3, 4]
+
+
+def test_a_quarantine_built_by_hand_is_checked_as_one_read_from_a_report() -> None:
+    """Each text held needs a reason a person reads: a missing one failed on the first query,
+    a blank one removed a passage saying nothing, and None let the planted passage through."""
+    from ragdefense.defenses.findings import digest
+
+    held = digest(TEXTS[0])
+    for reasons in ({}, {held: ""}, {held: None}):
+        with pytest.raises(ValueError, match="reasons must give each text held a reason"):
+            Quarantine(defense("consensus"), frozenset(), frozenset({held}), reasons)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="reasons must give each text held a reason"):
+            Quarantine(
+                defense("consensus"),
+                frozenset(),
+                frozenset(),
+                reasons,  # type: ignore[arg-type]
+                sourced=frozenset({(held, "uploads/x.pdf")}),
+            )
+    with pytest.raises(TypeError, match="defense must be a defense"):
+        Quarantine("consensus", frozenset(), frozenset(), {})  # type: ignore[arg-type]
+    guard = Quarantine(defense("consensus"), frozenset(), frozenset({held}), {held: "planted"})
+    assert guard.reason(Passage(TEXTS[0])) == "planted"
+
+
+def test_failing_open_still_refuses_a_bad_query() -> None:
+    guard = Quarantine.from_report(REPORT)
+    with pytest.raises(QueryInputError):
+        guard.fallback(None, _passages())  # type: ignore[arg-type]

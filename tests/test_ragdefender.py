@@ -158,6 +158,14 @@ def test_auto_reports_its_choice(toy_embedder: Embedder) -> None:
     assert "majority -> clustering" in r.estimates["task_type_by"]
 
 
+def test_a_blank_task_type_per_call_is_refused_not_read_as_none(toy_embedder: Embedder) -> None:
+    defender = RAGDefender(embedder=toy_embedder, task_type="multi_hop")
+    for blank in ("", [], {}):
+        with pytest.raises(ValueError, match="task_type must be one of"):
+            defender.defend("capital of France", FRANCE, task_type=blank)  # type: ignore[arg-type]
+    assert defender.defend("capital of France", FRANCE).estimates["task_type"] == "multi_hop"
+
+
 def test_auto_reports_a_tied_vote_as_a_tie_and_keeps_it() -> None:
     """Four keyword-heavy passages of eight is no minority; the explanation said so, and the
     concentration estimate's details replaced the vote that chose it."""

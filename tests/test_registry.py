@@ -45,6 +45,7 @@ def test_bad_parameters_fail_at_construction_with_the_names() -> None:
         ("grada", {"alpha": float("nan")}, "alpha must be a finite number, got nan"),
         ("grada", {"max_iter": 0}, "max_iter >= 1"),
         ("ragdefender", {"p": float("inf")}, "p must be a finite number"),
+        ("consensus", {"tightness": 10**400}, "tightness must be a finite number"),
         ("consensus", {"support": "no"}, "support must be True or False"),
         ("grada", {"peel": "no"}, "peel must be True or False"),
     ],
@@ -242,7 +243,7 @@ def test_a_defense_shows_the_parameters_it_was_made_with() -> None:
     )
     assert repr(RAGDefender(p=0.9)) == "RAGDefender(p=0.9)"
     ids = frozenset(f"chunk-{i}" for i in range(1000))
-    held = repr(Quarantine(build("strict"), ids, ids, {}))
+    held = repr(Quarantine(build("strict"), ids, ids, dict.fromkeys(ids, "planted")))
     assert held.startswith("Quarantine(defense=RAGDefender(), ids=<1000 items>, digests=<1000")
     assert len(held) < 150
 

@@ -36,9 +36,10 @@ class Embedder(ABC):
     query_cache = 32
 
     def __init__(self, cache_size: int = 4096) -> None:
-        if cache_size < 0:
-            raise ValueError("cache_size must be >= 0")
-        self.cache_size = cache_size
+        count = not isinstance(cache_size, bool) and hasattr(cache_size, "__index__")
+        if not count or cache_size < 0:
+            raise ValueError(f"cache_size must be an int >= 0, got {cache_size!r}")
+        self.cache_size = cache_size.__index__()
         self._cache: OrderedDict[str, np.ndarray] = OrderedDict()
         self._queries: OrderedDict[str, np.ndarray] = OrderedDict()
         self._lock = threading.Lock()

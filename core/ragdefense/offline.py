@@ -106,6 +106,8 @@ def model_folder(path: str) -> str | None:
     (``org/name``) is looked up in the local Hugging Face cache when loaded, but the packaged
     model's own (``None``: the packaged copy, where it is installed and no folder here has that
     name)."""
+    if not path.strip():  # sentence-transformers would build an empty model from it
+        raise ValueError("the model's path or name is blank: give a folder, a name or None")
     if path.strip().casefold() in PACKAGED_NAMES and not Path(path).expanduser().exists():
         from importlib.util import find_spec
 

@@ -9,15 +9,17 @@ import json
 import os
 import re
 import unicodedata
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from .params import finite
 from .pool import marked_scripts, plain_text
 
 __all__ = [
     "BLANK",
     "STANDS_APART",
+    "check_held",
     "copy_groups",
     "digest",
     "finding_source",
@@ -123,6 +125,7 @@ def number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: boo
     """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
     another version, or edited by hand, must not quarantine the wrong passages."""
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
+    numeric = numeric and (isinstance(value, float) or finite(value))  # an int past the floats
     if not numeric or (whole and not float(value).is_integer()):
         kind = "a whole number" if whole else "a number"
         raise ValueError(
@@ -130,3 +133,16 @@ def number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: boo
             " (an audit report's findings come from ragdefense.audit)"
         )
     return float(value)
+
+
+def check_held(defense: Any, chunks: Any, reasons: Mapping[str, Any], held: Iterable[str]) -> None:
+    """A quarantine built by hand checked as one read from a report is: a defense to wrap, a
+    count of chunks, and for every text it holds a reason a person reads (a missing one failed
+    on the first query, a blank one removed a passage saying nothing, ``None`` let it through)."""
+    if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
+        raise ValueError(f"chunks must be an int >= 0, got {chunks!r}")
+    if not callable(getattr(defense, "defend", None)):
+        raise TypeError(f"defense must be a defense (ragdefense.defense(name)), got {defense!r}")
+    unsaid = [d for d in held if not isinstance(reasons.get(d), str) or not reasons[d].strip()]
+    if unsaid:
+        raise ValueError(f"reasons must give each text held a reason; none for {unsaid[:3]}")

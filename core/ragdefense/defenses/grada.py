@@ -199,7 +199,11 @@ class GRADA(Described):
         query = check_query(query)
         items = to_passages(passages)
         m = len(items)
+        if exclude is not None and not isinstance(exclude, Mapping):
+            raise TypeError(f"exclude must map indices to reasons, got {type(exclude).__name__}")
         peeled = dict(exclude or {})
+        if any(not isinstance(why, str) or not why.strip() for why in peeled.values()):
+            raise ValueError("exclude's reasons must be words a person reads, not blank")
         whole = all(not isinstance(i, bool) and hasattr(i, "__index__") for i in peeled)
         peeled = {i.__index__(): why for i, why in peeled.items()} if whole else peeled
         if not whole or any(not 0 <= i < m for i in peeled):

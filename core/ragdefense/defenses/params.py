@@ -14,7 +14,7 @@ from ..carried import carried_vectors
 from ..embedders import as_embedder, check_embeddings, check_query_embedding
 from ..types import Passage
 
-__all__ = ["check_embedder", "cosines", "differences", "flags", "integers", "reals"]
+__all__ = ["check_embedder", "cosines", "differences", "finite", "flags", "integers", "reals"]
 
 
 def reals(optional: Collection[str] = (), **values: Any) -> None:
@@ -22,9 +22,18 @@ def reals(optional: Collection[str] = (), **values: Any) -> None:
     for label, value in values.items():
         if value is None and label in optional:
             continue
-        if isinstance(value, bool) or not isinstance(value, Real) or not math.isfinite(value):
+        if isinstance(value, bool) or not isinstance(value, Real) or not finite(value):
             kind = "a finite number or None" if label in optional else "a finite number"
             raise TypeError(f"{label} must be {kind}, got {value!r}")
+
+
+def finite(value: Real) -> bool:
+    """Whether ``value`` is a finite float (an int past the float range is not: it would
+    raise ``OverflowError`` wherever it meets a float)."""
+    try:
+        return math.isfinite(float(value))
+    except OverflowError:
+        return False
 
 
 def integers(optional: Collection[str] = (), **values: Any) -> None:
@@ -34,7 +43,7 @@ def integers(optional: Collection[str] = (), **values: Any) -> None:
         if value is None and label in optional:
             continue
         whole = isinstance(value, Integral) or (
-            isinstance(value, Real) and math.isfinite(value) and float(value).is_integer()
+            isinstance(value, Real) and finite(value) and float(value).is_integer()
         )
         if isinstance(value, bool) or not whole:
             kind = "an int or None" if label in optional else "an int"

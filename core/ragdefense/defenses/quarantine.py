@@ -21,7 +21,6 @@ attacker's condemned source loses its copies. A passage the wrapped defense trus
 
 from __future__ import annotations
 
-import math
 import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -45,12 +44,14 @@ from ..types import (
 from .findings import (
     BLANK,
     STANDS_APART,
+    check_held,
     copy_groups,
     digest,
     finding_source,
     number,
     read_report,
 )
+from .params import finite
 from .renumber import copy_of, positions, renumbered
 from .trusting import innermost_trust
 
@@ -136,9 +137,9 @@ class Quarantine(Described):
         if min_score is not None and (
             isinstance(min_score, bool)
             or not isinstance(min_score, numbers.Real)
-            or math.isnan(min_score)
+            or not finite(min_score)
         ):
-            raise ValueError(f"min_score must be a number or None, got {min_score!r}")
+            raise ValueError(f"min_score must be a finite number or None, got {min_score!r}")
         findings, stats = read_report(report)
         suspect = stats.get("suspect_sources")
         condemned = {
@@ -227,8 +228,7 @@ class Quarantine(Described):
         return cls(guard, *sets, chunks=len(chosen))
 
     def __post_init__(self) -> None:
-        if isinstance(self.chunks, bool) or not isinstance(self.chunks, int) or self.chunks < 0:
-            raise ValueError(f"chunks must be an int >= 0, got {self.chunks!r}")
+        check_held(self.defense, self.chunks, self.reasons, {*self.digests, *dict(self.sourced)})
 
     @property
     def size(self) -> int:
@@ -316,7 +316,7 @@ class Quarantine(Described):
     def fallback(self, query: str, passages: Sequence[PassageLike]) -> DefenseResult:
         """What an adapter set to fail open passes on where the wrapped defense failed: every
         passage but the quarantined ones, unjudged (the audit's findings need no model)."""
-        items = to_passages(passages)
+        query, items = check_query(query), to_passages(passages)
         held, rest, stands = split = self._split(items)
         inner = getattr(self.defense, "fallback", None)
         if callable(inner) and rest:  # a quarantine inside: its findings apply too

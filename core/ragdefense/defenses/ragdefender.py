@@ -282,7 +282,7 @@ class RAGDefender(Described):
         query_sim: Callable[[], np.ndarray | None],
         task_type: TaskType | None,
     ) -> DefenseResult:
-        task = task_type or self.task_type
+        task = self.task_type if task_type is None else task_type  # "" is no task type
         if task not in _TASK_TYPES:
             raise ValueError(f"task_type must be one of {_TASK_TYPES}, got {task!r}")
         n = len(items)
