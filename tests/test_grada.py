@@ -9,7 +9,7 @@ import pytest
 
 from ragdefense import GRADA, DefenseInputError, Embedder, Passage, defense
 from ragdefense.defenses.grada import coordinated_groups, pagerank
-from ragdefense.similarity import BM25, cosine_matrix
+from ragdefense.similarity import BM25, cosine_matrix, cosine_to
 
 from .conftest import bag_of_words
 
@@ -372,6 +372,28 @@ def test_a_group_whose_other_passages_are_its_copies_is_all_of_them() -> None:
         cosine_matrix(emb4), emb4 @ np.array([1.0, 0, 0]), texts=[0, 0, 2, 3]
     )
     assert [g.indices for g in groups] == [(0, 2)]
+    # a member's copy outside the cluster, ranked above it, is of the group, not of the rest
+    sim = _two_blocks(5, [[0, 1]])
+    qs = np.array([0.9, 0.9, 0.95, 0.85, 0.85])
+    assert [g.indices for g in coordinated_groups(sim, qs, texts=[0, 1, 0, 3, 4])] == [(0, 1)]
+    # nor in a later round: a peeled group's copies leave with it, and never are "the rest"
+    texts5 = [
+        texts[0],
+        texts[2],
+        texts[0],
+        "Hamlet is a tragedy.",
+        "Hamlet is a tragedy in five acts.",
+    ]
+    emb5 = np.array(
+        [[1, 0.05, 0, 0], [1, 0, 0.05, 0], [0, 0, 0, 1], [0.5, 0.86, 0, 0], [0.5, 0.85, 0.05, 0]]
+    )
+    qs5 = cosine_to(emb5, np.array([1.0, 0, 0, 0]))
+    assert [
+        g.indices for g in coordinated_groups(cosine_matrix(emb5), qs5, texts=[0, 1, 0, 3, 4])
+    ] == [(0, 1)]
+    for name in ("grada-peel", "auto"):
+        result = defense(name).defend_embeddings("Who wrote Hamlet?", texts5, emb5, [1.0, 0, 0, 0])
+        assert result.kept_indices == [3, 4], result.to_table()
 
 
 def test_peeling_leaves_out_copies_by_first_copy_in_one_pass_per_group() -> None:

@@ -38,10 +38,11 @@ def coordinated_groups(
     Repeatedly: cluster the passages still in (average linkage on cosine similarity, merged
     while the average similarity is >= ``tightness``); among the clusters of two or more
     passages that are not all of them, take the one whose mean query similarity exceeds the
-    others' by the most; stop when that is below ``margin`` or fewer than three passages are
-    left (counted in texts: a cluster whose other passages are all copies of its members is
-    all of them). Near-duplicate *benign* passages (syndicated news) form tight groups too, but the
-    retriever does not rank them above their neighbours; passages written for the query do.
+    others' by the most (the others counted in texts: a member's copy outside the cluster is of
+    the group, not of the rest; a group's copies leave with it); stop when that is below
+    ``margin`` or fewer than three passages are left. Near-duplicate *benign* passages
+    (syndicated news) form tight groups too, but the retriever does not rank them above their
+    neighbours; passages written for the query do.
 
     Args:
         sim: (M, M) cosine similarities between the passages.
@@ -74,7 +75,7 @@ def coordinated_groups(
         inner = pairs_among(sim, _once(members, once))  # one text repeated: cohesion 1
         cohesion = float(inner.mean()) if inner.size else 1.0
         groups.append(CoordinatedGroup(tuple(int(i) for i in members), cohesion, lift))
-        alive[members] = False
+        alive[members if numbers is None else np.isin(numbers, numbers[members])] = False
     return groups
 
 
