@@ -147,7 +147,7 @@ def test_a_report_that_cannot_be_read_is_named(tmp_path: Path) -> None:
     edited["findings"].insert(1, ["d9", "Sydney, the capital"])
     with pytest.raises(ValueError, match="finding 1 is list, not a mapping"):
         Quarantine.from_report(edited)
-    for bad in ("0.5", float("nan"), True, 10**400):  # an int past the floats overflowed
+    for bad in ("0.5", float("nan"), True, 10**400, 10**5000):  # OverflowError; unprintable
         with pytest.raises(ValueError, match="min_score must be a finite number or None"):
             Quarantine.from_report(REPORT, min_score=bad)  # type: ignore[arg-type]
     assert Quarantine.from_report(REPORT, min_score=np.float32(0.55)).ids == {"d3", "zz"}
@@ -843,8 +843,12 @@ def test_a_lone_chunk_of_a_condemned_source_keeps_its_honest_copies_with_grouped
         ("reasons", 3, "its reasons are 3"),
         ("reasons", [1], "not a list of strings"),
         ("group", {"id": ["g", 1], "size": 2}, "group's id is not a string"),
-        pytest.param("group", {"id": "g", "size": 10**400}, "group size is 1000", id="huge-size"),
-        pytest.param("score", 10**400, "score is 1000", id="huge-score"),  # both overflowed
+        pytest.param(
+            "group", {"id": "g", "size": 10**400}, "an int past the float range", id="huge"
+        ),
+        pytest.param(
+            "score", 10**5000, r"about 5000 digits\), not a number a float", id="unprintable"
+        ),  # both overflowed
     ],
 )
 def test_a_hand_edited_finding_is_named_not_a_crash(field: str, value: Any, message: Any) -> None:
@@ -1067,6 +1071,8 @@ def test_a_quarantine_built_by_hand_is_checked_as_one_read_from_a_report() -> No
                 reasons,  # type: ignore[arg-type]
                 sourced=frozenset({(held, "uploads/x.pdf")}),
             )
+    with pytest.raises(TypeError, match="reasons must map each text's digest to a reason"):
+        Quarantine(defense("consensus"), frozenset(), frozenset({held}), [(held, "x")])  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="defense must be a defense"):
         Quarantine("consensus", frozenset(), frozenset(), {})  # type: ignore[arg-type]
     guard = Quarantine(defense("consensus"), frozenset(), frozenset({held}), {held: "planted"})

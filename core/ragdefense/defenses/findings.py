@@ -13,7 +13,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .params import finite
+from .params import finite, said
 from .pool import marked_scripts, plain_text
 
 __all__ = [
@@ -125,11 +125,12 @@ def number(n: int, finding: Mapping[str, Any], what: str, value: Any, whole: boo
     """A finding's ``what`` as a number, else ``ValueError`` naming the finding: a report from
     another version, or edited by hand, must not quarantine the wrong passages."""
     numeric = isinstance(value, int | float) and not isinstance(value, bool)
-    numeric = numeric and (isinstance(value, float) or finite(value))  # an int past the floats
-    if not numeric or (whole and not float(value).is_integer()):
+    huge = numeric and not isinstance(value, float) and not finite(value)
+    if not numeric or huge or (whole and not float(value).is_integer()):
         kind = "a whole number" if whole else "a number"
         raise ValueError(
-            f"finding {n} (id {finding.get('id')!r}): its {what} is {value!r}, not {kind}"
+            f"finding {n} (id {finding.get('id')!r}): its {what} is {said(value)}, not {kind}"
+            f"{' a float holds' if huge else ''}"
             " (an audit report's findings come from ragdefense.audit)"
         )
     return float(value)
@@ -139,6 +140,8 @@ def check_held(defense: Any, chunks: Any, reasons: Mapping[str, Any], held: Iter
     """A quarantine built by hand checked as one read from a report is: a defense to wrap, a
     count of chunks, and for every text it holds a reason a person reads (a missing one failed
     on the first query, a blank one removed a passage saying nothing, ``None`` let it through)."""
+    if not isinstance(reasons, Mapping):
+        raise TypeError(f"reasons must map each text's digest to a reason, got {reasons!r}")
     if isinstance(chunks, bool) or not isinstance(chunks, int) or chunks < 0:
         raise ValueError(f"chunks must be an int >= 0, got {chunks!r}")
     if not callable(getattr(defense, "defend", None)):

@@ -14,7 +14,16 @@ from ..carried import carried_vectors
 from ..embedders import as_embedder, check_embeddings, check_query_embedding
 from ..types import Passage
 
-__all__ = ["check_embedder", "cosines", "differences", "finite", "flags", "integers", "reals"]
+__all__ = [
+    "check_embedder",
+    "cosines",
+    "differences",
+    "finite",
+    "flags",
+    "integers",
+    "reals",
+    "said",
+]
 
 
 def reals(optional: Collection[str] = (), **values: Any) -> None:
@@ -24,7 +33,16 @@ def reals(optional: Collection[str] = (), **values: Any) -> None:
             continue
         if isinstance(value, bool) or not isinstance(value, Real) or not finite(value):
             kind = "a finite number or None" if label in optional else "a finite number"
-            raise TypeError(f"{label} must be {kind}, got {value!r}")
+            raise TypeError(f"{label} must be {kind}, got {said(value)}")
+
+
+def said(value: Any) -> str:
+    """``repr(value)``, but an int past the float range by its size (its digits can be more
+    than Python prints)."""
+    if isinstance(value, Integral) and not isinstance(value, bool) and not finite(value):
+        digits = int(int(value).bit_length() * math.log10(2))
+        return f"an int past the float range (about {digits} digits)"
+    return repr(value)
 
 
 def finite(value: Real) -> bool:

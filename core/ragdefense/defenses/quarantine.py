@@ -51,7 +51,7 @@ from .findings import (
     number,
     read_report,
 )
-from .params import finite
+from .params import finite, said
 from .renumber import copy_of, positions, renumbered
 from .trusting import innermost_trust
 
@@ -139,7 +139,7 @@ class Quarantine(Described):
             or not isinstance(min_score, numbers.Real)
             or not finite(min_score)
         ):
-            raise ValueError(f"min_score must be a finite number or None, got {min_score!r}")
+            raise ValueError(f"min_score must be a finite number or None, got {said(min_score)}")
         findings, stats = read_report(report)
         suspect = stats.get("suspect_sources")
         condemned = {
