@@ -517,6 +517,18 @@ def test_report_write_checks_every_format_before_writing_any(
         report.write(tmp_path / "b", ["md", "json", "parquet"])
     assert not (tmp_path / "a").exists() and not (tmp_path / "b").exists()
     assert [p.name for p in report.write(tmp_path / "c", "md")] == ["report.md"]
+    # a file where the folder goes, no format, a negative count: named (were a bare
+    # FileExistsError, "'NoneType' object is not iterable", and a slice from the end)
+    (tmp_path / "file").write_text("mine")
+    with pytest.raises(ValueError, match="is a file: reports are written into a folder"):
+        report.write(tmp_path / "file")
+    with pytest.raises(TypeError, match="formats must be a format's name or a list"):
+        report.write(tmp_path / "d", None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="n must be an int >= 0"):
+        report.top(-1)
+    with pytest.raises(ValueError, match="top must be an int >= 0"):
+        report.to_markdown(top=-1)
+    assert len(report.top(2)) == 2 and (tmp_path / "file").read_text() == "mine"
 
 
 def test_hnsw_index_and_numpy_fallback_agree_on_the_top(
@@ -691,6 +703,18 @@ def test_fresh_removes_only_the_audits_own_files(toy: CallableEmbedder, tmp_path
     (work / "NOTES.md").write_text("my notes about this audit")
     audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
     assert (work / "NOTES.md").read_text() == "my notes about this audit"
+    # a file of the user's inside one of the audit's folders (the knowledge base itself, saved
+    # in chunks/) stops a fresh start before anything goes; its whole folder was removed
+    (work / "chunks" / "kb.jsonl").write_text('{"id": "1", "text": "mine"}')
+    (work / "search" / "notes").mkdir(parents=True)
+    (work / "search" / "notes" / "todo.md").write_text("mine")
+    before = sorted(str(p.relative_to(work)) for p in work.rglob("*"))
+    with pytest.raises(ValueError, match=r"never writes in its own folders \(chunks/kb.jsonl, "):
+        audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
+    (work / "chunks" / "kb.jsonl").unlink()
+    shutil.rmtree(work / "search" / "notes")
+    audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
 
 
 def test_fresh_tells_the_audits_temporary_files_from_a_users(

@@ -355,6 +355,39 @@ def test_stored_vectors_of_zeros_and_deep_json_are_refused_by_name(tmp_path: Pat
         read_queries(log)
 
 
+def test_numbers_past_4300_digits_ids_that_are_no_id_and_odd_arguments_are_named(
+    tmp_path: Path,
+) -> None:
+    """A number past Python's 4,300 digits failed the reader without a file or line, metadata
+    nested too deep in a JSON string raised RecursionError, an id that is a list or a bool
+    became its repr (an id the store does not have), and an engine or a query log of the
+    wrong type failed inside the work."""
+    embedder = CallableEmbedder(bag_of_words)
+    kb = tmp_path / "kb.jsonl"
+    huge = json.dumps({"id": "a", "text": "x y"}) + '\n{"id": 1' + "0" * 5000 + ', "text": "z"}\n'
+    kb.write_text(huge, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"kb\.jsonl:2: not JSON \(Exceeds the limit"):
+        audit(kb, workdir=tmp_path / "w1", embedder=embedder)
+    log = tmp_path / "queries.json"
+    log.write_text("[" + "1" * 5000 + "]", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"queries\.json: not JSON"):
+        read_queries(log)
+    for rid in ([1, 2], {"a": 1}, True):
+        kb.write_text(json.dumps({"id": rid, "text": "x y"}) + "\n", encoding="utf-8")
+        with pytest.raises(ValueError, match=r"record 1's id .* is no string or int"):
+            audit(kb, workdir=tmp_path / "w2", embedder=embedder, fresh=True)
+    deep = {"id": "a", "text": "x y z", "metadata": "[" * 100_000 + "]" * 100_000}
+    kb.write_text(json.dumps(deep) + "\n" + json.dumps({"id": "b", "text": "y z w"}) + "\n")
+    assert audit(kb, workdir=tmp_path / "w3", embedder=embedder).stats["chunks"] == 2
+    for engine in (None, 5):
+        with pytest.raises(TypeError, match="engine must be 'local', 'ray' or an object"):
+            audit(["a b c"], engine=engine, workdir=tmp_path / "w4")  # type: ignore[arg-type]
+    assert not (tmp_path / "w4").exists()
+    for queries in (5, b"apple", {"q1": "apple?"}):
+        with pytest.raises(TypeError, match="queries must be a list of questions or a file"):
+            read_queries(queries)  # type: ignore[arg-type]
+
+
 def test_numpy_integers_are_settings_as_ints(tmp_path: Path) -> None:
     """``top_m=np.int64(5)`` passed the checks, then the manifest could not be written."""
     settings = AuditSettings(top_m=np.int64(5), part_size=np.int32(32), shards=np.int64(1))

@@ -171,8 +171,7 @@ class ListCorpus:
 
 
 def unique_ids(batches: Iterable[Batch]) -> Iterator[Batch]:
-    """``batches`` but empty ones, refused at the first id read twice (a report names chunks by
-    id)."""
+    """``batches`` but empty ones, refused at the first id read twice (reports name ids)."""
     seen: dict[str, int] = {}  # id -> the batch it was first read in; empty batches skipped
     for part, batch in enumerate(b for b in batches if b.ids):  # (a store's page emptied)
         for chunk_id in batch.ids:
@@ -246,8 +245,8 @@ class FileCorpus:
                     continue
                 try:
                     record = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise ValueError(f"{self.path}:{line_no}: not JSON ({exc.msg})") from None
+                except ValueError as exc:  # a number past 4,300 digits too
+                    raise ValueError(f"{self.path}:{line_no}: not JSON ({exc.args[0]})") from None
                 except RecursionError:
                     raise ValueError(f"{self.path}:{line_no}: JSON nested too deep") from None
                 if not isinstance(record, dict):
@@ -261,7 +260,8 @@ class FileCorpus:
         for n, record in enumerate(self._records()):
             if "text" not in record or not isinstance(record["text"], str):
                 raise ValueError(f"{self.path}: record {n + 1} has no text string")
-            rid = record.get("id")
+            if isinstance(rid := record.get("id"), (bool, list, dict)):  # str() names no id
+                raise ValueError(f"{self.path}: record {n + 1}'s id {rid!r} is no string or int")
             chunk_id = f"row-{n}" if rid is None or rid == "" else str(rid)  # id 0 is an id
             if chunk_id in seen:
                 raise ValueError(
@@ -315,7 +315,7 @@ def _metadata(record: dict[str, Any]) -> dict[str, Any]:
     if isinstance(nested, str):
         try:
             nested = json.loads(nested)
-        except json.JSONDecodeError:
+        except (ValueError, RecursionError):  # not JSON, a 4,300-digit number, too deep
             nested = None
     if nested is not None and not isinstance(nested, (str, Mapping)):  # a string: not JSON
         raise ValueError(f"chunk {record.get('id')!r}: metadata must be an object, not {nested!r}")
@@ -369,12 +369,8 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
         else:  # .jsonl / .ndjson a record per line, anything else JSON
             lines = suffix in (".jsonl", ".ndjson")
             try:
-                items = (
-                    [json.loads(line) for line in rows if line.strip()]
-                    if lines
-                    else json.loads(text)
-                )
-            except json.JSONDecodeError as exc:
+                items = [json.loads(r) for r in rows if r.strip()] if lines else json.loads(text)
+            except ValueError as exc:  # a number past 4,300 digits too
                 kind = "JSON lines" if lines else "JSON (.txt: one query per line)"
                 raise ValueError(f"{path}: not {kind} ({exc})") from None
             except RecursionError:
@@ -384,6 +380,8 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
                 raise ValueError(f"{path}: expected a list of queries, got {type(items).__name__}")
     elif isinstance(queries, (str, Path)):
         raise FileNotFoundError(f"no query log at {queries}")
+    elif isinstance(queries, (bytes, Mapping)) or not isinstance(queries, Iterable):
+        raise TypeError(f"queries must be a list of questions or a file's path, got {queries!r}")
     else:
         items = list(queries)
     out = []

@@ -166,6 +166,8 @@ def check_engine(engine: Any, workers: Any, address: Any = None) -> None:
     are Ray's (given with another engine they would be dropped without a word)."""
     if isinstance(engine, str) and engine not in ("local", "ray"):
         raise ValueError(f"unknown engine {engine!r}: use 'local' or 'ray'")
+    if not isinstance(engine, str) and not callable(getattr(engine, "map", None)):
+        raise TypeError(f"engine must be 'local', 'ray' or an object with map(), got {engine!r}")
     if engine != "ray" and (address is not None or workers is not None):
         raise ValueError("address and workers are for engine='ray'")
     if workers is not None and (

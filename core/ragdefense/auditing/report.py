@@ -10,7 +10,7 @@ import json
 import os
 import re
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from functools import partial
 from pathlib import Path
@@ -106,7 +106,7 @@ class AuditReport:
 
     def top(self, n: int = 20) -> list[Finding]:
         """The ``n`` most suspicious chunks."""
-        return self.findings[:n]
+        return self.findings[: _count(n, "n")]
 
     def to_dict(self) -> dict[str, Any]:
         """Everything, JSON-friendly."""
@@ -119,7 +119,7 @@ class AuditReport:
     def to_markdown(self, top: int = 30, width: int = 90) -> str:
         """A summary and the ``top`` most suspicious chunks with their evidence (where more are
         suspicious, a last line says how many are left out)."""
-        s = self.stats
+        s, top = self.stats, _count(top, "top")
         lines = [
             "# Knowledge-base audit",
             "",
@@ -188,6 +188,8 @@ class AuditReport:
         (needs pyarrow) and ``png`` (the plot; needs matplotlib) into ``folder``. Every format
         is checked before any file is written: an unknown one is a ``ValueError``, a missing
         library an ``ImportError`` naming the install."""
+        if not isinstance(formats, str | Iterable):
+            raise TypeError(f"formats must be a format's name or a list of them, got {formats!r}")
         formats = [formats] if isinstance(formats, str) else list(formats)  # "md": one format
         for fmt in formats:
             if fmt not in FORMATS:
@@ -196,6 +198,8 @@ class AuditReport:
                 module, install = FORMAT_NEEDS[fmt]
                 raise ImportError(f"report format {fmt} needs {module}: pip install {install}")
         folder = Path(folder)
+        if folder.exists() and not folder.is_dir():
+            raise ValueError(f"{folder} is a file: reports are written into a folder")
         folder.mkdir(parents=True, exist_ok=True)
         paths = [folder / f"report.{fmt}" for fmt in formats]
         _replace(paths, [partial(self._write, fmt=fmt) for fmt in formats])
@@ -340,3 +344,10 @@ def _replace(paths: list[Path], writes: list[Callable[[Path], None]]) -> None:
         for tmp in done:
             tmp.unlink(missing_ok=True)
         raise
+
+
+def _count(n: Any, name: str) -> int:
+    """``n`` as a count of rows to show (a negative one would slice from the end)."""
+    if isinstance(n, bool) or not hasattr(n, "__index__") or n < 0:
+        raise ValueError(f"{name} must be an int >= 0, got {n!r}")
+    return int(n.__index__())

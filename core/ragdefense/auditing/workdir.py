@@ -34,6 +34,8 @@ from typing import Any
 import numpy as np
 
 from ..similarity import unit_rows
+from .owned import AUDIT_ENTRIES, foreign
+from .owned import STRAY as _STRAY
 
 __all__ = [
     "AUDIT_ENTRIES",
@@ -52,17 +54,6 @@ __all__ = [
 
 #: the key of the manifest that says "this folder holds a ragdefense audit"
 MARKER = "ragdefense_audit"
-#: everything an audit writes in its folder: all that ``fresh`` may ever remove
-AUDIT_ENTRIES = (
-    "manifest.json",
-    "chunks",
-    "probes",
-    "route",
-    "search",
-    "probed",
-    *(f"report.{fmt}" for fmt in ("md", "json", "csv", "parquet", "png")),
-)
-_STRAY = re.compile(r"\.(manifest\.json\.[0-9a-f]{32}\.tmp|report\.[0-9a-f]{32}\.[a-z]+)")
 
 
 def part_name(kind: str, part: int) -> str:
@@ -314,7 +305,14 @@ class Workdir:
     def _clear(self, stray: list[Path]) -> None:
         """Remove the audit's own files (:data:`AUDIT_ENTRIES`) and a manifest's temporary
         ones (``stray``); nothing else in the folder. The manifest, first marked "clearing",
-        goes last: a run stopped on the way leaves a folder the next start clears again."""
+        goes last: a run stopped on the way leaves a folder the next start clears again. A
+        file of the user's in one of the audit's folders stops it, before anything is removed."""
+        if found := foreign(self.path):
+            raise ValueError(
+                f"{self.path} holds files the audit never writes in its own folders "
+                f"({', '.join(found[:3])}{', ...' if len(found) > 3 else ''}): move them out of "
+                "the working folder and run again (nothing was removed)"
+            )
         self.write_json("manifest.json", {MARKER: 1, "params": {}, "clearing": 1})
         for tmp in stray:
             tmp.unlink(missing_ok=True)
