@@ -838,3 +838,36 @@ def test_the_packaged_embeddings_pickle_as_the_loading_processs_own() -> None:
     own = RagdefenseEmbeddings(SentenceTransformerEmbedder(batch_size=4))
     back = pickle.loads(pickle.dumps(own)).embedder
     assert back.batch_size == 4 and back is not default_embedder()
+
+
+def test_an_id_no_store_holds_and_a_model_giving_the_query_another_size() -> None:
+    """A document whose id is a list (LangChain checks ids only when a document is made) made
+    the compressor raise outside fail-open; a model whose query vector is of another size than
+    its document vectors is the model's failure, which fail-open passes through, sync and async
+    alike (it raised a query error naming a fix for vectors nobody gave)."""
+    store = InMemoryVectorStore(Words())
+    texts = [f"The Pacific is the largest ocean, report {i} on the oceans." for i in range(8)]
+    store.add_texts(texts)
+    docs = store.similarity_search("Which ocean is the largest?", k=8)
+    docs[0].id = ["not", "an", "id"]  # type: ignore[assignment]
+    kept = DefenseCompressor(vectorstore=store).compress_documents(docs, "Which ocean?")
+    assert len(kept) == len(docs)
+
+    class Sized(Words):
+        def embed_query(self, text: str) -> list[float]:
+            return [1.0] * 10
+
+        async def aembed_query(self, text: str) -> list[float]:
+            return self.embed_query(text)
+
+    fresh = [Document(t) for t in texts]
+    for open_ in (True, False):
+        compressor = DefenseCompressor(embeddings=Sized(), fail_open=open_)
+        if open_:
+            with pytest.warns(UserWarning, match="query vector has 10 values"):
+                assert len(compressor.compress_documents(fresh, "Which ocean?")) == 8
+            with pytest.warns(UserWarning, match="query vector has 10 values"):
+                assert len(asyncio.run(compressor.acompress_documents(fresh, "Which ocean?"))) == 8
+        else:
+            with pytest.raises(DefenseFailed, match="query vector has 10 values"):
+                compressor.compress_documents(fresh, "Which ocean?")

@@ -979,3 +979,36 @@ def test_a_query_given_as_its_vector_alone_is_judged(minilm: Any) -> None:
     assert sum(n.node.metadata["poison"] for n in plain) >= 2
     kept = defend(index, k=4).retrieve(QueryBundle("", embedding=vector))
     assert kept and not any(n.node.metadata["poison"] for n in kept)
+
+
+def test_a_query_given_as_its_vector_alone_is_judged_and_a_query_of_another_type_named(
+    minilm: Any,
+) -> None:
+    """A bundle holding only the query's vector, to a postprocessor without ``vector_store``:
+    the defense judged a blank query and kept every node without a word (through ``defend()``
+    the same bundle was judged). A query that is no string failed with AttributeError."""
+    from llama_index.core.schema import QueryBundle
+
+    from ragdefense import QueryInputError
+    from ragdefense.data import load_demo_kb
+
+    index = VectorStoreIndex(
+        [
+            TextNode(text=t, metadata=m, excluded_embed_metadata_keys=list(m))
+            for t, m in demo_documents()
+        ],
+        embed_model=RagdefenseEmbedding(minilm),
+    )
+    question = load_demo_kb()[0].question
+    nodes = index.as_retriever(similarity_top_k=8).retrieve(question)
+    post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(minilm))
+    by_text = post.postprocess_nodes(nodes, query_str=question)
+    vector = RagdefenseEmbedding(minilm).get_query_embedding(question)
+    alone = post.postprocess_nodes(nodes, query_bundle=QueryBundle("", embedding=vector))
+    assert len(alone) < len(nodes)
+    assert [n.node.node_id for n in alone] == [n.node.node_id for n in by_text]
+    for bad in (5, ["q"]):
+        with pytest.raises(QueryInputError, match="the query must be a QueryBundle or a str"):
+            post.postprocess_nodes(nodes, query_bundle=bad)  # type: ignore[arg-type]
+        with pytest.raises(QueryInputError, match="the query must be a QueryBundle or a str"):
+            post.postprocess_nodes(nodes, query_str=bad)  # type: ignore[arg-type]

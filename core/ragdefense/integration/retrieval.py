@@ -8,6 +8,8 @@ from collections.abc import Awaitable, Callable, Mapping, Sequence
 from numbers import Integral
 from typing import Any, cast
 
+import numpy as np
+
 from .. import types
 from ..types import Defense
 
@@ -51,8 +53,8 @@ async def asked_ahead(
         return None, None
     ask = aembed_query if query_ahead(defense) else None
     rows, vector = await embedder.embed_ahead(texts, aembed, query, ask)
-    if rows is None:
-        return None, None
+    if rows is None or (vector is not None and len(rows) and np.size(vector) != np.size(rows[0])):
+        return None, None  # failed, or gave the query another size: the defense asks again
     found = iter(rows)
     return [next(found) if w else None for w in wanted], vector
 

@@ -46,6 +46,7 @@ def stored_vectors(
     is the adapter's reader for the stores it knows, returning ``None`` for a store it does not.
     Where no vector can be read the defense embeds the passages itself, and a warning says so
     once per store type."""
+    ids = [i if isinstance(i, str) else None for i in ids]  # an id no store holds: embedded
     wanted = list(dict.fromkeys(i for i in ids if i))  # a store may refuse an id twice
     if not wanted:  # documents without ids (a parent-document retriever's): nothing to read
         return [None] * len(ids)

@@ -10,7 +10,7 @@ from typing import Any
 
 from llama_index.core.schema import BaseNode, ImageNode, MetadataMode, NodeWithScore, QueryBundle
 
-from ragdefense import Passage
+from ragdefense import Passage, QueryInputError
 from ragdefense.integration.records import METADATA_KEY, copied, tagged_metadata
 from ragdefense.provenance import SOURCE_KEYS
 
@@ -109,7 +109,10 @@ def query_text(query_bundle: QueryBundle | None) -> str:
         raise TypeError(
             "pass a query string as query_str=: postprocess_nodes(nodes, query_str=...)"
         )
-    query = query_bundle.query_str
+    query = getattr(query_bundle, "query_str", None)
+    if not isinstance(query_bundle, QueryBundle) or not isinstance(query, str):
+        raise QueryInputError(f"the query must be a QueryBundle or a str, got {query_bundle!r}")
     if not query.strip() and query_bundle.custom_embedding_strs:
-        query = " ".join(s for s in query_bundle.custom_embedding_strs if s.strip())
+        strs = query_bundle.custom_embedding_strs
+        query = " ".join(s for s in strs if isinstance(s, str) and s.strip())
     return query

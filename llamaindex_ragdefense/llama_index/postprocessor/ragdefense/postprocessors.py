@@ -260,8 +260,9 @@ class DefensePostprocessor(BaseNodePostprocessor):
         object embedding with a LlamaIndex model as it is, and a vector of the query's own text
         (not of a hypothetical answer, HyDE) or a query given as its vector alone. Else
         ``None``: the defense embeds the query."""
-        if bundle is None or bundle.embedding is None or self.vector_store is None:
-            return None
+        alone = bundle is not None and not bundle.query_str.strip() and not bundle.embedding_strs
+        if bundle is None or bundle.embedding is None or (self.vector_store is None and not alone):
+            return None  # without the store, the defense's model may not be the vector's
         if named(self.defense):
             model: Any = self.embed_model
         else:  # a LlamaIndex model the defense wraps plainly (no query text of its own)
