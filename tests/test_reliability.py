@@ -937,6 +937,14 @@ def test_cli_refuses_what_it_cannot_do_before_any_work(
 
     with pytest.raises(ValueError, match=r"cannot make the working folder .*not-a-folder/sub"):
         Workdir(a_file / "sub")  # a folder under a file: named (was a NotADirectoryError)
+    # a folder this user cannot write in (root writes anywhere: the system's answer is faked):
+    # named at once, not as a PermissionError on a hidden temporary file at the first write
+    import os
+
+    with monkeypatch.context() as m:
+        m.setattr(os, "access", lambda *args, **kwargs: False)
+        with pytest.raises(ValueError, match=r"cannot write in the working folder .*: permission"):
+            Workdir(tmp_path / "read-only")
     monkeypatch.chdir(tmp_path)
     assert Workdir("relative").path == tmp_path / "relative"  # Ray workers find it too
 

@@ -99,6 +99,8 @@ class Workdir:
             self.path.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise ValueError(f"cannot make the working folder {path}: {exc.strerror}") from None
+        if not os.access(self.path, os.W_OK | os.X_OK):  # found at once, not at a first write
+            raise ValueError(f"cannot write in the working folder {path}: permission denied")
 
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
