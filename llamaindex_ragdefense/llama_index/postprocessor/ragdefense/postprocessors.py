@@ -114,7 +114,10 @@ class DefensePostprocessor(BaseNodePostprocessor):
         "give embed_model= the index's model with it (the query must be embedded in the "
         "store's space); the query's vector the retriever computed is reused where the query "
         "bundle carries it (sync retrieval; LlamaIndex's async retriever does not pass it on, "
-        "so the defense embeds the query again there: defend() reuses it in both)",
+        "so the defense embeds the query again there: defend() reuses it in both); the "
+        "default store holds no texts, so a node whose text was replaced after retrieval (a "
+        "sentence window's) is judged by its stored vector there: leave vector_store unset "
+        "after such a postprocessor (Chroma's texts are checked: a replaced one is embedded)",
     )
     _core: AdapterCore = PrivateAttr(default_factory=AdapterCore)
 
