@@ -524,11 +524,14 @@ def test_report_write_checks_every_format_before_writing_any(
         report.write(tmp_path / "file")
     with pytest.raises(TypeError, match="formats must be a format's name or a list"):
         report.write(tmp_path / "d", None)  # type: ignore[arg-type]
-    with pytest.raises(ValueError, match="n must be an int >= 0"):
+    with pytest.raises(ValueError, match="n must be an int >= 0 or None"):
         report.top(-1)
-    with pytest.raises(ValueError, match="top must be an int >= 0"):
+    with pytest.raises(ValueError, match="top must be an int >= 0 or None"):
         report.to_markdown(top=-1)
+    with pytest.raises(TypeError, match="top must be an int >= 0 or None"):
+        report.to_markdown(top=2.0)  # type: ignore[arg-type]
     assert len(report.top(2)) == 2 and (tmp_path / "file").read_text() == "mine"
+    assert report.top(None) == report.findings and "| 1 |" in report.to_markdown(top=None)
 
 
 def test_hnsw_index_and_numpy_fallback_agree_on_the_top(
@@ -714,7 +717,9 @@ def test_fresh_removes_only_the_audits_own_files(toy: CallableEmbedder, tmp_path
     assert sorted(str(p.relative_to(work)) for p in work.rglob("*")) == before
     (work / "chunks" / "kb.jsonl").unlink()
     shutil.rmtree(work / "search" / "notes")
+    (work / "chunks" / ".DS_Store").write_text("a file browser's")  # no user's file: cleared
     audit(ListCorpus(texts, ids), embedder=toy, workdir=work, part_size=32, fresh=True)
+    assert not (work / "chunks" / ".DS_Store").exists()
 
 
 def test_fresh_tells_the_audits_temporary_files_from_a_users(

@@ -981,12 +981,13 @@ def test_a_query_given_as_its_vector_alone_is_judged(minilm: Any) -> None:
     assert kept and not any(n.node.metadata["poison"] for n in kept)
 
 
-def test_a_query_given_as_its_vector_alone_is_judged_and_a_query_of_another_type_named(
+def test_a_query_given_as_its_vector_alone_without_the_store_says_it_is_not_judged(
     minilm: Any,
 ) -> None:
     """A bundle holding only the query's vector, to a postprocessor without ``vector_store``:
-    the defense judged a blank query and kept every node without a word (through ``defend()``
-    the same bundle was judged). A query that is no string failed with AttributeError."""
+    nothing says the vector is the defense's model's (another model's would judge in another
+    space), so the blank query judges nothing; that was silent, and is said now. With the
+    store given, the vector is used. A query that is no string failed with AttributeError."""
     from llama_index.core.schema import QueryBundle
 
     from ragdefense import QueryInputError
@@ -1001,12 +1002,18 @@ def test_a_query_given_as_its_vector_alone_is_judged_and_a_query_of_another_type
     )
     question = load_demo_kb()[0].question
     nodes = index.as_retriever(similarity_top_k=8).retrieve(question)
-    post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(minilm))
-    by_text = post.postprocess_nodes(nodes, query_str=question)
     vector = RagdefenseEmbedding(minilm).get_query_embedding(question)
-    alone = post.postprocess_nodes(nodes, query_bundle=QueryBundle("", embedding=vector))
-    assert len(alone) < len(nodes)
-    assert [n.node.node_id for n in alone] == [n.node.node_id for n in by_text]
+    bundle = QueryBundle("", embedding=vector)
+    post = ConsensusPostprocessor(embed_model=RagdefenseEmbedding(minilm))
+    with pytest.warns(UserWarning, match="the query is given as its vector alone"):
+        assert len(post.postprocess_nodes(nodes, query_bundle=bundle)) == len(nodes)
+    stored = ConsensusPostprocessor(
+        embed_model=RagdefenseEmbedding(minilm), vector_store=index.vector_store
+    )
+    by_text = stored.postprocess_nodes(nodes, query_str=question)
+    by_vector = stored.postprocess_nodes(nodes, query_bundle=bundle)
+    assert len(by_vector) < len(nodes)
+    assert [n.node.node_id for n in by_vector] == [n.node.node_id for n in by_text]
     for bad in (5, ["q"]):
         with pytest.raises(QueryInputError, match="the query must be a QueryBundle or a str"):
             post.postprocess_nodes(nodes, query_bundle=bad)  # type: ignore[arg-type]

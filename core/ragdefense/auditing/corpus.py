@@ -245,8 +245,9 @@ class FileCorpus:
                     continue
                 try:
                     record = json.loads(line)
-                except ValueError as exc:  # a number past 4,300 digits too
-                    raise ValueError(f"{self.path}:{line_no}: not JSON ({exc.args[0]})") from None
+                except ValueError as exc:  # a number past 4,300 digits is no JSONDecodeError
+                    why = getattr(exc, "msg", "a number past 4,300 digits")
+                    raise ValueError(f"{self.path}:{line_no}: not JSON ({why})") from None
                 except RecursionError:
                     raise ValueError(f"{self.path}:{line_no}: JSON nested too deep") from None
                 if not isinstance(record, dict):
@@ -261,7 +262,7 @@ class FileCorpus:
             if "text" not in record or not isinstance(record["text"], str):
                 raise ValueError(f"{self.path}: record {n + 1} has no text string")
             if isinstance(rid := record.get("id"), (bool, list, dict)):  # str() names no id
-                raise ValueError(f"{self.path}: record {n + 1}'s id {rid!r} is no string or int")
+                raise ValueError(f"{self.path}: record {n + 1}'s id {rid!r} is no string or number")
             chunk_id = f"row-{n}" if rid is None or rid == "" else str(rid)  # id 0 is an id
             if chunk_id in seen:
                 raise ValueError(
@@ -370,9 +371,10 @@ def read_queries(queries: str | Path | Iterable[str]) -> list[str]:
             lines = suffix in (".jsonl", ".ndjson")
             try:
                 items = [json.loads(r) for r in rows if r.strip()] if lines else json.loads(text)
-            except ValueError as exc:  # a number past 4,300 digits too
+            except ValueError as exc:  # a number past 4,300 digits is no JSONDecodeError
                 kind = "JSON lines" if lines else "JSON (.txt: one query per line)"
-                raise ValueError(f"{path}: not {kind} ({exc})") from None
+                why = exc if hasattr(exc, "msg") else "a number past 4,300 digits"
+                raise ValueError(f"{path}: not {kind} ({why})") from None
             except RecursionError:
                 raise ValueError(f"{path}: JSON nested too deep") from None
             items = list(items.values()) if isinstance(items, dict) else items

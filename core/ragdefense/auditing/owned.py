@@ -27,6 +27,7 @@ _OWN = re.compile(
     r"|route/((chunks|probes)-\d{5,}|centroids|suspects)\.npy"
     r"|search/\d+-of-\d+(/(index\.faiss|(chunks|probes)-\d{5,}\.npz|rechecked-\d+\.json|done\.json))?"
     r"|(.+/)?\.[^/]+\.[0-9a-f]{32}\.tmp"  # a part written when the run was killed
+    r"|(.+/)?(\.DS_Store|\._.+|Thumbs\.db|desktop\.ini)"  # a file browser's: no user's file
 )
 
 

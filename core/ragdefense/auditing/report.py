@@ -104,8 +104,8 @@ class AuditReport:
         """The chunks the audit flags, most suspicious first."""
         return [f for f in self.findings if f.suspicious]
 
-    def top(self, n: int = 20) -> list[Finding]:
-        """The ``n`` most suspicious chunks."""
+    def top(self, n: int | None = 20) -> list[Finding]:
+        """The ``n`` most suspicious chunks (``None``: all)."""
         return self.findings[: _count(n, "n")]
 
     def to_dict(self) -> dict[str, Any]:
@@ -116,7 +116,7 @@ class AuditReport:
             "findings": [asdict(f) for f in self.findings],
         }
 
-    def to_markdown(self, top: int = 30, width: int = 90) -> str:
+    def to_markdown(self, top: int | None = 30, width: int = 90) -> str:
         """A summary and the ``top`` most suspicious chunks with their evidence (where more are
         suspicious, a last line says how many are left out)."""
         s, top = self.stats, _count(top, "top")
@@ -346,8 +346,11 @@ def _replace(paths: list[Path], writes: list[Callable[[Path], None]]) -> None:
         raise
 
 
-def _count(n: Any, name: str) -> int:
-    """``n`` as a count of rows to show (a negative one would slice from the end)."""
-    if isinstance(n, bool) or not hasattr(n, "__index__") or n < 0:
-        raise ValueError(f"{name} must be an int >= 0, got {n!r}")
-    return int(n.__index__())
+def _count(n: Any, name: str) -> int | None:
+    """``n`` as a count of rows to show (``None``: all; a negative one would slice from the
+    end)."""
+    if n is not None and (isinstance(n, bool) or not hasattr(n, "__index__")):
+        raise TypeError(f"{name} must be an int >= 0 or None, got {n!r}")
+    if n is not None and n < 0:
+        raise ValueError(f"{name} must be an int >= 0 or None, got {n!r}")
+    return None if n is None else int(n.__index__())

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import warnings
 from typing import Any, Literal
 
 from llama_index.core.bridge.pydantic import (
@@ -263,9 +264,16 @@ class DefensePostprocessor(BaseNodePostprocessor):
         object embedding with a LlamaIndex model as it is, and a vector of the query's own text
         (not of a hypothetical answer, HyDE) or a query given as its vector alone. Else
         ``None``: the defense embeds the query."""
-        alone = bundle is not None and not bundle.query_str.strip() and not bundle.embedding_strs
-        if bundle is None or bundle.embedding is None or (self.vector_store is None and not alone):
-            return None  # without the store, the defense's model may not be the vector's
+        if bundle is None or bundle.embedding is None or self.vector_store is None:
+            if bundle is not None and bundle.embedding is not None and not bundle.embedding_strs:
+                warnings.warn(  # without the store, the vector may be another model's
+                    "the query is given as its vector alone, which only vector_store= says is "
+                    "the defense's model's: give vector_store= or the query's text; the blank "
+                    "query judges nothing and every node is kept",
+                    UserWarning,
+                    stacklevel=4,
+                )
+            return None
         if named(self.defense):
             model: Any = self.embed_model
         else:  # a LlamaIndex model the defense wraps plainly (no query text of its own)
