@@ -25,7 +25,7 @@ from pydantic import Field
 
 from langchain_ragdefense import DefenseCompressor, RobustRAGChain, defend, red_team
 from langchain_ragdefense.vectors import stored_vectors
-from ragdefense import DefenseFailed, DefenseInputError, RAGDefender
+from ragdefense import DefenseFailed, DefenseInputError, QueryInputError, RAGDefender
 from ragdefense.llm.calls import model_slots
 from ragdefense.redteam import AttackTarget
 from tests.conftest import bag_of_words
@@ -843,8 +843,7 @@ def test_the_packaged_embeddings_pickle_as_the_loading_processs_own() -> None:
 def test_an_id_no_store_holds_and_a_model_giving_the_query_another_size() -> None:
     """A document whose id is a list (LangChain checks ids only when a document is made) made
     the compressor raise outside fail-open; a model whose query vector is of another size than
-    its document vectors is the model's failure, which fail-open passes through, sync and async
-    alike (it raised a query error naming a fix for vectors nobody gave)."""
+    the document vectors it made is named as such, sync and async alike."""
     store = InMemoryVectorStore(Words())
     texts = [f"The Pacific is the largest ocean, report {i} on the oceans." for i in range(8)]
     store.add_texts(texts)
@@ -860,14 +859,12 @@ def test_an_id_no_store_holds_and_a_model_giving_the_query_another_size() -> Non
         async def aembed_query(self, text: str) -> list[float]:
             return self.embed_query(text)
 
+    # a model misconfigured, no document's fault: raised past fail-open, sync and async alike,
+    # naming the model (it named a fix for vectors nobody gave; async named none)
     fresh = [Document(t) for t in texts]
-    for open_ in (True, False):
-        compressor = DefenseCompressor(embeddings=Sized(), fail_open=open_)
-        if open_:
-            with pytest.warns(UserWarning, match="query vector has 10 values"):
-                assert len(compressor.compress_documents(fresh, "Which ocean?")) == 8
-            with pytest.warns(UserWarning, match="query vector has 10 values"):
-                assert len(asyncio.run(compressor.acompress_documents(fresh, "Which ocean?"))) == 8
-        else:
-            with pytest.raises(DefenseFailed, match="query vector has 10 values"):
-                compressor.compress_documents(fresh, "Which ocean?")
+    compressor = DefenseCompressor(embeddings=Sized(), fail_open=True)
+    why = "query embedding size 10, passages 256: the embedding model gives the query another"
+    with pytest.raises(QueryInputError, match=why):
+        compressor.compress_documents(fresh, "Which ocean?")
+    with pytest.raises(QueryInputError, match=why):
+        asyncio.run(compressor.acompress_documents(fresh, "Which ocean?"))

@@ -285,8 +285,6 @@ def passage_and_query_embeddings(
             check_carried(passages, list(emb), embedder, default_embedder, not carried)
         query_embedding = as_embedder(embedder).embed_query(query)
         fix = ": pass query_embedding= by the passages' model, or that model as embedder="
-        made = carried and any(p.embedding is None for p in passages)  # by this model
-        if made and np.size(query_embedding) != emb.shape[1]:  # one model, two sizes
-            raise EmbeddingError(f"the model's query vector has {np.size(query_embedding)} "
-                                 f"values, its passage vectors {emb.shape[1]}")  # fmt: skip
+        if carried and any(p.embedding is None for p in passages):  # this model made them
+            fix = ": the embedding model gives the query another size than the passages"
     return emb, check_query_embedding(query_embedding, emb.shape[1], fix)

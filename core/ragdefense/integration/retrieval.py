@@ -54,7 +54,7 @@ async def asked_ahead(
     ask = aembed_query if query_ahead(defense) else None
     rows, vector = await embedder.embed_ahead(texts, aembed, query, ask)
     if rows is None or (vector is not None and len(rows) and np.size(vector) != np.size(rows[0])):
-        return None, None  # failed, or gave the query another size: the defense asks again
+        return None, None  # failed, or sized the query otherwise: the defense's calls say so
     found = iter(rows)
     return [next(found) if w else None for w in wanted], vector
 
