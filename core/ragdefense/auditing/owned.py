@@ -7,16 +7,14 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
-__all__ = ["AUDIT_ENTRIES", "STRAY", "foreign"]
+__all__ = ["AUDIT_ENTRIES", "PART_FOLDERS", "STRAY", "foreign"]
 
+#: the folders an audit keeps its parts in (:data:`_OWN` names what each holds)
+PART_FOLDERS = ("chunks", "probes", "route", "search", "probed")
 #: everything an audit writes in its folder: all that ``fresh`` may ever remove
 AUDIT_ENTRIES = (
     "manifest.json",
-    "chunks",
-    "probes",
-    "route",
-    "search",
-    "probed",
+    *PART_FOLDERS,
     *(f"report.{fmt}" for fmt in ("md", "json", "csv", "parquet", "png")),
 )
 #: the temporary files of a manifest or report a killed run left in the folder
@@ -35,7 +33,7 @@ def foreign(root: Path) -> list[str]:
     """The paths under ``root``'s part folders the audit never writes, relative and sorted
     (a folder that is a link is removed as a link: what it names is not looked into)."""
     found = []
-    for folder in AUDIT_ENTRIES[1:6]:
+    for folder in PART_FOLDERS:
         top = root / folder
         if top.is_dir() and not top.is_symlink():
             for path in top.rglob("*"):

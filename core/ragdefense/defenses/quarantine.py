@@ -228,7 +228,8 @@ class Quarantine(Described):
         return cls(guard, *sets, chunks=len(chosen))
 
     def __post_init__(self) -> None:
-        check_held(self.defense, self.chunks, self.reasons, {*self.digests, *dict(self.sourced)})
+        held = {*self.digests, *(text for text, _ in self.sourced)}
+        check_held(self.defense, self.chunks, self.reasons, held)
 
     @property
     def size(self) -> int:
